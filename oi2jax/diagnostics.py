@@ -1,0 +1,68 @@
+"""One error type for every stage: a located diagnostic rendered as `PATH:LINE:COL: error: MESSAGE`.
+
+Every user-facing failure (syntax, checking, model files, runtime guards) raises `OiError`
+carrying one or more `Diagnostic`s; the CLI renders them with the source line and a caret.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .ir import Span
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A message, optionally located. `related` holds (note, span) pairs for other places."""
+
+    message: str
+    span: Span | None = None
+    severity: str = "error"  # "error" | "warning"
+    related: tuple[tuple[str, Span], ...] = ()
+
+    def render(self, source: str | None = None) -> str:
+        """`PATH:LINE:COL: error: MESSAGE` + source line + caret, or `error: MESSAGE`."""
+        out = [_render_one(self.severity, self.message, self.span, source)]
+        for note, span in self.related:
+            out.append(_render_one("note", note, span, source))
+        return "\n".join(out)
+
+
+def _render_one(severity: str, message: str, span: Span | None, source: str | None) -> str:
+    if span is None:
+        return f"{severity}: {message}"
+    head = f"{span.path}:{span.line}:{span.col}: {severity}: {message}"
+    if source is None:
+        return head
+    lines = source.splitlines()
+    if not 1 <= span.line <= len(lines):
+        return head
+    text = lines[span.line - 1].expandtabs(1)
+    caret = " " * (max(span.col, 1) - 1) + "^"
+    return f"{head}\n    {text}\n    {caret}"
+
+
+class OiError(Exception):
+    """A user error: one or more diagnostics. Never a crash: the CLI prints it and exits 1."""
+
+    def __init__(self, diagnostics: Diagnostic | str | list[Diagnostic], span: Span | None = None,
+                 source: str | None = None):
+        if isinstance(diagnostics, str):
+            diagnostics = [Diagnostic(diagnostics, span)]
+        elif isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics: list[Diagnostic] = list(diagnostics)
+        self.source = source
+        super().__init__(self.render())
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+    def render(self, source: str | None = None) -> str:
+        src = source if source is not None else self.source
+        return "\n".join(d.render(src) for d in self.diagnostics)
+
+
+def error(message: str, span: Span | None = None) -> OiError:
+    """Shorthand: `raise error("unknown variable x", node.span)`."""
+    return OiError(message, span)

@@ -1,0 +1,339 @@
+"""The graph IR: frozen dataclasses for variables, blocks and nodes, each with its source span.
+
+The parser builds it (the IR doubles as the AST: the Lark tree is the concrete syntax);
+every later stage (checker, model binding, lowering, interpreter) reads it and nothing
+mutates it. Node `index` is OpenInfer's node number (single graph-wide counter in source
+order; a loop's body is numbered before the loop node itself, §1.4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+from typing import Iterator, Union
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where something starts in the source (1-based line and column)."""
+
+    path: str
+    line: int
+    col: int
+
+
+NO_SPAN = Span("<unknown>", 0, 0)
+
+
+class MemKind(str, Enum):
+    DYNAMIC = "dynamic"
+    VOLATILE = "volatile"
+    CONSTANT = "constant"
+    PERSISTENT = "persistent"
+
+
+IndexValue = Union[int, str]  # integer literal or identifier (loop index, sizevar, persistent scalar)
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A declared dimension: one atom, or the product of two (`B*D`, `3*D`). Atoms: int or sizevar."""
+
+    atoms: tuple[IndexValue, ...]
+
+    def __str__(self) -> str:
+        return "*".join(str(a) for a in self.atoms)
+
+    def resolve(self, sizes: dict[str, int]) -> int:
+        """The dim's value; KeyError(name) for an unknown size variable."""
+        value = 1
+        for atom in self.atoms:
+            value *= atom if isinstance(atom, int) else sizes[atom]
+        return value
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a for a in self.atoms if isinstance(a, str))
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A literal value with its kind as written: float | int | bool | str | int_list | var | dtype."""
+
+    kind: str
+    value: object  # float, int, bool, str, tuple[int, ...], variable name, dtype name
+
+
+@dataclass(frozen=True)
+class VarDecl:
+    """One declaration in a memory section."""
+
+    name: str
+    kind: MemKind
+    dtype: str
+    dims: tuple[Dim, ...]
+    span: Span
+    init: Literal | None = None  # kind float | int | bool
+    ref: str | None = None
+    pattern: str | None = None
+    index_params: tuple[str, ...] = ()
+    table: bool = False
+    auto_dim: tuple[str, ...] = ()
+    fixed: tuple[tuple[str, int], ...] = ()
+    # spans of the attributes, by attribute name ("init", "ref", ...), for diagnostics
+    attr_spans: tuple[tuple[str, Span], ...] = ()
+
+    @property
+    def is_scalar(self) -> bool:
+        return len(self.dims) == 0
+
+    @property
+    def is_table(self) -> bool:
+        """A cache table: `@table` with index params (§4)."""
+        return self.table and bool(self.index_params)
+
+    @property
+    def is_prefix_table(self) -> bool:
+        """A model tensor family `W(l): ... @pattern(...)` (§2.4)."""
+        return self.pattern is not None and bool(self.index_params) and not self.table
+
+    @property
+    def is_auto_dim(self) -> bool:
+        return bool(self.auto_dim) and not self.table
+
+    @property
+    def table_indices(self) -> tuple[str, ...]:
+        """Index params minus the auto_dim names (§4)."""
+        return tuple(p for p in self.index_params if p not in self.auto_dim)
+
+    @property
+    def fixed_map(self) -> dict[str, int]:
+        return dict(self.fixed)
+
+    def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        """Resolved (base) shape; KeyError(name) for an unknown size variable."""
+        return tuple(d.resolve(sizes) for d in self.dims)
+
+    def attr_span(self, name: str) -> Span:
+        return dict(self.attr_spans).get(name, self.span)
+
+
+# ---------------------------------------------------------------- references and cache access
+
+
+@dataclass(frozen=True)
+class VarRef:
+    """A variable use: `x`, or a prefix-table member `W[l]` / `QKV[0, h]` (indices not None)."""
+
+    name: str
+    span: Span
+    indices: tuple[IndexValue, ...] | None = None
+
+    def __str__(self) -> str:
+        if self.indices is None:
+            return self.name
+        return f"{self.name}[{', '.join(str(i) for i in self.indices)}]"
+
+
+@dataclass(frozen=True)
+class Single:
+    """One cache index position holding a single index."""
+
+    value: IndexValue  # ints may be negative (validation rejects them, §4.1)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A slice position `a..b` / `a..` / `..b` / `..` (bounds None when omitted)."""
+
+    start: IndexValue | None = None
+    end: IndexValue | None = None
+
+
+@dataclass(frozen=True)
+class CacheAccess:
+    """`A`, `A[]`, `A[i, j]`, `A[a..b]` (bracketed False only for the bare name)."""
+
+    base: str
+    span: Span
+    indices: tuple[Single | Slice, ...] = ()
+    bracketed: bool = False
+
+
+# ---------------------------------------------------------------- nodes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    index: int
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assign(Node):
+    name: str
+    dtype: str
+    dims: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    value: Literal
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Op(Node):
+    op: str
+    inputs: tuple[VarRef, ...]
+    attrs: tuple[Attr, ...]
+    output: str
+    output_span: Span
+
+    @property
+    def attr_map(self) -> dict[str, Literal]:
+        return {a.name: a.value for a in self.attrs}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheRead(Node):
+    src: CacheAccess
+    dst: VarRef
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheWrite(Node):
+    src: VarRef
+    dst: CacheAccess
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheIncrement(Node):
+    target: str
+    amount: int = 1
+    explicit_amount: bool = False  # `cache.increment 1 x` vs `cache.increment x`
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheDecrement(Node):
+    target: str
+    amount: int = 1
+    explicit_amount: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheReset(Node):
+    target: CacheAccess
+
+
+@dataclass(frozen=True, kw_only=True)
+class Branch(Node):
+    """`branch c then else;` (cond set) or `branch target;` (cond and else_block None)."""
+
+    cond: str | None
+    then_block: str
+    else_block: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Barrier(Node):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dep(Node):
+    after: str  # dotted names joined with "."
+    before: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loop(Node):
+    name: str
+    var: str
+    start: IndexValue
+    end: IndexValue
+    body: tuple[Node, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Yield(Node):
+    vars: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Await(Node):
+    vars: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transfer(Node):
+    src: VarRef
+    dst: VarRef
+
+
+@dataclass(frozen=True, kw_only=True)
+class Return(Node):
+    vars: tuple[str, ...] = ()  # empty: bare `return;`
+
+
+# ---------------------------------------------------------------- graph
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    nodes: tuple[Node, ...]
+    span: Span
+
+    def walk(self) -> Iterator[Node]:
+        """Every node, loop bodies included (pre-order: loop node before its body)."""
+        yield from walk(self.nodes)
+
+
+def walk(nodes: tuple[Node, ...]) -> Iterator[Node]:
+    for node in nodes:
+        yield node
+        if isinstance(node, Loop):
+            yield from walk(node.body)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A parsed program: declarations and blocks in source order."""
+
+    vars: tuple[VarDecl, ...]
+    blocks: tuple[Block, ...]
+    path: str = "<string>"
+    source: str = ""
+
+    @cached_property
+    def var_map(self) -> dict[str, VarDecl]:
+        return {v.name: v for v in self.vars}
+
+    @cached_property
+    def block_map(self) -> dict[str, Block]:
+        return {b.name: b for b in self.blocks}
+
+    @cached_property
+    def temporaries(self) -> dict[str, Assign]:
+        """`assign` temporaries by name (first assign wins; duplicates are a checker error)."""
+        temps: dict[str, Assign] = {}
+        for block in self.blocks:
+            for node in block.walk():
+                if isinstance(node, Assign):
+                    temps.setdefault(node.name, node)
+        return temps
+
+    def var(self, name: str) -> VarDecl | None:
+        return self.var_map.get(name)
+
+    def block(self, name: str) -> Block | None:
+        return self.block_map.get(name)
+
+    @property
+    def entry(self) -> Block | None:
+        return self.block_map.get("entry")
+
+    def vars_of(self, kind: MemKind) -> list[VarDecl]:
+        return [v for v in self.vars if v.kind == kind]

@@ -1,0 +1,56 @@
+"""Exact OpenInfer number conversions shared by every stage (host NumPy side).
+
+`f8_encode` is the reference encoder of SPEC §5.4 (E5M2 with the carry-dropping quirk and
+ties away from zero); a plain `astype(float8_e5m2)` gives different bits. The JAX
+versions used inside compiled kernels live in `oi2jax.ops.numerics`.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+
+def f8_encode_bits(x) -> np.ndarray:
+    """f32 values -> uint8 E5M2 bytes, bit-exact with OpenInfer's `from_f32` (§5.4)."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.int64)
+    sign = ((bits >> 31) & 1).astype(np.uint8) << 7
+    exp = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    big_m = mant | (1 << 23)
+    e8 = exp - 127 + 15
+    out = np.zeros(x.shape, dtype=np.uint8)
+    # normal f8 range
+    m2 = ((big_m + (1 << 20)) >> 21) & 3
+    normal = sign | (np.clip(e8, 0, 31).astype(np.uint8) << 2) | m2.astype(np.uint8)
+    # f8 subnormal range: s = 21 + (1 - e8)
+    s = 21 + (1 - e8)
+    s_safe = np.clip(s, 0, 31)
+    m2s = ((big_m + (np.int64(1) << np.maximum(s_safe - 1, 0))) >> s_safe) & 3
+    sub = np.where(s >= 32, sign, sign | m2s.astype(np.uint8))
+    out = np.where(e8 <= 0, sub, normal)
+    out = np.where(e8 >= 31, sign | 0x7C, out)
+    out = np.where(exp == 0, sign, out)  # zero and f32 subnormals -> signed zero
+    is_nan = np.isnan(x)
+    is_inf = np.isinf(x)
+    out = np.where(is_inf, sign | 0x7C, out)
+    out = np.where(is_nan, np.uint8(0x7D), out)
+    return out.astype(np.uint8)
+
+
+def f8_encode(x) -> np.ndarray:
+    """f32 values -> float8_e5m2 array holding OpenInfer's encoding of them."""
+    return f8_encode_bits(x).view(ml_dtypes.float8_e5m2)
+
+
+def bf16_encode(x) -> np.ndarray:
+    """f32 -> bf16, round to nearest even (§5.3; ml_dtypes agrees for finite values)."""
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def wrap_int(values, bits: int, signed: bool) -> np.ndarray:
+    """Keep the low `bits` bits of integer values; sign-extend when `signed` (int64 result)."""
+    v = np.asarray(values).astype(np.int64) & ((1 << bits) - 1) if bits < 64 else np.asarray(values).astype(np.int64)
+    if signed and bits < 64:
+        v = np.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
+    return v

@@ -1,0 +1,69 @@
+"""Host-side value conversion at the program boundary, shared by compiled and interpreted modes.
+
+`convert_input` turns a user array into the representation of a declared dtype (dtypes.py)
+and refuses anything that would silently change a value; `convert_output` widens a value
+for `--out` / `Program.run` (bf16, f8 -> float32; packed ints are already int8/uint8).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes as dt
+from .diagnostics import OiError
+from .numerics import f8_encode
+
+
+def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """User array -> representation of `dtype` with exactly `shape`; OiError on any loss."""
+    a = np.asarray(array)
+    d = dt.get(dtype)
+    if tuple(a.shape) != tuple(shape):
+        raise OiError(f"input {name}: expected shape {list(shape)}, got {list(a.shape)}")
+    kind = a.dtype.kind
+    if d.family == dt.FLOAT:
+        if kind not in "fiub" and a.dtype.name not in ("bfloat16", "float8_e5m2"):
+            raise OiError(f"input {name}: expected {dtype} values, got a {a.dtype} array")
+        if a.dtype == d.np_dtype:
+            return a
+        if d.name in ("bf16", "f8"):
+            f32 = a.astype(np.float32)
+            finite = np.isfinite(f32)
+            if np.any(np.abs(f32[finite]) > d.max):
+                bad = f32[finite][np.abs(f32[finite]) > d.max][0]
+                raise OiError(f"input {name}: value {bad} is out of range for {dtype} (max {d.max})")
+            return f8_encode(f32) if d.name == "f8" else f32.astype(d.np_dtype)
+        converted = a.astype(d.np_dtype)
+        back = converted.astype(a.dtype) if kind == "f" else converted.astype(np.float64)
+        orig = a if kind == "f" else a.astype(np.float64)
+        same = (back == orig) | (np.isnan(back) & np.isnan(orig))
+        if not np.all(same):
+            idx = tuple(np.argwhere(~same)[0])
+            raise OiError(f"input {name}: value {a[idx]} ({a.dtype}) is not exactly representable in {dtype}; "
+                          f"pass a {d.np_dtype} array")
+        return converted
+    if d.family == dt.BOOL:
+        if kind == "b":
+            return a
+        if kind in "iu" and np.all((a == 0) | (a == 1)):
+            return a.astype(np.bool_)
+        raise OiError(f"input {name}: expected bool values, got a {a.dtype} array")
+    # integer families (signed, unsigned, packed, bitset, ternary)
+    if kind == "b":
+        a = a.astype(np.int64)
+        kind = "i"
+    if kind not in "iu":
+        raise OiError(f"input {name}: expected integer values for {dtype}, got a {a.dtype} array")
+    lo, hi = d.min, d.max
+    if a.size:
+        amin, amax = int(a.min()), int(a.max())
+        if amin < lo or amax > hi:
+            bad = amin if amin < lo else amax
+            raise OiError(f"input {name}: value {bad} is out of range for {dtype} [{lo}, {hi}]")
+        if d.name == "t1" and np.any(a == 0):
+            raise OiError(f"input {name}: t1 values must be -1 or 1")
+    return a.astype(d.np_dtype)
+
+
+def convert_output(value, dtype: str) -> np.ndarray:
+    """A held value -> the array written to `--out` (bf16/f8 widened to float32)."""
+    return dt.to_output(np.asarray(value), dtype)
