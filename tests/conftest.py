@@ -1,0 +1,19 @@
+"""Shared test fixtures: where the OpenInfer reference material lives, and small helpers."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("OI2JAX_SHARED", REPO.parent / "shared" / "openinfer"))
+MODELS = SHARED / "models"
+BASELINE = SHARED / "baseline"
+EXAMPLES = REPO / "examples"
+
+
+@pytest.fixture(scope="session")
+def shared() -> Path:
+    assert SHARED.is_dir(), f"reference material not found at {SHARED} (set OI2JAX_SHARED)"
+    return SHARED
