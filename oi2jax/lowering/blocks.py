@@ -1,0 +1,156 @@
+"""Blocks and straight-line nodes: the node-rule registry, op, assign, transfer, return.
+
+`lower_nodes(nodes, env, frame, tr)` walks nodes in order, dispatching on the node's type
+through `RULES` (no if-chains); it returns (env, stopped) where `stopped` means a `return`
+(or a consumer's `yield`) ended the enclosing frame.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .. import ir, ops
+from ..diagnostics import OiError
+from .context import Frame, Tracer
+
+RULES: dict[type, object] = {}
+
+
+def rule(node_type):
+    def register(fn):
+        RULES[node_type] = fn
+        return fn
+    return register
+
+
+def lower_nodes(nodes, env: dict, frame: Frame, tr: Tracer) -> tuple[dict, bool]:
+    for node in nodes:
+        if isinstance(node, ir.Return):
+            if node.vars and frame.block == "entry" and not frame.loop_vars:
+                tr.outputs = node.vars
+            return env, True
+        if isinstance(node, ir.Yield) and frame.block != "entry":
+            return env, True  # a consumer's yield ends it (§3.5)
+        fn = RULES[type(node)]
+        with jax.named_scope(f"{node.index}:{_label(node)}"):
+            env = fn(node, env, frame, tr)
+    return env, False
+
+
+def lower_block(name: str, env: dict, tr: Tracer) -> dict:
+    """Run block `name` as a call (§3.2): its return ends only the block."""
+    block = tr.graph.block(name)
+    with jax.named_scope(name):
+        env, _ = lower_nodes(block.nodes, env, Frame(name), tr)
+    return env
+
+
+def _label(node: ir.Node) -> str:
+    if isinstance(node, ir.Op):
+        return node.op
+    return type(node).__name__.lower()
+
+
+# ------------------------------------------------------------------------------ rules
+
+
+@rule(ir.Assign)
+def _assign(node: ir.Assign, env, frame, tr):
+    return env  # temporaries are created at step start and keep their value (§3.9)
+
+
+def _dtype_of(tr: Tracer, name: str) -> str:
+    return tr.bound.dtype(name)
+
+
+def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
+    """Literal attrs as Python values; variable attrs as metadata strings, static constants or 0-d arrays."""
+    values = {}
+    for attr in node.attrs:
+        lit = attr.value
+        if lit.kind == "var":
+            name = lit.value
+            text = tr.bound.metadata_string(name)
+            if text is not None:
+                values[attr.name] = text
+                continue
+            static = tr.static_scalar(name)
+            if static is not None:
+                values[attr.name] = static
+            elif name in env:
+                values[attr.name] = env[name].reshape(())
+            else:
+                raise OiError(f"unknown attribute variable {name}", attr.span, source=tr.graph.source)
+        elif lit.kind == "int_list":
+            values[attr.name] = tuple(lit.value)
+        else:
+            values[attr.name] = lit.value
+    return values
+
+
+@rule(ir.Op)
+def _op(node: ir.Op, env, frame, tr):
+    inputs = []
+    for ref in node.inputs:
+        env, value = tr.read(ref, env, frame)
+        inputs.append(value)
+    in_dtypes = [_dtype_of(tr, ref.name) for ref in node.inputs]
+    sig = ops.infer(node.op, in_dtypes, [tuple(v.shape) for v in inputs], node.attr_map,
+                    out_name=node.output, in_names=[r.name for r in node.inputs])
+    out = ops.apply(node.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
+                    out_dtype=sig.out_dtype, mode=sig.mode)
+    want = tr.bound.shape(node.output)
+    if tuple(out.shape) != tuple(want):
+        raise OiError(f"op {node.op} output shape {list(out.shape)} does not match {node.output}'s declared "
+                      f"shape {list(want)}", node.span, source=tr.graph.source)
+    env = dict(env)
+    env[node.output] = out
+    return env
+
+
+@rule(ir.Transfer)
+def _transfer(node: ir.Transfer, env, frame, tr):
+    env, value = tr.read(node.src, env, frame)
+    want = tr.bound.shape(node.dst.name)
+    if tuple(value.shape) != tuple(want):
+        raise OiError(f"transfer shape mismatch: {list(value.shape)} vs {list(want)}", node.span,
+                      source=tr.graph.source)
+    env = dict(env)
+    env[node.dst.name] = value
+    return env
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
+
+
+# rules defined in sibling modules register themselves on import
+from . import control, sync  # noqa: E402,F401
+from .caches import CacheRules  # noqa: E402
+
+
+@rule(ir.CacheRead)
+def _cache_read(node, env, frame, tr):
+    return CacheRules(tr).read(node, env, frame)
+
+
+@rule(ir.CacheWrite)
+def _cache_write(node, env, frame, tr):
+    return CacheRules(tr).write(node, env, frame)
+
+
+@rule(ir.CacheReset)
+def _cache_reset(node, env, frame, tr):
+    return CacheRules(tr).reset(node, env, frame)
+
+
+@rule(ir.CacheIncrement)
+def _cache_inc(node, env, frame, tr):
+    return CacheRules(tr).step(node, env, frame, +1)
+
+
+@rule(ir.CacheDecrement)
+def _cache_dec(node, env, frame, tr):
+    return CacheRules(tr).step(node, env, frame, -1)

@@ -1,0 +1,445 @@
+"""Persistent state and cache tables (SPEC §4) as fixed-shape device arrays.
+
+Layout per persistent variable (`CacheLayout`):
+- plain:    env[P] = the value.
+- table:    env[T] = data [capacity..., *entry] (unwritten entries hold the @init fill),
+            env[T#size] = int64[k] logical sizes, env[T#present] = bool[capacity...] (growable only).
+- auto_dim: env[M] = data [base + capacity...] (zeros outside the current shape),
+            env[M#count] = int64[r] growth counts.
+`@fixed` dims have capacity = the fixed size; other dims start small and the host doubles
+their capacity (and recompiles) when a step asks for more (`GROW`), so n growth steps cost
+O(log n) compiles. Every out-of-range access is a runtime guard (`Tracer.fail_if`), never a clamp.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import dtypes as dt
+from .. import ir
+from ..diagnostics import OiError
+from .context import GROW, Frame, Tracer
+
+INITIAL_CAPACITY = 4
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    name: str
+    kind: str  # plain | table | auto_dim
+    dtype: str
+    shape: tuple[int, ...]  # plain: value shape; table: entry shape; auto_dim: base shape
+    fixed: tuple[int | None, ...] = ()  # per table dim / per auto dim: @fixed size (max)
+    capacity: tuple[int, ...] = ()
+    grow_slots: tuple[int | None, ...] = ()
+    fill: object = 0
+
+    @property
+    def growable(self) -> bool:
+        return any(s is not None for s in self.grow_slots)
+
+    def size_key(self) -> str:
+        return f"{self.name}#size" if self.kind == "table" else f"{self.name}#count"
+
+    def data_shape(self) -> tuple[int, ...]:
+        if self.kind == "table":
+            return tuple(self.capacity) + self.shape
+        if self.kind == "auto_dim":
+            return tuple(b + c for b, c in zip(self.shape, self.capacity)) + self.shape[len(self.capacity):]
+        return self.shape
+
+
+def init_fill(decl: ir.VarDecl):
+    if decl.init is None:
+        return 0
+    return decl.init.value
+
+
+def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
+    """One layout per persistent variable; registers growable dims in `grow_slots`."""
+    layouts = {}
+    for decl in bound.graph.vars:
+        if decl.kind != ir.MemKind.PERSISTENT:
+            continue
+        shape = bound.shape(decl.name)
+        fixed = decl.fixed_map
+        if decl.is_table:
+            dims = decl.table_indices
+            kind = "table"
+        elif decl.auto_dim:
+            dims = decl.auto_dim
+            kind = "auto_dim"
+            if len(dims) != len(shape):
+                raise OiError(f"auto_dim requires {len(shape)} dims, got {len(dims)}", decl.span,
+                              source=bound.graph.source)
+        else:
+            layouts[decl.name] = CacheLayout(decl.name, "plain", decl.dtype, shape, fill=init_fill(decl))
+            continue
+        fixed_sizes, caps, slots = [], [], []
+        for j, dim_name in enumerate(dims):
+            f = fixed.get(dim_name)
+            fixed_sizes.append(f)
+            if f is not None:
+                caps.append(f)
+                slots.append(None)
+            else:
+                caps.append(INITIAL_CAPACITY)
+                slots.append(len(grow_slots))
+                grow_slots.append((decl.name, j))
+        layouts[decl.name] = CacheLayout(decl.name, kind, decl.dtype, shape, tuple(fixed_sizes), tuple(caps),
+                                         tuple(slots), fill=init_fill(decl))
+    return layouts
+
+
+def initial_state(layout: CacheLayout) -> dict[str, np.ndarray]:
+    """Host arrays for a cache's state at program start."""
+    np_dtype = dt.get(layout.dtype).np_dtype
+    if layout.kind == "plain":
+        return {layout.name: np.full(layout.shape, layout.fill, dtype=np_dtype)}
+    if layout.kind == "table":
+        k = len(layout.capacity)
+        state = {layout.name: np.full(layout.data_shape(), layout.fill, dtype=np_dtype),
+                 layout.size_key(): np.array([f or 0 for f in layout.fixed], dtype=np.int64).reshape(k)}
+        if layout.growable:
+            state[f"{layout.name}#present"] = np.zeros(layout.capacity, dtype=bool)
+        return state
+    return {layout.name: np.zeros(layout.data_shape(), dtype=np_dtype),
+            layout.size_key(): np.zeros(len(layout.capacity), dtype=np.int64)}
+
+
+def grow(layout: CacheLayout, state: dict, new_capacity: tuple[int, ...]) -> tuple[CacheLayout, dict]:
+    """Pad a cache's host/device state to `new_capacity` (tables: @init fill; auto_dim: zeros)."""
+    new = replace(layout, capacity=tuple(new_capacity))
+    out = dict(state)
+    pads = [(0, n - o) for o, n in zip(layout.capacity, new_capacity)]
+    data = np.asarray(state[layout.name])
+    extra = [(0, 0)] * (data.ndim - len(pads))
+    fill = layout.fill if layout.kind == "table" else 0
+    out[layout.name] = np.pad(data, pads + extra, constant_values=np.asarray(fill, dtype=data.dtype))
+    if layout.kind == "table" and layout.growable:
+        out[f"{layout.name}#present"] = np.pad(np.asarray(state[f"{layout.name}#present"]), pads)
+    return new, out
+
+
+def export(layout: CacheLayout, state: dict) -> np.ndarray:
+    """The user-visible value: tables as [sizes..., *entry]; auto_dim at its current shape."""
+    data = np.asarray(state[layout.name])
+    if layout.kind == "plain":
+        return data
+    sizes = np.asarray(state[layout.size_key()])
+    if layout.kind == "table":
+        return data[tuple(slice(0, int(s)) for s in sizes)]
+    return data[tuple(slice(0, b + int(c)) for b, c in zip(layout.shape, sizes))]
+
+
+# ---------------------------------------------------------------------------- node rules
+
+
+class CacheRules:
+    """cache.read / write / reset / increment / decrement for one trace."""
+
+    def __init__(self, tr: Tracer):
+        self.tr = tr
+        self.layouts = tr.lowering.caches
+
+    def _err(self, msg: str, span: ir.Span) -> OiError:
+        return OiError(msg, span, source=self.tr.graph.source)
+
+    def _layout(self, access_base: str, span: ir.Span) -> CacheLayout:
+        layout = self.layouts.get(access_base)
+        if layout is None:
+            raise self._err(f"unknown cache variable {access_base}", span)
+        return layout
+
+    # ----------------------------------------------------------------- index helpers
+
+    def _single(self, env, frame, layout: CacheLayout, j: int, raw, span, *, size):
+        """Check single index `raw` at table dim j; returns (env, index, new size)."""
+        tr = self.tr
+        v = tr.index_value(raw, frame, env)
+        neg = tr.lowering.site(f"cache index cannot be negative (got {{value}}) in {layout.name}", span)
+        env = tr.fail_if(env, jnp.asarray(v) < 0, neg, v)
+        env = self._bound(env, layout, j, jnp.asarray(v, jnp.int64) + 1, span, what="index")
+        return env, v, jnp.maximum(size, jnp.asarray(v, jnp.int64) + 1)
+
+    def _bound(self, env, layout: CacheLayout, j: int, end, span, what: str):
+        """`end` (exclusive) must fit the fixed size, or the capacity (else ask to grow)."""
+        tr = self.tr
+        fixed = layout.fixed[j]
+        if fixed is not None:
+            code = tr.lowering.site(f"cache table {layout.name} index {j} exceeds fixed size {fixed} "
+                                    f"({what} {{value}})", span)
+            return tr.fail_if(env, end > fixed, code, end - 1 if what == "index" else end)
+        slot = layout.grow_slots[j]
+        return tr.need_capacity(env, slot, jnp.where(end > layout.capacity[j], end, 0))
+
+    def _table_select(self, access: ir.CacheAccess, layout: CacheLayout, env, frame, out_lengths, span):
+        """Resolve a table read selection -> (env, starts, lengths, squeeze dims)."""
+        tr = self.tr
+        k = len(layout.capacity)
+        if len(access.indices) > k:
+            raise self._err(f"cache access {layout.name} expects at most {k} indices, got {len(access.indices)}",
+                            span)
+        sel = list(access.indices) + [ir.Slice(None, None)] * (k - len(access.indices))
+        sizes = env[layout.size_key()]
+        new_sizes = []
+        starts, lengths, squeeze = [], [], []
+        slice_pos = 0
+        for j, s in enumerate(sel):
+            size = sizes[j]
+            if isinstance(s, ir.Single):
+                env, v, size = self._single(env, frame, layout, j, s.value, span, size=size)
+                starts.append(jnp.asarray(v, jnp.int64))
+                lengths.append(1)
+                squeeze.append(j)
+            else:
+                start = jnp.int64(0) if s.start is None else jnp.asarray(tr.index_value(s.start, frame, env), jnp.int64)
+                if isinstance(s.start, int) and s.start < 0:
+                    raise self._err(f"cache index cannot be negative (slice start {s.start})", span)
+                if s.end is None:
+                    end = size
+                elif isinstance(s.end, int) and s.end < 0:
+                    code = tr.lowering.site(f"slice end underflow for size {{value}} in {layout.name}", span)
+                    env = tr.fail_if(env, size < -s.end, code, size)
+                    end = size + s.end
+                else:
+                    end = jnp.asarray(tr.index_value(s.end, frame, env), jnp.int64)
+                code = tr.lowering.site(f"slice end {{value}} before start in {layout.name}", span)
+                env = tr.fail_if(env, end < start, code, end)
+                env = self._bound(env, layout, j, end, span, what="slice end")
+                length = out_lengths[slice_pos]
+                slice_pos += 1
+                code = tr.lowering.site(
+                    f"cache.read {layout.name}: slice of length {{value}} does not match the destination's "
+                    f"dimension {length}", span)
+                env = tr.fail_if(env, (end - start) != length, code, end - start)
+                size = jnp.maximum(size, end)
+                starts.append(start)
+                lengths.append(length)
+            new_sizes.append(size)
+        env = dict(env)
+        env[layout.size_key()] = jnp.stack(new_sizes).astype(jnp.int64)
+        return env, starts, lengths, squeeze
+
+    def _mark_present(self, env, layout: CacheLayout, starts, lengths, value: bool):
+        key = f"{layout.name}#present"
+        if key not in env:
+            return env
+        present = env[key]
+        mask = jnp.ones(present.shape, bool)
+        for j, (s, n) in enumerate(zip(starts, lengths)):
+            iota = jax.lax.broadcasted_iota(jnp.int64, present.shape, j)
+            mask = mask & (iota >= s) & (iota < s + n)
+        env = dict(env)
+        env[key] = (present | mask) if value else (present & ~mask)
+        return env
+
+    def _auto_access(self, access: ir.CacheAccess, layout: CacheLayout, env, frame, span):
+        tr = self.tr
+        r = len(layout.capacity)
+        if len(access.indices) > r:
+            raise self._err(f"cache access {layout.name} expects at most {r} indices, got {len(access.indices)}", span)
+        counts = env[layout.size_key()]
+        new = []
+        for j in range(r):
+            c = counts[j]
+            if j < len(access.indices):
+                s = access.indices[j]
+                if not isinstance(s, ir.Single):
+                    raise self._err(f"cache access {layout.name} does not support slice indices", span)
+                v = jnp.asarray(tr.index_value(s.value, frame, env), jnp.int64)
+                neg = tr.lowering.site(f"cache index cannot be negative (got {{value}}) in {layout.name}", span)
+                env = tr.fail_if(env, v < 0, neg, v)
+                fixed = layout.fixed[j]
+                if fixed is not None:
+                    code = tr.lowering.site(f"auto_dim {layout.name} exceeds fixed max {fixed} for {j} "
+                                            f"(index {{value}})", span)
+                    env = tr.fail_if(env, v > fixed, code, v)
+                else:
+                    env = tr.need_capacity(env, layout.grow_slots[j], jnp.where(v > layout.capacity[j], v, 0))
+                c = jnp.maximum(c, v)
+            new.append(c)
+        env = dict(env)
+        env[layout.size_key()] = jnp.stack(new).astype(jnp.int64) if new else counts
+        return env
+
+    def _auto_shape_check(self, env, layout: CacheLayout, want: tuple[int, ...], span, what: str):
+        tr = self.tr
+        counts = env[layout.size_key()]
+        current = jnp.asarray(layout.shape[:len(layout.capacity)], jnp.int64) + counts
+        want_arr = jnp.asarray(want[:len(layout.capacity)], jnp.int64)
+        mismatch = jnp.any(current != want_arr) | (len(want) != len(layout.shape))
+        code = tr.lowering.site(f"{what} {layout.name}: current shape does not match {list(want)} "
+                                f"(first differing dim is {{value}})", span)
+        first_dim = jnp.argmax(current != want_arr)
+        return tr.fail_if(env, mismatch, code, first_dim)
+
+    # ----------------------------------------------------------------- rules
+
+    def read(self, node: ir.CacheRead, env, frame: Frame):
+        access = node.src
+        layout = self._layout(access.base, access.span)
+        dst = node.dst.name
+        dst_shape = self.tr.bound.shape(dst)
+        if layout.kind == "plain":
+            if access.bracketed:
+                raise self._err(f"cache {layout.name} does not support indexed access", access.span)
+            value = env[layout.name]
+        elif layout.kind == "table":
+            if not access.bracketed:
+                raise self._err(f"cache table {layout.name} requires indices", access.span)
+            n_slices = len(layout.capacity) - sum(isinstance(s, ir.Single) for s in access.indices)
+            out_lengths = dst_shape[:n_slices]
+            env, starts, lengths, squeeze = self._table_select(access, layout, env, frame, out_lengths, access.span)
+            data = env[layout.name]
+            n_entry = len(layout.shape)
+            idx = [jnp.clip(s, 0, c - n).astype(jnp.int32) if n <= c else jnp.int32(0)
+                   for s, n, c in zip(starts, lengths, layout.capacity)]
+            if any(n > c for n, c in zip(lengths, layout.capacity)):
+                # the destination is larger than the allocation: the step asks to grow and is re-run
+                value = jnp.zeros(tuple(lengths) + layout.shape, data.dtype)
+            else:
+                value = jax.lax.dynamic_slice(data, idx + [jnp.int32(0)] * n_entry, tuple(lengths) + layout.shape)
+            value = value.reshape(tuple(n for j, n in enumerate(lengths) if j not in squeeze) + layout.shape)
+            env = self._mark_present(env, layout, starts, lengths, True)
+        else:
+            env = self._auto_access(access, layout, env, frame, access.span)
+            env = self._auto_shape_check(env, layout, dst_shape, access.span, "cache.read")
+            data = env[layout.name]
+            if any(w > s for w, s in zip(dst_shape, data.shape)):
+                value = jnp.zeros(dst_shape, data.dtype)
+            else:
+                value = data[tuple(slice(0, w) for w in dst_shape)]
+        if tuple(value.shape) != tuple(dst_shape):
+            raise self._err(f"cache.read {layout.name} -> {dst}: shape {list(value.shape)} does not match "
+                            f"declared shape {list(dst_shape)}", node.span)
+        env = dict(env)
+        env[dst] = value.astype(env[dst].dtype)
+        return env
+
+    def write(self, node: ir.CacheWrite, env, frame: Frame):
+        access = node.dst
+        layout = self._layout(access.base, access.span)
+        env, src = self.tr.read(node.src, env, frame)
+        if layout.kind == "plain":
+            if access.indices:
+                raise self._err(f"cache.write {layout.name} does not support indexed writes", access.span)
+            if tuple(src.shape) != layout.shape:
+                raise self._err(f"cache.write {layout.name} expects shape {list(layout.shape)}, got {list(src.shape)}",
+                                node.span)
+            env = dict(env)
+            env[layout.name] = src
+            return env
+        if layout.kind == "table":
+            k = len(layout.capacity)
+            if not access.bracketed:
+                raise self._err(f"cache table {layout.name} requires indices", access.span)
+            if len(access.indices) != k or any(not isinstance(s, ir.Single) for s in access.indices):
+                raise self._err(f"cache.write {layout.name} does not support slice indices", access.span)
+            if tuple(src.shape) != layout.shape:
+                raise self._err(f"cache.write {layout.name} expects shape {list(layout.shape)}, got {list(src.shape)}",
+                                node.span)
+            sizes = env[layout.size_key()]
+            new_sizes, starts = [], []
+            for j, s in enumerate(access.indices):
+                env, v, size = self._single(env, frame, layout, j, s.value, access.span, size=sizes[j])
+                new_sizes.append(size)
+                starts.append(jnp.asarray(v, jnp.int64))
+            env = dict(env)
+            env[layout.size_key()] = jnp.stack(new_sizes).astype(jnp.int64)
+            data = env[layout.name]
+            idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
+            update = src.reshape((1,) * k + layout.shape).astype(data.dtype)
+            env[layout.name] = jax.lax.dynamic_update_slice(data, update, idx + [jnp.int32(0)] * len(layout.shape))
+            return self._mark_present(env, layout, starts, [1] * k, True)
+        env = self._auto_access(access, layout, env, frame, access.span)
+        env = self._auto_shape_check(env, layout, tuple(src.shape), access.span, "cache.write")
+        data = env[layout.name]
+        env = dict(env)
+        if all(w <= s for w, s in zip(src.shape, data.shape)):
+            zeros = jnp.zeros_like(data)
+            env[layout.name] = jax.lax.dynamic_update_slice(zeros, src.astype(data.dtype), [0] * data.ndim)
+        return env
+
+    def reset(self, node: ir.CacheReset, env, frame: Frame):
+        access = node.target
+        layout = self._layout(access.base, access.span)
+        env = dict(env)
+        np_dtype = dt.get(layout.dtype).np_dtype
+        data = env[layout.name]
+        if layout.kind == "plain":
+            env[layout.name] = jnp.full(data.shape, layout.fill, np_dtype)
+            return env
+        if layout.kind == "auto_dim":
+            base = jnp.zeros(data.shape, np_dtype)
+            region = jnp.full(layout.shape, layout.fill, np_dtype)
+            env[layout.name] = jax.lax.dynamic_update_slice(base, region, [0] * data.ndim)
+            env[layout.size_key()] = jnp.zeros_like(env[layout.size_key()])
+            return env
+        if not access.bracketed:
+            raise self._err(f"cache table {layout.name} requires indices", access.span)
+        k = len(layout.capacity)
+        if not access.indices:
+            env[layout.name] = jnp.full(data.shape, layout.fill, np_dtype)
+            env[layout.size_key()] = jnp.asarray([f or 0 for f in layout.fixed], jnp.int64)
+            if f"{layout.name}#present" in env:
+                env[f"{layout.name}#present"] = jnp.zeros_like(env[f"{layout.name}#present"])
+            return env
+        if any(not isinstance(s, ir.Single) for s in access.indices):
+            raise self._err(f"cache.reset {layout.name} requires scalar indices", access.span)
+        starts = []
+        for j, s in enumerate(access.indices):
+            v = jnp.asarray(self.tr.index_value(s.value, frame, env), jnp.int64)
+            neg = self.tr.lowering.site(f"cache index cannot be negative (got {{value}}) in {layout.name}", access.span)
+            env = self.tr.fail_if(env, v < 0, neg, v)
+            starts.append(v)
+        p = len(starts)
+        in_range = jnp.all(jnp.stack([(s < c) for s, c in zip(starts, layout.capacity)]))
+        block = jnp.full((1,) * p + tuple(layout.capacity[p:]) + layout.shape, layout.fill, np_dtype)
+        idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
+        updated = jax.lax.dynamic_update_slice(data, block, idx + [jnp.int32(0)] * (data.ndim - p))
+        env[layout.name] = jnp.where(in_range, updated, data)
+        key = f"{layout.name}#present"
+        if key in env:
+            lengths = [1] * p + list(layout.capacity[p:])
+            full_starts = starts + [jnp.int64(0)] * (k - p)
+            cleared = self._mark_present(env, layout, full_starts, lengths, False)[key]
+            env[key] = jnp.where(in_range, cleared, env[key])
+            present = env[key]
+            sizes = []
+            for j in range(k):
+                if layout.fixed[j] is not None:
+                    sizes.append(jnp.int64(layout.fixed[j]))
+                else:
+                    other = tuple(a for a in range(k) if a != j)
+                    along = jnp.any(present, axis=other) if other else present
+                    iota = jnp.arange(1, layout.capacity[j] + 1, dtype=jnp.int64)
+                    sizes.append(jnp.max(jnp.where(along, iota, 0)))
+            env[layout.size_key()] = jnp.stack(sizes)
+        return env
+
+    def step(self, node, env, frame: Frame, sign: int):
+        from ..ops.numerics import store
+        layout = self._layout(node.target, node.span)
+        if layout.kind != "plain" or layout.shape != ():
+            raise self._err(f"cache.{'increment' if sign > 0 else 'decrement'} {node.target} expects a "
+                            f"persistent scalar", node.span)
+        d = dt.get(layout.dtype)
+        value = env[layout.name]
+        n = sign * node.amount
+        if d.is_float:
+            if d.name == "f64":
+                new = value + jnp.float64(n)
+            else:
+                new = store(value.astype(jnp.float32) + jnp.float32(n), d.name)
+        elif d.is_int and not d.packed:
+            new = (value.astype(jnp.int64) + jnp.int64(n)).astype(d.np_dtype) if d.bits < 64 else \
+                value + jnp.asarray(n).astype(d.np_dtype)
+        else:
+            raise self._err(f"cache.increment does not support {d.name}", node.span)
+        env = dict(env)
+        env[layout.name] = new.astype(value.dtype)
+        return env

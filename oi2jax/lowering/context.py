@@ -1,0 +1,201 @@
+"""Lowering context: what every node lowering rule reads while tracing one step.
+
+The environment `env` is a flat dict of the step's mutable values (dynamic, volatile,
+temporaries, persistent values and cache states, plus the runtime guard flags); it is the
+carry of every `lax.cond` / `lax.fori_loop`, so its structure never changes inside a step.
+Constants live outside it (`consts`, traced jit arguments captured by closures).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import dtypes as dt
+from .. import ir
+from ..diagnostics import OiError
+from ..model.bind import BoundGraph
+
+ERR = "__err"  # int32: 0 = fine, else 1 + index into Lowering.error_sites
+ERRVAL = "__errval"  # int64: the offending value (an index, a size)
+GROW = "__grow"  # int64[n_growable]: capacity a growable cache dim needs (0 = enough)
+
+
+@dataclass(frozen=True)
+class ErrorSite:
+    """A runtime guard: message template (`{value}` is filled in) and where it sits."""
+
+    message: str
+    span: ir.Span
+
+
+@dataclass
+class Lowering:
+    """Static facts about the program being lowered, shared by all rules (built once)."""
+
+    bound: BoundGraph
+    caches: dict  # name -> caches.CacheLayout
+    error_sites: list[ErrorSite] = field(default_factory=list)
+    growable: list[tuple[str, int]] = field(default_factory=list)  # (cache, dim) per GROW slot
+    consumers: dict = field(default_factory=dict)  # block name -> consumer info (sync.py)
+
+    @property
+    def graph(self) -> ir.Graph:
+        return self.bound.graph
+
+    def site(self, message: str, span: ir.Span) -> int:
+        """Register a runtime guard; returns its error code."""
+        self.error_sites.append(ErrorSite(message, span))
+        return len(self.error_sites)
+
+    def error_for(self, code: int, value: int) -> OiError:
+        site = self.error_sites[code - 1]
+        return OiError(site.message.format(value=value), site.span, source=self.graph.source)
+
+
+@dataclass
+class Frame:
+    """Per-trace position: the block being lowered and the loop indices in scope."""
+
+    block: str
+    loop_vars: dict = field(default_factory=dict)  # loop index name -> (traced int, static (lo, hi) or None)
+
+    def enter_loop(self, var: str, value, static_range) -> "Frame":
+        loops = dict(self.loop_vars)
+        loops[var] = (value, static_range)
+        return Frame(self.block, loops)
+
+    def in_block(self, block: str) -> "Frame":
+        return Frame(block, {})
+
+
+class Tracer:
+    """Binds the Lowering facts to the traced constants of one jit trace."""
+
+    def __init__(self, lowering: Lowering, consts: dict):
+        self.lowering = lowering
+        self.bound = lowering.bound
+        self.graph = lowering.graph
+        self.consts = consts
+        self.outputs: tuple[str, ...] | None = None  # names from `return a, b;` in entry
+
+    # -------------------------------------------------------------- guards
+
+    def fail_if(self, env: dict, cond, code: int, value) -> dict:
+        """Record error `code` (first one wins) where `cond` holds."""
+        cond = jnp.asarray(cond)
+        first = (env[ERR] == 0) & cond
+        env = dict(env)
+        env[ERR] = jnp.where(first, jnp.int32(code), env[ERR])
+        env[ERRVAL] = jnp.where(first, jnp.asarray(value, jnp.int64), env[ERRVAL])
+        return env
+
+    def need_capacity(self, env: dict, slot: int, needed) -> dict:
+        """Ask the host for capacity `needed` on growable slot `slot` (0 = fine)."""
+        env = dict(env)
+        env[GROW] = env[GROW].at[slot].max(jnp.asarray(needed, jnp.int64))
+        return env
+
+    # -------------------------------------------------------------- values
+
+    def static_scalar(self, name: str):
+        """A Python value for a constant scalar known at compile time, else None."""
+        decl = self.graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.CONSTANT:
+            return None
+        value = self.bound.initial(name)
+        if value.size != 1:
+            return None
+        return value.reshape(()).item()
+
+    def index_value(self, value: ir.IndexValue, frame: Frame, env: dict):
+        """A cache / prefix-table index: literal, loop index, sizevar or persistent scalar."""
+        if isinstance(value, int):
+            return value
+        if value in frame.loop_vars:
+            return frame.loop_vars[value][0]
+        if value in self.bound.sizes:
+            return int(self.bound.sizes[value])
+        if value in env:
+            v = env[value]
+            return v.reshape(()).astype(jnp.int64)
+        static = self.static_scalar(value)
+        if static is not None:
+            return int(static)
+        raise OiError(f"unknown cache index {value}")
+
+    def static_index(self, value: ir.IndexValue, frame: Frame) -> int | None:
+        if isinstance(value, int):
+            return value
+        if value in frame.loop_vars:
+            return None
+        if value in self.bound.sizes:
+            return int(self.bound.sizes[value])
+        return None
+
+    def read(self, ref: ir.VarRef, env: dict, frame: Frame):
+        """(env, value) of an op input / transfer source; env may gain a runtime guard."""
+        from .packing import unpack
+        name = ref.name
+        if ref.indices is not None:
+            return self.read_member(ref, env, frame)
+        if name in env:
+            return env, env[name]
+        if name in self.consts:
+            decl = self.graph.var(name)
+            value = self.consts[name]
+            if decl is not None and dt.get(decl.dtype).packed:
+                return env, unpack(value, decl.dtype, self.bound.shape(name))
+            return env, value
+        raise OiError(f"unknown variable {name}", ref.span, source=self.graph.source)
+
+    def read_member(self, ref: ir.VarRef, env: dict, frame: Frame):
+        """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index."""
+        family = self.consts[ref.name]
+        n_params = len(ref.indices)
+        value = family
+        for pos, raw in enumerate(ref.indices):
+            idx = self.index_value(raw, frame, env)
+            extent = family.shape[pos]
+            decl = self.graph.var(ref.name)
+            if isinstance(idx, int):
+                if not 0 <= idx < extent:
+                    raise OiError(f"prefix table {ref.name}: model tensor "
+                                  f"{self.bound.member_name(decl, self._placeholder(ref, pos, idx))} not found",
+                                  ref.span, source=self.graph.source)
+                value = value[idx]
+            else:
+                static_range = frame.loop_vars.get(raw, (None, None))[1] if isinstance(raw, str) else None
+                if static_range is not None:
+                    lo, hi = static_range
+                    if lo < hi and (lo < 0 or hi > extent):
+                        bad = hi - 1 if hi > extent else lo
+                        raise OiError(f"prefix table {ref.name}: model tensor "
+                                      f"{self.bound.member_name(decl, self._placeholder(ref, pos, bad))} not found",
+                                      ref.span, source=self.graph.source)
+                else:
+                    code = self.lowering.site(
+                        f"prefix table {ref.name}: index {{value}} is outside the model's family "
+                        f"(0..{extent - 1})", ref.span)
+                    env = self.fail_if(env, (idx < 0) | (idx >= extent), code, idx)
+                value = jax.lax.dynamic_index_in_dim(value, jnp.clip(idx, 0, extent - 1).astype(jnp.int32),
+                                                     axis=0, keepdims=False)
+        del n_params
+        return env, value
+
+    def _placeholder(self, ref: ir.VarRef, pos: int, value: int) -> tuple[int, ...]:
+        values = [0] * len(ref.indices)
+        for j, raw in enumerate(ref.indices):
+            values[j] = raw if isinstance(raw, int) else 0
+        values[pos] = value
+        return tuple(values)
+
+
+def zeros_like_decl(shape, dtype: str):
+    return jnp.zeros(shape, dt.get(dtype).np_dtype)
+
+
+def full_host(shape, dtype: str, value) -> np.ndarray:
+    return np.full(shape, value, dtype=dt.get(dtype).np_dtype)

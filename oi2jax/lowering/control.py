@@ -1,0 +1,76 @@
+"""Control flow: `branch` -> lax.cond (call and return, §3.2); `loop` -> lax.fori_loop (§3.3)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import dtypes as dt
+from .. import ir
+from ..diagnostics import OiError
+from .blocks import lower_block, lower_nodes, rule
+from .context import Frame, Tracer
+
+
+def truthy(value, dtype: str):
+    """OpenInfer truthiness of a scalar: bool as is, numbers != 0 (NaN is true)."""
+    if dt.get(dtype).packed:
+        raise OiError("packed scalars are not supported as branch conditions")
+    v = value.reshape(())
+    return v if v.dtype == jnp.bool_ else v != 0
+
+
+@rule(ir.Branch)
+def _branch(node: ir.Branch, env, frame: Frame, tr: Tracer):
+    if node.cond is None:
+        return lower_block(node.then_block, env, tr)
+    env, cond = tr.read(ir.VarRef(node.cond, node.span), env, frame)
+    pred = truthy(cond, tr.bound.dtype(node.cond))
+    return jax.lax.cond(pred,
+                        lambda e: lower_block(node.then_block, e, tr),
+                        lambda e: lower_block(node.else_block, e, tr),
+                        env)
+
+
+def _bound(value: ir.IndexValue, env, frame: Frame, tr: Tracer):
+    """A loop bound: static int (literal, sizevar, metadata, constant) or a traced int64."""
+    static = tr.bound.loop_bound(value)
+    if static is not None:
+        return int(static)
+    const = tr.static_scalar(value) if isinstance(value, str) else None
+    if const is not None:
+        return int(const)
+    _, v = tr.read(ir.VarRef(value, ir.NO_SPAN), env, frame)
+    v = v.reshape(())
+    if jnp.issubdtype(v.dtype, jnp.floating):
+        v = jnp.trunc(v.astype(jnp.float64))
+    return v.astype(jnp.int64)
+
+
+def _until_return(body: tuple[ir.Node, ...]) -> tuple[tuple[ir.Node, ...], bool]:
+    for i, node in enumerate(body):
+        if isinstance(node, ir.Return):
+            return body[:i], True
+    return body, False
+
+
+@rule(ir.Loop)
+def _loop(node: ir.Loop, env, frame: Frame, tr: Tracer):
+    lo = _bound(node.start, env, frame, tr)
+    hi = _bound(node.end, env, frame, tr)
+    static_range = (lo, hi) if isinstance(lo, int) and isinstance(hi, int) else None
+    body, returns = _until_return(node.body)
+
+    def body_fn(i, e):
+        inner = frame.enter_loop(node.var, i, static_range)
+        with jax.named_scope(f"loop_{node.name}"):
+            e, _ = lower_nodes(body, e, inner, tr)
+        return e
+
+    if returns:  # `return` in a loop body ends the loop after the first iteration (§3.3)
+        if static_range is not None:
+            return body_fn(lo, env) if lo < hi else env
+        return jax.lax.cond(lo < hi, lambda e: body_fn(jnp.asarray(lo, jnp.int64), e), lambda e: e, env)
+    if static_range is not None and lo >= hi:
+        return env
+    lo_t = lo if isinstance(lo, int) else lo
+    return jax.lax.fori_loop(lo_t, hi, body_fn, env)

@@ -1,0 +1,221 @@
+"""`Program`: a compiled graph. Holds the device constants, the jitted step (state donated),
+the host loop of `run`, cache growth (capacity doubling + recompile) and error reporting."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import dtypes as dt
+from .. import ir
+from ..diagnostics import OiError
+from ..values import convert_input, convert_output
+from . import caches as cache_mod
+from .context import ERR, ERRVAL, GROW
+from .step import StepBuilder, build_lowering
+
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+def resolve_device(device):
+    """None | 'cpu' | 'gpu' | 'tpu' | jax.Device -> jax.Device (clear error when absent)."""
+    if device is None or isinstance(device, jax.Device):
+        return device
+    try:
+        devices = jax.devices(device)
+    except RuntimeError as exc:
+        raise OiError(f"device {device} is not available ({str(exc).splitlines()[0]})") from None
+    if not devices:
+        raise OiError(f"device {device} is not available")
+    return devices[0]
+
+
+class Program:
+    """A graph lowered to one jitted step function. See docs/architecture.md."""
+
+    def __init__(self, bound, device=None, yield_mode: str = "fused"):
+        self.bound = bound
+        self.graph: ir.Graph = bound.graph
+        self.device = resolve_device(device)
+        self.yield_mode = yield_mode
+        self.compiles = 0  # number of (re)traces of the step: the recompile counter
+        with self._scope():
+            self._lowering = build_lowering(bound)
+            self._builder = StepBuilder(self._lowering)
+            self._consts = self._put(self._host_consts())
+            self._defaults = {name: self._put(bound.initial(name)) for name in self._builder.dynamic}
+            self._jit = self._make_jit()
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextlib.contextmanager
+    def _scope(self):
+        with jax.enable_x64(True):
+            if self.device is not None:
+                with jax.default_device(self.device):
+                    yield
+            else:
+                yield
+
+    def _put(self, value):
+        if isinstance(value, dict):
+            return {k: self._put(v) for k, v in value.items()}
+        return jax.device_put(value, self.device) if self.device is not None else jnp.asarray(value)
+
+    def _host_consts(self) -> dict:
+        from ..model.packing import pack
+        consts = {}
+        bound = self.bound
+        for decl in self.graph.vars:
+            if decl.is_prefix_table:
+                consts[decl.name] = bound.family(decl.name)
+            elif decl.kind == ir.MemKind.CONSTANT:
+                value = bound.initial(decl.name)
+                d = dt.get(decl.dtype)
+                consts[decl.name] = pack(decl.dtype, value) if d.packed else value
+        for name, value in self._builder.init_args.items():
+            consts[f"__init__/{name}"] = value
+        return consts
+
+    def _make_jit(self):
+        builder = self._builder
+
+        def traced(consts, state, dynamic):
+            self.compiles += 1
+            return builder(consts, state, dynamic)
+
+        return jax.jit(traced, donate_argnums=(1,))
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def dynamic_names(self) -> list[str]:
+        return list(self._builder.dynamic)
+
+    def init_state(self) -> dict:
+        """The persistent state at program start (honours @init), as a dict pytree."""
+        host = {}
+        for layout in self._lowering.caches.values():
+            host.update(cache_mod.initial_state(layout))
+        host[ERR] = np.int32(0)
+        host[ERRVAL] = np.int64(0)
+        host[GROW] = np.zeros((len(self._lowering.growable),), np.int64)
+        with self._scope():
+            return self._put(host)
+
+    def _dynamic_args(self, dynamic: dict) -> dict:
+        unknown = set(dynamic) - set(self._builder.dynamic)
+        if unknown:
+            raise OiError(f"unknown input {sorted(unknown)[0]}: the graph's dynamic variables are "
+                          f"{', '.join(self._builder.dynamic) or '(none)'}")
+        return {name: dynamic.get(name, self._defaults[name]) for name in self._builder.dynamic}
+
+    def step(self, state: dict, **dynamic):
+        """Pure, jitted: (state, outputs). The state's buffers are donated."""
+        with self._scope():
+            return self._jit(self._consts, state, self._dynamic_args(dynamic))
+
+    def lower(self, state: dict | None = None, **dynamic):
+        """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
+        with self._scope():
+            state = self.init_state() if state is None else state
+            return self._jit.lower(self._consts, state, self._dynamic_args(dynamic))
+
+    def convert_inputs(self, inputs: dict) -> dict:
+        """User arrays -> representation of each dynamic variable's dtype (no silent loss)."""
+        out = {}
+        for name, value in inputs.items():
+            decl = self.graph.var(name)
+            if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+                raise OiError(f"unknown input {name}: the graph's dynamic variables are "
+                              f"{', '.join(self._builder.dynamic) or '(none)'}")
+            out[name] = convert_input(name, value, decl.dtype, self.bound.shape(name))
+        return out
+
+    def run(self, inputs: dict | None = None, steps: int = 1) -> dict:
+        """Run `steps` steps with the same inputs; every dynamic, volatile and persistent variable."""
+        converted = self.convert_inputs(inputs or {})
+        with self._scope():
+            dynamic = self._dynamic_args(self._put(converted))
+            state = self.init_state()
+            outputs = {name: dynamic[name] for name in self._builder.dynamic}
+            outputs.update({name: jnp.zeros(self.bound.shape(name), dt.get(self.bound.dtype(name)).np_dtype)
+                            for name in self._builder.volatile})
+            check_each = bool(self._lowering.growable)
+            for _ in range(steps):
+                state, outputs = self._checked_step(state, dynamic) if check_each else \
+                    self._jit(self._consts, state, dynamic)
+            self._raise_if_failed(state)
+            return self._collect(state, outputs)
+
+    def _checked_step(self, state, dynamic):
+        while True:
+            new_state, outputs = self._jit(self._consts, state, dynamic)
+            self._raise_if_failed(new_state)
+            need = np.asarray(new_state[GROW])
+            if not np.any(need > 0):
+                return new_state, outputs
+            state = self._grow(new_state, need)
+
+    def _grow(self, state, need: np.ndarray):
+        """Double the capacity of every cache dim that asked for more; recompile once."""
+        host = {k: np.asarray(v) for k, v in state.items()}
+        layouts = self._lowering.caches
+        per_cache: dict[str, list[int]] = {}
+        for slot, (name, dim) in enumerate(self._lowering.growable):
+            cap = list(per_cache.get(name, layouts[name].capacity))
+            while need[slot] > cap[dim]:
+                cap[dim] *= 2
+            per_cache[name] = cap
+        for name, cap in per_cache.items():
+            layout = layouts[name]
+            if tuple(cap) == layout.capacity:
+                continue
+            keys = {k: v for k, v in host.items() if k == name or k.startswith(name + "#")}
+            new_layout, new_keys = cache_mod.grow(layout, keys, tuple(cap))
+            layouts[name] = new_layout
+            host.update(new_keys)
+        host[GROW] = np.zeros_like(host[GROW])
+        self._jit = self._make_jit()
+        return self._put(host)
+
+    def _raise_if_failed(self, state):
+        code = int(np.asarray(state[ERR]))
+        if code:
+            raise self._lowering.error_for(code, int(np.asarray(state[ERRVAL])))
+
+    def _collect(self, state, outputs) -> dict:
+        result = {}
+        for name in self._builder.dynamic + self._builder.volatile:
+            if name in outputs:
+                result[name] = convert_output(np.asarray(outputs[name]), self.bound.dtype(name))
+        host = {k: np.asarray(v) for k, v in state.items()}
+        for name, layout in self._lowering.caches.items():
+            result[name] = convert_output(cache_mod.export(layout, host), layout.dtype)
+        return result
+
+    # ------------------------------------------------------------------ inspection
+
+    def emit(self, kind: str = "stablehlo") -> str:
+        """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
+        if kind == "graph-json":
+            from ..graph_json import to_json
+            return json.dumps(to_json(self.graph), indent=2)
+        with self._scope():
+            state = self.init_state()
+            dynamic = self._dynamic_args({})
+            if kind == "jaxpr":
+                return str(jax.make_jaxpr(self._builder)(self._consts, state, dynamic))
+            lowered = self._jit.lower(self._consts, state, dynamic)
+            if kind == "stablehlo":
+                return lowered.as_text()
+            if kind == "hlo":
+                return lowered.as_text(dialect="hlo")
+            if kind == "optimized-hlo":
+                return lowered.compile().as_text()
+        raise OiError(f"unknown --emit kind {kind}")

@@ -1,0 +1,79 @@
+"""The step function: one pure function (consts, state, dynamic) -> (state, outputs).
+
+At step start the environment holds the dynamic inputs, volatile variables and temporaries
+at their initial values (§0 item 4), and the persistent state. `entry` is lowered node by
+node; if any runtime guard fired, or a growable cache needs more capacity, the whole step is
+undone (the old state is returned) so the host can report the error or grow and re-run.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import dtypes as dt
+from .. import ir
+from .blocks import lower_nodes
+from .caches import build_layouts
+from .context import ERR, ERRVAL, GROW, Frame, Lowering, Tracer
+
+STATE_GUARDS = (ERR, ERRVAL)
+
+
+def build_lowering(bound) -> Lowering:
+    grow_slots: list = []
+    layouts = build_layouts(bound, grow_slots)
+    return Lowering(bound=bound, caches=layouts, growable=grow_slots)
+
+
+def uniform_value(array: np.ndarray):
+    """The single value an array is filled with, or None (so fills are built in-kernel)."""
+    flat = array.reshape(-1)
+    if flat.size == 0:
+        return 0
+    first = flat[0]
+    if np.all((flat == first) | (np.isnan(flat) & np.isnan(first) if flat.dtype.kind == "f" else False)):
+        return first
+    return None
+
+
+class StepBuilder:
+    """Knows which values are arguments, which are built in the kernel, and traces the step."""
+
+    def __init__(self, lowering: Lowering):
+        self.lowering = lowering
+        bound = lowering.bound
+        graph = bound.graph
+        self.dynamic = [v.name for v in graph.vars_of(ir.MemKind.DYNAMIC)]
+        self.volatile = [v.name for v in graph.vars_of(ir.MemKind.VOLATILE) if not v.is_prefix_table]
+        self.temps = [name for name in graph.temporaries if graph.var(name) is None]
+        self.fills: dict[str, tuple] = {}  # name -> (shape, dtype, value): built in the kernel
+        self.init_args: dict[str, np.ndarray] = {}  # name -> host array passed as a const arg
+        for name in self.volatile + self.temps:
+            value = bound.initial(name)
+            fill = uniform_value(value)
+            if fill is None:
+                self.init_args[name] = value
+            else:
+                self.fills[name] = (value.shape, value.dtype, fill)
+
+    def __call__(self, consts: dict, state: dict, dynamic: dict):
+        lowering = self.lowering
+        tr = Tracer(lowering, consts)
+        env: dict = {}
+        env.update(dynamic)
+        for name, (shape, dtype, fill) in self.fills.items():
+            env[name] = jnp.full(shape, fill, dtype)
+        for name in self.init_args:
+            env[name] = consts[f"__init__/{name}"]
+        env.update(state)
+        env[GROW] = jnp.zeros((len(lowering.growable),), jnp.int64)
+        entry = lowering.graph.entry
+        with jax.named_scope("entry"):
+            env, _ = lower_nodes(entry.nodes, env, Frame("entry"), tr)
+        undo = (env[ERR] != 0) | jnp.any(env[GROW] > 0)
+        new_state = {k: jnp.where(undo, state[k], env[k]) if k not in STATE_GUARDS else env[k] for k in state}
+        new_state[GROW] = env[GROW]
+        names = tr.outputs if tr.outputs is not None else tuple(self.dynamic + self.volatile)
+        outputs = {name: env[name] for name in names if name in env}
+        return new_state, outputs

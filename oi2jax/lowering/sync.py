@@ -1,0 +1,103 @@
+"""Ordering and phases: `barrier` / `dep` -> lax.optimization_barrier; yield/await fused into
+one trace with snapshot semantics (SPEC §3.6): consumers run from the state at `yield`,
+their writes merge at `await`."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import ir
+from .blocks import lower_block, rule
+from .context import ERR, ERRVAL, GROW, Frame, Tracer
+
+
+@rule(ir.Barrier)
+def _barrier(node, env, frame, tr):
+    return jax.lax.optimization_barrier(env)
+
+
+@rule(ir.Dep)
+def _dep(node: ir.Dep, env, frame, tr):
+    if node.after in env and node.before in env:
+        a, b = jax.lax.optimization_barrier((env[node.after], env[node.before]))
+        env = dict(env)
+        env[node.after], env[node.before] = a, b
+    return env  # op names / dotted names: recorded in the IR, no effect (§0 item 6)
+
+
+def consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
+    """Non-entry, non-branch-target blocks that await something (§0 item 3), by name."""
+    targets = set()
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Branch):
+                targets.add(node.then_block)
+                if node.else_block:
+                    targets.add(node.else_block)
+    found = [b for b in graph.blocks
+             if b.name != "entry" and b.name not in targets and any(isinstance(n, ir.Await) for n in b.walk())]
+    return sorted(found, key=lambda b: b.name)
+
+
+def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
+    """Variables a block (and the blocks it calls) may write."""
+    seen = set() if seen is None else seen
+    if block.name in seen:
+        return set()
+    seen.add(block.name)
+    out: set[str] = set()
+    for node in block.walk():
+        if isinstance(node, ir.Op):
+            out.add(node.output)
+        elif isinstance(node, ir.Transfer):
+            out.add(node.dst.name)
+        elif isinstance(node, ir.CacheRead):
+            out.add(node.dst.name)
+            out.add(node.src.base)
+        elif isinstance(node, (ir.CacheWrite,)):
+            out.add(node.dst.base)
+        elif isinstance(node, ir.CacheReset):
+            out.add(node.target.base)
+        elif isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
+            out.add(node.target)
+        elif isinstance(node, ir.Branch):
+            for target in (node.then_block, node.else_block):
+                if target and graph.block(target):
+                    out |= written_names(graph, graph.block(target), seen)
+    return out
+
+
+def _consumers_of(tr: Tracer, names: tuple[str, ...]) -> list[ir.Block]:
+    wanted = set(names)
+    return [b for b in consumer_blocks(tr.graph)
+            if any(isinstance(n, ir.Await) and wanted & set(n.vars) for n in b.walk())]
+
+
+@rule(ir.Yield)
+def _yield(node: ir.Yield, env, frame: Frame, tr: Tracer):
+    """Entry's yield: run every consumer from the snapshot now; merge at the await."""
+    snapshot = dict(env)
+    pending = []
+    for block in _consumers_of(tr, node.vars):
+        result = lower_block(block.name, dict(snapshot), tr)
+        pending.append((result, written_names(tr.graph, block)))
+    tr.pending = getattr(tr, "pending", []) + pending
+    return env
+
+
+@rule(ir.Await)
+def _await(node: ir.Await, env, frame: Frame, tr: Tracer):
+    if frame.block != "entry":
+        return env  # in a consumer: makes the yielded values visible (no-op under snapshots)
+    pending, tr.pending = getattr(tr, "pending", []), []
+    env = dict(env)
+    for result, writes in pending:
+        for key in result:
+            base = key.split("#", 1)[0]
+            if base in writes and not key.startswith("__"):
+                env[key] = result[key]
+        first = (env[ERR] == 0) & (result[ERR] != 0)
+        env[ERR] = jnp.where(first, result[ERR], env[ERR])
+        env[ERRVAL] = jnp.where(first, result[ERRVAL], env[ERRVAL])
+        env[GROW] = jnp.maximum(env[GROW], result[GROW])
+    return env
