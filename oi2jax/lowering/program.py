@@ -85,11 +85,11 @@ class Program:
     def _make_jit(self):
         builder = self._builder
 
-        def traced(consts, state, dynamic):
+        def step(consts, state, dynamic):
             self.compiles += 1
             return builder(consts, state, dynamic)
 
-        return jax.jit(traced, donate_argnums=(1,))
+        return jax.jit(step, donate_argnums=(1,))
 
     # ------------------------------------------------------------------ public API
 
@@ -213,7 +213,7 @@ class Program:
                 return str(jax.make_jaxpr(self._builder)(self._consts, state, dynamic))
             lowered = self._jit.lower(self._consts, state, dynamic)
             if kind == "stablehlo":
-                return lowered.as_text()
+                return lowered.as_text(debug_info=True)  # with locations: entry/3:matmul
             if kind == "hlo":
                 return lowered.as_text(dialect="hlo")
             if kind == "optimized-hlo":

@@ -1,0 +1,303 @@
+"""Lowering rules, one focused test each: outputs against NumPy, HLO constructs, no waste per step."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.diagnostics import OiError
+
+
+def compile_text(text, **kw):
+    return oi2jax.compile(text, **kw)
+
+
+BRANCH = """
+dynamic { x: f32[4]; c: bool; }
+volatile { y: f32[4]; z: f32[4]; }
+block entry {
+    op add(x, x) >> y;
+    branch c pos neg;
+    op mul(y, x) >> z;
+    return;
+}
+block pos { op fill(y, value=1.0) >> y; return; }
+block neg { op neg(y) >> y; }
+"""
+
+
+@pytest.fixture(scope="module")
+def branch_prog():
+    return compile_text(BRANCH)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_branch_calls_and_returns(branch_prog, cond):
+    x = np.array([1, -2, 3, 0.5], np.float32)
+    out = branch_prog.run({"x": x, "c": np.array(cond)})
+    y = np.ones(4, np.float32) if cond else -(x + x)
+    np.testing.assert_array_equal(out["y"], y)
+    np.testing.assert_array_equal(out["z"], y * x)  # execution continued after the branch
+
+
+def test_branch_is_a_conditional_in_hlo(branch_prog):
+    text = branch_prog.emit("hlo")
+    assert "conditional" in text
+
+
+LOOP = """
+dynamic { x: f32[2, 3]; }
+volatile { y: f32[2, 3]; n: i32 @init(4); }
+block entry {
+    op fill(y, value=0.0) >> y;
+    loop outer (i in 0..3) {
+        loop inner (j in 1..n) {
+            op add(y, x) >> y;
+        }
+    }
+    return;
+}
+"""
+
+
+def test_nested_loops_with_variable_bound():
+    prog = compile_text(LOOP)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = prog.run({"x": x})
+    np.testing.assert_allclose(out["y"], 9 * x)  # 3 outer x 3 inner (1..4)
+    assert "while" in prog.emit("hlo")
+
+
+def test_return_inside_loop_ends_the_loop():
+    prog = compile_text("""
+    volatile { y: i32 @init(0); one: i32 @init(1); }
+    block entry {
+        loop l (i in 0..5) { op add(y, one) >> y; return; }
+        op add(y, one) >> y;
+    }
+    """)
+    assert int(prog.run({})["y"]) == 2
+
+
+PREFIX = """
+dynamic { x: f32[2, 4]; }
+constant { W(layer): f32[4, 4] @pattern("w.{layer}"); }
+volatile { y: f32[2, 4]; }
+block entry {
+    transfer x >> y;
+    loop layers (l in 0..L) { op matmul(y, W[l]) >> y; }
+    return;
+}
+"""
+
+
+def test_prefix_table_in_loop_is_one_stacked_array(tmp_path):
+    from oi2jax.model import save
+    rng = np.random.default_rng(1)
+    ws = [rng.standard_normal((4, 4)).astype(np.float32) for _ in range(3)]
+    path = tmp_path / "m.oinf"
+    save(path, sizevars={"L": 3}, tensors={f"w.{i}": w for i, w in enumerate(ws)})
+    prog = compile_text(PREFIX, model=path)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(prog.run({"x": x})["y"], x @ ws[0] @ ws[1] @ ws[2], rtol=1e-5)
+    jaxpr = prog.emit("jaxpr")
+    assert jaxpr.count("dot_general") == 1  # the loop body is traced once
+    with pytest.raises(OiError, match=r"w\.3"):
+        compile_text(PREFIX, model=path, sizes={"L": 4}).run({"x": x})
+
+
+def test_barrier_and_dep_are_optimization_barriers():
+    prog = compile_text("""
+    dynamic { x: f32[3]; }
+    volatile { y: f32[3]; z: f32[3]; }
+    block entry {
+        op add(x, x) >> y;
+        barrier;
+        op mul(y, y) >> z;
+        dep after(y) before(z);
+        dep after(matmul) before(cache.write);
+        return;
+    }
+    """)
+    text = prog.emit("hlo")
+    assert text.count("opt-barrier") >= 2
+    x = np.array([1, 2, 3], np.float32)
+    np.testing.assert_array_equal(prog.run({"x": x})["z"], (2 * x) ** 2)
+
+
+def test_named_scopes_map_hlo_back_to_nodes():
+    prog = compile_text("""
+    dynamic { a: f32[2, 2]; }
+    volatile { b: f32[2, 2]; }
+    block entry { op matmul(a, a) >> b; }
+    """)
+    assert "jit(step)/entry/0:matmul/dot_general" in prog.emit("stablehlo")
+    assert 'op_name="jit(step)/entry/0:matmul/dot_general"' in prog.emit("optimized-hlo")
+
+
+def test_volatile_resets_and_persistent_carries():
+    prog = compile_text("""
+    persistent { count: i32 @init(10); acc: f32[2] @init(0.5); }
+    volatile { v: i32 @init(3); c: i32; one: i32 @init(1); a: f32[2]; }
+    block entry {
+        op add(v, one) >> v;
+        cache.read count >> c;
+        cache.increment count;
+        cache.read acc >> a;
+        op add(a, a) >> a;
+        cache.write a >> acc;
+        return;
+    }
+    """)
+    out = prog.run({}, steps=3)
+    assert int(out["v"]) == 4  # reset to @init(3) each step, +1
+    assert int(out["c"]) == 12 and int(out["count"]) == 13
+    np.testing.assert_array_equal(out["acc"], [4.0, 4.0])
+
+
+def test_scalar_increment_wraps():
+    prog = compile_text("""
+    persistent { b: u8 @init(254); s: i8 @init(-127); }
+    block entry { cache.increment b; cache.decrement 2 s; }
+    """)
+    out = prog.run({}, steps=2)
+    assert out["b"].dtype == np.uint8 and int(out["b"]) == 0
+    assert int(out["s"]) == 125  # -127 - 4 wraps
+
+
+def test_named_return_selects_step_outputs():
+    prog = compile_text("""
+    dynamic { x: f32[2]; }
+    volatile { y: f32[2]; z: f32[2]; }
+    block entry { op add(x, x) >> y; op mul(x, x) >> z; return y; }
+    """)
+    state = prog.init_state()
+    _, outputs = prog.step(state, x=jnp.asarray([1.0, 2.0], jnp.float32))
+    assert set(outputs) == {"y"}
+
+
+TABLE = """
+dynamic { x: f32[2]; }
+persistent { n: i32 @init(0); R(s): f32[2] @table @fixed(s=3); }
+volatile { win: f32[3, 2]; last: f32[2, 2]; }
+block entry {
+    cache.write x >> R[n];
+    cache.increment n;
+    cache.read R[] >> win;
+    cache.read R[1..3] >> last;
+    return;
+}
+"""
+
+
+def test_fixed_table_write_read_slice():
+    prog = compile_text(TABLE)
+    x = np.array([1.5, -2.0], np.float32)
+    out = prog.run({"x": x}, steps=2)
+    np.testing.assert_array_equal(out["win"], [x, x, [0, 0]])
+    np.testing.assert_array_equal(out["last"], [x, [0, 0]])
+    np.testing.assert_array_equal(out["R"], [x, x, [0, 0]])
+    assert int(out["n"]) == 2
+
+
+def test_fixed_table_overflow_is_an_error_naming_cache_and_index():
+    prog = compile_text(TABLE)
+    with pytest.raises(OiError, match=r"cache table R index 0 exceeds fixed size 3 \(index 3\)") as info:
+        prog.run({"x": np.zeros(2, np.float32)}, steps=4)
+    assert info.value.render().startswith("<string>:6:22: error:")  # at the cache.write target
+
+
+def test_growable_table_doubles_capacity_with_log_compiles():
+    prog = compile_text("""
+    dynamic { x: f32[3]; }
+    persistent { n: i64 @init(0); H(t): f32[3] @table; }
+    volatile { row: f32[3]; }
+    block entry {
+        cache.write x >> H[n];
+        cache.read H[n] >> row;
+        cache.increment n;
+        return;
+    }
+    """)
+    x = np.array([1, 2, 3], np.float32)
+    out = prog.run({"x": x}, steps=40)
+    assert out["H"].shape == (40, 3)
+    np.testing.assert_array_equal(out["H"], np.tile(x, (40, 1)))
+    assert prog.compiles <= 1 + 4  # capacity 4 -> 8 -> 16 -> 32 -> 64
+
+
+def test_auto_dim_grows_with_counters():
+    prog = compile_text("""
+    persistent { r: i32 @init(3); c: i32 @init(2); M(a, b): f32[2, 2] @auto_dim(a, b); }
+    volatile { m: f32[5, 4]; }
+    block entry {
+        cache.read M[r, c] >> m;
+        return;
+    }
+    """)
+    out = prog.run({})
+    assert out["M"].shape == (5, 4)
+    np.testing.assert_array_equal(out["m"], np.zeros((5, 4)))
+
+
+def test_no_retrace_and_no_host_transfer_across_100_steps():
+    prog = compile_text(TABLE.replace("@fixed(s=3)", "@fixed(s=200)").replace("win: f32[3, 2]", "win: f32[200, 2]"))
+    state = prog.init_state()
+    x = jnp.asarray([1.0, 2.0], jnp.float32)
+    state, _ = prog.step(state, x=x)
+    before = prog.compiles
+    with jax.transfer_guard("disallow"):
+        for _ in range(100):
+            state, outputs = prog.step(state, x=x)
+    assert prog.compiles == before == 1
+    assert int(np.asarray(state["n"])) == 101
+
+
+def test_step_composes_with_grad_and_vmap():
+    prog = compile_text("""
+    dynamic { x: f32[2, 3]; }
+    constant { w: f32[3, 2] @init(0.5); }
+    volatile { y: f32[2, 2]; }
+    block entry { op matmul(x, w) >> y; }
+    """)
+    x = jnp.ones((2, 3), jnp.float32)
+    with jax.enable_x64(True):
+        grad = jax.grad(lambda x: prog.step(prog.init_state(), x=x)[1]["y"].sum())(x)
+        np.testing.assert_allclose(np.asarray(grad), np.full((2, 3), 1.0))
+        xs = jnp.stack([x, 2 * x])
+        ys = jax.vmap(lambda xi: prog.step(prog.init_state(), x=xi)[1]["y"])(xs)
+        np.testing.assert_allclose(np.asarray(ys)[1], np.full((2, 2), 3.0))
+
+
+def test_lower_gives_jax_lowered():
+    prog = compile_text("""
+    dynamic { x: f32[8, 8]; }
+    volatile { y: f32[8, 8]; }
+    block entry { op matmul(x, x) >> y; }
+    """)
+    lowered = prog.lower()
+    assert "dot_general" in lowered.as_text()
+    compiled = lowered.compile()
+    assert "dot" in compiled.as_text()
+
+
+def test_yield_await_fused_snapshot_semantics():
+    prog = compile_text("""
+    dynamic { x: f32[2]; }
+    volatile { seen: f32[2]; h: f32[2]; }
+    block entry {
+        yield x;
+        op add(x, x) >> h;
+        await x;
+        return;
+    }
+    block writer { await x; op mul(x, x) >> x; yield x; }
+    block reader { await x; op add(x, x) >> seen; yield x; }
+    """, yield_mode="fused")
+    x = np.array([3.0, -1.0], np.float32)
+    out = prog.run({"x": x})
+    np.testing.assert_array_equal(out["x"], x * x)  # the writer's result after await
+    np.testing.assert_array_equal(out["seen"], 2 * x)  # the reader saw the snapshot
+    np.testing.assert_array_equal(out["h"], 2 * x)  # entry saw the snapshot in its window
