@@ -35,20 +35,41 @@ def resolve_device(device):
     return devices[0]
 
 
+class Placer:
+    """Where values live: one device (default) or, in subclasses, shardings over a mesh.
+
+    Each method takes {name: host or device array} for one role and returns device arrays;
+    `jit_kwargs` adds e.g. `out_shardings` so state keeps its placement across steps."""
+
+    def __init__(self, device=None):
+        self.device = device
+
+    def put(self, role: str, values: dict) -> dict:
+        """role: 'consts' | 'state' | 'dynamic' | 'defaults'."""
+        if self.device is not None:
+            return {k: jax.device_put(v, self.device) for k, v in values.items()}
+        return {k: jnp.asarray(v) for k, v in values.items()}
+
+    def jit_kwargs(self, program) -> dict:
+        return {}
+
+
 class Program:
     """A graph lowered to one jitted step function. See docs/architecture.md."""
 
-    def __init__(self, bound, device=None, yield_mode: str = "fused"):
+    def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None):
         self.bound = bound
         self.graph: ir.Graph = bound.graph
         self.device = resolve_device(device)
+        self.placer = placer if placer is not None else Placer(self.device)
         self.yield_mode = yield_mode
         self.compiles = 0  # number of (re)traces of the step: the recompile counter
         with self._scope():
             self._lowering = build_lowering(bound)
             self._builder = StepBuilder(self._lowering)
-            self._consts = self._put(self._host_consts())
-            self._defaults = {name: self._put(bound.initial(name)) for name in self._builder.dynamic}
+            self._consts = self.placer.put("consts", self._host_consts())
+            self._defaults = self.placer.put("defaults", {name: bound.initial(name)
+                                                             for name in self._builder.dynamic})
             self._jit = self._make_jit()
 
     # ------------------------------------------------------------------ plumbing
@@ -61,11 +82,6 @@ class Program:
                     yield
             else:
                 yield
-
-    def _put(self, value):
-        if isinstance(value, dict):
-            return {k: self._put(v) for k, v in value.items()}
-        return jax.device_put(value, self.device) if self.device is not None else jnp.asarray(value)
 
     def _host_consts(self) -> dict:
         from ..model.packing import pack
@@ -89,7 +105,7 @@ class Program:
             self.compiles += 1
             return builder(consts, state, dynamic)
 
-        return jax.jit(step, donate_argnums=(1,))
+        return jax.jit(step, donate_argnums=(1,), **self.placer.jit_kwargs(self))
 
     # ------------------------------------------------------------------ public API
 
@@ -106,7 +122,7 @@ class Program:
         host[ERRVAL] = np.int64(0)
         host[GROW] = np.zeros((len(self._lowering.growable),), np.int64)
         with self._scope():
-            return self._put(host)
+            return self.placer.put("state", host)
 
     def _dynamic_args(self, dynamic: dict) -> dict:
         unknown = set(dynamic) - set(self._builder.dynamic)
@@ -141,7 +157,7 @@ class Program:
         """Run `steps` steps with the same inputs; every dynamic, volatile and persistent variable."""
         converted = self.convert_inputs(inputs or {})
         with self._scope():
-            dynamic = self._dynamic_args(self._put(converted))
+            dynamic = self._dynamic_args(self.placer.put("dynamic", converted))
             state = self.init_state()
             outputs = {name: dynamic[name] for name in self._builder.dynamic}
             outputs.update({name: jnp.zeros(self.bound.shape(name), dt.get(self.bound.dtype(name)).np_dtype)
@@ -182,7 +198,7 @@ class Program:
             host.update(new_keys)
         host[GROW] = np.zeros_like(host[GROW])
         self._jit = self._make_jit()
-        return self._put(host)
+        return self.placer.put("state", host)
 
     def _raise_if_failed(self, state):
         code = int(np.asarray(state[ERR]))
