@@ -1,0 +1,417 @@
+"""Model binding: a graph + its model (+ size overrides) -> `BoundGraph`, shared by lowering and interpreter.
+
+`bind(graph, model=None, sizes=None)` resolves every declared shape (§2.1), checks the model
+tensors bound to declarations (dtype/shape, `@ref` targets, §2.2; prefix-table members, §2.4)
+and raises one `OiError` carrying every problem found (each located at its declaration).
+The resulting `BoundGraph` answers questions about the graph with its model: shapes, dtypes,
+initial values (§2.2, §2.5), stacked prefix-table families, loop bounds, metadata strings.
+Values are in the representation of docs/architecture.md (dtypes.py).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .. import dtypes as dt
+from .. import ir
+from ..diagnostics import Diagnostic, OiError
+from ..numerics import bf16_encode, f8_encode
+from .reader import MetaValue, Model
+
+__all__ = ["bind", "BoundGraph", "fill_value", "pattern_regex"]
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _fmt_shape(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def fill_value(dtype: str, shape: tuple[int, ...], init: ir.Literal | None) -> np.ndarray:
+    """An array of `shape` filled with the `@init` literal (zeros without one), in `dtype`'s representation.
+
+    Floats go through f32 for f32 and the low-precision types (f8 with the §5.4 encoder); f64 is exact."""
+    d = dt.get(dtype)
+    if init is None:
+        return np.zeros(shape, d.np_dtype)
+    v = init.value
+    if d.name == "f8":
+        return np.full(shape, f8_encode(np.float32(v)), d.np_dtype)
+    if d.name == "bf16":
+        return np.full(shape, bf16_encode(np.float32(v)), d.np_dtype)
+    if d.is_float:
+        return np.full(shape, np.float64(v).astype(d.np_dtype) if d.name != "f64" else float(v), d.np_dtype)
+    if d.name == "bool":
+        return np.full(shape, bool(v), np.bool_)
+    return np.full(shape, int(v), d.np_dtype)
+
+
+def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
+    """A regex matching the model names of a prefix table's members, and the parameter of each group."""
+    parts, groups, pos = [], [], 0
+    seen: dict[str, int] = {}
+    for m in _PLACEHOLDER.finditer(decl.pattern or ""):
+        parts.append(re.escape(decl.pattern[pos:m.start()]))
+        name = m.group(1)
+        if name in seen:
+            parts.append(f"(?P={name})")
+        else:
+            seen[name] = len(groups)
+            groups.append(name)
+            parts.append(f"(?P<{name}>0|[1-9][0-9]*)")
+        pos = m.end()
+    parts.append(re.escape((decl.pattern or "")[pos:]))
+    return re.compile("".join(parts) + r"\Z"), groups
+
+
+class BoundGraph:
+    """A graph bound to its model and sizes. Read-only: every answer is derived, cached where costly.
+
+    Arrays returned by `initial`, `family`, `const_value` are shared (read-only); copy before mutating.
+    """
+
+    __slots__ = ("graph", "model", "sizes", "_shapes", "_cache", "_families")
+
+    def __init__(self, graph: ir.Graph, model: Model | None, sizes: dict[str, int],
+                 shapes: dict[str, tuple[int, ...]]):
+        self.graph = graph
+        self.model = model
+        self.sizes = dict(sizes)
+        self._shapes = shapes
+        self._cache: dict[str, np.ndarray] = {}
+        self._families: dict[str, np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        return f"BoundGraph({self.graph.path!r}, model={getattr(self.model, 'path', None)!r}, sizes={self.sizes})"
+
+    # ------------------------------------------------------------ names, shapes, dtypes
+
+    def _decl_or_temp(self, name: str):
+        decl = self.graph.var(name)
+        if decl is not None:
+            return decl
+        temp = self.graph.temporaries.get(name)
+        if temp is not None:
+            return temp
+        raise OiError(f"unknown variable {name}")
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Resolved shape of a declared variable or `assign` temporary (auto_dim / tables: base shape)."""
+        if name in self._shapes:
+            return self._shapes[name]
+        self._decl_or_temp(name)
+        raise OiError(f"invalid dims for {name}")  # unreachable: bind resolved every shape
+
+    def dtype(self, name: str) -> str:
+        return self._decl_or_temp(name).dtype
+
+    def metadata_string(self, name: str) -> str | None:
+        """The model metadata STRING named `name` (None when there is none)."""
+        if self.model is None:
+            return None
+        v = self.model.metadata.get(name)
+        return v.value if v is not None and v.type == "string" else None
+
+    def model_name(self, decl: ir.VarDecl) -> str:
+        """The model tensor a declaration binds to: its `@ref` name, else its own name (§0 item 2)."""
+        return decl.ref if decl.ref is not None else decl.name
+
+    # ------------------------------------------------------------ values
+
+    def initial(self, name: str) -> np.ndarray:
+        """The value at step start (§2.2, §2.5, §0 item 4), in the dtype's representation.
+
+        dynamic / volatile / constant: model tensor (`@ref` name, else own name), else metadata of that
+        name, else `@init` fill, else zeros; persistent: `@init` fill else zeros; temporaries: zeros."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        decl = self._decl_or_temp(name)
+        shape = self.shape(name)
+        if isinstance(decl, ir.Assign):
+            value = fill_value(decl.dtype, shape, None)
+        elif decl.kind == ir.MemKind.PERSISTENT or decl.is_prefix_table or decl.is_table:
+            value = fill_value(decl.dtype, shape, decl.init)
+        else:
+            value = self._model_value(decl, shape)
+            if value is None:
+                value = fill_value(decl.dtype, shape, decl.init)
+        value.flags.writeable = False
+        self._cache[name] = value
+        return value
+
+    def const_value(self, name: str) -> np.ndarray | None:
+        """A constant's value (as `initial`); None when `name` is not a declared constant."""
+        decl = self.graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.CONSTANT or decl.is_prefix_table:
+            return None
+        return self.initial(name)
+
+    def _model_value(self, decl: ir.VarDecl, shape) -> np.ndarray | None:
+        if self.model is None:
+            return None
+        key = self.model_name(decl)
+        info = self.model.tensors.get(key)
+        if info is not None:
+            if not info.has_data:
+                return None
+            return self.model.load(key)
+        meta = self.model.metadata.get(key)
+        if meta is not None:
+            return _meta_as_tensor(decl, meta, shape)
+        return None
+
+    # ------------------------------------------------------------ prefix tables
+
+    def member_name(self, decl: ir.VarDecl | str, values: tuple[int, ...]) -> str:
+        """Model tensor name of member `values` (one per index param, positional) of a prefix table:
+        each `{param}` in the pattern is replaced by the value bound to the parameter of that NAME (§2.4)."""
+        if isinstance(decl, str):
+            decl = self._prefix_decl(decl)
+        values = tuple(values)
+        if len(values) != len(decl.index_params):
+            raise OiError(f"prefix table {decl.name} takes {len(decl.index_params)} indices, got {len(values)}",
+                          decl.span)
+        bound = {p: int(v) for p, v in zip(decl.index_params, values)}
+
+        def sub(m):
+            if m.group(1) not in bound:
+                raise OiError(f"prefix table {decl.name}: pattern placeholder {{{m.group(1)}}} is not one of its "
+                              f"parameters ({', '.join(decl.index_params)})", decl.attr_span("pattern"))
+            return str(bound[m.group(1)])
+
+        return _PLACEHOLDER.sub(sub, decl.pattern or "")
+
+    def _prefix_decl(self, name: str) -> ir.VarDecl:
+        decl = self.graph.var(name)
+        if decl is None or not decl.is_prefix_table:
+            raise OiError(f"{name} is not a prefix table")
+        return decl
+
+    def family_members(self, name: str) -> dict[tuple[int, ...], str]:
+        """Index values -> model tensor name, for every model tensor matching the table's pattern."""
+        decl = self._prefix_decl(name)
+        if self.model is None:
+            return {}
+        regex, groups = pattern_regex(decl)
+        missing = [p for p in decl.index_params if p not in groups]
+        if missing:
+            raise OiError(f"prefix table {name}: pattern {decl.pattern!r} does not use parameter "
+                          f"{missing[0]}", decl.attr_span("pattern"))
+        members = {}
+        for tensor in self.model.tensors:
+            m = regex.match(tensor)
+            if m:
+                members[tuple(int(m.group(p)) for p in decl.index_params)] = tensor
+        return members
+
+    def family_counts(self, name: str) -> tuple[int, ...]:
+        """n_j = max index present + 1 among matching model tensors, per index param (0 when none)."""
+        members = self.family_members(name)
+        decl = self._prefix_decl(name)
+        return tuple(max((k[j] for k in members), default=-1) + 1 for j in range(len(decl.index_params)))
+
+    def family(self, name: str) -> np.ndarray:
+        """The stacked members of prefix table `name`: shape [n_1, ..., n_k, *shape] in index-param order.
+
+        Every grid position must exist in the model (a hole is an error naming the missing tensor);
+        a member stored without data reads as the `@init` fill (else zeros)."""
+        cached = self._families.get(name)
+        if cached is not None:
+            return cached
+        decl = self._prefix_decl(name)
+        members = self.family_members(name)
+        if not members:
+            where = f"model {self.model.path}" if self.model is not None else "no model given"
+            raise OiError(f"prefix table {name}: no model tensor matches pattern {decl.pattern!r} ({where})",
+                          decl.span)
+        counts = self.family_counts(name)
+        shape = self.shape(name)
+        out = np.empty(counts + shape, dt.get(decl.dtype).np_dtype)
+        for idx in np.ndindex(*counts):
+            tensor = members.get(idx)
+            if tensor is None:
+                raise OiError(f"prefix table {name}: model tensor {self.member_name(decl, idx)} not found",
+                              decl.span)
+            _check_tensor(decl, self.model.tensors[tensor], shape, f"{name}[{', '.join(map(str, idx))}]")
+            info = self.model.tensors[tensor]
+            out[idx] = self.model.load(tensor) if info.has_data else fill_value(decl.dtype, shape, decl.init)
+        out.flags.writeable = False
+        self._families[name] = out
+        return out
+
+    # ------------------------------------------------------------ loop bounds
+
+    def loop_bound(self, value: ir.IndexValue) -> int | None:
+        """A loop bound's static value: int literal, sizevar, constant scalar with a known value, or
+        model metadata integer scalar; None when it is a runtime (dynamic/volatile/persistent) variable."""
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            return int(value)
+        name = str(value)
+        if name in self.sizes:
+            return int(self.sizes[name])
+        decl = self.graph.var(name)
+        temp = self.graph.temporaries.get(name)
+        if decl is not None and decl.kind == ir.MemKind.CONSTANT and not decl.is_prefix_table:
+            v = self.initial(name)
+            if v.size != 1:
+                raise OiError(f"loop bound {name} must be scalar", decl.span)
+            return _scalar_int(name, v.reshape(()), decl.dtype, decl.span)
+        if decl is not None or temp is not None:
+            return None
+        if self.model is not None and name in self.model.metadata:
+            meta = self.model.metadata[name]
+            if meta.type in ("string", "bitset", "ndarray") or not (dt.get(meta.type).is_int or meta.type == "bool"):
+                raise OiError(f"loop bound {name}: metadata {name} is {meta.type}, not an integer")
+            return int(meta.value)
+        raise OiError(f"loop bound {value} is invalid: unknown variable {value}")
+
+    def missing_constants(self) -> list[ir.VarDecl]:
+        """Constants that are neither a model tensor, a metadata key nor a prefix-table family (§0 item 11).
+        Empty without a model."""
+        if self.model is None:
+            return []
+        out = []
+        for decl in self.graph.vars_of(ir.MemKind.CONSTANT):
+            if decl.is_prefix_table:
+                continue
+            key = self.model_name(decl)
+            if key not in self.model.tensors and key not in self.model.metadata:
+                out.append(decl)
+        return out
+
+
+def _scalar_int(name: str, v: np.ndarray, dtype: str, span) -> int:
+    d = dt.get(dtype)
+    if d.is_float:
+        f = float(np.asarray(v).astype(np.float64))
+        if not np.isfinite(f):
+            raise OiError(f"loop bound {name} is not finite", span)
+        return int(f)  # truncate toward zero (§3.3)
+    if d.family == dt.TERNARY:
+        raise OiError(f"loop bound {name} cannot be {dtype}", span)
+    return int(v)
+
+
+def _meta_as_tensor(decl: ir.VarDecl, meta: MetaValue, shape) -> np.ndarray:
+    """A metadata entry read as a variable (§2.5): value checked against the declaration."""
+    name = decl.name
+    if meta.type == "string":
+        raise OiError(f"metadata {name} is a string and cannot be read as a tensor "
+                      f"(use it as an op attribute value)", decl.span)
+    if meta.type == "bitset":
+        bits = np.asarray(meta.value, bool).reshape(-1)
+        if bits.size > 8:
+            raise OiError(f"metadata {name}: bitset of {bits.size} bits cannot be read as a scalar "
+                          f"(at most 8)", decl.span)
+        value = np.asarray(sum(1 << i for i, b in enumerate(bits) if b), np.uint8)
+        mtype = "bitset"
+    elif meta.type == "ndarray":
+        value, mtype = np.asarray(meta.value), meta.elem
+    else:
+        value, mtype = np.asarray(meta.value), meta.type
+    if tuple(value.shape) != tuple(shape):
+        raise OiError(f"model shape mismatch for {name}: model {_fmt_shape(value.shape)} (metadata), "
+                      f"graph {_fmt_shape(shape)}", decl.span)
+    if mtype == decl.dtype:
+        return value.copy()
+    # a value-preserving conversion (e.g. integer metadata written as u8 for an i32 constant)
+    target = dt.get(decl.dtype)
+    try:
+        converted = _convert_exact(value, mtype, decl.dtype)
+    except (ValueError, OverflowError, TypeError):
+        converted = None
+    if converted is None:
+        raise OiError(f"model dtype mismatch for {name}: model {mtype} (metadata), graph {decl.dtype}", decl.span)
+    return converted.astype(target.np_dtype)
+
+
+def _convert_exact(value: np.ndarray, src: str, dst: str) -> np.ndarray | None:
+    s, d = dt.get(src), dt.get(dst)
+    if d.is_float:
+        wide = value.astype(np.float64)
+        if d.name == "f8":
+            out = f8_encode(wide.astype(np.float32))
+        elif d.name == "bf16":
+            out = bf16_encode(wide.astype(np.float32))
+        else:
+            out = wide.astype(d.np_dtype)
+        back = out.astype(np.float64)
+        same = (back == wide) | (np.isnan(back) & np.isnan(wide))
+        return out if np.all(same) else None
+    if s.is_float:
+        return None
+    ints = value.astype(np.int64) if value.dtype != np.uint64 else value
+    if d.name == "bool":
+        return ints.astype(bool) if np.all((ints == 0) | (ints == 1)) else None
+    if d.name == "t1":
+        return ints.astype(np.int8) if np.all((ints == -1) | (ints == 1)) else None
+    if value.size and (int(ints.min()) < d.min or int(ints.max()) > d.max):
+        return None
+    return ints.astype(d.np_dtype)
+
+
+def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> None:
+    label = label or decl.name
+    if info.dtype != decl.dtype:
+        raise OiError(f"model dtype mismatch for {label}: model {info.dtype}, graph {decl.dtype}", decl.span)
+    if tuple(info.shape) != tuple(shape):
+        raise OiError(f"model shape mismatch for {label}: model {_fmt_shape(info.shape)}, graph "
+                      f"{_fmt_shape(shape)}", decl.span)
+
+
+def bind(graph: ir.Graph, model: Model | None = None, sizes: dict | None = None) -> BoundGraph:
+    """Bind `graph` to `model` with size overrides; OiError listing every binding problem."""
+    all_sizes: dict[str, int] = dict(model.sizevars) if model is not None else {}
+    for k, v in (sizes or {}).items():
+        all_sizes[k] = int(v)
+    problems: list[Diagnostic] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def resolve(name, dims, span):
+        try:
+            shapes[name] = tuple(d.resolve(all_sizes) for d in dims)
+        except KeyError as exc:
+            problems.append(Diagnostic(f"invalid dims for {name}: unknown size: {exc.args[0]}", span))
+
+    for decl in graph.vars:
+        resolve(decl.name, decl.dims, decl.span)
+    for name, node in graph.temporaries.items():
+        if name not in shapes and graph.var(name) is None:
+            resolve(name, node.dims, node.span)
+
+    if model is not None:
+        for decl in graph.vars:
+            if decl.name not in shapes:
+                continue
+            try:
+                _bind_decl(decl, model, shapes[decl.name])
+            except OiError as exc:
+                problems.extend(exc.diagnostics)
+    if problems:
+        raise OiError(problems)
+    return BoundGraph(graph, model, all_sizes, shapes)
+
+
+def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
+    if decl.is_prefix_table:
+        regex, _ = pattern_regex(decl)
+        for tensor, info in model.tensors.items():
+            m = regex.match(tensor)
+            if m:
+                idx = ", ".join(m.group(p) for p in decl.index_params if p in regex.groupindex)
+                _check_tensor(decl, info, shape, f"{decl.name}[{idx}] ({tensor})")
+        return
+    key = decl.ref if decl.ref is not None else decl.name
+    if decl.ref is not None and key not in model.tensors:
+        raise OiError(f"model variable not found: {key}", decl.attr_span("ref"))
+    if decl.is_table:
+        return
+    info = model.tensors.get(key)
+    if info is not None:
+        _check_tensor(decl, info, shape)
+        return
+    meta = model.metadata.get(key)
+    if meta is not None and decl.kind in (ir.MemKind.CONSTANT, ir.MemKind.VOLATILE):
+        _meta_as_tensor(decl, meta, shape)  # raises on strings, too-wide bitsets, shape/dtype mismatch

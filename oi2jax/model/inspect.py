@@ -1,0 +1,82 @@
+"""`oi2jax inspect MODEL.oinf`: a readable table of a model's size variables, metadata and tensors.
+
+Reads only the header and tables (no tensor data).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .reader import MetaValue, Model
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _meta_text(v: MetaValue, limit: int = 60) -> tuple[str, str]:
+    """(type column, value column) for one metadata entry."""
+    if v.type == "string":
+        text = repr(v.value)
+        return "string", text if len(text) <= limit else text[:limit - 3] + "..."
+    if v.type == "bitset":
+        bits = "".join("1" if b else "0" for b in np.asarray(v.value).reshape(-1))
+        return f"bitset[{len(bits)}]", (bits if len(bits) <= limit else bits[:limit - 3] + "...")
+    if v.type == "ndarray":
+        arr = np.asarray(v.value)
+        flat = arr.reshape(-1)
+        shown = ", ".join(str(x) for x in flat[:8].tolist()) + (", ..." if flat.size > 8 else "")
+        return f"ndarray {v.elem}{_shape(arr.shape)}", f"[{shown}]"
+    value = v.value
+    try:
+        value = np.asarray(value).item()
+    except (ValueError, TypeError):
+        pass
+    return v.type, str(value)
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells):
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  " + "  ".join(out).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render_model(model: Model) -> str:
+    """The model as text: header line, then size variables, metadata and tensors tables."""
+    data_bytes = sum(t.nbytes for t in model.tensors.values())
+    out = [f"{model.path}: .oinf v1, {model.file_size} bytes, {len(model.sizevars)} size variables, "
+           f"{len(model.metadata)} metadata, {len(model.tensors)} tensors ({_human(data_bytes)} of tensor data)"]
+    out.append("")
+    out.append(f"size variables ({len(model.sizevars)}):")
+    if model.sizevars:
+        out += _table(["name", "value"], [[k, str(v)] for k, v in sorted(model.sizevars.items())], right={1})
+    else:
+        out.append("  (none)")
+    out.append("")
+    out.append(f"metadata ({len(model.metadata)}):")
+    if model.metadata:
+        rows = [[k, *_meta_text(v)] for k, v in sorted(model.metadata.items())]
+        out += _table(["key", "type", "value"], rows)
+    else:
+        out.append("  (none)")
+    out.append("")
+    out.append(f"tensors ({len(model.tensors)}):")
+    if model.tensors:
+        rows = []
+        for name, t in sorted(model.tensors.items()):
+            rows.append([name, t.dtype, _shape(t.shape), str(t.nbytes) if t.has_data else "no data"])
+        out += _table(["name", "dtype", "shape", "bytes"], rows, right={3})
+    else:
+        out.append("  (none)")
+    return "\n".join(out)

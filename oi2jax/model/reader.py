@@ -1,0 +1,425 @@
+"""`.oinf` reader (SPEC §7): validate the whole header and every table first, then load lazily.
+
+`open_model(path)` memory-maps the file, checks every field of §7.7 (and then some: section
+bounds, overlapping payloads, absurd sizes) BEFORE any tensor data is touched, decodes the
+(small) sizevar and metadata tables, and records each tensor's dtype/shape/offset. Tensor data
+is read only by `Model.load(name)` / `Model.load_packed(name)` and cached; `Model.bytes_loaded`
+counts the tensor bytes actually read from the file. Every problem raises `ModelError`
+(`PATH: what is wrong`); never another exception or a huge allocation.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..diagnostics import OiError
+from . import packing
+
+MAGIC = b"OINF\x00"
+VERSION = 1
+HEADER_SIZE = 69
+HEADER_PADDED = 72
+ALIGN = 8
+NAME_RE = re.compile(r"[A-Za-z0-9._-]+\Z")
+_HEADER = struct.Struct("<5sIIIIII QQQQQ")
+assert _HEADER.size == HEADER_SIZE
+
+# smallest possible table entries (a 1-char string takes 8 bytes)
+_MIN_SIZEVAR = 8 + 8
+_MIN_META = 8 + 24
+_MIN_TENSOR = 8 + 12 + 16
+_U64_MAX = (1 << 64) - 1
+_MAX_BYTES = 1 << 62  # no payload is ever larger (a no-data tensor declaring more is corrupt)
+
+
+class ModelError(OiError):
+    """A `.oinf` file problem; the message reads `PATH: what is wrong`."""
+
+    def __init__(self, path, message: str):
+        self.path = str(path)
+        self.reason = message
+        super().__init__(f"{path}: {message}")
+
+
+@dataclass(frozen=True)
+class MetaValue:
+    """A metadata value. `type`: a dtype name, 'string', 'bitset' or 'ndarray'.
+
+    value: numeric scalars as NumPy scalars in the dtype's representation (packed: int8/uint8,
+    bool: np.bool_), string: str, bitset: 1-D bool array (one entry per bit),
+    ndarray: np.ndarray in `elem`'s representation (`elem` = element dtype name).
+    """
+
+    type: str
+    value: object
+    elem: str | None = None
+
+    def __eq__(self, other):
+        if not isinstance(other, MetaValue):
+            return NotImplemented
+        if self.type != other.type or self.elem != other.elem:
+            return False
+        a, b = self.value, other.value
+        if isinstance(a, str) or isinstance(b, str):
+            return a == b
+        a, b = np.asarray(a), np.asarray(b)
+        return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+    __hash__ = None
+
+
+Meta = MetaValue  # the writer's explicit form: Meta("u8", 3), Meta("ndarray", arr, elem="i4")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    has_data: bool
+    nbytes: int
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from the mapped file."""
+
+    def __init__(self, buf, path: str, pos: int, limit: int, what: str):
+        self.buf, self.path, self.pos, self.limit, self.what = buf, path, pos, limit, what
+
+    def need(self, n: int, what: str):
+        if self.pos + n > self.limit:
+            raise ModelError(self.path, f"{self.what}: {what} at offset {self.pos} runs past the end of the "
+                                        f"section (offset {self.limit})")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        (v,) = struct.unpack_from("<I", self.buf, self.pos)
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        (v,) = struct.unpack_from("<Q", self.buf, self.pos)
+        self.pos += 8
+        return v
+
+    def string(self, what: str) -> str:
+        start = self.pos
+        length = self.u32(f"{what} length")
+        padded = _pad8(4 + length)
+        if start + padded > self.limit:
+            raise ModelError(self.path, f"{self.what}: {what} at offset {start} (length {length}) runs past the "
+                                        f"end of the section (offset {self.limit})")
+        raw = bytes(self.buf[start + 4:start + 4 + length])
+        self.pos = start + padded
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise ModelError(self.path, f"{self.what}: {what} at offset {start} is not ASCII") from None
+        if not NAME_RE.match(text):
+            raise ModelError(self.path, f"{self.what}: invalid name {text!r} at offset {start} "
+                                        f"(names match [A-Za-z0-9._-]+)")
+        return text
+
+
+def _pad8(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _elem_bytes(d: dt.DType) -> int:
+    """Bytes of one element (packed: 1, the scalar metadata size)."""
+    return max(d.bits // 8, 1)
+
+
+def _data_nbytes(d: dt.DType, numel: int) -> int:
+    return packing.packed_nbytes(numel, d.bits) if d.packed else numel * (d.bits // 8)
+
+
+def _decode(d: dt.DType, raw, shape: tuple[int, ...]) -> np.ndarray:
+    """Stored bytes -> array of `shape` in `d`'s representation (a fresh, writable array)."""
+    if d.packed:
+        return packing.unpack(d.name, np.frombuffer(raw, dtype=np.uint8), shape)
+    if d.name == "bool":
+        return (np.frombuffer(raw, dtype=np.uint8) != 0).reshape(shape)
+    return np.frombuffer(raw, dtype=d.np_dtype.newbyteorder("<")).astype(d.np_dtype).reshape(shape)
+
+
+class Model:
+    """An open `.oinf` file. Tables are decoded; tensor data is read on demand and cached.
+
+    Arrays returned by `load` / `load_packed` are cached and read-only (copy before mutating).
+    """
+
+    def __init__(self, path: str, buf, size: int, sizevars, metadata, tensors):
+        self.path = path
+        self._buf = buf
+        self.file_size = size
+        self.sizevars: dict[str, int] = sizevars
+        self.metadata: dict[str, MetaValue] = metadata
+        self.tensors: dict[str, TensorInfo] = tensors
+        self.bytes_loaded = 0
+        self._cache: dict[str, np.ndarray] = {}
+        self._packed_cache: dict[str, np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        return (f"Model({self.path!r}: {len(self.sizevars)} sizevars, {len(self.metadata)} metadata, "
+                f"{len(self.tensors)} tensors)")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ModelError(self.path, f"model tensor {name} not found") from None
+
+    def _raw(self, info: TensorInfo) -> bytes:
+        if not info.has_data:
+            raise ModelError(self.path, f"tensor {info.name} has no data")
+        if self._buf is None:
+            raise ModelError(self.path, "model is closed")
+        raw = bytes(self._buf[info.offset:info.offset + info.nbytes]) if info.nbytes else b""
+        if len(raw) != info.nbytes:  # the file shrank under us
+            raise ModelError(self.path, f"tensor {info.name}: data truncated")
+        self.bytes_loaded += info.nbytes
+        return raw
+
+    def load(self, name: str) -> np.ndarray:
+        """The tensor's value in its dtype's representation (dtypes.py); ModelError if it has no data."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        info = self.info(name)
+        if name in self._packed_cache:
+            arr = _decode(dt.get(info.dtype), self._packed_cache[name].tobytes(), info.shape)
+        else:
+            arr = _decode(dt.get(info.dtype), self._raw(info), info.shape)
+        arr.flags.writeable = False
+        self._cache[name] = arr
+        return arr
+
+    def load_packed(self, name: str) -> np.ndarray:
+        """The raw stored bytes (uint8, 1-D): for packed dtypes ceil(numel*w/8) bytes, §5.1."""
+        cached = self._packed_cache.get(name)
+        if cached is not None:
+            return cached
+        info = self.info(name)
+        arr = np.frombuffer(self._raw(info), dtype=np.uint8).copy()
+        arr.flags.writeable = False
+        self._packed_cache[name] = arr
+        return arr
+
+    def close(self) -> None:
+        buf, self._buf = self._buf, None
+        if buf is not None and hasattr(buf, "close"):
+            try:
+                buf.close()
+            except BufferError:  # exported views still alive; leave it to the GC
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_model(path) -> Model:
+    """Open and validate a `.oinf` file; ModelError (`PATH: ...`) on any problem."""
+    path_s = os.fspath(path)
+    try:
+        with open(path_s, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER_SIZE:
+                raise ModelError(path_s, f"file too short for an .oinf header ({size} bytes, need {HEADER_SIZE})")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        raise ModelError(path_s, "model file not found") from None
+    except IsADirectoryError:
+        raise ModelError(path_s, "is a directory, not a model file") from None
+    except (PermissionError, OSError, ValueError) as exc:
+        if isinstance(exc, ModelError):
+            raise
+        raise ModelError(path_s, f"cannot read model file: {exc}") from None
+    try:
+        return _parse(path_s, buf, size)
+    except ModelError:
+        buf.close()
+        raise
+
+
+def _parse(path: str, buf, size: int) -> Model:
+    (magic, version, _flags, n_sv, n_meta, n_t, _reserved,
+     off_sv, off_meta, off_t, off_data, file_size) = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise ModelError(path, f"not an .oinf file (bad magic {magic.hex(' ')})")
+    if version != VERSION:
+        raise ModelError(path, f"unsupported .oinf version {version} (expected {VERSION})")
+    if file_size != size:
+        raise ModelError(path, f"header file_size {file_size} does not match the file length {size}")
+    offsets = [("offset_sizevars", off_sv), ("offset_metadata", off_meta), ("offset_tensors", off_t),
+               ("offset_data", off_data), ("file_size", file_size)]
+    if off_sv < HEADER_SIZE:
+        raise ModelError(path, f"offset_sizevars {off_sv} points into the header")
+    for (na, a), (nb, b) in zip(offsets, offsets[1:]):
+        if a > b:
+            raise ModelError(path, f"{na} {a} is after {nb} {b} (offsets must be non-decreasing)")
+    for name, off in offsets[:4]:
+        if off % ALIGN:
+            raise ModelError(path, f"{name} {off} is not a multiple of 8")
+    for what, n, off, end, least in (("sizevar table", n_sv, off_sv, off_meta, _MIN_SIZEVAR),
+                                     ("metadata table", n_meta, off_meta, off_t, _MIN_META),
+                                     ("tensor table", n_t, off_t, off_data, _MIN_TENSOR)):
+        if n * least > end - off:
+            raise ModelError(path, f"{what}: {n} entries cannot fit in {end - off} bytes "
+                                   f"(offsets {off}..{end})")
+
+    # ---- sizevars
+    sizevars: dict[str, int] = {}
+    cur = _Cursor(buf, path, off_sv, off_meta, "sizevar table")
+    for i in range(n_sv):
+        name = cur.string(f"sizevar {i} name")
+        value = cur.u64(f"sizevar {name} value")
+        if name in sizevars:
+            raise ModelError(path, f"duplicate sizevar {name}")
+        sizevars[name] = value
+
+    # ---- metadata
+    spans: list[tuple[int, int, str]] = []  # (offset, nbytes, what) of every payload, for overlap checks
+    metadata: dict[str, MetaValue] = {}
+    cur = _Cursor(buf, path, off_meta, off_t, "metadata table")
+    for i in range(n_meta):
+        key = cur.string(f"metadata {i} key")
+        vtype = cur.u32(f"metadata {key} type")
+        flags = cur.u32(f"metadata {key} flags")
+        nbytes = cur.u64(f"metadata {key} value_nbytes")
+        offset = cur.u64(f"metadata {key} value_offset")
+        if key in metadata:
+            raise ModelError(path, f"duplicate metadata key {key}")
+        if flags != 0:
+            raise ModelError(path, f"metadata {key}: flags must be 0, got {flags}")
+        if offset % ALIGN:
+            raise ModelError(path, f"metadata {key}: value_offset {offset} is not a multiple of 8")
+        if offset < off_data or offset + nbytes > file_size:
+            raise ModelError(path, f"metadata {key}: value at offset {offset} ({nbytes} bytes) lies outside the "
+                                   f"data section ({off_data}..{file_size})")
+        metadata[key] = _meta_value(path, buf, key, vtype, offset, nbytes)
+        spans.append((offset, nbytes, f"metadata {key}"))
+
+    # ---- tensors
+    tensors: dict[str, TensorInfo] = {}
+    cur = _Cursor(buf, path, off_t, off_data, "tensor table")
+    for i in range(n_t):
+        name = cur.string(f"tensor {i} name")
+        code = cur.u32(f"tensor {name} dtype")
+        ndim = cur.u32(f"tensor {name} ndim")
+        flags = cur.u32(f"tensor {name} flags")
+        if ndim * 8 + 16 > cur.limit - cur.pos:
+            raise ModelError(path, f"tensor {name}: {ndim} dims run past the end of the tensor table")
+        dims = tuple(cur.u64(f"tensor {name} dim {k}") for k in range(ndim))
+        nbytes = cur.u64(f"tensor {name} data_nbytes")
+        offset = cur.u64(f"tensor {name} data_offset")
+        if name in tensors:
+            raise ModelError(path, f"duplicate tensor {name}")
+        d = dt.BY_CODE.get(code)
+        if d is None:
+            raise ModelError(path, f"tensor {name}: unknown tensor dtype code {code}")
+        numel = 1
+        for s in dims:
+            numel *= s
+            if numel > _MAX_BYTES * 8:
+                raise ModelError(path, f"tensor {name}: shape {list(dims)} is absurdly large")
+        expected = _data_nbytes(d, numel)
+        has_data = bool(flags & 1)
+        if has_data:
+            if offset % ALIGN:
+                raise ModelError(path, f"tensor {name}: data_offset {offset} is not a multiple of 8")
+            if offset < off_data or offset + nbytes > file_size:
+                raise ModelError(path, f"tensor {name}: data at offset {offset} ({nbytes} bytes) lies outside the "
+                                       f"data section ({off_data}..{file_size})")
+            if nbytes != expected:
+                raise ModelError(path, f"tensor {name}: byte length mismatch: data_nbytes {nbytes}, expected "
+                                       f"{expected} for {d.name}{list(dims)}")
+            spans.append((offset, nbytes, f"tensor {name}"))
+        elif nbytes != 0 or offset != 0:
+            raise ModelError(path, f"tensor {name}: tensor without data must have zero offset/size")
+        tensors[name] = TensorInfo(name, d.name, dims, has_data, nbytes, offset)
+
+    spans = sorted(s for s in spans if s[1] > 0)
+    for (oa, na, wa), (ob, nb, wb) in zip(spans, spans[1:]):
+        if oa + na > ob:
+            raise ModelError(path, f"{wa} (offset {oa}, {na} bytes) overlaps {wb} (offset {ob})")
+    return Model(path, buf, size, sizevars, metadata, tensors)
+
+
+def _meta_value(path: str, buf, key: str, vtype: int, offset: int, nbytes: int) -> MetaValue:
+    """Decode one metadata payload, requiring its exact size (§7.4)."""
+    raw = bytes(buf[offset:offset + nbytes])
+
+    def bad(msg: str) -> ModelError:
+        return ModelError(path, f"metadata {key}: {msg}")
+
+    if vtype == dt.CODE_STRING:
+        if nbytes < 4:
+            raise bad(f"string payload of {nbytes} bytes is too short")
+        (length,) = struct.unpack_from("<I", raw, 0)
+        if _pad8(4 + length) != nbytes:
+            raise bad(f"string of length {length} needs {_pad8(4 + length)} bytes, value_nbytes is {nbytes}")
+        try:
+            return MetaValue("string", raw[4:4 + length].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise bad("string is not valid UTF-8") from None
+    if vtype == dt.CODE_NDARRAY:
+        if nbytes < 8:
+            raise bad(f"ndarray payload of {nbytes} bytes is too short")
+        elem_code, ndim = struct.unpack_from("<II", raw, 0)
+        d = dt.BY_CODE.get(elem_code)
+        if d is None or d.name == "bitset":
+            raise bad(f"ndarray element type {elem_code} is not a scalar type")
+        if 8 + 8 * ndim > nbytes:
+            raise bad(f"ndarray with {ndim} dims does not fit in {nbytes} bytes")
+        dims = struct.unpack_from(f"<{ndim}Q", raw, 8)
+        numel = 1
+        for s in dims:
+            numel *= s
+            if numel > nbytes * 8:
+                raise bad(f"ndarray shape {list(dims)} does not fit in {nbytes} bytes")
+        data_len = _data_nbytes(d, numel)
+        head = 8 + 8 * ndim
+        if _pad8(head + data_len) != nbytes:
+            raise bad(f"ndarray {d.name}{list(dims)} needs {_pad8(head + data_len)} bytes, value_nbytes is {nbytes}")
+        return MetaValue("ndarray", _decode(d, raw[head:head + data_len], tuple(dims)), elem=d.name)
+    d = dt.BY_CODE.get(vtype)
+    if d is None:
+        raise bad(f"unknown value type {vtype}")
+    if d.name == "bitset":
+        if nbytes < 8:
+            raise bad(f"bitset payload of {nbytes} bytes is too short")
+        bit_count, byte_count = struct.unpack_from("<II", raw, 0)
+        if byte_count != (bit_count + 7) // 8:
+            raise bad(f"bitset byte_count {byte_count} does not match bit_count {bit_count}")
+        if _pad8(8 + byte_count) != nbytes:
+            raise bad(f"bitset of {bit_count} bits needs {_pad8(8 + byte_count)} bytes, value_nbytes is {nbytes}")
+        bits = packing.unpack_bits(np.frombuffer(raw[8:8 + byte_count], np.uint8), bit_count, 1).astype(bool)
+        return MetaValue("bitset", bits)
+    size = _elem_bytes(d)
+    if nbytes != size:
+        raise bad(f"{d.name} value needs {size} bytes, value_nbytes is {nbytes}")
+    if d.packed:
+        return MetaValue(d.name, packing.from_patterns(d.name, np.uint8(raw[0]))[()])
+    return MetaValue(d.name, _decode(d, raw, ())[()])
