@@ -1,0 +1,466 @@
+"""Text -> IR: the Lark LALR parser for the OpenInfer DSL and the transformer that builds `ir.*`.
+
+`parse(text, path)` returns an `ir.Graph`; every syntax error (Lark's, or one of the prose
+restrictions of SPEC §1.4 enforced here) is raised as a located `OiError` with `source=text`,
+worded in DSL terms ("expected one of ';', a name").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from .. import dtypes, ir
+from ..diagnostics import OiError
+
+GRAMMAR_PATH = Path(__file__).with_name("openinfer.lark")
+
+# Rust keywords (strict + reserved): never identifiers (SPEC §1.2); `_` is not one either.
+RUST_KEYWORDS = frozenset("""
+as break const continue crate else enum extern false fn for if impl in let loop match mod move mut pub
+ref return self Self static struct super trait true type unsafe use where while async await dyn
+abstract become box do final macro override priv typeof unsized virtual yield try _
+""".split())
+
+ATTRIBUTES = ("init", "ref", "pattern", "table", "auto_dim", "fixed")
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(GRAMMAR_PATH.read_text(), parser="lalr", lexer="contextual", propagate_positions=True,
+                maybe_placeholders=True)
+
+
+def parse(text: str, path: str = "<string>") -> ir.Graph:
+    """Parse DSL text into an `ir.Graph` (raises a located `OiError` on any syntax error)."""
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as exc:
+        raise _translate(exc, text, path) from None
+    try:
+        vars_, blocks = _Builder(path).transform(tree)
+    except VisitError as exc:
+        orig = exc.orig_exc
+        if isinstance(orig, OiError):
+            raise OiError(orig.diagnostics, source=text) from None
+        raise
+    except OiError as exc:
+        raise OiError(exc.diagnostics, source=text) from None
+    return ir.Graph(vars=tuple(vars_), blocks=tuple(blocks), path=path, source=text)
+
+
+def parse_file(path) -> ir.Graph:
+    """Read and parse a `.oi` file ("error: cannot read PATH: ..." when it cannot be read)."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise OiError(f"cannot read {path}: {reason}") from None
+    return parse(text, path)
+
+
+# ---------------------------------------------------------------- error translation
+
+_WORDS = {
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a float", "STRING": "a string", "DTYPE": "a dtype",
+    "MEMKIND": "a memory section", "$END": "end of input",
+}
+
+
+def _word(term: str) -> str:
+    if term in _WORDS:
+        return _WORDS[term]
+    for t in _parser().terminals:
+        if t.name == term:
+            if t.pattern.type == "str":
+                return f"'{t.pattern.value}'"
+            break
+    return term.lower()
+
+
+def _expected(terms) -> str:
+    words = sorted({_word(t) for t in terms}, key=lambda w: (not w.startswith("'"), w))
+    return "expected one of " + ", ".join(words)
+
+
+def _end_pos(text: str) -> tuple[int, int]:
+    """Just after the last non-blank character (so the caret lands on a real source line)."""
+    lines = text.rstrip().split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
+def _describe_token(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of input"
+    if tok.type == "NAME":
+        return f"name '{tok}'"
+    return f"'{tok}'"
+
+
+def _translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
+    line, col = getattr(exc, "line", None), getattr(exc, "column", None)
+    if isinstance(exc, UnexpectedCharacters):
+        msg = f"unexpected character '{exc.char}'"
+        if exc.allowed:
+            msg += "; " + _expected(exc.allowed)
+        return OiError(msg, ir.Span(path, line, col), source=text)
+    tok = getattr(exc, "token", None)
+    expected = set(exc.expected) if getattr(exc, "expected", None) else set()
+    if tok is None or tok.type == "$END" or isinstance(exc, UnexpectedEOF) or line is None or line < 1:
+        line, col = _end_pos(text)
+        if tok is None:
+            tok = Token("$END", "")
+    prev = None
+    ip = getattr(exc, "interactive_parser", None)
+    if ip is not None:
+        stack = ip.parser_state.value_stack
+        if stack and isinstance(stack[-1], Token):
+            prev = stack[-1].type
+    msg = None
+    if expected == {"DTYPE"} and tok.type == "NAME":
+        msg = f"unsupported dtype {tok}"
+    elif prev == "AT" and tok.type == "NAME":
+        msg = f"unsupported attribute @{tok}"
+    elif "OP" in expected and "ASSIGN" in expected and tok.type == "NAME":
+        msg = f"unsupported node {tok}"
+    elif "READ" in expected and "WRITE" in expected and tok.type == "NAME":
+        msg = f"unsupported cache operation cache.{tok}"
+    elif expected and expected <= {"MEMKIND", "BLOCK", "$END"} and tok.type != "$END":
+        msg = f"expected memory section or block, got {_describe_token(tok)}"
+    elif expected == {"INT", "NAME"} and prev in ("IN", "DOTDOT"):
+        msg = f"expected identifier or integer for loop range, got {_describe_token(tok)}"
+    elif expected == {"INT", "NAME"} and prev == "STAR":
+        msg = f"expected identifier or integer for dimension expression, got {_describe_token(tok)}"
+    if msg is None:
+        msg = f"unexpected {_describe_token(tok)}"
+        if expected:
+            msg += "; " + _expected(expected)
+    return OiError(msg, ir.Span(path, line, col), source=text)
+
+
+# ---------------------------------------------------------------- tree -> IR
+
+def _is(x, *types) -> bool:
+    return isinstance(x, Token) and x.type in types
+
+
+@v_args(meta=True)
+class _Builder(Transformer):
+    def __init__(self, path: str):
+        super().__init__(visit_tokens=False)
+        self.path = path
+        self.counter = 0
+
+    # helpers
+    def span(self, meta) -> ir.Span:
+        return ir.Span(self.path, getattr(meta, "line", 0), getattr(meta, "column", 0))
+
+    def tspan(self, tok: Token) -> ir.Span:
+        return ir.Span(self.path, tok.line, tok.column)
+
+    def err(self, message: str, where) -> OiError:
+        span = self.tspan(where) if isinstance(where, Token) else where if isinstance(where, ir.Span) else self.span(where)
+        return OiError(message, span)
+
+    def name(self, tok: Token) -> str:
+        text = str(tok)
+        if text in RUST_KEYWORDS:
+            raise self.err(f"'{text}' is a reserved word and cannot be used as a name", tok)
+        return text
+
+    def idx(self, tok: Token) -> ir.IndexValue:
+        return int(tok) if tok.type == "INT" else self.name(tok)
+
+    def next_index(self) -> int:
+        i = self.counter
+        self.counter += 1
+        return i
+
+    # ---- graph
+    def start(self, meta, children):
+        vars_, blocks = [], []
+        for item in children:
+            if isinstance(item, ir.Block):
+                blocks.append(item)
+            else:
+                vars_.extend(item)
+        return vars_, blocks
+
+    def memory_section(self, meta, children):
+        kind = ir.MemKind(str(children[0]))
+        return [replace(d, kind=kind) for d in children[1:]]
+
+    # ---- declarations
+    def var_decl(self, meta, children):
+        name_tok, params, dtype_tok, dims, *attrs = children
+        fields: dict = {}
+        spans: list = []
+        for attr_name, value, span in attrs:
+            if attr_name in fields:
+                raise self.err(f"duplicate @{attr_name} attribute", span)
+            fields[attr_name] = value
+            spans.append((attr_name, span))
+        return ir.VarDecl(
+            name=self.name(name_tok), kind=ir.MemKind.DYNAMIC, dtype=str(dtype_tok),
+            dims=tuple(dims) if dims is not None else (), span=self.tspan(name_tok),
+            init=fields.get("init"), ref=fields.get("ref"), pattern=fields.get("pattern"),
+            index_params=tuple(params) if params is not None else (), table="table" in fields,
+            auto_dim=fields.get("auto_dim", ()), fixed=fields.get("fixed", ()), attr_spans=tuple(spans))
+
+    def index_params(self, meta, children):
+        names = [self.name(t) for t in children if t is not None]
+        if not names:
+            raise self.err("index parameters must list at least one name", meta)
+        return names
+
+    def dims(self, meta, children):
+        return [d for d in children if d is not None]
+
+    def dim(self, meta, children):
+        return ir.Dim(tuple(self.idx(t) for t in children if t is not None))
+
+    def init_attr(self, meta, children):
+        return ("init", children[0], self.span(meta))
+
+    def init_value(self, meta, children):
+        minus, tok = children
+        return self.literal(minus, tok, allow=("FLOAT", "INT", "TRUE", "FALSE"))
+
+    def ref_attr(self, meta, children):
+        tok = children[0]
+        value = _unescape(tok, self) if tok.type == "STRING" else str(tok)
+        return ("ref", value, self.span(meta))
+
+    def pattern_attr(self, meta, children):
+        return ("pattern", _unescape(children[0], self), self.span(meta))
+
+    def table_attr(self, meta, children):
+        return ("table", True, self.span(meta))
+
+    def auto_dim_attr(self, meta, children):
+        names = tuple(self.name(t) for t in children if t is not None)
+        if not names:
+            raise self.err("@auto_dim requires at least one name", meta)
+        return ("auto_dim", names, self.span(meta))
+
+    def fixed_attr(self, meta, children):
+        items = tuple(c for c in children if c is not None)
+        if not items:
+            raise self.err("@fixed requires at least one entry", meta)
+        return ("fixed", items, self.span(meta))
+
+    def fixed_item(self, meta, children):
+        return (self.name(children[0]), int(children[1]))
+
+    # ---- literals
+    def literal(self, minus, tok, allow) -> ir.Literal:
+        if minus is not None and tok.type not in ("FLOAT", "INT"):
+            what = {"TRUE": "bool", "FALSE": "bool", "STRING": "string", "NAME": "identifier"}.get(tok.type, "value")
+            raise self.err(f"unexpected '-' before {what}", minus)
+        sign = -1 if minus is not None else 1
+        if tok.type == "FLOAT":
+            return ir.Literal("float", sign * float(str(tok)))
+        if tok.type == "INT":
+            return ir.Literal("int", sign * int(tok))
+        if tok.type in ("TRUE", "FALSE"):
+            return ir.Literal("bool", tok.type == "TRUE")
+        if tok.type == "STRING":
+            return ir.Literal("str", _unescape(tok, self))
+        if str(tok) == "inf":
+            return ir.Literal("float", math.inf)
+        return ir.Literal("var", self.name(tok))
+
+    def scalar_value(self, meta, children):
+        return self.literal(children[0], children[1], None)
+
+    def int_list(self, meta, children):
+        return ir.Literal("int_list", tuple(c for c in children if c is not None))
+
+    def int_item(self, meta, children):
+        minus, tok = children
+        return -int(tok) if minus is not None else int(tok)
+
+    def setting(self, meta, children):
+        name_tok, value = children
+        name = str(name_tok)
+        if name in ("acc", "to"):
+            if value.kind == "var" and dtypes.is_dtype(value.value):
+                value = ir.Literal("dtype", value.value)
+            elif value.kind == "var":
+                raise self.err(f"unsupported dtype {value.value} for setting {name}", meta)
+            else:
+                raise self.err(f"setting {name} must be a dtype name", meta)
+        return ir.Attr(name, value, self.tspan(name_tok))
+
+    # ---- references
+    def var_ref(self, meta, children):
+        name_tok = children[0]
+        if len(children) == 1:
+            return ir.VarRef(self.name(name_tok), self.tspan(name_tok))
+        indices = tuple(self.idx(t) for t in children[2:] if t is not None)
+        if not indices:
+            raise self.err("prefix access must include at least one index", children[1])
+        return ir.VarRef(self.name(name_tok), self.tspan(name_tok), indices)
+
+    def cval(self, meta, children):
+        minus, tok = children
+        if minus is not None:
+            if tok.type == "NAME":
+                raise self.err("unexpected '-' before identifier", minus)
+            return -int(tok)
+        return self.idx(tok)
+
+    def single(self, meta, children):
+        return ir.Single(children[0])
+
+    def slice(self, meta, children):
+        pos = next(i for i, c in enumerate(children) if _is(c, "DOTDOT"))
+        start = children[pos - 1] if pos > 0 else None
+        end = children[pos + 1] if pos + 1 < len(children) else None
+        return ir.Slice(start, end)
+
+    def cache_access(self, meta, children):
+        name_tok = children[0]
+        if len(children) == 1:
+            return ir.CacheAccess(self.name(name_tok), self.tspan(name_tok))
+        items = children[2:]
+        entries: list = []
+        i = 0
+        while i < len(items):  # SPEC §1.4 comma rules
+            if _is(items[i], "COMMA"):
+                entries.append(ir.Slice())
+                i += 1
+                continue
+            entries.append(items[i])
+            i += 1
+            if i < len(items) and _is(items[i], "COMMA"):
+                i += 1
+                if i == len(items):
+                    entries.append(ir.Slice())
+        return ir.CacheAccess(self.name(name_tok), self.tspan(name_tok), tuple(entries), True)
+
+    # ---- blocks and nodes
+    def block(self, meta, children):
+        name_tok, *nodes = children
+        return ir.Block(self.name(name_tok), tuple(nodes), self.span(meta))
+
+    def assign(self, meta, children):
+        name_tok, dtype_tok, dims = children
+        return ir.Assign(index=self.next_index(), span=self.span(meta), name=self.name(name_tok),
+                         dtype=str(dtype_tok), dims=tuple(dims) if dims is not None else ())
+
+    def op(self, meta, children):
+        op_tok, *args, out_tok = children
+        inputs, attrs, seen = [], [], {}
+        for arg in args:
+            if arg is None:
+                continue
+            if isinstance(arg, ir.VarRef):
+                if attrs:
+                    raise self.err("positional args must come before settings", arg.span)
+                inputs.append(arg)
+            else:
+                if arg.name in seen:
+                    raise self.err(f"duplicate setting: {arg.name}", arg.span)
+                seen[arg.name] = arg
+                attrs.append(arg)
+        return ir.Op(index=self.next_index(), span=self.span(meta), op=str(op_tok), inputs=tuple(inputs),
+                     attrs=tuple(attrs), output=self.name(out_tok), output_span=self.tspan(out_tok))
+
+    def cache_read(self, meta, children):
+        return ir.CacheRead(index=self.next_index(), span=self.span(meta), src=children[0], dst=children[1])
+
+    def cache_write(self, meta, children):
+        return ir.CacheWrite(index=self.next_index(), span=self.span(meta), src=children[0], dst=children[1])
+
+    def _incdec(self, cls, meta, children):
+        if len(children) == 2:
+            return cls(index=self.next_index(), span=self.span(meta), target=self.name(children[1]),
+                       amount=int(children[0]), explicit_amount=True)
+        return cls(index=self.next_index(), span=self.span(meta), target=self.name(children[0]))
+
+    def cache_inc(self, meta, children):
+        return self._incdec(ir.CacheIncrement, meta, children)
+
+    def cache_dec(self, meta, children):
+        return self._incdec(ir.CacheDecrement, meta, children)
+
+    def cache_reset(self, meta, children):
+        return ir.CacheReset(index=self.next_index(), span=self.span(meta), target=children[0])
+
+    def branch(self, meta, children):
+        names = [self.name(t) for t in children]
+        if len(names) == 1:
+            return ir.Branch(index=self.next_index(), span=self.span(meta), cond=None, then_block=names[0])
+        if len(names) != 3:
+            raise self.err("branch expects condition and two target blocks", meta)
+        return ir.Branch(index=self.next_index(), span=self.span(meta), cond=names[0], then_block=names[1],
+                         else_block=names[2])
+
+    def barrier(self, meta, children):
+        return ir.Barrier(index=self.next_index(), span=self.span(meta))
+
+    def dep_target(self, meta, children):
+        return ".".join(str(t) for t in children)
+
+    def dep(self, meta, children):
+        return ir.Dep(index=self.next_index(), span=self.span(meta), after=children[0], before=children[1])
+
+    def loop(self, meta, children):
+        name_tok, var_tok, start, _dotdot, end, *body = children
+        # body nodes were numbered (transformed) before this callback: loop index comes after its body
+        return ir.Loop(index=self.next_index(), span=self.span(meta), name=self.name(name_tok),
+                       var=self.name(var_tok), start=self.idx(start), end=self.idx(end), body=tuple(body))
+
+    def yield_(self, meta, children):
+        return ir.Yield(index=self.next_index(), span=self.span(meta), vars=tuple(self.name(t) for t in children))
+
+    def await_(self, meta, children):
+        return ir.Await(index=self.next_index(), span=self.span(meta), vars=tuple(self.name(t) for t in children))
+
+    def transfer(self, meta, children):
+        return ir.Transfer(index=self.next_index(), span=self.span(meta), src=children[0], dst=children[1])
+
+    def return_(self, meta, children):
+        return ir.Return(index=self.next_index(), span=self.span(meta),
+                         vars=tuple(self.name(t) for t in children if t is not None))
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
+
+
+def _unescape(tok: Token, builder: _Builder) -> str:
+    body = str(tok)[1:-1]
+    out, i = [], 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = body[i + 1] if i + 1 < len(body) else ""
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt == "u" and i + 2 < len(body) and body[i + 2] == "{":
+            close = body.find("}", i + 3)
+            try:
+                out.append(chr(int(body[i + 3:close], 16)))
+            except (ValueError, OverflowError):
+                raise builder.err("invalid unicode escape in string", tok) from None
+            i = close + 1
+        elif nxt == "x" and i + 3 < len(body) + 1:
+            try:
+                out.append(chr(int(body[i + 2:i + 4], 16)))
+            except ValueError:
+                raise builder.err("invalid escape in string", tok) from None
+            i += 4
+        else:
+            raise builder.err(f"unknown character escape '\\{nxt}'", tok)
+    return "".join(out)

@@ -1,0 +1,254 @@
+"""IR <-> OpenInfer graph JSON (SPEC §8.1).
+
+`to_json(graph)` gives the runtime graph's serde shape; node uuids are deterministic
+(uuid5 of the node index). `from_json(data, path)` rebuilds the IR (spans are `path:0:0`).
+Round trip .oi -> JSON -> IR equals the parsed IR up to spans, except where JSON has no
+room for the distinction: an `@init` written as an int on a bool variable comes back as a
+bool; f16/bf16/f8 `@init` values come back as the stored (rounded) value; `cache.increment 1 x`
+comes back as `cache.increment x`. oi2jax extension: `return a, b;` is `{"Return": {"vars": [...]}}`.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+
+from . import dtypes, ir
+
+_NS = uuid.UUID("6f1d2c1e-0b6a-4c1e-9a57-0a1f2e3d4c5b")
+_DT_JSON = {"bool": "Bool", "bitset": "Bitset"}
+_KIND_JSON = {k: k.value.capitalize() for k in ir.MemKind}
+
+
+def _dt(name: str) -> str:
+    return _DT_JSON.get(name, name.upper())
+
+
+def _dt_back(name: str) -> str:
+    return name.lower()
+
+
+def node_uuid(index: int) -> str:
+    return str(uuid.uuid5(_NS, str(index)))
+
+
+def _ref(r: ir.VarRef) -> str:
+    return r.name if r.indices is None else f"{r.name}[{','.join(str(i) for i in r.indices)}]"
+
+
+def _val(v) -> dict:
+    return {"Lit": v} if isinstance(v, int) else {"Ident": v}
+
+
+def _access(a: ir.CacheAccess) -> dict:
+    idx = []
+    for e in a.indices:
+        if isinstance(e, ir.Single):
+            idx.append({"Single": _val(e.value)})
+        else:
+            idx.append({"Slice": {"start": None if e.start is None else _val(e.start),
+                                  "end": None if e.end is None else _val(e.end)}})
+    return {"base": a.base, "indices": idx, "bracketed": a.bracketed}
+
+
+def _attr(lit: ir.Literal) -> dict:
+    return {"float": lambda v: {"Double": v}, "int": lambda v: {"Int": v}, "bool": lambda v: {"Bool": v},
+            "str": lambda v: {"Str": v}, "int_list": lambda v: {"IntList": list(v)}, "var": lambda v: {"Var": v},
+            "dtype": lambda v: {"DType": _dt(v)}}[lit.kind](lit.value)
+
+
+def _scalar(dtype: str, lit: ir.Literal | None):
+    if lit is None:
+        return None
+    v = lit.value
+    name = _dt(dtype)
+    if dtype == "f16":
+        return {name: {"bits": int(np.float16(v).view(np.uint16))}}
+    if dtype in ("bf16", "f8"):
+        from . import numerics
+        enc = numerics.bf16_encode(np.float32(v)) if dtype == "bf16" else numerics.f8_encode_bits(np.float32(v))
+        return {name: {"bits": int(np.asarray(enc).reshape(-1).view(np.uint16 if dtype == "bf16" else np.uint8)[0])}}
+    dt = dtypes.get(dtype)
+    if dt.packed or dtype == "bitset":
+        return {name: {"bits": int(v) & ((1 << dt.bits) - 1)}}
+    if dtype == "bool":
+        return {name: bool(v)}
+    return {name: float(v) if dt.is_float else int(v)}
+
+
+def _node(n: ir.Node) -> dict:
+    if isinstance(n, ir.Barrier):
+        kind = "Barrier"
+    elif isinstance(n, ir.Return):
+        kind = {"Return": {"vars": list(n.vars)}} if n.vars else "Return"
+    elif isinstance(n, ir.Assign):
+        kind = {"Assign": {"name": n.name, "dtype": _dt(n.dtype), "dims": [str(d) for d in n.dims]}}
+    elif isinstance(n, ir.Op):
+        kind = {"Op": {"op": n.op, "attrs": {"items": [{"name": a.name, "value": _attr(a.value)} for a in n.attrs]},
+                       "inputs": [_ref(r) for r in n.inputs], "output": n.output}}
+    elif isinstance(n, ir.Branch):
+        kind = {"Branch": {"cond": n.cond, "then_block": n.then_block, "else_block": n.else_block}}
+    elif isinstance(n, ir.Dep):
+        kind = {"Dep": {"after": n.after, "before": n.before}}
+    elif isinstance(n, ir.Transfer):
+        kind = {"Transfer": {"src": _ref(n.src), "dst": _ref(n.dst)}}
+    elif isinstance(n, ir.CacheRead):
+        kind = {"CacheRead": {"src": _access(n.src), "dst": _ref(n.dst)}}
+    elif isinstance(n, ir.CacheWrite):
+        kind = {"CacheWrite": {"src": _ref(n.src), "dst": _access(n.dst)}}
+    elif isinstance(n, ir.CacheIncrement):
+        kind = {"CacheIncrement": {"target": n.target, "amount": n.amount}}
+    elif isinstance(n, ir.CacheDecrement):
+        kind = {"CacheDecrement": {"target": n.target, "amount": n.amount}}
+    elif isinstance(n, ir.CacheReset):
+        kind = {"CacheReset": {"target": _access(n.target)}}
+    elif isinstance(n, ir.Yield):
+        kind = {"Yield": {"vars": list(n.vars)}}
+    elif isinstance(n, ir.Await):
+        kind = {"Await": {"vars": list(n.vars)}}
+    elif isinstance(n, ir.Loop):
+        kind = {"Loop": {"name": n.name, "index": n.var, "start": str(n.start), "end": str(n.end),
+                         "body": [_node(b) for b in n.body]}}
+    else:
+        raise TypeError(type(n).__name__)
+    return {"index": n.index, "uuid": node_uuid(n.index), "kind": kind}
+
+
+def to_json(graph: ir.Graph) -> dict:
+    blocks: dict = {}
+    count = 0
+    for b in graph.blocks:
+        entry = blocks.setdefault(b.name, {"name": b.name, "nodes": []})
+        entry["nodes"] += [_node(n) for n in b.nodes]
+        count += sum(1 for _ in b.walk())
+    vars_ = {}
+    for d in graph.vars:
+        vars_[d.name] = {"name": d.name, "ref_name": d.ref, "pattern": d.pattern,
+                         "table_indices": list(d.index_params), "table": d.table, "auto_dim": list(d.auto_dim),
+                         "fixed": [[k, v] for k, v in d.fixed], "dtype": _dt(d.dtype),
+                         "dims": [str(x) for x in d.dims], "kind": _KIND_JSON[d.kind],
+                         "init": _scalar(d.dtype, d.init)}
+    return {"blocks": blocks, "next_index": count, "vars": vars_}
+
+
+# ---------------------------------------------------------------- JSON -> IR
+
+def _atom(s: str):
+    return int(s) if s.lstrip("-").isdigit() else s
+
+
+def _dim(s: str) -> ir.Dim:
+    return ir.Dim(tuple(_atom(a.strip()) for a in s.split("*")))
+
+
+def _ref_back(s: str, span) -> ir.VarRef:
+    if "[" not in s:
+        return ir.VarRef(s, span)
+    base, rest = s.split("[", 1)
+    return ir.VarRef(base, span, tuple(_atom(x.strip()) for x in rest.rstrip("]").split(",") if x.strip()))
+
+
+def _val_back(v):
+    return None if v is None else (v["Lit"] if "Lit" in v else v["Ident"])
+
+
+def _access_back(a: dict, span) -> ir.CacheAccess:
+    idx = []
+    for e in a["indices"]:
+        if "Single" in e:
+            idx.append(ir.Single(_val_back(e["Single"])))
+        else:
+            idx.append(ir.Slice(_val_back(e["Slice"]["start"]), _val_back(e["Slice"]["end"])))
+    return ir.CacheAccess(a["base"], span, tuple(idx), a["bracketed"])
+
+
+def _attr_back(v: dict) -> ir.Literal:
+    (k, x), = v.items()
+    kind = {"Float": "float", "Double": "float", "Int": "int", "UInt": "int", "Bool": "bool", "Str": "str",
+            "IntList": "int_list", "Var": "var", "DType": "dtype"}[k]
+    if kind == "int_list":
+        x = tuple(x)
+    elif kind == "dtype":
+        x = _dt_back(x)
+    elif kind == "float":
+        x = float(x)
+    return ir.Literal(kind, x)
+
+
+def _scalar_back(dtype: str, v) -> ir.Literal | None:
+    if v is None:
+        return None
+    (_, x), = v.items()
+    dt = dtypes.get(dtype)
+    if isinstance(x, dict):
+        bits = int(x["bits"])
+        if dtype == "f16":
+            return ir.Literal("float", float(np.uint16(bits).view(np.float16)))
+        if dtype in ("bf16", "f8"):
+            arr = np.array([bits], np.uint16 if dtype == "bf16" else np.uint8).view(dt.np_dtype)
+            return ir.Literal("float", float(arr[0]))
+        if dt.is_signed and bits >= 1 << (dt.bits - 1):
+            bits -= 1 << dt.bits
+        return ir.Literal("int", bits)
+    if isinstance(x, bool):
+        return ir.Literal("bool", x)
+    return ir.Literal("float", float(x)) if dt.is_float else ir.Literal("int", int(x))
+
+
+def _node_back(d: dict, span) -> ir.Node:
+    i = d["index"]
+    kind = d["kind"]
+    if kind == "Barrier":
+        return ir.Barrier(index=i, span=span)
+    if kind == "Return":
+        return ir.Return(index=i, span=span)
+    (k, v), = kind.items()
+    if k == "Return":
+        return ir.Return(index=i, span=span, vars=tuple(v["vars"]))
+    if k == "Assign":
+        return ir.Assign(index=i, span=span, name=v["name"], dtype=_dt_back(v["dtype"]),
+                         dims=tuple(_dim(x) for x in v["dims"]))
+    if k == "Op":
+        return ir.Op(index=i, span=span, op=v["op"], inputs=tuple(_ref_back(x, span) for x in v["inputs"]),
+                     attrs=tuple(ir.Attr(a["name"], _attr_back(a["value"]), span) for a in v["attrs"]["items"]),
+                     output=v["output"], output_span=span)
+    if k == "Branch":
+        return ir.Branch(index=i, span=span, cond=v["cond"], then_block=v["then_block"], else_block=v["else_block"])
+    if k == "Dep":
+        return ir.Dep(index=i, span=span, after=v["after"], before=v["before"])
+    if k == "Transfer":
+        return ir.Transfer(index=i, span=span, src=_ref_back(v["src"], span), dst=_ref_back(v["dst"], span))
+    if k == "CacheRead":
+        return ir.CacheRead(index=i, span=span, src=_access_back(v["src"], span), dst=_ref_back(v["dst"], span))
+    if k == "CacheWrite":
+        return ir.CacheWrite(index=i, span=span, src=_ref_back(v["src"], span), dst=_access_back(v["dst"], span))
+    if k in ("CacheIncrement", "CacheDecrement"):
+        cls = ir.CacheIncrement if k == "CacheIncrement" else ir.CacheDecrement
+        return cls(index=i, span=span, target=v["target"], amount=int(v["amount"]),
+                   explicit_amount=int(v["amount"]) != 1)
+    if k == "CacheReset":
+        return ir.CacheReset(index=i, span=span, target=_access_back(v["target"], span))
+    if k == "Yield":
+        return ir.Yield(index=i, span=span, vars=tuple(v["vars"]))
+    if k == "Await":
+        return ir.Await(index=i, span=span, vars=tuple(v["vars"]))
+    if k == "Loop":
+        return ir.Loop(index=i, span=span, name=v["name"], var=v["index"], start=_atom(v["start"]),
+                       end=_atom(v["end"]), body=tuple(_node_back(b, span) for b in v["body"]))
+    raise ValueError(f"unknown node kind {k}")
+
+
+def from_json(data: dict, path: str = "<json>") -> ir.Graph:
+    span = ir.Span(path, 0, 0)
+    vars_ = []
+    for v in data["vars"].values():
+        dtype = _dt_back(v["dtype"])
+        vars_.append(ir.VarDecl(
+            name=v["name"], kind=ir.MemKind(v["kind"].lower()), dtype=dtype, dims=tuple(_dim(x) for x in v["dims"]),
+            span=span, init=_scalar_back(dtype, v.get("init")), ref=v.get("ref_name"), pattern=v.get("pattern"),
+            index_params=tuple(v.get("table_indices", ())), table=bool(v.get("table")),
+            auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, int(n)) for k, n in v.get("fixed", ()))))
+    blocks = [ir.Block(b["name"], tuple(_node_back(n, span) for n in b["nodes"]), span)
+              for b in data["blocks"].values()]
+    return ir.Graph(tuple(vars_), tuple(blocks), path=path)

@@ -1,0 +1,258 @@
+"""Checker: one failing program per rule, asserting the message and its exact line:column."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oi2jax import ir
+from oi2jax.check import check, check_or_raise
+from oi2jax.diagnostics import OiError
+from oi2jax.grammar import parse
+
+HEAD = """\
+dynamic { x: f32[4]; c: bool; n: i32; m: f32[2, 3]; }
+volatile { v: f32[4]; w: f32[4]; h: i8[4]; }
+constant { k: f32[4]; W(l): f32[4] @pattern("w.{l}"); }
+persistent { s: i32 @init(0); f: f32 @init(0.0); P: f32[4]; T(i): f32[4] @table @fixed(i=3);
+  A(r, q): f32[2, 2] @auto_dim(r, q); }
+"""  # 5 lines: block bodies start on line 6
+
+
+def diags(body: str, head: str = HEAD, **kw):
+    g = parse(head + body, "t.oi")
+    return check(g, **kw)
+
+
+def errors(body: str, **kw):
+    return [(d.span.line, d.span.col, d.message) for d in diags(body, **kw) if d.severity == "error"]
+
+
+def test_valid_head_program_is_clean():
+    assert diags("block entry {\n  op add(x, k) >> v;\n  return;\n}\n") == []
+
+
+@pytest.mark.parametrize("body,line,col,message", [
+    # ops (messages from oi2jax.ops)
+    ("block entry {\n  op frob(x) >> v;\n}", 7, 6, "unsupported op frob"),
+    ("block entry {\n  op add(x) >> v;\n}", 7, 6, "op add expects Fixed(2) inputs, got 1"),
+    ("block entry {\n  op add(x, q) >> v;\n}", 7, 13, "unknown input variable q"),
+    ("block entry {\n  op add(x, k) >> zz;\n}", 7, 19, "unknown output variable zz"),
+    ("block entry {\n  op add(x, k) >> k;\n}", 7, 19, "cannot write to constant memory: k"),
+    ("block entry {\n  op add(x, k) >> P;\n}", 7, 19, "persistent cache P must be written via cache.write"),
+    ("block entry {\n  op add(x, P) >> v;\n}", 7, 13, "persistent cache P must be read via cache.read"),
+    ("block entry {\n  op add(x, k, frob=1) >> v;\n}", 7, 16, "unsupported add setting: frob"),
+    ("block entry {\n  op relu(x, alpha=[1]) >> v;\n}", 7, 14, "unsupported relu setting type: alpha"),
+    ("block entry {\n  op relu(x, alpha=zz) >> v;\n}", 7, 14, "unknown attribute variable zz"),
+    ("block entry {\n  op relu(x, alpha=m) >> v;\n}", 7, 14, "attribute m must be scalar"),
+    ("block entry {\n  op add(x, h) >> v;\n}", 7, 13, "input 1 has dtype i8, expected f32"),
+    ("block entry {\n  op add(x, k) >> h;\n}", 7, 19, "op add output dtype mismatch for h: expected i8, got f32"),
+    ("block entry {\n  op add(x, m) >> v;\n}", 7, 6, "incompatible broadcast dims"),
+    ("block entry {\n  op add(m, m) >> v;\n}", 7, 19, "op add output shape mismatch for v"),
+    ("block entry {\n  op add(x, k, acc=i32) >> v;\n}", 7, 16, "op add does not support f32 -> i32 for mode accumulate"),
+    ("block entry {\n  op add(W[0, 1], k) >> v;\n}", 7, 10, "prefix table W expects 1 indices, got 2"),
+    ("block entry {\n  op add(v[0], k) >> v;\n}", 7, 10, "v is not a prefix table and cannot be indexed"),
+    ("block entry {\n  loop L (i in 0..2) {\n    op add(i, k) >> v;\n  }\n}", 8, 12, "loop index i is not a variable"),
+    # transfer
+    ("block entry {\n  transfer q >> v;\n}", 7, 12, "unknown transfer source q"),
+    ("block entry {\n  transfer x >> q;\n}", 7, 17, "unknown transfer destination q"),
+    ("block entry {\n  transfer x >> k;\n}", 7, 17, "cannot transfer into k"),
+    ("block entry {\n  transfer x >> h;\n}", 7, 17, "transfer dtype mismatch"),
+    ("block entry {\n  transfer x >> f;\n}", 7, 17, "cannot transfer into f"),
+    ("dynamic { y: f32[5]; }\nblock entry {\n  transfer x >> y;\n}", 8, 17, "transfer shape mismatch"),
+    # cache (§4.7)
+    ("block entry {\n  cache.read q >> v;\n}", 7, 14, "unknown cache variable q"),
+    ("block entry {\n  cache.read w >> v;\n}", 7, 14, "cache.read expects persistent variable, got Volatile w"),
+    ("block entry {\n  cache.write x >> v;\n}", 7, 20, "cache.write expects persistent variable, got Volatile v"),
+    ("block entry {\n  cache.read T >> v;\n}", 7, 14, "cache table T requires indices"),
+    ("block entry {\n  cache.read T[0, 1] >> v;\n}", 7, 14, "cache access T expects at most 1 indices, got 2"),
+    ("block entry {\n  cache.read P[0, 1] >> v;\n}", 7, 14, "cache access expects at most 1 indices, got 2"),
+    ("block entry {\n  cache.read A[0..1] >> m;\n}", 7, 14, "cache access A does not support slice indices"),
+    ("block entry {\n  cache.read T[-1] >> v;\n}", 7, 14, "cache index cannot be negative"),
+    ("block entry {\n  cache.read T[f] >> v;\n}", 7, 14, "cache index must be integer"),
+    ("block entry {\n  cache.read T[n] >> v;\n}", 7, 14, "unknown cache index n"),
+    ("block entry {\n  cache.read T[0] >> k;\n}", 7, 22, "cannot write to constant memory: k"),
+    ("block entry {\n  cache.read T[0] >> h;\n}", 7, 22, "cache.read T -> h dtype mismatch"),
+    ("block entry {\n  cache.read T[..] >> v;\n}", 7, 23, "cache.read T -> v shape mismatch: the read gives [3, 4], v is [4]"),
+    ("block entry {\n  cache.read P[0] >> v;\n}", 7, 14, "cache P does not support indexed access"),
+    ("block entry {\n  cache.write x >> T[0..2];\n}", 7, 20, "cache.write T does not support slice indices"),
+    ("block entry {\n  cache.write x >> P[0];\n}", 7, 20, "cache.write P does not support indexed writes"),
+    ("block entry {\n  cache.write h >> T[0];\n}", 7, 15, "cache.write h -> T dtype mismatch"),
+    ("block entry {\n  cache.write m >> P;\n}", 7, 15, "cache.write P expects shape [4], got [2, 3]"),
+    ("dynamic { y: f32[5]; }\nblock entry {\n  cache.write y >> T[0];\n}", 8, 15, "cache.write T expects shape [4], got [5]"),
+    ("block entry {\n  cache.reset T[0..1];\n}", 7, 15, "cache.reset T requires scalar indices"),
+    ("block entry {\n  cache.increment v;\n}", 7, 3, "cache.increment expects persistent variable, got Volatile v"),
+    ("block entry {\n  cache.increment P;\n}", 7, 3, "cache.increment P requires a scalar persistent variable"),
+    ("persistent { b: bool; }\nblock entry {\n  cache.decrement b;\n}", 8, 3, "cache.decrement b does not support dtype bool"),
+    # control
+    ("block entry {\n  branch nope;\n}", 7, 3, "branch target block not found: nope"),
+    ("block entry {\n  branch zz entry entry;\n}", 7, 3, "unknown variable zz"),
+    ("block entry {\n  branch x a a;\n}\nblock a { return; }", 7, 3, "x must be scalar"),
+    ("block entry {\n  branch a;\n}\nblock a {\n  branch entry;\n}", 10, 3, "recursion through branches: entry -> a -> entry"),
+    ("block entry {\n  loop L (i in x..3) { barrier; }\n}", 7, 3, "loop start bound x is invalid: x must be scalar"),
+    ("block entry {\n  loop L (i in 0..2) {\n    loop M (j in 0..i) { barrier; }\n  }\n}", 8, 5, "loop end bound i is invalid: loop index i is not a variable"),
+    ("block entry {\n  loop L (i in 0..2) {\n    loop M (i in 0..2) { barrier; }\n  }\n}", 8, 5, "loop index i shadows an enclosing loop index"),
+    ("block entry {\n  branch a;\n}\nblock a {\n  return x;\n}", 10, 3, "return with values is only allowed at the top level of entry"),
+    ("block entry {\n  loop L (i in 0..2) {\n    return x;\n  }\n}", 8, 5, "not inside a loop"),
+    ("block entry {\n  return zz;\n}", 7, 3, "unknown variable: zz"),
+    # declarations / structure
+    ("volatile { x: f32; }\nblock entry { return; }", 6, 12, "duplicate variable declaration x"),
+    ("block entry { return; }\nblock entry { return; }", 7, 1, "duplicate block entry"),
+    ("block main { return; }", 1, 1, "graph has no entry block"),
+    ("block entry {\n  assign x: f32;\n}", 7, 3, "assign shadows declared variable x"),
+    ("block entry {\n  assign t: f32;\n  assign t: f32;\n}", 8, 3, "duplicate temporary t"),
+    ("persistent { Q(i): f32 @table @table; }", 0, 0, None),
+    ("persistent { R: f32 @table; }\nblock entry { return; }", 6, 21, "persistent table R missing table indices"),
+    ("persistent { R(i): i4[2] @table; }\nblock entry { return; }", 6, 14, "cache table packed dtypes not supported"),
+    ("volatile { z: f32 @init(5); }\nblock entry { return; }", 6, 19, "int init requires an integer, bool or bitset dtype"),
+    ("volatile { z: i32 @init(5.0); }\nblock entry { return; }", 6, 19, "float init requires f8/bf16/f16/f32/f64 dtype"),
+    ("volatile { z: i32 @init(true); }\nblock entry { return; }", 6, 19, "bool init requires bool dtype"),
+    ("volatile { z: i8 @init(128); }\nblock entry { return; }", 6, 18, "i8 init out of range"),
+    ("volatile { z: i4 @init(-9); }\nblock entry { return; }", 6, 18, "i4 init out of range"),
+    ("volatile { z: bool @init(2); }\nblock entry { return; }", 6, 20, "bool init out of range"),
+    ("volatile { z: t1 @init(0); }\nblock entry { return; }", 6, 18, "t1 init out of range"),
+    ("volatile { z: u8 @init(-1); }\nblock entry { return; }", 6, 18, "u8 init out of range"),
+    ("volatile { z(i): f32 @table; }\nblock entry { return; }", 6, 22, "@table is only allowed on persistent variables"),
+    # yield / await
+    ("block entry {\n  yield x;\n  yield x;\n  await x;\n}\nblock b {\n  await x;\n  yield x;\n}", 8, 3, "await required before next yield"),
+    ("block entry {\n  await x;\n}", 7, 3, "await x has no matching yield"),
+    ("block entry {\n  yield x;\n}\nblock b {\n  await x;\n  yield x;\n}", 7, 3, "yield x has no matching await"),
+    ("block entry {\n  yield x;\n  await k;\n}", 8, 3, "await may not name constant k"),
+    ("block entry {\n  yield zz;\n  await x;\n}", 7, 3, "unknown variable: zz"),
+    ("block entry {\n  yield x;\n  await x;\n}\nblock b {\n  await x;\n  yield x;\n  barrier;\n}", 12, 3, "yield in block b must be the final node"),
+    ("block entry {\n  yield x;\n  await x;\n}\nblock b {\n  await x;\n  barrier;\n}", 11, 3, "block b awaits [x] but never yields them"),
+    ("block entry {\n  yield x, n;\n  await x, n;\n}\nblock b {\n  await x, n;\n  yield x;\n}", 11, 3, "block b awaits n but does not yield it"),
+    ("block entry {\n  yield x;\n  op add(x, k) >> x;\n  await x;\n}\nblock b {\n  await x;\n  yield x;\n}", 8, 3, "entry writes yielded variable x between yield and await"),
+])
+def test_rule(body, line, col, message):
+    if message is None:
+        with pytest.raises(OiError, match="duplicate @table attribute"):
+            parse(HEAD + body, "t.oi")
+        return
+    errs = errors(body)
+    hits = [e for e in errs if message in e[2]]
+    assert hits, errs
+    assert (hits[0][0], hits[0][1]) == (line, col), errs
+
+
+def test_two_consumers_mutating_same_var_names_both_places():
+    body = ("block entry {\n  yield x;\n  await x;\n}\n"
+            "block b1 {\n  await x;\n  op add(x, k) >> x;\n  yield x;\n}\n"
+            "block b2 {\n  await x;\n  op mul(x, k) >> x;\n  yield x;\n}\n")
+    ds = [d for d in diags(body) if d.severity == "error"]
+    assert len(ds) == 1
+    d = ds[0]
+    assert d.message.startswith("multiple blocks mutated x")
+    assert (d.span.line, d.span.col) == (17, 3)
+    assert d.related[0][1] == ir.Span("t.oi", 12, 3) and "block b1" in d.related[0][0]
+
+
+def test_consumer_and_entry_write_same_nonyielded_var():
+    body = ("block entry {\n  yield x;\n  op add(x, k) >> v;\n  await x;\n}\n"
+            "block b1 {\n  await x;\n  op mul(x, k) >> v;\n  yield x;\n}\n")
+    ds = [d for d in diags(body) if d.severity == "error"]
+    assert [(d.span.line, d.span.col) for d in ds] == [(13, 3)]
+    assert ds[0].related[0] == ("v also written here (entry)", ir.Span("t.oi", 8, 3))
+
+
+def test_dead_block_is_a_warning():
+    ds = diags("block entry { return; }\nblock lost { return; }")
+    assert [(d.severity, d.span.line, d.span.col) for d in ds] == [("warning", 7, 1)]
+    assert "block lost is never run" in ds[0].message
+
+
+def test_all_errors_reported_sorted():
+    errs = errors("block entry {\n  op add(x, q1) >> v;\n  op add(x, q2) >> v;\n  branch nope;\n}")
+    assert [(l, c) for l, c, _ in errs] == [(7, 13), (8, 13), (9, 3)]
+
+
+def test_no_blocks():
+    errs = errors("")
+    assert (1, 1, "graph has no blocks") in errs
+
+
+def test_duplicates_name_both_locations():
+    d = [d for d in diags("volatile { x: f32; }\nblock entry { return; }") if d.severity == "error"][0]
+    assert d.related == (("x first declared here", ir.Span("t.oi", 1, 11)),)
+
+
+# ---------------------------------------------------------------- sizes and models
+
+SIZED = "dynamic { x: f32[B, D]; }\nvolatile { y: f32[B, 3]; }\nblock entry {\n  op relu(x) >> y;\n}\n"
+
+
+def test_unknown_sizes_are_fine_without_model():
+    assert errors(SIZED, head="") == []
+
+
+def test_shapes_checked_with_sizes():
+    errs = errors(SIZED, head="", sizes={"B": 2, "D": 4})
+    assert errs == [(4, 17, "op relu output shape mismatch for y: y is [2, 3], the result is [2, 4]")]
+
+
+def test_unknown_size_with_sizes_is_error():
+    errs = errors(SIZED, head="", sizes={"B": 2})
+    assert (1, 11, "invalid dims for x: unknown size: D") in errs
+
+
+class FakeModel:
+    def __init__(self, sizevars=None, metadata=None, tensors=None):
+        self.sizevars = sizevars or {}
+        self.metadata = metadata or {}
+        self.tensors = tensors or {}
+
+
+class TI:
+    def __init__(self, dtype, shape):
+        self.dtype, self.shape = dtype, shape
+
+
+class MV:
+    def __init__(self, type_):
+        self.type = type_
+
+
+MODEL_HEAD = ('dynamic { x: f32[D]; }\nconstant { w: f32[D]; c2: f32 @ref("zz"); missing: f32; '
+              'F(l): f32[D] @pattern("f.{l}"); }\nvolatile { y: f32[D]; }\n')
+
+
+def test_model_rules():
+    model = FakeModel({"D": 4}, {}, {"w": TI("f16", (4,)), "x": TI("f32", (5,)), "f.0": TI("f32", (4,))})
+    g = parse(MODEL_HEAD + "block entry {\n  op add(x, w) >> y;\n}\n", "t.oi")
+    errs = [(d.span.line, d.span.col, d.message) for d in check(g, model=model) if d.severity == "error"]
+    assert (1, 11, "model shape mismatch for x: model [5], graph [4]") in errs
+    assert (2, 12, "model dtype mismatch for w: model f16, graph f32") in errs
+    assert (2, 31, "model variable not found: zz") in errs
+    assert (2, 43, "constant missing not found in model (no tensor or metadata entry)") in errs
+    assert not any("F" in e[2] for e in errs)
+
+
+def test_model_constant_found_as_metadata_and_metadata_string_attr():
+    model = FakeModel({}, {"mode": MV("string"), "q": MV("i32")}, {})
+    text = ("constant { q: i32; }\ndynamic { x: f32[2]; }\nvolatile { y: i32[2]; }\nblock entry {\n"
+            "  op cast(x, to=i32, rounding_mode=mode) >> y;\n  op cast(x, to=i32, rounding_mode=nomode) >> y;\n}\n")
+    errs = [(d.span.line, d.span.col, d.message) for d in check(parse(text, "t.oi"), model=model)
+            if d.severity == "error"]
+    assert errs == [(6, 22, "unknown attribute string: nomode")]
+
+
+def test_check_or_raise():
+    g = parse(HEAD + "block entry {\n  op frob(x) >> v;\n}\n", "t.oi")
+    with pytest.raises(OiError) as info:
+        check_or_raise(g)
+    assert "t.oi:7:6: error: unsupported op frob" in info.value.render()
+    assert check_or_raise(parse(HEAD + "block entry { return; }\nblock z { return; }")) [0].severity == "warning"
+
+
+def test_examples_check_clean(shared):
+    import glob
+    from pathlib import Path
+    from oi2jax.grammar import parse_file
+    files = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "examples" / "*.oi")))
+    for f in files:
+        assert [d for d in check(parse_file(f)) if d.severity == "error"] == [], f
+
+
+def test_loop_bound_unknown_is_error_once_sizes_are_known():
+    body = "block entry {\n  loop L (i in 0..zz) { barrier; }\n}"
+    assert errors(body) == []  # zz may be a size variable of a model bound later
+    assert errors(body, sizes={"N": 1}) == [(7, 3, "loop end bound zz is invalid: unknown variable zz")]

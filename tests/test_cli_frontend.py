@@ -1,0 +1,99 @@
+"""`oi2jax check` and `oi2jax fmt` through `python -m oi2jax` (exit codes, located diagnostics)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GOOD = "dynamic {\n    x: f32[4];\n}\n\nvolatile {\n    y: f32[4];\n}\n\nblock entry {\n    op relu(x) >> y;\n    return;\n}\n"
+
+
+def run(*args, cwd=None):
+    p = subprocess.run([sys.executable, "-m", "oi2jax", *map(str, args)], capture_output=True, text=True,
+                       cwd=cwd or REPO, timeout=60)
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
+    return p
+
+
+@pytest.fixture
+def files(tmp_path):
+    good = tmp_path / "good.oi"
+    good.write_text(GOOD)
+    messy = tmp_path / "messy.oi"
+    messy.write_text("dynamic{x:f32[4];} volatile { y : f32[ 4 ] ; }\nblock entry{op relu(x)>>y;return;}")
+    bad = tmp_path / "bad.oi"
+    bad.write_text("dynamic { x: f32[4]; }\nblock entry {\n    op frob(x) >> x;\n    op relu(q) >> x;\n}\n")
+    syntax = tmp_path / "syntax.oi"
+    syntax.write_text("dynamic { x: f32[4] }\n")
+    return {"good": good, "messy": messy, "bad": bad, "syntax": syntax}
+
+
+def test_check_valid(files):
+    p = run("check", files["good"])
+    assert p.returncode == 0 and p.stderr == ""
+
+
+def test_check_errors_all_reported(files):
+    p = run("check", files["bad"])
+    assert p.returncode == 1
+    path = files["bad"]
+    assert f"{path}:3:8: error: unsupported op frob\n        op frob(x) >> x;\n           ^" in p.stderr
+    assert f"{path}:4:13: error: unknown input variable q" in p.stderr
+
+
+def test_check_syntax_error(files):
+    p = run("check", files["syntax"])
+    assert p.returncode == 1
+    assert p.stderr.startswith(f"{files['syntax']}:1:21: error: unexpected '}}'; expected one of ")
+    assert "';'" in p.stderr and "^" in p.stderr
+
+
+def test_check_missing_file(tmp_path):
+    p = run("check", tmp_path / "none.oi")
+    assert p.returncode == 1 and p.stderr.startswith("error: cannot read ")
+
+
+def test_check_with_sizes(files):
+    p = run("check", files["good"], "--size", "B=2")
+    assert p.returncode == 0
+    p = run("check", files["good"], "--size", "B")
+    assert p.returncode == 2
+
+
+def test_check_shape_error_with_sizes(tmp_path):
+    f = tmp_path / "s.oi"
+    f.write_text("dynamic { x: f32[B]; }\nvolatile { y: f32[3]; }\nblock entry { op relu(x) >> y; }\n")
+    assert run("check", f).returncode == 0
+    p = run("check", f, "--size", "B=4")
+    assert p.returncode == 1 and f"{f}:3:29: error: op relu output shape mismatch for y" in p.stderr
+
+
+def test_usage_errors():
+    assert run().returncode == 2
+    assert run("check").returncode == 2
+    assert run("fmt", "--bogus", "x.oi").returncode == 2
+
+
+def test_fmt_stdout_check_and_in_place(files):
+    p = run("fmt", files["messy"])
+    assert p.returncode == 0 and p.stdout == GOOD
+    assert run("fmt", "--check", files["good"]).returncode == 0
+    p = run("fmt", "--check", files["messy"])
+    assert p.returncode == 1 and "would be reformatted" in p.stderr
+    assert run("fmt", "-i", files["messy"]).returncode == 0
+    assert files["messy"].read_text() == GOOD
+
+
+def test_fmt_syntax_error(files):
+    p = run("fmt", files["syntax"])
+    assert p.returncode == 1 and f"{files['syntax']}:1:21: error:" in p.stderr and p.stdout == ""
+
+
+def test_warning_only_exits_zero(tmp_path):
+    f = tmp_path / "w.oi"
+    f.write_text("block entry { return; }\nblock lost { return; }\n")
+    p = run("check", f)
+    assert p.returncode == 0 and f"{f}:2:1: warning: block lost is never run" in p.stderr

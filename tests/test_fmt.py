@@ -1,0 +1,250 @@
+"""fmt (canonical printer), describe (trace text), graph JSON; hypothesis round trips and mutations."""
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oi2jax import ir
+from oi2jax.diagnostics import OiError
+from oi2jax.grammar import parse, parse_file
+from oi2jax.grammar.fmt import describe, format_graph, strip_spans
+from oi2jax.graph_json import from_json, to_json
+
+from test_parse import SPEC_15
+
+EXAMPLES = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "examples" / "*.oi")))
+
+
+def same(a, b) -> bool:
+    return strip_spans(a) == strip_spans(b)
+
+
+def test_format_spec_example_exact():
+    text = format_graph(parse(SPEC_15))
+    assert text.startswith("dynamic {\n    tokens: f32[B, D];\n    mask: bool;\n}\n\nconstant {\n")
+    assert '    Wt(k): f32[D, D] @pattern("proj.{k}.weight");\n' in text
+    assert "    Grow(r, c): f32[2, 2] @auto_dim(r, c) @fixed(r=6);\n" in text
+    assert ("    loop proj (k in 0..n_proj) {\n        op matmul(tmp, Wt[k]) >> tmp;\n"
+            "        op relu(tmp, alpha=0.05, clamp_max=4.0) >> tmp;\n    }\n") in text
+    assert "    op sum_axis(tmp, axes=[-1], keepdims=true) >> rowsum;\n" in text
+    assert "    cache.decrement 2 cursor;\n    branch mask on_mask off_mask;\n" in text
+    assert text.endswith("block off_mask {\n    op add(acc, tmp) >> acc;\n    return;\n}\n")
+    assert format_graph(parse(text)) == text
+    assert same(parse(text), parse(SPEC_15))
+
+
+def test_format_canonical_commas_and_slices():
+    g = parse('block entry { cache.read K[1, , 2..-1 ..] >> y; op f(a b, k="q\\"x", l=inf, m=1e-30) >> y; '
+              'cache.increment 1 s; return a, b; }')
+    text = format_graph(g)
+    assert "cache.read K[1, .., 2..-1, ..] >> y;" in text
+    assert 'op f(a, b, k="q\\"x", l=inf, m=1e-30) >> y;' in text
+    assert "cache.increment 1 s;" in text and "return a, b;" in text
+    assert same(parse(text), g)
+
+
+def test_examples_round_trip_fmt_and_json():
+    assert EXAMPLES
+    for f in EXAMPLES:
+        g = parse_file(f)
+        assert same(parse(format_graph(g)), g), f
+        data = json.loads(json.dumps(to_json(g)))
+        assert same(from_json(data, "x.json"), g), f
+
+
+def test_graph_json_shape():
+    g = parse(SPEC_15)
+    data = to_json(g)
+    assert data["next_index"] == 21 and set(data) == {"blocks", "next_index", "vars"}
+    entry = data["blocks"]["entry"]["nodes"]
+    assert entry[2]["kind"]["Loop"]["index"] == "k" and entry[2]["index"] == 4
+    assert entry[2]["kind"]["Loop"]["body"][0]["kind"]["Op"]["inputs"] == ["tmp", "Wt[k]"]
+    assert entry[5]["kind"]["Op"]["attrs"]["items"] == [{"name": "axes", "value": {"IntList": [-1]}},
+                                                        {"name": "keepdims", "value": {"Bool": True}}]
+    assert entry[7]["kind"]["CacheRead"]["src"] == {"base": "Hist", "indices": [{"Single": {"Ident": "cursor"}}],
+                                                    "bracketed": True}
+    assert entry[12]["kind"] == "Barrier" and entry[14]["kind"] == "Return"
+    assert data["vars"]["Hist"] == {"name": "Hist", "ref_name": None, "pattern": None, "table_indices": ["slot"],
+                                    "table": True, "auto_dim": [], "fixed": [["slot", 8]], "dtype": "F32",
+                                    "dims": ["D"], "kind": "Persistent", "init": None}
+    assert data["vars"]["cursor"]["init"] == {"I64": 0} and data["vars"]["acc"]["init"] == {"F32": 0.0}
+    assert entry[0]["uuid"] != entry[1]["uuid"] and to_json(g) == data
+    assert same(from_json(data), g)
+
+
+def test_describe():
+    g = parse("block entry { assign t: f32; op add(a, W[l, 0], alpha=1.0) >> t; cache.read K[1, , 2..-1] >> y; "
+              "cache.write y >> K[i]; cache.increment s; cache.increment 3 s; cache.decrement 1 s; cache.reset K[]; "
+              "cache.reset P; yield a, b; await a; loop L (i in 0..n) { barrier; } branch c x y; branch x; "
+              "dep after(a) before(cache.write); transfer a >> b; return a; }")
+    got = [describe(n) for n in g.entry.walk()]
+    assert got == ["assign t", "op add(a,W[l,0]) >> t", "cache.read K[1,,2..-1] >> y", "cache.write y >> K[i]",
+                   "cache.increment s", "cache.increment 3 s", "cache.decrement s", "cache.reset K[]",
+                   "cache.reset P", "yield a, b", "await a", "loop L (i in 0..n)", "barrier", "branch c x y",
+                   "branch x", "dep after(a) before(cache.write)", "transfer a >> b", "return"]
+
+
+# ---------------------------------------------------------------- hypothesis
+
+NAMES = st.sampled_from(["a", "b", "x1", "read", "table", "Wq", "h_2", "inf_", "blockx"])
+DTYPES = st.sampled_from(["f32", "i8", "bool", "u4", "bf16", "t1", "bitset"])
+INTS = st.integers(0, 40)
+ATOM = st.one_of(INTS.map(str), st.sampled_from(["B", "D", "N"]))
+DIM = st.one_of(ATOM, st.tuples(ATOM, ATOM).map(lambda t: f"{t[0]}*{t[1]}"))
+DIMS = st.one_of(st.just(""), st.lists(DIM, max_size=3).map(lambda ds: "[" + ", ".join(ds) + "]"))
+FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr)
+SCALAR = st.one_of(INTS.map(str), INTS.map(lambda i: f"-{i}"), FLOATS, st.sampled_from(["true", "false", "inf"]),
+                   st.text("abc.{}\\\"", max_size=5).map(lambda s: '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'),
+                   st.lists(st.integers(-5, 5), max_size=3).map(lambda l: "[" + ", ".join(map(str, l)) + "]"),
+                   NAMES, st.sampled_from(["acc=i32", "to=f16"]))
+INIT = st.one_of(INTS.map(str), INTS.map(lambda i: f"-{i}"), FLOATS, st.sampled_from(["true", "false"]))
+CVAL = st.one_of(INTS.map(str), st.integers(-3, -1).map(str), NAMES)
+CIDX = st.one_of(CVAL, st.tuples(st.one_of(st.just(""), CVAL), st.one_of(st.just(""), CVAL)).map(lambda t: f"{t[0]}..{t[1]}"))
+ACCESS = st.tuples(NAMES, st.one_of(st.none(), st.lists(st.one_of(CIDX, st.just("")), max_size=3))).map(
+    lambda t: t[0] if t[1] is None else f"{t[0]}[{', '.join(t[1])}]")
+REF = st.tuples(NAMES, st.one_of(st.none(), st.lists(st.one_of(INTS.map(str), NAMES), min_size=1, max_size=2))).map(
+    lambda t: t[0] if t[1] is None else f"{t[0]}[{', '.join(t[1])}]")
+
+
+@st.composite
+def decl(draw):
+    name = draw(NAMES)
+    params = draw(st.lists(NAMES, max_size=2))
+    head = name + (f"({', '.join(params)})" if params else "")
+    attrs = draw(st.lists(st.sampled_from(["init", "ref", "pattern", "table", "auto_dim", "fixed"]), unique=True,
+                          max_size=3))
+    parts = []
+    for a in attrs:
+        if a == "init":
+            parts.append(f"@init({draw(INIT)})")
+        elif a == "ref":
+            parts.append(draw(st.sampled_from(['@ref("w.0")', "@ref(loop)", "@ref(abc)"])))
+        elif a == "pattern":
+            parts.append('@pattern("p.{l}")')
+        elif a == "table":
+            parts.append("@table")
+        elif a == "auto_dim":
+            parts.append(f"@auto_dim({', '.join(draw(st.lists(NAMES, min_size=1, max_size=2)))})")
+        else:
+            parts.append(f"@fixed({', '.join(f'{n}={i}' for n, i in draw(st.lists(st.tuples(NAMES, INTS), min_size=1, max_size=2)))})")
+    return f"{head}: {draw(DTYPES)}{draw(DIMS)} {' '.join(parts)};"
+
+
+@st.composite
+def node(draw, depth=0):
+    kind = draw(st.sampled_from(["assign", "op", "read", "write", "inc", "dec", "reset", "branch", "branch1",
+                                 "barrier", "dep", "loop", "yield", "await", "transfer", "return"]))
+    if kind == "assign":
+        return f"assign {draw(NAMES)}: {draw(DTYPES)}{draw(DIMS)};"
+    if kind == "op":
+        inputs = draw(st.lists(REF, max_size=3))
+        settings_ = draw(st.lists(st.tuples(st.sampled_from(["k1", "k2", "k3"]), SCALAR), max_size=3,
+                                  unique_by=lambda t: t[0]))
+        args = inputs + [s if s in ("acc=i32", "to=f16") else f"{k}={s}" for k, s in settings_]
+        args = list(dict.fromkeys(args))
+        if len([a for a in args if a.startswith("acc=")]) > 1:
+            args = [a for a in args if not a.startswith("acc=")]
+        return f"op {draw(NAMES)}({', '.join(args)}) >> {draw(NAMES)};"
+    if kind == "read":
+        return f"cache.read {draw(ACCESS)} >> {draw(REF)};"
+    if kind == "write":
+        return f"cache.write {draw(REF)} >> {draw(ACCESS)};"
+    if kind in ("inc", "dec"):
+        amount = draw(st.one_of(st.just(""), INTS.map(lambda i: f"{i} ")))
+        return f"cache.{'increment' if kind == 'inc' else 'decrement'} {amount}{draw(NAMES)};"
+    if kind == "reset":
+        return f"cache.reset {draw(ACCESS)};"
+    if kind == "branch":
+        return f"branch {draw(NAMES)} {draw(NAMES)} {draw(NAMES)};"
+    if kind == "branch1":
+        return f"branch {draw(NAMES)};"
+    if kind == "barrier":
+        return "barrier;"
+    if kind == "dep":
+        return f"dep after({draw(NAMES)}.{draw(NAMES)}) before({draw(NAMES)});"
+    if kind == "loop" and depth < 2:
+        body = draw(st.lists(node(depth + 1), max_size=3))
+        return f"loop {draw(NAMES)} ({draw(NAMES)} in {draw(st.one_of(INTS.map(str), NAMES))}..{draw(NAMES)}) {{ {' '.join(body)} }}"
+    if kind in ("yield", "await"):
+        return f"{kind} {', '.join(draw(st.lists(NAMES, min_size=1, max_size=3)))};"
+    if kind == "transfer":
+        return f"transfer {draw(REF)} >> {draw(REF)};"
+    return draw(st.sampled_from(["return;", "return a, b;"]))
+
+
+@st.composite
+def program(draw):
+    sections = []
+    for _ in range(draw(st.integers(0, 4))):
+        if draw(st.booleans()):
+            kind = draw(st.sampled_from(["dynamic", "volatile", "constant", "persistent"]))
+            sections.append(f"{kind} {{ {' '.join(draw(st.lists(decl(), max_size=3)))} }}")
+        else:
+            sections.append(f"block {draw(NAMES)} {{ {' '.join(draw(st.lists(node(), max_size=5)))} }}")
+    return "\n".join(sections)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program())
+def test_generated_programs_round_trip(text):
+    g = parse(text)
+    out = format_graph(g)
+    g2 = parse(out)
+    assert same(g2, g)
+    assert format_graph(g2) == out
+    assert [n.index for b in g.blocks for n in b.walk()] == [n.index for b in g2.blocks for n in b.walk()]
+    assert same(from_json(json.loads(json.dumps(to_json(g)))), _json_normal(g))
+
+
+def _json_normal(g: ir.Graph) -> ir.Graph:
+    """What JSON can represent: explicit `cache.increment 1 x` becomes implicit; merged duplicate blocks."""
+    from dataclasses import replace
+    from oi2jax.graph_json import _scalar, _scalar_back
+
+    def fix(n):
+        if isinstance(n, (ir.CacheIncrement, ir.CacheDecrement)):
+            return replace(n, explicit_amount=n.amount != 1)
+        if isinstance(n, ir.Loop):
+            return replace(n, body=tuple(fix(b) for b in n.body))
+        return n
+    blocks: dict = {}
+    for b in g.blocks:
+        nodes = tuple(fix(n) for n in b.nodes)
+        blocks[b.name] = replace(blocks[b.name], nodes=blocks[b.name].nodes + nodes) if b.name in blocks else \
+            replace(b, nodes=nodes)
+    vars_: dict = {}
+    for d in g.vars:
+        init = None if d.init is None else _scalar_back(d.dtype, _scalar(d.dtype, d.init))
+        vars_[d.name] = replace(d, init=init)
+    return ir.Graph(tuple(vars_.values()), tuple(blocks.values()))
+
+
+TOKENS = ["{", "}", "(", ")", "[", "]", ";", ":", ",", ".", "..", "=", "@", "*", "-", ">>", ">", "op", "loop",
+          "in", "block", "cache", "1", "2.5", "x", '"s"', "//", "/*", "*/", "\n", " ", "\\", "é", "\x00"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([SPEC_15] + [Path(f).read_text() for f in EXAMPLES]),
+       st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3), st.sampled_from(TOKENS)), min_size=1, max_size=4))
+def test_mutations_give_oierror_or_parse(text, edits):
+    for pos, how, tok in edits:
+        p = pos % (len(text) + 1)
+        if how == 0:
+            text = text[:p] + tok + text[p:]
+        elif how == 1:
+            text = text[:p] + text[p + 1:]
+        elif how == 2:
+            text = text[:p] + tok + text[p + len(tok):]
+        else:
+            text = text[:p] + text[p + 1:p + 2] + text[p:p + 1] + text[p + 2:]
+    try:
+        g = parse(text, "m.oi")
+    except OiError as exc:
+        d = exc.diagnostics[0]
+        assert d.span is not None and d.span.line >= 1 and exc.source == text
+        return
+    assert same(parse(format_graph(g)), g)
