@@ -64,6 +64,8 @@ class Program:
         self.placer = placer if placer is not None else Placer(self.device)
         self.yield_mode = yield_mode
         self.compiles = 0  # number of (re)traces of the step: the recompile counter
+        self.compile_log: list[str] = []  # why each (re)trace happened (--explain-recompiles)
+        self._next_reason = "first call"
         with self._scope():
             self._lowering = build_lowering(bound)
             self._builder = StepBuilder(self._lowering)
@@ -103,6 +105,8 @@ class Program:
 
         def step(consts, state, dynamic):
             self.compiles += 1
+            self.compile_log.append(f"compile #{self.compiles}: {self._next_reason}")
+            self._next_reason = "new input shapes/dtypes or JAX config (retrace)"
             return builder(consts, state, dynamic)
 
         return jax.jit(step, donate_argnums=(1,), **self.placer.jit_kwargs(self))
@@ -188,16 +192,19 @@ class Program:
             while need[slot] > cap[dim]:
                 cap[dim] *= 2
             per_cache[name] = cap
+        reasons = []
         for name, cap in per_cache.items():
             layout = layouts[name]
             if tuple(cap) == layout.capacity:
                 continue
+            reasons.append(f"cache {name} capacity {list(layout.capacity)} -> {cap}")
             keys = {k: v for k, v in host.items() if k == name or k.startswith(name + "#")}
             new_layout, new_keys = cache_mod.grow(layout, keys, tuple(cap))
             layouts[name] = new_layout
             host.update(new_keys)
         host[GROW] = np.zeros_like(host[GROW])
         self._jit = self._make_jit()
+        self._next_reason = "growth: " + "; ".join(reasons)
         return self.placer.put("state", host)
 
     def _raise_if_failed(self, state):
@@ -216,6 +223,27 @@ class Program:
         return result
 
     # ------------------------------------------------------------------ inspection
+
+    def dump(self, directory) -> list[str]:
+        """Write the step program (every --emit form) and each block's kernel into `directory`."""
+        from pathlib import Path
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for kind, suffix in (("jaxpr", "jaxpr.txt"), ("stablehlo", "stablehlo.mlir"), ("hlo", "hlo.txt"),
+                             ("optimized-hlo", "optimized-hlo.txt")):
+            path = out / f"step.{suffix}"
+            path.write_text(self.emit(kind))
+            written.append(str(path))
+        with self._scope():
+            state = self.init_state()
+            env = self._builder.start_env(self._consts, state, self._dynamic_args({}))
+            for block in self.graph.blocks:
+                kernel = jax.jit(self._builder.block_kernel(block.name))
+                path = out / f"block.{block.name}.stablehlo.mlir"
+                path.write_text(kernel.lower(self._consts, env).as_text(debug_info=True))
+                written.append(str(path))
+        return written
 
     def emit(self, kind: str = "stablehlo") -> str:
         """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""

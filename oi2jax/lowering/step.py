@@ -57,9 +57,8 @@ class StepBuilder:
             else:
                 self.fills[name] = (value.shape, value.dtype, fill)
 
-    def __call__(self, consts: dict, state: dict, dynamic: dict):
-        lowering = self.lowering
-        tr = Tracer(lowering, consts)
+    def start_env(self, consts: dict, state: dict, dynamic: dict) -> dict:
+        """The environment at step start: inputs, fresh volatiles/temporaries, the state."""
         env: dict = {}
         env.update(dynamic)
         for name, (shape, dtype, fill) in self.fills.items():
@@ -67,7 +66,21 @@ class StepBuilder:
         for name in self.init_args:
             env[name] = consts[f"__init__/{name}"]
         env.update(state)
-        env[GROW] = jnp.zeros((len(lowering.growable),), jnp.int64)
+        env[GROW] = jnp.zeros((len(self.lowering.growable),), jnp.int64)
+        return env
+
+    def block_kernel(self, block: str):
+        """(consts, env) -> env running one block as a call: for per-block dumps."""
+        from .blocks import lower_block
+
+        def kernel(consts, env):
+            return lower_block(block, env, Tracer(self.lowering, consts))
+        return kernel
+
+    def __call__(self, consts: dict, state: dict, dynamic: dict):
+        lowering = self.lowering
+        tr = Tracer(lowering, consts)
+        env = self.start_env(consts, state, dynamic)
         entry = lowering.graph.entry
         with jax.named_scope("entry"):
             env, _ = lower_nodes(entry.nodes, env, Frame("entry"), tr)

@@ -1,0 +1,131 @@
+"""`oi2jax run` / `oi2jax compile`: the CLI contract of DEVELOPERS.md, end to end, in-process."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oi2jax.cli import main
+
+from conftest import MODELS
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def graph(tmp_path):
+    path = tmp_path / "g.oi"
+    path.write_text("""
+dynamic { x: bf16[2]; q: i4[3]; }
+persistent { n: i32 @init(0); T(i): f32[2] @table @fixed(i=3) @init(7.0); }
+volatile { y: f32[2]; z: i4[3]; s: f32; }
+block entry {
+    op cast(x, to=f32) >> y;
+    cache.write y >> T[n];
+    cache.increment n;
+    op add(q, q) >> z;
+    return;
+}
+""")
+    return path
+
+
+def test_run_writes_every_variable_with_widening(capsys, tmp_path, graph):
+    np.save(tmp_path / "x.npy", np.array([1.5, -2.0], np.float32))
+    np.save(tmp_path / "q.npy", np.array([3, -4, 7], np.int8))
+    out = tmp_path / "out.npz"
+    code, _, err = run_cli(capsys, "run", graph, "--input", f"x={tmp_path / 'x.npy'}",
+                           "--input", f"q={tmp_path / 'q.npy'}", "--steps", "2", "--out", out, "--quiet")
+    assert code == 0, err
+    data = np.load(out)
+    assert set(data.files) == {"x", "q", "n", "T", "y", "z", "s"}
+    assert data["x"].dtype == np.float32  # bf16 widened
+    np.testing.assert_array_equal(data["x"], [1.5, -2.0])
+    assert data["z"].dtype == np.int8
+    np.testing.assert_array_equal(data["z"], [6, -8, -2])  # i4 wraps: 7+7 = 14 -> -2
+    assert data["s"].shape == () and data["n"].shape == () and int(data["n"]) == 2
+    np.testing.assert_array_equal(data["T"], [[1.5, -2.0], [1.5, -2.0], [7.0, 7.0]])  # unwritten: @init
+
+
+def test_run_rejects_out_of_range_input(capsys, tmp_path, graph):
+    np.save(tmp_path / "q.npy", np.array([3, 9, 0], np.int8))
+    code, _, err = run_cli(capsys, "run", graph, "--input", f"q={tmp_path / 'q.npy'}")
+    assert code == 1
+    assert "error: input q: value 9 is out of range for i4 [-8, 7]" in err
+
+
+def test_run_rejects_lossy_float_input(capsys, tmp_path):
+    path = tmp_path / "f.oi"
+    path.write_text("dynamic { x: f32[1]; } volatile { y: f32[1]; } block entry { op add(x, x) >> y; }")
+    np.save(tmp_path / "x.npy", np.array([0.1], np.float64))
+    code, _, err = run_cli(capsys, "run", path, "--input", f"x={tmp_path / 'x.npy'}")
+    assert code == 1 and "not exactly representable in f32" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--input", "nope=x.npy"], "error: input file not found: x.npy"),
+    (["--input", "x"], "--input expects NAME=FILE.npy"),
+    (["--size", "B"], "--size expects NAME=INT"),
+    (["--model", "missing.oinf"], "missing.oinf"),
+])
+def test_run_usage_and_input_errors(capsys, graph, argv, message):
+    code, _, err = run_cli(capsys, "run", graph, *argv)
+    assert code in (1, 2)
+    assert message in err
+
+
+def test_unknown_input_name(capsys, tmp_path, graph):
+    np.save(tmp_path / "w.npy", np.zeros(2, np.float32))
+    code, _, err = run_cli(capsys, "run", graph, "--input", f"w={tmp_path / 'w.npy'}")
+    assert code == 1 and "unknown input w" in err
+
+
+def test_run_example_with_model_and_explain_recompiles(capsys, tmp_path):
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "o.npz"
+    code, _, err = run_cli(capsys, "run", "examples/mlp_regression.oi", "--model", MODELS / "mlp_regression.oinf",
+                           "--input", f"x={tmp_path / 'x.npy'}", "--out", out, "--quiet", "--explain-recompiles",
+                           "--steps", "3")
+    assert code == 0, err
+    assert "note: compile #1: first call" in err and "compile #2" not in err
+    from oi2jax.model import open_model
+    m = open_model(MODELS / "mlp_regression.oinf")
+    ref = np.maximum(x @ m.load("w1") + m.load("b1"), 0) @ m.load("w2") + m.load("b2")
+    np.testing.assert_allclose(np.load(out)["y"], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind, needle", [("jaxpr", "dot_general"), ("stablehlo", "stablehlo.dot_general"),
+                                          ("hlo", "dot("), ("optimized-hlo", "dot"),
+                                          ("graph-json", '"Op"')])
+def test_compile_emits(capsys, tmp_path, kind, needle):
+    target = tmp_path / "out.txt"
+    code, _, err = run_cli(capsys, "compile", "examples/mlp_regression.oi", "--model",
+                           MODELS / "mlp_regression.oinf", "--emit", kind, "-o", target)
+    assert code == 0, err
+    assert needle in target.read_text()
+
+
+def test_compile_dump_dir_names_blocks(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "compile", "examples/moe_routing.oi", "--model", MODELS / "moe_routing.oinf",
+                             "--emit", "hlo", "--dump-dir", tmp_path / "dump")
+    assert code == 0, err
+    names = sorted(p.name for p in (tmp_path / "dump").iterdir())
+    assert "block.expert0.stablehlo.mlir" in names and "step.optimized-hlo.txt" in names
+    assert "conditional" in out
+
+
+def test_compile_shows_loop_and_barrier(capsys, tmp_path):
+    path = tmp_path / "l.oi"
+    path.write_text("""
+dynamic { x: f32[2]; }
+volatile { y: f32[2]; }
+block entry { loop l (i in 0..4) { op add(y, x) >> y; } barrier; op mul(y, y) >> y; }
+""")
+    code, out, err = run_cli(capsys, "compile", path, "--emit", "hlo")
+    assert code == 0, err
+    assert "while" in out and "opt-barrier" in out
