@@ -1,0 +1,189 @@
+"""OpenInfer-style execution traces (SPEC §8.2) recorded by the interpreter.
+
+One event per executed node, in execution order:
+
+    INDEX [BLOCK] -- DESCRIPTION -- (Xms Yus Zns)
+
+Decisions (documented here, tested in tests/test_trace.py):
+
+* The `<uuid>` column of the reference is OMITTED from the text line (the reference draws a
+  random uuid4 per node, so it can never be compared). The JSON form carries a deterministic
+  `node_uuid`: the fixed string `"00000000-0000-0000-0000-XXXXXXXXXXXX"` with the node index in
+  the last group (decimal digits, zero-padded to 12).
+* `BLOCK` is the block whose frame executed the node (loop bodies report the enclosing block).
+* Timing is measured only for `op` nodes (wall time around the op's eager evaluation, including
+  `block_until_ready`); every other node shows `(0ms 0us 0ns)`.
+* Yield consumer blocks (SPEC §3.6) are run by the interpreter at the entry's `yield`, one after
+  the other in ascending name order; their events are recorded in that run order, right after
+  the `yield` event (the reference records them in nondeterministic order and does not print
+  them; here they are both recorded and printed).
+* Node descriptions come from `oi2jax.grammar.fmt.describe` when that exists, else from
+  `describe` below (same rules: §8.2, attributes never shown).
+* `OI2JAX_TRACE=full` in the environment makes every interpreted run record a trace and echo
+  each line to stderr as the node executes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from . import ir
+
+KINDS = {
+    ir.Assign: "Assign", ir.Op: "OpExecute", ir.CacheRead: "CacheRead", ir.CacheWrite: "CacheWrite",
+    ir.CacheIncrement: "CacheIncrement", ir.CacheDecrement: "CacheDecrement", ir.CacheReset: "CacheReset",
+    ir.Barrier: "Barrier", ir.Dep: "Dep", ir.Transfer: "Transfer", ir.Yield: "Yield", ir.Await: "Await",
+    ir.Branch: "Branch", ir.Loop: "Loop", ir.Return: "Return",
+}
+
+
+def _ref(ref: ir.VarRef) -> str:
+    if ref.indices is None:
+        return ref.name
+    return f"{ref.name}[{','.join(str(i) for i in ref.indices)}]"
+
+
+def _access(acc: ir.CacheAccess) -> str:
+    if not acc.bracketed:
+        return acc.base
+    parts = []
+    for sel in acc.indices:
+        if isinstance(sel, ir.Single):
+            parts.append(str(sel.value))
+        else:
+            start = "" if sel.start is None else str(sel.start)
+            end = "" if sel.end is None else str(sel.end)
+            parts.append("" if sel.start is None and sel.end is None else f"{start}..{end}")
+    return f"{acc.base}[{','.join(parts)}]"
+
+
+def describe(node: ir.Node) -> str:
+    """OpenInfer's node description (§8.2); attributes are never shown."""
+    if isinstance(node, ir.Assign):
+        return f"assign {node.name}"
+    if isinstance(node, ir.Op):
+        return f"op {node.op}({','.join(_ref(r) for r in node.inputs)}) >> {node.output}"
+    if isinstance(node, ir.CacheRead):
+        return f"cache.read {_access(node.src)} >> {_ref(node.dst)}"
+    if isinstance(node, ir.CacheWrite):
+        return f"cache.write {_ref(node.src)} >> {_access(node.dst)}"
+    if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
+        word = "increment" if isinstance(node, ir.CacheIncrement) else "decrement"
+        amount = "" if node.amount == 1 else f"{node.amount} "
+        return f"cache.{word} {amount}{node.target}"
+    if isinstance(node, ir.CacheReset):
+        return f"cache.reset {_access(node.target)}"
+    if isinstance(node, ir.Yield):
+        return "yield " + ", ".join(node.vars)
+    if isinstance(node, ir.Await):
+        return "await " + ", ".join(node.vars)
+    if isinstance(node, ir.Loop):
+        return f"loop {node.name} ({node.var} in {node.start}..{node.end})"
+    if isinstance(node, ir.Branch):
+        if node.cond is None:
+            return f"branch {node.then_block}"
+        return f"branch {node.cond} {node.then_block} {node.else_block}"
+    if isinstance(node, ir.Barrier):
+        return "barrier"
+    if isinstance(node, ir.Dep):
+        return f"dep after({node.after}) before({node.before})"
+    if isinstance(node, ir.Return):
+        return "return"
+    if isinstance(node, ir.Transfer):
+        return f"transfer {_ref(node.src)} >> {_ref(node.dst)}"
+    return type(node).__name__.lower()
+
+
+def _describer():
+    try:
+        from .grammar.fmt import describe as fmt_describe  # the formatter's version, when present
+        return fmt_describe
+    except Exception:  # not written yet / import error: keep our own
+        return describe
+
+
+def split_ns(ns: int) -> tuple[int, int, int]:
+    """Nanoseconds -> (ms, us, ns) as OpenInfer prints them."""
+    ns = max(int(ns), 0)
+    return ns // 1_000_000, (ns // 1_000) % 1_000, ns % 1_000
+
+
+def node_uuid(index: int) -> str:
+    return f"00000000-0000-0000-0000-{index:012d}"
+
+
+@dataclass
+class TraceEvent:
+    block_name: str
+    node_index: int
+    kind: str
+    text: str
+    ns: int = 0
+    params: list = field(default_factory=list)
+    output: list = field(default_factory=list)
+
+    def line(self) -> str:
+        ms, us, ns = split_ns(self.ns)
+        return f"{self.node_index} [{self.block_name}] -- {self.text} -- ({ms}ms {us}us {ns}ns)"
+
+    def to_json(self) -> dict:
+        return {"block_name": self.block_name, "node_index": self.node_index,
+                "node_uuid": node_uuid(self.node_index), "kind": self.kind,
+                "params": list(self.params), "output": list(self.output), "micros": list(split_ns(self.ns))}
+
+
+def _params_output(node: ir.Node) -> tuple[list, list]:
+    if isinstance(node, ir.Op):
+        return [_ref(r) for r in node.inputs], [node.output]
+    if isinstance(node, ir.CacheRead):
+        return [_access(node.src)], [_ref(node.dst)]
+    if isinstance(node, ir.CacheWrite):
+        return [_ref(node.src)], [_access(node.dst)]
+    if isinstance(node, ir.Transfer):
+        return [_ref(node.src)], [_ref(node.dst)]
+    if isinstance(node, ir.Assign):
+        return [], [node.name]
+    return [], []
+
+
+class Trace:
+    """Collects one TraceEvent per executed node; `echo` also prints each line to `stream`."""
+
+    def __init__(self, echo: bool = False, stream=None):
+        self.events: list[TraceEvent] = []
+        self.echo = echo
+        self.stream = stream
+        self._describe = _describer()
+
+    @classmethod
+    def from_env(cls) -> "Trace | None":
+        """A Trace when OI2JAX_TRACE=full (echoing to stderr), else None."""
+        if os.environ.get("OI2JAX_TRACE", "").strip().lower() == "full":
+            return cls(echo=True)
+        return None
+
+    def record(self, block: str, node: ir.Node, ns: int = 0) -> TraceEvent:
+        try:
+            text = self._describe(node)
+        except Exception:
+            text = describe(node)
+        params, output = _params_output(node)
+        event = TraceEvent(block, node.index, KINDS.get(type(node), type(node).__name__), text,
+                           ns if isinstance(node, ir.Op) else 0, params, output)
+        self.events.append(event)
+        if self.echo:
+            print(event.line(), file=self.stream or sys.stderr)
+        return event
+
+    def clear(self) -> None:
+        self.events.clear()
+
+    def lines(self) -> list[str]:
+        return [e.line() for e in self.events]
+
+    def to_json(self) -> list[dict]:
+        return [e.to_json() for e in self.events]
+
+    def __len__(self) -> int:
+        return len(self.events)
