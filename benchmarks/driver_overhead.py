@@ -1,0 +1,82 @@
+"""Driver per-kernel overhead vs bare jitted calls (no assertions; prints a ratio).
+
+    .venv/bin/python benchmarks/driver_overhead.py [iterations]
+
+`driver`: one `DriverProgram.step` (host bookkeeping + every kernel call), per kernel call.
+`bare`:   the same planned kernels called directly with prebuilt argument tuples, per call.
+ratio = driver / bare (1.0 = the driver adds nothing over calling jitted functions).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import jax
+import numpy as np
+
+import oi2jax
+
+SRC = """
+dynamic { x: f32[8]; }
+volatile { h: f32[8]; h2: f32[8]; }
+block entry {
+    op add(x, x) >> h;
+    yield x;
+    op mul(h, h) >> h;
+    await x;
+    op add(h, x) >> h;
+}
+block writer { await x; op add(x, x) >> x; yield x; }
+block reader { await x; op mul(x, x) >> h2; yield x; }
+"""
+
+
+def driver_overhead(iterations: int = 2000) -> dict:
+    prog = oi2jax.compile(SRC)
+    x = np.arange(8, dtype=np.float32)
+    prog.run({"x": x})  # plans and compiles every kernel
+    with jax.enable_x64(True):
+        dynamic = prog._dynamic_args(prog.placer.put("dynamic", prog.convert_inputs({"x": x})))
+        phase_kernels, consumers = prog._plan
+        kernels = phase_kernels + [ck for w in consumers.values() for ck, _, _ in w]
+        kernels = [k for k in kernels if k.out_keys]
+        state = prog.init_state()
+        for _ in range(50):
+            state, out = prog.step(state, **dynamic)
+        jax.block_until_ready((state, out))
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            state, out = prog.step(state, **dynamic)
+        jax.block_until_ready((state, out))
+        driver_s = (time.perf_counter() - t0) / (iterations * len(kernels))
+
+        # bare: each kernel called with ready-made argument tuples (fresh copies for donated ones)
+        env = dict(dynamic)
+        env.update(state)
+        for k in kernels:
+            env.update({key: jax.numpy.zeros(a.shape, a.dtype) for key, a in k.out_avals.items()})
+            env.update({key: jax.numpy.zeros(s.shape, s.dtype) for key, s in
+                        ((key, env[key]) for key in k.keep_keys + k.donate_keys)})
+        args = [(k.jitted, k.const_vals, tuple(env[key] for key in k.keep_keys),
+                 [tuple(env[key] + 0 for key in k.donate_keys) for _ in range(iterations + 50)])
+                for k in kernels]
+        outs = None
+        for i in range(50):
+            for fn, c, keep, don in args:
+                outs = fn(c, keep, don[i])
+        jax.block_until_ready(outs)
+        t0 = time.perf_counter()
+        for i in range(50, 50 + iterations):
+            for fn, c, keep, don in args:
+                outs = fn(c, keep, don[i])
+        jax.block_until_ready(outs)
+        bare_s = (time.perf_counter() - t0) / (iterations * len(kernels))
+    return {"kernels_per_step": len(kernels), "driver_us": driver_s * 1e6, "bare_us": bare_s * 1e6,
+            "ratio": driver_s / bare_s}
+
+
+if __name__ == "__main__":
+    r = driver_overhead(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+    print(f"kernels per step: {r['kernels_per_step']}")
+    print(f"driver per kernel: {r['driver_us']:.1f} us   bare jitted call: {r['bare_us']:.1f} us")
+    print(f"overhead ratio (driver / bare): {r['ratio']:.2f}")

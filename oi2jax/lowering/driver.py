@@ -1,0 +1,566 @@
+"""yield/await as a host driver over separately jitted kernels (SPEC §3.6, docs/yield_await.md).
+
+`analyze(graph)` splits `entry` into phases at its top-level `yield` / `await` nodes and finds
+each yield's consumers (§0 item 3, `sync.consumer_blocks`); it raises `OiError` on pairing
+errors and on deadlocks (a consumer awaiting a variable that entry only yields after the await
+that waits for that consumer). `DriverProgram` compiles every entry phase and every consumer
+block into its own jitted kernel and runs them from the host:
+
+    phase 0 -> [yield: dispatch consumers, no blocking] -> phase 1 (the window) -> [await: merge]
+            -> phase 2 ... -> last phase (also commits the state / undoes it on a guard)
+
+Each kernel takes flat tuples: (the constants it uses, the env values it reads but does not
+replace, the env values it replaces — donated). Which values a kernel reads and writes is found
+once (per cache capacity) by tracing it abstractly and inspecting the jaxpr. Consumers start
+from a snapshot (a host dict copy) of entry's env at the yield; at the await their written
+variables (static `sync.written_names`, exactly like the fused lowering) are merged as host
+dict updates and their guards (__err/__errval/__grow) are merged in the next phase kernel, so
+both modes agree bit for bit. A consumer may be placed on another device: only what it reads
+goes there and only what it writes comes back.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Var
+
+from .. import ir
+from ..diagnostics import Diagnostic, OiError
+from .blocks import lower_block, lower_nodes
+from .context import ERR, ERRVAL, GROW, Frame, Tracer
+from .program import Program, resolve_device
+from .sync import consumer_blocks, written_names
+
+GUARDS = (ERR, ERRVAL, GROW)
+OLD = "__old__/"
+NEW = "__new__/"
+
+
+# ============================================================================ analysis
+
+
+@dataclass
+class Window:
+    """One yield..await pair of entry (top level)."""
+
+    index: int
+    yield_node: ir.Yield
+    await_node: ir.Await | None
+    consumers: list[str]
+
+
+@dataclass
+class Phase:
+    index: int
+    nodes: tuple[ir.Node, ...]
+    merges: int | None = None  # window whose consumers are merged at this phase's start (its await)
+    launches: int | None = None  # window whose consumers are dispatched after this phase (its yield)
+
+
+@dataclass
+class Analysis:
+    phases: list[Phase]
+    windows: list[Window]
+    fused_fallback: bool = False  # yield/await nested in entry loops: one phase, fused rules
+    outputs: tuple[str, ...] | None = None  # `return a, b;` in entry
+
+
+def _consumers(graph: ir.Graph, names) -> list[str]:
+    wanted = set(names)
+    return [b.name for b in consumer_blocks(graph)
+            if any(isinstance(n, ir.Await) and wanted & set(n.vars) for n in b.walk())]
+
+
+def _windows(graph: ir.Graph, nodes) -> tuple[list[Window], list[Diagnostic]]:
+    """Pair entry's yields and awaits (in walk order); pairing diagnostics as check.py words them."""
+    windows: list[Window] = []
+    diags: list[Diagnostic] = []
+    pending: Window | None = None
+    for node in ir.walk(nodes):
+        if isinstance(node, ir.Yield):
+            if pending is not None:
+                diags.append(Diagnostic("await required before next yield", node.span, "error",
+                                        (("previous yield here", pending.yield_node.span),)))
+                continue
+            pending = Window(len(windows), node, None, _consumers(graph, node.vars))
+            windows.append(pending)
+        elif isinstance(node, ir.Await):
+            if pending is None:
+                diags.append(Diagnostic(f"await {', '.join(node.vars)} has no matching yield", node.span))
+                continue
+            pending.await_node = node
+            pending = None
+    if pending is not None:
+        diags.append(Diagnostic(f"yield {', '.join(pending.yield_node.vars)} has no matching await",
+                                pending.yield_node.span))
+    return windows, diags
+
+
+def deadlock_diagnostics(graph: ir.Graph, windows: list[Window] | None = None) -> list[Diagnostic]:
+    """A consumer started at window i that awaits a variable v which entry yields only in a later
+    window j > i (and not at or before i) would wait for v while entry's await of window i waits
+    for it: a cycle. One error per (consumer, variable), at the consumer's await, with the later
+    yield (and entry's await) as related locations."""
+    entry = graph.entry
+    if entry is None:
+        return []
+    if windows is None:
+        windows, _ = _windows(graph, entry.nodes)
+    diags: list[Diagnostic] = []
+    reported: set[tuple[str, str]] = set()
+    for w in windows:
+        if w.await_node is None:
+            continue
+        earlier = {v for prev in windows[:w.index + 1] for v in prev.yield_node.vars}
+        for name in w.consumers:
+            block = graph.block(name)
+            for node in block.walk():
+                if not isinstance(node, ir.Await):
+                    continue
+                for v in node.vars:
+                    if v in earlier or (name, v) in reported:
+                        continue
+                    later = next((lw for lw in windows[w.index + 1:] if v in lw.yield_node.vars), None)
+                    if later is None:
+                        continue
+                    reported.add((name, v))
+                    diags.append(Diagnostic(
+                        f"deadlock: block {name} awaits {v}, which entry yields only after the await that "
+                        f"waits for block {name}", node.span, "error",
+                        ((f"{v} is yielded here, after entry's await", later.yield_node.span),
+                         (f"entry waits for block {name} here", w.await_node.span))))
+    return diags
+
+
+def analyze(graph: ir.Graph) -> Analysis:
+    """Phases and windows of `entry`; raises OiError (all diagnostics) on pairing errors / deadlocks."""
+    entry = graph.entry
+    if entry is None:
+        raise OiError("graph has no entry block")
+    nodes: list[ir.Node] = []
+    outputs = None
+    for node in entry.nodes:  # a top-level return ends the step: later nodes are dead
+        nodes.append(node)
+        if isinstance(node, ir.Return):
+            outputs = node.vars or None
+            break
+    windows, diags = _windows(graph, tuple(nodes))
+    diags += deadlock_diagnostics(graph, windows)
+    if diags:
+        raise OiError(diags, source=graph.source)
+    nested = any(isinstance(n, (ir.Yield, ir.Await)) for top in nodes if isinstance(top, ir.Loop)
+                 for n in ir.walk(top.body))
+    if nested:
+        return Analysis([Phase(0, tuple(nodes))], [], fused_fallback=True, outputs=outputs)
+    phases = [Phase(0, ())]
+    current: list[ir.Node] = []
+    w = 0
+    for node in nodes:
+        if isinstance(node, (ir.Yield, ir.Await)):
+            phases[-1].nodes = tuple(current)
+            current = []
+            nxt = Phase(len(phases), ())
+            if isinstance(node, ir.Yield):
+                phases[-1].launches = w
+            else:
+                nxt.merges = w
+                w += 1
+            phases.append(nxt)
+        else:
+            current.append(node)
+    phases[-1].nodes = tuple(current)
+    return Analysis(phases, windows, outputs=outputs)
+
+
+def has_yield(graph: ir.Graph) -> bool:
+    entry = graph.entry
+    return entry is not None and any(isinstance(n, (ir.Yield, ir.Await)) for n in entry.walk())
+
+
+# ============================================================================ kernels
+
+
+def device_name(device) -> str:
+    return f"{device.platform}:{device.id}" if device is not None else "default"
+
+
+def parse_device(spec):
+    """A jax.Device, 'cpu', 'cpu:1', 'gpu:0' ... -> jax.Device."""
+    if spec is None or isinstance(spec, jax.Device):
+        return spec
+    text = str(spec)
+    kind, _, num = text.partition(":")
+    dev = resolve_device(kind)
+    if not num:
+        return dev
+    devices = jax.devices(kind)
+    i = int(num)
+    if not 0 <= i < len(devices):
+        raise OiError(f"device {text} is not available ({len(devices)} {kind} device(s))")
+    return devices[i]
+
+
+def _aval(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+@dataclass
+class Kernel:
+    """One jitted kernel: fn(consts: dict, env: dict) -> dict, with its planned flat signature."""
+
+    name: str
+    phase: int
+    fn: object
+    device: object = None  # None: the program's device
+    placed: bool = False  # runs on another device than the entry
+    const_keys: tuple = ()
+    keep_keys: tuple = ()
+    donate_keys: tuple = ()
+    out_keys: tuple = ()
+    reads: frozenset = frozenset()
+    unchanged: frozenset = frozenset()  # env keys the kernel returns unmodified
+    const_vals: tuple = ()
+    jitted: object = None
+    out_avals: dict = field(default_factory=dict)
+    commit: tuple | None = None  # last entry phase: state keys it commits (or undoes)
+    merge_count: int = 0  # entry phase after an await: consumers' guards it merges
+    back: tuple = ()  # consumer: indices of outputs merged into entry at the await
+
+    def plan(self, const_avals: dict, env_avals: dict, owned: set, protected: set, counter) -> None:
+        """Trace abstractly; find reads / writes; build the flat jitted kernel."""
+        c_keys = tuple(const_avals)
+        e_keys = tuple(env_avals)
+        fn = self.fn
+
+        def flat(c_list, e_list):
+            return fn(dict(zip(c_keys, c_list)), dict(zip(e_keys, e_list)))
+
+        closed, shape = jax.make_jaxpr(flat, return_shape=True)([const_avals[k] for k in c_keys],
+                                                               [env_avals[k] for k in e_keys])
+        jaxpr = closed.jaxpr
+        invars = jaxpr.invars
+        c_vars = dict(zip(c_keys, invars[:len(c_keys)]))
+        e_vars = dict(zip(e_keys, invars[len(c_keys):]))
+        out_keys_all = sorted(shape)
+        outvars = dict(zip(out_keys_all, jaxpr.outvars))
+        used = set()
+        for eqn in jaxpr.eqns:
+            used.update(v for v in eqn.invars if isinstance(v, Var))
+        unchanged = set()
+        written = []
+        for k in out_keys_all:
+            var = outvars[k]
+            if k in e_vars and var is e_vars[k]:
+                unchanged.add(k)
+                continue
+            written.append(k)
+            if isinstance(var, Var):
+                used.add(var)
+        self.unchanged = frozenset(unchanged)
+        self.out_keys = tuple(written)
+        self.out_avals = {k: shape[k] for k in written}
+        self.const_keys = tuple(k for k in c_keys if c_vars[k] in used)
+        reads = [k for k in e_keys if e_vars[k] in used]
+        self.reads = frozenset(reads)
+        writes = set(written)
+        if self.placed:  # fresh copies on the consumer's device: donate what it replaces
+            donate = [k for k in reads if k in writes]
+        else:  # buffers this step made and nobody else holds: XLA may reuse them for the outputs
+            donate = [k for k in e_keys if k in writes and k in owned and k not in protected]
+        self.donate_keys = tuple(donate)
+        self.keep_keys = tuple(k for k in reads if k not in set(donate))
+        placeholders_c = {k: const_avals[k] for k in c_keys if k not in set(self.const_keys)}
+        placeholders_e = {k: env_avals[k] for k in e_keys if k not in self.reads and k not in set(donate)}
+        const_keys, keep_keys, donate_keys, out_keys = self.const_keys, self.keep_keys, self.donate_keys, \
+            self.out_keys
+
+        def kernel(c_vals, keep, donated):
+            counter()
+            consts = {k: jnp.zeros(a.shape, a.dtype) for k, a in placeholders_c.items()}
+            consts.update(zip(const_keys, c_vals))
+            env = {k: jnp.zeros(a.shape, a.dtype) for k, a in placeholders_e.items()}
+            env.update(zip(keep_keys, keep))
+            env.update(zip(donate_keys, donated))
+            consts = {k: consts[k] for k in c_keys}
+            env = {k: env[k] for k in e_keys}
+            out = fn(consts, env)
+            return tuple(out[k] for k in out_keys)
+
+        self.jitted = jax.jit(kernel, donate_argnums=(2,))
+
+
+class _DriverStep:
+    """Callable like Program's jitted step: (consts, state, dynamic) -> (state, outputs)."""
+
+    def __init__(self, program: "DriverProgram"):
+        self.program = program
+        self._fused = None
+
+    def __call__(self, consts, state, dynamic):
+        return self.program._drive(state, dynamic)
+
+    def lower(self, consts, state, dynamic):
+        """The fused single-jit view of the same step (same semantics), for `lower` / `emit`."""
+        if self._fused is None:
+            self._fused = Program._make_jit(self.program)
+        return self._fused.lower(consts, state, dynamic)
+
+
+# ============================================================================ program
+
+
+class DriverProgram(Program):
+    """A graph with yield/await run as separate kernels by a host driver (see module doc).
+
+    `placement={"block": device | "cpu:1"}` runs a consumer block on another device.
+    `run(..., trace=True)` (or `trace_enabled = True`) fills `last_trace` with one dict per kernel
+    call: {"step", "phase", "kernel", "device", "ms"} (kernels are waited for only when tracing)."""
+
+    def __init__(self, bound, device=None, yield_mode: str = "driver", placer=None, placement=None):
+        self.analysis = analyze(bound.graph)
+        self.placement = {name: parse_device(dev) for name, dev in (placement or {}).items()}
+        for name in self.placement:
+            if bound.graph.block(name) is None or name == "entry":
+                raise OiError(f"placement: {name} is not a consumer block")
+        self.trace_enabled = False
+        self.last_trace: list[dict] = []
+        self._plan = None
+        self._step_no = 0
+        super().__init__(bound, device=device, yield_mode=yield_mode, placer=placer)
+
+    # ------------------------------------------------------------------ kernels
+
+    def _make_jit(self):
+        self._plan = None  # shapes changed (cache growth): re-plan on the next step
+        return _DriverStep(self)
+
+    def _count(self):
+        self.compiles += 1
+
+    def _main_device(self):
+        return self.device if self.device is not None else jax.devices()[0]
+
+    def _phase_fn(self, phase: Phase, merge_count: int, commit: tuple | None):
+        builder, lowering, analysis = self._builder, self._lowering, self.analysis
+        first = phase.index == 0
+
+        def fn(consts, env):
+            tr = Tracer(lowering, consts)
+            env = dict(env)
+            if first:
+                for name, (shape, dtype, fill) in builder.fills.items():
+                    env[name] = jnp.full(shape, fill, dtype)
+                for name in builder.init_args:
+                    env[name] = consts[f"__init__/{name}"]
+                env[GROW] = jnp.zeros((len(lowering.growable),), jnp.int64)
+            for j in range(merge_count):  # the awaited consumers' guards, in consumer order
+                err, errval, grow = (env.pop(f"__pending{j}/{g}") for g in GUARDS)
+                hit = (env[ERR] == 0) & (err != 0)
+                env[ERR] = jnp.where(hit, err, env[ERR])
+                env[ERRVAL] = jnp.where(hit, errval, env[ERRVAL])
+                env[GROW] = jnp.maximum(env[GROW], grow)
+            if analysis.fused_fallback:
+                tr.pending = []
+            with jax.named_scope("entry"):
+                env, _ = lower_nodes(phase.nodes, env, Frame("entry"), tr)
+            if commit is not None:
+                undo = (env[ERR] != 0) | jnp.any(env[GROW] > 0)
+                for k in commit:
+                    env[NEW + k] = jnp.where(undo, env.pop(OLD + k), env[k])
+            return env
+
+        return fn
+
+    def _consumer_fn(self, block: str):
+        lowering = self._lowering
+
+        def fn(consts, env):
+            tr = Tracer(lowering, consts)
+            return lower_block(block, dict(env), tr)
+
+        return fn
+
+    def _make_plan(self, state: dict, dynamic: dict):
+        """Trace every kernel abstractly in step order: its signature, reads, writes, donations."""
+        analysis = self.analysis
+        const_avals = {k: _aval(v) for k, v in self._consts.items()}
+        env = {k: _aval(v) for k, v in dynamic.items()}
+        env.update({k: _aval(v) for k, v in state.items()})
+        owned: set = set()
+        step_writes: set = set()
+        phase_kernels: list[Kernel] = []
+        consumers: dict[int, list[tuple[Kernel, tuple, dict]]] = {}
+        protected: set = set()  # read by consumers in flight, or kept for their merge
+        main = self._main_device()
+        snapshots: dict[int, dict] = {}
+        last = len(analysis.phases) - 1
+        for phase in analysis.phases:
+            merge_count = 0
+            if phase.merges is not None:
+                snap = snapshots.pop(phase.merges)
+                for kern, merged, _ in consumers[phase.merges]:
+                    for k in merged:
+                        env[k] = kern.out_avals.get(k, snap[k])
+                        step_writes.add(k)
+                        if k in kern.out_keys:
+                            owned.add(k)
+                    if any(g in kern.out_keys for g in GUARDS):
+                        for g in GUARDS:
+                            env[f"__pending{merge_count}/{g}"] = kern.out_avals.get(g, snap[g])
+                        merge_count += 1
+                protected = set()
+                for w in snapshots:
+                    for kern, merged, _ in consumers[w]:
+                        protected |= set(kern.reads) | set(merged)
+            if phase.index == last:
+                probe = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase, merge_count, None))
+                probe.plan(const_avals, dict(env), owned, protected, lambda: None)
+                written = step_writes | set(probe.out_keys)
+                commit = tuple(k for k in state if k not in GUARDS and k in written)
+                for k in commit:
+                    env[OLD + k] = _aval(state[k])
+                owned_now = owned | {OLD + k for k in commit}
+            else:
+                commit, owned_now = None, owned
+            kern = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase, merge_count, commit))
+            kern.merge_count = merge_count
+            kern.commit = commit
+            kern.plan(const_avals, dict(env), owned_now, protected, self._count)
+            kern.const_vals = tuple(self._consts[k] for k in kern.const_keys)
+            phase_kernels.append(kern)
+            for k in [k for k in env if k.startswith("__pending") or k.startswith(OLD)]:
+                del env[k]
+            env.update(kern.out_avals)
+            owned |= set(kern.out_keys)
+            step_writes |= set(kern.out_keys)
+            if phase.launches is not None:
+                w = phase.launches
+                snap = dict(env)
+                snapshots[w] = snap
+                consumers[w] = []
+                for name in analysis.windows[w].consumers:
+                    dev = self.placement.get(name)
+                    placed = dev is not None and dev != main
+                    ck = Kernel(name, phase.index, self._consumer_fn(name), device=dev if placed else None,
+                                placed=placed)
+                    ck.plan(const_avals, dict(snap), set(), set(snap), self._count)
+                    vals = tuple(self._consts[k] for k in ck.const_keys)
+                    ck.const_vals = tuple(jax.device_put(v, dev) for v in vals) if placed else vals
+                    writes = written_names(self.graph, self.graph.block(name))
+                    merged = tuple(k for k in snap if k.split("#", 1)[0] in writes and not k.startswith("__"))
+                    ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARDS)
+                    consumers[w].append((ck, merged, {}))
+                protected = set()
+                for w2 in snapshots:
+                    for ck, merged, _ in consumers[w2]:
+                        protected |= set(ck.reads) | set(merged)
+        self._plan = (phase_kernels, consumers)
+        return self._plan
+
+    # ------------------------------------------------------------------ the driver
+
+    def _call(self, kern: Kernel, env: dict, step: int):
+        if kern.placed:
+            keep = jax.device_put(tuple(env[k] for k in kern.keep_keys), kern.device)
+            donated = jax.device_put(tuple(env[k] for k in kern.donate_keys), kern.device)
+        else:
+            keep = tuple(env[k] for k in kern.keep_keys)
+            donated = []
+            for k in kern.donate_keys:
+                v = env[k]
+                if sum(1 for x in env.values() if x is v) > 1:
+                    v = jnp.copy(v)  # aliased by another name: donate a copy
+                donated.append(v)
+            donated = tuple(donated)
+        if not self.trace_enabled:
+            return kern.jitted(kern.const_vals, keep, donated)
+        t0 = time.perf_counter()
+        outs = kern.jitted(kern.const_vals, keep, donated)
+        jax.block_until_ready(outs)
+        ms = (time.perf_counter() - t0) * 1e3
+        dev = kern.device if kern.placed else self._main_device()
+        self.last_trace.append({"step": step, "phase": kern.phase, "kernel": kern.name,
+                                "device": device_name(dev), "ms": ms})
+        return outs
+
+    def _drive(self, state: dict, dynamic: dict):
+        with self._scope():
+            plan = self._plan if self._plan is not None else self._make_plan(state, dynamic)
+            phase_kernels, consumers = plan
+            step = self._step_no
+            self._step_no += 1
+            main = self._main_device()
+            env = dict(dynamic)
+            env.update(state)
+            inflight: dict[int, list] = {}
+            for phase, kern in zip(self.analysis.phases, phase_kernels):
+                if phase.merges is not None:
+                    j = 0
+                    for ck, merged, snap, outs in inflight.pop(phase.merges):
+                        back = tuple(outs[i] for i in ck.back)
+                        if ck.placed:
+                            back = jax.device_put(back, main)
+                        result = dict(zip((ck.out_keys[i] for i in ck.back), back))
+                        for k in merged:
+                            env[k] = result.get(k, snap[k])
+                        if any(g in result for g in GUARDS):
+                            for g in GUARDS:
+                                env[f"__pending{j}/{g}"] = result.get(g, snap[g])
+                            j += 1
+                if kern.commit:
+                    for k in kern.commit:
+                        env[OLD + k] = state[k]
+                outs = self._call(kern, env, step) if kern.out_keys else ()
+                for k in [k for k in env if k.startswith("__pending") or k.startswith(OLD)]:
+                    del env[k]
+                env.update(zip(kern.out_keys, outs))
+                if phase.launches is not None:
+                    snap = dict(env)
+                    launched = []
+                    for ck, merged, _ in consumers[phase.launches]:
+                        launched.append((ck, merged, snap, self._call(ck, snap, step)))
+                    inflight[phase.launches] = launched
+            commit = phase_kernels[-1].commit or ()
+            new_state = {}
+            for k in state:
+                new_state[k] = env.pop(NEW + k) if k in commit else env[k]
+            names = self.analysis.outputs if self.analysis.outputs is not None else \
+                tuple(self._builder.dynamic + self._builder.volatile)
+            outputs = {name: env[name] for name in names if name in env}
+            return new_state, outputs
+
+    # ------------------------------------------------------------------ public API
+
+    def run(self, inputs: dict | None = None, steps: int = 1, trace: bool | None = None, **kwargs) -> dict:
+        """As `Program.run`; `trace=True` records `last_trace` (per kernel call, waited for)."""
+        previous = self.trace_enabled
+        if trace is not None:
+            self.trace_enabled = bool(trace)
+        self.last_trace = []
+        self._step_no = 0
+        try:
+            return super().run(inputs, steps, **kwargs)
+        finally:
+            self.trace_enabled = previous
+
+    def trace_text(self, events: list[dict] | None = None) -> str:
+        """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""
+        events = self.last_trace if events is None else events
+        return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
+                         for e in events)
+
+    def kernels(self) -> list[dict]:
+        """The planned kernels (after the first step): name, phase, device, reads, writes, donated."""
+        if self._plan is None:
+            return []
+        phase_kernels, consumers = self._plan
+        out = []
+        for kern in phase_kernels + [ck for w in sorted(consumers) for ck, _, _ in consumers[w]]:
+            out.append({"kernel": kern.name, "phase": kern.phase,
+                        "device": device_name(kern.device if kern.placed else self._main_device()),
+                        "reads": sorted(kern.reads), "writes": list(kern.out_keys),
+                        "donated": list(kern.donate_keys)})
+        return out
