@@ -1,0 +1,56 @@
+"""relu, matmul (SPEC §6.4 Numerical, §6.5)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from .. import dtypes as D
+from . import numerics as N
+from ._common import acc_inputs, is_float
+
+
+def _relu(inputs, attrs, ctx):
+    d = ctx.dtype
+    x = inputs[0]
+    if is_float(d):
+        xc = N.to_compute(x, d)
+        alpha = N.float_const(attrs["alpha"], d).astype(xc.dtype)
+        cmax = N.float_const(attrs["clamp_max"], d).astype(xc.dtype)
+        y = jnp.where(xc >= 0, xc, N.no_contract(xc * alpha))  # NaN: x * alpha stays NaN
+        y = jnp.where(y > cmax, cmax, y)
+        return N.store(y, d)
+    wide = N.wide_int(True)
+    xw = x.astype(wide)
+    alpha = N.int_const(attrs["alpha"], wide)
+    cmax = N.int_const(attrs["clamp_max"], wide, clip=True)
+    y = jnp.where(xw >= 0, xw, xw * alpha)  # 64-bit wrapping multiply
+    y = jnp.where(y > cmax, cmax, y)
+    return N.wrap(y, d)
+
+
+def _matmul(inputs, attrs, ctx):
+    a, b = inputs
+    d = ctx.dtype
+    if is_float(d):
+        ct = N.compute_dtype(d)
+        y = jnp.matmul(a.astype(ct), b.astype(ct), precision=lax.Precision.HIGHEST)
+        return N.store(y, d)
+    if d == "bool":
+        y = jnp.matmul(a.astype(jnp.int32), b.astype(jnp.int32), preferred_element_type=jnp.int32)
+        return y > 0
+    if ctx.mode == "accumulate":
+        a, b = acc_inputs(inputs, ctx)
+        out = ctx.out_dtype
+    else:
+        out = d
+    dt = D.get(out)
+    # products and sums wrap; any container at least as wide as the result gives the same low bits
+    if dt.bits == 64:
+        acc = dt.np_dtype
+    else:
+        acc = jnp.int32 if dt.is_signed else jnp.uint32
+    y = jnp.matmul(a.astype(acc), b.astype(acc), preferred_element_type=acc)
+    return N.wrap(y, out)
+
+
+IMPLS = {"relu": _relu, "matmul": _matmul}

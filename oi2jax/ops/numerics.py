@@ -1,0 +1,177 @@
+"""JAX-side number handling shared by the op impls (pure jnp; traceable).
+
+- `f8_encode_bits(x32)`: jnp port of `oi2jax.numerics.f8_encode_bits` (SPEC §5.4), bit-exact.
+- `to_compute(x, d)` / `store(y, d)`: low-precision floats are computed in f32 and rounded
+  once (f16 RNE, bf16 RNE, f8 via the §5.4 encoder); f32/f64 natively.
+- `wrap(x, d)`: integer values (any int container) -> representation of `d`, keeping the
+  low `bits` bits (packed: then sign-/zero-extend into int8/uint8).
+- `wide_int(signed)`: the widest integer container available (64-bit under x64, else 32).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+from .. import dtypes as D
+
+LOWP = ("f16", "bf16", "f8")
+
+
+def x64_enabled() -> bool:
+    return jax.dtypes.canonicalize_dtype(np.int64) == np.dtype(np.int64)
+
+
+def wide_int(signed: bool = True):
+    if x64_enabled():
+        return jnp.int64 if signed else jnp.uint64
+    return jnp.int32 if signed else jnp.uint32
+
+
+def wide_float():
+    return jnp.float64 if x64_enabled() else jnp.float32
+
+
+def np_dtype(d: str):
+    return D.get(d).np_dtype
+
+
+def compute_dtype(d: str):
+    """Float compute type: f64 for f64, f32 for every other float."""
+    return jnp.float64 if d == "f64" else jnp.float32
+
+
+def f8_encode_bits(x):
+    """f32 values -> uint8 E5M2 bytes, OpenInfer's `from_f32` (carry-dropping, ties away)."""
+    x = jnp.asarray(x, jnp.float32)
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    sign = ((bits >> 31) & 1).astype(jnp.int32) << 7
+    exp = ((bits >> 23) & 0xFF).astype(jnp.int32)
+    mant = (bits & 0x7FFFFF).astype(jnp.int32)
+    big_m = mant | (1 << 23)
+    e8 = exp - 127 + 15
+    m2 = ((big_m + (1 << 20)) >> 21) & 3
+    normal = sign | (jnp.clip(e8, 0, 31) << 2) | m2
+    s = 21 + (1 - e8)
+    s_safe = jnp.clip(s, 0, 31)
+    half = jnp.left_shift(jnp.int32(1), jnp.maximum(s_safe - 1, 0))
+    m2s = (lax.shift_right_logical(big_m + half, s_safe)) & 3
+    sub = jnp.where(s >= 32, sign, sign | m2s)
+    out = jnp.where(e8 <= 0, sub, normal)
+    out = jnp.where(e8 >= 31, sign | 0x7C, out)
+    out = jnp.where(exp == 0, sign, out)
+    out = jnp.where(jnp.isinf(x), sign | 0x7C, out)
+    out = jnp.where(jnp.isnan(x), 0x7D, out)
+    return out.astype(jnp.uint8)
+
+
+def f8_encode(x):
+    """f32 -> float8_e5m2 holding OpenInfer's encoding."""
+    return lax.bitcast_convert_type(f8_encode_bits(x), jnp.float8_e5m2)
+
+
+def to_compute(x, d: str):
+    """A float value of dtype `d` in its compute type (exact widening)."""
+    return jnp.asarray(x).astype(compute_dtype(d))
+
+
+def store(y, d: str):
+    """Round a compute-type float result to dtype `d` (once)."""
+    if d == "f8":
+        return f8_encode(jnp.asarray(y).astype(jnp.float32))
+    if d == "f64":
+        return jnp.asarray(y).astype(jnp.float64)
+    y = jnp.asarray(y).astype(jnp.float32)
+    if d == "f32":
+        return y
+    return y.astype(np_dtype(d))
+
+
+def float_const(v, d: str):
+    """A (static or traced) scalar attribute as `d`'s compute type: bool -> 1.0/0.0, f32 path
+    for f32 and the low-precision types, full f64 for f64."""
+    if isinstance(v, (bool, int, float, np.generic)):
+        v = float(v)
+        if d == "f64":
+            return jnp.asarray(v, wide_float())
+        with np.errstate(over="ignore"):
+            return jnp.asarray(np.float32(v), jnp.float32)
+    v = jnp.asarray(v)
+    if v.dtype == jnp.bool_:
+        v = v.astype(jnp.float32)
+    if d == "f64":
+        return v.astype(wide_float())
+    return v.astype(jnp.float64 if x64_enabled() else jnp.float32).astype(jnp.float32)
+
+
+def int_const(v, dtype, clip: bool = False):
+    """A (static or traced) integer-valued attribute as a 0-d array of int container `dtype`,
+    wrapping modulo 2^bits of the container (Python ints wrap exactly; `clip` saturates
+    instead, for 64-bit bounds held in a 32-bit container when x64 is off)."""
+    if isinstance(v, (bool, int, np.integer)):
+        v = int(v)
+        info = np.iinfo(np.dtype(dtype))
+        bits = info.bits
+        if clip:
+            v = min(max(v, int(info.min)), int(info.max))
+        v &= (1 << bits) - 1
+        if info.min < 0 and v >= 1 << (bits - 1):
+            v -= 1 << bits
+        return jnp.asarray(np.array(v, dtype=np.dtype(dtype)))
+    if isinstance(v, float):
+        return jnp.asarray(v).astype(dtype)
+    v = jnp.asarray(v)
+    return v.astype(dtype)
+
+
+def wrap(x, d: str):
+    """Integer values -> `d`'s representation keeping the low bits (packed: w bits)."""
+    dt = D.get(d)
+    x = jnp.asarray(x)
+    if d == "bool":
+        return x != 0
+    if not dt.packed:
+        return x.astype(dt.np_dtype)
+    mask = (1 << dt.bits) - 1
+    v = x.astype(jnp.int32) & mask if x.dtype.itemsize < 8 else (x & mask).astype(jnp.int32)
+    if dt.is_signed:
+        v = jnp.where(v >= (1 << (dt.bits - 1)), v - (1 << dt.bits), v)
+        return v.astype(jnp.int8)
+    return v.astype(jnp.uint8)
+
+
+def widen(x, d: str, signed: bool | None = None):
+    """Integer value of dtype `d` as the widest available container (sign-/zero-extended)."""
+    if signed is None:
+        signed = D.get(d).is_signed
+    return jnp.asarray(x).astype(wide_int(signed))
+
+
+def bits_of(d: str) -> int:
+    return D.get(d).bits
+
+
+__all__ = ["LOWP", "f8_encode_bits", "f8_encode", "to_compute", "store", "wrap", "widen", "wide_int",
+           "wide_float", "float_const", "int_const", "x64_enabled", "compute_dtype", "np_dtype", "ml_dtypes"]
+
+
+def ieee_div(a, b):
+    """Correctly rounded a / b. XLA's CPU simplifier rewrites division by a broadcast or
+    scalar into multiplication by a reciprocal (off by an ulp); an optimization barrier on the
+    materialized divisor keeps the real division."""
+    a, b = jnp.broadcast_arrays(jnp.asarray(a), jnp.asarray(b))
+    return a / lax.optimization_barrier(b)
+
+
+def no_contract(p):
+    """Return the float product `p` such that a later add/sub cannot be contracted with it
+    into a fused multiply-add (XLA:CPU lets LLVM fuse fmul+fadd inside a loop fusion; OpenInfer
+    rounds the product first). `copysign(p + z, p)` with z an opaque zero array is the identity
+    (NaN and -0.0 included) and is not an fmul, so nothing downstream can fuse with it.
+    (A barrier on a -0.0 constant does not work: LLVM still sees the constant and folds it.)"""
+    p = jnp.asarray(p)
+    if not jnp.issubdtype(p.dtype, jnp.floating):
+        return p
+    return jnp.copysign(p + lax.optimization_barrier(jnp.zeros_like(p)), p)

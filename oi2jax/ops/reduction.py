@@ -1,0 +1,139 @@
+"""sum/mean/prod/max/min_axis, argmax/argmin_axis (SPEC §6.4 Reductions)."""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from .. import dtypes as D
+from . import numerics as N
+from ._common import is_float, static_bool, static_int
+from .errors import normalize_axes
+
+
+def _axes(op, attrs, x) -> tuple[int, ...]:
+    axes = attrs["axes"]
+    if not isinstance(axes, (tuple, list)):
+        axes = tuple(int(a) for a in jnp.asarray(axes).tolist())
+    return normalize_axes(op, axes, x.ndim)
+
+
+def _keepdims(attrs) -> bool:
+    k = static_bool(attrs.get("keepdims", False))
+    if k is None:
+        raise TypeError("attribute keepdims must be a static value")
+    return k
+
+
+def _finish(y, shape, axes, keepdims):
+    if keepdims:
+        return y.reshape(tuple(1 if i in axes else d for i, d in enumerate(shape)))
+    return y
+
+
+def _grouped(x, axes):
+    """Move the reduced axes (sorted) to the end and flatten them: (..., K) in row-major order."""
+    keep = [i for i in range(x.ndim) if i not in axes]
+    k = math.prod(x.shape[i] for i in axes)
+    y = jnp.transpose(x, keep + list(axes))
+    return y.reshape(tuple(x.shape[i] for i in keep) + (k,))
+
+
+def _sum_like(kind):
+    def impl(inputs, attrs, ctx):
+        x = inputs[0]
+        d = ctx.dtype
+        axes = _axes(ctx.op, attrs, x)
+        keepdims = _keepdims(attrs)
+        count = math.prod(x.shape[i] for i in axes)
+        if is_float(d):
+            xc = N.to_compute(x, d)
+            if kind == "prod":
+                y = jnp.prod(xc, axis=axes)
+            else:
+                y = jnp.sum(xc, axis=axes)
+                if kind == "mean":
+                    y = N.ieee_div(y, jnp.asarray(count, xc.dtype))
+            return _finish(N.store(y, ctx.out_dtype), x.shape, axes, keepdims)
+        out = ctx.out_dtype
+        signed = D.get(d).is_signed
+        wide = N.wide_int(signed)
+        xw = x.astype(wide)
+        if kind == "prod":
+            y = jnp.prod(xw, axis=axes, dtype=wide)
+        else:
+            y = jnp.sum(xw, axis=axes, dtype=wide)
+            if kind == "mean":
+                y = lax.div(y, jnp.asarray(max(count, 1), wide)) if count else jnp.zeros_like(y)
+        return _finish(N.wrap(y, out), x.shape, axes, keepdims)
+    return impl
+
+
+def _first_extreme_index(g, is_max: bool, select_first: bool, floating: bool):
+    """Index along the last axis of the element the reference's scan keeps: start with the
+    first element, replace when strictly greater/smaller (>= / <= for select_first=False);
+    NaN never replaces, so a NaN wins only when it is first."""
+    if floating:
+        valid = ~jnp.isnan(g)
+        fill = -jnp.inf if is_max else jnp.inf
+        m = (jnp.max if is_max else jnp.min)(jnp.where(valid, g, fill), axis=-1, keepdims=True)
+        hit = valid & (g == m)
+    else:
+        m = (jnp.max if is_max else jnp.min)(g, axis=-1, keepdims=True)
+        hit = g == m
+    k = g.shape[-1]
+    first = jnp.argmax(hit, axis=-1)
+    last = k - 1 - jnp.argmax(hit[..., ::-1], axis=-1)
+    idx = first if select_first else last
+    if floating:
+        idx = jnp.where(jnp.isnan(g[..., 0]) | ~jnp.any(hit, axis=-1), 0, idx)
+    return idx
+
+
+def _extreme(is_max):
+    def impl(inputs, attrs, ctx):
+        x = inputs[0]
+        d = ctx.dtype
+        axes = _axes(ctx.op, attrs, x)
+        keepdims = _keepdims(attrs)
+        g = _grouped(x, axes)
+        key = N.to_compute(g, d) if is_float(d) else g
+        idx = _first_extreme_index(key, is_max, True, is_float(d))
+        y = jnp.take_along_axis(g, idx[..., None], axis=-1)[..., 0]
+        return _finish(y, x.shape, axes, keepdims)
+    return impl
+
+
+def _arg(is_max):
+    def impl(inputs, attrs, ctx):
+        x = inputs[0]
+        d = ctx.dtype
+        axis = static_int(attrs["axis"], "axis")
+        (ax,) = normalize_axes(ctx.op, [axis], x.ndim)
+        keepdims = _keepdims(attrs)
+        g = jnp.moveaxis(x, ax, -1)
+        key = N.to_compute(g, d) if is_float(d) else g
+        sf = attrs.get("select_first", True)
+        s = static_bool(sf)
+        if s is None:  # variable-valued: compute both
+            idx = jnp.where(jnp.asarray(sf) != 0, _first_extreme_index(key, is_max, True, is_float(d)),
+                            _first_extreme_index(key, is_max, False, is_float(d)))
+        else:
+            idx = _first_extreme_index(key, is_max, s, is_float(d))
+        idx = idx.astype(N.wide_int(True))
+        if keepdims:
+            idx = jnp.expand_dims(idx, ax)
+        return idx.astype(D.get(ctx.out_dtype).np_dtype)
+    return impl
+
+
+IMPLS = {
+    "sum_axis": _sum_like("sum"),
+    "mean_axis": _sum_like("mean"),
+    "prod_axis": _sum_like("prod"),
+    "max_axis": _extreme(True),
+    "min_axis": _extreme(False),
+    "argmax_axis": _arg(True),
+    "argmin_axis": _arg(False),
+}
