@@ -10,15 +10,68 @@ MODES = ("compiled", "interpret")
 YIELD_MODES = ("driver", "fused")
 
 
+def load_graph_json(data, path: str = "<json>"):
+    """A graph in OpenInfer graph-JSON form (SPEC §8.1): a dict, or the path of a `.json` file."""
+    import json
+    from .graph_json import from_json
+    if not isinstance(data, dict):
+        path = os.fspath(data)
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise OiError(f"graph file not found: {path}") from None
+        except (OSError, ValueError) as exc:
+            raise OiError(f"{path}: cannot read graph JSON: {exc}") from None
+    try:
+        return from_json(data, path)
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise OiError(f"{path}: not an OpenInfer graph JSON (SPEC §8.1): "
+                      f"{type(exc).__name__}: {exc}") from None
+
+
 def load_graph(source_or_path):
-    """A path to a `.oi` file, or the program text itself."""
+    """A path to a `.oi` file or a `.json` graph (SPEC §8.1), a graph-JSON dict, or the program text."""
     from .grammar.parse import parse, parse_file
+    if isinstance(source_or_path, dict):
+        return load_graph_json(source_or_path)
+    if isinstance(source_or_path, (str, os.PathLike)) and os.fspath(source_or_path).endswith(".json") \
+            and "\n" not in os.fspath(source_or_path):
+        return load_graph_json(source_or_path)
     if isinstance(source_or_path, os.PathLike):
         return parse_file(os.fspath(source_or_path))
     text = str(source_or_path)
     if "\n" not in text and "{" not in text and (text.endswith(".oi") or Path(text).exists()):
         return parse_file(text)
     return parse(text)
+
+
+def default_cache_dir() -> Path:
+    """Where compiled XLA executables persist: $OI2JAX_CACHE_DIR, else $XDG_CACHE_HOME/oi2jax/xla,
+    else ~/.cache/oi2jax/xla."""
+    if os.environ.get("OI2JAX_CACHE_DIR"):
+        return Path(os.environ["OI2JAX_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "oi2jax" / "xla"
+
+
+def enable_compilation_cache(cache_dir="default") -> str | None:
+    """Turn on JAX's persistent compilation cache in `cache_dir` ("default": `default_cache_dir()`;
+    None or "none": leave it off). Every executable is cached (no minimum compile time or size), so a
+    second run of an unchanged graph skips XLA compilation. Process-wide; returns the directory."""
+    if cache_dir == "default" and os.environ.get("OI2JAX_CACHE_DIR", "").lower() == "none":
+        cache_dir = None  # OI2JAX_CACHE_DIR=none: off unless a directory is given explicitly
+    if cache_dir is None or str(cache_dir).lower() == "none":
+        return None
+    import jax
+    path = default_cache_dir() if cache_dir == "default" else Path(os.fspath(cache_dir)).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OiError(f"cannot use cache directory {path}: {exc}") from None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return str(path)
 
 
 def load_model(model):
@@ -29,10 +82,18 @@ def load_model(model):
 
 
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
-            yield_mode: str = "fused", trace=None):
-    """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's)."""
+            yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None):
+    """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
+
+    `mesh` (a `jax.sharding.Mesh`, or 'data=4,model=2') with `shard` ({size variable: mesh axis})
+    shards the program over the mesh (lowering/sharding.py, docs/scaling.md).
+    Graphs with yield/await run under `yield_mode="driver"` (default: entry phases and consumer
+    blocks as separate kernels, `placement={"block": device | "cpu:1"}`; lowering/driver.py,
+    docs/yield_await.md) or `"fused"` (one jit); graphs without yield are one jit either way."""
     if mode not in MODES:
         raise OiError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
+    if cache_dir is not None:  # `cache_dir=`: persistent XLA cache (enable_compilation_cache)
+        enable_compilation_cache(cache_dir)
     if yield_mode not in YIELD_MODES:
         raise OiError(f"unknown yield_mode {yield_mode!r} (expected one of {', '.join(YIELD_MODES)})")
     from .check import check_or_raise
@@ -41,10 +102,29 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     model_obj = load_model(model)
     check_or_raise(graph, model=model_obj, sizes=sizes)
     bound = bind(graph, model_obj, sizes)
+    if mode == "compiled":  # yield/await deadlocks (lowering/driver.py), in either yield_mode
+        from .lowering.driver import deadlock_diagnostics
+        deadlocks = deadlock_diagnostics(graph)
+        if deadlocks:
+            raise OiError(deadlocks, source=graph.source)
     if mode == "interpret":
         from .interpret import InterpretedProgram
         return InterpretedProgram(bound, trace=trace)
+    if mesh is not None or shard:
+        if mesh is None:
+            raise OiError("shard= needs a mesh= (a jax.sharding.Mesh)")
+        if device is not None:
+            raise OiError("give either device= or mesh=, not both")
+        if placement:
+            raise OiError("placement= cannot be combined with mesh= (a sharded program is one jit)")
+        from .lowering.sharding import compile_sharded
+        return compile_sharded(bound, mesh, shard, yield_mode=yield_mode)
     from .lowering import Program
+    from .lowering.driver import DriverProgram, has_yield
+    if has_yield(graph) and yield_mode == "driver":
+        return DriverProgram(bound, device=device, placement=placement)
+    if placement:
+        raise OiError("placement needs a graph with yield/await run with yield_mode=\"driver\"")
     return Program(bound, device=device, yield_mode=yield_mode)
 
 

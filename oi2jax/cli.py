@@ -46,11 +46,14 @@ def _default_model(graph: str, model: str | None) -> str | None:
     if model is not None:
         return model
     candidate = Path(graph).with_suffix(".oinf")
-    return str(candidate) if candidate.exists() and Path(graph).suffix == ".oi" else None
+    return str(candidate) if candidate.exists() and Path(graph).suffix in (".oi", ".json") else None
 
 
 def _load_graph(path: str):
     from .grammar.parse import parse_file
+    if path.endswith(".json"):  # OpenInfer graph JSON (SPEC §8.1)
+        from .api import load_graph_json
+        return load_graph_json(path)
     return parse_file(path)
 
 
@@ -75,6 +78,8 @@ def cmd_fmt(args) -> int:
             return 1
         return 0
     if args.in_place:
+        if args.graph.endswith(".json"):
+            raise UsageError("fmt -i would overwrite a graph-JSON file with .oi text; redirect stdout instead")
         Path(args.graph).write_text(text)
         return 0
     sys.stdout.write(text)
@@ -104,14 +109,51 @@ def _load_inputs(pairs: list[str] | None) -> dict:
     return inputs
 
 
+def _sharding_kwargs(args) -> dict:
+    """--coordinator/--num-processes/--process-id (jax.distributed), --mesh, --shard -> compile kwargs."""
+    coordinator = getattr(args, "coordinator", None)
+    if coordinator is None and (getattr(args, "num_processes", None) is not None
+                                or getattr(args, "process_id", None) is not None):
+        raise UsageError("--num-processes / --process-id need --coordinator HOST:PORT")
+    if coordinator is not None:
+        from .lowering.sharding import init_distributed
+        init_distributed(coordinator, args.num_processes, args.process_id)
+    if not args.mesh and not args.shard:
+        return {}
+    if not args.mesh:
+        raise UsageError("--shard needs --mesh AXIS=INT[,AXIS=INT...]")
+    if args.device is not None:
+        raise UsageError("--mesh and --device are exclusive")
+    from .lowering.sharding import make_mesh, parse_shard_specs
+    return {"mesh": make_mesh(args.mesh), "shard": parse_shard_specs(args.shard)}
+
+
 def cmd_run(args) -> int:
     import numpy as np
     from . import api
     if args.steps < 0:
         raise UsageError("--steps must be >= 0")
+    sharding = _sharding_kwargs(args)
+    if sharding and args.interpret:
+        raise UsageError("--mesh/--shard cannot be used with --interpret")
+    if not args.interpret:
+        api.enable_compilation_cache(args.cache_dir)
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
-                          device=args.device, mode="interpret" if args.interpret else "compiled")
-    outputs = program.run(_load_inputs(args.input), steps=args.steps)
+                          device=args.device, mode="interpret" if args.interpret else "compiled", **sharding)
+    from .progress import progress_for
+    bar = progress_for(args.steps, quiet=args.quiet)
+    if bar is not None and _accepts(program.run, "progress"):
+        try:
+            outputs = program.run(_load_inputs(args.input), steps=args.steps, progress=bar)
+        finally:
+            bar.close()
+    else:
+        outputs = program.run(_load_inputs(args.input), steps=args.steps)
+    if args.explain_recompiles:
+        for line in getattr(program, "compile_log", []) or ["(no compilation: interpreted run)"]:
+            print(f"note: {line}", file=sys.stderr)
+    if getattr(args, "coordinator", None) is not None and args.process_id != 0:
+        return 0  # every process computed the same gathered outputs; process 0 reports them
     if args.out:
         np.savez(args.out, **outputs)
     if not args.quiet:
@@ -121,16 +163,75 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _accepts(fn, name: str) -> bool:
+    import inspect
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def cmd_export(args) -> int:
+    from .export import write_export
+    symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
+    platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
+    for path in write_export(args.graph, args.output, model=_default_model(args.graph, args.model),
+                             sizes=_sizes(args.size), symbolic=symbolic, platforms=platforms):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_graph(args) -> int:
+    from .cfg import format_for, render, to_dot
+    graph = _load_graph(args.graph)
+    sizes = {}
+    model = _default_model(args.graph, args.model)
+    if model:
+        from .model import open_model
+        sizes.update(open_model(model).sizevars)
+    sizes.update(_sizes(args.size))
+    fmt = format_for(args.output)
+    text = to_dot(graph, sizes)
+    if fmt == "dot":
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 0
+    Path(args.output).write_bytes(render(text, fmt))
+    return 0
+
+
 def cmd_compile(args) -> int:
     from . import api
+    api.enable_compilation_cache(args.cache_dir)
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
-                          device=args.device)
+                          device=args.device, **_sharding_kwargs(args))
+    if args.dump_dir:
+        for path in program.dump(args.dump_dir):
+            print(f"wrote {path}", file=sys.stderr)
     text = program.emit(args.emit)
     if args.output:
         Path(args.output).write_text(text)
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
+
+
+def _add_sharding_flags(p, distributed: bool) -> None:
+    p.add_argument("--mesh", metavar="AXIS=INT[,AXIS=INT...]", help="device mesh, e.g. data=4,model=2")
+    p.add_argument("--shard", action="append", metavar="SIZEVAR=AXIS", help="shard a size variable's dims "
+                   "over a mesh axis (repeatable), e.g. B=data")
+    if distributed:
+        p.add_argument("--coordinator", metavar="HOST:PORT", help="jax.distributed coordinator (multi-process)")
+        p.add_argument("--num-processes", type=int)
+        p.add_argument("--process-id", type=int)
+
+
+def _add_cache_flag(p) -> None:
+    p.add_argument("--cache-dir", default="default", metavar="DIR|none",
+                   help="persistent XLA compilation cache (default: ~/.cache/oi2jax/xla, or $OI2JAX_CACHE_DIR); "
+                        "'none' disables it")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", choices=("cpu", "gpu", "tpu"))
     r.add_argument("--interpret", action="store_true", help="use the reference interpreter")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--explain-recompiles", action="store_true",
+                   help="report every compilation of the step and why it happened")
+    _add_sharding_flags(r, distributed=True)
+    _add_cache_flag(r)
     r.set_defaults(func=cmd_run)
 
     k = sub.add_parser("compile", help="lower a graph and print jaxpr / StableHLO / HLO")
@@ -171,8 +276,28 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--size", action="append", metavar="NAME=INT")
     k.add_argument("--emit", choices=EMIT_KINDS, default="stablehlo")
     k.add_argument("-o", dest="output")
+    k.add_argument("--dump-dir", help="also write the step program and each block's kernel here")
     k.add_argument("--device", choices=("cpu", "gpu", "tpu"))
+    _add_sharding_flags(k, distributed=False)
+    _add_cache_flag(k)
     k.set_defaults(func=cmd_compile)
+
+    e = sub.add_parser("export", help="write the step as a serialized jax.export artifact + manifest")
+    e.add_argument("graph")
+    e.add_argument("--model")
+    e.add_argument("--size", action="append", metavar="NAME=INT")
+    e.add_argument("-o", dest="output", required=True, metavar="STEP.jaxexport")
+    e.add_argument("--symbolic", action="append", metavar="SIZEVAR",
+                   help="export with this size variable as a symbolic dimension (repeatable, or B,T)")
+    e.add_argument("--platforms", metavar="cpu,cuda,...", help="lowering platforms (default: the current backend)")
+    e.set_defaults(func=cmd_export)
+
+    g = sub.add_parser("graph", help="draw the control-flow graph (DOT; SVG/PNG with Graphviz)")
+    g.add_argument("graph")
+    g.add_argument("--model")
+    g.add_argument("--size", action="append", metavar="NAME=INT")
+    g.add_argument("-o", dest="output", metavar="cfg.svg|cfg.png|cfg.dot", help="default: DOT on stdout")
+    g.set_defaults(func=cmd_graph)
     return p
 
 

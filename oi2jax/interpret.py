@@ -709,6 +709,10 @@ class InterpretedProgram:
             raise self._err(f"unknown variable {dst.name}", node)
         if ddecl is not None and ddecl.kind in (ir.MemKind.CONSTANT, ir.MemKind.PERSISTENT):
             raise self._err(f"cannot write to {ddecl.kind.value} memory: {dst.name}", node)
+        want = tuple(self.bound.shape(dst.name))
+        if tuple(np.shape(value)) != want:  # §0 item 12: the destination keeps its declared shape
+            raise self._err(f"cache.read {access.base} -> {dst.name}: the selection has shape "
+                            f"{list(np.shape(value))}, the destination is declared {list(want)}", node)
         st.values[dst.name] = np.array(value, copy=True)
         ctx.wrote(dst.name)
 

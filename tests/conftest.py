@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# The CLI turns on JAX's persistent compilation cache by default; tests must not fill the
+# user's ~/.cache (tests of the cache itself pass their own --cache-dir).
+os.environ.setdefault("OI2JAX_CACHE_DIR", "none")
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("OI2JAX_SHARED", REPO.parent / "shared" / "openinfer"))
 MODELS = SHARED / "models"

@@ -561,8 +561,7 @@ def test_prefix_tables_from_the_model_residual_mlp_stack():
     from conftest import EXAMPLES, MODELS
     from oi2jax.model import open_model
     path = MODELS / "residual_mlp_stack.oinf"
-    if not path.exists():
-        pytest.skip("reference model not found")
+    assert path.exists(), "reference model not found"
     model = open_model(str(path))
     prog = InterpretedProgram(bind_graph(parse((EXAMPLES / "residual_mlp_stack.oi").read_text()), model))
     x = np.random.default_rng(0).standard_normal((4, 32)).astype(F)

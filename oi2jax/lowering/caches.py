@@ -344,16 +344,22 @@ class CacheRules:
                                 node.span)
             sizes = env[layout.size_key()]
             new_sizes, starts = [], []
+            ok = jnp.bool_(True)  # this write's own guards: a failing write is skipped, never clamped
             for j, s in enumerate(access.indices):
                 env, v, size = self._single(env, frame, layout, j, s.value, access.span, size=sizes[j])
+                v = jnp.asarray(v, jnp.int64)
+                ok = ok & (v >= 0) & (v < (layout.fixed[j] or layout.capacity[j]))
                 new_sizes.append(size)
-                starts.append(jnp.asarray(v, jnp.int64))
+                starts.append(v)
             env = dict(env)
-            env[layout.size_key()] = jnp.stack(new_sizes).astype(jnp.int64)
+            env[layout.size_key()] = jnp.where(ok, jnp.stack(new_sizes).astype(jnp.int64), sizes)
             data = env[layout.name]
             idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
+            idx = idx + [jnp.int32(0)] * len(layout.shape)
             update = src.reshape((1,) * k + layout.shape).astype(data.dtype)
-            env[layout.name] = jax.lax.dynamic_update_slice(data, update, idx + [jnp.int32(0)] * len(layout.shape))
+            # guard the row, not the table: the donated table is then updated in place
+            current = jax.lax.dynamic_slice(data, idx, update.shape)
+            env[layout.name] = jax.lax.dynamic_update_slice(data, jnp.where(ok, update, current), idx)
             return self._mark_present(env, layout, starts, [1] * k, True)
         env = self._auto_access(access, layout, env, frame, access.span)
         env = self._auto_shape_check(env, layout, tuple(src.shape), access.span, "cache.write")

@@ -7,7 +7,7 @@ that waits for that consumer). `DriverProgram` compiles every entry phase and ev
 block into its own jitted kernel and runs them from the host:
 
     phase 0 -> [yield: dispatch consumers, no blocking] -> phase 1 (the window) -> [await: merge]
-            -> phase 2 ... -> last phase (also commits the state / undoes it on a guard)
+            -> phase 2 ... -> last phase (also commits the state / undoes a step that must grow)
 
 Each kernel takes flat tuples: (the constants it uses, the env values it reads but does not
 replace, the env values it replaces — donated). Which values a kernel reads and writes is found
@@ -31,6 +31,7 @@ from .. import ir
 from ..diagnostics import Diagnostic, OiError
 from .blocks import lower_block, lower_nodes
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
+from .step import STEPS
 from .program import Program, resolve_device
 from .sync import consumer_blocks, written_names
 
@@ -366,10 +367,16 @@ class DriverProgram(Program):
                 tr.pending = []
             with jax.named_scope("entry"):
                 env, _ = lower_nodes(phase.nodes, env, Frame("entry"), tr)
-            if commit is not None:
-                undo = (env[ERR] != 0) | jnp.any(env[GROW] > 0)
+            if commit is not None:  # same commit rule as step.py: undo only a step that must grow
+                undo = jnp.any(env[GROW] > 0) if lowering.growable else jnp.bool_(False)
                 for k in commit:
-                    env[NEW + k] = jnp.where(undo, env.pop(OLD + k), env[k])
+                    old = env.pop(OLD + k)
+                    if k == STEPS:
+                        env[NEW + k] = old + jnp.where(undo, 0, 1).astype(jnp.int64)
+                    elif k in (ERR, ERRVAL) or not lowering.growable:
+                        env[NEW + k] = env[k]
+                    else:
+                        env[NEW + k] = jnp.where(undo, old, env[k])
             return env
 
         return fn
@@ -419,7 +426,7 @@ class DriverProgram(Program):
                 probe = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase, merge_count, None))
                 probe.plan(const_avals, dict(env), owned, protected, lambda: None)
                 written = step_writes | set(probe.out_keys)
-                commit = tuple(k for k in state if k not in GUARDS and k in written)
+                commit = tuple(k for k in state if k not in GUARDS and (k in written or k == STEPS))
                 for k in commit:
                     env[OLD + k] = _aval(state[k])
                 owned_now = owned | {OLD + k for k in commit}

@@ -17,7 +17,7 @@ from ..diagnostics import OiError
 from ..values import convert_input, convert_output
 from . import caches as cache_mod
 from .context import ERR, ERRVAL, GROW
-from .step import StepBuilder, build_lowering
+from .step import STEPS, StepBuilder, build_lowering
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -33,6 +33,22 @@ def resolve_device(device):
     if not devices:
         raise OiError(f"device {device} is not available")
     return devices[0]
+
+
+MAX_VALUE_BYTES = 1 << 40  # 1 TiB: anything larger is a size-variable mistake, not a model
+
+
+def check_sizes(bound) -> None:
+    """Refuse absurd shapes (e.g. a size variable of 2**56) with a located error, before allocating."""
+    graph = bound.graph
+    names = [v.name for v in graph.vars] + [t for t in graph.temporaries if graph.var(t) is None]
+    for name in names:
+        shape = bound.shape(name)
+        nbytes = dt.get(bound.dtype(name)).nbytes(math.prod(shape))
+        if nbytes > MAX_VALUE_BYTES:
+            decl = graph.var(name) or graph.temporaries[name]
+            raise OiError(f"{name} would need {nbytes} bytes (shape {list(shape)}): too large to allocate; "
+                          f"check the size variables", decl.span, source=graph.source)
 
 
 class Placer:
@@ -66,6 +82,7 @@ class Program:
         self.compiles = 0  # number of (re)traces of the step: the recompile counter
         self.compile_log: list[str] = []  # why each (re)trace happened (--explain-recompiles)
         self._next_reason = "first call"
+        check_sizes(bound)
         with self._scope():
             self._lowering = build_lowering(bound)
             self._builder = StepBuilder(self._lowering)
@@ -125,6 +142,8 @@ class Program:
         host[ERR] = np.int32(0)
         host[ERRVAL] = np.int64(0)
         host[GROW] = np.zeros((len(self._lowering.growable),), np.int64)
+        if self._lowering.growable:
+            host[STEPS] = np.int64(0)
         with self._scope():
             return self.placer.put("state", host)
 
@@ -157,7 +176,7 @@ class Program:
             out[name] = convert_input(name, value, decl.dtype, self.bound.shape(name))
         return out
 
-    def run(self, inputs: dict | None = None, steps: int = 1) -> dict:
+    def run(self, inputs: dict | None = None, steps: int = 1, progress=None) -> dict:
         """Run `steps` steps with the same inputs; every dynamic, volatile and persistent variable."""
         converted = self.convert_inputs(inputs or {})
         with self._scope():
@@ -166,21 +185,33 @@ class Program:
             outputs = {name: dynamic[name] for name in self._builder.dynamic}
             outputs.update({name: jnp.zeros(self.bound.shape(name), dt.get(self.bound.dtype(name)).np_dtype)
                             for name in self._builder.volatile})
-            check_each = bool(self._lowering.growable)
-            for _ in range(steps):
-                state, outputs = self._checked_step(state, dynamic) if check_each else \
-                    self._jit(self._consts, state, dynamic)
+            if self._lowering.growable:
+                state, outputs = self._run_growing(state, dynamic, outputs, steps, progress)
+            else:
+                for i in range(steps):
+                    state, outputs = self._jit(self._consts, state, dynamic)
+                    if progress is not None:  # progress(steps done), e.g. oi2jax.progress.ProgressBar
+                        progress(i + 1)
             self._raise_if_failed(state)
             return self._collect(state, outputs)
 
-    def _checked_step(self, state, dynamic):
-        while True:
-            new_state, outputs = self._jit(self._consts, state, dynamic)
-            self._raise_if_failed(new_state)
-            need = np.asarray(new_state[GROW])
-            if not np.any(need > 0):
-                return new_state, outputs
-            state = self._grow(new_state, need)
+    def _run_growing(self, state, dynamic, outputs, steps: int, progress, chunk: int = 16):
+        """Queue steps in chunks, reading back only the applied-step counter between chunks.
+
+        A step that needs more capacity is undone in the kernel, and so is every later step of
+        its chunk (same state, same inputs): the host grows, recompiles once and carries on."""
+        applied = 0
+        while applied < steps:
+            for _ in range(min(chunk, steps - applied)):
+                state, outputs = self._jit(self._consts, state, dynamic)
+            self._raise_if_failed(state)
+            applied = int(np.asarray(state[STEPS]))
+            need = np.asarray(state[GROW])
+            if np.any(need > 0):
+                state = self._grow(state, need)
+            if progress is not None:
+                progress(applied)
+        return state, outputs
 
     def _grow(self, state, need: np.ndarray):
         """Double the capacity of every cache dim that asked for more; recompile once."""
@@ -202,6 +233,8 @@ class Program:
             new_layout, new_keys = cache_mod.grow(layout, keys, tuple(cap))
             layouts[name] = new_layout
             host.update(new_keys)
+        if not reasons:
+            raise OiError("internal error: a cache asked to grow but no capacity changed")
         host[GROW] = np.zeros_like(host[GROW])
         self._jit = self._make_jit()
         self._next_reason = "growth: " + "; ".join(reasons)

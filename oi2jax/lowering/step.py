@@ -2,8 +2,9 @@
 
 At step start the environment holds the dynamic inputs, volatile variables and temporaries
 at their initial values (§0 item 4), and the persistent state. `entry` is lowered node by
-node; if any runtime guard fired, or a growable cache needs more capacity, the whole step is
-undone (the old state is returned) so the host can report the error or grow and re-run.
+node. A runtime guard that fires skips the failing write (never a clamp) and records a sticky
+error code the host reports; a step that needs more capacity in a growable cache is undone (the
+old state is returned) so the host can grow and re-run it.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from .blocks import lower_nodes
 from .caches import build_layouts
 from .context import ERR, ERRVAL, GROW, Frame, Lowering, Tracer
 
-STATE_GUARDS = (ERR, ERRVAL)
+STEPS = "__steps"  # int64: steps applied (programs with growable caches only)
+STATE_GUARDS = (ERR, ERRVAL, STEPS)
 
 
 def build_lowering(bound) -> Lowering:
@@ -84,8 +86,15 @@ class StepBuilder:
         entry = lowering.graph.entry
         with jax.named_scope("entry"):
             env, _ = lower_nodes(entry.nodes, env, Frame("entry"), tr)
-        undo = (env[ERR] != 0) | jnp.any(env[GROW] > 0)
-        new_state = {k: jnp.where(undo, state[k], env[k]) if k not in STATE_GUARDS else env[k] for k in state}
+        if lowering.growable:
+            # a step that needs more cache capacity is undone; the host grows and re-runs it
+            undo = jnp.any(env[GROW] > 0)
+            new_state = {k: jnp.where(undo, state[k], env[k]) if k not in STATE_GUARDS else env[k]
+                         for k in state}
+            new_state[STEPS] = state[STEPS] + jnp.where(undo, 0, 1).astype(jnp.int64)
+        else:
+            # guards skip the failing write itself; the host reports the (sticky) error
+            new_state = {k: env[k] for k in state}
         new_state[GROW] = env[GROW]
         names = tr.outputs if tr.outputs is not None else tuple(self.dynamic + self.volatile)
         outputs = {name: env[name] for name in names if name in env}

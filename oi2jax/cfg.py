@@ -1,0 +1,203 @@
+"""Control-flow-graph pictures: `oi2jax graph GRAPH.oi [-o cfg.svg|cfg.png|cfg.dot]`.
+
+`to_dot(graph, sizes=None) -> str` draws the graph in Graphviz DOT:
+* every block is a cluster (`cluster_<block>`) starting at an oval node named after it;
+  its nodes are boxes in program order, labelled as in OpenInfer's trace (§8.2);
+* `branch` is a diamond with an edge to each target block labelled with its condition
+  (`c` / `not c`, or `call` when unconditional) and a dashed `return` edge back to the node
+  after it (branch = subroutine call, SPEC §3.2);
+* `loop` is a hexagon labelled with its bounds (resolved `= N` when `sizes` knows them); its body
+  is a nested cluster with an `iterate` edge in and a `next i` back edge;
+* `yield` / `await`: bold dashed edges from entry's yield to every consumer block (labelled
+  `yield x`) and from the consumer's end back to entry's matching await (`await x`);
+* cache nodes are filled: reads blue (`[R]`), writes orange (`[W]`), increment/decrement/reset
+  yellow (`[cache]`).
+`render(dot_text, fmt)` runs Graphviz `dot -T<fmt>`; without it an `OiError` names the package.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from . import ir
+from .diagnostics import OiError
+from .trace import describe
+
+FORMATS = ("dot", "svg", "png")
+_CACHE_STYLE = {
+    ir.CacheRead: ("lightblue", "[R] "),
+    ir.CacheWrite: ("orange", "[W] "),
+    ir.CacheIncrement: ("lightyellow", "[cache] "),
+    ir.CacheDecrement: ("lightyellow", "[cache] "),
+    ir.CacheReset: ("lightyellow", "[cache] "),
+}
+
+
+def _q(text: str) -> str:
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _id(*parts) -> str:
+    return _q("_".join(str(p) for p in parts))
+
+
+class _Dot:
+    def __init__(self, graph: ir.Graph, sizes: dict | None):
+        self.graph = graph
+        self.sizes = dict(sizes or {})
+        self.lines: list[str] = []
+        self.edges: list[str] = []
+        self.block_names = {b.name for b in graph.blocks}
+        self.last_of: dict[str, str] = {}  # block -> id of its last node
+        self.yields: list[tuple[str, tuple[str, ...]]] = []  # (node id, vars) in entry
+        self.awaits: list[tuple[str, tuple[str, ...]]] = []
+        self.returns: list[tuple[str, str, str]] = []  # (target block, id to return to, label)
+
+    def bound(self, value) -> str:
+        if isinstance(value, int) or value not in self.sizes:
+            return str(value)
+        return f"{value}={self.sizes[value]}"
+
+    def node(self, block: str, n: ir.Node, indent: str) -> str:
+        nid = _id(block, n.index)
+        label = f"{n.index}: {describe(n)}"
+        attrs = {}
+        style = _CACHE_STYLE.get(type(n))
+        if style is not None:
+            attrs["style"] = "filled"
+            attrs["fillcolor"] = style[0]
+            label = style[1] + label
+        if isinstance(n, ir.Branch):
+            attrs["shape"] = "diamond"
+        elif isinstance(n, ir.Loop):
+            attrs["shape"] = "hexagon"
+            label = f"{n.index}: loop {n.name} ({n.var} in {self.bound(n.start)}..{self.bound(n.end)})"
+        elif isinstance(n, (ir.Yield, ir.Await)):
+            attrs["shape"] = "cds"
+            attrs["style"] = "filled"
+            attrs["fillcolor"] = "palegreen"
+        elif isinstance(n, ir.Return):
+            attrs["shape"] = "box"
+            attrs["style"] = "rounded"
+        attrs["label"] = label
+        text = ", ".join(f"{k}={_q(v)}" for k, v in attrs.items())
+        self.lines.append(f"{indent}{nid} [{text}];")
+        return nid
+
+    def sequence(self, block: str, nodes, indent: str, prev: str | None) -> str | None:
+        pending_return: list[tuple[str, str]] = []  # (target block, label) waiting for the next node
+        for n in nodes:
+            nid = self.node(block, n, indent)
+            if prev is not None:
+                self.edges.append(f"  {prev} -> {nid};")
+            for target, label in pending_return:
+                self.returns.append((target, nid, label))
+            pending_return = []
+            if isinstance(n, ir.Branch):
+                if n.cond is None:
+                    self.branch_edge(nid, n.then_block, "call")
+                    pending_return.append((n.then_block, "return"))
+                else:
+                    self.branch_edge(nid, n.then_block, n.cond)
+                    pending_return.append((n.then_block, "return"))
+                    if n.else_block:
+                        self.branch_edge(nid, n.else_block, f"not {n.cond}")
+                        pending_return.append((n.else_block, "return"))
+            elif isinstance(n, ir.Loop):
+                cluster = _id("cluster", block, "loop", n.index)
+                self.lines.append(f"{indent}subgraph {cluster} {{")
+                self.lines.append(f"{indent}  label={_q(f'loop {n.name}: {n.var} in {self.bound(n.start)}..{self.bound(n.end)}')};")
+                self.lines.append(f"{indent}  style=dashed;")
+                last = self.sequence(block, n.body, indent + "  ", None)
+                self.lines.append(f"{indent}}}")
+                if n.body:
+                    first_id = _id(block, n.body[0].index)
+                    self.edges.append(f"  {nid} -> {first_id} [label=\"iterate\"];")
+                    self.edges.append(f"  {last} -> {nid} [label={_q('next ' + n.var)}, style=dashed];")
+            elif isinstance(n, ir.Yield) and block == "entry":
+                self.yields.append((nid, n.vars))
+            elif isinstance(n, ir.Await) and block == "entry":
+                self.awaits.append((nid, n.vars))
+            prev = nid
+        for target, label in pending_return:  # a branch at the very end returns to the block's end
+            self.returns.append((target, None, label))
+        return prev
+
+    def branch_edge(self, src: str, target: str, label: str) -> None:
+        if target in self.block_names:
+            self.edges.append(f"  {src} -> {_id('block', target)} [label={_q(label)}, color=blue, "
+                              f"fontcolor=blue];")
+        else:
+            missing = _id("missing", target)
+            self.lines.append(f"  {missing} [label={_q('unknown block ' + target)}, color=red];")
+            self.edges.append(f"  {src} -> {missing} [label={_q(label)}, color=red];")
+
+    def build(self) -> str:
+        from .lowering.sync import consumer_blocks
+        for block in self.graph.blocks:
+            self.lines.append(f"  subgraph {_id('cluster', block.name)} {{")
+            self.lines.append(f"    label={_q('block ' + block.name)};")
+            shape = "Mdiamond" if block.name == "entry" else "oval"
+            self.lines.append(f"    {_id('block', block.name)} [label={_q(block.name)}, shape={shape}];")
+            last = self.sequence(block.name, block.nodes, "    ", _id("block", block.name))
+            self.last_of[block.name] = last
+            self.lines.append("  }")
+        for target, nid, label in self.returns:
+            src = self.last_of.get(target)
+            if src is not None and nid is not None:
+                self.edges.append(f"  {src} -> {nid} [label={_q(label)}, style=dashed, color=blue, "
+                                  f"fontcolor=blue];")
+        consumers = consumer_blocks(self.graph)
+        for consumer in consumers:
+            awaited = set()
+            for n in consumer.walk():
+                if isinstance(n, ir.Await):
+                    awaited |= set(n.vars)
+            for nid, vars_ in self.yields:
+                shared = [v for v in vars_ if v in awaited]
+                if shared:
+                    self.edges.append(f"  {nid} -> {_id('block', consumer.name)} [label={_q('yield ' + ', '.join(shared))}, "
+                                      "style=\"bold,dashed\", color=darkgreen, fontcolor=darkgreen];")
+            for nid, vars_ in self.awaits:
+                shared = [v for v in vars_ if v in awaited]
+                if shared:
+                    self.edges.append(f"  {self.last_of[consumer.name]} -> {nid} "
+                                      f"[label={_q('await ' + ', '.join(shared))}, style=\"bold,dashed\", "
+                                      "color=darkgreen, fontcolor=darkgreen];")
+        name = (self.graph.path or "graph").rsplit("/", 1)[-1]
+        head = ["digraph cfg {", f"  label={_q(name)};", "  labelloc=t;", "  compound=true;",
+                "  node [shape=box, fontname=\"monospace\", fontsize=10];",
+                "  edge [fontname=\"monospace\", fontsize=9];"]
+        return "\n".join(head + self.lines + self.edges + ["}"]) + "\n"
+
+
+def to_dot(graph: ir.Graph, sizes: dict | None = None) -> str:
+    """The control-flow graph in Graphviz DOT (see the module docstring)."""
+    return _Dot(graph, sizes).build()
+
+
+def render(dot_text: str, fmt: str) -> bytes:
+    """DOT text -> `fmt` bytes ('svg' | 'png') with Graphviz `dot`; OiError when it is missing."""
+    if fmt not in ("svg", "png"):
+        raise OiError(f"unknown picture format {fmt} (expected one of {', '.join(FORMATS)})")
+    exe = shutil.which("dot")
+    if exe is None:
+        raise OiError(f"rendering {fmt.upper()} needs Graphviz's `dot`, which is not installed; install the "
+                      "`graphviz` package (e.g. `apt-get install graphviz`, `brew install graphviz`) or write "
+                      "DOT with `-o FILE.dot` / stdout")
+    proc = subprocess.run([exe, f"-T{fmt}"], input=dot_text.encode(), capture_output=True)
+    if proc.returncode != 0:
+        raise OiError(f"Graphviz dot failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
+def format_for(path: str | None) -> str:
+    """'dot' for stdout / *.dot / *.gv, else the file suffix (svg | png)."""
+    if path is None:
+        return "dot"
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in path else ""
+    if suffix in ("dot", "gv"):
+        return "dot"
+    if suffix in ("svg", "png"):
+        return suffix
+    raise OiError(f"cannot tell the picture format of {path}: use a .dot, .gv, .svg or .png file name")

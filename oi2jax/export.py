@@ -1,0 +1,246 @@
+"""`oi2jax export`: the step function as a serialized `jax.export` artifact (StableHLO).
+
+What is written (for `-o step.jaxexport`):
+
+* `step.jaxexport` -- `jax.export.Exported.serialize()` bytes of
+  `step(state: dict, dynamic: dict) -> (state: dict, outputs: dict)`.
+  The graph's constants (model weights, prefix-table families, non-uniform `@init` fills)
+  are **baked into the artifact** as StableHLO constants: calling it needs nothing but JAX
+  (no oi2jax, no `.oinf`). The price is artifact size ~ model size.
+* `step.jaxexport.json` -- the manifest (see `MANIFEST_FORMAT`, docs/ecosystem.md): state layout,
+  inputs/outputs (names, shapes, dtypes), graph sha256, JAX version, serialization version and
+  compatibility window, x64 requirement, yield mode, runtime-guard messages.
+* `step.jaxexport.init.npz` -- the initial state and the default value of every input
+  (keys are listed in the manifest: `state[i].npz_key`, `inputs[i].default_npz_key`).
+
+Loading it back (oi2jax not needed)::
+
+    import json, numpy as np, jax
+    jax.config.update("jax_enable_x64", True)          # the artifact is 64-bit (manifest: "x64")
+    exp = jax.export.deserialize(open("step.jaxexport", "rb").read())
+    man = json.load(open("step.jaxexport.json")); npz = np.load("step.jaxexport.init.npz")
+    state = {s["name"]: npz[s["npz_key"]] for s in man["state"]}
+    dynamic = {d["name"]: npz[d["default_npz_key"]] for d in man["inputs"]}
+    state, outputs = exp.call(state, dynamic)
+
+Graphs with yield/await are exported in their fused form (one function, snapshot semantics).
+Runtime guards do not raise inside the artifact: after a step, `state["__err"] != 0` means the
+step failed (the failing write was skipped, never clamped; later nodes of the step still ran) with message `manifest["errors"][__err - 1]`
+(`{value}` = `state["__errval"]`); `any(state["__grow"] > 0)` means a growable cache ran out of
+capacity (the step was undone; the artifact cannot grow -- re-export with a larger size).
+
+`symbolic=("B",)` exports with the size variable B as a `jax.export.symbolic_shape` dimension.
+Limits: only dims of dynamic / volatile variables and temporaries may mention B; constants,
+persistent state and non-uniform `@init` fills need concrete shapes; B must not be used as a
+value (loop bound, cache index, attribute) -- each of these is a clear error.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import ir
+from .diagnostics import OiError
+
+MANIFEST_FORMAT = "oi2jax-export/1"
+COMPATIBILITY = ("jax.export guarantees: an artifact serialized by this JAX runs on JAX versions "
+                 "released up to 6 months later (backward compatibility), and the serialization "
+                 "version must be supported by the loading JAX (forward compatibility ~ 3 weeks)")
+
+
+def _dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def _shape_json(shape) -> list:
+    return [d if isinstance(d, int) else str(d) for d in shape]
+
+
+def _check_symbolic(graph: ir.Graph, symbolic: tuple[str, ...]) -> None:
+    """Symbolic size variables may only shape dynamic / volatile / temporary values."""
+    wanted = set(symbolic)
+    problems = []
+    for decl in graph.vars:
+        names = {n for d in decl.dims for n in d.names}
+        if names & wanted and decl.kind in (ir.MemKind.CONSTANT, ir.MemKind.PERSISTENT):
+            problems.append(f"{decl.kind.value} {decl.name} has a dim in {sorted(names & wanted)[0]}")
+    if problems:
+        raise OiError(f"cannot export with symbolic {', '.join(symbolic)}: " + "; ".join(problems)
+                      + " (only dynamic/volatile shapes may be symbolic)")
+
+
+def _symbolic_bound(bound, symbolic: tuple[str, ...]):
+    """A copy of `bound` whose shapes mention the symbolic dims (sizes[B] is the symbolic dim)."""
+    import jax
+    from .model.bind import BoundGraph
+    dims = jax.export.symbolic_shape(",".join(symbolic))
+    sym = dict(zip(symbolic, dims))
+    sizes = dict(bound.sizes)
+    sizes.update(sym)
+    graph = bound.graph
+    shapes = {}
+    for name, shape in bound._shapes.items():
+        decl = graph.var(name) or graph.temporaries.get(name)
+        decl_dims = getattr(decl, "dims", None)
+        if decl_dims is not None and any(n in sym for d in decl_dims for n in d.names):
+            shapes[name] = tuple(d.resolve(sizes) for d in decl_dims)
+        else:
+            shapes[name] = shape
+    return BoundGraph(graph, bound.model, sizes, shapes)
+
+
+def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None):
+    """(exported, manifest, npz_arrays) for the graph; nothing written."""
+    import jax
+    from . import api
+    from .lowering import Program
+    from .lowering.context import ERR, ERRVAL, GROW, Lowering
+    from .lowering.driver import has_yield
+
+    symbolic = tuple(symbolic or ())
+    graph = api.load_graph(source_or_path)
+    model_obj = api.load_model(model)
+    from .check import check_or_raise
+    from .model.bind import bind
+    check_or_raise(graph, model=model_obj, sizes=sizes)
+    bound = bind(graph, model_obj, sizes)
+    from .lowering.driver import deadlock_diagnostics
+    deadlocks = deadlock_diagnostics(graph)
+    if deadlocks:
+        raise OiError(deadlocks, source=graph.source)
+    unknown = [s for s in symbolic if s not in bound.sizes]
+    if unknown:
+        raise OiError(f"--symbolic {unknown[0]}: not a size variable of the graph/model "
+                      f"(known: {', '.join(sorted(bound.sizes)) or '(none)'})")
+    if symbolic:
+        _check_symbolic(graph, symbolic)
+    fused = has_yield(graph)
+    program = Program(bound, yield_mode="fused")
+    builder = program._builder
+    with program._scope():
+        state0 = {k: np.asarray(v) for k, v in program.init_state().items()}
+        defaults = {k: np.asarray(v) for k, v in program._defaults.items()}
+        consts = program._consts
+        lowering = program._lowering
+        trace_builder = builder
+        if symbolic:
+            sbound = _symbolic_bound(bound, symbolic)
+            lowering = Lowering(bound=sbound, caches=program._lowering.caches,
+                                growable=program._lowering.growable)
+            trace_builder = type(builder).__new__(type(builder))
+            trace_builder.__dict__.update(builder.__dict__)
+            trace_builder.lowering = lowering
+            trace_builder.fills = {n: (sbound.shape(n), dtype, fill) for n, (_, dtype, fill) in builder.fills.items()}
+            for name in builder.init_args:
+                if sbound.shape(name) != bound.shape(name):
+                    raise OiError(f"cannot export with symbolic {', '.join(symbolic)}: {name} has a non-uniform "
+                                  "@init/model value whose shape depends on it")
+            dyn_shapes = {n: sbound.shape(n) for n in builder.dynamic}
+        else:
+            dyn_shapes = {n: defaults[n].shape for n in builder.dynamic}
+
+        def step(state, dynamic):
+            return trace_builder(consts, state, dynamic)
+
+        state_spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in state0.items()}
+        dyn_spec = {n: jax.ShapeDtypeStruct(dyn_shapes[n], defaults[n].dtype) for n in builder.dynamic}
+        if platforms is None:
+            platforms = (jax.default_backend(),)
+        try:
+            exported = jax.export.export(jax.jit(step), platforms=tuple(platforms))(state_spec, dyn_spec)
+        except OiError:
+            raise
+        except Exception as exc:
+            if not symbolic:
+                raise
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise OiError(f"cannot export with symbolic {', '.join(symbolic)}: the lowering needs a concrete "
+                          f"value there ({type(exc).__name__}: {first}); export without --symbolic or use "
+                          f"--size") from None
+    out_avals = exported.out_avals
+    out_tree = exported.out_tree
+    _, out_outputs = jax.tree_util.tree_unflatten(out_tree, list(out_avals))
+    if graph.source:
+        source = graph.source
+    else:  # a graph-JSON graph: hash its canonical JSON
+        from .graph_json import to_json
+        source = json.dumps(to_json(graph), sort_keys=True)
+    npz: dict[str, np.ndarray] = {}
+    state_entries = []
+    for i, (name, value) in enumerate(sorted(state0.items())):
+        key = f"state_{i}"
+        npz[key] = value
+        state_entries.append({"name": name, "shape": list(value.shape), "dtype": _dtype_name(value.dtype),
+                              "npz_key": key})
+    inputs = []
+    for i, name in enumerate(builder.dynamic):
+        key = f"input_{i}"
+        npz[key] = defaults[name]
+        inputs.append({"name": name, "dsl_dtype": bound.dtype(name), "shape": _shape_json(dyn_shapes[name]),
+                       "dtype": _dtype_name(defaults[name].dtype), "default_npz_key": key})
+    outputs = [{"name": name, "dsl_dtype": bound.dtype(name) if graph.var(name) or name in graph.temporaries
+                else None, "shape": _shape_json(aval.shape), "dtype": _dtype_name(aval.dtype)}
+               for name, aval in out_outputs.items()]
+    caches = {}
+    for name, layout in program._lowering.caches.items():
+        entry = {"kind": layout.kind, "dsl_dtype": layout.dtype, "data_key": layout.name}
+        if layout.kind != "plain":
+            entry["size_key"] = layout.size_key()
+            entry["view"] = ("tables: data[:sizes[0], :sizes[1], ...]" if layout.kind == "table"
+                             else "auto_dim: data[:base+sizes[0], ...]")
+            entry["base_shape"] = list(layout.shape)
+        caches[name] = entry
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "artifact": "jax.export.Exported.serialize()",
+        "function": "step(state: dict, dynamic: dict) -> (state: dict, outputs: dict)",
+        "graph": {"path": graph.path, "sha256": hashlib.sha256(source.encode()).hexdigest()},
+        "jax_version": jax.__version__,
+        "serialization_version": exported.calling_convention_version,
+        "compatibility": COMPATIBILITY,
+        "platforms": list(exported.platforms),
+        "x64": True,
+        "x64_note": "produced under jax.enable_x64(True): call jax.config.update('jax_enable_x64', True) "
+                    "before deserializing/calling",
+        "constants": "baked",
+        "yield_mode": "fused" if fused else "none",
+        "sizes": {k: ("symbolic" if k in symbolic else int(v)) for k, v in sorted(bound.sizes.items())},
+        "symbolic": list(symbolic),
+        "init_npz": None,  # filled in by write_export
+        "state": state_entries,
+        "inputs": inputs,
+        "outputs": outputs,
+        "caches": caches,
+        "guards": {"error_key": ERR, "error_value_key": ERRVAL, "grow_key": GROW,
+                   "note": "__err != 0: a runtime guard fired (the failing write was skipped; the error is sticky); message errors[__err-1] with {value} = "
+                           "__errval. any(__grow > 0): a growable cache is full; the step was undone "
+                           "(the artifact cannot grow)."},
+        "errors": [site.message for site in lowering.error_sites],
+        "dtype_notes": "values are in oi2jax's representation: bf16 as bfloat16, f8 as float8_e5m2, "
+                       "i1/i2/i4/t1/t2 as int8, u1/u2/u4/bitset as uint8 (docs/architecture.md)",
+    }
+    return exported, manifest, npz
+
+
+def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None) -> list[str]:
+    """Write the artifact, its manifest and the initial-state npz; returns the paths written."""
+    import jax
+    with jax.enable_x64(True):
+        exported, manifest, npz = build_export(source_or_path, model=model, sizes=sizes, symbolic=symbolic,
+                                               platforms=platforms)
+        try:
+            blob = exported.serialize()
+        except ImportError as exc:  # jax.export serialization needs the optional `flatbuffers`
+            raise OiError(f"cannot serialize the export: {exc} (pip install flatbuffers)") from None
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    npz_path = out.with_name(out.name + ".init.npz")
+    manifest["init_npz"] = npz_path.name
+    out.write_bytes(bytes(blob))
+    np.savez(npz_path, **npz)
+    man_path = out.with_name(out.name + ".json")
+    man_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return [str(out), str(man_path), str(npz_path)]

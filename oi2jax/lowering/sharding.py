@@ -1,0 +1,333 @@
+"""Sharding a compiled graph over a device mesh (docs/scaling.md).
+
+`shard={"B": "data", "H": "model"}` maps size variables to mesh axes. Every value whose
+declaration has a dim that is exactly a sharded size variable gets a `NamedSharding` whose
+PartitionSpec names that mesh axis at that dim (other dims: None; a mesh axis is used at
+most once per array, first dim wins). Leading dims the declaration does not have (cache
+capacity dims, prefix-table member dims) are replicated, and so are auto_dim caches (their
+dims grow), packed constants (stored flat) and the `#size`/`#present`/`#count`/guard keys.
+
+- constants: `jax.make_array_from_callback`, each device's shard sliced from the mmap'd
+  model tensor, so a process reads only the pages of its own shards;
+- state: jit `in_shardings` == `out_shardings`, so caches keep their placement across steps;
+- outputs: left where the compiler puts them (`Program.step` returns sharded arrays);
+  `Program.run` gathers (`process_allgather` across processes) into NumPy.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from .. import dtypes as dt
+from .. import ir
+from ..diagnostics import OiError
+from .context import ERR, ERRVAL, GROW
+from .program import Placer, Program
+
+INIT_PREFIX = "__init__/"
+
+
+# ---------------------------------------------------------------------------- specs & meshes
+
+
+def parse_mesh_spec(text: str) -> dict[str, int]:
+    """'data=4,model=2' -> {'data': 4, 'model': 2} (OiError on malformed text)."""
+    axes: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or not name.isidentifier():
+            raise OiError(f"--mesh expects AXIS=INT[,AXIS=INT...], got '{text}'")
+        try:
+            size = int(value)
+        except ValueError:
+            raise OiError(f"--mesh {name}: '{value}' is not an integer") from None
+        if size < 1:
+            raise OiError(f"--mesh {name}: axis size must be >= 1, got {size}")
+        if name in axes:
+            raise OiError(f"--mesh: axis {name} given twice")
+        axes[name] = size
+    return axes
+
+
+def parse_shard_specs(pairs) -> dict[str, str]:
+    """['B=data', 'H=model'] -> {'B': 'data', 'H': 'model'}."""
+    shard: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, axis = pair.partition("=")
+        if not sep or not name or not axis:
+            raise OiError(f"--shard expects SIZEVAR=AXIS, got '{pair}'")
+        if name in shard:
+            raise OiError(f"--shard: size variable {name} given twice")
+        shard[name] = axis
+    return shard
+
+
+def make_mesh(axes: dict[str, int] | str, devices=None) -> Mesh:
+    """A mesh over all (global) devices with Auto axis types; the sizes must multiply to the count."""
+    if isinstance(axes, str):
+        axes = parse_mesh_spec(axes)
+    devices = list(jax.devices() if devices is None else devices)
+    need = math.prod(axes.values())
+    if need != len(devices):
+        shape = ", ".join(f"{k}={v}" for k, v in axes.items())
+        raise OiError(f"mesh {shape} needs {need} devices, but {len(devices)} are available")
+    names = tuple(axes)
+    try:
+        return jax.make_mesh(tuple(axes.values()), names, axis_types=(AxisType.Auto,) * len(names),
+                             devices=devices)
+    except TypeError:  # older signature
+        return Mesh(np.array(devices).reshape(tuple(axes.values())), names)
+
+
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """The same mesh with Auto axis types (explicit-sharding mode would type-check every op)."""
+    types = getattr(mesh, "axis_types", None)
+    if types is None or all(t == AxisType.Auto for t in types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def validate_shard(bound, mesh: Mesh, shard: dict[str, str]) -> dict[str, str]:
+    """OiError for an unknown size variable, an unknown mesh axis, or a size the axis does not divide."""
+    if not isinstance(shard, dict):
+        raise OiError(f"shard must be a dict {{size variable: mesh axis}}, got {type(shard).__name__}")
+    axis_sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    for name, axis in shard.items():
+        if name not in bound.sizes:
+            known = ", ".join(sorted(bound.sizes)) or "(none)"
+            raise OiError(f"shard {name}={axis}: unknown size variable {name} (the graph's size variables "
+                          f"are {known})")
+        if axis not in axis_sizes:
+            raise OiError(f"shard {name}={axis}: unknown mesh axis {axis} (the mesh's axes are "
+                          f"{', '.join(map(str, mesh.axis_names))})")
+        n, k = int(bound.sizes[name]), axis_sizes[axis]
+        if n % k:
+            raise OiError(f"shard {name}={axis}: size variable {name} = {n} is not divisible by mesh "
+                          f"axis {axis} of size {k}")
+    return dict(shard)
+
+
+# ---------------------------------------------------------------------------- lazy constants
+
+
+class LazyConst:
+    """A model tensor not yet read: `read(index)` slices one shard straight from the mmap."""
+
+    def __init__(self, model, info, np_dtype):
+        self.model = model
+        self.info = info
+        self.shape = tuple(info.shape)
+        self.ndim = len(self.shape)
+        self.np_dtype = np.dtype(np_dtype)
+
+    def read(self, index) -> np.ndarray:
+        buf = self.model._buf
+        if buf is None:
+            raise OiError(f"model {self.model.path} is closed")
+        view = np.frombuffer(buf, dtype=self.np_dtype.newbyteorder("<"), count=math.prod(self.shape),
+                             offset=self.info.offset).reshape(self.shape)
+        out = np.array(view[index], dtype=self.np_dtype)  # copies (touches) only this shard's pages
+        del view
+        self.model.bytes_loaded += out.nbytes
+        return out
+
+
+# ---------------------------------------------------------------------------- the placer
+
+
+def _index_key(index) -> tuple:
+    return tuple((s.start, s.stop, s.step) if isinstance(s, slice) else s for s in index)
+
+
+class ShardingPlacer(Placer):
+    """Places every role over `mesh` by the declarations' dims (see module doc)."""
+
+    def __init__(self, bound, mesh: Mesh, shard: dict[str, str]):
+        super().__init__(None)
+        if not isinstance(mesh, Mesh):
+            raise OiError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+        self.bound = bound
+        self.graph = bound.graph
+        self.mesh = auto_mesh(mesh)
+        self.shard = validate_shard(bound, self.mesh, shard or {})
+        self.axis_sizes = dict(zip(self.mesh.axis_names, self.mesh.devices.shape))
+        self.placed: dict[str, dict[str, NamedSharding]] = {}  # role -> name -> sharding
+
+    # ------------------------------------------------------------ specs
+
+    def decl_axes(self, decl: ir.VarDecl) -> list:
+        """Mesh axis (or None) per declared dim."""
+        axes, used = [], set()
+        for d in decl.dims:
+            axis = None
+            if len(d.atoms) == 1 and isinstance(d.atoms[0], str):
+                axis = self.shard.get(d.atoms[0])
+            if axis in used:
+                axis = None
+            if axis is not None:
+                used.add(axis)
+            axes.append(axis)
+        return axes
+
+    def spec_for(self, key: str, shape: tuple[int, ...]) -> P:
+        """PartitionSpec for a value named `key` (state / const / dynamic key) of `shape`."""
+        name = key[len(INIT_PREFIX):] if key.startswith(INIT_PREFIX) else key
+        if "#" in name or name.startswith("__") or name in (ERR, ERRVAL, GROW):
+            return P()
+        decl = self.graph.var(name)
+        if decl is None or decl.is_auto_dim or (decl.auto_dim and decl.is_table) or not decl.dims:
+            return P()
+        if dt.get(decl.dtype).packed and decl.kind == ir.MemKind.CONSTANT:
+            return P()  # stored flat as packed bytes
+        declared = tuple(self.bound.shape(name))
+        lead = len(shape) - len(declared)
+        if lead < 0 or tuple(shape[lead:]) != declared:
+            return P()
+        axes = [None] * lead + self.decl_axes(decl)
+        for size, axis in zip(shape, axes):
+            if axis is not None and size % self.axis_sizes[axis]:
+                return P()
+        while axes and axes[-1] is None:
+            axes.pop()
+        return P(*axes)
+
+    def sharding_for(self, key: str, shape) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec_for(key, tuple(shape)))
+
+    # ------------------------------------------------------------ placement
+
+    def lazy_const(self, decl: ir.VarDecl):
+        """A LazyConst for a constant read unchanged from the model and actually sharded, else None."""
+        model = self.bound.model
+        d = dt.get(decl.dtype)
+        if model is None or d.packed or decl.dtype == "bool" or decl.is_prefix_table:
+            return None
+        info = model.tensors.get(self.bound.model_name(decl))
+        if info is None or not info.has_data or info.dtype != decl.dtype:
+            return None
+        if tuple(info.shape) != tuple(self.bound.shape(decl.name)):
+            return None
+        if self.spec_for(decl.name, info.shape) == P():
+            return None
+        return LazyConst(model, info, d.np_dtype)
+
+    def _place(self, key: str, value):
+        if isinstance(value, LazyConst):
+            sharding = self.sharding_for(key, value.shape)
+            cache: dict = {}
+
+            def cb(index, value=value, cache=cache):
+                k = _index_key(index)
+                if k not in cache:
+                    cache[k] = value.read(index)
+                return cache[k]
+
+            return jax.make_array_from_callback(value.shape, sharding, cb)
+        sharding = self.sharding_for(key, np.shape(value))
+        if isinstance(value, jax.Array):
+            if value.sharding == sharding:
+                return value
+            if value.is_fully_addressable and jax.process_count() == 1:
+                return jax.device_put(value, sharding)
+            value = np.asarray(value)
+        host = np.asarray(value)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    def put(self, role: str, values: dict) -> dict:
+        out = {k: self._place(k, v) for k, v in values.items()}
+        self.placed.setdefault(role, {}).update({k: a.sharding for k, a in out.items()})
+        return out
+
+    def state_shardings(self, program) -> dict:
+        """The sharding of every key of `program.init_state()` (must match `put('state')`)."""
+        out = {}
+        for layout in program._lowering.caches.values():
+            out[layout.name] = self.sharding_for(layout.name, layout.data_shape())
+            if layout.kind != "plain":
+                out[layout.size_key()] = NamedSharding(self.mesh, P())
+            if layout.kind == "table" and layout.growable:
+                out[f"{layout.name}#present"] = NamedSharding(self.mesh, P())
+        for key in (ERR, ERRVAL, GROW):
+            out[key] = NamedSharding(self.mesh, P())
+        return out
+
+    def jit_kwargs(self, program) -> dict:
+        consts = {k: self.sharding_for(k, np.shape(v)) for k, v in program._consts.items()}
+        dynamic = {name: self.sharding_for(name, program.bound.shape(name))
+                   for name in program._builder.dynamic}
+        state = self.state_shardings(program)
+        return {"in_shardings": (consts, state, dynamic), "out_shardings": (state, None)}
+
+
+# ---------------------------------------------------------------------------- the program
+
+
+def fetch(x) -> np.ndarray:
+    """A (possibly multi-process) array as a full NumPy array."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+class ShardedProgram(Program):
+    """`Program` over a mesh: constants loaded shard by shard; results gathered on `run`."""
+
+    def __init__(self, bound, placer: ShardingPlacer, yield_mode: str = "fused"):
+        if not isinstance(placer, ShardingPlacer):
+            raise TypeError("ShardedProgram needs a ShardingPlacer")
+        super().__init__(bound, device=None, yield_mode=yield_mode, placer=placer)
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.placer.mesh
+
+    def _host_consts(self) -> dict:
+        # as Program._host_consts, but sharded model tensors stay on disk until each shard is placed
+        from ..model.packing import pack
+        consts = {}
+        bound = self.bound
+        for decl in self.graph.vars:
+            if decl.is_prefix_table:
+                consts[decl.name] = bound.family(decl.name)
+            elif decl.kind == ir.MemKind.CONSTANT:
+                lazy = self.placer.lazy_const(decl)
+                if lazy is not None:
+                    consts[decl.name] = lazy
+                    continue
+                value = bound.initial(decl.name)
+                d = dt.get(decl.dtype)
+                consts[decl.name] = pack(decl.dtype, value) if d.packed else value
+        for name, value in self._builder.init_args.items():
+            consts[f"{INIT_PREFIX}{name}"] = value
+        return consts
+
+    def _grow(self, state, need: np.ndarray):
+        return super()._grow({k: fetch(v) for k, v in state.items()}, need)
+
+    def _collect(self, state, outputs) -> dict:
+        return super()._collect({k: fetch(v) for k, v in state.items()},
+                                {k: fetch(v) for k, v in outputs.items()})
+
+
+def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
+    """`jax.distributed.initialize` for a multi-process run (CPU: gloo collectives)."""
+    if num_processes is None or process_id is None:
+        raise OiError("--coordinator needs --num-processes and --process-id")
+    if not 0 <= process_id < num_processes:
+        raise OiError(f"--process-id {process_id} is not in 0..{num_processes - 1}")
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except Exception:  # option absent in this JAX build: keep its default
+        pass
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id)
+
+
+def compile_sharded(bound, mesh, shard, yield_mode: str = "fused") -> ShardedProgram:
+    if isinstance(mesh, (str, dict)):
+        mesh = make_mesh(mesh)
+    return ShardedProgram(bound, ShardingPlacer(bound, mesh, shard or {}), yield_mode=yield_mode)

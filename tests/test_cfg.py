@@ -1,0 +1,111 @@
+"""`oi2jax graph`: control-flow pictures in DOT (SVG/PNG through Graphviz) (issue 11, part 3)."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from oi2jax import cfg
+from oi2jax.cli import main
+from oi2jax.diagnostics import OiError
+from oi2jax.grammar.parse import parse, parse_file
+
+from conftest import EXAMPLES
+
+HAVE_DOT = shutil.which("dot") is not None
+MISSING = "needs Graphviz's `dot`, which is not installed; install the `graphviz` package"
+
+
+def _dot(name, sizes=None):
+    return cfg.to_dot(parse_file(str(EXAMPLES / f"{name}.oi")), sizes)
+
+
+def _edges(text):
+    return re.findall(r'^\s*("[^"]+") -> ("[^"]+")(?: \[(.*)\])?;$', text, re.M)
+
+
+def test_blocks_are_clusters_and_branches_are_labelled():
+    text = _dot("stability_guard")
+    for block in ("entry", "ok", "bad"):
+        assert f'subgraph "cluster_{block}"' in text
+    edges = _edges(text)
+    branch_edges = {(a, b): attrs for a, b, attrs in edges if b in ('"block_ok"', '"block_bad"')}
+    assert 'label="cond"' in branch_edges[('"entry_1"', '"block_ok"')]
+    assert 'label="not cond"' in branch_edges[('"entry_1"', '"block_bad"')]
+    assert '[shape="diamond", label="1: branch cond ok bad"]' in text
+    # call semantics: each target returns to the node after the branch
+    returns = [(a, b) for a, b, attrs in edges if 'label="return"' in (attrs or "")]
+    assert sorted(returns) == [('"bad_6"', '"entry_2"'), ('"ok_4"', '"entry_2"')]
+
+
+def test_loops_show_bounds_and_back_edges():
+    text = _dot("residual_mlp_stack", {"num_layers": 3})
+    assert "loop layers (l in 0..num_layers=3)" in text
+    assert 'subgraph "cluster_entry_loop_5"' in text
+    edges = _edges(text)
+    assert ('"entry_5"', '"entry_1"', 'label="iterate"') in edges
+    assert any(a == '"entry_4"' and b == '"entry_5"' and "next l" in attrs for a, b, attrs in edges)
+    assert "loop layers (l in 0..num_layers)" in _dot("residual_mlp_stack")  # without sizes: as written
+
+
+def test_yield_await_edges_between_entry_and_consumers():
+    text = _dot("streaming_pipeline")
+    edges = _edges(text)
+    yields = {b for a, b, attrs in edges if a == '"entry_1"' and 'label="yield x"' in (attrs or "")}
+    assert yields == {'"block_writer"', '"block_reader"'}
+    awaits = {a for a, b, attrs in edges if b == '"entry_3"' and 'label="await x"' in (attrs or "")}
+    assert awaits == {'"writer_7"', '"reader_10"'}
+
+
+def test_cache_reads_and_writes_are_marked():
+    text = _dot("kv_cache_decode")
+    assert '"entry_1" [style="filled", fillcolor="orange", label="[W] 1: cache.write q >> K[t]"]' in text
+    assert 'fillcolor="lightblue", label="[R] 3: cache.read K[] >> k_hist"' in text
+    assert '[cache] 2: cache.increment t' in text
+
+
+def test_every_example_draws_and_quotes_safely():
+    for path in sorted(EXAMPLES.glob("*.oi")):
+        text = cfg.to_dot(parse_file(str(path)))
+        assert text.startswith("digraph cfg {") and text.rstrip().endswith("}")
+        assert text.count("{") == text.count("}")
+    g = parse('dynamic { x: f32[2]; }\nblock entry { op fill(x, value=1.0) >> x; branch nowhere; return; }')
+    text = cfg.to_dot(g)
+    assert 'label="unknown block nowhere"' in text
+
+
+def test_cli_dot_on_stdout_and_to_file(tmp_path, capsys):
+    assert main(["graph", str(EXAMPLES / "stability_guard.oi")]) == 0
+    out = capsys.readouterr().out
+    assert out == _dot("stability_guard", parse_sizes())
+    assert main(["graph", str(EXAMPLES / "stability_guard.oi"), "-o", str(tmp_path / "g.dot")]) == 0
+    assert (tmp_path / "g.dot").read_text() == out
+    assert main(["graph", str(EXAMPLES / "stability_guard.oi"), "-o", str(tmp_path / "g.jpg")]) == 1
+    assert "cannot tell the picture format" in capsys.readouterr().err
+
+
+def parse_sizes():
+    from oi2jax.model import open_model
+    return open_model(str(EXAMPLES / "stability_guard.oinf")).sizevars
+
+
+@pytest.mark.parametrize("fmt", ["svg", "png"])
+def test_cli_svg_png_with_graphviz_or_clear_error(tmp_path, capsys, fmt):
+    target = tmp_path / f"cfg.{fmt}"
+    rc = main(["graph", str(EXAMPLES / "residual_mlp_stack.oi"), "-o", str(target)])
+    if HAVE_DOT:
+        assert rc == 0
+        data = target.read_bytes()
+        assert (b"<svg" in data and b"block entry" in data) if fmt == "svg" else data[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert rc == 1 and MISSING in capsys.readouterr().err and not target.exists()
+
+
+def test_missing_graphviz_message(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(cfg.shutil, "which", lambda name: None)
+    with pytest.raises(OiError, match=re.escape(MISSING)):
+        cfg.render("digraph { a -> b }", "svg")
+    rc = main(["graph", str(EXAMPLES / "mlp_regression.oi"), "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("error: ") and "apt-get install graphviz" in err and "Traceback" not in err

@@ -1,0 +1,182 @@
+"""`oi2jax export`: a jax.export artifact + manifest that runs without oi2jax (issue 11, part 1)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from oi2jax import api
+from oi2jax.cli import main
+from oi2jax.diagnostics import OiError
+from oi2jax.export import MANIFEST_FORMAT, write_export
+
+from conftest import EXAMPLES, REPO
+
+# The loader a user without oi2jax writes: plain jax.export.deserialize + the manifest.
+LOADER = textwrap.dedent("""
+    import sys
+    sys.modules["oi2jax"] = None  # any `import oi2jax` now fails
+    import json
+    import numpy as np
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    for job in json.loads(sys.argv[1]):
+        art = job["artifact"]
+        exp = jax.export.deserialize(bytearray(open(art, "rb").read()))
+        man = json.load(open(art + ".json"))
+        npz = np.load(art.rsplit("/", 1)[0] + "/" + man["init_npz"])
+        state = {s["name"]: npz[s["npz_key"]] for s in man["state"]}
+        dynamic = {d["name"]: npz[d["default_npz_key"]] for d in man["inputs"]}
+        if job.get("inputs"):
+            given = np.load(job["inputs"])
+            dynamic.update({k: given[k] for k in given.files})
+        for _ in range(job["steps"]):
+            state, outputs = exp.call(state, dynamic)
+        res = {"out." + k: np.asarray(v) for k, v in outputs.items()}
+        res.update({"state." + k: np.asarray(v) for k, v in state.items()})
+        np.savez(job["result"], **res)
+    bad = [m for m, v in sys.modules.items() if m.startswith("oi2jax") and v is not None]
+    assert not bad, bad
+    print("LOADED-WITHOUT-OI2JAX")
+""")
+
+# (example, steps, sizes for the run, symbolic) -- cover: no state, a table cache, yield/await.
+CASES = [
+    ("mlp_regression", 1, {}, ()),
+    ("kv_cache_decode", 3, {}, ()),
+    ("cache_window_slice", 4, {}, ()),
+    ("streaming_pipeline", 2, {}, ()),
+    ("residual_mlp_stack", 1, {}, ()),
+    ("mlp_regression", 1, {"B": 7}, ("B",)),
+    ("streaming_pipeline", 2, {"B": 3}, ("B",)),
+]
+OVERFLOW = ("kv_cache_decode", 5)  # the 5th write overflows K @fixed(i=4): a runtime guard
+
+
+def _inputs(program, rng):
+    inputs = {}
+    for name in program.dynamic_names:
+        shape = program.bound.shape(name)
+        if program.bound.dtype(name) == "f32":
+            inputs[name] = rng.standard_normal(shape).astype(np.float32)
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Export every case, run each artifact in ONE fresh subprocess without oi2jax."""
+    tmp = tmp_path_factory.mktemp("export")
+    rng = np.random.default_rng(0)
+    jobs, expected = [], []
+    for i, (name, steps, sizes, symbolic) in enumerate(CASES):
+        graph, model = EXAMPLES / f"{name}.oi", EXAMPLES / f"{name}.oinf"
+        art = tmp / f"{i}_{name}" / "step.jaxexport"
+        args = ["export", str(graph), "--model", str(model), "-o", str(art)]
+        for s in symbolic:
+            args += ["--symbolic", s]
+        assert main(args) == 0
+        program = api.compile(graph, model=model, sizes=sizes)
+        inputs = _inputs(program, rng)
+        inp = tmp / f"{i}_inputs.npz"
+        np.savez(inp, **inputs)
+        expected.append(program.run(inputs, steps=steps))
+        jobs.append({"artifact": str(art), "steps": steps, "inputs": str(inp), "result": str(tmp / f"{i}_res.npz")})
+    over = tmp / "overflow" / "step.jaxexport"
+    write_export(EXAMPLES / f"{OVERFLOW[0]}.oi", over, model=EXAMPLES / f"{OVERFLOW[0]}.oinf")
+    jobs.append({"artifact": str(over), "steps": OVERFLOW[1], "inputs": None, "result": str(tmp / "over.npz")})
+    proc = subprocess.run([sys.executable, "-c", LOADER, json.dumps(jobs)], capture_output=True, text=True,
+                          cwd=str(tmp), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LOADED-WITHOUT-OI2JAX" in proc.stdout
+    return [(case, job, exp) for case, job, exp in zip(CASES + [OVERFLOW], jobs, expected + [None])]
+
+
+def test_artifact_matches_oi2jax_run(exported):
+    compared = 0
+    for (name, steps, sizes, symbolic), job, expected in exported[:len(CASES)]:
+        got = np.load(job["result"])
+        man = json.load(open(job["artifact"] + ".json"))
+        assert int(got["state.__err"]) == 0, name
+        for out in man["outputs"]:
+            key = out["name"]
+            assert key in expected, (name, key)
+            np.testing.assert_allclose(got["out." + key], expected[key], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{name}:{key}")
+            compared += 1
+        for cache, info in man["caches"].items():  # persistent values, through the manifest's view
+            data = got["state." + info["data_key"]]
+            if info["kind"] == "table":
+                sizes_ = got["state." + info["size_key"]]
+                data = data[tuple(slice(0, int(s)) for s in sizes_)]
+            np.testing.assert_allclose(data, expected[cache], err_msg=f"{name}:{cache}")
+            compared += 1
+    assert compared >= 15
+
+
+def test_symbolic_artifact_runs_at_another_size(exported):
+    for (name, steps, sizes, symbolic), job, expected in exported[:len(CASES)]:
+        if not symbolic:
+            continue
+        got = np.load(job["result"])
+        man = json.load(open(job["artifact"] + ".json"))
+        assert man["symbolic"] == ["B"] and man["sizes"]["B"] == "symbolic"
+        assert man["inputs"][0]["shape"][0] == "B"
+        assert got["out.x"].shape[0] == sizes["B"] != 4  # the model's B is 4
+
+
+def test_manifest_contents(exported):
+    (name, *_), job, _ = exported[3]
+    assert name == "streaming_pipeline"
+    man = json.load(open(job["artifact"] + ".json"))
+    import hashlib
+    import jax
+    assert man["format"] == MANIFEST_FORMAT
+    assert man["yield_mode"] == "fused"
+    assert man["x64"] is True and "jax_enable_x64" in man["x64_note"]
+    assert man["constants"] == "baked"
+    assert man["jax_version"] == jax.__version__
+    assert isinstance(man["serialization_version"], int) and "6 months" in man["compatibility"]
+    source = (EXAMPLES / "streaming_pipeline.oi").read_text()
+    assert man["graph"]["sha256"] == hashlib.sha256(source.encode()).hexdigest()
+    assert [d["name"] for d in man["inputs"]] == ["x"]
+    assert {o["name"] for o in man["outputs"]} == {"x", "h", "h2"}
+    assert {s["name"] for s in man["state"]} >= {"__err", "__errval", "__grow"}
+    (name, *_), job, _ = exported[0]
+    assert json.load(open(job["artifact"] + ".json"))["yield_mode"] == "none"
+    (name, *_), job, _ = exported[1]
+    man = json.load(open(job["artifact"] + ".json"))
+    assert man["caches"]["K"]["kind"] == "table" and man["caches"]["t"]["kind"] == "plain"
+    assert "cache table K index 0 exceeds fixed size 4 (index {value})" in man["errors"]
+
+
+def test_runtime_guard_is_reported_through_the_manifest(exported, capsys):
+    _, job, _ = exported[-1]
+    got = np.load(job["result"])
+    man = json.load(open(job["artifact"] + ".json"))
+    code, value = int(got["state.__err"]), int(got["state.__errval"])
+    assert code != 0
+    assert man["errors"][code - 1].format(value=value) == "cache table K index 0 exceeds fixed size 4 (index 4)"
+    assert int(got["state.t"]) == 5  # later nodes of the failing step ran; the failing write was skipped
+    rc = main(["run", str(EXAMPLES / "kv_cache_decode.oi"), "--steps", "5", "--quiet", "--cache-dir", "none"])
+    assert rc == 1 and "exceeds fixed size 4 (index 4)" in capsys.readouterr().err
+
+
+def test_symbolic_limits_are_clear_errors(tmp_path, capsys):
+    rc = main(["export", str(EXAMPLES / "quantized_linear.oi"), "-o", str(tmp_path / "q.jaxexport"),
+               "--symbolic", "B"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "cannot export with symbolic B" in err and "constant x" in err
+    with pytest.raises(OiError, match="not a size variable"):
+        write_export(EXAMPLES / "kv_cache_decode.oi", tmp_path / "k.jaxexport",
+                     model=EXAMPLES / "kv_cache_decode.oinf", symbolic=("B",))
+
+
+def test_export_cli_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(EXAMPLES / "mlp_regression.oi")])  # -o is required
+    assert exc.value.code == 2
+    assert REPO.is_dir()

@@ -1,0 +1,187 @@
+"""OpenInfer graph JSON (SPEC §8.1) as input: api.load_graph and `oi2jax check|run|compile` (issue 11, part 2)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from oi2jax import api, ir
+from oi2jax.cli import main
+from oi2jax.diagnostics import OiError
+from oi2jax.grammar.fmt import strip_spans
+from oi2jax.grammar.parse import parse, parse_file
+from oi2jax.graph_json import to_json
+
+from conftest import EXAMPLES
+
+EXAMPLE_GRAPHS = sorted(EXAMPLES.glob("*.oi"))
+
+# The residual MLP stack with extra declarations covering every init-scalar shape, as .oi text ...
+OI_TEXT = """
+dynamic {
+    x: f32[B, D];
+}
+constant {
+    bias0: f32[D];
+    W(layer): f32[D, D] @pattern("res.mlp.w.{layer}");
+    b(layer): f32[D] @pattern("res.mlp.b.{layer}");
+}
+volatile {
+    scale: f32 @init(5.0);
+    y: f32[B, D];
+    h: f32[B, D];
+    half: f16[D] @init(1.0);
+}
+persistent {
+    count: i32 @init(0);
+    q: i4 @init(-1);
+    flag: bool @init(true);
+}
+block entry {
+    op add(x, bias0) >> y;
+    loop layers (l in 0..num_layers) {
+        op matmul(y, W[l]) >> h;
+        op add(h, b[l]) >> h;
+        op relu(h, alpha=0.0, clamp_max=6.0) >> h;
+        op add(y, h) >> y;
+    }
+    op mul(y, scale) >> y;
+    cache.increment count;
+    return;
+}
+"""
+
+
+def _var(name, dtype, dims, kind, init=None, pattern=None, table_indices=()):
+    return {"init": init, "kind": kind, "dims": dims, "dtype": dtype, "fixed": [], "auto_dim": [],
+            "table": False, "table_indices": list(table_indices), "pattern": pattern, "ref_name": None,
+            "name": name}
+
+
+def _op(index, uuid, op, inputs, output, attrs=()):
+    return {"uuid": uuid, "kind": {"Op": {"output": output, "inputs": inputs, "op": op,
+                                          "attrs": {"items": [{"value": v, "name": n} for n, v in attrs]}}},
+            "index": index}
+
+
+# ... and hand-written in OpenInfer's serializer shape: uuid4s, map keys in another order, attrs in
+# hash order, "W[l]" input strings, externally tagged enums, {"F32": 5.0} / {"F16": {"bits": ..}} inits.
+FIXTURE = {
+    "vars": {
+        "flag": _var("flag", "Bool", [], "Persistent", {"Bool": True}),
+        "q": _var("q", "I4", [], "Persistent", {"I4": {"bits": 15}}),
+        "count": _var("count", "I32", [], "Persistent", {"I32": 0}),
+        "half": _var("half", "F16", ["D"], "Volatile", {"F16": {"bits": 15360}}),
+        "h": _var("h", "F32", ["B", "D"], "Volatile"),
+        "y": _var("y", "F32", ["B", "D"], "Volatile"),
+        "scale": _var("scale", "F32", [], "Volatile", {"F32": 5.0}),
+        "b": _var("b", "F32", ["D"], "Constant", pattern="res.mlp.b.{layer}", table_indices=["layer"]),
+        "W": _var("W", "F32", ["D", "D"], "Constant", pattern="res.mlp.w.{layer}", table_indices=["layer"]),
+        "bias0": _var("bias0", "F32", ["D"], "Constant"),
+        "x": _var("x", "F32", ["B", "D"], "Dynamic"),
+    },
+    "next_index": 9,
+    "blocks": {"entry": {"nodes": [
+        _op(0, "0f8fad5b-d9cb-469f-a165-70867728950e", "add", ["x", "bias0"], "y"),
+        {"index": 5, "uuid": "7c9e6679-7425-40de-944b-e07fc1f90ae7", "kind": {"Loop": {
+            "body": [
+                _op(1, "3b241101-e2bb-4255-8caf-4136c566a962", "matmul", ["y", "W[l]"], "h"),
+                _op(2, "5a8d4a2e-8c3b-4f7e-9a1d-2b6c7d8e9f01", "add", ["h", "b[l]"], "h"),
+                _op(3, "e4eaaaf2-d142-11e1-b3e4-080027620cdd", "relu", ["h"], "h",
+                    attrs=[("clamp_max", {"Float": 6.0}), ("alpha", {"Double": 0.0})]),
+                _op(4, "16fd2706-8baf-433b-82eb-8c7fada847da", "add", ["y", "h"], "y"),
+            ],
+            "end": "num_layers", "start": "0", "index": "l", "name": "layers"}}},
+        _op(6, "886313e1-3b8a-4372-9b90-0c9aee199e5d", "mul", ["y", "scale"], "y"),
+        {"index": 7, "uuid": "a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d",
+         "kind": {"CacheIncrement": {"amount": 1, "target": "count"}}},
+        {"index": 8, "uuid": "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a", "kind": "Return"},
+    ], "name": "entry"}},
+}
+
+
+def _normalized(graph: ir.Graph):
+    """IR up to spans, with the order-free parts of §8.1 (var map order, attrs items) sorted."""
+    graph = strip_spans(graph)
+
+    def fix(node):
+        if isinstance(node, ir.Op):
+            return dataclasses.replace(node, attrs=tuple(sorted(node.attrs, key=lambda a: a.name)))
+        if isinstance(node, ir.Loop):
+            return dataclasses.replace(node, body=tuple(fix(n) for n in node.body))
+        return node
+    blocks = tuple(dataclasses.replace(b, nodes=tuple(fix(n) for n in b.nodes)) for b in graph.blocks)
+    return ir.Graph(tuple(sorted(graph.vars, key=lambda v: v.name)), blocks, "<string>", "")
+
+
+@pytest.mark.parametrize("path", EXAMPLE_GRAPHS, ids=lambda p: p.stem)
+def test_round_trip_equals_parsed_ir(path, tmp_path):
+    parsed = parse_file(str(path))
+    text = json.dumps(to_json(parsed))
+    json_file = tmp_path / f"{path.stem}.json"
+    json_file.write_text(text)
+    assert strip_spans(api.load_graph(json.loads(text))) == strip_spans(parsed)  # a dict
+    assert strip_spans(api.load_graph(str(json_file))) == strip_spans(parsed)  # a .json path (str)
+    assert strip_spans(api.load_graph(json_file)) == strip_spans(parsed)  # a PathLike
+
+
+def test_openinfer_shaped_fixture_loads_as_the_oi_text():
+    loaded = api.load_graph(FIXTURE)
+    assert _normalized(loaded) == _normalized(parse(OI_TEXT))
+    assert loaded.var("half").init == ir.Literal("float", 1.0)
+    assert loaded.var("q").init == ir.Literal("int", -1)
+    assert loaded.var("scale").init == ir.Literal("float", 5.0)
+    assert loaded.var("flag").init == ir.Literal("bool", True)
+
+
+def test_fixture_runs_like_the_oi_text(tmp_path, capsys):
+    model = EXAMPLES / "residual_mlp_stack.oinf"
+    fixture = tmp_path / "stack.json"
+    fixture.write_text(json.dumps(FIXTURE))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    from_oi = api.compile(OI_TEXT, model=model).run({"x": x}, steps=2)
+    from_json = api.compile(str(fixture), model=model).run({"x": x}, steps=2)
+    assert set(from_oi) == set(from_json)
+    for name in from_oi:
+        np.testing.assert_array_equal(from_oi[name], from_json[name], err_msg=name)
+    assert int(from_json["count"]) == 2 and int(from_json["q"]) == -1
+    # the CLI: check, run (--out), compile
+    np.save(tmp_path / "x.npy", x)
+    assert main(["check", str(fixture), "--model", str(model)]) == 0
+    out = tmp_path / "out.npz"
+    assert main(["run", str(fixture), "--model", str(model), "--input", f"x={tmp_path / 'x.npy'}", "--steps", "2",
+                 "--out", str(out), "--quiet", "--cache-dir", "none"]) == 0
+    np.testing.assert_array_equal(np.load(out)["y"], from_oi["y"])
+    assert main(["compile", str(fixture), "--model", str(model), "--emit", "jaxpr", "--cache-dir", "none"]) == 0
+    assert "dot_general" in capsys.readouterr().out
+
+
+def test_json_model_defaults_next_to_graph(tmp_path, capsys):
+    (tmp_path / "g.json").write_text(json.dumps(to_json(parse_file(str(EXAMPLES / "mlp_regression.oi")))))
+    (tmp_path / "g.oinf").write_bytes((EXAMPLES / "mlp_regression.oinf").read_bytes())
+    assert main(["run", str(tmp_path / "g.json"), "--cache-dir", "none"]) == 0
+    assert "y: float32[4, 8]" in capsys.readouterr().out  # sizes from g.oinf, found next to g.json
+    assert main(["check", str(tmp_path / "g.json")]) == 0
+
+
+def test_bad_json_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["check", str(bad)]) == 1
+    assert "cannot read graph JSON" in capsys.readouterr().err
+    bad.write_text(json.dumps({"blocks": {}, "vars": {"x": {"name": "x"}}}))
+    assert main(["check", str(bad)]) == 1
+    assert "not an OpenInfer graph JSON (SPEC §8.1)" in capsys.readouterr().err
+    assert main(["check", str(tmp_path / "missing.json")]) == 1
+    assert "graph file not found" in capsys.readouterr().err
+    with pytest.raises(OiError, match="not an OpenInfer graph JSON"):
+        api.load_graph({"vars": {}})
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(FIXTURE))
+    assert main(["fmt", str(good), "-i"]) == 2  # would overwrite JSON with .oi text
+    assert json.loads(good.read_text()) == FIXTURE
+    assert main(["fmt", str(good)]) == 0  # .json -> canonical .oi text on stdout
+    assert _normalized(parse(capsys.readouterr().out)) == _normalized(parse(OI_TEXT))
