@@ -151,3 +151,51 @@ def test_known_bad_f16_accumulate_rejected(models):
     with pytest.raises(OpTypeError, match="op add does not support f16 -> f32 for mode accumulate"):
         infer("add", ["f16", "f16"], [tuple(m.tensors["acc_a"].shape)] * 2, {"acc": Literal("dtype", "f32")},
               out_name="acc_out", in_names=["acc_a", "acc_b"])
+
+
+# ------------------------------------------------------------------ the full pipeline, both modes
+
+
+def _attr_text(name, value) -> str:
+    if name in ("to", "acc"):
+        return f"{name}={value}"
+    if isinstance(value, bool):
+        return f"{name}={'true' if value else 'false'}"
+    if isinstance(value, (list, tuple)):
+        return f"{name}=[{', '.join(str(v) for v in value)}]"
+    if isinstance(value, str):
+        return f'{name}="{value}"'
+    return f"{name}={value!r}"
+
+
+def _decl(name, info) -> str:
+    dims = f"[{', '.join(str(d) for d in info.shape)}]" if info.shape else ""
+    return f"{name}: {info.dtype}{dims};"
+
+
+def one_op_graph(case, m) -> tuple[str, str]:
+    """SPEC §10's one-op graph; the result goes to a fresh variable (`got`) unless the case is
+    in-place, so a test can never pass on the model's expected tensor being bound to the output."""
+    inplace = case["out"] in case["inputs"]
+    out = case["out"] if inplace else "got"
+    args = ", ".join([*case["inputs"], *(_attr_text(k, v) for k, v in case["attrs"].items())])
+    dynamic = " ".join(_decl(n, m.tensors[n]) for n in dict.fromkeys(case["inputs"]))
+    volatile = "" if inplace else f"volatile {{ {_decl('got', m.tensors[case['expected']])} }}"
+    return f"dynamic {{ {dynamic} }}\n{volatile}\nblock entry {{ op {case['op']}({args}) >> {out}; return; }}\n", out
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c['suite']}:{c['expected']}" for c in CASES])
+def test_baseline_case_through_the_pipeline(case, mode, models):
+    """parse -> check -> bind -> lower (or interpret) -> run, against the suite's expected tensor."""
+    import oi2jax
+    m = models[case["suite"]]
+    text, out = one_op_graph(case, m)
+    prog = oi2jax.compile(text, mode=mode)
+    got = prog.run({n: m.load(n) for n in dict.fromkeys(case["inputs"])})[out]
+    dtype = m.tensors[case["expected"]].dtype
+    want = np.array(D.to_output(np.asarray(m.load(case["expected"])), dtype))
+    for (name, idx), actual in KNOWN_BAD.items():
+        if name == case["expected"]:
+            want.reshape(-1)[idx] = actual
+    assert_matches(got, want, dtype, case["expected"])
