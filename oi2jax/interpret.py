@@ -345,16 +345,15 @@ class InterpretedProgram:
 
     # ------------------------------------------------------------------------------- running
 
-    def run(self, inputs: dict | None = None, steps: int = 1) -> dict[str, np.ndarray]:
-        """Run `steps` steps from a fresh state with the same dynamic `inputs` each step."""
-        import jax
-
+    def run(self, inputs: dict | None = None, steps: int = 1, progress=None) -> dict[str, np.ndarray]:
+        """Run `steps` steps from a fresh state with the same dynamic `inputs` each step.
+        `progress(n)` is called after each step (e.g. oi2jax.progress.ProgressBar)."""
         try:
-            return self._run(inputs, steps)
+            return self._run(inputs, steps, progress)
         except MemoryError as exc:
             raise OiError(f"out of memory while interpreting: {exc}") from None
 
-    def _run(self, inputs, steps):
+    def _run(self, inputs, steps, progress=None):
         import jax
 
         with jax.enable_x64(True):
@@ -365,8 +364,10 @@ class InterpretedProgram:
             self._reset_step(self.state, converted)  # so that steps=0 returns the initial values
             if self.trace is not None and not self.trace.echo:
                 self.trace.clear()
-            for _ in range(steps):
+            for i in range(steps):
                 self.step(converted)
+                if progress is not None:
+                    progress(i + 1)
             return self.outputs()
 
     def _convert_inputs(self, inputs: dict) -> dict[str, np.ndarray]:

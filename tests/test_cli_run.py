@@ -129,3 +129,32 @@ block entry { loop l (i in 0..4) { op add(y, x) >> y; } barrier; op mul(y, y) >>
     code, out, err = run_cli(capsys, "compile", path, "--emit", "hlo")
     assert code == 0, err
     assert "while" in out and "opt-barrier" in out
+
+
+def test_run_trace_interpreted_follows_openinfer_order(capsys, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
+    np.save(tmp_path / "r.npy", np.array(False))
+    code, out, err = run_cli(capsys, "run", "examples/moe_routing.oi", "--model", MODELS / "moe_routing.oinf",
+                             "--input", f"x={tmp_path / 'x.npy'}", "--input", f"route={tmp_path / 'r.npy'}",
+                             "--interpret", "--trace", "--quiet", "--trace-json", tmp_path / "t.json")
+    assert code == 0, err
+    heads = [line.split(" -- ")[0:2] for line in out.splitlines()]
+    assert heads == [["0 [entry]", "op matmul(x,w_gate) >> gate"], ["1 [entry]", "branch route expert0 expert1"],
+                     ["6 [expert1]", "op matmul(x,w1) >> y"], ["7 [expert1]", "op add(y,b1) >> y"],
+                     ["8 [expert1]", "return"], ["2 [entry]", "return"]]
+    import json
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["granularity"] == "node" and [e["node_index"] for e in data["events"]] == [0, 1, 6, 7, 8, 2]
+
+
+def test_run_trace_compiled_is_per_kernel(capsys, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
+    code, out, err = run_cli(capsys, "run", "examples/streaming_pipeline.oi", "--model",
+                             MODELS / "streaming_pipeline.oinf", "--input", f"x={tmp_path / 'x.npy'}",
+                             "--trace", "--quiet", "--steps", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("# compiled mode: nodes run fused inside kernels")
+    kernels = [line.split(" on ")[0] for line in lines[1:]]
+    assert kernels[:4] == ["step 0 phase 0 entry:0", "step 0 phase 0 reader", "step 0 phase 0 writer",
+                           "step 0 phase 1 entry:1"] and len(kernels) == 8

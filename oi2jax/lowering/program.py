@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 import warnings
 
 import jax
@@ -176,8 +177,13 @@ class Program:
             out[name] = convert_input(name, value, decl.dtype, self.bound.shape(name))
         return out
 
-    def run(self, inputs: dict | None = None, steps: int = 1, progress=None) -> dict:
-        """Run `steps` steps with the same inputs; every dynamic, volatile and persistent variable."""
+    def run(self, inputs: dict | None = None, steps: int = 1, progress=None, trace: bool = False) -> dict:
+        """Run `steps` steps with the same inputs; every dynamic, volatile and persistent variable.
+
+        `trace=True` records `last_trace`: one event per step (the whole graph is ONE kernel, so
+        that is the honest granularity of a compiled trace), each step waited for and timed."""
+        if trace:
+            return self._traced_run(inputs, steps)
         converted = self.convert_inputs(inputs or {})
         with self._scope():
             dynamic = self._dynamic_args(self.placer.put("dynamic", converted))
@@ -194,6 +200,35 @@ class Program:
                         progress(i + 1)
             self._raise_if_failed(state)
             return self._collect(state, outputs)
+
+    def _traced_run(self, inputs, steps: int) -> dict:
+        events = []
+
+        original = self._jit  # wrapped for this run: each step waited for and timed
+
+        def one_step(consts, state, dynamic):
+            start = time.perf_counter()
+            result = original(consts, state, dynamic)
+            jax.block_until_ready(result)
+            events.append({"step": len(events), "phase": 0, "kernel": "step (whole graph, one kernel)",
+                           "device": str(self.device or jax.devices()[0]),
+                           "ms": (time.perf_counter() - start) * 1e3})
+            return result
+
+        self._jit = one_step
+        try:
+            result = self.run(inputs, steps)
+        finally:
+            if self._jit is one_step:
+                self._jit = original
+        self.last_trace = events
+        return result
+
+    def trace_text(self, events: list[dict] | None = None) -> str:
+        """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""
+        events = getattr(self, "last_trace", []) if events is None else events
+        return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
+                         for e in events)
 
     def _run_growing(self, state, dynamic, outputs, steps: int, progress, chunk: int = 16):
         """Queue steps in chunks, reading back only the applied-step counter between chunks.
