@@ -301,3 +301,29 @@ def test_yield_await_fused_snapshot_semantics():
     np.testing.assert_array_equal(out["x"], x * x)  # the writer's result after await
     np.testing.assert_array_equal(out["seen"], 2 * x)  # the reader saw the snapshot
     np.testing.assert_array_equal(out["h"], 2 * x)  # entry saw the snapshot in its window
+
+
+def test_packed_values_stay_packed_on_device(tmp_path):
+    from oi2jax.model import Tensor, save
+    w = np.array([[-8, 7, 3], [0, -1, 5]], np.int8)
+    path = tmp_path / "q.oinf"
+    save(path, tensors={"w": Tensor("i4", w)})
+    prog = compile_text("""
+    dynamic { x: i4[2, 3]; }
+    constant { w: i4[2, 3]; }
+    persistent { P: i4[2, 3] @init(-3); U: u2[7] @init(3); }
+    volatile { y: i4[2, 3]; z: i4[2, 3]; }
+    block entry { cache.read P >> y; op add(y, x) >> z; op add(z, w) >> z; cache.write z >> P; }
+    """, model=path)
+    state = prog.init_state()
+    assert state["P"].dtype == np.uint8 and state["P"].shape == (3,)  # 6 nibbles in 3 bytes
+    assert state["U"].shape == (2,)  # 7 two-bit values in 2 bytes
+    assert prog._consts["w"].dtype == np.uint8 and prog._consts["w"].nbytes == 3
+    x = np.array([[1, 2, 3], [4, 7, -8]], np.int8)
+    out = prog.run({"x": x}, steps=2)
+    expected = np.full((2, 3), -3)
+    for _ in range(2):
+        expected = expected + x + w
+    wrapped = ((expected + 8) % 16) - 8  # i4 wrap-around
+    np.testing.assert_array_equal(out["P"], wrapped)
+    np.testing.assert_array_equal(out["U"], np.full(7, 3, np.uint8))

@@ -22,6 +22,7 @@ from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
 from .context import GROW, Frame, Tracer
+from .packing import pack, unpack
 
 INITIAL_CAPACITY = 4
 
@@ -36,6 +37,10 @@ class CacheLayout:
     capacity: tuple[int, ...] = ()
     grow_slots: tuple[int | None, ...] = ()
     fill: object = 0
+
+    @property
+    def packed(self) -> bool:
+        return dt.get(self.dtype).packed
 
     @property
     def growable(self) -> bool:
@@ -98,7 +103,11 @@ def initial_state(layout: CacheLayout) -> dict[str, np.ndarray]:
     """Host arrays for a cache's state at program start."""
     np_dtype = dt.get(layout.dtype).np_dtype
     if layout.kind == "plain":
-        return {layout.name: np.full(layout.shape, layout.fill, dtype=np_dtype)}
+        value = np.full(layout.shape, layout.fill, dtype=np_dtype)
+        if layout.packed:  # sub-byte persistent values stay packed on the device
+            from ..model.packing import pack
+            value = pack(layout.dtype, value)
+        return {layout.name: value}
     if layout.kind == "table":
         k = len(layout.capacity)
         state = {layout.name: np.full(layout.data_shape(), layout.fill, dtype=np_dtype),
@@ -128,6 +137,9 @@ def export(layout: CacheLayout, state: dict) -> np.ndarray:
     """The user-visible value: tables as [sizes..., *entry]; auto_dim at its current shape."""
     data = np.asarray(state[layout.name])
     if layout.kind == "plain":
+        if layout.packed:
+            from ..model.packing import unpack
+            return unpack(layout.dtype, data, layout.shape)
         return data
     sizes = np.asarray(state[layout.size_key()])
     if layout.kind == "table":
@@ -287,7 +299,7 @@ class CacheRules:
         if layout.kind == "plain":
             if access.bracketed:
                 raise self._err(f"cache {layout.name} does not support indexed access", access.span)
-            value = env[layout.name]
+            value = unpack(env[layout.name], layout.dtype, layout.shape) if layout.packed else env[layout.name]
         elif layout.kind == "table":
             if not access.bracketed:
                 raise self._err(f"cache table {layout.name} requires indices", access.span)
@@ -331,7 +343,7 @@ class CacheRules:
                 raise self._err(f"cache.write {layout.name} expects shape {list(layout.shape)}, got {list(src.shape)}",
                                 node.span)
             env = dict(env)
-            env[layout.name] = src
+            env[layout.name] = pack(src, layout.dtype) if layout.packed else src
             return env
         if layout.kind == "table":
             k = len(layout.capacity)
@@ -377,7 +389,8 @@ class CacheRules:
         np_dtype = dt.get(layout.dtype).np_dtype
         data = env[layout.name]
         if layout.kind == "plain":
-            env[layout.name] = jnp.full(data.shape, layout.fill, np_dtype)
+            fill = jnp.full(layout.shape, layout.fill, np_dtype)
+            env[layout.name] = pack(fill, layout.dtype) if layout.packed else fill
             return env
         if layout.kind == "auto_dim":
             base = jnp.zeros(data.shape, np_dtype)

@@ -9,6 +9,22 @@ import jax.numpy as jnp
 from .. import dtypes as dt
 
 
+def pack(values, dtype: str):
+    """Values of packed `dtype` (int8/uint8 representation) -> uint8 bytes, LSB-first (§5.1)."""
+    d = dt.get(dtype)
+    w = d.bits
+    per_byte = 8 // w
+    flat = values.reshape(-1)
+    if d.name == "t1":
+        patterns = (flat > 0).astype(jnp.uint8)
+    else:
+        patterns = flat.astype(jnp.uint8) & jnp.uint8((1 << w) - 1)
+    pad = (-flat.shape[0]) % per_byte
+    patterns = jnp.pad(patterns, (0, pad)).reshape(-1, per_byte)
+    shifts = jnp.arange(per_byte, dtype=jnp.uint8) * w
+    return jnp.bitwise_or.reduce(patterns << shifts[None, :], axis=1).astype(jnp.uint8)
+
+
 def unpack(packed, dtype: str, shape: tuple[int, ...]):
     """uint8 bytes (ceil(numel*w/8)) -> values of `dtype` (sign-extended int8 / uint8)."""
     d = dt.get(dtype)
