@@ -21,7 +21,7 @@ import subprocess
 
 from . import ir
 from .diagnostics import OiError
-from .trace import describe
+from .grammar.fmt import describe
 
 FORMATS = ("dot", "svg", "png")
 _CACHE_STYLE = {

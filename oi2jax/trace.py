@@ -17,8 +17,7 @@ Decisions (documented here, tested in tests/test_trace.py):
   the other in ascending name order; their events are recorded in that run order, right after
   the `yield` event (the reference records them in nondeterministic order and does not print
   them; here they are both recorded and printed).
-* Node descriptions come from `oi2jax.grammar.fmt.describe` when that exists, else from
-  `describe` below (same rules: §8.2, attributes never shown).
+* Node descriptions come from `oi2jax.grammar.fmt.describe` (§8.2, attributes never shown).
 * `OI2JAX_TRACE=full` in the environment makes every interpreted run record a trace and echo
   each line to stderr as the node executes.
 """
@@ -29,6 +28,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import ir
+from .grammar.fmt import describe  # one node text for formatter, traces and pictures
 
 KINDS = {
     ir.Assign: "Assign", ir.Op: "OpExecute", ir.CacheRead: "CacheRead", ir.CacheWrite: "CacheWrite",
@@ -36,71 +36,6 @@ KINDS = {
     ir.Barrier: "Barrier", ir.Dep: "Dep", ir.Transfer: "Transfer", ir.Yield: "Yield", ir.Await: "Await",
     ir.Branch: "Branch", ir.Loop: "Loop", ir.Return: "Return",
 }
-
-
-def _ref(ref: ir.VarRef) -> str:
-    if ref.indices is None:
-        return ref.name
-    return f"{ref.name}[{','.join(str(i) for i in ref.indices)}]"
-
-
-def _access(acc: ir.CacheAccess) -> str:
-    if not acc.bracketed:
-        return acc.base
-    parts = []
-    for sel in acc.indices:
-        if isinstance(sel, ir.Single):
-            parts.append(str(sel.value))
-        else:
-            start = "" if sel.start is None else str(sel.start)
-            end = "" if sel.end is None else str(sel.end)
-            parts.append("" if sel.start is None and sel.end is None else f"{start}..{end}")
-    return f"{acc.base}[{','.join(parts)}]"
-
-
-def describe(node: ir.Node) -> str:
-    """OpenInfer's node description (§8.2); attributes are never shown."""
-    if isinstance(node, ir.Assign):
-        return f"assign {node.name}"
-    if isinstance(node, ir.Op):
-        return f"op {node.op}({','.join(_ref(r) for r in node.inputs)}) >> {node.output}"
-    if isinstance(node, ir.CacheRead):
-        return f"cache.read {_access(node.src)} >> {_ref(node.dst)}"
-    if isinstance(node, ir.CacheWrite):
-        return f"cache.write {_ref(node.src)} >> {_access(node.dst)}"
-    if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-        word = "increment" if isinstance(node, ir.CacheIncrement) else "decrement"
-        amount = "" if node.amount == 1 else f"{node.amount} "
-        return f"cache.{word} {amount}{node.target}"
-    if isinstance(node, ir.CacheReset):
-        return f"cache.reset {_access(node.target)}"
-    if isinstance(node, ir.Yield):
-        return "yield " + ", ".join(node.vars)
-    if isinstance(node, ir.Await):
-        return "await " + ", ".join(node.vars)
-    if isinstance(node, ir.Loop):
-        return f"loop {node.name} ({node.var} in {node.start}..{node.end})"
-    if isinstance(node, ir.Branch):
-        if node.cond is None:
-            return f"branch {node.then_block}"
-        return f"branch {node.cond} {node.then_block} {node.else_block}"
-    if isinstance(node, ir.Barrier):
-        return "barrier"
-    if isinstance(node, ir.Dep):
-        return f"dep after({node.after}) before({node.before})"
-    if isinstance(node, ir.Return):
-        return "return"
-    if isinstance(node, ir.Transfer):
-        return f"transfer {_ref(node.src)} >> {_ref(node.dst)}"
-    return type(node).__name__.lower()
-
-
-def _describer():
-    try:
-        from .grammar.fmt import describe as fmt_describe  # the formatter's version, when present
-        return fmt_describe
-    except Exception:  # not written yet / import error: keep our own
-        return describe
 
 
 def split_ns(ns: int) -> tuple[int, int, int]:
@@ -154,7 +89,6 @@ class Trace:
         self.events: list[TraceEvent] = []
         self.echo = echo
         self.stream = stream
-        self._describe = _describer()
 
     @classmethod
     def from_env(cls) -> "Trace | None":
@@ -164,10 +98,7 @@ class Trace:
         return None
 
     def record(self, block: str, node: ir.Node, ns: int = 0) -> TraceEvent:
-        try:
-            text = self._describe(node)
-        except Exception:
-            text = describe(node)
+        text = describe(node)
         params, output = _params_output(node)
         event = TraceEvent(block, node.index, KINDS.get(type(node), type(node).__name__), text,
                            ns if isinstance(node, ir.Op) else 0, params, output)
