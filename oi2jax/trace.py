@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import ir
-from .grammar.fmt import describe  # one node text for formatter, traces and pictures
+from .grammar.fmt import describe, format_access, format_ref  # one node text for formatter, traces, pictures
 
 KINDS = {
     ir.Assign: "Assign", ir.Op: "OpExecute", ir.CacheRead: "CacheRead", ir.CacheWrite: "CacheWrite",
@@ -70,13 +70,13 @@ class TraceEvent:
 
 def _params_output(node: ir.Node) -> tuple[list, list]:
     if isinstance(node, ir.Op):
-        return [_ref(r) for r in node.inputs], [node.output]
+        return [format_ref(r, ",") for r in node.inputs], [node.output]
     if isinstance(node, ir.CacheRead):
-        return [_access(node.src)], [_ref(node.dst)]
+        return [format_access(node.src, ",", "")], [format_ref(node.dst, ",")]
     if isinstance(node, ir.CacheWrite):
-        return [_ref(node.src)], [_access(node.dst)]
+        return [format_ref(node.src, ",")], [format_access(node.dst, ",", "")]
     if isinstance(node, ir.Transfer):
-        return [_ref(node.src)], [_ref(node.dst)]
+        return [format_ref(node.src, ",")], [format_ref(node.dst, ",")]
     if isinstance(node, ir.Assign):
         return [], [node.name]
     return [], []

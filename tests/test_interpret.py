@@ -309,10 +309,15 @@ def test_slice_reads_grow_negative_ends_and_errors():
     out = run(base.format(n=4, sel="0..4"), {"v": v})  # grows to 4 by the slice end
     np.testing.assert_array_equal(out["out"], [v, [5, 5], [5, 5], [5, 5]])
     assert out["T"].shape == (4, 2)
-    out = run(base.format(n=2, sel="1.."), {"v": v}, steps=3)  # size 3 -> 1..3
+    fixed = base.replace("@table @init(5)", "@table @fixed(i=3) @init(5)")
+    out = run(fixed.format(n=2, sel="1.."), {"v": v}, steps=2)  # size 3 -> 1..3
+    np.testing.assert_array_equal(out["out"], [v, [5, 5]])
+    out = run(fixed.format(n=2, sel="..-1"), {"v": v}, steps=3)  # end = 3 - 1
     np.testing.assert_array_equal(out["out"], [v, v])
-    out = run(base.format(n=2, sel="..-1"), {"v": v}, steps=3)  # end = 3 - 1
-    np.testing.assert_array_equal(out["out"], [v, v])
+    # growable: at step 1 the table has size 1, so `1..` selects 0 rows: the destination's declared
+    # [2, 2] no longer fits, which oi2jax reports (SPEC §0 item 12) instead of reshaping `out`
+    with pytest.raises(OiError, match=r"selection has shape \[0, 2\], the destination is declared \[2, 2\]"):
+        run(base.format(n=2, sel="1.."), {"v": v}, steps=3)
     out = run(base.format(n=0, sel="2..2"), {"v": v}, steps=1)  # empty, still grows to 2
     assert out["out"].shape == (0, 2) and out["T"].shape == (2, 2)
     with pytest.raises(OiError, match="slice end underflow for size 1"):
@@ -418,50 +423,51 @@ def test_plain_persistent_tensor_read_write_reset():
 
 
 def test_auto_dim_growth_shapes_like_the_reference_log():
-    # §4.6: [2, 2]-based tensor with counters -> [5, 4], [8, 6], [11, 8]
-    text = """
-    persistent {
-        i: i32 @init(0);
-        j: i32 @init(0);
+    """§4.6: a [2, 2]-based tensor with counters 3k, 2k has shape [2+3k, 2+2k] ([5, 4], [8, 6],
+    [11, 8] in the reference log). oi2jax keeps every variable's declared shape, so each
+    reading destination is declared at the shape it receives (SPEC §0 item 12)."""
+    template = """
+    persistent {{
+        i: i32 @init({i});
+        j: i32 @init({j});
         M(r, c): f32[2, 2] @auto_dim(r, c) @init(4.0);
-    }
-    volatile { one: f32 @init(1.0); }
-    block entry {
-        assign m: f32[2, 2];
-        cache.increment 3 i;
-        cache.increment 2 j;
+    }}
+    volatile {{ one: f32 @init(1.0); }}
+    block entry {{
+        assign m: f32[{rows}, {cols}];
         cache.read M[i, j] >> m;      // the whole tensor at its grown shape
         op add(m, one) >> m;
         cache.write m >> M[i, j];
         return;
-    }
+    }}
     """
-    prog = make(text)
-    shapes = []
-    for steps in (1, 2, 3):
-        out = prog.run({}, steps=steps)
-        shapes.append(out["M"].shape)
-    assert shapes == [(5, 4), (8, 6), (11, 8)]
-    M = out["M"]
-    # zeros at creation and on growth (@init ignored until a reset); the whole tensor gets +1 per step
-    assert M[0, 0] == 3.0 and M[4, 3] == 3.0 and M[5, 0] == 2.0 and M[7, 5] == 2.0
-    assert M[8, 0] == 1.0 and M[10, 7] == 1.0
+    for k in (1, 2, 3):
+        text = template.format(i=3 * k, j=2 * k, rows=2 + 3 * k, cols=2 + 2 * k)
+        out = run(text, steps=2)
+        assert out["M"].shape == (2 + 3 * k, 2 + 2 * k)
+        # zeros at creation (@init ignored until a reset); the whole tensor gets +1 per step
+        np.testing.assert_array_equal(out["M"], np.full((2 + 3 * k, 2 + 2 * k), 2.0))
+    grown = template.format(i=3, j=2, rows=5, cols=4).replace("cache.read M[i, j] >> m;",
+                                                                "cache.increment 3 i; cache.read M[i, j] >> m;")
+    with pytest.raises(OiError, match=r"selection has shape \[8, 4\], the destination is declared \[5, 4\]"):
+        run(grown, steps=1)
 
 
 def test_auto_dim_fixed_max_and_reset_uses_init():
     text = """
-    persistent { i: i32 @init(0); M(r): f32[1] @auto_dim(r) @fixed(r=2) @init(3.0); }
-    volatile { m: f32[1]; }
+    persistent { i: i32 @init(2); M(r): f32[1] @auto_dim(r) @fixed(r=2) @init(3.0); }
+    volatile { m: f32[3]; }
     block entry {
         cache.increment i;
         cache.read M[i] >> m;
         return;
     }
     """
-    out = run(text, steps=2)
-    assert out["M"].shape == (3,)
     with pytest.raises(OiError, match="auto_dim M exceeds fixed max 2 for r"):
-        run(text, steps=3)
+        run(text, steps=1)  # i = 3 > 2
+    text = text.replace("cache.increment i;", "")
+    out = run(text, steps=2)  # M[2]: count 2 -> shape [1 + 2]
+    assert out["M"].shape == (3,)
     reset = text.replace("cache.read M[i] >> m;", "cache.read M[i] >> m; cache.reset M;")
     out = run(reset, steps=2)
     np.testing.assert_array_equal(out["M"], [3.0])

@@ -95,7 +95,7 @@ def format_literal(lit: ir.Literal) -> str:
     return str(lit.value)  # var, dtype
 
 
-def _ref(r: ir.VarRef, sep: str = ", ") -> str:
+def format_ref(r: ir.VarRef, sep: str = ", ") -> str:
     if r.indices is None:
         return r.name
     return f"{r.name}[{sep.join(str(i) for i in r.indices)}]"
@@ -120,12 +120,12 @@ def format_node(node: ir.Node) -> str:
     if isinstance(node, ir.Assign):
         return f"assign {node.name}: {node.dtype}{_dims(node.dims)};"
     if isinstance(node, ir.Op):
-        args = [_ref(r) for r in node.inputs] + [f"{a.name}={format_literal(a.value)}" for a in node.attrs]
+        args = [format_ref(r) for r in node.inputs] + [f"{a.name}={format_literal(a.value)}" for a in node.attrs]
         return f"op {node.op}({', '.join(args)}) >> {node.output};"
     if isinstance(node, ir.CacheRead):
-        return f"cache.read {format_access(node.src)} >> {_ref(node.dst)};"
+        return f"cache.read {format_access(node.src)} >> {format_ref(node.dst)};"
     if isinstance(node, ir.CacheWrite):
-        return f"cache.write {_ref(node.src)} >> {format_access(node.dst)};"
+        return f"cache.write {format_ref(node.src)} >> {format_access(node.dst)};"
     if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
         word = "increment" if isinstance(node, ir.CacheIncrement) else "decrement"
         amount = f"{node.amount} " if node.explicit_amount else ""
@@ -147,7 +147,7 @@ def format_node(node: ir.Node) -> str:
     if isinstance(node, ir.Await):
         return f"await {', '.join(node.vars)};"
     if isinstance(node, ir.Transfer):
-        return f"transfer {_ref(node.src)} >> {_ref(node.dst)};"
+        return f"transfer {format_ref(node.src)} >> {format_ref(node.dst)};"
     if isinstance(node, ir.Return):
         return f"return {', '.join(node.vars)};" if node.vars else "return;"
     raise TypeError(f"unknown node {type(node).__name__}")
@@ -169,11 +169,11 @@ def describe(node: ir.Node) -> str:
     if isinstance(node, ir.Assign):
         return f"assign {node.name}"
     if isinstance(node, ir.Op):
-        return f"op {node.op}({','.join(_ref(r, ',') for r in node.inputs)}) >> {node.output}"
+        return f"op {node.op}({','.join(format_ref(r, ',') for r in node.inputs)}) >> {node.output}"
     if isinstance(node, ir.CacheRead):
-        return f"cache.read {format_access(node.src, ',', '')} >> {_ref(node.dst, ',')}"
+        return f"cache.read {format_access(node.src, ',', '')} >> {format_ref(node.dst, ',')}"
     if isinstance(node, ir.CacheWrite):
-        return f"cache.write {_ref(node.src, ',')} >> {format_access(node.dst, ',', '')}"
+        return f"cache.write {format_ref(node.src, ',')} >> {format_access(node.dst, ',', '')}"
     if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
         word = "increment" if isinstance(node, ir.CacheIncrement) else "decrement"
         return f"cache.{word} {node.target}" if node.amount == 1 else f"cache.{word} {node.amount} {node.target}"
@@ -193,7 +193,7 @@ def describe(node: ir.Node) -> str:
     if isinstance(node, ir.Await):
         return f"await {', '.join(node.vars)}"
     if isinstance(node, ir.Transfer):
-        return f"transfer {_ref(node.src, ',')} >> {_ref(node.dst, ',')}"
+        return f"transfer {format_ref(node.src, ',')} >> {format_ref(node.dst, ',')}"
     if isinstance(node, ir.Return):
         return "return"
     raise TypeError(f"unknown node {type(node).__name__}")
