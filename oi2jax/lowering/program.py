@@ -149,11 +149,12 @@ class Program:
             return self.placer.put("state", host)
 
     def _dynamic_args(self, dynamic: dict) -> dict:
-        unknown = set(dynamic) - set(self._builder.dynamic)
-        if unknown:
-            raise OiError(f"unknown input {sorted(unknown)[0]}: the graph's dynamic variables are "
-                          f"{', '.join(self._builder.dynamic) or '(none)'}")
-        return {name: dynamic.get(name, self._defaults[name]) for name in self._builder.dynamic}
+        """Every dynamic variable: the given value, else its default (a hot path: kept minimal)."""
+        if dynamic.keys() <= self._defaults.keys():
+            return {**self._defaults, **dynamic} if dynamic else self._defaults
+        unknown = sorted(dynamic.keys() - self._defaults.keys())
+        raise OiError(f"unknown input {unknown[0]}: the graph's dynamic variables are "
+                      f"{', '.join(self._builder.dynamic) or '(none)'}")
 
     def step(self, state: dict, **dynamic):
         """Pure, jitted: (state, outputs). The state's buffers are donated."""
@@ -229,6 +230,12 @@ class Program:
         events = getattr(self, "last_trace", []) if events is None else events
         return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
                          for e in events)
+
+    def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
+        """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of
+        `batch_var` rows in one compiled program, state carried (lowering/chunked.py)."""
+        from .chunked import run_batched
+        return run_batched(self, inputs, batch_var, steps)
 
     def _run_growing(self, state, dynamic, outputs, steps: int, progress, chunk: int = 16):
         """Queue steps in chunks, reading back only the applied-step counter between chunks.
