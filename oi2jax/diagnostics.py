@@ -5,7 +5,7 @@ carrying one or more `Diagnostic`s; the CLI renders them with the source line an
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .ir import Span
 

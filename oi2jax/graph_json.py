@@ -9,7 +9,6 @@ comes back as `cache.increment x`. oi2jax extension: `return a, b;` is `{"Return
 """
 from __future__ import annotations
 
-import math
 import uuid
 
 import numpy as np

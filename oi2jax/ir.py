@@ -7,7 +7,7 @@ order; a loop's body is numbered before the loop node itself, §1.4).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 from typing import Iterator, Union

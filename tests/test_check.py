@@ -1,7 +1,6 @@
 """Checker: one failing program per rule, asserting the message and its exact line:column."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from oi2jax import ir

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oi2jax import ir
 from oi2jax.diagnostics import OiError
 from oi2jax.grammar.parse import parse
 from oi2jax.interpret import InterpretedProgram

@@ -5,7 +5,6 @@ import re
 
 import numpy as np
 
-from oi2jax import ir
 from oi2jax.grammar.fmt import describe
 from oi2jax.trace import Trace, node_uuid, split_ns
 

@@ -11,9 +11,8 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-import lark
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
 from .. import dtypes, ir
 from ..diagnostics import OiError

@@ -21,7 +21,7 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from .context import GROW, Frame, Tracer
+from .context import Frame, Tracer
 from .packing import pack, unpack
 
 INITIAL_CAPACITY = 4

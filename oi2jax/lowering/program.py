@@ -104,19 +104,22 @@ class Program:
                 yield
 
     def _host_consts(self) -> dict:
-        from ..model.packing import pack
+        """Every constant (packed types packed), prefix-table family and non-uniform initial value."""
         consts = {}
-        bound = self.bound
         for decl in self.graph.vars:
             if decl.is_prefix_table:
-                consts[decl.name] = bound.family(decl.name)
+                consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
-                value = bound.initial(decl.name)
-                d = dt.get(decl.dtype)
-                consts[decl.name] = pack(decl.dtype, value) if d.packed else value
+                consts[decl.name] = self._const_value(decl)
         for name, value in self._builder.init_args.items():
             consts[f"__init__/{name}"] = value
         return consts
+
+    def _const_value(self, decl: ir.VarDecl):
+        """A constant's host value (subclasses may return something placed lazily)."""
+        from ..model.packing import pack
+        value = self.bound.initial(decl.name)
+        return pack(decl.dtype, value) if dt.get(decl.dtype).packed else value
 
     def _make_jit(self):
         builder = self._builder

@@ -285,25 +285,10 @@ class ShardedProgram(Program):
     def mesh(self) -> Mesh:
         return self.placer.mesh
 
-    def _host_consts(self) -> dict:
-        # as Program._host_consts, but sharded model tensors stay on disk until each shard is placed
-        from ..model.packing import pack
-        consts = {}
-        bound = self.bound
-        for decl in self.graph.vars:
-            if decl.is_prefix_table:
-                consts[decl.name] = bound.family(decl.name)
-            elif decl.kind == ir.MemKind.CONSTANT:
-                lazy = self.placer.lazy_const(decl)
-                if lazy is not None:
-                    consts[decl.name] = lazy
-                    continue
-                value = bound.initial(decl.name)
-                d = dt.get(decl.dtype)
-                consts[decl.name] = pack(decl.dtype, value) if d.packed else value
-        for name, value in self._builder.init_args.items():
-            consts[f"{INIT_PREFIX}{name}"] = value
-        return consts
+    def _const_value(self, decl):
+        # sharded model tensors stay on disk until each shard is placed
+        lazy = self.placer.lazy_const(decl)
+        return lazy if lazy is not None else super()._const_value(decl)
 
     def _grow(self, state, need: np.ndarray):
         return super()._grow({k: fetch(v) for k, v in state.items()}, need)

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes as dt
 from .. import ir
 from .blocks import lower_nodes
 from .caches import build_layouts
