@@ -406,6 +406,26 @@ def test_built_models_match_reference_layout(tmp_path):
         assert path.read_bytes() == again.read_bytes(), name
 
 
+def test_committed_example_models_are_what_models_py_builds(tmp_path):
+    """examples/<name>.oinf ship with the repo (so `oi2jax run examples/<name>.oi` needs no
+    flags); they must be exactly what the project's own builder writes."""
+    models = _load_models_module()
+    for name in NAMES:
+        committed = EXAMPLES / f"{name}.oinf"
+        assert committed.exists(), name
+        assert models.build(name, tmp_path / f"{name}.oinf").read_bytes() == committed.read_bytes(), name
+
+
+def test_run_example_without_flags(capsys, tmp_path):
+    """`oi2jax run examples/<name>.oi` picks up examples/<name>.oinf by itself."""
+    from oi2jax.cli import main
+    from oi2jax.model import open_model
+    assert main(["run", str(EXAMPLES / "quantized_linear.oi"), "--quiet", "--out", str(tmp_path / "o.npz")]) == 0
+    m = open_model(str(EXAMPLES / "quantized_linear.oinf"))
+    want = m.load("x").astype(np.int32) @ m.load("w").astype(np.int32)
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], want)
+
+
 def test_example_runs_with_built_model(tmp_path):
     import oi2jax
     from oi2jax.model import open_model
