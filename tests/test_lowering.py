@@ -327,3 +327,45 @@ def test_packed_values_stay_packed_on_device(tmp_path):
     wrapped = ((expected + 8) % 16) - 8  # i4 wrap-around
     np.testing.assert_array_equal(out["P"], wrapped)
     np.testing.assert_array_equal(out["U"], np.full(7, 3, np.uint8))
+
+
+def test_sliding_window_over_eight_steps():
+    """A window of the last 3 rows slides over a @fixed(i=10) table: 8 steps against NumPy."""
+    prog = compile_text("""
+    dynamic { x: f32[2]; }
+    constant { three: i32 @init(3); }
+    persistent { w: i32 @init(0); s: i32 @init(0); e: i32 @init(3); A(i): f32[2] @table @fixed(i=10); }
+    volatile { window: f32[3, 2]; wv: i32; ready: bool; }
+    block entry {
+        cache.write x >> A[w];
+        cache.increment w;
+        cache.read w >> wv;
+        op ge(wv, three) >> ready;
+        branch ready slide wait;
+        return;
+    }
+    block slide { cache.read A[s..e] >> window; cache.increment s; cache.increment e; }
+    block wait { }
+    """)
+    x = np.array([1.0, -1.0], np.float32)
+    state = prog.init_state()
+    rows = np.zeros((10, 2), np.float32)
+    for step in range(8):
+        xs = (x * (step + 1)).astype(np.float32)
+        state, out = prog.step(state, x=jnp.asarray(xs))
+        rows[step] = xs
+        if step >= 2:
+            np.testing.assert_array_equal(np.asarray(out["window"]), rows[step - 2:step + 1])
+        else:
+            np.testing.assert_array_equal(np.asarray(out["window"]), np.zeros((3, 2)))
+    assert int(np.asarray(state["s"])) == 6 and int(np.asarray(state["__err"])) == 0
+
+
+def test_negative_slice_start_at_run_time_is_an_error():
+    prog = compile_text("""
+    persistent { s: i32 @init(-1); A(i): f32[2] @table @fixed(i=4); }
+    volatile { win: f32[2, 2]; }
+    block entry { cache.read A[s..1] >> win; }
+    """)
+    with pytest.raises(OiError, match=r"cache index cannot be negative \(slice start -1\) in A"):
+        prog.run({})

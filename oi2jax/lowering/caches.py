@@ -211,6 +211,9 @@ class CacheRules:
                 start = jnp.int64(0) if s.start is None else jnp.asarray(tr.index_value(s.start, frame, env), jnp.int64)
                 if isinstance(s.start, int) and s.start < 0:
                     raise self._err(f"cache index cannot be negative (slice start {s.start})", span)
+                code = tr.lowering.site(f"cache index cannot be negative (slice start {{value}}) in {layout.name}",
+                                        span)
+                env = tr.fail_if(env, start < 0, code, start)
                 if s.end is None:
                     end = size
                 elif isinstance(s.end, int) and s.end < 0:
