@@ -82,14 +82,23 @@ def load_model(model):
 
 
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
-            yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None):
+            yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
+            build: str = "concurrent", schedule: str = "dataflow"):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
 
     `mesh` (a `jax.sharding.Mesh`, or 'data=4,model=2') with `shard` ({size variable: mesh axis})
     shards the program over the mesh (lowering/sharding.py, docs/scaling.md).
     Graphs with yield/await run under `yield_mode="driver"` (default: entry phases and consumer
     blocks as separate kernels, `placement={"block": device | "cpu:1"}`; lowering/driver.py,
-    docs/yield_await.md) or `"fused"` (one jit); graphs without yield are one jit either way."""
+    docs/yield_await.md) or `"fused"` (one jit); graphs without yield are one jit either way.
+    `build="concurrent"` (default) compiles the driver's kernels on a thread pool and starts running
+    as soon as the first is built; `"sequential"` compiles them all first. `schedule="dataflow"`
+    (default) starts each consumer as soon as what it awaits is yielded (a ready queue);
+    `"linear"` runs the kernels in a fixed topological order, one at a time (debugging; identical
+    results). Both only matter for the yield/await driver (lowering/executor.py, docs/executor.md)."""
+    from .lowering.executor import check_build, check_schedule
+    check_build(build)
+    check_schedule(schedule)
     if mode not in MODES:
         raise OiError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
     if cache_dir is not None:  # `cache_dir=`: persistent XLA cache (enable_compilation_cache)
@@ -122,10 +131,12 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     from .lowering import Program
     from .lowering.driver import DriverProgram, has_yield
     if has_yield(graph) and yield_mode == "driver":
-        return DriverProgram(bound, device=device, placement=placement)
+        return DriverProgram(bound, device=device, placement=placement, build=build, schedule=schedule)
     if placement:
         raise OiError("placement needs a graph with yield/await run with yield_mode=\"driver\"")
-    return Program(bound, device=device, yield_mode=yield_mode)
+    program = Program(bound, device=device, yield_mode=yield_mode)
+    program.build, program.schedule = build, schedule  # one kernel: both builds/schedules coincide
+    return program
 
 
 def __getattr__(name):

@@ -145,7 +145,20 @@ def cmd_run(args) -> int:
         node_trace = Trace()
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
-                          trace=node_trace, **sharding)
+                          trace=node_trace, build=args.build, schedule=args.schedule, **sharding)
+    inputs = _load_inputs(args.input)
+    batch_var = args.batch_var
+    if batch_var is None and not args.interpret and hasattr(program, "run_batched"):
+        from .lowering.chunked import batch_var_for
+        batch_var = batch_var_for(program, inputs)  # an input longer than its batch size variable
+    if batch_var is not None:
+        if args.interpret or not hasattr(program, "run_batched"):
+            raise UsageError("--batch-var needs a compiled run (not --interpret)")
+        if args.steps < 1:
+            raise UsageError("a batch-chunked run needs --steps >= 1")
+        outputs = program.run_batched(inputs, batch_var=batch_var, steps=args.steps)
+        _write_outputs(args, outputs)
+        return 0
     from .progress import progress_for
     run_kwargs = {}
     bar = progress_for(args.steps, quiet=args.quiet)
@@ -154,7 +167,7 @@ def cmd_run(args) -> int:
     if tracing and not args.interpret:
         run_kwargs["trace"] = True
     try:
-        outputs = program.run(_load_inputs(args.input), steps=args.steps, **run_kwargs)
+        outputs = program.run(inputs, steps=args.steps, **run_kwargs)
     finally:
         if bar is not None:
             bar.close()
@@ -165,13 +178,18 @@ def cmd_run(args) -> int:
             print(f"note: {line}", file=sys.stderr)
     if getattr(args, "coordinator", None) is not None and args.process_id != 0:
         return 0  # every process computed the same gathered outputs; process 0 reports them
+    _write_outputs(args, outputs)
+    return 0
+
+
+def _write_outputs(args, outputs) -> None:
+    import numpy as np
     if args.out:
         np.savez(args.out, **outputs)
     if not args.quiet:
         for name, value in outputs.items():
             print(f"{name}: {value.dtype}{list(value.shape)}")
             print(np.array2string(value, threshold=64, edgeitems=3, precision=5))
-    return 0
 
 
 def _report_trace(args, program, node_trace) -> None:
@@ -286,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", action="store_true", help="print a trace (per node interpreted, per kernel compiled)")
     r.add_argument("--trace-json", metavar="FILE", help="write the trace events as JSON")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--build", choices=("sequential", "concurrent"), default="concurrent",
+                   help="compile the driver's kernels all first, or on a thread pool while running")
+    r.add_argument("--schedule", choices=("dataflow", "linear"), default="dataflow",
+                   help="yield/await consumers from a ready queue, or in a fixed order (debugging)")
+    r.add_argument("--batch-var", metavar="SIZEVAR",
+                   help="run inputs longer than this size variable in chunks of it (auto-detected)")
     r.add_argument("--explain-recompiles", action="store_true",
                    help="report every compilation of the step and why it happened")
     _add_sharding_flags(r, distributed=True)

@@ -20,6 +20,7 @@ goes there and only what it writes comes back.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -32,7 +33,9 @@ from ..diagnostics import Diagnostic, OiError
 from .blocks import lower_block, lower_nodes
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
 from .step import STEPS
-from .program import Program, resolve_device
+from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
+    kernel_error, run_tasks
+from .program import Placer, Program, resolve_device
 from .sync import consumer_blocks, written_names
 
 GUARDS = (ERR, ERRVAL, GROW)
@@ -229,12 +232,17 @@ class Kernel:
     commit: tuple | None = None  # last entry phase: state keys it commits (or undoes)
     merge_count: int = 0  # entry phase after an await: consumers' guards it merges
     back: tuple = ()  # consumer: indices of outputs merged into entry at the await
+    span: object = None  # DSL location for errors (entry phase: its first node; consumer: its block)
+    future: object = None  # executor: the compilation (result: the XLA executable)
+    compiled: object = None  # the AOT executable once fetched (else `jitted` compiles lazily)
+    arg_avals: tuple = ()  # (consts, keep, donated) avals, for `lower_for`
 
     def plan(self, const_avals: dict, env_avals: dict, owned: set, protected: set, counter) -> None:
         """Trace abstractly; find reads / writes; build the flat jitted kernel."""
         c_keys = tuple(const_avals)
         e_keys = tuple(env_avals)
         fn = self.fn
+        self._plan_avals = (const_avals, env_avals)
 
         def flat(c_list, e_list):
             return fn(dict(zip(c_keys, c_list)), dict(zip(e_keys, e_list)))
@@ -292,6 +300,20 @@ class Kernel:
 
         self.jitted = jax.jit(kernel, donate_argnums=(2,))
 
+    def lower_for(self, device):
+        """`jitted.lower(...)` for the planned signature, committed to `device` (AOT build)."""
+        from jax.sharding import SingleDeviceSharding
+        const_avals, env_avals = self._plan_avals
+        sharding = SingleDeviceSharding(device)
+
+        def spec(a):
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+
+        self.arg_avals = (tuple(spec(const_avals[k]) for k in self.const_keys),
+                          tuple(spec(env_avals[k]) for k in self.keep_keys),
+                          tuple(spec(env_avals[k]) for k in self.donate_keys))
+        return self.jitted.lower(*self.arg_avals)
+
 
 class _DriverStep:
     """Callable like Program's jitted step: (consts, state, dynamic) -> (state, outputs)."""
@@ -320,16 +342,23 @@ class DriverProgram(Program):
     `run(..., trace=True)` (or `trace_enabled = True`) fills `last_trace` with one dict per kernel
     call: {"step", "phase", "kernel", "device", "ms"} (kernels are waited for only when tracing)."""
 
-    def __init__(self, bound, device=None, yield_mode: str = "driver", placer=None, placement=None):
+    def __init__(self, bound, device=None, yield_mode: str = "driver", placer=None, placement=None,
+                 build: str = DEFAULT_BUILD, schedule: str = DEFAULT_SCHEDULE):
         self.analysis = analyze(bound.graph)
         self.placement = {name: parse_device(dev) for name, dev in (placement or {}).items()}
         for name in self.placement:
             if bound.graph.block(name) is None or name == "entry":
                 raise OiError(f"placement: {name} is not a consumer block")
+        self.build = check_build(build)
+        self.schedule = check_schedule(schedule)
         self.trace_enabled = False
         self.last_trace: list[dict] = []
+        self.last_order: list[str] = []  # kernels of the last step, in dispatch (start) order
         self._plan = None
+        self._kbuilder: KernelBuilder | None = None
         self._step_no = 0
+        self._t0 = time.perf_counter()
+        self._count_lock = threading.Lock()
         super().__init__(bound, device=device, yield_mode=yield_mode, placer=placer)
 
     # ------------------------------------------------------------------ kernels
@@ -339,7 +368,27 @@ class DriverProgram(Program):
         return _DriverStep(self)
 
     def _count(self):
-        self.compiles += 1
+        with self._count_lock:
+            self.compiles += 1
+
+    def _aot(self) -> bool:
+        """Kernels are built ahead of time (sequential/concurrent build) unless a custom placer
+        (shardings) decides where values live: then each kernel's jit compiles at its first call."""
+        return type(self.placer) is Placer
+
+    def _submit(self, kern: Kernel) -> None:
+        """Lower `kern` here (tracing needs this thread's JAX config) and hand its XLA compilation
+        to the kernel builder (inline for build="sequential", a worker thread for "concurrent")."""
+        if self._kbuilder is None or not self._aot():
+            return
+        dev = kern.device if kern.placed else self._main_device()
+        try:
+            lowered = kern.lower_for(dev)
+        except OiError:
+            raise
+        except Exception as exc:
+            raise kernel_error(self.graph, kern, exc, "compile") from None
+        self._kbuilder.submit(kern, lowered)
 
     def _main_device(self):
         return self.device if self.device is not None else jax.devices()[0]
@@ -437,6 +486,9 @@ class DriverProgram(Program):
             kern.commit = commit
             kern.plan(const_avals, dict(env), owned_now, protected, self._count)
             kern.const_vals = tuple(self._consts[k] for k in kern.const_keys)
+            kern.span = phase.nodes[0].span if phase.nodes else self.graph.entry.span
+            if kern.out_keys:
+                self._submit(kern)
             phase_kernels.append(kern)
             for k in [k for k in env if k.startswith("__pending") or k.startswith(OLD)]:
                 del env[k]
@@ -459,6 +511,8 @@ class DriverProgram(Program):
                     writes = written_names(self.graph, self.graph.block(name))
                     merged = tuple(k for k in snap if k.split("#", 1)[0] in writes and not k.startswith("__"))
                     ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARDS)
+                    ck.span = self.graph.block(name).span
+                    self._submit(ck)
                     consumers[w].append((ck, merged, {}))
                 protected = set()
                 for w2 in snapshots:
@@ -468,6 +522,31 @@ class DriverProgram(Program):
         return self._plan
 
     # ------------------------------------------------------------------ the driver
+
+    def _executable(self, kern: Kernel):
+        """What to call for `kern`: its AOT executable (waiting for its compilation) or its jit."""
+        if kern.compiled is None and kern.future is not None:
+            kern.compiled = self._kbuilder.result(kern) if self._kbuilder is not None else kern.future.result()
+        return kern.compiled
+
+    def _invoke(self, kern: Kernel, args):
+        exe = self._executable(kern)
+        try:
+            if exe is not None:
+                try:
+                    return exe(*args)
+                except TypeError as exc:  # argument avals differ from the AOT signature: jit instead
+                    if "differ from the types" not in str(exc) and "sharding" not in str(exc).lower():
+                        raise
+                    self.compile_log.append(f"kernel {kern.name}: AOT executable rejected its arguments; "
+                                            f"jit recompiles it")
+                    kern.compiled = None
+                    kern.future = None
+            return kern.jitted(*args)
+        except OiError:
+            raise
+        except Exception as exc:
+            raise kernel_error(self.graph, kern, exc, "run") from None
 
     def _call(self, kern: Kernel, env: dict, step: int):
         if kern.placed:
@@ -482,62 +561,113 @@ class DriverProgram(Program):
                     v = jnp.copy(v)  # aliased by another name: donate a copy
                 donated.append(v)
             donated = tuple(donated)
+        self.last_order.append(kern.name)
         if not self.trace_enabled:
-            return kern.jitted(kern.const_vals, keep, donated)
+            return self._invoke(kern, (kern.const_vals, keep, donated))
+        self._executable(kern)  # compile wait is not kernel time
         t0 = time.perf_counter()
-        outs = kern.jitted(kern.const_vals, keep, donated)
-        jax.block_until_ready(outs)
-        ms = (time.perf_counter() - t0) * 1e3
         dev = kern.device if kern.placed else self._main_device()
-        self.last_trace.append({"step": step, "phase": kern.phase, "kernel": kern.name,
-                                "device": device_name(dev), "ms": ms})
+        event = {"step": step, "phase": kern.phase, "kernel": kern.name, "device": device_name(dev), "ms": 0.0}
+        self.last_trace.append(event)  # appended at the start: the list is the actual start order
+        outs = self._invoke(kern, (kern.const_vals, keep, donated))
+        jax.block_until_ready(outs)
+        event["ms"] = (time.perf_counter() - t0) * 1e3
         return outs
 
     def _drive(self, state: dict, dynamic: dict):
         with self._scope():
-            plan = self._plan if self._plan is not None else self._make_plan(state, dynamic)
-            phase_kernels, consumers = plan
-            step = self._step_no
-            self._step_no += 1
-            main = self._main_device()
-            env = dict(dynamic)
-            env.update(state)
-            inflight: dict[int, list] = {}
-            for phase, kern in zip(self.analysis.phases, phase_kernels):
-                if phase.merges is not None:
-                    j = 0
-                    for ck, merged, snap, outs in inflight.pop(phase.merges):
-                        back = tuple(outs[i] for i in ck.back)
-                        if ck.placed:
-                            back = jax.device_put(back, main)
-                        result = dict(zip((ck.out_keys[i] for i in ck.back), back))
-                        for k in merged:
-                            env[k] = result.get(k, snap[k])
-                        if any(g in result for g in GUARDS):
-                            for g in GUARDS:
-                                env[f"__pending{j}/{g}"] = result.get(g, snap[g])
-                            j += 1
-                if kern.commit:
-                    for k in kern.commit:
-                        env[OLD + k] = state[k]
-                outs = self._call(kern, env, step) if kern.out_keys else ()
-                for k in [k for k in env if k.startswith("__pending") or k.startswith(OLD)]:
-                    del env[k]
-                env.update(zip(kern.out_keys, outs))
-                if phase.launches is not None:
-                    snap = dict(env)
-                    launched = []
-                    for ck, merged, _ in consumers[phase.launches]:
-                        launched.append((ck, merged, snap, self._call(ck, snap, step)))
-                    inflight[phase.launches] = launched
-            commit = phase_kernels[-1].commit or ()
-            new_state = {}
-            for k in state:
-                new_state[k] = env.pop(NEW + k) if k in commit else env[k]
-            names = self.analysis.outputs if self.analysis.outputs is not None else \
-                tuple(self._builder.dynamic + self._builder.volatile)
-            outputs = {name: env[name] for name in names if name in env}
-            return new_state, outputs
+            fresh = self._plan is None
+            try:
+                if fresh:
+                    self._kbuilder = KernelBuilder(self.graph, self.build)
+                    self._make_plan(state, dynamic)
+                return self._drive_planned(state, dynamic)
+            except BaseException:
+                if fresh:
+                    self._plan = None  # a failed build is retried by the next run
+                if self._kbuilder is not None:
+                    self._kbuilder.close(cancel=True)
+                raise
+            finally:
+                if self._kbuilder is not None:  # every kernel ran: no compile is left pending
+                    self._kbuilder.close()
+                    self._kbuilder = None
+
+    def _drive_planned(self, state: dict, dynamic: dict):
+        """One step: the kernels as tasks of a ready queue (executor.run_tasks)."""
+        phase_kernels, consumers = self._plan
+        step = self._step_no
+        self._step_no += 1
+        self.last_order = []
+        main = self._main_device()
+        env = dict(dynamic)
+        env.update(state)
+        snaps: dict[int, dict] = {}
+        inflight: dict[int, dict] = {w: {} for w in consumers}
+
+        def run_phase(phase: Phase, kern: Kernel):
+            if phase.merges is not None:
+                j = 0
+                for i in sorted(inflight[phase.merges]):
+                    ck, merged, snap, outs = inflight[phase.merges].pop(i)
+                    back = tuple(outs[i] for i in ck.back)
+                    if ck.placed:
+                        back = jax.device_put(back, main)
+                    result = dict(zip((ck.out_keys[i] for i in ck.back), back))
+                    for k in merged:
+                        env[k] = result.get(k, snap[k])
+                    if any(g in result for g in GUARDS):
+                        for g in GUARDS:
+                            env[f"__pending{j}/{g}"] = result.get(g, snap[g])
+                        j += 1
+                snaps.pop(phase.merges, None)
+            if kern.commit:
+                for k in kern.commit:
+                    env[OLD + k] = state[k]
+            outs = self._call(kern, env, step) if kern.out_keys else ()
+            for k in [k for k in env if k.startswith("__pending") or k.startswith(OLD)]:
+                del env[k]
+            env.update(zip(kern.out_keys, outs))
+            if phase.launches is not None:
+                snaps[phase.launches] = dict(env)  # every consumer of the window starts from this
+            return outs or None
+
+        def run_consumer(w: int, i: int, ck: Kernel, merged: tuple):
+            snap = snaps[w]
+            outs = self._call(ck, snap, step)
+            inflight[w][i] = (ck, merged, snap, outs)
+            return outs
+
+        # the linear (topological) order: phase, its yield's consumers (name order), next phase, ...
+        # A consumer depends on the phase whose yield completes the variables it awaits (every
+        # consumer of window w awaits a variable yielded there, and deadlock_diagnostics rejects
+        # awaiting one yielded later); a phase depends on the previous phase and, at an await, on
+        # every consumer of that window.
+        tasks: list[Task] = []
+        window_tasks: dict[int, list[int]] = {}
+        prev = None
+        for phase, kern in zip(self.analysis.phases, phase_kernels):
+            deps = () if prev is None else (prev,)
+            if phase.merges is not None:
+                deps += tuple(window_tasks[phase.merges])
+            idx = prev = len(tasks)
+            tasks.append(Task(idx, kern, deps, lambda phase=phase, kern=kern: run_phase(phase, kern)))
+            if phase.launches is not None:
+                w = phase.launches
+                window_tasks[w] = []
+                for i, (ck, merged, _) in enumerate(consumers[w]):
+                    window_tasks[w].append(len(tasks))
+                    tasks.append(Task(len(tasks), ck, (idx,),
+                                      lambda w=w, i=i, ck=ck, merged=merged: run_consumer(w, i, ck, merged)))
+        run_tasks(tasks, self.schedule, self._kbuilder, block=jax.block_until_ready)
+        commit = phase_kernels[-1].commit or ()
+        new_state = {}
+        for k in state:
+            new_state[k] = env.pop(NEW + k) if k in commit else env[k]
+        names = self.analysis.outputs if self.analysis.outputs is not None else \
+            tuple(self._builder.dynamic + self._builder.volatile)
+        outputs = {name: env[name] for name in names if name in env}
+        return new_state, outputs
 
     # ------------------------------------------------------------------ public API
 
@@ -548,6 +678,7 @@ class DriverProgram(Program):
             self.trace_enabled = bool(trace)
         self.last_trace = []
         self._step_no = 0
+        self._t0 = time.perf_counter()
         try:
             return super().run(inputs, steps, **kwargs)
         finally:

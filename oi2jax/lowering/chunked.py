@@ -1,0 +1,168 @@
+"""Batch-chunk looping: run a graph over inputs with more rows than its batch size variable
+(`Program.run_batched`, `oi2jax run` with a long input; docs/executor.md).
+
+The *batched* variables are the dynamic and volatile variables whose first declared dim is
+exactly the batch size variable `B`. An input of N rows is split into `N // B` full chunks and a
+last partial chunk of `R = N % B` rows. Everything runs inside ONE jitted program:
+
+    state -> lax.scan(step x steps, over the full chunks, state carried) -> tail step(s) -> state
+
+Each chunk runs the graph's step `steps` times with that chunk's rows (like `run`), persistent
+state carried from chunk to chunk in order; each chunk's batched outputs land at its offset in
+the full output. The partial chunk is NOT padded: it runs the same graph bound with `B = R`
+(a second step function traced into the same program), so no padded row exists that could leak
+into persistent state, and the result equals running the graph on each chunk by hand (the
+full-chunk program, then a program compiled with `B = R`, carrying the state). This needs the
+persistent state's shapes not to depend on `B` when `R > 0` (OiError otherwise). Non-batched
+outputs are the last chunk's. Graphs with growable caches are refused (growth needs the host
+between steps). Yield/await graphs run their fused step (bit-identical to the driver).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import ir
+from ..diagnostics import OiError
+from ..values import convert_input
+
+
+def _first_dim_is(decl, batch_var: str) -> bool:
+    return bool(decl.dims) and tuple(decl.dims[0].atoms) == (batch_var,)
+
+
+def batched_names(graph: ir.Graph, batch_var: str) -> list[str]:
+    """Dynamic and volatile variables whose first declared dim is the batch size variable."""
+    return [v.name for v in graph.vars
+            if v.kind in (ir.MemKind.DYNAMIC, ir.MemKind.VOLATILE) and not v.is_prefix_table
+            and _first_dim_is(v, batch_var)]
+
+
+def batch_var_for(program, inputs: dict) -> str | None:
+    """The size variable an over-long input is batched over (CLI auto-detection), or None."""
+    for name, value in inputs.items():
+        decl = program.graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.DYNAMIC or not decl.dims:
+            continue
+        atoms = tuple(decl.dims[0].atoms)
+        shape = program.bound.shape(name)
+        a = np.asarray(value)
+        if len(atoms) == 1 and isinstance(atoms[0], str) and a.ndim == len(shape) and a.ndim \
+                and a.shape[0] != shape[0] and tuple(a.shape[1:]) == tuple(shape[1:]):
+            return atoms[0]
+    return None
+
+
+def _tail_program(program, rows: int, batch_var: str):
+    """The same graph bound with `batch_var = rows` (its step traced into the chunked program)."""
+    from ..model.bind import bind
+    from .program import Program
+    bound = program.bound
+    sizes = dict(bound.sizes)
+    sizes[batch_var] = rows
+    return Program(bind(program.graph, bound.model, sizes), device=program.device, yield_mode="fused")
+
+
+def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
+    graph, bound = program.graph, program.bound
+    if batch_var not in bound.sizes:
+        raise OiError(f"run_batched: {batch_var} is not a size variable of this graph "
+                      f"(sizes: {', '.join(sorted(bound.sizes)) or 'none'})")
+    if steps < 1:
+        raise OiError("run_batched: steps must be >= 1")
+    if program._lowering.growable:
+        raise OiError("run_batched: graphs with growable caches are not supported (capacity growth "
+                      "needs the host between steps); give the caches @fixed sizes or use run")
+    B = int(bound.sizes[batch_var])
+    batched = batched_names(graph, batch_var)
+    inputs = dict(inputs or {})
+    rows = {name: np.asarray(v).shape[0] for name, v in inputs.items()
+            if name in batched and np.asarray(v).ndim > 0}
+    if not rows:
+        raise OiError(f"run_batched: no input is batched over {batch_var} (batched variables: "
+                      f"{', '.join(batched) or 'none'})")
+    if len(set(rows.values())) > 1:
+        raise OiError("run_batched: batched inputs disagree on their number of rows: " +
+                      ", ".join(f"{k}={v}" for k, v in rows.items()))
+    N = next(iter(rows.values()))
+    if N < 1:
+        raise OiError("run_batched: inputs have no rows")
+    n_full, rem = divmod(N, B)
+    if rem:
+        dependent = [v.name for v in graph.vars if v.kind == ir.MemKind.PERSISTENT
+                     and any(batch_var in d.atoms for d in v.dims)]
+        if dependent:
+            raise OiError(f"run_batched: {N} rows is not a multiple of {batch_var}={B} and persistent "
+                          f"variable {dependent[0]} depends on {batch_var}: the last chunk cannot "
+                          f"carry that state; pass a multiple of {B} rows")
+
+    # convert: batched inputs with N rows, others as declared
+    host: dict[str, np.ndarray] = {}
+    for name, value in inputs.items():
+        decl = graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+            raise OiError(f"unknown input {name}: the graph's dynamic variables are "
+                          f"{', '.join(program.dynamic_names) or '(none)'}")
+        shape = bound.shape(name)
+        if name in batched:
+            shape = (N,) + tuple(shape[1:])
+        host[name] = convert_input(name, value, decl.dtype, shape)
+
+    tail = _tail_program(program, rem, batch_var) if rem else None
+    builder = program._builder
+    out_batched = [n for n in builder.dynamic + builder.volatile if n in batched]
+
+    with program._scope():
+        put = program.placer.put
+        full_in = {k: v[:n_full * B].reshape((n_full, B) + v.shape[1:]) for k, v in host.items() if k in batched}
+        tail_in = {k: v[n_full * B:] for k, v in host.items() if k in batched}
+        other = {k: v for k, v in host.items() if k not in batched}
+        full_in = put("dynamic", full_in) if n_full else {}
+        tail_in = put("dynamic", tail_in) if rem else {}
+        other = put("dynamic", other)
+        defaults = {k: v for k, v in program._defaults.items() if k not in host}
+        tail_defaults = {k: v for k, v in tail._defaults.items() if k not in host} if rem else {}
+        tail_consts = tail._consts if rem else {}
+        state = program.init_state()
+
+        def run_steps(step_fn, consts, state, dyn):
+            state, outs = step_fn(consts, state, dyn)
+            if steps > 1:
+                state, outs = lax.fori_loop(1, steps, lambda _, c: step_fn(consts, c[0], dyn), (state, outs))
+            return state, outs
+
+        def chunked(consts, tconsts, state, full_in, tail_in, other, defaults, tdefaults):
+            outs_full = outs_tail = None
+            if n_full:
+                def body(state, xs):
+                    dyn = {**defaults, **other, **xs}
+                    state, outs = run_steps(builder, consts, state, dyn)
+                    return state, outs
+                state, outs_full = lax.scan(body, state, full_in)
+            if rem:
+                dyn = {**tdefaults, **other, **tail_in}
+                state, outs_tail = run_steps(tail._builder, tconsts, state, dyn)
+            return state, outs_full, outs_tail
+
+        program.compile_log.append(f"run_batched: {N} rows over {batch_var}={B}: {n_full} full chunk(s)"
+                                   + (f" + a last chunk of {rem} row(s)" if rem else "") + ", one program")
+        fn = jax.jit(chunked, donate_argnums=(2,))
+        state, outs_full, outs_tail = fn(program._consts, tail_consts, state, full_in, tail_in, other,
+                                         defaults, tail_defaults)
+        outputs: dict = {}
+        names = (outs_tail or outs_full).keys()
+        for name in names:
+            if name in out_batched:
+                parts = []
+                if outs_full is not None:
+                    v = outs_full[name]
+                    parts.append(v.reshape((n_full * B,) + v.shape[2:]))
+                if outs_tail is not None:
+                    parts.append(outs_tail[name])
+                outputs[name] = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+            else:
+                outputs[name] = outs_tail[name] if outs_tail is not None else outs_full[name][-1]
+        program._raise_if_failed(state)
+        return program._collect(state, outputs)
