@@ -112,7 +112,7 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     check_or_raise(graph, model=model_obj, sizes=sizes)
     bound = bind(graph, model_obj, sizes)
     if mode == "compiled":  # yield/await deadlocks (lowering/driver.py), in either yield_mode
-        from .lowering.driver import deadlock_diagnostics
+        from .phases import deadlock_diagnostics
         deadlocks = deadlock_diagnostics(graph)
         if deadlocks:
             raise OiError(deadlocks, source=graph.source)
@@ -129,7 +129,8 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
         from .lowering.sharding import compile_sharded
         return compile_sharded(bound, mesh, shard, yield_mode=yield_mode)
     from .lowering import Program
-    from .lowering.driver import DriverProgram, has_yield
+    from .lowering.driver import DriverProgram
+    from .phases import has_yield
     if has_yield(graph) and yield_mode == "driver":
         return DriverProgram(bound, device=device, placement=placement, build=build, schedule=schedule)
     if placement:

@@ -133,7 +133,7 @@ class _Dot:
             self.edges.append(f"  {src} -> {missing} [label={_q(label)}, color=red];")
 
     def build(self) -> str:
-        from .lowering.sync import consumer_blocks
+        from .phases import consumer_blocks
         for block in self.graph.blocks:
             self.lines.append(f"  subgraph {_id('cluster', block.name)} {{")
             self.lines.append(f"    label={_q('block ' + block.name)};")

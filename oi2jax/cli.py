@@ -129,7 +129,6 @@ def _sharding_kwargs(args) -> dict:
 
 
 def cmd_run(args) -> int:
-    import numpy as np
     from . import api
     if args.steps < 0:
         raise UsageError("--steps must be >= 0")

@@ -98,7 +98,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     from . import api
     from .lowering import Program
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
-    from .lowering.driver import has_yield
+    from .phases import has_yield
 
     symbolic = tuple(symbolic or ())
     graph = api.load_graph(source_or_path)
@@ -107,7 +107,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     from .model.bind import bind
     check_or_raise(graph, model=model_obj, sizes=sizes)
     bound = bind(graph, model_obj, sizes)
-    from .lowering.driver import deadlock_diagnostics
+    from .phases import deadlock_diagnostics
     deadlocks = deadlock_diagnostics(graph)
     if deadlocks:
         raise OiError(deadlocks, source=graph.source)

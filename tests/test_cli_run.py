@@ -156,5 +156,7 @@ def test_run_trace_compiled_is_per_kernel(capsys, tmp_path):
     lines = out.splitlines()
     assert lines[0].startswith("# compiled mode: nodes run fused inside kernels")
     kernels = [line.split(" on ")[0] for line in lines[1:]]
-    assert kernels[:4] == ["step 0 phase 0 entry:0", "step 0 phase 0 reader", "step 0 phase 0 writer",
-                           "step 0 phase 1 entry:1"] and len(kernels) == 8
+    assert len(kernels) == 8
+    # the consumers start in ready-queue order (whichever kernel is ready first), between the phases
+    assert kernels[0] == "step 0 phase 0 entry:0" and kernels[3] == "step 0 phase 1 entry:1"
+    assert sorted(kernels[1:3]) == ["step 0 phase 0 reader", "step 0 phase 0 writer"]

@@ -15,7 +15,8 @@ import pytest
 import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.grammar.parse import parse
-from oi2jax.lowering.driver import DriverProgram, analyze
+from oi2jax.lowering.driver import DriverProgram
+from oi2jax.phases import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = Path("/work/shared/openinfer/models/streaming_pipeline.oinf")

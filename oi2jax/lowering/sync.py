@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from .. import ir
 from .blocks import lower_block, rule
+from ..phases import consumer_blocks, written_names
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
 
 
@@ -23,48 +24,6 @@ def _dep(node: ir.Dep, env, frame, tr):
         env = dict(env)
         env[node.after], env[node.before] = a, b
     return env  # op names / dotted names: recorded in the IR, no effect (§0 item 6)
-
-
-def consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
-    """Non-entry, non-branch-target blocks that await something (§0 item 3), by name."""
-    targets = set()
-    for block in graph.blocks:
-        for node in block.walk():
-            if isinstance(node, ir.Branch):
-                targets.add(node.then_block)
-                if node.else_block:
-                    targets.add(node.else_block)
-    found = [b for b in graph.blocks
-             if b.name != "entry" and b.name not in targets and any(isinstance(n, ir.Await) for n in b.walk())]
-    return sorted(found, key=lambda b: b.name)
-
-
-def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
-    """Variables a block (and the blocks it calls) may write."""
-    seen = set() if seen is None else seen
-    if block.name in seen:
-        return set()
-    seen.add(block.name)
-    out: set[str] = set()
-    for node in block.walk():
-        if isinstance(node, ir.Op):
-            out.add(node.output)
-        elif isinstance(node, ir.Transfer):
-            out.add(node.dst.name)
-        elif isinstance(node, ir.CacheRead):
-            out.add(node.dst.name)
-            out.add(node.src.base)
-        elif isinstance(node, (ir.CacheWrite,)):
-            out.add(node.dst.base)
-        elif isinstance(node, ir.CacheReset):
-            out.add(node.target.base)
-        elif isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-            out.add(node.target)
-        elif isinstance(node, ir.Branch):
-            for target in (node.then_block, node.else_block):
-                if target and graph.block(target):
-                    out |= written_names(graph, graph.block(target), seen)
-    return out
 
 
 def _consumers_of(tr: Tracer, names: tuple[str, ...]) -> list[ir.Block]:

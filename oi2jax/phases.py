@@ -1,0 +1,192 @@
+"""yield/await structure of a graph, on the IR alone (no JAX): consumers, windows, phases.
+
+Shared by the checker (pairing and deadlock diagnostics), the fused lowering (lowering/sync.py)
+and the driver (lowering/driver.py). Consumers follow SPEC §0 item 3: the non-entry,
+non-branch-target blocks that `await` at least one yielded variable, in name order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ir
+from .diagnostics import Diagnostic, OiError
+
+
+def consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
+    """Non-entry, non-branch-target blocks that await something (§0 item 3), by name."""
+    targets = set()
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Branch):
+                targets.add(node.then_block)
+                if node.else_block:
+                    targets.add(node.else_block)
+    found = [b for b in graph.blocks
+             if b.name != "entry" and b.name not in targets and any(isinstance(n, ir.Await) for n in b.walk())]
+    return sorted(found, key=lambda b: b.name)
+
+
+def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
+    """Variables a block (and the blocks it calls) may write."""
+    seen = set() if seen is None else seen
+    if block.name in seen:
+        return set()
+    seen.add(block.name)
+    out: set[str] = set()
+    for node in block.walk():
+        if isinstance(node, ir.Op):
+            out.add(node.output)
+        elif isinstance(node, ir.Transfer):
+            out.add(node.dst.name)
+        elif isinstance(node, ir.CacheRead):
+            out.add(node.dst.name)
+            out.add(node.src.base)
+        elif isinstance(node, (ir.CacheWrite,)):
+            out.add(node.dst.base)
+        elif isinstance(node, ir.CacheReset):
+            out.add(node.target.base)
+        elif isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
+            out.add(node.target)
+        elif isinstance(node, ir.Branch):
+            for target in (node.then_block, node.else_block):
+                if target and graph.block(target):
+                    out |= written_names(graph, graph.block(target), seen)
+    return out
+
+
+@dataclass
+class Window:
+    """One yield..await pair of entry (top level)."""
+
+    index: int
+    yield_node: ir.Yield
+    await_node: ir.Await | None
+    consumers: list[str]
+
+
+@dataclass
+class Phase:
+    index: int
+    nodes: tuple[ir.Node, ...]
+    merges: int | None = None  # window whose consumers are merged at this phase's start (its await)
+    launches: int | None = None  # window whose consumers are dispatched after this phase (its yield)
+
+
+@dataclass
+class Analysis:
+    phases: list[Phase]
+    windows: list[Window]
+    fused_fallback: bool = False  # yield/await nested in entry loops: one phase, fused rules
+    outputs: tuple[str, ...] | None = None  # `return a, b;` in entry
+
+
+def _consumers(graph: ir.Graph, names) -> list[str]:
+    wanted = set(names)
+    return [b.name for b in consumer_blocks(graph)
+            if any(isinstance(n, ir.Await) and wanted & set(n.vars) for n in b.walk())]
+
+
+def _windows(graph: ir.Graph, nodes) -> tuple[list[Window], list[Diagnostic]]:
+    """Pair entry's yields and awaits (in walk order); pairing diagnostics as check.py words them."""
+    windows: list[Window] = []
+    diags: list[Diagnostic] = []
+    pending: Window | None = None
+    for node in ir.walk(nodes):
+        if isinstance(node, ir.Yield):
+            if pending is not None:
+                diags.append(Diagnostic("await required before next yield", node.span, "error",
+                                        (("previous yield here", pending.yield_node.span),)))
+                continue
+            pending = Window(len(windows), node, None, _consumers(graph, node.vars))
+            windows.append(pending)
+        elif isinstance(node, ir.Await):
+            if pending is None:
+                diags.append(Diagnostic(f"await {', '.join(node.vars)} has no matching yield", node.span))
+                continue
+            pending.await_node = node
+            pending = None
+    if pending is not None:
+        diags.append(Diagnostic(f"yield {', '.join(pending.yield_node.vars)} has no matching await",
+                                pending.yield_node.span))
+    return windows, diags
+
+
+def deadlock_diagnostics(graph: ir.Graph, windows: list[Window] | None = None) -> list[Diagnostic]:
+    """A consumer started at window i that awaits a variable v which entry yields only in a later
+    window j > i (and not at or before i) would wait for v while entry's await of window i waits
+    for it: a cycle. One error per (consumer, variable), at the consumer's await, with the later
+    yield (and entry's await) as related locations."""
+    entry = graph.entry
+    if entry is None:
+        return []
+    if windows is None:
+        windows, _ = _windows(graph, entry.nodes)
+    diags: list[Diagnostic] = []
+    reported: set[tuple[str, str]] = set()
+    for w in windows:
+        if w.await_node is None:
+            continue
+        earlier = {v for prev in windows[:w.index + 1] for v in prev.yield_node.vars}
+        for name in w.consumers:
+            block = graph.block(name)
+            for node in block.walk():
+                if not isinstance(node, ir.Await):
+                    continue
+                for v in node.vars:
+                    if v in earlier or (name, v) in reported:
+                        continue
+                    later = next((lw for lw in windows[w.index + 1:] if v in lw.yield_node.vars), None)
+                    if later is None:
+                        continue
+                    reported.add((name, v))
+                    diags.append(Diagnostic(
+                        f"deadlock: block {name} awaits {v}, which entry yields only after the await that "
+                        f"waits for block {name}", node.span, "error",
+                        ((f"{v} is yielded here, after entry's await", later.yield_node.span),
+                         (f"entry waits for block {name} here", w.await_node.span))))
+    return diags
+
+
+def analyze(graph: ir.Graph) -> Analysis:
+    """Phases and windows of `entry`; raises OiError (all diagnostics) on pairing errors / deadlocks."""
+    entry = graph.entry
+    if entry is None:
+        raise OiError("graph has no entry block")
+    nodes: list[ir.Node] = []
+    outputs = None
+    for node in entry.nodes:  # a top-level return ends the step: later nodes are dead
+        nodes.append(node)
+        if isinstance(node, ir.Return):
+            outputs = node.vars or None
+            break
+    windows, diags = _windows(graph, tuple(nodes))
+    diags += deadlock_diagnostics(graph, windows)
+    if diags:
+        raise OiError(diags, source=graph.source)
+    nested = any(isinstance(n, (ir.Yield, ir.Await)) for top in nodes if isinstance(top, ir.Loop)
+                 for n in ir.walk(top.body))
+    if nested:
+        return Analysis([Phase(0, tuple(nodes))], [], fused_fallback=True, outputs=outputs)
+    phases = [Phase(0, ())]
+    current: list[ir.Node] = []
+    w = 0
+    for node in nodes:
+        if isinstance(node, (ir.Yield, ir.Await)):
+            phases[-1].nodes = tuple(current)
+            current = []
+            nxt = Phase(len(phases), ())
+            if isinstance(node, ir.Yield):
+                phases[-1].launches = w
+            else:
+                nxt.merges = w
+                w += 1
+            phases.append(nxt)
+        else:
+            current.append(node)
+    phases[-1].nodes = tuple(current)
+    return Analysis(phases, windows, outputs=outputs)
+
+
+def has_yield(graph: ir.Graph) -> bool:
+    entry = graph.entry
+    return entry is not None and any(isinstance(n, (ir.Yield, ir.Await)) for n in entry.walk())
