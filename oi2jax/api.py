@@ -111,11 +111,6 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     model_obj = load_model(model)
     check_or_raise(graph, model=model_obj, sizes=sizes)
     bound = bind(graph, model_obj, sizes)
-    if mode == "compiled":  # yield/await deadlocks (lowering/driver.py), in either yield_mode
-        from .phases import deadlock_diagnostics
-        deadlocks = deadlock_diagnostics(graph)
-        if deadlocks:
-            raise OiError(deadlocks, source=graph.source)
     if mode == "interpret":
         from .interpret import InterpretedProgram
         return InterpretedProgram(bound, trace=trace)

@@ -306,6 +306,12 @@ def test_rule_deadlock_reported_at_compile_time_with_both_locations():
         d = error_with(info.value, "deadlock: block c awaits y")
         assert where(d.span) == loc(src, "await y;", 1)  # the consumer's await
         assert [where(s) for _, s in d.related] == [loc(src, "yield y;"), loc(src, "await x;")]
+    for mode in ("compiled", "interpret"):  # a graph error, whatever runs it; `oi2jax check` too
+        with pytest.raises(OiError, match="deadlock: block c awaits y"):
+            oi2jax.compile(src, mode=mode)
+    from oi2jax.check import check
+    from oi2jax.grammar.parse import parse
+    assert any("deadlock" in d.message for d in check(parse(src)))
     # awaiting y is fine when y is yielded at or before the window that starts the consumer
     ok = HEAD + "block entry {\n    yield x, y;\n    await x, y;\n    yield x;\n    await x;\n}\n" \
                 "block c { await x; await y; op add(x, y) >> r; yield x, y; }\n"

@@ -1,0 +1,6 @@
+"""Rule groups of the semantic checker: mixins of `oi2jax.check._Checker`, sharing its state and helpers."""
+from __future__ import annotations
+
+
+def shape_text(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"

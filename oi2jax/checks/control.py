@@ -1,0 +1,76 @@
+"""Control-flow rules: branch conditions and targets, loop bounds, and recursion in the branch graph."""
+from __future__ import annotations
+
+from .. import dtypes, ir
+
+
+class ControlRules:
+    """Per-node rules for `branch`/`loop` and the whole-graph branch-recursion rule."""
+
+    # ---- control
+    def check_scalar_var(self, name: str, span: ir.Span, prefix: str = "") -> bool:
+        if not self.known(name):
+            self.error(f"{prefix}unknown variable {name}", span)
+            return False
+        if not self.is_scalar(name):
+            self.error(f"{prefix}{name} must be scalar", span)
+            return False
+        return True
+
+    def check_branch(self, node: ir.Branch):
+        if node.cond is not None and self.check_scalar_var(node.cond, node.span):
+            if dtypes.get(self.dtype(node.cond)).packed:
+                self.error(f"branch condition {node.cond}: packed scalars are not supported", node.span)
+        for target in (node.then_block, node.else_block):
+            if target is not None and target not in self.g.block_map:
+                self.error(f"branch target block not found: {target}", node.span)
+
+    def check_loop_bound(self, node: ir.Loop, which: str, bound, loops):
+        if isinstance(bound, int) or bound in self.sizes:
+            return
+        prefix = f"loop {which} bound {bound} is invalid: "
+        if bound in loops:
+            self.error(prefix + f"loop index {bound} is not a variable", node.span)
+            return
+        if not self.known(bound) and not self.strict:
+            return  # may be a size variable of a model bound later
+        if self.check_scalar_var(bound, node.span, prefix) and dtypes.get(self.dtype(bound)).packed:
+            self.error(prefix + "packed scalars are not supported", node.span)
+
+    # ---------------------------------------------------------------- whole-graph rules
+    def branch_targets(self) -> dict[str, list[ir.Branch]]:
+        edges: dict[str, list[ir.Branch]] = {}
+        for b in self.g.blocks:
+            for node in b.walk():
+                if isinstance(node, ir.Branch):
+                    edges.setdefault(b.name, []).append(node)
+        return edges
+
+    def check_branch_graph(self):
+        edges = self.branch_targets()
+        blocks = self.g.block_map
+        reported: set[int] = set()
+        state: dict[str, int] = {}  # 1 visiting, 2 done
+        path: list[str] = []
+
+        def visit(name: str):
+            state[name] = 1
+            path.append(name)
+            for br in edges.get(name, []):
+                for t in (br.then_block, br.else_block):
+                    if t is None or t not in blocks:
+                        continue
+                    if state.get(t) == 1:
+                        if br.index not in reported:
+                            reported.add(br.index)
+                            cycle = path[path.index(t):] + [t]
+                            self.error(f"recursion through branches: {' -> '.join(cycle)}", br.span)
+                    elif t not in state:
+                        visit(t)
+            path.pop()
+            state[name] = 2
+
+        order = (["entry"] if "entry" in blocks else []) + [b.name for b in self.g.blocks]
+        for name in order:
+            if name not in state:
+                visit(name)

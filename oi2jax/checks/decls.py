@@ -1,0 +1,166 @@
+"""Declaration rules: variable declarations, @init values, model binding, blocks and assign temporaries."""
+from __future__ import annotations
+
+import re
+
+from .. import dtypes, ir
+from ..ir import MemKind
+from . import shape_text
+
+
+class DeclRules:
+    """Rules run once over the graph's declarations, before the node walk."""
+
+    # ---------------------------------------------------------------- declarations
+    def check_vars(self):
+        for d in self.g.vars:
+            if d.name in self.decls:
+                first = self.decls[d.name]
+                self.error(f"duplicate variable declaration {d.name}", d.span,
+                           [(f"{d.name} first declared here", first.span)])
+                continue
+            self.decls[d.name] = d
+        for d in self.g.vars:
+            self.check_decl(d)
+        if self.model is not None:
+            self.check_model()
+
+    def check_decl(self, d: ir.VarDecl):
+        if not dtypes.is_dtype(d.dtype):
+            self.error(f"unsupported dtype {d.dtype}", d.span)
+            return
+        for dim in d.dims:
+            for name in dim.names:
+                if name not in self.sizes and self.strict:
+                    self.error(f"invalid dims for {d.name}: unknown size: {name}", d.span)
+        if d.table and not d.index_params:
+            self.error(f"persistent table {d.name} missing table indices", d.attr_span("table"))
+        if d.is_table and dtypes.get(d.dtype).packed:
+            self.error("cache table packed dtypes not supported", d.span)
+        for name, _ in d.fixed:
+            if name not in d.index_params:
+                self.error(f"@fixed names {name}, which is not an index parameter of {d.name}", d.attr_span("fixed"))
+        for name in d.auto_dim:
+            if name not in d.index_params:
+                self.error(f"@auto_dim names {name}, which is not an index parameter of {d.name}",
+                           d.attr_span("auto_dim"))
+        if d.is_auto_dim and len(d.auto_dim) != len(d.dims):
+            self.error(f"auto_dim requires {len(d.dims)} dims, got {len(d.auto_dim)}", d.attr_span("auto_dim"))
+        if (d.table or d.auto_dim) and d.kind != MemKind.PERSISTENT:
+            what = "@table" if d.table else "@auto_dim"
+            self.error(f"{what} is only allowed on persistent variables, {d.name} is {d.kind.value}",
+                       d.attr_span("table" if d.table else "auto_dim"))
+        if d.index_params and not (d.table or d.auto_dim or d.pattern is not None):
+            self.error(f"{d.name} has index parameters but no @pattern, @table or @auto_dim", d.span)
+        if d.pattern is not None and d.index_params and not d.table:
+            for param in d.index_params:
+                if "{" + param + "}" not in d.pattern:
+                    self.error(f"@pattern of {d.name} does not use index parameter {param}", d.attr_span("pattern"))
+        if d.init is not None:
+            msg = init_error(d.dtype, d.init)
+            if msg:
+                self.error(msg, d.attr_span("init"))
+
+    def check_model(self):
+        m = self.model
+        tensors = m.tensors
+        for d in self.decls.values():
+            if d.ref is not None and d.ref not in tensors:
+                self.error(f"model variable not found: {d.ref}", d.attr_span("ref"))
+                continue
+            if d.is_prefix_table:
+                members = self.family_members(d)
+                for tname in members:
+                    self.check_bound(d, tname)
+                if not members and d.kind == MemKind.CONSTANT:
+                    self.error(f"constant {d.name} not found in model: no tensor matches @pattern(\"{d.pattern}\")",
+                               d.span)
+                continue
+            tname = d.ref if d.ref is not None else d.name
+            if tname in tensors:
+                if not (d.is_table or d.is_auto_dim):
+                    self.check_bound(d, tname)
+            elif d.kind == MemKind.CONSTANT and d.name not in (m.metadata or {}):
+                self.error(f"constant {d.name} not found in model (no tensor or metadata entry)", d.span)
+
+    def family_members(self, d: ir.VarDecl) -> list[str]:
+        parts = re.split(r"\{(\w+)\}", d.pattern)
+        regex = "".join(re.escape(p) if i % 2 == 0 else r"\d+" for i, p in enumerate(parts))
+        rx = re.compile(regex + r"\Z")
+        return [t for t in self.model.tensors if rx.match(t)]
+
+    def check_bound(self, d: ir.VarDecl, tname: str):
+        info = self.model.tensors[tname]
+        if info.dtype != d.dtype:
+            self.error(f"model dtype mismatch for {d.name}: model {info.dtype}, graph {d.dtype}", d.span)
+            return
+        shape = self.resolve_dims(d.dims)
+        if shape is not None and tuple(info.shape) != shape:
+            self.error(f"model shape mismatch for {d.name}: model {shape_text(info.shape)}, graph "
+                       f"{shape_text(shape)}", d.span)
+
+    # ---------------------------------------------------------------- blocks
+    def check_blocks_structure(self):
+        if not self.g.blocks:
+            self.error("graph has no blocks", self.top_span())
+            return
+        seen: dict[str, ir.Block] = {}
+        for b in self.g.blocks:
+            if b.name in seen:
+                self.error(f"duplicate block {b.name}", b.span, [(f"block {b.name} first defined here", seen[b.name].span)])
+            else:
+                seen[b.name] = b
+        if "entry" not in seen:
+            self.error("graph has no entry block (block entry { ... })", self.top_span())
+
+    def collect_temps(self):
+        for block in self.g.blocks:
+            for node in block.walk():
+                if not isinstance(node, ir.Assign):
+                    continue
+                if node.name in self.decls:
+                    self.error(f"assign shadows declared variable {node.name}", node.span,
+                               [(f"{node.name} declared here", self.decls[node.name].span)])
+                    continue
+                if node.name in self.temps:
+                    self.error(f"duplicate temporary {node.name}", node.span,
+                               [(f"{node.name} first assigned here", self.temps[node.name].span)])
+                    continue
+                self.temps[node.name] = node
+                if not dtypes.is_dtype(node.dtype):
+                    self.error(f"unsupported dtype {node.dtype}", node.span)
+                for dim in node.dims:
+                    for name in dim.names:
+                        if name not in self.sizes and self.strict:
+                            self.error(f"invalid dims for {node.name}: unknown size: {name}", node.span)
+
+
+
+# ---------------------------------------------------------------- @init rules (§2.3)
+
+_PACKED_RANGES = {"i4": (-8, 7), "i2": (-2, 1), "i1": (-1, 0), "u4": (0, 15), "u2": (0, 3), "u1": (0, 1),
+                  "t2": (-1, 1)}
+
+
+def init_error(dtype: str, lit: ir.Literal) -> str | None:
+    dt = dtypes.get(dtype)
+    if lit.kind == "float":
+        return None if dt.is_float else "float init requires f8/bf16/f16/f32/f64 dtype"
+    if lit.kind == "bool":
+        return None if dtype == "bool" else "bool init requires bool dtype"
+    if lit.kind != "int":
+        return f"unsupported init value kind {lit.kind}"
+    v = lit.value
+    if dt.is_float:
+        return f"int init requires an integer, bool or bitset dtype, got {dtype} (write {v}.0)"
+    if dtype == "t1":
+        return None if v in (-1, 1) else "t1 init out of range"
+    if dtype in _PACKED_RANGES:
+        lo, hi = _PACKED_RANGES[dtype]
+    elif dtype == "bool":
+        lo, hi = 0, 1
+    elif dtype == "bitset":
+        lo, hi = 0, 255
+    else:
+        lo, hi = dt.min, dt.max
+    return None if lo <= v <= hi else f"{dtype} init out of range"

@@ -1,0 +1,131 @@
+"""Op, transfer and variable-use rules: inputs, outputs, attributes and op typing via `oi2jax.ops.infer`."""
+from __future__ import annotations
+
+from .. import ir
+from ..ir import MemKind
+from . import shape_text
+
+
+class OpRules:
+    """Per-node rules for `op` and `transfer` and the variable uses (refs) they read."""
+
+    # ---- ops
+    def check_ref(self, ref: ir.VarRef, loops, unknown_msg: str) -> bool:
+        """A variable use (op input, transfer source); False when it cannot be typed."""
+        if ref.name in loops and ref.indices is None:
+            self.error(f"loop index {ref.name} is not a variable", ref.span)
+            return False
+        if not self.known(ref.name):
+            self.error(f"{unknown_msg} {ref.name}", ref.span)
+            return False
+        if ref.indices is not None:
+            d = self.decls.get(ref.name)
+            if d is None or not d.is_prefix_table:
+                self.error(f"{ref.name} is not a prefix table and cannot be indexed", ref.span)
+                return False
+            if len(ref.indices) != len(d.index_params):
+                self.error(f"prefix table {ref.name} expects {len(d.index_params)} indices, got {len(ref.indices)}",
+                           ref.span)
+                return False
+            for ix in ref.indices:
+                if isinstance(ix, str) and ix not in loops and ix not in self.sizes and self.strict:
+                    self.error(f"unknown prefix table index {ix} (expected a loop index or size variable)",
+                               ref.span)
+        return True
+
+    def check_op(self, node: ir.Op, loops):
+        from .. import ops
+        name_span = self.name_span(node.span, "op")
+        if node.op not in ops.REGISTRY:
+            self.error(f"unsupported op {node.op}", name_span)
+            return
+        spec = ops.REGISTRY[node.op]
+        ok = True
+        for ref in node.inputs:
+            if not self.check_ref(ref, loops, "unknown input variable"):
+                ok = False
+            elif ref.indices is None and self.kind(ref.name) == MemKind.PERSISTENT:
+                self.error(f"persistent cache {ref.name} must be read via cache.read", ref.span)
+                ok = False
+        out = node.output
+        out_ok = True
+        if not self.known(out):
+            self.error(f"unknown output variable {out}", node.output_span)
+            out_ok = False
+        elif self.kind(out) == MemKind.CONSTANT:
+            self.error(f"cannot write to constant memory: {out}", node.output_span)
+            out_ok = False
+        elif self.kind(out) == MemKind.PERSISTENT:
+            self.error(f"persistent cache {out} must be written via cache.write", node.output_span)
+            out_ok = False
+        # variable-valued attributes
+        for attr in node.attrs:
+            aname = "alpha" if (node.op, attr.name) == ("relu", "negative_slope") else attr.name
+            aspec = spec.attrs.get(aname)
+            if attr.value.kind != "var" or aspec is None:
+                continue
+            var = attr.value.value
+            if aspec.kind == "string":
+                if self.model is not None:
+                    meta = (self.model.metadata or {}).get(var)
+                    if meta is None or getattr(meta, "type", None) != "string":
+                        self.error(f"unknown attribute string: {var}", attr.span)
+            elif aspec.kind == "scalar":
+                if self.model is not None and getattr((self.model.metadata or {}).get(var), "type", None) == "string":
+                    continue
+                if not self.known(var):
+                    self.error(f"unknown attribute variable {var}", attr.span)
+                elif not self.is_scalar(var):
+                    self.error(f"attribute {var} must be scalar", attr.span)
+        if not ok:
+            return
+        in_dtypes = [self.dtype(r.name) for r in node.inputs]
+        in_shapes = [self.shape(r.name) for r in node.inputs]
+        in_names = [r.name if r.indices is None else str(r) for r in node.inputs]
+        try:
+            sig = ops.infer(node.op, in_dtypes, in_shapes, node.attr_map, out_name=out, in_names=in_names)
+        except ops.OpTypeError as exc:
+            span = name_span
+            if exc.attr is not None:
+                for a in node.attrs:
+                    if a.name == exc.attr or (exc.attr == "alpha" and a.name == "negative_slope"):
+                        span = a.span
+            elif exc.input is not None and 0 <= exc.input < len(node.inputs):
+                span = node.inputs[exc.input].span
+            self.error(exc.message, span)
+            return
+        if not out_ok:
+            return
+        declared = self.dtype(out)
+        if declared != sig.out_dtype:
+            self.error(f"op {node.op} output dtype mismatch for {out}: expected {declared}, got {sig.out_dtype}",
+                       node.output_span)
+            return
+        out_shape = self.shape(out)
+        if sig.out_shape is not None and out_shape is not None and tuple(sig.out_shape) != out_shape:
+            self.error(f"op {node.op} output shape mismatch for {out}: {out} is {shape_text(out_shape)}, "
+                       f"the result is {shape_text(sig.out_shape)}", node.output_span)
+
+
+    def check_transfer(self, node: ir.Transfer, loops):
+        src_ok = self.check_ref(node.src, loops, "unknown transfer source")
+        if src_ok and node.src.indices is None and self.kind(node.src.name) == MemKind.PERSISTENT:
+            self.error(f"persistent cache {node.src.name} must be read via cache.read", node.src.span)
+            src_ok = False
+        dst = node.dst
+        if not self.known(dst.name):
+            self.error(f"unknown transfer destination {dst.name}", dst.span)
+            return
+        if dst.indices is not None or self.kind(dst.name) in (MemKind.CONSTANT, MemKind.PERSISTENT):
+            self.error(f"cannot transfer into {dst}", dst.span)
+            return
+        if not src_ok:
+            return
+        if self.dtype(node.src.name) != self.dtype(dst.name):
+            self.error(f"transfer dtype mismatch: {node.src} is {self.dtype(node.src.name)}, {dst.name} is "
+                       f"{self.dtype(dst.name)}", dst.span)
+            return
+        a, b = self.shape(node.src.name), self.shape(dst.name)
+        if a is not None and b is not None and a != b:
+            self.error(f"transfer shape mismatch: {node.src} is {shape_text(a)}, {dst.name} is {shape_text(b)}",
+                       dst.span)

@@ -1,0 +1,332 @@
+"""Host-side state of the reference interpreter: cache tables, auto_dim growth, plain persistent, cache indices."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import dtypes as dt
+from . import ir
+from .numerics import f8_encode
+
+if TYPE_CHECKING:
+    from .interpret import _Ctx, _Frame
+
+
+# ---------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class _Table:
+    """A cache table: materialised entries by index tuple, current size per table index."""
+
+    sizes: list[int]
+    fixed: list[int | None]
+    entries: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
+
+    def copy(self) -> "_Table":
+        return _Table(list(self.sizes), list(self.fixed), dict(self.entries))
+
+    def reset_sizes(self) -> None:
+        for d, fixed in enumerate(self.fixed):
+            if fixed is not None:
+                self.sizes[d] = fixed
+            else:
+                self.sizes[d] = max((k[d] + 1 for k in self.entries), default=0)
+
+    def key(self):
+        return tuple(self.sizes), frozenset(self.entries)
+
+
+@dataclass
+class _State:
+    """All values: `values` (every non-table variable and temporary, including plain persistent
+    and auto_dim tensors), `tables`, `counts` (auto_dim counts). Arrays are never mutated in
+    place, so copies are shallow."""
+
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    tables: dict[str, _Table] = field(default_factory=dict)
+    counts: dict[str, list[int]] = field(default_factory=dict)
+
+    def copy(self) -> "_State":
+        return _State(dict(self.values), {k: t.copy() for k, t in self.tables.items()},
+                      {k: list(c) for k, c in self.counts.items()})
+
+    def take(self, other: "_State", name: str) -> None:
+        """Copy variable `name` (value, table or auto_dim counts) from `other`."""
+        if name in other.tables:
+            self.tables[name] = other.tables[name].copy()
+        if name in other.values:
+            self.values[name] = other.values[name]
+        if name in other.counts:
+            self.counts[name] = list(other.counts[name])
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def fill_value(dtype: str, init: ir.Literal | None, shape: tuple[int, ...]) -> np.ndarray:
+    """`@init` broadcast over `shape` in dtype's representation (zeros without @init)."""
+    d = dt.get(dtype)
+    if init is None:
+        return np.zeros(shape, dtype=d.np_dtype)
+    v = init.value
+    if d.name == "f8":
+        return f8_encode(np.full(shape, float(v), dtype=np.float32))
+    if d.name == "bf16":
+        return np.full(shape, float(v), dtype=np.float32).astype(d.np_dtype)
+    if d.family == dt.BOOL:
+        return np.full(shape, bool(v), dtype=np.bool_)
+    if d.is_float:
+        return np.full(shape, float(v), dtype=d.np_dtype)
+    return np.full(shape, int(v), dtype=np.int64).astype(d.np_dtype)
+
+
+def _shape(a) -> list[int]:
+    return [int(s) for s in np.shape(a)]
+
+
+class CacheOps:
+    """Mixin of `InterpretedProgram`: cache index resolution and the cache.* nodes on a `_State`.
+
+    Uses the program's `graph`, `_sizes`, `_err`, `_read_ref` and `_ref_dtype`."""
+
+    # ---------------------------------------------------------------------- index resolution
+
+    def _loop_index(self, name: str, frames: list[_Frame]) -> int | None:
+        for f in reversed(frames):
+            if f.loop is not None and f.loop.var == name:
+                return f.value
+        return None
+
+    def _index(self, value: ir.IndexValue, frames, st: _State, node, what="cache index") -> int:
+        if isinstance(value, int):
+            return value
+        if value in self._sizes:
+            return int(self._sizes[value])
+        li = self._loop_index(value, frames)
+        if li is not None:
+            return li
+        decl = self.graph.var(value)
+        if decl is not None and decl.kind == ir.MemKind.PERSISTENT and decl.is_scalar and value in st.values:
+            d = dt.get(decl.dtype)
+            if d.packed:
+                raise self._err(f"{what} {value}: packed scalars are not supported", node)
+            if d.family not in (dt.SIGNED, dt.UNSIGNED, dt.BOOL):
+                raise self._err(f"{what} must be integer: {value} is {decl.dtype}", node)
+            return int(np.asarray(st.values[value]).reshape(()))
+        raise self._err(f"unknown {what} {value}", node)
+
+    def _table_array(self, decl: ir.VarDecl, t: _Table) -> np.ndarray:
+        entry = decl.shape(self._sizes)
+        arr = np.broadcast_to(fill_value(decl.dtype, decl.init, entry), tuple(t.sizes) + entry).copy()
+        for k, v in t.entries.items():
+            if all(i < s for i, s in zip(k, t.sizes)):
+                arr[k] = v
+        return arr
+
+    # ------------------------------------------------------------------------------------ caches
+
+    def _persistent(self, name: str, node, op: str) -> ir.VarDecl:
+        decl = self.graph.var(name)
+        if decl is None:
+            raise self._err(f"unknown cache variable {name}", node)
+        if decl.kind != ir.MemKind.PERSISTENT:
+            raise self._err(f"{op} expects persistent variable, got {decl.kind.value.capitalize()} {name}", node)
+        return decl
+
+    def _grow(self, decl: ir.VarDecl, t: _Table, d: int, size: int, node) -> None:
+        fixed = t.fixed[d]
+        if fixed is not None and size > fixed:
+            raise self._err(f"cache table {decl.name} index {d} exceeds fixed size {fixed}", node)
+        t.sizes[d] = max(t.sizes[d], size)
+
+    def _single(self, decl, sel: ir.Single, frames, st, node) -> int:
+        k = self._index(sel.value, frames, st, node)
+        if k < 0:
+            raise self._err(f"cache index cannot be negative: {decl.name} index {sel.value} is {k}", node)
+        return k
+
+    def _table_read(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: _State, ctx, node) -> np.ndarray:
+        t = st.tables[decl.name]
+        before = t.key()
+        n = len(t.sizes)
+        if len(access.indices) > n:
+            raise self._err(f"cache access {decl.name} expects at most {n} indices, got {len(access.indices)}", node)
+        sels = list(access.indices) + [ir.Slice()] * (n - len(access.indices))
+        ranges, out_dims = [], []
+        for d, sel in enumerate(sels):
+            if isinstance(sel, ir.Single):
+                k = self._single(decl, sel, frames, st, node)
+                self._grow(decl, t, d, k + 1, node)
+                ranges.append([k])
+                continue
+            size = t.sizes[d]
+            start = 0 if sel.start is None else self._index(sel.start, frames, st, node)
+            if start < 0:
+                raise self._err(f"cache index cannot be negative: {decl.name} slice start {start}", node)
+            end = size if sel.end is None else self._index(sel.end, frames, st, node)
+            if end < 0:
+                if -end > size:
+                    raise self._err(f"slice end underflow for size {size}", node)
+                end = size + end
+            if end < start:
+                raise self._err(f"slice end {end} before start {start}", node)
+            self._grow(decl, t, d, end, node)
+            ranges.append(range(start, end))
+            out_dims.append(end - start)
+        entry = decl.shape(self._sizes)
+        fill = fill_value(decl.dtype, decl.init, entry)
+        values = []
+        for combo in itertools.product(*ranges):
+            if combo not in t.entries:
+                t.entries[combo] = fill  # reading materialises the entry
+            values.append(t.entries[combo])
+        if t.key() != before:
+            ctx.wrote(decl.name)
+        if not values:
+            return np.zeros(tuple(out_dims) + entry, dtype=dt.get(decl.dtype).np_dtype)
+        return np.stack(values).reshape(tuple(out_dims) + entry)
+
+    def _auto_dim(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: _State, ctx, node) -> None:
+        names = decl.auto_dim
+        if len(names) != len(decl.dims):
+            raise self._err(f"auto_dim requires {len(names)} dims, got {len(decl.dims)}", node)
+        if len(access.indices) > len(names):
+            raise self._err(f"cache access {decl.name} expects at most {len(names)} indices, "
+                            f"got {len(access.indices)}", node)
+        counts = st.counts[decl.name]
+        fixed = decl.fixed_map
+        new = list(counts)
+        for j, sel in enumerate(access.indices):
+            if not isinstance(sel, ir.Single):
+                raise self._err(f"cache access {decl.name} does not support slice indices", node)
+            v = self._single(decl, sel, frames, st, node)
+            mx = fixed.get(names[j])
+            if mx is not None and v > mx:
+                raise self._err(f"auto_dim {decl.name} exceeds fixed max {mx} for {names[j]}", node)
+            new[j] = max(new[j], v)
+        if new != counts:
+            base = decl.shape(self._sizes)
+            value = st.values[decl.name]
+            target = tuple(b + c for b, c in zip(base, new))
+            pad = [(0, t - s) for t, s in zip(target, value.shape)]
+            st.values[decl.name] = np.pad(value, pad)
+            st.counts[decl.name] = new
+            ctx.wrote(decl.name)
+
+    def _cache_read(self, node: ir.CacheRead, frames, st: _State, ctx: _Ctx) -> None:
+        access = node.src
+        decl = self._persistent(access.base, node, "cache.read")
+        if decl.is_table:
+            if not access.bracketed:
+                raise self._err(f"cache table {decl.name} requires indices", node)
+            value = self._table_read(decl, access, frames, st, ctx, node)
+        elif decl.is_auto_dim:
+            self._auto_dim(decl, access, frames, st, ctx, node)
+            value = st.values[decl.name]
+        else:
+            if access.bracketed:
+                raise self._err(f"cache {decl.name} does not support indexed access", node)
+            value = st.values[decl.name]
+        dst = node.dst
+        if dst.indices is not None:
+            raise self._err(f"cache.read destination {dst} cannot be indexed", node)
+        ddecl = self.graph.var(dst.name)
+        if ddecl is None and dst.name not in self._temps:
+            raise self._err(f"unknown variable {dst.name}", node)
+        if ddecl is not None and ddecl.kind in (ir.MemKind.CONSTANT, ir.MemKind.PERSISTENT):
+            raise self._err(f"cannot write to {ddecl.kind.value} memory: {dst.name}", node)
+        want = tuple(self.bound.shape(dst.name))
+        if tuple(np.shape(value)) != want:  # §0 item 12: the destination keeps its declared shape
+            raise self._err(f"cache.read {access.base} -> {dst.name}: the selection has shape "
+                            f"{list(np.shape(value))}, the destination is declared {list(want)}", node)
+        st.values[dst.name] = np.array(value, copy=True)
+        ctx.wrote(dst.name)
+
+    def _cache_write(self, node: ir.CacheWrite, frames, st: _State, ctx: _Ctx) -> None:
+        access = node.dst
+        decl = self._persistent(access.base, node, "cache.write")
+        src = np.asarray(self._read_ref(node.src, frames, st, node))
+        want = dt.get(decl.dtype).np_dtype
+        if src.dtype != want:
+            raise self._err(f"cache.write {decl.name} dtype mismatch: expected {decl.dtype}, "
+                            f"got {self._ref_dtype(node.src)}", node)
+        if decl.is_table:
+            t = st.tables[decl.name]
+            if not access.bracketed:
+                raise self._err(f"cache table {decl.name} requires indices", node)
+            if len(access.indices) != len(t.sizes) or not all(isinstance(s, ir.Single) for s in access.indices):
+                raise self._err(f"cache.write {decl.name} does not support slice indices", node)
+            entry = decl.shape(self._sizes)
+            if tuple(src.shape) != entry:
+                raise self._err(f"cache.write {decl.name} expects shape {list(entry)}, got {_shape(src)}", node)
+            combo = []
+            for d, sel in enumerate(access.indices):
+                k = self._single(decl, sel, frames, st, node)
+                self._grow(decl, t, d, k + 1, node)
+                combo.append(k)
+            t.entries[tuple(combo)] = src
+        elif decl.is_auto_dim:
+            self._auto_dim(decl, access, frames, st, ctx, node)
+            cur = st.values[decl.name]
+            if tuple(src.shape) != tuple(cur.shape):
+                raise self._err(f"cache.write {decl.name} expects shape {_shape(cur)}, got {_shape(src)}", node)
+            st.values[decl.name] = src
+        else:
+            if access.indices:
+                raise self._err(f"cache.write {decl.name} does not support indexed writes", node)
+            cur = st.values[decl.name]
+            if tuple(src.shape) != tuple(cur.shape):
+                raise self._err(f"cache.write {decl.name} expects shape {_shape(cur)}, got {_shape(src)}", node)
+            st.values[decl.name] = src
+        ctx.wrote(decl.name)
+
+    def _cache_step(self, node, st: _State, ctx: _Ctx) -> None:
+        up = isinstance(node, ir.CacheIncrement)
+        word = "cache.increment" if up else "cache.decrement"
+        decl = self._persistent(node.target, node, word)
+        d = dt.get(decl.dtype)
+        if decl.is_table or decl.is_auto_dim or not decl.is_scalar:
+            raise self._err(f"{word} {decl.name} expects a persistent scalar", node)
+        if d.packed or d.family in (dt.BOOL, dt.BITSET, dt.TERNARY):
+            raise self._err(f"{word} {decl.name}: unsupported dtype {decl.dtype}", node)
+        cur = np.asarray(st.values[decl.name])
+        amount = node.amount if up else -node.amount
+        if d.is_float:
+            if d.name in ("f16", "bf16", "f8"):
+                v = np.float32(cur.astype(np.float32)) + np.float32(amount)
+                new = f8_encode(np.asarray(v, dtype=np.float32)) if d.name == "f8" else np.asarray(v).astype(d.np_dtype)
+            else:
+                new = np.asarray(cur.astype(d.np_dtype) + d.np_dtype.type(amount))
+        else:
+            v = (int(cur.reshape(())) + amount) % (1 << d.bits)
+            if d.is_signed and v >= 1 << (d.bits - 1):
+                v -= 1 << d.bits
+            new = np.asarray(v).astype(d.np_dtype)
+        st.values[decl.name] = np.asarray(new).reshape(cur.shape)
+        ctx.wrote(decl.name)
+
+    def _cache_reset(self, node: ir.CacheReset, frames, st: _State, ctx: _Ctx) -> None:
+        access = node.target
+        decl = self._persistent(access.base, node, "cache.reset")
+        if decl.is_table:
+            t = st.tables[decl.name]
+            if not access.bracketed:
+                raise self._err(f"cache table {decl.name} requires indices", node)
+            if not access.indices:
+                t.entries.clear()
+            else:
+                if len(access.indices) > len(t.sizes) or not all(isinstance(s, ir.Single) for s in access.indices):
+                    raise self._err(f"cache.reset {decl.name} requires scalar indices", node)
+                prefix = tuple(self._single(decl, s, frames, st, node) for s in access.indices)
+                t.entries = {k: v for k, v in t.entries.items() if k[: len(prefix)] != prefix}
+            t.reset_sizes()
+        elif decl.is_auto_dim:
+            st.counts[decl.name] = [0] * len(decl.auto_dim)
+            st.values[decl.name] = fill_value(decl.dtype, decl.init, decl.shape(self._sizes))
+        else:
+            st.values[decl.name] = fill_value(decl.dtype, decl.init, decl.shape(self._sizes))
+        ctx.wrote(decl.name)
