@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -q tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
