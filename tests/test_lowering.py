@@ -369,3 +369,21 @@ def test_negative_slice_start_at_run_time_is_an_error():
     """)
     with pytest.raises(OiError, match=r"cache index cannot be negative \(slice start -1\) in A"):
         prog.run({})
+
+
+def test_step_vmaps_over_a_batch_of_states():
+    """jax.vmap over stacked persistent states: each lane carries its own counter and table."""
+    prog = compile_text(TABLE)
+    with jax.enable_x64(True):
+        one = prog.init_state()
+        states = jax.tree.map(lambda a: jnp.stack([a, a, a]), one)
+        states = {**states, "n": jnp.asarray([0, 1, 2], states["n"].dtype)}  # lanes start at other rows
+        xs = jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], jnp.float32)
+        step = jax.vmap(lambda s, x: prog.step(s, x=x))
+        new, outs = step(states, xs)
+    assert np.asarray(new["n"]).tolist() == [1, 2, 3]
+    win = np.asarray(outs["win"])
+    for lane in range(3):
+        expected = np.zeros((3, 2), np.float32)
+        expected[lane] = np.asarray(xs[lane])
+        np.testing.assert_array_equal(win[lane], expected)
