@@ -29,39 +29,7 @@ FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TMP = Path(tempfile.mkdtemp(prefix="oi2jax_fuzz_"))
 
-SPEC_EXAMPLE = """
-dynamic   { tokens: f32[B, D]; mask: bool; }
-constant  { scale: f32; Wt(k): f32[D, D] @pattern("proj.{k}.weight"); n_proj: u32; }
-volatile  { acc: f32[B, D] @init(0.0); flags: i8[B, D]; }
-persistent {
-    cursor: i64 @init(0);
-    Hist(slot): f32[D] @table @fixed(slot=8);
-    Grow(r, c): f32[2, 2] @auto_dim(r, c) @fixed(r=6);
-}
-
-block entry {
-    assign tmp: f32[B, D];
-    op mul(tokens, scale) >> tmp;
-    loop proj (k in 0..n_proj) {
-        op matmul(tmp, Wt[k]) >> tmp;
-        op relu(tmp, alpha=0.05, clamp_max=4.0) >> tmp;
-    }
-    op sign(tmp) >> flags;
-    assign rowsum: f32[B, 1];
-    op sum_axis(tmp, axes=[-1], keepdims=true) >> rowsum;
-    assign last: f32[D];
-    cache.read Hist[cursor] >> last;       // grows Hist size to cursor+1 (<= 8)
-    cache.write last >> Hist[cursor];
-    cache.increment cursor;                // amount 1
-    cache.decrement 2 cursor;              // explicit amount
-    branch mask on_mask off_mask;          // call on_mask or off_mask, then continue
-    barrier;
-    dep after(tmp) before(acc);
-    return;
-}
-block on_mask  { op fill(acc, value=1.0) >> acc; return; }
-block off_mask { op add(acc, tmp) >> acc; return; }
-"""
+from test_parse import SPEC_15 as SPEC_EXAMPLE  # noqa: E402  (SPEC §1.5, one copy)
 
 TOKENS = ("dynamic volatile constant persistent block assign op branch barrier dep after before loop in "
           "yield await return transfer cache . read write increment decrement reset @ init ref pattern "
