@@ -74,6 +74,10 @@ def manual(src, x: np.ndarray, steps: int = 1, extra=None, **kw) -> dict:
     batched = set(batched_names(prog.graph, "B"))
     result = {k: np.concatenate([o[k] for o in outs_all]) if k in batched else outs_all[-1][k]
               for k in outs_all[-1]}
+    for name in prog.dynamic_names:  # inputs the graph never writes are reported as given
+        if name not in result:
+            given = {"x": x, **(extra or {})}
+            result[name] = np.asarray(given[name]) if name in given else np.asarray(prog.bound.initial(name))
     host = {k: np.asarray(v) for k, v in state.items()}
     for name in last._lowering.caches:
         result[name] = np.asarray(prog._collect(host, {})[name])

@@ -165,4 +165,6 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
             else:
                 outputs[name] = outs_tail[name] if outs_tail is not None else outs_full[name][-1]
         program._raise_if_failed(state)
+        for name in builder.dynamic:  # inputs the graph never writes are reported as given
+            outputs.setdefault(name, host[name] if name in host else program._defaults[name])
         return program._collect(state, outputs)

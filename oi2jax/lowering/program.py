@@ -203,7 +203,7 @@ class Program:
                     if progress is not None:  # progress(steps done), e.g. oi2jax.progress.ProgressBar
                         progress(i + 1)
             self._raise_if_failed(state)
-            return self._collect(state, outputs)
+            return self._collect(state, {**dynamic, **outputs})
 
     def _traced_run(self, inputs, steps: int) -> dict:
         events = []

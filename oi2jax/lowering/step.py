@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ir
+from ..phases import written_names
 from .blocks import lower_nodes
 from .caches import build_layouts
 from .context import ERR, ERRVAL, GROW, Frame, Lowering, Tracer
@@ -48,6 +49,10 @@ class StepBuilder:
         self.dynamic = [v.name for v in graph.vars_of(ir.MemKind.DYNAMIC)]
         self.volatile = [v.name for v in graph.vars_of(ir.MemKind.VOLATILE) if not v.is_prefix_table]
         self.temps = [name for name in graph.temporaries if graph.var(name) is None]
+        # step outputs: every volatile, and the dynamic inputs the graph writes (an unwritten input
+        # would only be copied out again; Program.run reports it from the input itself)
+        written = set().union(*(written_names(graph, b) for b in graph.blocks)) if graph.blocks else set()
+        self.output_names = tuple(n for n in self.dynamic if n in written) + tuple(self.volatile)
         self.fills: dict[str, tuple] = {}  # name -> (shape, dtype, value): built in the kernel
         self.init_args: dict[str, np.ndarray] = {}  # name -> host array passed as a const arg
         for name in self.volatile + self.temps:
@@ -95,6 +100,6 @@ class StepBuilder:
             # guards skip the failing write itself; the host reports the (sticky) error
             new_state = {k: env[k] for k in state}
         new_state[GROW] = env[GROW]
-        names = tr.outputs if tr.outputs is not None else tuple(self.dynamic + self.volatile)
+        names = tr.outputs if tr.outputs is not None else self.output_names
         outputs = {name: env[name] for name in names if name in env}
         return new_state, outputs

@@ -9,15 +9,24 @@ from . import numerics as N
 from ._common import is_float
 
 
+def _static_equals(value, target: float) -> bool:
+    """True when an attribute is a Python number equal to `target` (not a traced variable)."""
+    return isinstance(value, (bool, int, float)) and float(value) == target
+
+
 def _relu(inputs, attrs, ctx):
     d = ctx.dtype
     x = inputs[0]
     if is_float(d):
         xc = N.to_compute(x, d)
         alpha = N.float_const(attrs["alpha"], d).astype(xc.dtype)
-        cmax = N.float_const(attrs["clamp_max"], d).astype(xc.dtype)
-        y = jnp.where(xc >= 0, xc, N.no_contract(xc * alpha))  # NaN: x * alpha stays NaN
-        y = jnp.where(y > cmax, cmax, y)
+        neg = xc * alpha  # NaN: x * alpha stays NaN; -inf * 0 is NaN, as in the kernel
+        # x * 0 is exact (±0 or NaN), so an FMA formed with a later add cannot change it: the
+        # contraction guard (which costs a materialised zero array) is only needed for alpha != 0
+        y = jnp.where(xc >= 0, xc, neg if _static_equals(attrs["alpha"], 0.0) else N.no_contract(neg))
+        if not _static_equals(attrs["clamp_max"], float("inf")):  # the default +inf never clamps
+            cmax = N.float_const(attrs["clamp_max"], d).astype(xc.dtype)
+            y = jnp.where(y > cmax, cmax, y)
         return N.store(y, d)
     wide = N.wide_int(True)
     xw = x.astype(wide)
