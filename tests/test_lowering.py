@@ -387,3 +387,15 @@ def test_step_vmaps_over_a_batch_of_states():
         expected = np.zeros((3, 2), np.float32)
         expected[lane] = np.asarray(xs[lane])
         np.testing.assert_array_equal(win[lane], expected)
+
+
+def test_prefix_index_from_a_runtime_bound_is_guarded(tmp_path):
+    from oi2jax.model import save
+    path = tmp_path / "m.oinf"
+    save(path, sizevars={"L": 2}, tensors={f"w.{i}": np.eye(4, dtype=np.float32) for i in range(2)})
+    prog = compile_text(PREFIX.replace("(l in 0..L)", "(l in 0..n)").replace(
+        "volatile { y: f32[2, 4]; }", "dynamic { n: i32; } volatile { y: f32[2, 4]; }"), model=path)
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(prog.run({"x": x, "n": np.array(2, np.int32)})["y"], x)
+    with pytest.raises(OiError, match=r"prefix table W: index 2 is outside the model's family \(0\.\.1\)"):
+        prog.run({"x": x, "n": np.array(3, np.int32)})

@@ -152,37 +152,37 @@ class Tracer:
         raise OiError(f"unknown variable {name}", ref.span, source=self.graph.source)
 
     def read_member(self, ref: ir.VarRef, env: dict, frame: Frame):
-        """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index."""
-        family = self.consts[ref.name]
-        n_params = len(ref.indices)
-        value = family
+        """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index.
+        An index outside the family is an error naming the missing tensor: at compile time when
+        the index (or its loop's range) is static, else a runtime guard."""
+        decl = self.graph.var(ref.name)
+        value = self.consts[ref.name]
         for pos, raw in enumerate(ref.indices):
             idx = self.index_value(raw, frame, env)
-            extent = family.shape[pos]
-            decl = self.graph.var(ref.name)
+            extent = self.consts[ref.name].shape[pos]
             if isinstance(idx, int):
-                if not 0 <= idx < extent:
-                    raise OiError(f"prefix table {ref.name}: model tensor "
-                                  f"{self.bound.member_name(decl, self._placeholder(ref, pos, idx))} not found",
-                                  ref.span, source=self.graph.source)
-                value = value[idx]
+                static_bad = None if 0 <= idx < extent else idx
             else:
                 static_range = frame.loop_vars.get(raw, (None, None))[1] if isinstance(raw, str) else None
+                static_bad = None
                 if static_range is not None:
                     lo, hi = static_range
                     if lo < hi and (lo < 0 or hi > extent):
-                        bad = hi - 1 if hi > extent else lo
-                        raise OiError(f"prefix table {ref.name}: model tensor "
-                                      f"{self.bound.member_name(decl, self._placeholder(ref, pos, bad))} not found",
-                                      ref.span, source=self.graph.source)
+                        static_bad = hi - 1 if hi > extent else lo
                 else:
                     code = self.lowering.site(
                         f"prefix table {ref.name}: index {{value}} is outside the model's family "
                         f"(0..{extent - 1})", ref.span)
                     env = self.fail_if(env, (idx < 0) | (idx >= extent), code, idx)
+            if static_bad is not None:
+                missing = self.bound.member_name(decl, self._placeholder(ref, pos, static_bad))
+                raise OiError(f"prefix table {ref.name}: model tensor {missing} not found", ref.span,
+                              source=self.graph.source)
+            if isinstance(idx, int):
+                value = value[idx]
+            else:
                 value = jax.lax.dynamic_index_in_dim(value, jnp.clip(idx, 0, extent - 1).astype(jnp.int32),
                                                      axis=0, keepdims=False)
-        del n_params
         return env, value
 
     def _placeholder(self, ref: ir.VarRef, pos: int, value: int) -> tuple[int, ...]:
