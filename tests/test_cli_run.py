@@ -164,3 +164,12 @@ def test_run_trace_compiled_is_per_kernel(capsys, tmp_path):
         assert mine[0] == f"step {step} phase 0 entry:0"
         assert sorted(mine[1:]) == sorted([f"step {step} phase 0 reader", f"step {step} phase 0 writer",
                                            f"step {step} phase 1 entry:1"])
+
+
+@pytest.mark.parametrize("argv", [["run", "examples/quantized_linear.oi", "--quiet", "--out"],
+                                  ["compile", "examples/mlp_regression.oi", "--emit", "hlo", "-o"]])
+def test_unwritable_output_path_is_a_clean_error(capsys, tmp_path, argv):
+    target = tmp_path / "missing-dir" / ("out.npz" if argv[0] == "run" else "out.hlo")
+    code, _, err = run_cli(capsys, *argv, target)
+    assert code == 1
+    assert err.strip() == f"error: {target}: No such file or directory"
