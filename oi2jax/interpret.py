@@ -335,66 +335,79 @@ class InterpretedProgram(CacheOps):
             self.trace.record(block, node, ns)
 
     def _node(self, node: ir.Node, f: _Frame, frames: list[_Frame], st: _State, ctx: _Ctx) -> None:
-        block = f.block
+        """Record the node in the trace and run its rule (`_RULES`: node type -> method name)."""
         if isinstance(node, ir.Op):
-            ns = self._op(node, frames, st, ctx)
-            self._record(block, node, ns)
+            self._record(f.block, node, self._op(node, frames, st, ctx))
             return
-        self._record(block, node)
-        if isinstance(node, ir.Assign):
-            if node.name not in st.values:  # created zero-filled; an existing value is kept (§3.9)
-                st.values[node.name] = self._initial(node.name)
-        elif isinstance(node, ir.Branch):
-            target = node.then_block
-            if node.cond is not None:
-                v, d = self._scalar(node.cond, st, node, "branch condition")
-                if d.family == dt.BOOL:
-                    taken = bool(v)
-                elif d.is_float:
-                    x = float(v.astype(np.float64))
-                    taken = x != 0.0 or x != x  # NaN is true
-                else:
-                    taken = int(v) != 0
-                target = node.then_block if taken else node.else_block
-            blk = self.graph.block(target)
-            if blk is None:
-                raise self._err(f"branch target block not found: {target}", node)
-            if len(frames) >= MAX_DEPTH:
-                raise self._err(f"branch to {target}: call depth exceeds {MAX_DEPTH} (unbounded recursion?)", node)
-            frames.append(_Frame(target, blk.nodes))
-        elif isinstance(node, ir.Loop):
-            start = self._bound(node.start, frames, st, node)
-            end = self._bound(node.end, frames, st, node)
-            if start < end:
-                if len(frames) >= MAX_DEPTH:
-                    raise self._err(f"loop {node.name}: frame depth exceeds {MAX_DEPTH}", node)
-                frames.append(_Frame(block, node.body, 0, node, start, end))
-        elif isinstance(node, ir.Return):
-            frames.pop()
-        elif isinstance(node, (ir.Barrier, ir.Dep)):
-            pass
-        elif isinstance(node, ir.Transfer):
-            value = self._read_ref(node.src, frames, st, node)
-            st.values[node.dst.name] = np.array(value, copy=True)
-            ctx.wrote(node.dst.name)
-        elif isinstance(node, ir.Yield):
-            if ctx.consumer or block != "entry":
-                frames.pop()  # a terminator outside the entry (pops just a loop frame inside a loop)
-            else:
-                self._yield(node, st, ctx)
-        elif isinstance(node, ir.Await):
-            if not ctx.consumer and block == "entry" and ctx.pending is not None:
-                self._merge(st, ctx, node)
-        elif isinstance(node, ir.CacheRead):
-            self._cache_read(node, frames, st, ctx)
-        elif isinstance(node, ir.CacheWrite):
-            self._cache_write(node, frames, st, ctx)
-        elif isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-            self._cache_step(node, st, ctx)
-        elif isinstance(node, ir.CacheReset):
-            self._cache_reset(node, frames, st, ctx)
-        else:
+        self._record(f.block, node)
+        rule = _RULES.get(type(node))
+        if rule is None:
             raise self._err(f"unsupported node {type(node).__name__}", node)
+        getattr(self, rule)(node, f, frames, st, ctx)
+
+    def _assign(self, node: ir.Assign, f, frames, st: _State, ctx) -> None:
+        if node.name not in st.values:  # created zero-filled; an existing value is kept (§3.9)
+            st.values[node.name] = self._initial(node.name)
+
+    def _branch(self, node: ir.Branch, f, frames, st: _State, ctx) -> None:
+        target = node.then_block
+        if node.cond is not None:
+            v, d = self._scalar(node.cond, st, node, "branch condition")
+            if d.family == dt.BOOL:
+                taken = bool(v)
+            elif d.is_float:
+                x = float(v.astype(np.float64))
+                taken = x != 0.0 or x != x  # NaN is true
+            else:
+                taken = int(v) != 0
+            target = node.then_block if taken else node.else_block
+        blk = self.graph.block(target)
+        if blk is None:
+            raise self._err(f"branch target block not found: {target}", node)
+        if len(frames) >= MAX_DEPTH:
+            raise self._err(f"branch to {target}: call depth exceeds {MAX_DEPTH} (unbounded recursion?)", node)
+        frames.append(_Frame(target, blk.nodes))
+
+    def _loop(self, node: ir.Loop, f, frames, st: _State, ctx) -> None:
+        start = self._bound(node.start, frames, st, node)
+        end = self._bound(node.end, frames, st, node)
+        if start < end:
+            if len(frames) >= MAX_DEPTH:
+                raise self._err(f"loop {node.name}: frame depth exceeds {MAX_DEPTH}", node)
+            frames.append(_Frame(f.block, node.body, 0, node, start, end))
+
+    def _return(self, node, f, frames, st, ctx) -> None:
+        frames.pop()
+
+    def _no_effect(self, node, f, frames, st, ctx) -> None:
+        pass  # barrier, dep: ordering only; execution is already in program order
+
+    def _transfer(self, node: ir.Transfer, f, frames, st: _State, ctx) -> None:
+        value = self._read_ref(node.src, frames, st, node)
+        st.values[node.dst.name] = np.array(value, copy=True)
+        ctx.wrote(node.dst.name)
+
+    def _yield_node(self, node: ir.Yield, f, frames, st: _State, ctx) -> None:
+        if ctx.consumer or f.block != "entry":
+            frames.pop()  # a terminator outside the entry (pops just a loop frame inside a loop)
+        else:
+            self._yield(node, st, ctx)
+
+    def _await_node(self, node: ir.Await, f, frames, st: _State, ctx) -> None:
+        if not ctx.consumer and f.block == "entry" and ctx.pending is not None:
+            self._merge(st, ctx, node)
+
+    def _cache_read_node(self, node, f, frames, st, ctx) -> None:
+        self._cache_read(node, frames, st, ctx)
+
+    def _cache_write_node(self, node, f, frames, st, ctx) -> None:
+        self._cache_write(node, frames, st, ctx)
+
+    def _cache_step_node(self, node, f, frames, st, ctx) -> None:
+        self._cache_step(node, st, ctx)
+
+    def _cache_reset_node(self, node, f, frames, st, ctx) -> None:
+        self._cache_reset(node, frames, st, ctx)
 
     # ----------------------------------------------------------------------------------- ops
 
@@ -493,3 +506,14 @@ class InterpretedProgram(CacheOps):
                 owner[var] = cname
                 st.take(cst, var)
                 ctx.wrote(var)
+
+
+# node type -> InterpretedProgram method running it (ops are dispatched first, with timing)
+_RULES = {
+    ir.Assign: "_assign", ir.Branch: "_branch", ir.Loop: "_loop", ir.Return: "_return",
+    ir.Barrier: "_no_effect", ir.Dep: "_no_effect", ir.Transfer: "_transfer",
+    ir.Yield: "_yield_node", ir.Await: "_await_node",
+    ir.CacheRead: "_cache_read_node", ir.CacheWrite: "_cache_write_node",
+    ir.CacheIncrement: "_cache_step_node", ir.CacheDecrement: "_cache_step_node",
+    ir.CacheReset: "_cache_reset_node",
+}
