@@ -8,6 +8,8 @@ sizes, unknown size names are accepted and shape checks that involve them are sk
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import re
 
 from . import ir
@@ -123,41 +125,77 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
 
     # ---------------------------------------------------------------- node walk
     def check_nodes(self, block: ir.Block, nodes, loops: tuple[str, ...], top: bool):
+        """Check each node with its rule (`_NODE_RULES`: node type -> method); assign, barrier and
+        dep have nothing to check here."""
         for pos, node in enumerate(nodes):
-            if isinstance(node, ir.Op):
-                self.check_op(node, loops)
-            elif isinstance(node, ir.CacheRead):
-                self.check_cache_read(node, loops)
-            elif isinstance(node, ir.CacheWrite):
-                self.check_cache_write(node, loops)
-            elif isinstance(node, ir.CacheReset):
-                self.check_cache_reset(node, loops)
-            elif isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-                self.check_incdec(node)
-            elif isinstance(node, ir.Branch):
-                self.check_branch(node)
-            elif isinstance(node, ir.Transfer):
-                self.check_transfer(node, loops)
-            elif isinstance(node, ir.Loop):
-                if node.var in loops:
-                    self.error(f"loop index {node.var} shadows an enclosing loop index", node.span)
-                for which, bound in (("start", node.start), ("end", node.end)):
-                    self.check_loop_bound(node, which, bound, loops)
-                self.check_nodes(block, node.body, loops + (node.var,), top=False)
-            elif isinstance(node, ir.Return):
-                if node.vars and (block.name != "entry" or not top):
-                    where = "inside a loop" if block.name == "entry" else f"in block {block.name}"
-                    self.error(f"return with values is only allowed at the top level of entry, not {where}",
-                               node.span)
-                for v in node.vars:
-                    if not self.known(v):
-                        self.error(f"unknown variable: {v}", node.span)
-            elif isinstance(node, (ir.Yield, ir.Await)):
-                word = "yield" if isinstance(node, ir.Yield) else "await"
-                for v in node.vars:
-                    if not self.known(v):
-                        self.error(f"unknown variable: {v}", node.span)
-                    elif word == "await" and self.kind(v) == MemKind.CONSTANT:
-                        self.error(f"await may not name constant {v}", node.span)
-                if word == "yield" and top and block.name != "entry" and pos != len(nodes) - 1:
-                    self.error(f"yield in block {block.name} must be the final node", node.span)
+            rule = _NODE_RULES.get(type(node))
+            if rule is not None:
+                getattr(self, rule)(node, _At(block, nodes, pos, loops, top))
+
+    def _op_rule(self, node: ir.Op, at: "_At"):
+        self.check_op(node, at.loops)
+
+    def _cache_read_rule(self, node: ir.CacheRead, at: "_At"):
+        self.check_cache_read(node, at.loops)
+
+    def _cache_write_rule(self, node: ir.CacheWrite, at: "_At"):
+        self.check_cache_write(node, at.loops)
+
+    def _cache_reset_rule(self, node: ir.CacheReset, at: "_At"):
+        self.check_cache_reset(node, at.loops)
+
+    def _incdec_rule(self, node, at: "_At"):
+        self.check_incdec(node)
+
+    def _branch_rule(self, node: ir.Branch, at: "_At"):
+        self.check_branch(node)
+
+    def _transfer_rule(self, node: ir.Transfer, at: "_At"):
+        self.check_transfer(node, at.loops)
+
+    def _loop_rule(self, node: ir.Loop, at: "_At"):
+        if node.var in at.loops:
+            self.error(f"loop index {node.var} shadows an enclosing loop index", node.span)
+        for which, bound in (("start", node.start), ("end", node.end)):
+            self.check_loop_bound(node, which, bound, at.loops)
+        self.check_nodes(at.block, node.body, at.loops + (node.var,), top=False)
+
+    def _return_rule(self, node: ir.Return, at: "_At"):
+        block = at.block
+        if node.vars and (block.name != "entry" or not at.top):
+            where = "inside a loop" if block.name == "entry" else f"in block {block.name}"
+            self.error(f"return with values is only allowed at the top level of entry, not {where}",
+                       node.span)
+        for v in node.vars:
+            if not self.known(v):
+                self.error(f"unknown variable: {v}", node.span)
+
+    def _yield_await_rule(self, node, at: "_At"):
+        word = "yield" if isinstance(node, ir.Yield) else "await"
+        for v in node.vars:
+            if not self.known(v):
+                self.error(f"unknown variable: {v}", node.span)
+            elif word == "await" and self.kind(v) == MemKind.CONSTANT:
+                self.error(f"await may not name constant {v}", node.span)
+        block = at.block
+        if word == "yield" and at.top and block.name != "entry" and at.pos != len(at.nodes) - 1:
+            self.error(f"yield in block {block.name} must be the final node", node.span)
+
+
+@dataclass(frozen=True)
+class _At:
+    """Where a node sits while checking: its block, its sibling nodes and index, enclosing loops."""
+
+    block: ir.Block
+    nodes: tuple
+    pos: int
+    loops: tuple[str, ...]
+    top: bool
+
+
+_NODE_RULES = {
+    ir.Op: "_op_rule", ir.CacheRead: "_cache_read_rule", ir.CacheWrite: "_cache_write_rule",
+    ir.CacheReset: "_cache_reset_rule", ir.CacheIncrement: "_incdec_rule", ir.CacheDecrement: "_incdec_rule",
+    ir.Branch: "_branch_rule", ir.Transfer: "_transfer_rule", ir.Loop: "_loop_rule", ir.Return: "_return_rule",
+    ir.Yield: "_yield_await_rule", ir.Await: "_yield_await_rule",
+}
