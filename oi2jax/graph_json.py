@@ -62,11 +62,12 @@ def _scalar(dtype: str, lit: ir.Literal | None):
         return None
     v = lit.value
     name = _dt(dtype)
-    if dtype == "f16":
-        return {name: {"bits": int(np.float16(v).view(np.uint16))}}
-    if dtype in ("bf16", "f8"):
+    if dtype in ("f16", "bf16", "f8"):  # OpenInfer stores the rounded bits (a huge literal becomes inf)
         from . import numerics
-        enc = numerics.bf16_encode(np.float32(v)) if dtype == "bf16" else numerics.f8_encode_bits(np.float32(v))
+        with np.errstate(over="ignore"):
+            if dtype == "f16":
+                return {name: {"bits": int(np.float16(v).view(np.uint16))}}
+            enc = numerics.bf16_encode(np.float32(v)) if dtype == "bf16" else numerics.f8_encode_bits(np.float32(v))
         return {name: {"bits": int(np.asarray(enc).reshape(-1).view(np.uint16 if dtype == "bf16" else np.uint8)[0])}}
     dt = dtypes.get(dtype)
     if dt.packed or dtype == "bitset":

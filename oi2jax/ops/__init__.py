@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from .registry import REGISTRY, ROUNDING_MODES, AttrSpec, Ctx, OpSpec, default_for
 from .typing import OpSig, OpTypeError, broadcast_shapes, canonical_attrs, cast_allowed, infer, normalize_axes
-from .apply import apply
+
+
+def __getattr__(name):  # `apply` imports JAX: only when something computes, not when checking
+    if name == "apply":
+        from .dispatch import apply
+        globals()["apply"] = apply
+        return apply
+    raise AttributeError(name)
 
 __all__ = ["REGISTRY", "AttrSpec", "OpSpec", "OpSig", "OpTypeError", "infer", "apply", "cast_allowed",
            "broadcast_shapes", "normalize_axes", "default_for", "canonical_attrs", "ROUNDING_MODES", "Ctx"]

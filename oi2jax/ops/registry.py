@@ -6,8 +6,9 @@ an impl is `impl(inputs, attrs, ctx) -> jax.Array` (see `Ctx`).
 """
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Mapping
@@ -45,8 +46,12 @@ class OpSpec:
     type_rule: Mapping[str, object]  # {"kind": "same_as_input"|"fixed"|"acc_from_attr", ...}
     normal_dtypes: frozenset[str]
     accumulate_pairs: frozenset[tuple[str, str]]
-    impl: Callable | None = field(default=None, compare=False, repr=False)
     output_dtypes: frozenset[str] = frozenset()  # cast: allowed targets
+
+    @property
+    def impl(self) -> Callable | None:
+        """The JAX implementation, imported on first use (typing and checking need no JAX)."""
+        return _impls().get(self.name)
 
     def attr_default(self, name: str, dtype: str | None = None):
         """The value an absent attribute takes (dtype-dependent for a few)."""
@@ -107,6 +112,7 @@ def _load() -> dict:
     return json.loads(_TABLE_PATH.read_text())
 
 
+@functools.lru_cache(maxsize=None)
 def _impls() -> dict[str, Callable]:
     from . import (arithmetic, bitwise, casting, comparison, filter, mutation, numerical,
                    reduction, rounding, statistics)
@@ -120,7 +126,6 @@ def _impls() -> dict[str, Callable]:
 def _build() -> dict[str, OpSpec]:
     table = _load()
     defs = table["attr_defs"]
-    impls = _impls()
     reg: dict[str, OpSpec] = {}
     for name, e in table["ops"].items():
         attrs = {}
@@ -133,7 +138,7 @@ def _build() -> dict[str, OpSpec]:
             broadcast=e["broadcast"], inplace=e["inplace"], accumulate=e["accumulate"],
             type_rule=MappingProxyType(dict(e["type_rule"])), normal_dtypes=frozenset(e["normal"]),
             accumulate_pairs=frozenset(tuple(p) for p in e["accumulate_pairs"]),
-            impl=impls.get(name), output_dtypes=frozenset(e.get("output_dtypes", ())),
+            output_dtypes=frozenset(e.get("output_dtypes", ())),
         )
     return reg
 
