@@ -284,18 +284,8 @@ def test_lower_gives_jax_lowered():
 
 
 def test_yield_await_fused_snapshot_semantics():
-    prog = compile_text("""
-    dynamic { x: f32[2]; }
-    volatile { seen: f32[2]; h: f32[2]; }
-    block entry {
-        yield x;
-        op add(x, x) >> h;
-        await x;
-        return;
-    }
-    block writer { await x; op mul(x, x) >> x; yield x; }
-    block reader { await x; op add(x, x) >> seen; yield x; }
-    """, yield_mode="fused")
+    from test_driver import WRITER_READER  # the same program the driver tests run both ways
+    prog = compile_text(WRITER_READER, yield_mode="fused")
     x = np.array([3.0, -1.0], np.float32)
     out = prog.run({"x": x})
     np.testing.assert_array_equal(out["x"], x * x)  # the writer's result after await

@@ -141,10 +141,7 @@ class CacheRules:
                        f"{dst.name} is {shape_text(declared)}", dst.span)
 
     def check_cache_write(self, node: ir.CacheWrite, loops):
-        src_ok = self.check_ref(node.src, loops, "unknown input variable")
-        if src_ok and node.src.indices is None and self.kind(node.src.name) == MemKind.PERSISTENT:
-            self.error(f"persistent cache {node.src.name} must be read via cache.read", node.src.span)
-            src_ok = False
+        src_ok = self.check_source(node.src, loops, "unknown input variable")
         d = self.cache_target(node.dst.base, node.dst.span, "cache.write")
         if d is None:
             return

@@ -42,10 +42,7 @@ class OpRules:
         spec = ops.REGISTRY[node.op]
         ok = True
         for ref in node.inputs:
-            if not self.check_ref(ref, loops, "unknown input variable"):
-                ok = False
-            elif ref.indices is None and self.kind(ref.name) == MemKind.PERSISTENT:
-                self.error(f"persistent cache {ref.name} must be read via cache.read", ref.span)
+            if not self.check_source(ref, loops, "unknown input variable"):
                 ok = False
         out = node.output
         out_ok = True
@@ -107,11 +104,17 @@ class OpRules:
                        f"the result is {shape_text(sig.out_shape)}", node.output_span)
 
 
+    def check_source(self, ref: ir.VarRef, loops, unknown_msg: str) -> bool:
+        """A value read by an op, transfer or cache.write: known, and not persistent (§2.2)."""
+        if not self.check_ref(ref, loops, unknown_msg):
+            return False
+        if ref.indices is None and self.kind(ref.name) == MemKind.PERSISTENT:
+            self.error(f"persistent cache {ref.name} must be read via cache.read", ref.span)
+            return False
+        return True
+
     def check_transfer(self, node: ir.Transfer, loops):
-        src_ok = self.check_ref(node.src, loops, "unknown transfer source")
-        if src_ok and node.src.indices is None and self.kind(node.src.name) == MemKind.PERSISTENT:
-            self.error(f"persistent cache {node.src.name} must be read via cache.read", node.src.span)
-            src_ok = False
+        src_ok = self.check_source(node.src, loops, "unknown transfer source")
         dst = node.dst
         if not self.known(dst.name):
             self.error(f"unknown transfer destination {dst.name}", dst.span)
