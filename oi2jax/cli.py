@@ -128,10 +128,44 @@ def _sharding_kwargs(args) -> dict:
     return {"mesh": make_mesh(args.mesh), "shard": parse_shard_specs(args.shard)}
 
 
+def _load_npz(path: str, what: str) -> dict:
+    import numpy as np
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if not hasattr(npz, "files"):
+                raise OiError(f"{what} {path}: expected an .npz file of named arrays")
+            return {k: npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise OiError(f"{what} file not found: {path}") from None
+    except OiError:
+        raise
+    except Exception as exc:
+        raise OiError(f"cannot read {what} {path}: {exc}") from None
+
+
+def _per_step_inputs(args, program, inputs: dict) -> dict:
+    """--inputs-per-step FILE.npz: arrays with a leading step axis, one value per step."""
+    import numpy as np
+    per_step = _load_npz(args.inputs_per_step, "--inputs-per-step")
+    for name, value in per_step.items():
+        if name in inputs:
+            raise OiError(f"input {name} is given twice (--input and --inputs-per-step)")
+        decl = program.graph.var(name)
+        if decl is not None and np.ndim(value) != len(program.bound.shape(name)) + 1:
+            shape = list(program.bound.shape(name))
+            raise OiError(f"--inputs-per-step {name}: expected a leading step axis [N, "
+                          f"{', '.join(map(str, shape))}], got shape {list(np.shape(value))}")
+    return per_step
+
+
 def cmd_run(args) -> int:
     from . import api
-    if args.steps < 0:
+    if args.steps is not None and args.steps < 0:
         raise UsageError("--steps must be >= 0")
+    session_flags = [f for f, v in (("--inputs-per-step", args.inputs_per_step), ("--collect", args.collect),
+                                    ("--state-in", args.state_in), ("--state-out", args.state_out)) if v]
+    if args.interpret and session_flags:
+        raise UsageError(f"{session_flags[0]} needs a compiled run (not --interpret)")
     sharding = _sharding_kwargs(args)
     if sharding and args.interpret:
         raise UsageError("--mesh/--shard cannot be used with --interpret")
@@ -146,30 +180,44 @@ def cmd_run(args) -> int:
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, **sharding)
     inputs = _load_inputs(args.input)
+    if args.inputs_per_step:
+        inputs.update(_per_step_inputs(args, program, inputs))
+    steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
     batch_var = args.batch_var
-    if batch_var is None and not args.interpret and hasattr(program, "run_batched"):
+    if batch_var is None and not args.interpret and hasattr(program, "run_batched") and not session_flags:
         from .lowering.chunked import batch_var_for
         batch_var = batch_var_for(program, inputs)  # an input longer than its batch size variable
     if batch_var is not None:
         if args.interpret or not hasattr(program, "run_batched"):
             raise UsageError("--batch-var needs a compiled run (not --interpret)")
-        if args.steps < 1:
+        if session_flags:
+            raise UsageError(f"{session_flags[0]} cannot be combined with a batch-chunked run (--batch-var)")
+        if steps is None or steps < 1:
             raise UsageError("a batch-chunked run needs --steps >= 1")
-        outputs = program.run_batched(inputs, batch_var=batch_var, steps=args.steps)
+        outputs = program.run_batched(inputs, batch_var=batch_var, steps=steps)
         _write_outputs(args, outputs)
         return 0
     from .progress import progress_for
     run_kwargs = {}
-    bar = progress_for(args.steps, quiet=args.quiet)
+    if not args.interpret:
+        session = program.session(state=args.state_in)
+        run_kwargs["session"] = session
+        if args.collect:
+            run_kwargs["collect"] = tuple(n.strip() for item in args.collect for n in item.split(",") if n.strip())
+        if steps is None:  # --inputs-per-step without --steps: its length
+            steps = len(next(iter(inputs.values()))) if inputs else 1
+    bar = progress_for(steps, quiet=args.quiet)
     if bar is not None:
         run_kwargs["progress"] = bar
     if tracing and not args.interpret:
         run_kwargs["trace"] = True
     try:
-        outputs = program.run(inputs, steps=args.steps, **run_kwargs)
+        outputs = program.run(inputs, steps=steps, **run_kwargs)
     finally:
         if bar is not None:
             bar.close()
+    if args.state_out:
+        session.save(args.state_out)
     if tracing:
         _report_trace(args, program, node_trace)
     if args.explain_recompiles:
@@ -184,7 +232,8 @@ def cmd_run(args) -> int:
 def _write_outputs(args, outputs) -> None:
     import numpy as np
     if args.out:
-        np.savez(args.out, **outputs)
+        from .npz import save_npz
+        save_npz(args.out, outputs)
     if not args.quiet:
         for name, value in outputs.items():
             print(f"{name}: {value.dtype}{list(value.shape)}")
@@ -296,8 +345,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
     r.add_argument("--size", action="append", metavar="NAME=INT")
-    r.add_argument("--steps", type=int, default=1)
-    r.add_argument("--out")
+    r.add_argument("--steps", type=int, default=None,
+                   help="number of steps (default: 1, or the length of --inputs-per-step)")
+    r.add_argument("--inputs-per-step", metavar="FILE.npz",
+                   help="one value per step: arrays with a leading step axis [N, ...] (steps fused in one loop)")
+    r.add_argument("--collect", action="append", metavar="NAME[,NAME...]",
+                   help="write every step's value of these variables to --out, stacked [steps, ...]")
+    r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
+    r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
+    r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")
     r.add_argument("--device", choices=("cpu", "gpu", "tpu"))
     r.add_argument("--interpret", action="store_true", help="use the reference interpreter")
     r.add_argument("--trace", action="store_true", help="print a trace (per node interpreted, per kernel compiled)")

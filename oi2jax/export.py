@@ -24,9 +24,9 @@ Loading it back (oi2jax not needed)::
     state, outputs = exp.call(state, dynamic)
 
 Graphs with yield/await are exported in their fused form (one function, snapshot semantics).
-Runtime guards do not raise inside the artifact: after a step, `state["__err"] != 0` means the
-step failed (the failing write was skipped, never clamped; later nodes of the step still ran) with message `manifest["errors"][__err - 1]`
-(`{value}` = `state["__errval"]`); `any(state["__grow"] > 0)` means a growable cache ran out of
+Runtime guards do not raise inside the artifact: after a step, `state["#err"] != 0` means the
+step failed (the failing write was skipped, never clamped; later nodes of the step still ran) with message `manifest["errors"][#err - 1]`
+(`{value}` = `state["#errval"]`); `any(state["#grow"] > 0)` means a growable cache ran out of
 capacity (the step was undone; the artifact cannot grow -- re-export with a larger size).
 
 `symbolic=("B",)` exports with the size variable B as a `jax.export.symbolic_shape` dimension.
@@ -121,7 +121,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     program = Program(bound, yield_mode="fused")
     builder = program._builder
     with program._scope():
-        state0 = {k: np.asarray(v) for k, v in program.init_state().items()}
+        state0 = program._host_state()
         defaults = {k: np.asarray(v) for k, v in program._defaults.items()}
         consts = program._consts
         lowering = program._lowering
@@ -215,8 +215,8 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         "outputs": outputs,
         "caches": caches,
         "guards": {"error_key": ERR, "error_value_key": ERRVAL, "grow_key": GROW,
-                   "note": "__err != 0: a runtime guard fired (the failing write was skipped; the error is sticky); message errors[__err-1] with {value} = "
-                           "__errval. any(__grow > 0): a growable cache is full; the step was undone "
+                   "note": "#err != 0: a runtime guard fired (the failing write was skipped; the error is sticky); message errors[#err-1] with {value} = "
+                           "#errval. any(#grow > 0): a growable cache is full; the step was undone "
                            "(the artifact cannot grow)."},
         "errors": [site.message for site in lowering.error_sites],
         "dtype_notes": "values are in oi2jax's representation: bf16 as bfloat16, f8 as float8_e5m2, "

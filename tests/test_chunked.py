@@ -78,9 +78,9 @@ def manual(src, x: np.ndarray, steps: int = 1, extra=None, **kw) -> dict:
         if name not in result:
             given = {"x": x, **(extra or {})}
             result[name] = np.asarray(given[name]) if name in given else np.asarray(prog.bound.initial(name))
-    host = {k: np.asarray(v) for k, v in state.items()}
+    exported = last.export_state(state)
     for name in last._lowering.caches:
-        result[name] = np.asarray(prog._collect(host, {})[name])
+        result[name] = exported[name]
     return result
 
 

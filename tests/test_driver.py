@@ -190,7 +190,7 @@ def test_runtime_guard_in_a_consumer_undoes_the_step():
         with pytest.raises(OiError) as info:
             prog.run({"x": X}, steps=3)
         messages.append(str(info.value))
-        assert int(np.asarray(state["t"])) == 2
+        assert int(np.asarray(state.vars["t"])) == 2
     assert messages[0] == messages[1]
 
 

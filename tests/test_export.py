@@ -100,7 +100,7 @@ def test_artifact_matches_oi2jax_run(exported):
     for (name, steps, sizes, symbolic), job, expected in exported[:len(CASES)]:
         got = np.load(job["result"])
         man = json.load(open(job["artifact"] + ".json"))
-        assert int(got["state.__err"]) == 0, name
+        assert int(got["state.#err"]) == 0, name
         for out in man["outputs"]:
             key = out["name"]
             assert key in expected, (name, key)
@@ -145,7 +145,7 @@ def test_manifest_contents(exported):
     assert man["graph"]["sha256"] == hashlib.sha256(source.encode()).hexdigest()
     assert [d["name"] for d in man["inputs"]] == ["x"]
     assert {o["name"] for o in man["outputs"]} == {"x", "h", "h2"}
-    assert {s["name"] for s in man["state"]} >= {"__err", "__errval", "__grow"}
+    assert {s["name"] for s in man["state"]} >= {"#err", "#errval", "#grow"}
     (name, *_), job, _ = exported[0]
     assert json.load(open(job["artifact"] + ".json"))["yield_mode"] == "none"
     (name, *_), job, _ = exported[1]
@@ -158,7 +158,7 @@ def test_runtime_guard_is_reported_through_the_manifest(exported, capsys):
     _, job, _ = exported[-1]
     got = np.load(job["result"])
     man = json.load(open(job["artifact"] + ".json"))
-    code, value = int(got["state.__err"]), int(got["state.__errval"])
+    code, value = int(got["state.#err"]), int(got["state.#errval"])
     assert code != 0
     assert man["errors"][code - 1].format(value=value) == "cache table K index 0 exceeds fixed size 4 (index 4)"
     assert int(got["state.t"]) == 5  # later nodes of the failing step ran; the failing write was skipped

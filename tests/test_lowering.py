@@ -1,6 +1,8 @@
 """Lowering rules, one focused test each: outputs against NumPy, HLO constructs, no waste per step."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -252,7 +254,7 @@ def test_no_retrace_and_no_host_transfer_across_100_steps():
         for _ in range(100):
             state, outputs = prog.step(state, x=x)
     assert prog.compiles == before == 1
-    assert int(np.asarray(state["n"])) == 101
+    assert int(np.asarray(state.vars["n"])) == 101
 
 
 def test_step_composes_with_grad_and_vmap():
@@ -306,8 +308,8 @@ def test_packed_values_stay_packed_on_device(tmp_path):
     block entry { cache.read P >> y; op add(y, x) >> z; op add(z, w) >> z; cache.write z >> P; }
     """, model=path)
     state = prog.init_state()
-    assert state["P"].dtype == np.uint8 and state["P"].shape == (3,)  # 6 nibbles in 3 bytes
-    assert state["U"].shape == (2,)  # 7 two-bit values in 2 bytes
+    assert state.vars["P"].dtype == np.uint8 and state.vars["P"].shape == (3,)  # 6 nibbles in 3 bytes
+    assert state.vars["U"].shape == (2,)  # 7 two-bit values in 2 bytes
     assert prog._consts["w"].dtype == np.uint8 and prog._consts["w"].nbytes == 3
     x = np.array([[1, 2, 3], [4, 7, -8]], np.int8)
     out = prog.run({"x": x}, steps=2)
@@ -348,7 +350,7 @@ def test_sliding_window_over_eight_steps():
             np.testing.assert_array_equal(np.asarray(out["window"]), rows[step - 2:step + 1])
         else:
             np.testing.assert_array_equal(np.asarray(out["window"]), np.zeros((3, 2)))
-    assert int(np.asarray(state["s"])) == 6 and int(np.asarray(state["__err"])) == 0
+    assert int(np.asarray(state.vars["s"])) == 6 and int(np.asarray(state.guards.err)) == 0
 
 
 def test_negative_slice_start_at_run_time_is_an_error():
@@ -367,11 +369,12 @@ def test_step_vmaps_over_a_batch_of_states():
     with jax.enable_x64(True):
         one = prog.init_state()
         states = jax.tree.map(lambda a: jnp.stack([a, a, a]), one)
-        states = {**states, "n": jnp.asarray([0, 1, 2], states["n"].dtype)}  # lanes start at other rows
+        lanes = jnp.asarray([0, 1, 2], states.vars["n"].dtype)  # lanes start at other rows
+        states = dataclasses.replace(states, vars={**states.vars, "n": lanes})
         xs = jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], jnp.float32)
         step = jax.vmap(lambda s, x: prog.step(s, x=x))
         new, outs = step(states, xs)
-    assert np.asarray(new["n"]).tolist() == [1, 2, 3]
+    assert np.asarray(new.vars["n"]).tolist() == [1, 2, 3]
     win = np.asarray(outs["win"])
     for lane in range(3):
         expected = np.zeros((3, 2), np.float32)

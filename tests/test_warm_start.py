@@ -43,7 +43,7 @@ def test_second_run_skips_xla_compilation(tmp_path):
     args = ["run", str(EXAMPLES / "residual_mlp_stack.oi"), "--steps", "2", "--cache-dir", str(cache)]
     first, out1 = _run(args)
     assert first["rc"] == 0 and first["misses"] >= 1  # cold: the step (and helpers) compiled ...
-    steps = [p.name for p in cache.iterdir() if p.name.startswith("jit_step-")]
+    steps = [p.name for p in cache.iterdir() if p.name.startswith("jit_fused_steps-")]
     assert steps, sorted(p.name for p in cache.iterdir())  # ... and persisted
     second, out2 = _run(args)
     assert second["rc"] == 0

@@ -133,6 +133,51 @@ def grow(layout: CacheLayout, state: dict, new_capacity: tuple[int, ...]) -> tup
     return new, out
 
 
+def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state") -> tuple[CacheLayout, dict]:
+    """The inverse of `export`: host state arrays for a user-visible value (tables: `[sizes...,
+    *entry]`, auto_dim: its current shape), converted exactly to the dtype. Returns the layout,
+    with a larger capacity if the value needs it."""
+    from ..values import convert_input
+    name = layout.name
+    k = len(layout.capacity)
+    shape = tuple(np.shape(value))
+    if layout.kind == "plain":
+        arr = convert_input(f"{source}: {name}", value, layout.dtype, layout.shape)
+        if layout.packed:
+            from ..model.packing import pack as host_pack
+            arr = host_pack(layout.dtype, arr)
+        return layout, {name: arr}
+    if layout.kind == "table":
+        if len(shape) != k + len(layout.shape) or shape[k:] != layout.shape:
+            raise OiError(f"{source}: {name}: expected a table of entries {list(layout.shape)} as an array "
+                          f"[{k} table size(s)..., {', '.join(map(str, layout.shape))}], got shape {list(shape)}")
+        sizes = shape[:k]
+    else:
+        base = layout.shape
+        if len(shape) != len(base) or any(n < b for n, b in zip(shape, base)):
+            raise OiError(f"{source}: {name}: expected an auto_dim tensor of at least {list(base)}, "
+                          f"got shape {list(shape)}")
+        sizes = tuple(n - b for n, b in zip(shape, base))[:k]
+    caps = list(layout.capacity)
+    for j, n in enumerate(sizes):
+        if layout.fixed[j] is not None and n > layout.fixed[j]:
+            raise OiError(f"{source}: {name}: size {n} of dim {j} exceeds its fixed size {layout.fixed[j]}")
+        while n > caps[j]:
+            caps[j] *= 2
+    new = replace(layout, capacity=tuple(caps)) if tuple(caps) != layout.capacity else layout
+    arr = convert_input(f"{source}: {name}", value, layout.dtype, shape)
+    np_dtype = dt.get(layout.dtype).np_dtype
+    fill = layout.fill if layout.kind == "table" else 0
+    data = np.full(new.data_shape(), fill, dtype=np_dtype)
+    data[tuple(slice(0, n) for n in shape)] = arr
+    arrays = {name: data, new.size_key(): np.asarray(sizes, dtype=np.int64).reshape(k)}
+    if layout.kind == "table" and layout.growable:
+        present = np.zeros(new.capacity, dtype=bool)
+        present[tuple(slice(0, n) for n in sizes)] = True
+        arrays[f"{name}#present"] = present
+    return new, arrays
+
+
 def export(layout: CacheLayout, state: dict) -> np.ndarray:
     """The user-visible value: tables as [sizes..., *entry]; auto_dim at its current shape."""
     data = np.asarray(state[layout.name])

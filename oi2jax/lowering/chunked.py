@@ -125,7 +125,7 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         defaults = {k: v for k, v in program._defaults.items() if k not in host}
         tail_defaults = {k: v for k, v in tail._defaults.items() if k not in host} if rem else {}
         tail_consts = tail._consts if rem else {}
-        state = program.init_state()
+        state = program.state_spec.to_env(program.init_state())  # the flat state the builder steps
 
         def run_steps(step_fn, consts, state, dyn):
             state, outs = step_fn(consts, state, dyn)
@@ -164,7 +164,8 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                 outputs[name] = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
             else:
                 outputs[name] = outs_tail[name] if outs_tail is not None else outs_full[name][-1]
-        program._raise_if_failed(state)
+        state = program.state_spec.from_env(state)
+        program.check(state)
         for name in builder.dynamic:  # inputs the graph never writes are reported as given
             outputs.setdefault(name, host[name] if name in host else program._defaults[name])
-        return program._collect(state, outputs)
+        return program.collect_result(state, outputs)

@@ -18,9 +18,7 @@ from .. import ir
 from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
-ERR = "__err"  # int32: 0 = fine, else 1 + index into Lowering.error_sites
-ERRVAL = "__errval"  # int64: the offending value (an index, a size)
-GROW = "__grow"  # int64[n_growable]: capacity a growable cache dim needs (0 = enough)
+from .state import ERR, ERRVAL, GROW  # noqa: F401  (the guard keys: defined in state.py)
 
 
 @dataclass(frozen=True)
@@ -50,9 +48,13 @@ class Lowering:
         self.error_sites.append(ErrorSite(message, span))
         return len(self.error_sites)
 
-    def error_for(self, code: int, value: int) -> OiError:
+    def error_for(self, code: int, value: int, step: int | None = None) -> OiError:
+        """The error of guard `code` with its offending `value`; `step`: the 1-based step it fired in."""
         site = self.error_sites[code - 1]
-        return OiError(site.message.format(value=value), site.span, source=self.graph.source)
+        message = site.message.format(value=value)
+        if step is not None:
+            message += f" (in step {step})"
+        return OiError(message, site.span, source=self.graph.source)
 
 
 @dataclass

@@ -14,7 +14,7 @@ replace, the env values it replaces — donated). Which values a kernel reads an
 once (per cache capacity) by tracing it abstractly and inspecting the jaxpr. Consumers start
 from a snapshot (a host dict copy) of entry's env at the yield; at the await their written
 variables (static `sync.written_names`, exactly like the fused lowering) are merged as host
-dict updates and their guards (__err/__errval/__grow) are merged in the next phase kernel, so
+dict updates and their guards (#err/#errval/#grow) are merged in the next phase kernel, so
 both modes agree bit for bit. A consumer may be placed on another device: only what it reads
 goes there and only what it writes comes back.
 """
@@ -32,7 +32,7 @@ from ..diagnostics import OiError
 from ..phases import Phase, analyze
 from .blocks import lower_block, lower_nodes
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
-from .step import STEPS
+from .state import commit as commit_state, merge_guards, status_vector
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     kernel_error, run_tasks
 from .program import Placer, Program, resolve_device
@@ -174,23 +174,6 @@ class Kernel:
         return self.jitted.lower(*self.arg_avals)
 
 
-class _DriverStep:
-    """Callable like Program's jitted step: (consts, state, dynamic) -> (state, outputs)."""
-
-    def __init__(self, program: "DriverProgram"):
-        self.program = program
-        self._fused = None
-
-    def __call__(self, consts, state, dynamic):
-        return self.program._drive(state, dynamic)
-
-    def lower(self, consts, state, dynamic):
-        """The fused single-jit view of the same step (same semantics), for `lower` / `emit`."""
-        if self._fused is None:
-            self._fused = Program._make_jit(self.program)
-        return self._fused.lower(consts, state, dynamic)
-
-
 # ============================================================================ program
 
 
@@ -222,9 +205,19 @@ class DriverProgram(Program):
 
     # ------------------------------------------------------------------ kernels
 
-    def _make_jit(self):
+    async_status = False  # the driver reads each step's guards before returning (host-driven)
+
+    def _on_grow(self):
         self._plan = None  # shapes changed (cache growth): re-plan on the next step
-        return _DriverStep(self)
+        super()._on_grow()
+
+    def session_step(self, state, dynamic: dict):
+        """One step run by the host driver: `(state, outputs, status)`."""
+        spec = self.state_spec
+        flat, outputs = self._drive(spec.to_env(state), dynamic)
+        with self._scope():
+            status = jax.jit(status_vector)({k: flat[k] for k in (ERR, ERRVAL, GROW)})
+        return spec.from_env(flat), outputs, status
 
     def _count(self):
         with self._count_lock:
@@ -260,31 +253,17 @@ class DriverProgram(Program):
             tr = Tracer(lowering, consts)
             env = dict(env)
             if first:
-                for name, (shape, dtype, fill) in builder.fills.items():
-                    env[name] = jnp.full(shape, fill, dtype)
-                for name in builder.init_args:
-                    env[name] = consts[f"__init__/{name}"]
-                env[GROW] = jnp.zeros((len(lowering.growable),), jnp.int64)
+                env.update(builder.fresh_values(consts))
             for j in range(merge_count):  # the awaited consumers' guards, in consumer order
-                err, errval, grow = (env.pop(f"__pending{j}/{g}") for g in GUARDS)
-                hit = (env[ERR] == 0) & (err != 0)
-                env[ERR] = jnp.where(hit, err, env[ERR])
-                env[ERRVAL] = jnp.where(hit, errval, env[ERRVAL])
-                env[GROW] = jnp.maximum(env[GROW], grow)
+                env = merge_guards(env, *(env.pop(f"__pending{j}/{g}") for g in GUARDS))
             if analysis.fused_fallback:
                 tr.pending = []
             with jax.named_scope("entry"):
                 env, _ = lower_nodes(phase.nodes, env, Frame("entry"), tr)
-            if commit is not None:  # same commit rule as step.py: undo only a step that must grow
-                undo = jnp.any(env[GROW] > 0) if lowering.growable else jnp.bool_(False)
-                for k in commit:
-                    old = env.pop(OLD + k)
-                    if k == STEPS:
-                        env[NEW + k] = old + jnp.where(undo, 0, 1).astype(jnp.int64)
-                    elif k in (ERR, ERRVAL) or not lowering.growable:
-                        env[NEW + k] = env[k]
-                    else:
-                        env[NEW + k] = jnp.where(undo, old, env[k])
+            if commit is not None:  # the one commit rule (state.commit): undo only a step that must grow
+                old = {k: env.pop(OLD + k) for k in commit}
+                for k, v in commit_state(old, env, commit, bool(lowering.growable)).items():
+                    env[NEW + k] = v
             return env
 
         return fn
@@ -334,7 +313,10 @@ class DriverProgram(Program):
                 probe = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase, merge_count, None))
                 probe.plan(const_avals, dict(env), owned, protected, lambda: None)
                 written = step_writes | set(probe.out_keys)
-                commit = tuple(k for k in state if k not in GUARDS and (k in written or k == STEPS))
+                # what the step wrote; with growable caches also the error guards (an undone step
+                # leaves no error behind: state.commit)
+                commit = tuple(k for k in state if (k not in GUARDS and k in written)
+                               or (k in (ERR, ERRVAL) and self._lowering.growable))
                 for k in commit:
                     env[OLD + k] = _aval(state[k])
                 owned_now = owned | {OLD + k for k in commit}
@@ -368,7 +350,7 @@ class DriverProgram(Program):
                     vals = tuple(self._consts[k] for k in ck.const_keys)
                     ck.const_vals = tuple(jax.device_put(v, dev) for v in vals) if placed else vals
                     writes = written_names(self.graph, self.graph.block(name))
-                    merged = tuple(k for k in snap if k.split("#", 1)[0] in writes and not k.startswith("__"))
+                    merged = tuple(k for k in snap if k.split("#", 1)[0] in writes and not k.startswith("#"))
                     ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARDS)
                     ck.span = self.graph.block(name).span
                     self._submit(ck)
@@ -523,15 +505,17 @@ class DriverProgram(Program):
         new_state = {}
         for k in state:
             new_state[k] = env.pop(NEW + k) if k in commit else env[k]
-        names = self.analysis.outputs if self.analysis.outputs is not None else \
-            tuple(self._builder.dynamic + self._builder.volatile)
-        outputs = {name: env[name] for name in names if name in env}
+        names = tuple(self.analysis.outputs or ()) + tuple(self._builder.dynamic + self._builder.volatile)
+        outputs = {name: env[name] for name in names if name in env}  # everything a session may read
         return new_state, outputs
 
     # ------------------------------------------------------------------ public API
 
-    def run(self, inputs: dict | None = None, steps: int = 1, trace: bool | None = None, **kwargs) -> dict:
-        """As `Program.run`; `trace=True` records `last_trace` (per kernel call, waited for)."""
+    def run(self, inputs: dict | None = None, steps: int | None = 1, trace: bool | None = None,
+            progress=None, collect=(), session=None) -> dict:
+        """As `Program.run`, each step run by the host driver (per-phase and per-consumer kernels);
+        `trace=True` records `last_trace` (per kernel call, waited for). `session().run` runs the
+        same steps fused into one compiled loop instead."""
         previous = self.trace_enabled
         if trace is not None:
             self.trace_enabled = bool(trace)
@@ -539,7 +523,8 @@ class DriverProgram(Program):
         self._step_no = 0
         self._t0 = time.perf_counter()
         try:
-            return super().run(inputs, steps, **kwargs)
+            session = self.session() if session is None else session
+            return session.run_stepwise(inputs or {}, steps=steps, collect=collect, progress=progress)
         finally:
             self.trace_enabled = previous
 

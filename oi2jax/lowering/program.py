@@ -1,5 +1,6 @@
 """`Program`: a compiled graph. Holds the device constants, the jitted step (state donated),
-the host loop of `run`, cache growth (capacity doubling + recompile) and error reporting."""
+the step kernels a session runs (kernels.py), cache growth (capacity doubling + recompile) and
+error reporting."""
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,9 @@ from .. import ir
 from ..diagnostics import OiError
 from ..values import convert_input, convert_output
 from . import caches as cache_mod
-from .context import ERR, ERRVAL, GROW
-from .step import STEPS, StepBuilder, build_lowering
+from .kernels import StepKernels
+from .state import GROW, StateSpec, StepState
+from .step import StepBuilder, build_lowering
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -72,7 +74,14 @@ class Placer:
 
 
 class Program:
-    """A graph lowered to one jitted step function. See docs/architecture.md."""
+    """A graph lowered to one jitted step function. See docs/architecture.md and docs/decode.md.
+
+    Three ways to run it:
+    - `run(inputs, steps)`: N steps fused into ONE compiled loop, every variable returned;
+    - `session()`: a decode loop that owns the state (`session.step(**inputs)`, `session.run`),
+      reports every runtime error and grows caches transparently;
+    - `step(state, **inputs)`: the pure jitted function, for `jax.jit` / `vmap` / `grad` /
+      `jax.export`; its caller must call `check(state)` to see runtime errors."""
 
     def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None):
         self.bound = bound
@@ -80,17 +89,18 @@ class Program:
         self.device = resolve_device(device)
         self.placer = placer if placer is not None else Placer(self.device)
         self.yield_mode = yield_mode
-        self.compiles = 0  # number of (re)traces of the step: the recompile counter
+        self.compiles = 0  # number of (re)traces of the step kernels: the recompile counter
         self.compile_log: list[str] = []  # why each (re)trace happened (--explain-recompiles)
         self._next_reason = "first call"
         check_sizes(bound)
         with self._scope():
             self._lowering = build_lowering(bound)
             self._builder = StepBuilder(self._lowering)
+            self.state_spec = StateSpec(self._lowering.caches, len(self._lowering.growable))
             self._consts = self.placer.put("consts", self._host_consts())
             self._defaults = self.placer.put("defaults", {name: bound.initial(name)
                                                              for name in self._builder.dynamic})
-            self._jit = self._make_jit()
+            self._make_kernels()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -121,14 +131,23 @@ class Program:
         value = self.bound.initial(decl.name)
         return pack(decl.dtype, value) if dt.get(decl.dtype).packed else value
 
+    def _traced(self, what: str):
+        """Count a (re)trace of a step kernel and say why (--explain-recompiles)."""
+        self.compiles += 1
+        self.compile_log.append(f"compile #{self.compiles}: {self._next_reason} ({what})")
+
+    def _make_kernels(self):
+        """The jitted kernels for the current cache capacities (rebuilt after growth)."""
+        self._jit = self._make_jit()
+        self._kernels = StepKernels(self)
+
     def _make_jit(self):
-        builder = self._builder
+        builder, spec = self._builder, self.state_spec
 
         def step(consts, state, dynamic):
-            self.compiles += 1
-            self.compile_log.append(f"compile #{self.compiles}: {self._next_reason}")
-            self._next_reason = "new input shapes/dtypes or JAX config (retrace)"
-            return builder(consts, state, dynamic)
+            self._traced("step")
+            flat, outputs = builder(consts, spec.to_env(state), dynamic)
+            return spec.from_env(flat), outputs
 
         return jax.jit(step, donate_argnums=(1,), **self.placer.jit_kwargs(self))
 
@@ -138,37 +157,108 @@ class Program:
     def dynamic_names(self) -> list[str]:
         return list(self._builder.dynamic)
 
-    def init_state(self) -> dict:
-        """The persistent state at program start (honours @init), as a dict pytree."""
+    @property
+    def growable(self) -> bool:
+        """Whether some cache grows at run time (a step may be undone and re-run after growth)."""
+        return bool(self._lowering.growable)
+
+    def _host_state(self) -> dict:
+        """The flat host state at program start (honours @init)."""
         host = {}
         for layout in self._lowering.caches.values():
             host.update(cache_mod.initial_state(layout))
-        host[ERR] = np.int32(0)
-        host[ERRVAL] = np.int64(0)
-        host[GROW] = np.zeros((len(self._lowering.growable),), np.int64)
-        if self._lowering.growable:
-            host[STEPS] = np.int64(0)
+        host.update(self.state_spec.guard_values())
+        return host
+
+    def init_state(self) -> StepState:
+        """The state at program start (honours @init): a `StepState` pytree on the device."""
         with self._scope():
-            return self.placer.put("state", host)
+            return self.state_spec.from_env(self.placer.put("state", self._host_state()))
 
     def _dynamic_args(self, dynamic: dict) -> dict:
         """Every dynamic variable: the given value, else its default (a hot path: kept minimal)."""
         if dynamic.keys() <= self._defaults.keys():
             return {**self._defaults, **dynamic} if dynamic else self._defaults
-        unknown = sorted(dynamic.keys() - self._defaults.keys())
-        raise OiError(f"unknown input {unknown[0]}: the graph's dynamic variables are "
-                      f"{', '.join(self._builder.dynamic) or '(none)'}")
+        raise self._unknown_input(sorted(dynamic.keys() - self._defaults.keys())[0])
 
-    def step(self, state: dict, **dynamic):
-        """Pure, jitted: (state, outputs). The state's buffers are donated."""
+    def _unknown_input(self, name: str) -> OiError:
+        return OiError(f"unknown input {name}: the graph's dynamic variables are "
+                       f"{', '.join(self._builder.dynamic) or '(none)'}")
+
+    def step(self, state: StepState, **dynamic):
+        """The pure step: `(state, outputs)`; jit-, vmap-, grad- and export-composable.
+
+        The state's buffers are donated (use the returned state). Inputs must have their
+        declared shape; host arrays are converted exactly (else OiError); traced values must
+        already have the declared dtype. Runtime errors (a cache overflow, an index out of
+        range) do not raise here: they are recorded in the state (the failing write is skipped;
+        the first error wins) and **the caller must call `check(state)`** to see them. A step of
+        a graph with growable caches that needs more capacity returns the old state with
+        `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
+        dynamic = self.validate_inputs(dynamic)
         with self._scope():
             return self._jit(self._consts, state, self._dynamic_args(dynamic))
 
-    def lower(self, state: dict | None = None, **dynamic):
+    def check(self, state: StepState) -> None:
+        """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
+        was undone because a growable cache needs more capacity (run it under a session)."""
+        status = np.concatenate([np.asarray(state.guards.err, np.int64).reshape(1),
+                                 np.asarray(state.guards.errval, np.int64).reshape(1),
+                                 np.asarray(state.guards.grow, np.int64).reshape(-1)])
+        error = self.status_error(status)
+        if error is not None:
+            raise error
+        if np.any(status[2:] > 0):
+            caches = sorted({self._lowering.growable[i][0] for i in np.nonzero(status[2:] > 0)[0]})
+            raise OiError(f"the last step was not applied: growable cache {', '.join(caches)} needs more "
+                          f"capacity; run the graph with Program.session() or Program.run, which grow "
+                          f"caches and re-run the step")
+
+    def status_error(self, status, step: int | None = None) -> "OiError | None":
+        """The OiError for a step status vector (err, errval, grow...), or None."""
+        code = int(status[0])
+        if not code:
+            return None
+        return self._lowering.error_for(code, int(status[1]), step=step)
+
+    def session(self, state=None) -> "Session":
+        """A decode-loop session owning the state: `step(**inputs)`, `run(...)`, `read`, `save`.
+        `state`: None (program start), a `StepState`, a `{name: array}` dict or an `.npz` path
+        written by `Session.save` / `--out` / `--state-out` (docs/decode.md)."""
+        from ..runtime.session import Session
+        return Session(self, state)
+
+    def lower(self, state: StepState | None = None, **dynamic):
         """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
         with self._scope():
             state = self.init_state() if state is None else state
-            return self._jit.lower(self._consts, state, self._dynamic_args(dynamic))
+            return self._jit.lower(self._consts, state, self._dynamic_args(self.validate_inputs(dynamic)))
+
+    def validate_inputs(self, inputs: dict) -> dict:
+        """Check names, shapes and dtypes of step inputs; convert host arrays exactly.
+        Device arrays / tracers of the declared shape and dtype pass through untouched."""
+        out = {}
+        expected = self._kernels.input_avals
+        for name, value in inputs.items():
+            want = expected.get(name)
+            if want is None:
+                raise self._unknown_input(name)
+            shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+            if shape == want.shape and dtype == want.dtype:
+                out[name] = value
+            elif isinstance(value, jax.core.Tracer):
+                if tuple(shape) != tuple(want.shape):
+                    raise OiError(f"input {name}: expected shape {list(want.shape)}, got {list(shape)}")
+                raise OiError(f"input {name}: expected dtype {want.dtype} ({self.bound.dtype(name)}), got "
+                              f"{dtype}; cast it before the step (traced values are not converted)")
+            else:
+                out[name] = self._convert(name, value)
+        return out
+
+    def _convert(self, name: str, value, steps: int | None = None) -> np.ndarray:
+        shape = tuple(self.bound.shape(name))
+        return convert_input(name, np.asarray(value), self.bound.dtype(name),
+                             shape if steps is None else (steps,) + shape)
 
     def convert_inputs(self, inputs: dict) -> dict:
         """User arrays -> representation of each dynamic variable's dtype (no silent loss)."""
@@ -176,57 +266,43 @@ class Program:
         for name, value in inputs.items():
             decl = self.graph.var(name)
             if decl is None or decl.kind != ir.MemKind.DYNAMIC:
-                raise OiError(f"unknown input {name}: the graph's dynamic variables are "
-                              f"{', '.join(self._builder.dynamic) or '(none)'}")
-            out[name] = convert_input(name, value, decl.dtype, self.bound.shape(name))
+                raise self._unknown_input(name)
+            out[name] = self._convert(name, value)
         return out
 
-    def run(self, inputs: dict | None = None, steps: int = 1, progress=None, trace: bool = False) -> dict:
-        """Run `steps` steps with the same inputs; every dynamic, volatile and persistent variable.
+    def run(self, inputs: dict | None = None, steps: int | None = 1, progress=None, trace: bool = False,
+            collect=(), session=None) -> dict:
+        """Run `steps` steps from the program's initial state (or `session`'s state); every
+        dynamic, volatile and persistent variable after the last step (widened like `--out`).
 
-        `trace=True` records `last_trace`: one event per step (the whole graph is ONE kernel, so
-        that is the honest granularity of a compiled trace), each step waited for and timed."""
+        An input of its declared shape is the same every step; one with an extra leading axis
+        `[N, ...]` gives one value per step (`steps=None`: N). The steps run as ONE compiled loop
+        (`Session.run`). `collect=("y", ...)`: those names hold every step's value, stacked
+        `[N, ...]`, instead of the last one.
+        `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
+        session = self.session() if session is None else session
         if trace:
-            return self._traced_run(inputs, steps)
-        converted = self.convert_inputs(inputs or {})
-        with self._scope():
-            dynamic = self._dynamic_args(self.placer.put("dynamic", converted))
-            state = self.init_state()
-            outputs = {name: dynamic[name] for name in self._builder.dynamic}
-            outputs.update({name: jnp.zeros(self.bound.shape(name), dt.get(self.bound.dtype(name)).np_dtype)
-                            for name in self._builder.volatile})
-            if self._lowering.growable:
-                state, outputs = self._run_growing(state, dynamic, outputs, steps, progress)
-            else:
-                for i in range(steps):
-                    state, outputs = self._jit(self._consts, state, dynamic)
-                    if progress is not None:  # progress(steps done), e.g. oi2jax.progress.ProgressBar
-                        progress(i + 1)
-            self._raise_if_failed(state)
-            return self._collect(state, {**dynamic, **outputs})
+            return self._traced_run(session, inputs, steps, collect)
+        return session.run(inputs or {}, steps=steps, collect=collect, progress=progress)
 
-    def _traced_run(self, inputs, steps: int) -> dict:
+    def _traced_run(self, session, inputs, steps: int | None, collect=()) -> dict:
         events = []
+        device = str(self.device or jax.devices()[0])
 
-        original = self._jit  # wrapped for this run: each step waited for and timed
+        def timed(step_fn):
+            def one_step(*args):
+                start = time.perf_counter()
+                result = step_fn(*args)
+                jax.block_until_ready(result)
+                events.append({"step": len(events), "phase": 0, "kernel": "step (whole graph, one kernel)",
+                               "device": device, "ms": (time.perf_counter() - start) * 1e3})
+                return result
+            return one_step
 
-        def one_step(consts, state, dynamic):
-            start = time.perf_counter()
-            result = original(consts, state, dynamic)
-            jax.block_until_ready(result)
-            events.append({"step": len(events), "phase": 0, "kernel": "step (whole graph, one kernel)",
-                           "device": str(self.device or jax.devices()[0]),
-                           "ms": (time.perf_counter() - start) * 1e3})
-            return result
-
-        self._jit = one_step
         try:
-            result = self.run(inputs, steps)
+            return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect)
         finally:
-            if self._jit is one_step:
-                self._jit = original
-        self.last_trace = events
-        return result
+            self.last_trace = events
 
     def trace_text(self, events: list[dict] | None = None) -> str:
         """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""
@@ -240,27 +316,19 @@ class Program:
         from .chunked import run_batched
         return run_batched(self, inputs, batch_var, steps)
 
-    def _run_growing(self, state, dynamic, outputs, steps: int, progress, chunk: int = 16):
-        """Queue steps in chunks, reading back only the applied-step counter between chunks.
+    # ------------------------------------------------------------------ host side of a step
 
-        A step that needs more capacity is undone in the kernel, and so is every later step of
-        its chunk (same state, same inputs): the host grows, recompiles once and carries on."""
-        applied = 0
-        while applied < steps:
-            for _ in range(min(chunk, steps - applied)):
-                state, outputs = self._jit(self._consts, state, dynamic)
-            self._raise_if_failed(state)
-            applied = int(np.asarray(state[STEPS]))
-            need = np.asarray(state[GROW])
-            if np.any(need > 0):
-                state = self._grow(state, need)
-            if progress is not None:
-                progress(applied)
-        return state, outputs
+    def session_step(self, state: StepState, dynamic: dict):
+        """One step for a session: `(state, outputs, status)`; `dynamic` complete and placed.
+        A step whose incoming state holds an unreported error does nothing (the session reports
+        that error before anything else)."""
+        return self._kernels.single(self._consts, state, dynamic)
 
-    def _grow(self, state, need: np.ndarray):
-        """Double the capacity of every cache dim that asked for more; recompile once."""
-        host = {k: np.asarray(v) for k, v in state.items()}
+    def grow(self, state: StepState, status) -> StepState:
+        """Double the capacity of every cache dim that asked for more; rebuild the kernels.
+        n growth steps cost O(log n) recompiles."""
+        need = np.asarray(status)[2:]
+        host = {k: np.asarray(v) for k, v in self.state_spec.to_env(state).items()}
         layouts = self._lowering.caches
         per_cache: dict[str, list[int]] = {}
         for slot, (name, dim) in enumerate(self._lowering.growable):
@@ -281,23 +349,59 @@ class Program:
         if not reasons:
             raise OiError("internal error: a cache asked to grow but no capacity changed")
         host[GROW] = np.zeros_like(host[GROW])
-        self._jit = self._make_jit()
         self._next_reason = "growth: " + "; ".join(reasons)
-        return self.placer.put("state", host)
+        self._on_grow()
+        with self._scope():
+            return self.state_spec.from_env(self.placer.put("state", host))
 
-    def _raise_if_failed(self, state):
-        code = int(np.asarray(state[ERR]))
-        if code:
-            raise self._lowering.error_for(code, int(np.asarray(state[ERRVAL])))
+    def _on_grow(self):
+        self._make_kernels()
 
-    def _collect(self, state, outputs) -> dict:
+    def to_host(self, value) -> np.ndarray:
+        """A device value as a full host array (gathered when sharded)."""
+        return np.asarray(value)
+
+    def host_state(self, state: StepState) -> dict:
+        """The flat state as host arrays."""
+        return {k: self.to_host(v) for k, v in self.state_spec.to_env(state).items()}
+
+    def export_state(self, state: StepState) -> dict:
+        """Every persistent variable's user-visible value (widened like `--out`)."""
+        host = self.host_state(state)
+        return {name: convert_output(cache_mod.export(layout, host), layout.dtype)
+                for name, layout in self._lowering.caches.items()}
+
+    def import_state(self, values: dict, source: str = "state") -> StepState:
+        """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);
+        a variable not given keeps its initial value. Tables take their sizes from the array."""
+        host = self._host_state()
+        layouts = self._lowering.caches
+        unknown = sorted(set(values) - set(layouts))
+        if unknown:
+            raise OiError(f"{source}: {unknown[0]} is not a persistent variable of the graph "
+                          f"(persistent: {', '.join(layouts) or '(none)'})")
+        grew = False
+        for name, value in values.items():
+            layout = layouts[name]
+            new_layout, arrays = cache_mod.import_value(layout, np.asarray(value), source)
+            if new_layout is not layout:
+                layouts[name] = new_layout
+                grew = True
+            host.update(arrays)
+        if grew:
+            self._next_reason = f"{source}: caches restored at a larger capacity"
+            self._on_grow()
+        with self._scope():
+            return self.state_spec.from_env(self.placer.put("state", host))
+
+    def collect_result(self, state: StepState, values: dict) -> dict:
+        """The user-facing result: every dynamic and volatile variable from `values` (device or
+        host arrays), every persistent variable from `state`; widened like `--out`."""
         result = {}
         for name in self._builder.dynamic + self._builder.volatile:
-            if name in outputs:
-                result[name] = convert_output(np.asarray(outputs[name]), self.bound.dtype(name))
-        host = {k: np.asarray(v) for k, v in state.items()}
-        for name, layout in self._lowering.caches.items():
-            result[name] = convert_output(cache_mod.export(layout, host), layout.dtype)
+            if name in values:
+                result[name] = convert_output(self.to_host(values[name]), self.bound.dtype(name))
+        result.update(self.export_state(state))
         return result
 
     # ------------------------------------------------------------------ inspection
@@ -315,7 +419,7 @@ class Program:
             written.append(str(path))
         with self._scope():
             state = self.init_state()
-            env = self._builder.start_env(self._consts, state, self._dynamic_args({}))
+            env = self._builder.start_env(self._consts, self.state_spec.to_env(state), self._dynamic_args({}))
             for block in self.graph.blocks:
                 kernel = jax.jit(self._builder.block_kernel(block.name))
                 path = out / f"block.{block.name}.stablehlo.mlir"
@@ -332,7 +436,7 @@ class Program:
             state = self.init_state()
             dynamic = self._dynamic_args({})
             if kind == "jaxpr":
-                return str(jax.make_jaxpr(self._builder)(self._consts, state, dynamic))
+                return str(jax.make_jaxpr(self._builder)(self._consts, self.state_spec.to_env(state), dynamic))
             lowered = self._jit.lower(self._consts, state, dynamic)
             if kind == "stablehlo":
                 return lowered.as_text(debug_info=True)  # with locations: entry/3:matmul

@@ -175,7 +175,7 @@ class ShardingPlacer(Placer):
     def spec_for(self, key: str, shape: tuple[int, ...]) -> P:
         """PartitionSpec for a value named `key` (state / const / dynamic key) of `shape`."""
         name = key[len(INIT_PREFIX):] if key.startswith(INIT_PREFIX) else key
-        if "#" in name or name.startswith("__") or name in (ERR, ERRVAL, GROW):
+        if "#" in name:  # bookkeeping (sizes, present masks, guards): replicated
             return P()
         decl = self.graph.var(name)
         if decl is None or decl.is_auto_dim or (decl.auto_dim and decl.is_table) or not decl.dims:
@@ -258,7 +258,7 @@ class ShardingPlacer(Placer):
         consts = {k: self.sharding_for(k, np.shape(v)) for k, v in program._consts.items()}
         dynamic = {name: self.sharding_for(name, program.bound.shape(name))
                    for name in program._builder.dynamic}
-        state = self.state_shardings(program)
+        state = program.state_spec.from_env(self.state_shardings(program))
         return {"in_shardings": (consts, state, dynamic), "out_shardings": (state, None)}
 
 
@@ -290,12 +290,8 @@ class ShardedProgram(Program):
         lazy = self.placer.lazy_const(decl)
         return lazy if lazy is not None else super()._const_value(decl)
 
-    def _grow(self, state, need: np.ndarray):
-        return super()._grow({k: fetch(v) for k, v in state.items()}, need)
-
-    def _collect(self, state, outputs) -> dict:
-        return super()._collect({k: fetch(v) for k, v in state.items()},
-                                {k: fetch(v) for k, v in outputs.items()})
+    def to_host(self, value) -> np.ndarray:
+        return fetch(value)
 
 
 def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:

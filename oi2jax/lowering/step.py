@@ -1,4 +1,4 @@
-"""The step function: one pure function (consts, state, dynamic) -> (state, outputs).
+"""The step function: one pure function (consts, flat state, dynamic) -> (flat state, outputs).
 
 At step start the environment holds the dynamic inputs, volatile variables and temporaries
 at their initial values (§0 item 4), and the persistent state. `entry` is lowered node by
@@ -16,10 +16,8 @@ from .. import ir
 from ..phases import written_names
 from .blocks import lower_nodes
 from .caches import build_layouts
-from .context import ERR, ERRVAL, GROW, Frame, Lowering, Tracer
-
-STEPS = "__steps"  # int64: steps applied (programs with growable caches only)
-STATE_GUARDS = (ERR, ERRVAL, STEPS)
+from .context import Frame, Lowering, Tracer
+from .state import GROW, commit
 
 
 def build_lowering(bound) -> Lowering:
@@ -53,6 +51,10 @@ class StepBuilder:
         # would only be copied out again; Program.run reports it from the input itself)
         written = set().union(*(written_names(graph, b) for b in graph.blocks)) if graph.blocks else set()
         self.output_names = tuple(n for n in self.dynamic if n in written) + tuple(self.volatile)
+        # what a step returns: the names of entry's top-level `return a, b;`, else output_names
+        returned = next((n.vars for n in graph.entry.nodes if isinstance(n, ir.Return)), None) \
+            if graph.entry is not None else None
+        self.step_outputs = tuple(returned) if returned else self.output_names
         self.fills: dict[str, tuple] = {}  # name -> (shape, dtype, value): built in the kernel
         self.init_args: dict[str, np.ndarray] = {}  # name -> host array passed as a const arg
         for name in self.volatile + self.temps:
@@ -63,16 +65,19 @@ class StepBuilder:
             else:
                 self.fills[name] = (value.shape, value.dtype, fill)
 
-    def start_env(self, consts: dict, state: dict, dynamic: dict) -> dict:
-        """The environment at step start: inputs, fresh volatiles/temporaries, the state."""
-        env: dict = {}
-        env.update(dynamic)
-        for name, (shape, dtype, fill) in self.fills.items():
-            env[name] = jnp.full(shape, fill, dtype)
-        for name in self.init_args:
-            env[name] = consts[f"__init__/{name}"]
-        env.update(state)
+    def fresh_values(self, consts: dict) -> dict:
+        """What every step starts from besides inputs and state (§0 item 4): volatiles and
+        temporaries at their initial values, and no capacity requested yet."""
+        env = {name: jnp.full(shape, fill, dtype) for name, (shape, dtype, fill) in self.fills.items()}
+        env.update({name: consts[f"__init__/{name}"] for name in self.init_args})
         env[GROW] = jnp.zeros((len(self.lowering.growable),), jnp.int64)
+        return env
+
+    def start_env(self, consts: dict, state: dict, dynamic: dict) -> dict:
+        """The environment at step start: inputs, fresh volatiles/temporaries, the (flat) state."""
+        env: dict = dict(dynamic)
+        env.update(state)
+        env.update(self.fresh_values(consts))
         return env
 
     def block_kernel(self, block: str):
@@ -83,23 +88,32 @@ class StepBuilder:
             return lower_block(block, env, Tracer(self.lowering, consts))
         return kernel
 
-    def __call__(self, consts: dict, state: dict, dynamic: dict):
+    @property
+    def all_names(self) -> tuple[str, ...]:
+        """Every dynamic the graph writes and every volatile: what a complete result holds
+        besides the inputs and the persistent state (whatever `return` names)."""
+        return self.output_names
+
+    def value_of(self, env: dict, name: str):
+        """A variable's user-level value in `env` (packed persistent values unpacked)."""
+        from .packing import unpack
+        layout = self.lowering.caches.get(name)
+        if layout is not None and layout.kind == "plain" and layout.packed:
+            return unpack(env[name], layout.dtype, layout.shape)
+        return env[name]
+
+    def __call__(self, consts: dict, state: dict, dynamic: dict, extra: tuple = ()):
+        """(flat state, outputs): outputs are `return`'s names (else `output_names`) plus `extra`."""
         lowering = self.lowering
         tr = Tracer(lowering, consts)
         env = self.start_env(consts, state, dynamic)
         entry = lowering.graph.entry
         with jax.named_scope("entry"):
             env, _ = lower_nodes(entry.nodes, env, Frame("entry"), tr)
-        if lowering.growable:
-            # a step that needs more cache capacity is undone; the host grows and re-runs it
-            undo = jnp.any(env[GROW] > 0)
-            new_state = {k: jnp.where(undo, state[k], env[k]) if k not in STATE_GUARDS else env[k]
-                         for k in state}
-            new_state[STEPS] = state[STEPS] + jnp.where(undo, 0, 1).astype(jnp.int64)
-        else:
-            # guards skip the failing write itself; the host reports the (sticky) error
-            new_state = {k: env[k] for k in state}
-        new_state[GROW] = env[GROW]
+        new_state = commit(state, env, state.keys(), bool(lowering.growable))
         names = tr.outputs if tr.outputs is not None else self.output_names
         outputs = {name: env[name] for name in names if name in env}
+        for name in extra:
+            if name not in outputs:
+                outputs[name] = self.value_of(env, name)
         return new_state, outputs

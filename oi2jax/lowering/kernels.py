@@ -1,0 +1,89 @@
+"""The compiled kernels a session runs, for one set of cache capacities (rebuilt after growth).
+
+- `single(consts, state, dynamic) -> (state, outputs, status)`: one step. `status` is a small
+  int64 vector `(err, errval, grow...)` returned apart from the (donated) state, so the host
+  can read step k's outcome after step k+1 was dispatched. A step whose incoming state holds
+  an unreported error does nothing: the session reports that error first, and the state stays
+  exactly as the failing step left it.
+- `multi(consts, state, per_step, fixed, base, n, collect) -> (state, last, stacked, status)`:
+  up to `n` steps as ONE `lax.while_loop` (state donated), step i reading `per_step[base + i]`.
+  The loop stops early after a step that recorded an error (that step is applied, its failing
+  write skipped) or that needs more cache capacity (that step is undone); `status` is
+  `(err, errval, applied, grow...)`. So N fused steps equal N `single` calls bit for bit, and
+  growth resumes exactly at the undone step.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .state import ERR, GROW, status_vector
+
+
+class StepKernels:
+    def __init__(self, program):
+        self.program = program
+        builder, spec = program._builder, program.state_spec
+        growable = program.growable
+        self.input_avals = {name: jax.ShapeDtypeStruct(v.shape, v.dtype)
+                            for name, v in program._defaults.items()}
+
+        def single(consts, state, dynamic):
+            program._traced("session step")
+            env = spec.to_env(state)
+            extra = builder.all_names  # every variable, so that a session can `read` any of them
+
+            def run(env):
+                return builder(consts, env, dynamic, extra=extra)
+
+            out_shapes = jax.eval_shape(lambda e: run(e)[1], env)
+
+            def skip(env):  # an unreported error from the step before: do nothing
+                return env, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
+
+            flat, outputs = lax.cond(env[ERR] != 0, skip, run, env)
+            return spec.from_env(flat), outputs, status_vector(flat)
+
+        def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
+            program._traced("fused steps")
+            env0 = spec.to_env(state)
+            extra = tuple(dict.fromkeys(collect + builder.all_names))
+
+            def one(env, i):
+                dyn = dict(fixed)
+                for k, v in per_step.items():
+                    dyn[k] = lax.dynamic_index_in_dim(v, base + i, keepdims=False)
+                return builder(consts, env, dyn, extra=extra)
+
+            out_shapes = jax.eval_shape(lambda e: one(e, jnp.int64(0))[1], env0)
+            last0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
+            stacked0 = {k: jnp.zeros((total,) + out_shapes[k].shape, out_shapes[k].dtype) for k in collect}
+
+            def cond_fn(carry):
+                i, _, _, _, stop = carry
+                return (i < n) & ~stop
+
+            def body(carry):
+                i, env, _, stacked, _ = carry
+                flat, outputs = one(env, i)
+                undone = jnp.any(flat[GROW] > 0) if growable else jnp.bool_(False)
+                stacked = {k: lax.dynamic_update_index_in_dim(v, outputs[k], base + i, 0)
+                           for k, v in stacked.items()}
+                stop = undone | (flat[ERR] != 0)
+                return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, stop
+
+            init = (jnp.int64(0), env0, last0, stacked0, jnp.bool_(False))
+            i, flat, last, stacked, _ = lax.while_loop(cond_fn, body, init)
+            status = status_vector(flat)
+            status = jnp.concatenate([status[:2], i.reshape(1), status[2:]])
+            return spec.from_env(flat), last, stacked, status
+
+        self.single = jax.jit(single, donate_argnums=(1,))
+        self._multi = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
+
+    def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
+              total: int = 0):
+        """Up to `n` steps from global step `base`; `total`: length of the collected stacks."""
+        return self._multi(consts, state, per_step, fixed, jnp.int64(base), jnp.int64(n), tuple(collect),
+                           int(total) if collect else 0)

@@ -1,0 +1,367 @@
+"""`Session`: the decode loop. It owns a program's state across steps (docs/decode.md).
+
+    sess = prog.session()                 # or prog.session(state="s.npz") to resume
+    for tok in tokens:
+        out = sess.step(x=tok)            # one step, new inputs each call
+    sess.run({"x": xs})                   # xs: [N, ...] -> N steps fused into ONE compiled loop
+    sess.read("K"); sess.save("s.npz")
+
+When errors surface. Step k's runtime error (a cache overflow, an out-of-range index, ...)
+raises `OiError` naming the guard's message, its DSL location and "in step k":
+- `run` raises before it returns, from the step that failed (later steps did not run);
+- `step` on a graph with growable caches, or run by the yield/await driver, raises from step k's
+  own call (those steps are checked before they return);
+- `step` otherwise raises at the latest at the next call on the session (`step`, `run`, `read`,
+  `save`, `state`, `check`): step k+1 is dispatched before step k's flag is read, so the host
+  never waits for the device between steps. When call k+1 raises step k's error, step k+1 did
+  nothing (the kernel skips a step whose incoming state holds an error), so the state is
+  exactly what step k left: the failing write skipped, every other write of step k applied.
+After raising, the error is cleared and the session can go on. No error is ever dropped.
+
+No lost write: a step that needs more capacity in a growable table or auto_dim tensor is undone
+in the kernel; the session doubles the capacity (one recompile) and re-runs it with its own
+inputs, so n growth steps cost O(log n) compiles.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from .. import ir
+from ..diagnostics import OiError
+from ..values import convert_output
+
+STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
+
+
+class Session:
+    def __init__(self, program, state=None):
+        self.program = program
+        self.steps = 0  # steps applied so far (a resumed session goes on counting)
+        self._pending = None  # (status, step number) of a dispatched step whose status is unread
+        self._values: dict = {}  # last value of each dynamic / volatile variable
+        self._fast: dict = {}  # input name -> (shape, dtype) accepted without conversion
+        self._sync = program.growable or not getattr(program, "async_status", True)
+        if state is None:
+            self._state = program.init_state()
+        elif isinstance(state, (str, os.PathLike)):
+            self._state = self._load(os.fspath(state))
+        elif isinstance(state, dict):
+            self._state = self._from_values(state, "state")
+        else:
+            self._state = state
+
+    # ------------------------------------------------------------------ state in / out
+
+    def _load(self, path: str):
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                values = {k: npz[k] for k in npz.files}
+        except FileNotFoundError:
+            raise OiError(f"state file not found: {path}") from None
+        except Exception as exc:
+            raise OiError(f"{path}: not a state file (.npz): {exc}") from None
+        return self._from_values(values, path)
+
+    def _from_values(self, values: dict, source: str):
+        prog = self.program
+        values = dict(values)
+        if STEPS_KEY in values:
+            self.steps = int(np.asarray(values.pop(STEPS_KEY)))
+        persistent, others = {}, {}
+        for name, value in values.items():
+            decl = prog.graph.var(name)
+            if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
+                persistent[name] = value
+            elif decl is not None and decl.kind in (ir.MemKind.DYNAMIC, ir.MemKind.VOLATILE):
+                others[name] = value  # last values, for `read` (a step recomputes them)
+            else:
+                known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
+                raise OiError(f"{source}: {name} is not a variable of the graph (variables: "
+                              f"{', '.join(known) or '(none)'})")
+        for name, value in others.items():
+            self._values[name] = prog._convert(name, value)
+        return prog.import_state(persistent, source)
+
+    @property
+    def state(self):
+        """The current `StepState` (raises a pending error first)."""
+        self.check()
+        return self._state
+
+    def check(self) -> None:
+        """Raise the runtime error of a step not yet reported, if any."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._raise_if_failed(np.asarray(pending[0]), pending[1])
+
+    def read(self, name: str) -> np.ndarray:
+        """A variable's current value, widened like `--out` (bf16/f8 -> float32, packed -> int8)."""
+        self.check()
+        prog = self.program
+        decl = prog.graph.var(name)
+        if decl is None or decl.kind == ir.MemKind.CONSTANT:
+            known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
+            raise OiError(f"read: unknown variable {name} (variables: {', '.join(known) or '(none)'})")
+        if decl.kind == ir.MemKind.PERSISTENT:
+            return prog.export_state(self._state)[name]
+        value = self._values.get(name)
+        if value is None:
+            value = prog._defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
+        return convert_output(prog.to_host(value), prog.bound.dtype(name))
+
+    def values(self) -> dict:
+        """Every dynamic, volatile and persistent variable (the `--out` layout)."""
+        self.check()
+        names = [v.name for v in self.program.graph.vars
+                 if v.kind != ir.MemKind.CONSTANT and not v.is_prefix_table]
+        return {name: self.read(name) for name in names}
+
+    def save(self, path) -> None:
+        """Write every variable (the `--out` layout) and the step count to an `.npz`, atomically;
+        `Program.session(state=path)` resumes from it."""
+        from ..npz import save_npz
+        arrays = self.values()
+        arrays[STEPS_KEY] = np.int64(self.steps)
+        save_npz(path, arrays)
+
+    # ------------------------------------------------------------------ errors
+
+    def _raise_if_failed(self, status: np.ndarray, step: int) -> None:
+        error = self.program.status_error(status, step=step)
+        if error is not None:
+            self._clear_error()
+            error.step = step
+            raise error
+
+    def _clear_error(self) -> None:
+        import dataclasses
+        g = self._state.guards
+        with self.program._scope():
+            self._state = dataclasses.replace(self._state, guards=dataclasses.replace(
+                g, err=g.err * 0, errval=g.errval * 0))
+
+    # ------------------------------------------------------------------ inputs
+
+    def _inputs(self, inputs: dict, steps: int | None = None) -> dict:
+        """Validated inputs, on the device; conversion is exact or an OiError. `steps`: the
+        values carry a leading step axis of that length."""
+        prog = self.program
+        out = {}
+        if steps is not None:
+            for name, value in inputs.items():
+                want = prog._defaults[name]
+                if isinstance(value, jax.Array) and value.shape == (steps,) + want.shape and value.dtype == want.dtype:
+                    out[name] = value
+                else:
+                    out[name] = prog._convert(name, value, steps=steps)
+            converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
+            if converted:
+                with prog._scope():
+                    out.update(prog.placer.put("dynamic", converted))
+            return out
+        fast = self._fast
+        for name, value in inputs.items():
+            sig = fast.get(name)
+            if sig is not None and type(value) is sig[2] and value.shape == sig[0] and value.dtype == sig[1]:
+                out[name] = value
+                continue
+            if name not in prog._defaults:
+                raise prog._unknown_input(name)
+            want = prog._defaults[name]
+            if isinstance(value, jax.Array) and value.shape == want.shape and value.dtype == want.dtype:
+                fast[name] = (value.shape, value.dtype, type(value))
+                out[name] = value
+                continue
+            out[name] = prog._convert(name, value)
+        converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
+        if converted:
+            with prog._scope():
+                out.update(prog.placer.put("dynamic", converted))
+        return out
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self, **inputs) -> dict:
+        """Run one step with these inputs (host or device arrays; a dynamic variable not given
+        keeps its default). Returns the step's outputs as device arrays: every volatile and
+        every dynamic the graph writes (or the names of a `return`)."""
+        dyn = self._inputs(inputs)
+        prog = self.program
+        if self._sync:
+            self.check()
+            return self._step_checked(dyn)
+        with prog._scope():
+            self._state, outputs, status = prog.session_step(self._state, prog._dynamic_args(dyn))
+        previous = self._pending
+        self.steps += 1
+        self._pending = (status, self.steps)
+        if previous is not None:
+            prev_status = np.asarray(previous[0])
+            if prev_status[0]:
+                self._pending = None  # this step did nothing: its state had the error
+                self.steps = previous[1]
+                self._raise_if_failed(prev_status, previous[1])
+        self._values.update(dyn)
+        self._values.update(outputs)
+        return self._returned(outputs)
+
+    def _returned(self, outputs: dict) -> dict:
+        return {k: outputs[k] for k in self.program._builder.step_outputs if k in outputs}
+
+    def _step_checked(self, dyn: dict, wrap=None) -> dict:
+        """One step, its status read before returning; growth re-runs it."""
+        prog = self.program
+        full = prog._dynamic_args(dyn)
+        while True:
+            with prog._scope():
+                run = prog.session_step if wrap is None else wrap(prog.session_step)
+                self._state, outputs, status = run(self._state, full)
+            status = np.asarray(status)
+            if np.any(status[2:] > 0):  # undone: needs more capacity; grow and re-run
+                self._state = prog.grow(self._state, status)
+                continue
+            break
+        self.steps += 1
+        self._values.update(dyn)
+        self._values.update(outputs)
+        self._raise_if_failed(status, self.steps)
+        return self._returned(outputs)
+
+    # ------------------------------------------------------------------ many steps
+
+    def _split_inputs(self, inputs: dict, steps):
+        """(per_step {name: [N, ...]}, fixed {name: value}, N)."""
+        prog = self.program
+        per_step, fixed, lengths = {}, {}, {}
+        for name, value in inputs.items():
+            if name not in prog._defaults:
+                raise prog._unknown_input(name)
+            shape = tuple(prog.bound.shape(name))
+            vshape = tuple(np.shape(value))
+            if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
+                per_step[name] = value
+                lengths[name] = vshape[0]
+            elif vshape == shape:
+                fixed[name] = value
+            else:
+                raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
+                              f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
+        if len(set(lengths.values())) > 1:
+            raise OiError("per-step inputs disagree on the number of steps: " +
+                          ", ".join(f"{k} has {v}" for k, v in lengths.items()))
+        n = next(iter(lengths.values())) if lengths else None
+        if steps is None:
+            steps = n if n is not None else 1
+        steps = int(steps)
+        if steps < 0:
+            raise OiError(f"steps must be >= 0, got {steps}")
+        if n is not None and steps > n:
+            raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
+                          f"({', '.join(lengths)})")
+        return per_step, fixed, steps
+
+    def _collect_names(self, collect) -> tuple:
+        prog = self.program
+        if isinstance(collect, str):
+            collect = (collect,)
+        names = []
+        for name in collect:
+            decl = prog.graph.var(name)
+            if decl is None or decl.kind == ir.MemKind.CONSTANT:
+                known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
+                raise OiError(f"collect: unknown variable {name} (variables: {', '.join(known) or '(none)'})")
+            if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
+                raise OiError(f"collect: {name} is a cache table / auto_dim tensor, whose shape changes from "
+                              f"step to step; cache.read it into a volatile and collect that")
+            names.append(name)
+        return tuple(dict.fromkeys(names))
+
+    def run(self, inputs: dict | None = None, steps: int | None = None, collect=(), progress=None) -> dict:
+        """Run N steps as ONE compiled loop (`lax.while_loop`, state donated).
+
+        An input of its declared shape is the same every step; one with a leading step axis
+        `[N, ...]` gives step i the value `[i]` (`steps=None`: N; else at most N). Returns every
+        dynamic, volatile and persistent variable after the last step (widened like `--out`);
+        each name in `collect` holds instead every step's value stacked `[steps, ...]`.
+        Errors raise from the step that failed (with its number); growth re-runs the step that
+        needed it after doubling the capacity; the result equals `steps` calls of `step`."""
+        self.check()
+        prog = self.program
+        inputs = dict(inputs or {})
+        per_step, fixed, steps = self._split_inputs(inputs, steps)
+        collect = self._collect_names(collect)
+        per_dev = {k: v for k, v in self._inputs(per_step, steps=np.shape(next(iter(per_step.values())))[0]).items()} \
+            if per_step else {}
+        fixed_dev = self._inputs(fixed)
+        pieces: dict = {k: [] for k in collect}
+        with prog._scope():
+            fixed_dev = {k: v for k, v in prog._dynamic_args(fixed_dev).items() if k not in per_dev}
+            base = 0
+            chunk = steps if progress is None else max(1, -(-steps // 50))
+            last = None
+            while base < steps:
+                n = min(chunk, steps - base)
+                self._state, out, stacked, status = prog._kernels.multi(
+                    prog._consts, self._state, per_dev, fixed_dev, base, n, collect, steps)
+                status = np.asarray(status)
+                applied = int(status[2])
+                if applied:
+                    last = out
+                    for k in collect:
+                        pieces[k].append(stacked[k][base:base + applied])
+                base += applied
+                self.steps += applied
+                step_status = np.concatenate([status[:2], status[3:]])  # (err, errval, grow...)
+                if status[0]:
+                    self._set_values(last, per_dev, fixed_dev, base)
+                    self._raise_if_failed(step_status, self.steps)
+                if np.any(status[3:] > 0):
+                    self._state = prog.grow(self._state, step_status)
+                if progress is not None:
+                    progress(base)
+            self._set_values(last, per_dev, fixed_dev, base)
+        result = self.values()
+        for k in collect:
+            if pieces[k]:
+                result[k] = convert_output(np.concatenate([prog.to_host(p) for p in pieces[k]]),
+                                           prog.bound.dtype(k))
+            else:
+                result[k] = np.zeros((0,) + result[k].shape, result[k].dtype)
+        return result
+
+    def _set_values(self, last, per_dev, fixed_dev, applied_total) -> None:
+        if applied_total <= 0:
+            return
+        self._values.update(fixed_dev)
+        for k, v in per_dev.items():
+            self._values[k] = v[applied_total - 1]
+        if last is not None:
+            self._values.update(last)
+
+    def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
+                     progress=None) -> dict:
+        """`run` as one checked step at a time (the yield/await driver, traced runs): same inputs,
+        same result. `wrap(step_fn)` may wrap each kernel call (timing)."""
+        self.check()
+        prog = self.program
+        per_step, fixed, steps = self._split_inputs(dict(inputs or {}), steps)
+        collect = self._collect_names(collect)
+        per_host = {k: prog._convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
+        fixed_dev = self._inputs(fixed)
+        stacks: dict = {k: [] for k in collect}
+        for i in range(steps):
+            dyn = dict(fixed_dev)
+            if per_host:
+                dyn.update(self._inputs({k: v[i] for k, v in per_host.items()}))
+            self._step_checked(dyn, wrap=wrap)
+            for k in collect:
+                stacks[k].append(self.read(k))
+            if progress is not None:
+                progress(i + 1)
+        result = self.values()
+        for k in collect:
+            result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
+        return result

@@ -1,0 +1,318 @@
+"""Decode loops (docs/decode.md): `Program.session()` with a new input each step, errors that are
+never lost, growth that never loses a write, save/resume, fused multi-step runs, the typed state."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.diagnostics import OiError
+from oi2jax.lowering.state import StepState
+
+from conftest import EXAMPLES
+
+D = 4
+KV_SOURCE = EXAMPLES / "kv_cache_decode.oi"
+
+# a growable table (no @fixed) and a fixed one that overflows at step 6
+GROW_SOURCE = """\
+dynamic { x: f32[D]; }
+volatile { last: f32[D]; }
+persistent {
+    t: i32 @init(0);
+    A(i): f32[D] @table;
+}
+block entry {
+    cache.write x >> A[t];
+    cache.read A[t] >> last;
+    cache.increment t;
+    return;
+}
+"""
+
+GROW_AND_FAIL_SOURCE = """\
+dynamic { x: f32[D]; }
+volatile { last: f32[D]; }
+persistent {
+    t: i32 @init(0);
+    A(i): f32[D] @table;
+    F(j): f32[D] @table @fixed(j=5);
+}
+block entry {
+    cache.write x >> A[t];
+    cache.write x >> F[t];
+    cache.read A[t] >> last;
+    cache.increment t;
+    return;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kv():
+    return oi2jax.compile(KV_SOURCE, model=EXAMPLES / "kv_cache_decode.oinf")
+
+
+@pytest.fixture(scope="module")
+def grow_prog():
+    return oi2jax.compile(GROW_SOURCE, sizes={"D": D})
+
+
+def tokens(n: int, d: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+
+
+def test_kv_decode_steps_equal_numpy_and_overflow_raises(kv):
+    d = kv.bound.shape("q")[0]
+    zero = kv.bound.initial("zero")
+    qs = tokens(6, d)
+    sess = kv.session()
+    for k in range(4):
+        out = sess.step(q=qs[k])
+        want = np.zeros((4, d), np.float32)
+        want[:k + 1] = qs[:k + 1] + zero
+        np.testing.assert_array_equal(np.asarray(out["k_hist"]), want)
+        np.testing.assert_array_equal(sess.read("K"), want)
+        assert int(sess.read("t")) == k + 1
+    sess.step(q=qs[4])  # overflows K (fixed i=4): reported at the latest at the next call
+    with pytest.raises(OiError) as info:
+        sess.step(q=qs[5])
+    msg = str(info.value)
+    assert "cache table K index 0 exceeds fixed size 4 (index 4) (in step 5)" in msg
+    assert "kv_cache_decode.oi:23:22" in msg and "cache.write q >> K[t];" in msg
+    assert info.value.step == 5
+    # step 5 applied except its failing write; step 6 did nothing
+    assert int(sess.read("t")) == 5
+    np.testing.assert_array_equal(sess.read("K"), qs[:4] + zero)
+    assert sess.steps == 5
+
+
+def test_error_reported_by_read_save_and_state(kv, tmp_path):
+    d = kv.bound.shape("q")[0]
+    for call in ("read", "save", "state", "check", "run"):
+        sess = kv.session()
+        for k in range(5):
+            sess.step(q=np.full(d, k, np.float32))
+        with pytest.raises(OiError, match=r"\(in step 5\)"):
+            if call == "read":
+                sess.read("t")
+            elif call == "save":
+                sess.save(tmp_path / "s.npz")
+            elif call == "state":
+                sess.state
+            elif call == "check":
+                sess.check()
+            else:
+                sess.run({"q": np.zeros(d, np.float32)}, steps=1)
+        sess.check()  # reported once: the session goes on
+        assert int(sess.read("t")) == 5
+
+
+def test_growth_is_transparent_under_session_step(grow_prog):
+    xs = tokens(100, D, seed=1)
+    sess = grow_prog.session()
+    before = grow_prog.compiles
+    for k in range(100):
+        out = sess.step(x=xs[k])
+        np.testing.assert_array_equal(np.asarray(out["last"]), xs[k])
+        if k in (0, 3, 4, 16, 63, 64, 99):
+            np.testing.assert_array_equal(sess.read("A"), xs[:k + 1])
+    np.testing.assert_array_equal(sess.read("A"), xs)
+    assert int(sess.read("t")) == 100
+    # capacity 4 -> 8 -> ... -> 128: one compile per capacity, O(log n)
+    assert grow_prog.compiles - before <= 7
+
+
+def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error():
+    prog = oi2jax.compile(GROW_AND_FAIL_SOURCE, sizes={"D": D})
+    xs = tokens(12, D, seed=2)
+    one = prog.session()
+    for k in range(5):
+        one.step(x=xs[k])  # step 5 grows A (capacity 4 -> 8)
+    with pytest.raises(OiError, match=r"F index 0 exceeds fixed size 5 \(index 5\) \(in step 6\)"):
+        one.step(x=xs[5])
+    for k in range(6, 12):
+        with pytest.raises(OiError):
+            one.step(x=xs[k])
+    fused = prog.session()
+    with pytest.raises(OiError, match=r"\(in step 6\)") as info:
+        fused.run({"x": xs})
+    assert info.value.step == 6 and fused.steps == 6
+    with pytest.raises(OiError, match=r"\(in step 7\)"):
+        fused.run({"x": xs[6:]})
+    for k in range(7, 12):
+        with pytest.raises(OiError, match=rf"\(in step {k + 1}\)"):
+            fused.run({"x": xs[k:k + 1]})
+    assert one.steps == fused.steps == 12
+    for name in ("t", "A", "F", "x", "last"):
+        np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
+    np.testing.assert_array_equal(fused.read("A"), xs)
+    np.testing.assert_array_equal(fused.read("F"), xs[:5])
+
+
+def test_fused_run_equals_steps_and_collects(kv):
+    d = kv.bound.shape("q")[0]
+    qs = tokens(4, d, seed=3)
+    stepped = kv.session()
+    hist = [np.asarray(stepped.step(q=q)["k_hist"]) for q in qs]
+    result = kv.session().run({"q": qs}, collect=("k_hist", "t"))
+    np.testing.assert_array_equal(result["k_hist"], np.stack(hist))
+    np.testing.assert_array_equal(result["t"], np.arange(1, 5, dtype=np.int32))
+    np.testing.assert_array_equal(result["K"], stepped.read("K"))
+    np.testing.assert_array_equal(result["q"], qs[-1] + kv.bound.initial("zero"))
+    # Program.run takes the same per-step inputs
+    np.testing.assert_array_equal(kv.run({"q": qs}, steps=None)["K"], stepped.read("K"))
+
+
+def test_growth_under_fused_run_is_logarithmic(grow_prog):
+    xs = tokens(200, D, seed=4)
+    before = grow_prog.compiles
+    result = grow_prog.session().run({"x": xs}, collect=("last",))
+    np.testing.assert_array_equal(result["A"], xs)
+    np.testing.assert_array_equal(result["last"], xs)
+    assert grow_prog.compiles - before <= 8
+
+
+def test_save_resume_equals_uninterrupted(grow_prog, tmp_path):
+    xs = tokens(20, D, seed=5)
+    whole = grow_prog.session()
+    for x in xs:
+        whole.step(x=x)
+    first = grow_prog.session()
+    for x in xs[:7]:
+        first.step(x=x)
+    first.save(tmp_path / "state.npz")
+    resumed = grow_prog.session(state=tmp_path / "state.npz")
+    assert resumed.steps == 7
+    resumed.run({"x": xs[7:]})
+    for name in ("A", "t", "x", "last"):
+        np.testing.assert_array_equal(resumed.read(name), whole.read(name), err_msg=name)
+
+
+def test_session_inputs_are_validated(kv):
+    d = kv.bound.shape("q")[0]
+    sess = kv.session()
+    with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\], got \[2\]"):
+        sess.step(q=np.zeros(2, np.float32))
+    with pytest.raises(OiError, match="not exactly representable in f32"):
+        sess.step(q=np.full(d, 0.1, np.float64))
+    with pytest.raises(OiError, match="unknown input qq"):
+        sess.step(qq=np.zeros(d, np.float32))
+    sess.step(q=np.full(d, 0.5, np.float64))  # exact: converted
+    sess.step(q=np.arange(d, dtype=np.int32))  # exact: converted
+    np.testing.assert_array_equal(sess.read("K")[1], np.arange(d, dtype=np.float32) + kv.bound.initial("zero"))
+    with pytest.raises(OiError, match=r"\[N, "):
+        sess.run({"q": np.zeros((2, 3, d), np.float32)})
+
+
+def test_pure_step_and_check(kv):
+    d = kv.bound.shape("q")[0]
+    state = kv.init_state()
+    assert isinstance(state, StepState) and set(state.vars) == {"t"} and set(state.caches) == {"K"}
+    for k in range(5):
+        state, _ = kv.step(state, q=np.full(d, k, np.float32))
+    with pytest.raises(OiError, match="exceeds fixed size 4"):
+        kv.check(state)
+    with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\]"):
+        kv.step(kv.init_state(), q=np.zeros(d + 1, np.float32))
+
+
+def test_pure_step_of_growable_graph_says_to_use_a_session():
+    grow_prog = oi2jax.compile(GROW_SOURCE, sizes={"D": D})  # fresh: capacity 4
+    state = grow_prog.init_state()
+    for k in range(5):
+        state, _ = grow_prog.step(state, x=np.full(D, k, np.float32))
+    with pytest.raises(OiError, match="needs more capacity"):
+        grow_prog.check(state)
+
+
+def test_bookkeeping_never_collides_with_user_names():
+    src = """\
+dynamic { x: f32[2]; }
+persistent { __err: i32 @init(5); __grow: i32 @init(7); __steps: i32 @init(100); }
+block entry {
+    cache.increment __err;
+    return;
+}
+"""
+    prog = oi2jax.compile(src)
+    out = prog.run({"x": np.zeros(2, np.float32)}, steps=3)
+    assert int(out["__err"]) == 8 and int(out["__grow"]) == 7 and int(out["__steps"]) == 100
+
+
+def test_session_of_yield_await_graph_uses_the_driver():
+    prog = oi2jax.compile(EXAMPLES / "streaming_pipeline.oi", model=EXAMPLES / "streaming_pipeline.oinf")
+    assert not prog.async_status  # the driver checks each step before returning
+    shape = prog.bound.shape("x")
+    xs = np.random.default_rng(6).standard_normal((3,) + shape).astype(np.float32)
+    sess = prog.session()
+    h2 = [np.asarray(sess.step(x=x)["h2"]) for x in xs]
+    np.testing.assert_array_equal(np.stack(h2), np.clip(xs, 0, 6))
+    fused = prog.session().run({"x": xs}, collect=("h2", "h"))
+    np.testing.assert_array_equal(fused["h2"], np.stack(h2))
+    np.testing.assert_array_equal(fused["x"], sess.read("x"))
+    np.testing.assert_array_equal(fused["h"][-1], sess.read("h"))
+
+
+def run_cli(capsys, *argv):
+    from oi2jax.cli import main
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, captured.out, captured.err
+
+
+def test_cli_inputs_per_step_collect_and_state_files(capsys, tmp_path):
+    graph = tmp_path / "g.oi"
+    graph.write_text(GROW_SOURCE)
+    xs = tokens(10, D, seed=7)
+    np.savez(tmp_path / "first.npz", x=xs[:6])
+    np.savez(tmp_path / "second.npz", x=xs[6:])
+    code, _, err = run_cli(capsys, "run", graph, "--size", f"D={D}", "--inputs-per-step", tmp_path / "first.npz",
+                           "--collect", "last", "--out", tmp_path / "o1.npz", "--state-out", tmp_path / "s.npz",
+                           "--quiet")
+    assert code == 0, err
+    with np.load(tmp_path / "o1.npz") as o1:
+        np.testing.assert_array_equal(o1["last"], xs[:6])  # stacked [6, D]
+        np.testing.assert_array_equal(o1["A"], xs[:6])
+        assert int(o1["t"]) == 6
+    code, _, err = run_cli(capsys, "run", graph, "--size", f"D={D}", "--inputs-per-step", tmp_path / "second.npz",
+                           "--state-in", tmp_path / "s.npz", "--out", tmp_path / "o2.npz", "--quiet")
+    assert code == 0, err
+    whole = oi2jax.compile(GROW_SOURCE, sizes={"D": D}).run({"x": xs}, steps=None)
+    with np.load(tmp_path / "o2.npz") as o2:
+        assert sorted(o2.files) == sorted(whole)
+        for name in whole:
+            np.testing.assert_array_equal(o2[name], whole[name], err_msg=name)
+    # a per-step file without the step axis, too many steps, an unknown collect name
+    np.savez(tmp_path / "flat.npz", x=xs[0])
+    code, _, err = run_cli(capsys, "run", graph, "--size", f"D={D}", "--inputs-per-step", tmp_path / "flat.npz")
+    assert code == 1 and f"--inputs-per-step x: expected a leading step axis [N, {D}], got shape [{D}]" in err
+    code, _, err = run_cli(capsys, "run", graph, "--size", f"D={D}", "--inputs-per-step", tmp_path / "second.npz",
+                           "--steps", "9")
+    assert code == 1 and "9 steps asked for, but the per-step inputs hold 4 values" in err
+    code, _, err = run_cli(capsys, "run", graph, "--size", f"D={D}", "--inputs-per-step", tmp_path / "second.npz",
+                           "--collect", "lst")
+    assert code == 1 and "collect: unknown variable lst" in err
+
+
+def test_cli_run_overflow_names_the_step(capsys, tmp_path):
+    np.savez(tmp_path / "qs.npz", q=tokens(6, 16, seed=8))
+    code, _, err = run_cli(capsys, "run", KV_SOURCE, "--inputs-per-step", tmp_path / "qs.npz",
+                           "--out", tmp_path / "o.npz")
+    assert code == 1
+    assert "kv_cache_decode.oi:23:22: error: cache table K index 0 exceeds fixed size 4 (index 4) (in step 5)" in err
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_out_members_named_like_numpy_keywords(capsys, tmp_path):
+    graph = tmp_path / "g.oi"
+    graph.write_text("dynamic { file: f32[2]; allow_pickle: f32[2]; }\nblock entry { return; }\n")
+    np.save(tmp_path / "a.npy", np.array([1.0, 2.0], np.float32))
+    code, _, err = run_cli(capsys, "run", graph, "--input", f"file={tmp_path / 'a.npy'}",
+                           "--input", f"allow_pickle={tmp_path / 'a.npy'}", "--out", tmp_path / "res", "--quiet")
+    assert code == 0, err
+    assert (tmp_path / "res").exists() and not (tmp_path / "res.npz").exists()  # exactly the path given
+    with np.load(tmp_path / "res") as out:
+        assert sorted(out.files) == ["allow_pickle", "file"]
+        np.testing.assert_array_equal(out["file"], [1.0, 2.0])
