@@ -32,7 +32,7 @@ from ..diagnostics import OiError
 from ..phases import Phase, analyze
 from .blocks import lower_block, lower_nodes
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
-from .state import commit as commit_state, merge_guards, status_vector
+from .state import commit as commit_state, merge_guards
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     kernel_error, run_tasks
 from .program import Placer, Program, resolve_device
@@ -212,12 +212,10 @@ class DriverProgram(Program):
         super()._on_grow()
 
     def session_step(self, state, dynamic: dict):
-        """One step run by the host driver: `(state, outputs, status)`."""
+        """One step run by the host driver: `(state, outputs)`."""
         spec = self.state_spec
         flat, outputs = self._drive(spec.to_env(state), dynamic)
-        with self._scope():
-            status = jax.jit(status_vector)({k: flat[k] for k in (ERR, ERRVAL, GROW)})
-        return spec.from_env(flat), outputs, status
+        return spec.from_env(flat), outputs
 
     def _count(self):
         with self._count_lock:

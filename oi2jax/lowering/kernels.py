@@ -1,8 +1,8 @@
 """The compiled kernels a session runs, for one set of cache capacities (rebuilt after growth).
 
-- `single(consts, state, dynamic) -> (state, outputs, status)`: one step. `status` is a small
-  int64 vector `(err, errval, grow...)` returned apart from the (donated) state, so the host
-  can read step k's outcome after step k+1 was dispatched. A step whose incoming state holds
+- `single(consts, (vars, caches), flags, dynamic) -> (vars, caches, flags, outputs)`: one
+  step. Only vars and caches are donated: the guard flags `(err, errval, grow...)` of step k
+  stay readable after step k+1 was dispatched, so the host reads step k's outcome late. A step whose incoming state holds
   an unreported error does nothing: the session reports that error first, and the state stays
   exactly as the failing step left it.
 - `multi(consts, state, per_step, fixed, base, n, collect) -> (state, last, stacked, status)`:
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .state import ERR, GROW, status_vector
+from .state import ERR, GROW, Guards, StepState, status_vector
 
 
 class StepKernels:
@@ -29,9 +29,9 @@ class StepKernels:
         self.input_avals = {name: jax.ShapeDtypeStruct(v.shape, v.dtype)
                             for name, v in program._defaults.items()}
 
-        def single(consts, state, dynamic):
+        def single(consts, user, flags, dynamic):
             program._traced("session step")
-            env = spec.to_env(state)
+            env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
             extra = builder.all_names  # every variable, so that a session can `read` any of them
 
             def run(env):
@@ -43,7 +43,8 @@ class StepKernels:
                 return env, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
 
             flat, outputs = lax.cond(env[ERR] != 0, skip, run, env)
-            return spec.from_env(flat), outputs, status_vector(flat)
+            new = spec.from_env(flat)
+            return new.vars, new.caches, new.guards.flags, outputs
 
         def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
             program._traced("fused steps")
@@ -79,7 +80,7 @@ class StepKernels:
             status = jnp.concatenate([status[:2], i.reshape(1), status[2:]])
             return spec.from_env(flat), last, stacked, status
 
-        self.single = jax.jit(single, donate_argnums=(1,))
+        self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self._multi = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),

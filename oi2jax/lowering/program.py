@@ -19,7 +19,7 @@ from ..diagnostics import OiError
 from ..values import convert_input, convert_output
 from . import caches as cache_mod
 from .kernels import StepKernels
-from .state import GROW, StateSpec, StepState
+from .state import GROW, Guards, StateSpec, StepState
 from .step import StepBuilder, build_lowering
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -202,9 +202,7 @@ class Program:
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
         was undone because a growable cache needs more capacity (run it under a session)."""
-        status = np.concatenate([np.asarray(state.guards.err, np.int64).reshape(1),
-                                 np.asarray(state.guards.errval, np.int64).reshape(1),
-                                 np.asarray(state.guards.grow, np.int64).reshape(-1)])
+        status = self.to_host(state.guards.flags)
         error = self.status_error(status)
         if error is not None:
             raise error
@@ -319,10 +317,13 @@ class Program:
     # ------------------------------------------------------------------ host side of a step
 
     def session_step(self, state: StepState, dynamic: dict):
-        """One step for a session: `(state, outputs, status)`; `dynamic` complete and placed.
-        A step whose incoming state holds an unreported error does nothing (the session reports
-        that error before anything else)."""
-        return self._kernels.single(self._consts, state, dynamic)
+        """One step for a session: `(state, outputs)`; `dynamic` complete and placed. The new
+        state's `guards.flags` are not donated by the next `session_step`, so the host may read
+        them after dispatching it. A step whose incoming state holds an unreported error does
+        nothing (the session reports that error before anything else)."""
+        vars_, caches, flags, outputs = self._kernels.single(self._consts, (state.vars, state.caches),
+                                                             state.guards.flags, dynamic)
+        return StepState(vars_, caches, Guards(flags)), outputs
 
     def grow(self, state: StepState, status) -> StepState:
         """Double the capacity of every cache dim that asked for more; rebuild the kernels.

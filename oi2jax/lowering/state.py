@@ -45,11 +45,26 @@ class CacheState:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class Guards:
-    """The recorded runtime error (first one wins) and the capacity the step asked for."""
+    """The recorded runtime error (first one wins) and the capacity the step asked for, as ONE
+    int64 vector `[err, errval, grow...]` (a single small buffer: cheaper to pass, donate and
+    read back than three)."""
 
-    err: object  # int32 scalar
-    errval: object  # int64 scalar
-    grow: object  # int64[n_growable]
+    flags: object  # int64[2 + n_growable]
+
+    @property
+    def err(self):
+        """0 = no error, else 1 + the index of the guard site that fired first."""
+        return self.flags[0]
+
+    @property
+    def errval(self):
+        """The offending value (an index, a size) of that error."""
+        return self.flags[1]
+
+    @property
+    def grow(self):
+        """The capacity each growable cache dim needs (0 = enough)."""
+        return self.flags[2:]
 
 
 @jax.tree_util.register_dataclass
@@ -85,8 +100,8 @@ class StateSpec:
             env[layout.size_key()] = cache.size
             if cache.present is not None:
                 env[f"{name}#present"] = cache.present
-        g = state.guards
-        env[ERR], env[ERRVAL], env[GROW] = g.err, g.errval, g.grow
+        flags = state.guards.flags
+        env[ERR], env[ERRVAL], env[GROW] = flags[0].astype(jnp.int32), flags[1], flags[2:]
         return env
 
     def from_env(self, env: dict) -> StepState:
@@ -96,7 +111,9 @@ class StateSpec:
                 vars_[name] = env[name]
             else:
                 caches[name] = CacheState(env[name], env[layout.size_key()], env.get(f"{name}#present"))
-        return StepState(vars_, caches, Guards(env[ERR], env[ERRVAL], env[GROW]))
+        if isinstance(env[ERR], jax.sharding.Sharding):  # a tree of shardings (jit in/out_shardings)
+            return StepState(vars_, caches, Guards(env[ERR]))
+        return StepState(vars_, caches, Guards(status_vector(env)))
 
     def keys(self) -> list[str]:
         """The flat environment keys that make up the state."""

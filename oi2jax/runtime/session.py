@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import ir
 from ..diagnostics import OiError
+from ..lowering.state import Guards, StepState
 from ..values import convert_output
 
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
@@ -41,9 +42,12 @@ class Session:
         self.program = program
         self.steps = 0  # steps applied so far (a resumed session goes on counting)
         self._pending = None  # (status, step number) of a dispatched step whose status is unread
-        self._values: dict = {}  # last value of each dynamic / volatile variable
+        self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
+        self._fresh = None  # (inputs, outputs) of the last fast step, merged into _vals lazily
+        self._exe = None  # (kernels, AOT executable) of the fast step
         self._fast: dict = {}  # input name -> (shape, dtype) accepted without conversion
         self._sync = program.growable or not getattr(program, "async_status", True)
+        self._all_returned = set(program._builder.step_outputs) == set(program._builder.all_names)
         if state is None:
             self._state = program.init_state()
         elif isinstance(state, (str, os.PathLike)):
@@ -54,6 +58,23 @@ class Session:
             self._state = state
 
     # ------------------------------------------------------------------ state in / out
+
+    @property
+    def _state(self):
+        return StepState(self._user[0], self._user[1], Guards(self._flags))
+
+    @_state.setter
+    def _state(self, state):
+        self._user, self._flags = (state.vars, state.caches), state.guards.flags
+
+    @property
+    def _values(self) -> dict:
+        if self._fresh is not None:
+            dyn, outputs = self._fresh
+            self._fresh = None
+            self._vals.update(dyn)
+            self._vals.update(outputs)
+        return self._vals
 
     def _load(self, path: str):
         try:
@@ -138,10 +159,10 @@ class Session:
 
     def _clear_error(self) -> None:
         import dataclasses
-        g = self._state.guards
+        flags = self._state.guards.flags
         with self.program._scope():
-            self._state = dataclasses.replace(self._state, guards=dataclasses.replace(
-                g, err=g.err * 0, errval=g.errval * 0))
+            self._state = dataclasses.replace(self._state, guards=type(self._state.guards)(
+                flags.at[:2].set(0)))
 
     # ------------------------------------------------------------------ inputs
 
@@ -187,26 +208,44 @@ class Session:
     def step(self, **inputs) -> dict:
         """Run one step with these inputs (host or device arrays; a dynamic variable not given
         keeps its default). Returns the step's outputs as device arrays: every volatile and
-        every dynamic the graph writes (or the names of a `return`)."""
+        every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
         dyn = self._inputs(inputs)
         prog = self.program
         if self._sync:
             self.check()
             return self._step_checked(dyn)
-        with prog._scope():
-            self._state, outputs, status = prog.session_step(self._state, prog._dynamic_args(dyn))
+        full = {**prog._defaults, **dyn}
+        exe = self._exe
+        if exe is None or exe[0] is not prog._kernels:
+            exe = self._exe = (prog._kernels, self._compile_fast(full))
+        try:
+            vars_, caches, flags, outputs = exe[1](prog._consts, self._user, self._flags, full)
+        except (TypeError, ValueError):  # arguments placed unlike the executable's: the jit path
+            with prog._scope():
+                vars_, caches, flags, outputs = prog._kernels.single(prog._consts, self._user, self._flags, full)
+        self._user = (vars_, caches)
+        self._flags = flags
         previous = self._pending
         self.steps += 1
-        self._pending = (status, self.steps)
+        self._pending = (flags, self.steps)
         if previous is not None:
             prev_status = np.asarray(previous[0])
             if prev_status[0]:
                 self._pending = None  # this step did nothing: its state had the error
                 self.steps = previous[1]
                 self._raise_if_failed(prev_status, previous[1])
-        self._values.update(dyn)
-        self._values.update(outputs)
-        return self._returned(outputs)
+        fresh = self._fresh
+        if fresh is not None and not fresh[0].keys() <= dyn.keys():
+            self._values  # noqa: B018  (flush: an input given last step but not now keeps its value)
+        self._fresh = (dyn, outputs)  # outputs hold every variable: they supersede the last ones
+        return outputs if self._all_returned else self._returned(outputs)
+
+    def _compile_fast(self, full: dict):
+        """The session kernel compiled ahead of time for this signature (no JAX config to enter
+        per call); a growth rebuilds the kernels and so this."""
+        prog = self.program
+        with prog._scope():
+            return prog._kernels.single.lower(prog._consts, self._user, self._flags, full).compile()
 
     def _returned(self, outputs: dict) -> dict:
         return {k: outputs[k] for k in self.program._builder.step_outputs if k in outputs}
@@ -218,8 +257,8 @@ class Session:
         while True:
             with prog._scope():
                 run = prog.session_step if wrap is None else wrap(prog.session_step)
-                self._state, outputs, status = run(self._state, full)
-            status = np.asarray(status)
+                self._state, outputs = run(self._state, full)
+            status = prog.to_host(self._state.guards.flags)
             if np.any(status[2:] > 0):  # undone: needs more capacity; grow and re-run
                 self._state = prog.grow(self._state, status)
                 continue
