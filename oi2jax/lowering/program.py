@@ -173,7 +173,7 @@ class Program:
     def init_state(self) -> StepState:
         """The state at program start (honours @init): a `StepState` pytree on the device."""
         with self._scope():
-            return self.state_spec.from_env(self.placer.put("state", self._host_state()))
+            return self.state_spec.place(self._host_state(), lambda h: self.placer.put("state", h))
 
     def _dynamic_args(self, dynamic: dict) -> dict:
         """Every dynamic variable: the given value, else its default (a hot path: kept minimal)."""
@@ -353,7 +353,7 @@ class Program:
         self._next_reason = "growth: " + "; ".join(reasons)
         self._on_grow()
         with self._scope():
-            return self.state_spec.from_env(self.placer.put("state", host))
+            return self.state_spec.place(host, lambda h: self.placer.put("state", h))
 
     def _on_grow(self):
         self._make_kernels()
@@ -393,7 +393,7 @@ class Program:
             self._next_reason = f"{source}: caches restored at a larger capacity"
             self._on_grow()
         with self._scope():
-            return self.state_spec.from_env(self.placer.put("state", host))
+            return self.state_spec.place(host, lambda h: self.placer.put("state", h))
 
     def collect_result(self, state: StepState, values: dict) -> dict:
         """The user-facing result: every dynamic and volatile variable from `values` (device or

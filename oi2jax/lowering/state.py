@@ -105,15 +105,28 @@ class StateSpec:
         return env
 
     def from_env(self, env: dict) -> StepState:
+        if isinstance(env[ERR], jax.sharding.Sharding):  # a tree of shardings (jit in/out_shardings)
+            return self._assemble(env, env[ERR])
+        return self._assemble(env, status_vector(env))
+
+    def _assemble(self, env: dict, flags) -> StepState:
         vars_, caches = {}, {}
         for name, layout in self.layouts.items():
             if layout.kind == "plain":
                 vars_[name] = env[name]
             else:
                 caches[name] = CacheState(env[name], env[layout.size_key()], env.get(f"{name}#present"))
-        if isinstance(env[ERR], jax.sharding.Sharding):  # a tree of shardings (jit in/out_shardings)
-            return StepState(vars_, caches, Guards(env[ERR]))
-        return StepState(vars_, caches, Guards(status_vector(env)))
+        return StepState(vars_, caches, Guards(flags))
+
+    def place(self, host_env: dict, put) -> StepState:
+        """A `StepState` from a flat host state: `put({key: host array}) -> {key: device array}`
+        places every buffer (the guards as one vector under `#guards`, replicated when sharded)."""
+        host = {k: v for k, v in host_env.items() if k not in GUARD_KEYS}
+        host["#guards"] = np.concatenate([np.asarray(host_env[ERR], np.int64).reshape(1),
+                                          np.asarray(host_env[ERRVAL], np.int64).reshape(1),
+                                          np.asarray(host_env[GROW], np.int64).reshape(-1)])
+        placed = put(host)
+        return self._assemble(placed, placed.pop("#guards"))
 
     def keys(self) -> list[str]:
         """The flat environment keys that make up the state."""
