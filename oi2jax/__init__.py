@@ -6,11 +6,23 @@
 """
 from .diagnostics import Diagnostic, OiError
 
-__all__ = ["compile", "parse", "check", "Program", "OiError", "Diagnostic"]
+__all__ = ["compile", "parse", "check", "Program", "Session", "StepState", "OiError", "Diagnostic",
+           "model", "api", "ir", "runtime"]
 __version__ = "0.1.0"
+
+# public submodules, imported on first access (`oi2jax.model.save(...)`): `oi2jax check` must not
+# pay for importing JAX, and only `api`, `runtime` and `lowering` import it
+_SUBMODULES = ("model", "api", "ir", "runtime", "lowering", "grammar", "graph_json", "export", "interpret",
+               "check", "dtypes", "diagnostics", "cli")
 
 
 def __getattr__(name):  # lazy: `oi2jax check` should not pay for importing JAX
+    if name == "Session":
+        from .runtime.session import Session
+        return Session
+    if name == "StepState":
+        from .lowering.state import StepState
+        return StepState
     if name in ("compile", "Program"):
         from . import api
         return getattr(api, name)
@@ -20,4 +32,7 @@ def __getattr__(name):  # lazy: `oi2jax check` should not pay for importing JAX
     if name == "check":
         from .check import check
         return check
-    raise AttributeError(name)
+    if name in _SUBMODULES:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'oi2jax' has no attribute {name!r}")

@@ -83,7 +83,7 @@ def load_model(model):
 
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
             yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
-            build: str = "concurrent", schedule: str = "dataflow"):
+            build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest"):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
 
     `mesh` (a `jax.sharding.Mesh`, or 'data=4,model=2') with `shard` ({size variable: mesh axis})
@@ -97,6 +97,9 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     `"linear"` runs the kernels in a fixed topological order, one at a time (debugging; identical
     results). Both only matter for the yield/await driver (lowering/executor.py, docs/executor.md)."""
     from .lowering.executor import check_build, check_schedule
+    from .ops.numerical import PRECISIONS
+    if precision not in PRECISIONS:
+        raise OiError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
     check_build(build)
     check_schedule(schedule)
     if mode not in MODES:
@@ -112,6 +115,9 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     check_or_raise(graph, model=model_obj, sizes=sizes)
     bound = bind(graph, model_obj, sizes)
     if mode == "interpret":
+        if precision != "highest":
+            raise OiError(f"precision={precision!r} applies to compiled programs; the interpreter always "
+                          f"computes at the highest precision")
         from .interpret import InterpretedProgram
         return InterpretedProgram(bound, trace=trace)
     if mesh is not None or shard:
@@ -122,16 +128,21 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
         if placement:
             raise OiError("placement= cannot be combined with mesh= (a sharded program is one jit)")
         from .lowering.sharding import compile_sharded
-        return compile_sharded(bound, mesh, shard, yield_mode=yield_mode)
+        program = compile_sharded(bound, mesh, shard, yield_mode=yield_mode)
+        program.precision = precision
+        return program
     from .lowering import Program
     from .lowering.driver import DriverProgram
     from .phases import has_yield
     if has_yield(graph) and yield_mode == "driver":
-        return DriverProgram(bound, device=device, placement=placement, build=build, schedule=schedule)
+        program = DriverProgram(bound, device=device, placement=placement, build=build, schedule=schedule)
+        program.precision = precision
+        return program
     if placement:
         raise OiError("placement needs a graph with yield/await run with yield_mode=\"driver\"")
     program = Program(bound, device=device, yield_mode=yield_mode)
     program.build, program.schedule = build, schedule  # one kernel: both builds/schedules coincide
+    program.precision = precision
     return program
 
 

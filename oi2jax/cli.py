@@ -178,7 +178,8 @@ def cmd_run(args) -> int:
         node_trace = Trace()
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
-                          trace=node_trace, build=args.build, schedule=args.schedule, **sharding)
+                          trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
+                          **sharding)
     inputs = _load_inputs(args.input)
     if args.inputs_per_step:
         inputs.update(_per_step_inputs(args, program, inputs))
@@ -292,7 +293,7 @@ def cmd_compile(args) -> int:
     from . import api
     api.enable_compilation_cache(args.cache_dir)
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
-                          device=args.device, **_sharding_kwargs(args))
+                          device=args.device, precision=args.precision, **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
@@ -310,8 +311,14 @@ def _add_sharding_flags(p, distributed: bool) -> None:
                    "over a mesh axis (repeatable), e.g. B=data")
     if distributed:
         p.add_argument("--coordinator", metavar="HOST:PORT", help="jax.distributed coordinator (multi-process)")
-        p.add_argument("--num-processes", type=int)
-        p.add_argument("--process-id", type=int)
+        p.add_argument("--num-processes", type=int, help="number of processes (multi-process runs)")
+        p.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+
+
+def _add_precision_flag(p) -> None:
+    p.add_argument("--precision", choices=("highest", "high", "default"), default="highest",
+                   help="float matmul precision: highest (default) keeps OpenInfer's exact f32 numerics; "
+                        "high/default allow faster TF32/bf16 paths on GPU/TPU")
 
 
 def _add_cache_flag(p) -> None:
@@ -321,30 +328,33 @@ def _add_cache_flag(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     p = _Parser(prog="oi2jax", description="Compile OpenInfer graphs (.oi) to JAX.")
+    p.add_argument("--version", action="version", version=f"oi2jax {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     c = sub.add_parser("check", help="validate a graph (and its model)")
-    c.add_argument("graph")
-    c.add_argument("--model")
-    c.add_argument("--size", action="append", metavar="NAME=INT")
+    c.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
+    c.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    c.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     c.set_defaults(func=cmd_check)
 
     f = sub.add_parser("fmt", help="pretty-print a graph canonically")
-    f.add_argument("graph")
+    f.add_argument("graph", help="the .oi file")
     f.add_argument("--check", action="store_true", help="exit 1 if the file is not formatted")
     f.add_argument("-i", dest="in_place", action="store_true", help="rewrite the file in place")
     f.set_defaults(func=cmd_fmt)
 
     i = sub.add_parser("inspect", help="list a model's size variables, metadata and tensors")
-    i.add_argument("model")
+    i.add_argument("model", help="the .oinf file")
     i.set_defaults(func=cmd_inspect)
 
     r = sub.add_parser("run", help="run a graph for N steps")
-    r.add_argument("graph")
-    r.add_argument("--model")
-    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
-    r.add_argument("--size", action="append", metavar="NAME=INT")
+    r.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
+    r.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="a dynamic variable's value, the same every step (repeatable)")
+    r.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     r.add_argument("--steps", type=int, default=None,
                    help="number of steps (default: 1, or the length of --inputs-per-step)")
     r.add_argument("--inputs-per-step", metavar="FILE.npz",
@@ -354,11 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
     r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
     r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")
-    r.add_argument("--device", choices=("cpu", "gpu", "tpu"))
+    r.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="where to run (default: JAX's default)")
     r.add_argument("--interpret", action="store_true", help="use the reference interpreter")
     r.add_argument("--trace", action="store_true", help="print a trace (per node interpreted, per kernel compiled)")
     r.add_argument("--trace-json", metavar="FILE", help="write the trace events as JSON")
-    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--quiet", action="store_true", help="print no values and no progress bar")
     r.add_argument("--build", choices=("sequential", "concurrent"), default="concurrent",
                    help="compile the driver's kernels all first, or on a thread pool while running")
     r.add_argument("--schedule", choices=("dataflow", "linear"), default="dataflow",
@@ -368,35 +378,38 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--explain-recompiles", action="store_true",
                    help="report every compilation of the step and why it happened")
     _add_sharding_flags(r, distributed=True)
+    _add_precision_flag(r)
     _add_cache_flag(r)
     r.set_defaults(func=cmd_run)
 
     k = sub.add_parser("compile", help="lower a graph and print jaxpr / StableHLO / HLO")
-    k.add_argument("graph")
-    k.add_argument("--model")
-    k.add_argument("--size", action="append", metavar="NAME=INT")
-    k.add_argument("--emit", choices=EMIT_KINDS, default="stablehlo")
-    k.add_argument("-o", dest="output")
+    k.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
+    k.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    k.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
+    k.add_argument("--emit", choices=EMIT_KINDS, default="stablehlo", help="what to print (default: stablehlo)")
+    k.add_argument("-o", dest="output", help="write to this file instead of stdout")
     k.add_argument("--dump-dir", help="also write the step program and each block's kernel here")
-    k.add_argument("--device", choices=("cpu", "gpu", "tpu"))
+    k.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="the platform to compile for")
     _add_sharding_flags(k, distributed=False)
+    _add_precision_flag(k)
     _add_cache_flag(k)
     k.set_defaults(func=cmd_compile)
 
     e = sub.add_parser("export", help="write the step as a serialized jax.export artifact + manifest")
-    e.add_argument("graph")
-    e.add_argument("--model")
-    e.add_argument("--size", action="append", metavar="NAME=INT")
-    e.add_argument("-o", dest="output", required=True, metavar="STEP.jaxexport")
+    e.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
+    e.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    e.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
+    e.add_argument("-o", dest="output", required=True, metavar="STEP.jaxexport",
+                   help="the artifact to write (plus STEP.jaxexport.json and .init.npz beside it)")
     e.add_argument("--symbolic", action="append", metavar="SIZEVAR",
                    help="export with this size variable as a symbolic dimension (repeatable, or B,T)")
     e.add_argument("--platforms", metavar="cpu,cuda,...", help="lowering platforms (default: the current backend)")
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("graph", help="draw the control-flow graph (DOT; SVG/PNG with Graphviz)")
-    g.add_argument("graph")
-    g.add_argument("--model")
-    g.add_argument("--size", action="append", metavar="NAME=INT")
+    g.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
+    g.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    g.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     g.add_argument("-o", dest="output", metavar="cfg.svg|cfg.png|cfg.dot", help="default: DOT on stdout")
     g.set_defaults(func=cmd_graph)
     return p

@@ -532,6 +532,18 @@ class DriverProgram(Program):
         return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
                          for e in events)
 
+    def _run_kernels(self, state, dynamic):
+        """The fused program's kernels, then every per-phase and per-consumer kernel the driver
+        runs: `kernel.<block>.phase<k>` (planned here without running a step)."""
+        yield from super()._run_kernels(state, dynamic)
+        if self._plan is None:
+            self._make_plan(self.state_spec.to_env(state), dynamic)
+        phase_kernels, consumers = self._plan
+        main = self._main_device()
+        for kern in phase_kernels + [ck for w in sorted(consumers) for ck, _, _ in consumers[w]]:
+            block, _, _ = kern.name.partition(":")
+            yield f"kernel.{block}.phase{kern.phase}", kern.lower_for(kern.device if kern.placed else main)
+
     def kernels(self) -> list[dict]:
         """The planned kernels (after the first step): name, phase, device, reads, writes, donated."""
         if self._plan is None:

@@ -18,6 +18,7 @@ from .. import ir
 from ..diagnostics import OiError
 from ..values import convert_input, convert_output
 from . import caches as cache_mod
+from . import locations
 from .kernels import StepKernels
 from .state import GROW, Guards, StateSpec, StepState
 from .step import StepBuilder, build_lowering
@@ -104,14 +105,21 @@ class Program:
 
     # ------------------------------------------------------------------ plumbing
 
+    precision = "highest"  # float matmul precision while tracing (api.compile(precision=...))
+
     @contextlib.contextmanager
     def _scope(self):
-        with jax.enable_x64(True):
-            if self.device is not None:
-                with jax.default_device(self.device):
+        from ..ops.numerical import MATMUL_PRECISION
+        token = MATMUL_PRECISION.set(self.precision)
+        try:
+            with jax.enable_x64(True):
+                if self.device is not None:
+                    with jax.default_device(self.device):
+                        yield
+                else:
                     yield
-            else:
-                yield
+        finally:
+            MATMUL_PRECISION.reset(token)
 
     def _host_consts(self) -> dict:
         """Every constant (packed types packed), prefix-table family and non-uniform initial value."""
@@ -408,25 +416,45 @@ class Program:
     # ------------------------------------------------------------------ inspection
 
     def dump(self, directory) -> list[str]:
-        """Write the step program (every --emit form) and each block's kernel into `directory`."""
+        """Write into `directory` the step program in every --emit form, each block's kernel and
+        every kernel a run executes (the session step, the fused multi-step loop; the driver
+        adds its per-phase and per-consumer kernels), StableHLO with `.oi` locations. Files are
+        written atomically."""
         from pathlib import Path
+        from ..npz import write_text_atomic
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         written = []
+
+        def write(name: str, text: str):
+            path = out / name
+            write_text_atomic(path, text)
+            written.append(str(path))
+
         for kind, suffix in (("jaxpr", "jaxpr.txt"), ("stablehlo", "stablehlo.mlir"), ("hlo", "hlo.txt"),
                              ("optimized-hlo", "optimized-hlo.txt")):
-            path = out / f"step.{suffix}"
-            path.write_text(self.emit(kind))
-            written.append(str(path))
+            write(f"step.{suffix}", self.emit(kind))
         with self._scope():
             state = self.init_state()
-            env = self._builder.start_env(self._consts, self.state_spec.to_env(state), self._dynamic_args({}))
+            dynamic = self._dynamic_args({})
+            env = self._builder.start_env(self._consts, self.state_spec.to_env(state), dynamic)
             for block in self.graph.blocks:
                 kernel = jax.jit(self._builder.block_kernel(block.name))
-                path = out / f"block.{block.name}.stablehlo.mlir"
-                path.write_text(kernel.lower(self._consts, env).as_text(debug_info=True))
-                written.append(str(path))
+                write(f"block.{block.name}.stablehlo.mlir", self._located(kernel.lower(self._consts, env)))
+            for name, lowered in self._run_kernels(state, dynamic):
+                write(f"{name}.stablehlo.mlir", self._located(lowered))
         return written
+
+    def _located(self, lowered) -> str:
+        return locations.stablehlo(lowered.as_text(debug_info=True), self.graph)
+
+    def _run_kernels(self, state, dynamic):
+        """(file stem, Lowered) of every kernel a run of this program executes."""
+        k = self._kernels
+        yield "kernel.session_step", k.single.lower(self._consts, (state.vars, state.caches), state.guards.flags,
+                                                    dynamic)
+        yield "kernel.fused_steps", k._multi.lower(self._consts, state, {}, dynamic, jnp.int64(0), jnp.int64(1),
+                                                   (), 0)
 
     def emit(self, kind: str = "stablehlo") -> str:
         """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
@@ -439,10 +467,10 @@ class Program:
             if kind == "jaxpr":
                 return str(jax.make_jaxpr(self._builder)(self._consts, self.state_spec.to_env(state), dynamic))
             lowered = self._jit.lower(self._consts, state, dynamic)
-            if kind == "stablehlo":
-                return lowered.as_text(debug_info=True)  # with locations: entry/3:matmul
+            if kind == "stablehlo":  # named scopes (entry/3:matmul) with the node's .oi file:line:col
+                return locations.stablehlo(lowered.as_text(debug_info=True), self.graph)
             if kind == "hlo":
-                return lowered.as_text(dialect="hlo")
+                return locations.hlo(lowered.as_text(dialect="hlo", debug_info=True), self.graph)
             if kind == "optimized-hlo":
                 return lowered.compile().as_text()
         raise OiError(f"unknown --emit kind {kind}")
