@@ -21,6 +21,9 @@ _FONT = {
     "-": [0, 0, 7, 0, 0], "(": [1, 2, 2, 2, 1], ")": [4, 2, 2, 2, 4], "/": [1, 1, 2, 4, 4], ":": [0, 2, 0, 2, 0],
     ",": [0, 0, 0, 2, 4], "+": [0, 2, 7, 2, 0], "_": [0, 0, 0, 0, 7],
 }
+# unit letters at x-height (rows 3-5), so that "ms" / "us" never read as capitals "MS" / "US"
+_UNITS = {**_FONT, "m": [0, 0, 7, 7, 5], "s": [0, 0, 3, 2, 6], "u": [0, 0, 5, 5, 7], "µ": [0, 5, 5, 7, 4],
+          "n": [0, 0, 6, 5, 5]}
 
 COLORS = [(31, 119, 180), (255, 127, 14), (214, 39, 40), (44, 160, 44), (148, 103, 189)]
 
@@ -49,9 +52,10 @@ class Canvas:
             for x in range(x0, x1):
                 self.set(x, y, c)
 
-    def text(self, x: int, y: int, s: str, c=(0, 0, 0), scale: int = 2) -> None:
+    def text(self, x: int, y: int, s: str, c=(0, 0, 0), scale: int = 2, units: bool = False) -> None:
+        font = _UNITS if units else _FONT
         for ch in s.lower():
-            rows = _FONT.get(ch, _FONT[" "])
+            rows = font.get(ch, _FONT[" "])
             for r, bits in enumerate(rows):
                 for col in range(3):
                     if bits & (4 >> col):
@@ -69,15 +73,16 @@ class Canvas:
 
 
 def _fmt_time(sec: float) -> str:
-    for unit, f in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+    for unit, f in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
         if sec >= f:
             return f"{sec / f:g}{unit}"
     return f"{sec * 1e9:g}ns"
 
 
 def loglog_chart(path, series: dict[str, list[tuple[float, float]]], title: str, xlabel: str,
-                 w: int = 720, h: int = 480) -> None:
-    """series: label -> [(x, seconds)], drawn on log2 x / log10 y axes with a legend."""
+                 w: int = 900, h: int = 480) -> None:
+    """series: label -> [(x, seconds)], drawn on log2 x / log10 y axes, the legend right of the plot
+    (never over a line)."""
     pts = [p for s in series.values() for p in s if p[1] > 0]
     xs = [math.log2(p[0]) for p in pts]
     ys = [math.log10(p[1]) for p in pts]
@@ -85,7 +90,8 @@ def loglog_chart(path, series: dict[str, list[tuple[float, float]]], title: str,
     y0, y1 = math.floor(min(ys)), math.ceil(max(ys))
     if y1 == y0:
         y1 += 1
-    left, right, top, bottom = 80, w - 20, 40, h - 50
+    legend_w = 12 + 8 * max((len(k) for k in series), default=0) + 30
+    left, right, top, bottom = 80, w - 20 - legend_w, 40, h - 50
     cv = Canvas(w, h)
     X = lambda v: left + (math.log2(v) - x0) / (x1 - x0) * (right - left)  # noqa: E731
     Y = lambda v: bottom - (math.log10(v) - y0) / (y1 - y0) * (bottom - top)  # noqa: E731
@@ -94,7 +100,7 @@ def loglog_chart(path, series: dict[str, list[tuple[float, float]]], title: str,
         y = bottom - (e - y0) / (y1 - y0) * (bottom - top)
         cv.line(left, y, right, y, grey)
         label = _fmt_time(10.0 ** e)
-        cv.text(left - 8 - 8 * len(label), int(y) - 5, label)
+        cv.text(left - 8 - 8 * len(label), int(y) - 5, label, units=True)
     for xv in sorted({p[0] for p in pts}):
         x = X(xv)
         cv.line(x, top, x, bottom, grey)
@@ -111,7 +117,7 @@ def loglog_chart(path, series: dict[str, list[tuple[float, float]]], title: str,
         for xa, ya in s:
             cv.rect(int(X(xa)) - 3, int(Y(ya)) - 3, int(X(xa)) + 4, int(Y(ya)) + 4, c)
         ly = top + 8 + 16 * i
-        cv.rect(left + 12, ly, left + 24, ly + 10, c)
-        cv.text(left + 30, ly, label)
+        cv.rect(right + 16, ly, right + 28, ly + 10, c)
+        cv.text(right + 34, ly, label)
     with open(path, "wb") as f:
         f.write(cv.png())
