@@ -45,3 +45,38 @@ def test_reports_written(results, tmp_path):
     text = markdown(results)
     assert "| case |" in text and "Recompiles" in text
     assert all(np.isfinite(r["a_s"]) and np.isfinite(r["b_s"]) for r in results["cases"])
+
+
+def test_chart_units_and_legend(tmp_path):
+    """Axis labels in lowercase units (ms, µs: never read as 'MS'/'US'); the legend sits right
+    of the plot area, so no series line runs under it."""
+    from benchmarks import png
+    assert [png._fmt_time(t) for t in (2.0, 2e-3, 2e-5, 2e-8)] == ["2s", "2ms", "20µs", "20ns"]
+    assert png._UNITS["m"] != png._FONT["m"] and png._UNITS["s"][0] == 0  # x-height glyphs
+    drawn = []
+    real = png.Canvas.text
+
+    def spy(self, x, y, s, *a, **kw):
+        drawn.append((x, s, kw.get("units", False)))
+        return real(self, x, y, s, *a, **kw)
+
+    png.Canvas.text = spy
+    try:
+        png.loglog_chart(tmp_path / "c.png", {"(a) one": [(64, 1e-5), (128, 2e-5)], "(b) two": [(64, 3e-5)]},
+                         "t", "w")
+    finally:
+        png.Canvas.text = real
+    legend_x = min(x for x, s, _ in drawn if s.startswith("("))
+    ticks = [x for x, s, _ in drawn if s in ("64", "128")]
+    assert legend_x > max(ticks)  # right of the last x tick, i.e. outside the plot
+    assert all(units for _, s, units in drawn if s.endswith("s") and s[0].isdigit())
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_benchmark_smoke(tmp_path):
+    """benchmarks/decode.py runs end to end on a tiny case (values checked by tests/test_session.py)."""
+    from pathlib import Path
+    from benchmarks.decode import bench, decode_cases
+    case, tiny = decode_cases("tiny")[1]
+    r = bench(case, tiny, Path(tmp_path), None, reps=1)
+    assert r["n_fused"] > 0 and all(np.isfinite(r[k]) and r[k] > 0 for k in ("a/b", "c/d", "c/b"))

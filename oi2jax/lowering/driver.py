@@ -205,8 +205,6 @@ class DriverProgram(Program):
 
     # ------------------------------------------------------------------ kernels
 
-    async_status = False  # the driver reads each step's guards before returning (host-driven)
-
     def _on_grow(self):
         self._plan = None  # shapes changed (cache growth): re-plan on the next step
         super()._on_grow()
@@ -509,7 +507,7 @@ class DriverProgram(Program):
 
     # ------------------------------------------------------------------ public API
 
-    def run(self, inputs: dict | None = None, steps: int | None = 1, trace: bool | None = None,
+    def run(self, inputs: dict | None = None, steps: int | None = None, trace: bool | None = None,
             progress=None, collect=(), session=None) -> dict:
         """As `Program.run`, each step run by the host driver (per-phase and per-consumer kernels);
         `trace=True` records `last_trace` (per kernel call, waited for). `session().run` runs the
@@ -522,7 +520,7 @@ class DriverProgram(Program):
         self._t0 = time.perf_counter()
         try:
             session = self.session() if session is None else session
-            return session.run_stepwise(inputs or {}, steps=steps, collect=collect, progress=progress)
+            return session.run_stepwise(inputs or {}, steps=steps, collect=collect, progress=progress, driver=True)
         finally:
             self.trace_enabled = previous
 

@@ -276,13 +276,14 @@ class Program:
             out[name] = self._convert(name, value)
         return out
 
-    def run(self, inputs: dict | None = None, steps: int | None = 1, progress=None, trace: bool = False,
+    def run(self, inputs: dict | None = None, steps: int | None = None, progress=None, trace: bool = False,
             collect=(), session=None) -> dict:
         """Run `steps` steps from the program's initial state (or `session`'s state); every
         dynamic, volatile and persistent variable after the last step (widened like `--out`).
 
         An input of its declared shape is the same every step; one with an extra leading axis
-        `[N, ...]` gives one value per step (`steps=None`: N). The steps run as ONE compiled loop
+        `[N, ...]` gives one value per step (`steps=None`, the default: N, else 1). The steps run
+        as ONE compiled loop
         (`Session.run`). `collect=("y", ...)`: those names hold every step's value, stacked
         `[N, ...]`, instead of the last one.
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
@@ -324,7 +325,7 @@ class Program:
 
     # ------------------------------------------------------------------ host side of a step
 
-    def session_step(self, state: StepState, dynamic: dict):
+    def fused_session_step(self, state: StepState, dynamic: dict):
         """One step for a session: `(state, outputs)`; `dynamic` complete and placed. The new
         state's `guards.flags` are not donated by the next `session_step`, so the host may read
         them after dispatching it. A step whose incoming state holds an unreported error does
@@ -332,6 +333,8 @@ class Program:
         vars_, caches, flags, outputs = self._kernels.single(self._consts, (state.vars, state.caches),
                                                              state.guards.flags, dynamic)
         return StepState(vars_, caches, Guards(flags)), outputs
+
+    session_step = fused_session_step  # the yield/await driver runs its own (DriverProgram)
 
     def grow(self, state: StepState, status) -> StepState:
         """Double the capacity of every cache dim that asked for more; rebuild the kernels.

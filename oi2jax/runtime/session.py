@@ -46,7 +46,10 @@ class Session:
         self._fresh = None  # (inputs, outputs) of the last fast step, merged into _vals lazily
         self._exe = None  # (kernels, AOT executable) of the fast step
         self._fast: dict = {}  # input name -> (shape, dtype) accepted without conversion
-        self._sync = program.growable or not getattr(program, "async_status", True)
+        # the yield/await driver runs a session's steps only where it places consumers on other
+        # devices; otherwise the fused kernels run them (same results, one kernel per step)
+        self._driver = bool(getattr(program, "placement", None))
+        self._sync = program.growable or self._driver
         self._all_returned = set(program._builder.step_outputs) == set(program._builder.all_names)
         if state is None:
             self._state = program.init_state()
@@ -136,9 +139,14 @@ class Session:
     def values(self) -> dict:
         """Every dynamic, volatile and persistent variable (the `--out` layout)."""
         self.check()
-        names = [v.name for v in self.program.graph.vars
-                 if v.kind != ir.MemKind.CONSTANT and not v.is_prefix_table]
-        return {name: self.read(name) for name in names}
+        prog = self.program
+        persistent = prog.export_state(self._state)  # one host transfer of the state
+        out = {}
+        for decl in prog.graph.vars:
+            if decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
+                continue
+            out[decl.name] = persistent[decl.name] if decl.name in persistent else self.read(decl.name)
+        return out
 
     def save(self, path) -> None:
         """Write every variable (the `--out` layout) and the step count to an `.npz`, atomically;
@@ -250,13 +258,16 @@ class Session:
     def _returned(self, outputs: dict) -> dict:
         return {k: outputs[k] for k in self.program._builder.step_outputs if k in outputs}
 
-    def _step_checked(self, dyn: dict, wrap=None) -> dict:
-        """One step, its status read before returning; growth re-runs it."""
+    def _step_checked(self, dyn: dict, wrap=None, driver: bool | None = None) -> dict:
+        """One step, its status read before returning; growth re-runs it. `driver`: run it with
+        the yield/await driver (default: when the session does)."""
         prog = self.program
         full = prog._dynamic_args(dyn)
         while True:
             with prog._scope():
-                run = prog.session_step if wrap is None else wrap(prog.session_step)
+                use_driver = self._driver if driver is None else driver
+                one = prog.session_step if use_driver else prog.fused_session_step
+                run = one if wrap is None else wrap(one)
                 self._state, outputs = run(self._state, full)
             status = prog.to_host(self._state.guards.flags)
             if np.any(status[2:] > 0):  # undone: needs more capacity; grow and re-run
@@ -381,9 +392,10 @@ class Session:
             self._values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
-                     progress=None) -> dict:
+                     progress=None, driver: bool = False) -> dict:
         """`run` as one checked step at a time (the yield/await driver, traced runs): same inputs,
-        same result. `wrap(step_fn)` may wrap each kernel call (timing)."""
+        same result. `wrap(step_fn)` may wrap each kernel call (timing); `driver=True` runs each
+        step with the program's yield/await driver."""
         self.check()
         prog = self.program
         per_step, fixed, steps = self._split_inputs(dict(inputs or {}), steps)
@@ -395,7 +407,7 @@ class Session:
             dyn = dict(fixed_dev)
             if per_host:
                 dyn.update(self._inputs({k: v[i] for k, v in per_host.items()}))
-            self._step_checked(dyn, wrap=wrap)
+            self._step_checked(dyn, wrap=wrap, driver=driver)
             for k in collect:
                 stacks[k].append(self.read(k))
             if progress is not None:
