@@ -52,6 +52,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
         self.strict = model is not None or bool(sizes)
         self.sizes: dict[str, int] = dict(getattr(model, "sizevars", {}) or {}) if model is not None else {}
         self.sizes.update(sizes or {})
+        self.given_sizes = dict(sizes or {})
         self.diags: list[Diagnostic] = []
         self.decls: dict[str, ir.VarDecl] = {}
         self.temps: dict[str, ir.Assign] = {}
@@ -115,6 +116,9 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
 
     # ---------------------------------------------------------------- driver
     def run(self):
+        from .model.bind import unknown_sizes
+        for message in unknown_sizes(self.g, self.model, self.given_sizes):
+            self.error(message, None)
         self.check_vars()
         self.check_blocks_structure()
         self.collect_temps()

@@ -63,6 +63,16 @@ class OiError(Exception):
         return "\n".join(d.render(src) for d in self.diagnostics)
 
 
+def suggest(name: str, candidates) -> str:
+    """' (did you mean X?)' when a known name is close to `name`, else ''."""
+    import difflib
+    pool = sorted({str(c) for c in candidates})
+    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
+    if not close:  # case slips: `b` for `B`
+        close = [c for c in pool if c.lower() == name.lower()][:1]
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def error(message: str, span: Span | None = None) -> OiError:
     """Shorthand: `raise error("unknown variable x", node.span)`."""
     return OiError(message, span)

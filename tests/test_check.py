@@ -8,6 +8,8 @@ from oi2jax.check import check, check_or_raise
 from oi2jax.diagnostics import OiError
 from oi2jax.grammar import parse
 
+from conftest import REPO
+
 HEAD = """\
 dynamic { x: f32[4]; c: bool; n: i32; m: f32[2, 3]; }
 volatile { v: f32[4]; w: f32[4]; h: i8[4]; }
@@ -254,4 +256,18 @@ def test_examples_check_clean(shared):
 def test_loop_bound_unknown_is_error_once_sizes_are_known():
     body = "block entry {\n  loop L (i in 0..zz) { barrier; }\n}"
     assert errors(body) == []  # zz may be a size variable of a model bound later
-    assert errors(body, sizes={"N": 1}) == [(7, 3, "loop end bound zz is invalid: unknown variable zz")]
+    got = [(d.span and d.span.line, d.span and d.span.col, d.message) for d in diags(body, sizes={"N": 1})]
+    assert got == [(None, None, "unknown size N: the graph and model sizes are zz"),
+                   (7, 3, "loop end bound zz is invalid: unknown variable zz")]
+
+
+def test_unknown_size_names_are_errors_with_suggestions(capsys):
+    from oi2jax.cli import main
+    graph = str(REPO / "examples" / "mlp_regression.oi")
+    model = str(REPO / "examples" / "mlp_regression.oinf")
+    assert main(["run", graph, "--model", model, "--size", "b=8", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "error: unknown size b (did you mean B?): the graph and model sizes are B, D, H, O"
+    assert main(["check", graph, "--model", model, "--size", "Q=3"]) == 1
+    assert "error: unknown size Q: the graph and model sizes are B, D, H, O" in capsys.readouterr().err
+    assert main(["check", graph, "--model", model, "--size", "B=8"]) == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .state import ERR, GROW, Guards, StepState, status_vector
@@ -49,7 +50,8 @@ class StepKernels:
         def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
             program._traced("fused steps")
             env0 = spec.to_env(state)
-            extra = tuple(dict.fromkeys(collect + builder.all_names))
+            # every variable's last value, the inputs included (no host-side indexing afterwards)
+            extra = tuple(dict.fromkeys(collect + builder.all_names + tuple(builder.dynamic)))
 
             def one(env, i):
                 dyn = dict(fixed)
@@ -81,10 +83,11 @@ class StepKernels:
             return spec.from_env(flat), last, stacked, status
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
+        self.compiled: dict = {}  # input signature -> `single` compiled ahead of time (sessions)
         self._multi = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
               total: int = 0):
         """Up to `n` steps from global step `base`; `total`: length of the collected stacks."""
-        return self._multi(consts, state, per_step, fixed, jnp.int64(base), jnp.int64(n), tuple(collect),
+        return self._multi(consts, state, per_step, fixed, np.int64(base), np.int64(n), tuple(collect),
                            int(total) if collect else 0)

@@ -20,7 +20,7 @@ from ..values import convert_input, convert_output
 from . import caches as cache_mod
 from . import locations
 from .kernels import StepKernels
-from .state import GROW, Guards, StateSpec, StepState
+from .state import ERR, ERRVAL, GROW, Guards, StateSpec, StepState
 from .step import StepBuilder, build_lowering
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -67,8 +67,8 @@ class Placer:
     def put(self, role: str, values: dict) -> dict:
         """role: 'consts' | 'state' | 'dynamic' | 'defaults'."""
         if self.device is not None:
-            return {k: jax.device_put(v, self.device) for k, v in values.items()}
-        return {k: jnp.asarray(v) for k, v in values.items()}
+            return jax.device_put(values, self.device)  # one batched transfer
+        return {k: v if isinstance(v, jax.Array) else jnp.asarray(v) for k, v in values.items()}
 
     def jit_kwargs(self, program) -> dict:
         return {}
@@ -190,8 +190,9 @@ class Program:
         raise self._unknown_input(sorted(dynamic.keys() - self._defaults.keys())[0])
 
     def _unknown_input(self, name: str) -> OiError:
-        return OiError(f"unknown input {name}: the graph's dynamic variables are "
-                       f"{', '.join(self._builder.dynamic) or '(none)'}")
+        from ..diagnostics import suggest
+        return OiError(f"unknown input {name}{suggest(name, self._builder.dynamic)}: the graph's dynamic "
+                       f"variables are {', '.join(self._builder.dynamic) or '(none)'}")
 
     def step(self, state: StepState, **dynamic):
         """The pure step: `(state, outputs)`; jit-, vmap-, grad- and export-composable.
@@ -340,7 +341,7 @@ class Program:
         """Double the capacity of every cache dim that asked for more; rebuild the kernels.
         n growth steps cost O(log n) recompiles."""
         need = np.asarray(status)[2:]
-        host = {k: np.asarray(v) for k, v in self.state_spec.to_env(state).items()}
+        host = self.host_state(state)
         layouts = self._lowering.caches
         per_cache: dict[str, list[int]] = {}
         for slot, (name, dim) in enumerate(self._lowering.growable):
@@ -374,8 +375,17 @@ class Program:
         return np.asarray(value)
 
     def host_state(self, state: StepState) -> dict:
-        """The flat state as host arrays."""
-        return {k: self.to_host(v) for k, v in self.state_spec.to_env(state).items()}
+        """The flat state as host arrays (the guard vector split on the host)."""
+        flags = self.to_host(state.guards.flags)
+        host = {k: self.to_host(v) for k, v in state.vars.items()}
+        for name, cache in state.caches.items():
+            layout = self._lowering.caches[name]
+            host[name] = self.to_host(cache.data)
+            host[layout.size_key()] = self.to_host(cache.size)
+            if cache.present is not None:
+                host[f"{name}#present"] = self.to_host(cache.present)
+        host[ERR], host[ERRVAL], host[GROW] = np.int32(flags[0]), np.int64(flags[1]), flags[2:]
+        return host
 
     def export_state(self, state: StepState) -> dict:
         """Every persistent variable's user-visible value (widened like `--out`)."""

@@ -361,6 +361,32 @@ def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> No
                       f"{_fmt_shape(shape)}", decl.span)
 
 
+def size_names(graph: ir.Graph) -> set[str]:
+    """Every name the graph may use as a size: identifiers in declared dims, loop bounds and
+    cache indices (a superset: some of those are variables)."""
+    names: set[str] = set()
+    for decl in graph.vars:
+        for d in decl.dims:
+            names.update(d.names)
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Loop):
+                names.update(v for v in (node.start, node.end) if isinstance(v, str))
+    return names
+
+
+def unknown_sizes(graph: ir.Graph, model: Model | None, sizes: dict | None) -> list[str]:
+    """A message for each given size name that neither the graph nor the model knows (a typo
+    such as `b=8` for `B` would otherwise be silently ignored)."""
+    known = size_names(graph) | set(getattr(model, "sizevars", {}) or {})
+    from ..diagnostics import suggest
+    out = []
+    for name in sorted(set(sizes or {}) - known):
+        listing = ", ".join(sorted(known)) or "(none)"
+        out.append(f"unknown size {name}{suggest(name, known)}: the graph and model sizes are {listing}")
+    return out
+
+
 def bind(graph: ir.Graph, model: Model | None = None, sizes: dict | None = None) -> BoundGraph:
     """Bind `graph` to `model` with size overrides; OiError listing every binding problem."""
     all_sizes: dict[str, int] = dict(model.sizevars) if model is not None else {}

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from .. import ir
-from ..diagnostics import OiError
+from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
 from ..values import convert_output
 
@@ -103,7 +103,7 @@ class Session:
                 others[name] = value  # last values, for `read` (a step recomputes them)
             else:
                 known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
-                raise OiError(f"{source}: {name} is not a variable of the graph (variables: "
+                raise OiError(f"{source}: {name} is not a variable of the graph{suggest(name, known)} (variables: "
                               f"{', '.join(known) or '(none)'})")
         for name, value in others.items():
             self._values[name] = prog._convert(name, value)
@@ -128,7 +128,8 @@ class Session:
         decl = prog.graph.var(name)
         if decl is None or decl.kind == ir.MemKind.CONSTANT:
             known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
-            raise OiError(f"read: unknown variable {name} (variables: {', '.join(known) or '(none)'})")
+            raise OiError(f"read: unknown variable {name}{suggest(name, known)} "
+                          f"(variables: {', '.join(known) or '(none)'})")
         if decl.kind == ir.MemKind.PERSISTENT:
             return prog.export_state(self._state)[name]
         value = self._values.get(name)
@@ -252,8 +253,14 @@ class Session:
         """The session kernel compiled ahead of time for this signature (no JAX config to enter
         per call); a growth rebuilds the kernels and so this."""
         prog = self.program
-        with prog._scope():
-            return prog._kernels.single.lower(prog._consts, self._user, self._flags, full).compile()
+        kernels = prog._kernels
+        key = tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None)) for k, v in sorted(full.items()))
+        exe = kernels.compiled.get(key)
+        if exe is None:  # shared by every session of the program (until a growth rebuilds kernels)
+            with prog._scope():
+                exe = kernels.compiled[key] = kernels.single.lower(prog._consts, self._user, self._flags,
+                                                                   full).compile()
+        return exe
 
     def _returned(self, outputs: dict) -> dict:
         return {k: outputs[k] for k in self.program._builder.step_outputs if k in outputs}
@@ -322,7 +329,8 @@ class Session:
             decl = prog.graph.var(name)
             if decl is None or decl.kind == ir.MemKind.CONSTANT:
                 known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
-                raise OiError(f"collect: unknown variable {name} (variables: {', '.join(known) or '(none)'})")
+                raise OiError(f"collect: unknown variable {name}{suggest(name, known)} "
+                              f"(variables: {', '.join(known) or '(none)'})")
             if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
                 raise OiError(f"collect: {name} is a cache table / auto_dim tensor, whose shape changes from "
                               f"step to step; cache.read it into a volatile and collect that")
@@ -383,12 +391,8 @@ class Session:
         return result
 
     def _set_values(self, last, per_dev, fixed_dev, applied_total) -> None:
-        if applied_total <= 0:
-            return
-        self._values.update(fixed_dev)
-        for k, v in per_dev.items():
-            self._values[k] = v[applied_total - 1]
-        if last is not None:
+        """The last applied step's values (the fused loop returns every variable, inputs too)."""
+        if applied_total > 0 and last is not None:
             self._values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
