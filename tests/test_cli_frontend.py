@@ -56,9 +56,14 @@ def test_check_missing_file(tmp_path):
     assert p.returncode == 1 and p.stderr.startswith("error: cannot read ")
 
 
-def test_check_with_sizes(files):
+def test_check_with_sizes(files, tmp_path):
+    sized = tmp_path / "sized.oi"
+    sized.write_text("dynamic { x: f32[B]; }\nvolatile { y: f32[B]; }\nblock entry { op relu(x) >> y; return; }\n")
+    p = run("check", sized, "--size", "B=2")
+    assert p.returncode == 0 and p.stderr == ""
+    # a size nothing uses is no longer silently ignored (issue 17)
     p = run("check", files["good"], "--size", "B=2")
-    assert p.returncode == 0
+    assert p.returncode == 1 and p.stderr == "error: unknown size B: the graph and model sizes are (none)\n"
     p = run("check", files["good"], "--size", "B")
     assert p.returncode == 2
 

@@ -321,3 +321,13 @@ def test_out_members_named_like_numpy_keywords(capsys, tmp_path):
     with np.load(tmp_path / "res") as out:
         assert sorted(out.files) == ["allow_pickle", "file"]
         np.testing.assert_array_equal(out["file"], [1.0, 2.0])
+
+
+def test_out_to_a_directory_is_refused_and_nothing_is_written(capsys, tmp_path):
+    graph = tmp_path / "g.oi"
+    graph.write_text("dynamic { x: f32[2]; }\nblock entry { return; }\n")
+    (tmp_path / "d").mkdir()
+    code, _, err = run_cli(capsys, "run", graph, "--out", tmp_path / "d", "--quiet")
+    assert code == 1 and err.strip() == f"error: {tmp_path / 'd'}: is a directory"
+    assert not (tmp_path / "d.npz").exists() and list((tmp_path / "d").iterdir()) == []
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
