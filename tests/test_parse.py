@@ -299,3 +299,16 @@ def test_parse_file_path_in_spans(tmp_path):
     p.write_text("dynamic { x: f32; }\nblock entry { return; }\n")
     g = parse_file(p)
     assert g.path == str(p) and g.vars[0].span == ir.Span(str(p), 1, 11) and g.source == p.read_text()
+
+
+@pytest.mark.parametrize("literal,message", [
+    ('"\\u{41"', "unterminated unicode escape '\\u{' in string (expected '}')"),
+    ('"\\x+f"', "invalid escape '\\x+f' in string (expected two hex digits)"),
+    ('"\\u{110000}"', "invalid unicode escape '\\u{110000}' in string"),
+])
+def test_bad_string_escapes_are_located_errors_not_hangs(literal, message):
+    """Issue 19 item 1: an unterminated `\\u{` once reset the scan and looped forever."""
+    from oi2jax.diagnostics import OiError
+    with pytest.raises(OiError) as info:
+        parse(f"constant {{ w: f32[2] @ref({literal}); }}")
+    assert message in str(info.value) and ":1:" in str(info.value)

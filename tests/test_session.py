@@ -331,3 +331,16 @@ def test_out_to_a_directory_is_refused_and_nothing_is_written(capsys, tmp_path):
     assert code == 1 and err.strip() == f"error: {tmp_path / 'd'}: is a directory"
     assert not (tmp_path / "d.npz").exists() and list((tmp_path / "d").iterdir()) == []
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_fifo_as_model_or_graph_is_refused_not_a_hang(capsys, tmp_path):
+    """Issue 19 item 9: open() on a FIFO blocks forever; non-regular files are refused first."""
+    import os
+    fifo = tmp_path / "pipe.oinf"
+    os.mkfifo(fifo)
+    graph = tmp_path / "g.oi"
+    graph.write_text("dynamic { x: f32[2]; }\nblock entry { return; }\n")
+    code, _, err = run_cli(capsys, "check", graph, "--model", fifo)
+    assert code == 1 and err.strip() == f"error: {fifo}: not a regular file (a pipe or device cannot be a model file)"
+    code, _, err = run_cli(capsys, "check", fifo)
+    assert code == 1 and "not a regular file (a pipe or device cannot be a graph)" in err

@@ -6,6 +6,8 @@ worded in DSL terms ("expected one of ';', a name").
 """
 from __future__ import annotations
 
+import re
+
 import math
 from dataclasses import replace
 from functools import lru_cache
@@ -57,6 +59,10 @@ def parse_file(path) -> ir.Graph:
     """Read and parse a `.oi` file ("error: cannot read PATH: ..." when it cannot be read)."""
     path = str(path)
     try:
+        import os
+        import stat
+        if not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode):
+            raise OiError(f"cannot read {path}: not a regular file (a pipe or device cannot be a graph)")
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -449,16 +455,19 @@ def _unescape(tok: Token, builder: _Builder) -> str:
             i += 2
         elif nxt == "u" and i + 2 < len(body) and body[i + 2] == "{":
             close = body.find("}", i + 3)
-            try:
-                out.append(chr(int(body[i + 3:close], 16)))
-            except (ValueError, OverflowError):
-                raise builder.err("invalid unicode escape in string", tok) from None
+            if close < 0:  # never reset the scan position: an unterminated escape is an error
+                raise builder.err("unterminated unicode escape '\\u{' in string (expected '}')", tok)
+            digits = body[i + 3:close]
+            if not re.fullmatch(r"[0-9a-fA-F]{1,6}", digits) or int(digits, 16) > 0x10FFFF \
+                    or 0xD800 <= int(digits, 16) <= 0xDFFF:
+                raise builder.err(f"invalid unicode escape '\\u{{{digits}}}' in string", tok)
+            out.append(chr(int(digits, 16)))
             i = close + 1
-        elif nxt == "x" and i + 3 < len(body) + 1:
-            try:
-                out.append(chr(int(body[i + 2:i + 4], 16)))
-            except ValueError:
-                raise builder.err("invalid escape in string", tok) from None
+        elif nxt == "x":
+            digits = body[i + 2:i + 4]
+            if not re.fullmatch(r"[0-9a-fA-F]{2}", digits):
+                raise builder.err(f"invalid escape '\\x{digits}' in string (expected two hex digits)", tok)
+            out.append(chr(int(digits, 16)))
             i += 4
         else:
             raise builder.err(f"unknown character escape '\\{nxt}'", tok)

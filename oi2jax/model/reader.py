@@ -243,6 +243,10 @@ def open_model(path) -> Model:
     """Open and validate a `.oinf` file; ModelError (`PATH: ...`) on any problem."""
     path_s = os.fspath(path)
     try:
+        import stat
+        mode = os.stat(path_s).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a FIFO or device: open() could block
+            raise ModelError(path_s, "not a regular file (a pipe or device cannot be a model file)")
         with open(path_s, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER_SIZE:
