@@ -83,7 +83,8 @@ def load_model(model):
 
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
             yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
-            build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest"):
+            build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest",
+            zero_missing_inputs: bool = False):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
 
     `mesh` (a `jax.sharding.Mesh`, or 'data=4,model=2') with `shard` ({size variable: mesh axis})
@@ -95,7 +96,21 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     as soon as the first is built; `"sequential"` compiles them all first. `schedule="dataflow"`
     (default) starts each consumer as soon as what it awaits is yielded (a ready queue);
     `"linear"` runs the kernels in a fixed topological order, one at a time (debugging; identical
-    results). Both only matter for the yield/await driver (lowering/executor.py, docs/executor.md)."""
+    results). Both only matter for the yield/await driver (lowering/executor.py, docs/executor.md).
+    `precision` ("highest" | "high" | "default"): float matmul precision. "highest" (default) keeps
+    OpenInfer's exact f32 numerics; "high"/"default" allow XLA's faster TF32/bf16 paths on GPU and
+    TPU (results then differ from OpenInfer in the low bits; docs/semantics.md). The reference
+    interpreter always computes exactly.
+    A run without an input that the graph reads and that has no model tensor or `@init` is an
+    error naming it; `zero_missing_inputs=True` asks for OpenInfer's zero-filled default."""
+    program = _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement,
+                       cache_dir, build, schedule, precision)
+    program.zero_missing_inputs = bool(zero_missing_inputs)
+    return program
+
+
+def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement, cache_dir,
+             build, schedule, precision):
     from .lowering.executor import check_build, check_schedule
     from .ops.numerical import PRECISIONS
     if precision not in PRECISIONS:

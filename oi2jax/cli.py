@@ -179,7 +179,7 @@ def cmd_run(args) -> int:
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
-                          **sharding)
+                          zero_missing_inputs=args.zero_missing_inputs, **sharding)
     inputs = _load_inputs(args.input)
     if args.inputs_per_step:
         inputs.update(_per_step_inputs(args, program, inputs))
@@ -364,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
     r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
     r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")
+    r.add_argument("--zero-missing-inputs", action="store_true",
+                   help="run even if an input the graph reads is not given and has no model tensor or @init "
+                        "(OpenInfer's zero-filled default); without it that is an error")
     r.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="where to run (default: JAX's default)")
     r.add_argument("--interpret", action="store_true", help="use the reference interpreter")
     r.add_argument("--trace", action="store_true", help="print a trace (per node interpreted, per kernel compiled)")

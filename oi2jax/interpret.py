@@ -83,6 +83,7 @@ class InterpretedProgram(CacheOps):
     output contract as the compiled Program.run."""
 
     mode = "interpret"
+    zero_missing_inputs = False  # as Program: run without an input that has no default -> error
 
     def __init__(self, bound, trace=None):
         from .trace import Trace
@@ -262,6 +263,8 @@ class InterpretedProgram(CacheOps):
 
         with jax.enable_x64(True):
             converted = self._convert_inputs(inputs or {})
+            from .values import check_given_inputs
+            check_given_inputs(self.bound, (inputs or {}).keys(), self.zero_missing_inputs)
             if steps < 0:
                 raise OiError("steps must be >= 0")
             self.state = self._initial_state()

@@ -54,6 +54,96 @@ def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
     return out
 
 
+def node_reads(node: ir.Node) -> set[str]:
+    """Names one node may read (not its loop body or called blocks): op inputs (and identifiers
+    given as attribute values), copy and cache-write sources, branch conditions, loop bounds, cache
+    and prefix-table indices, yielded and returned variables. A superset (some are sizes)."""
+    out: set[str] = set()
+
+    def index(v):
+        if isinstance(v, str):
+            out.add(v)
+
+    def access(acc: ir.CacheAccess):
+        for pos in acc.indices:
+            if isinstance(pos, ir.Single):
+                index(pos.value)
+            else:
+                index(pos.start)
+                index(pos.end)
+
+    def ref(r: ir.VarRef):
+        out.add(r.name)
+        for v in r.indices or ():
+            index(v)
+
+    if isinstance(node, ir.Op):
+        for r in node.inputs:
+            ref(r)
+        for attr in node.attrs:
+            if isinstance(attr.value, str):
+                out.add(attr.value)
+    elif isinstance(node, (ir.Transfer, ir.CacheWrite)):
+        ref(node.src)
+        if isinstance(node, ir.CacheWrite):
+            access(node.dst)
+    elif isinstance(node, ir.CacheRead):
+        access(node.src)
+    elif isinstance(node, ir.CacheReset):
+        access(node.target)
+    elif isinstance(node, ir.Branch):
+        if node.cond:
+            out.add(node.cond)
+    elif isinstance(node, ir.Loop):
+        index(node.start)
+        index(node.end)
+    elif isinstance(node, (ir.Yield, ir.Return)):
+        out.update(node.vars)
+    return out
+
+
+def node_writes(node: ir.Node) -> set[str]:
+    """Variables one node certainly writes (a whole-variable write; not cache updates)."""
+    if isinstance(node, ir.Op):
+        return {node.output}
+    if isinstance(node, (ir.Transfer, ir.CacheRead)):
+        return {node.dst.name}
+    return set()
+
+
+def read_before_written(graph: ir.Graph) -> set[str]:
+    """Variables a step may read before it writes them (what the host must provide, or what keeps
+    its initial value): entry walked in order; a loop body or a branch target may not run, so its
+    writes do not count; a consumer block starts from entry's state at its yield."""
+    entry = graph.entry
+    if entry is None:
+        return set()
+    needed: set[str] = set()
+    consumers = consumer_blocks(graph)
+
+    def walk(nodes, written: set, seen: tuple) -> set:
+        written = set(written)
+        for node in nodes:
+            needed.update(node_reads(node) - written)
+            if isinstance(node, ir.Loop):
+                walk(node.body, written, seen)
+            elif isinstance(node, ir.Branch):
+                for target in (node.then_block, node.else_block):
+                    block = graph.block(target) if target else None
+                    if block is not None and target not in seen:
+                        walk(block.nodes, written, seen + (target,))
+            elif isinstance(node, ir.Yield):
+                for block in consumers:
+                    if block.name not in seen and any(isinstance(n, ir.Await) and set(n.vars) & set(node.vars)
+                                                      for n in block.walk()):
+                        walk(block.nodes, written, seen + (block.name,))
+            written |= node_writes(node)
+        return written
+
+    walk(entry.nodes, set(), ("entry",))
+    return needed
+
+
 @dataclass
 class Window:
     """One yield..await pair of entry (top level)."""

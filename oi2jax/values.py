@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes as dt
+from . import ir
 from .diagnostics import OiError
 from .numerics import f8_encode
 
@@ -67,3 +68,26 @@ def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.nd
 def convert_output(value, dtype: str) -> np.ndarray:
     """A held value -> the array written to `--out` (bf16/f8 widened to float32)."""
     return dt.to_output(np.asarray(value), dtype)
+
+
+def check_given_inputs(bound, given, allow_zeros: bool) -> None:
+    """Refuse to run without an input the graph reads and that has no default of its own (a model
+    tensor or `@init`): it would silently compute from zeros. `allow_zeros` (`--zero-missing-inputs`,
+    `zero_missing_inputs=True`) asks for OpenInfer's zero-filled default explicitly."""
+    dynamic = [v.name for v in bound.graph.vars_of(ir.MemKind.DYNAMIC)]
+    for name in given:  # an unknown name first: a typo is the likely cause of a missing input
+        if name not in dynamic:
+            from .diagnostics import suggest
+            raise OiError(f"unknown input {name}{suggest(name, dynamic)}: the graph's dynamic variables are "
+                          f"{', '.join(dynamic) or '(none)'}")
+    if allow_zeros:
+        return
+    missing = bound.missing_inputs(set(given))
+    if missing:
+        names = ", ".join(missing)
+        one = len(missing) == 1
+        raise OiError(f"missing input{'' if one else 's'} {names}: the graph reads {'it' if one else 'them'} and "
+                      f"{'it has' if one else 'they have'} no model tensor or @init; give "
+                      f"{'it' if one else 'them'} (--input NAME=FILE.npy, or the inputs dict), or ask for "
+                      f"OpenInfer's zero-filled default with --zero-missing-inputs (zero_missing_inputs=True)")
+

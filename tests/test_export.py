@@ -162,7 +162,8 @@ def test_runtime_guard_is_reported_through_the_manifest(exported, capsys):
     assert code != 0
     assert man["errors"][code - 1].format(value=value) == "cache table K index 0 exceeds fixed size 4 (index 4)"
     assert int(got["state.t"]) == 5  # later nodes of the failing step ran; the failing write was skipped
-    rc = main(["run", str(EXAMPLES / "kv_cache_decode.oi"), "--steps", "5", "--quiet", "--cache-dir", "none"])
+    rc = main(["run", str(EXAMPLES / "kv_cache_decode.oi"), "--steps", "5", "--quiet", "--cache-dir", "none",
+               "--zero-missing-inputs"])
     assert rc == 1 and "exceeds fixed size 4 (index 4)" in capsys.readouterr().err
 
 

@@ -162,7 +162,7 @@ def test_fixture_runs_like_the_oi_text(tmp_path, capsys):
 def test_json_model_defaults_next_to_graph(tmp_path, capsys):
     (tmp_path / "g.json").write_text(json.dumps(to_json(parse_file(str(EXAMPLES / "mlp_regression.oi")))))
     (tmp_path / "g.oinf").write_bytes((EXAMPLES / "mlp_regression.oinf").read_bytes())
-    assert main(["run", str(tmp_path / "g.json"), "--cache-dir", "none"]) == 0
+    assert main(["run", str(tmp_path / "g.json"), "--cache-dir", "none", "--zero-missing-inputs"]) == 0
     assert "y: float32[4, 8]" in capsys.readouterr().out  # sizes from g.oinf, found next to g.json
     assert main(["check", str(tmp_path / "g.json")]) == 0
 

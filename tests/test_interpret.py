@@ -201,14 +201,20 @@ def test_volatile_reset_per_step_and_persistent_carry():
     assert set(out) == {"x", "v", "P", "p"}
 
 
-def test_dynamic_not_given_reads_initial_value_and_unknown_inputs_fail():
+def test_dynamic_not_given_reads_initial_value_or_is_missing_and_unknown_inputs_fail():
     text = """
     dynamic { a: i32 @init(7); b: i32; }
     volatile { y: i32; }
     block entry { op add(a, b) >> y; return; }
     """
     assert int(run(text, {"b": np.int32(2)})["y"]) == 9
-    assert int(run(text)["y"]) == 7
+    # b has no model tensor or @init: running without it is an error (issue 17), zeros on request
+    with pytest.raises(OiError, match="missing input b: the graph reads it"):
+        run(text)
+    prog = make(text)
+    prog.zero_missing_inputs = True
+    assert int(prog.run({})["y"]) == 7  # a from its @init, b zeros
+    assert int(run(text, {"b": np.int32(0)})["y"]) == 7
     with pytest.raises(OiError, match="unknown input"):
         run(text, {"nope": np.int32(1)})
     with pytest.raises(OiError, match="unknown input"):

@@ -344,3 +344,38 @@ def test_fifo_as_model_or_graph_is_refused_not_a_hang(capsys, tmp_path):
     assert code == 1 and err.strip() == f"error: {fifo}: not a regular file (a pipe or device cannot be a model file)"
     code, _, err = run_cli(capsys, "check", fifo)
     assert code == 1 and "not a regular file (a pipe or device cannot be a graph)" in err
+
+
+MISSING = ("missing input x: the graph reads it and it has no model tensor or @init; give it "
+           "(--input NAME=FILE.npy, or the inputs dict), or ask for OpenInfer's zero-filled default with "
+           "--zero-missing-inputs (zero_missing_inputs=True)")
+
+
+def test_missing_inputs_are_errors_unless_zeros_are_asked_for(capsys, tmp_path):
+    """Issue 17: `oi2jax run examples/mlp_regression.oi` with no --input computed from x = 0."""
+    graph = EXAMPLES / "mlp_regression.oi"
+    code, _, err = run_cli(capsys, "run", graph, "--quiet")
+    assert code == 1 and err.strip() == f"error: {MISSING}"
+    code, _, err = run_cli(capsys, "run", graph, "--quiet", "--interpret")
+    assert code == 1 and err.strip() == f"error: {MISSING}"
+    code, _, err = run_cli(capsys, "run", graph, "--quiet", "--zero-missing-inputs", "--out", tmp_path / "o.npz")
+    assert code == 0, err
+    with np.load(tmp_path / "o.npz") as out:
+        np.testing.assert_array_equal(out["x"], np.zeros((4, 16), np.float32))
+    for mode in ("compiled", "interpret"):
+        prog = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf", mode=mode)
+        with pytest.raises(OiError) as info:
+            prog.run({})
+        assert str(info.value) == f"error: {MISSING}"
+    prog = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf")
+    with pytest.raises(OiError, match="missing input x"):
+        prog.session().step()
+    with pytest.raises(OiError, match="missing input x"):
+        prog.step(prog.init_state())
+    zeros = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf", zero_missing_inputs=True)
+    interp = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf", mode="interpret",
+                            zero_missing_inputs=True)
+    np.testing.assert_array_equal(zeros.run({})["y"], interp.run({})["y"])  # x = 0, as asked
+    # an input with a default of its own (@init) or one the graph never reads is not missing
+    src = "dynamic { a: f32[2] @init(1.5); b: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry { op relu(a) >> y; return; }\n"
+    np.testing.assert_array_equal(oi2jax.compile(src).run({})["y"], [1.5, 1.5])

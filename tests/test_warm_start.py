@@ -40,7 +40,7 @@ def _run(args, env_extra=None):
 
 def test_second_run_skips_xla_compilation(tmp_path):
     cache = tmp_path / "xla"
-    args = ["run", str(EXAMPLES / "residual_mlp_stack.oi"), "--steps", "2", "--cache-dir", str(cache)]
+    args = ["run", str(EXAMPLES / "residual_mlp_stack.oi"), "--steps", "2", "--cache-dir", str(cache), "--zero-missing-inputs"]
     first, out1 = _run(args)
     assert first["rc"] == 0 and first["misses"] >= 1  # cold: the step (and helpers) compiled ...
     steps = [p.name for p in cache.iterdir() if p.name.startswith("jit_fused_steps-")]
@@ -62,7 +62,7 @@ def test_cache_dir_none_and_default(tmp_path, monkeypatch, capsys):
     assert api.enable_compilation_cache(None) is None and api.enable_compilation_cache("none") is None
     monkeypatch.setenv("OI2JAX_CACHE_DIR", "none")
     assert api.enable_compilation_cache("default") is None  # OI2JAX_CACHE_DIR=none turns the default off
-    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--quiet", "--cache-dir", "none"]) == 0
+    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--quiet", "--cache-dir", "none", "--zero-missing-inputs"]) == 0
     assert jax.config.jax_compilation_cache_dir == before  # untouched
     assert not (tmp_path / "xdg").exists()
     assert "--cache-dir DIR|none" in _help(["run", "--help"]) and "--cache-dir" in _help(["compile", "--help"])
@@ -125,15 +125,15 @@ def test_run_shows_progress_on_a_terminal(monkeypatch, capsys):
     graph = str(EXAMPLES / "kv_cache_decode.oi")
     tty = _Tty()
     monkeypatch.setattr(sys, "stderr", tty)
-    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--steps", "300", "--cache-dir", "none"]) == 0
+    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--steps", "300", "--cache-dir", "none", "--zero-missing-inputs"]) == 0
     text = tty.getvalue()
     assert "step 300/300" in text and "steps/s" in text and text.endswith("\n")
     tty.truncate(0)
     tty.seek(0)
-    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--steps", "300", "--quiet", "--cache-dir", "none"]) == 0
+    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--steps", "300", "--quiet", "--cache-dir", "none", "--zero-missing-inputs"]) == 0
     assert tty.getvalue() == ""  # --quiet: no bar
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--steps", "300", "--cache-dir", "none"]) == 0
+    assert main(["run", str(EXAMPLES / "mlp_regression.oi"), "--steps", "300", "--cache-dir", "none", "--zero-missing-inputs"]) == 0
     assert "steps/s" not in sys.stderr.getvalue()  # not a terminal: no bar
-    assert main(["run", graph, "--steps", "2", "--quiet", "--cache-dir", "none"]) == 0
+    assert main(["run", graph, "--steps", "2", "--quiet", "--cache-dir", "none", "--zero-missing-inputs"]) == 0
     capsys.readouterr()

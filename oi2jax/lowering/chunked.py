@@ -98,6 +98,7 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                           f"variable {dependent[0]} depends on {batch_var}: the last chunk cannot "
                           f"carry that state; pass a multiple of {B} rows")
 
+    program.check_given(inputs)
     # convert: batched inputs with N rows, others as declared
     host: dict[str, np.ndarray] = {}
     for name, value in inputs.items():

@@ -16,7 +16,7 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from ..values import convert_input, convert_output
+from ..values import check_given_inputs, convert_input, convert_output
 from . import caches as cache_mod
 from . import locations
 from .kernels import StepKernels
@@ -106,6 +106,16 @@ class Program:
     # ------------------------------------------------------------------ plumbing
 
     precision = "highest"  # float matmul precision while tracing (api.compile(precision=...))
+    zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
+
+    def check_given(self, names) -> None:
+        """OiError unless every input the graph reads without a default of its own is in `names`
+        (cached per set of names: a hot path)."""
+        key = tuple(names)
+        ok = self.__dict__.setdefault("_given_ok", set())
+        if key not in ok:
+            check_given_inputs(self.bound, key, self.zero_missing_inputs)
+            ok.add(key)
 
     @contextlib.contextmanager
     def _scope(self):
@@ -239,11 +249,15 @@ class Program:
         """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
         with self._scope():
             state = self.init_state() if state is None else state
-            return self._jit.lower(self._consts, state, self._dynamic_args(self.validate_inputs(dynamic)))
+            return self._jit.lower(self._consts, state,
+                                   self._dynamic_args(self.validate_inputs(dynamic, running=False)))
 
-    def validate_inputs(self, inputs: dict) -> dict:
+    def validate_inputs(self, inputs: dict, running: bool = True) -> dict:
         """Check names, shapes and dtypes of step inputs; convert host arrays exactly.
-        Device arrays / tracers of the declared shape and dtype pass through untouched."""
+        Device arrays / tracers of the declared shape and dtype pass through untouched.
+        `running`: also refuse a missing input (not when only lowering for inspection)."""
+        if running:
+            self.check_given(inputs)
         out = {}
         expected = self._kernels.input_avals
         for name, value in inputs.items():

@@ -141,6 +141,25 @@ class BoundGraph:
         self._cache[name] = value
         return value
 
+    def has_default(self, name: str) -> bool:
+        """Whether a dynamic variable has a value of its own when the host gives none: a model
+        tensor (or metadata) of its name, or an `@init`. Otherwise its default is zeros."""
+        decl = self.graph.var(name)
+        if decl is None or decl.init is not None:
+            return decl is not None
+        return self._model_value(decl, self.shape(name)) is not None
+
+    def missing_inputs(self, given) -> list[str]:
+        """Dynamic variables a step may read before writing them (phases.read_before_written) that
+        are not in `given` and have no default of their own (a model tensor or `@init`): running
+        without them would silently compute from zeros."""
+        from ..phases import read_before_written
+        reads = self._cache.get("#reads")
+        if reads is None:
+            reads = self._cache["#reads"] = read_before_written(self.graph)
+        return [v.name for v in self.graph.vars_of(ir.MemKind.DYNAMIC)
+                if v.name not in given and v.name in reads and not self.has_default(v.name)]
+
     def const_value(self, name: str) -> np.ndarray | None:
         """A constant's value (as `initial`); None when `name` is not a declared constant."""
         decl = self.graph.var(name)

@@ -218,8 +218,9 @@ class Session:
         """Run one step with these inputs (host or device arrays; a dynamic variable not given
         keeps its default). Returns the step's outputs as device arrays: every volatile and
         every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
-        dyn = self._inputs(inputs)
         prog = self.program
+        dyn = self._inputs(inputs)
+        prog.check_given(inputs)
         if self._sync:
             self.check()
             return self._step_checked(dyn)
@@ -354,6 +355,7 @@ class Session:
         per_dev = {k: v for k, v in self._inputs(per_step, steps=np.shape(next(iter(per_step.values())))[0]).items()} \
             if per_step else {}
         fixed_dev = self._inputs(fixed)
+        prog.check_given(inputs)
         pieces: dict = {k: [] for k in collect}
         with prog._scope():
             fixed_dev = {k: v for k, v in prog._dynamic_args(fixed_dev).items() if k not in per_dev}
@@ -402,6 +404,7 @@ class Session:
         step with the program's yield/await driver."""
         self.check()
         prog = self.program
+        prog.check_given(inputs or {})
         per_step, fixed, steps = self._split_inputs(dict(inputs or {}), steps)
         collect = self._collect_names(collect)
         per_host = {k: prog._convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
