@@ -80,7 +80,8 @@ def cmd_fmt(args) -> int:
     if args.in_place:
         if args.graph.endswith(".json"):
             raise UsageError("fmt -i would overwrite a graph-JSON file with .oi text; redirect stdout instead")
-        Path(args.graph).write_text(text)
+        from .npz import write_text_atomic
+        write_text_atomic(args.graph, text)  # never a half-written graph
         return 0
     sys.stdout.write(text)
     return 0
@@ -100,10 +101,19 @@ def _load_inputs(pairs: list[str] | None) -> dict:
         name, sep, file = pair.partition("=")
         if not sep or not name or not file:
             raise UsageError(f"--input expects NAME=FILE.npy, got '{pair}'")
+        if name in inputs:
+            raise UsageError(f"--input {name} is given twice")
         try:
+            with open(file, "rb") as f:
+                magic = f.read(6)
+            if magic != b"\x93NUMPY":
+                raise OiError(f"cannot read input {name} from {file}: not a .npy file (save arrays with "
+                              f"numpy.save; for one value per step use --inputs-per-step FILE.npz)")
             inputs[name] = np.load(file, allow_pickle=False)
         except FileNotFoundError:
             raise OiError(f"input file not found: {file}") from None
+        except OiError:
+            raise
         except Exception as exc:  # corrupt .npy
             raise OiError(f"cannot read input {name} from {file}: {exc}") from None
     return inputs
@@ -429,6 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `oi2jax inspect m.oinf | head`: the reader left; nothing to report
+        try:
+            sys.stdout = open(os.devnull, "w")  # no second error while flushing at exit
+        except OSError:
+            pass
+        return 0
     except OSError as exc:  # a path the user gave cannot be read or written
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)

@@ -239,8 +239,11 @@ def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), pl
     out.parent.mkdir(parents=True, exist_ok=True)
     npz_path = out.with_name(out.name + ".init.npz")
     manifest["init_npz"] = npz_path.name
-    out.write_bytes(bytes(blob))
-    np.savez(npz_path, **npz)
+    from .npz import save_npz, write_atomic, write_text_atomic
     man_path = out.with_name(out.name + ".json")
-    man_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    # each file written to a temporary beside it and renamed: an interrupted export never leaves a
+    # half-written artifact and never truncates one another process has open
+    write_atomic(out, lambda f: f.write(bytes(blob)))
+    save_npz(npz_path, npz)
+    write_text_atomic(man_path, json.dumps(manifest, indent=2) + "\n")
     return [str(out), str(man_path), str(npz_path)]

@@ -37,7 +37,8 @@ class OpRules:
         from .. import ops
         name_span = self.name_span(node.span, "op")
         if node.op not in ops.REGISTRY:
-            self.error(f"unsupported op {node.op}", name_span)
+            from ..diagnostics import suggest
+            self.error(f"unsupported op {node.op}{suggest(node.op, ops.REGISTRY)}", name_span)
             return
         spec = ops.REGISTRY[node.op]
         ok = True

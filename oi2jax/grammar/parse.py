@@ -64,9 +64,13 @@ def parse_file(path) -> ir.Graph:
         if not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode):
             raise OiError(f"cannot read {path}: not a regular file (a pipe or device cannot be a graph)")
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise OiError(f"cannot read {path}: {reason}") from None
+    except UnicodeDecodeError as exc:
+        hint = " (an .oinf model? pass it with --model)" if path.endswith(".oinf") or \
+            Path(path).read_bytes()[:4] == b"OINF" else ""
+        raise OiError(f"cannot read {path}: not UTF-8 text, so not a .oi graph{hint} "
+                      f"(byte {exc.start} is 0x{exc.object[exc.start]:02x})") from None
+    except OSError as exc:
+        raise OiError(f"cannot read {path}: {exc.strerror or exc}") from None
     return parse(text, path)
 
 

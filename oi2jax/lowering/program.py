@@ -216,7 +216,14 @@ class Program:
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
         dynamic = self.validate_inputs(dynamic)
         with self._scope():
-            return self._jit(self._consts, state, self._dynamic_args(dynamic))
+            try:
+                return self._jit(self._consts, state, self._dynamic_args(dynamic))
+            except (RuntimeError, ValueError) as exc:
+                if "deleted" in str(exc) or "donated" in str(exc):
+                    raise OiError("this state was already used by a step, which took over (donated) its "
+                                  "buffers: pass the state that step returned (`state, out = "
+                                  "prog.step(state, ...)`)") from None
+                raise
 
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step

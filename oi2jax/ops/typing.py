@@ -177,7 +177,8 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     """Type one op node. `attrs` maps names to ir.Literal (plain Python values also accepted)."""
     spec = REGISTRY.get(op)
     if spec is None:
-        raise OpTypeError(f"unsupported op {op}")
+        from ..diagnostics import suggest
+        raise OpTypeError(f"unsupported op {op}{suggest(op, REGISTRY)}")
     if len(in_dtypes) != spec.arity:
         raise OpTypeError(f"op {op} expects Fixed({spec.arity}) inputs, got {len(in_dtypes)}")
     attrs = canonical_attrs(op, attrs)
@@ -185,7 +186,8 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
         raise OpTypeError(f"op {op} does not support accumulation", attr="acc")
     for name, lit in attrs.items():
         if name not in spec.attrs:
-            raise OpTypeError(f"unsupported {op} setting: {name}", attr=name)
+            from ..diagnostics import suggest
+            raise OpTypeError(f"unsupported {op} setting: {name}{suggest(name, spec.attrs)}", attr=name)
         _check_attr_kind(spec, name, lit)
 
     # mode
