@@ -428,9 +428,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt  # the same clean path as Ctrl-C: temporary files removed, exit 130
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import signal
+    import threading
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return _dispatch(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _dispatch(args) -> int:
     try:
         return args.func(args)
     except OiError as exc:

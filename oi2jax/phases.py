@@ -81,8 +81,8 @@ def node_reads(node: ir.Node) -> set[str]:
         for r in node.inputs:
             ref(r)
         for attr in node.attrs:
-            if isinstance(attr.value, str):
-                out.add(attr.value)
+            if attr.value.kind == "var":  # a variable-valued setting reads that variable
+                out.add(attr.value.value)
     elif isinstance(node, (ir.Transfer, ir.CacheWrite)):
         ref(node.src)
         if isinstance(node, ir.CacheWrite):

@@ -87,6 +87,9 @@ def _lit_kind(lit) -> str:
     return "var"
 
 
+BOOL_ATTRS = ("keepdims", "select_first", "saturate")  # declared "bool" (SPEC-2026-03 §2.5)
+
+
 def _check_attr_kind(spec: OpSpec, name: str, lit) -> None:
     a = spec.attrs[name]
     kind = _lit_kind(lit)
@@ -99,6 +102,10 @@ def _check_attr_kind(spec: OpSpec, name: str, lit) -> None:
     }[a.kind]
     if not ok:
         raise OpTypeError(f"unsupported {spec.name} setting type: {name}", attr=name)
+    if name in BOOL_ATTRS and kind not in ("bool", "var") and not (kind == "int" and _lit_value(lit) in (0, 1)):
+        # current OpenInfer takes only true/false (SPEC-2026-03 §2.5); 0/1 stay accepted (D3)
+        raise OpTypeError(f"op {spec.name} setting {name} must be true or false, got {_lit_value(lit)!r}",
+                          attr=name)
     if a.kind == "dtype" and not D.is_dtype(str(_lit_value(lit))):
         raise OpTypeError(f"unknown dtype {_lit_value(lit)}", attr=name)
 

@@ -25,6 +25,7 @@ inputs, so n growth steps cost O(log n) compiles.
 from __future__ import annotations
 
 import os
+import time
 
 import jax
 import numpy as np
@@ -34,6 +35,7 @@ from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
 from ..values import convert_output
 
+CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
 
 
@@ -360,14 +362,21 @@ class Session:
         with prog._scope():
             fixed_dev = {k: v for k, v in prog._dynamic_args(fixed_dev).items() if k not in per_dev}
             base = 0
-            chunk = steps if progress is None else max(1, -(-steps // 50))
+            # calls of about CALL_SECONDS each (the first 16 steps measure the pace), so that Ctrl-C,
+            # progress and growth are never more than a call away; the loop is traced once whatever n
+            limit = steps if progress is None else max(1, -(-steps // 50))
+            chunk = min(16, limit)
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
+                t0 = time.perf_counter()
                 self._state, out, stacked, status = prog._kernels.multi(
                     prog._consts, self._state, per_dev, fixed_dev, base, n, collect, steps)
                 status = np.asarray(status)
                 applied = int(status[2])
+                if applied:
+                    pace = (time.perf_counter() - t0) / applied
+                    chunk = max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
                 if applied:
                     last = out
                     for k in collect:
