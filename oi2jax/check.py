@@ -90,6 +90,11 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
     def known(self, name: str) -> bool:
         return name in self.decls or name in self.temps
 
+    def near(self, name: str) -> str:
+        """' (did you mean X?)' for an unknown name close to a declared variable or temporary."""
+        from .diagnostics import suggest
+        return suggest(str(name), list(self.decls) + list(self.temps))
+
     def kind(self, name: str) -> MemKind | None:
         d = self.decls.get(name)
         return d.kind if d is not None else None
@@ -172,13 +177,13 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
                        node.span)
         for v in node.vars:
             if not self.known(v):
-                self.error(f"unknown variable: {v}", node.span)
+                self.error(f"unknown variable: {v}{self.near(v)}", node.span)
 
     def _yield_await_rule(self, node, at: "_At"):
         word = "yield" if isinstance(node, ir.Yield) else "await"
         for v in node.vars:
             if not self.known(v):
-                self.error(f"unknown variable: {v}", node.span)
+                self.error(f"unknown variable: {v}{self.near(v)}", node.span)
             elif word == "await" and self.kind(v) == MemKind.CONSTANT:
                 self.error(f"await may not name constant {v}", node.span)
         block = at.block

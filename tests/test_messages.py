@@ -139,3 +139,19 @@ def test_interrupted_run_leaves_no_partial_output(tmp_path, sig):
     assert proc.returncode == 130 and err.strip() == "error: interrupted", err
     assert out.read_bytes() == b"previous result"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npz", "x.npy"]
+
+
+def test_unknown_variables_suggest_and_trace_marks_compilation(capsys, tmp_path):
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { xin: f32[2]; }\nvolatile { yout: f32[2]; }\nblock entry {\n"
+                 "    op relu(xim) >> yout;\n    op relu(xin) >> yuot;\n    return;\n}\n")
+    code, _, err = run_cli(capsys, "check", g)
+    assert code == 1
+    assert f"{g}:4:13: error: unknown input variable xim (did you mean xin?)" in err
+    assert f"{g}:5:21: error: unknown output variable yuot (did you mean yout?)" in err
+    code, out, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--zero-missing-inputs", "--trace",
+                             "--quiet", "--steps", "2", "--cache-dir", "none")
+    lines = out.splitlines()
+    assert code == 0 and lines[1].startswith("step 0 phase 0 step (whole graph, one kernel; includes XLA "
+                                              "compilation) on ")
+    assert lines[2].startswith("step 1 phase 0 step (whole graph, one kernel) on ")

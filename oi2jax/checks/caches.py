@@ -16,7 +16,7 @@ class CacheRules:
     def cache_target(self, access_name: str, span: ir.Span, word: str) -> ir.VarDecl | None:
         d = self.decls.get(access_name)
         if d is None:
-            self.error(f"unknown cache variable {access_name}", span)
+            self.error(f"unknown cache variable {access_name}{self.near(access_name)}", span)
             return None
         if d.kind != MemKind.PERSISTENT:
             self.error(f"{word} expects persistent variable, got {_KIND_WORD[d.kind]} {access_name}", span)
@@ -109,7 +109,7 @@ class CacheRules:
         dst = node.dst
         dst_ok = True
         if not self.known(dst.name):
-            self.error(f"unknown output variable {dst.name}", dst.span)
+            self.error(f"unknown output variable {dst.name}{self.near(dst.name)}", dst.span)
             dst_ok = False
         elif dst.indices is not None:
             self.error(f"cache.read destination {dst.name} cannot be indexed", dst.span)

@@ -16,7 +16,7 @@ class OpRules:
             self.error(f"loop index {ref.name} is not a variable", ref.span)
             return False
         if not self.known(ref.name):
-            self.error(f"{unknown_msg} {ref.name}", ref.span)
+            self.error(f"{unknown_msg} {ref.name}{self.near(ref.name)}", ref.span)
             return False
         if ref.indices is not None:
             d = self.decls.get(ref.name)
@@ -48,7 +48,7 @@ class OpRules:
         out = node.output
         out_ok = True
         if not self.known(out):
-            self.error(f"unknown output variable {out}", node.output_span)
+            self.error(f"unknown output variable {out}{self.near(out)}", node.output_span)
             out_ok = False
         elif self.kind(out) == MemKind.CONSTANT:
             self.error(f"cannot write to constant memory: {out}", node.output_span)
@@ -72,7 +72,7 @@ class OpRules:
                 if self.model is not None and getattr((self.model.metadata or {}).get(var), "type", None) == "string":
                     continue
                 if not self.known(var):
-                    self.error(f"unknown attribute variable {var}", attr.span)
+                    self.error(f"unknown attribute variable {var}{self.near(var)}", attr.span)
                 elif not self.is_scalar(var):
                     self.error(f"attribute {var} must be scalar", attr.span)
         if not ok:
@@ -122,7 +122,7 @@ class OpRules:
         src_ok = self.check_source(node.src, loops, "unknown transfer source")
         dst = node.dst
         if not self.known(dst.name):
-            self.error(f"unknown transfer destination {dst.name}", dst.span)
+            self.error(f"unknown transfer destination {dst.name}{self.near(dst.name)}", dst.span)
             return
         if dst.indices is not None or self.kind(dst.name) in (MemKind.CONSTANT, MemKind.PERSISTENT):
             self.error(f"cannot transfer into {dst}", dst.span)

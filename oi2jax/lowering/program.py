@@ -320,11 +320,14 @@ class Program:
 
         def timed(step_fn):
             def one_step(*args):
+                compiles = self.compiles
                 start = time.perf_counter()
                 result = step_fn(*args)
                 jax.block_until_ready(result)
-                events.append({"step": len(events), "phase": 0, "kernel": "step (whole graph, one kernel)",
-                               "device": device, "ms": (time.perf_counter() - start) * 1e3})
+                compiled = self.compiles > compiles  # this call traced and compiled the kernel first
+                kernel = "step (whole graph, one kernel" + ("; includes XLA compilation)" if compiled else ")")
+                events.append({"step": len(events), "phase": 0, "kernel": kernel, "device": device,
+                               "ms": (time.perf_counter() - start) * 1e3, "compile": compiled})
                 return result
             return one_step
 
