@@ -31,7 +31,9 @@ def test_format_spec_example_exact():
     assert ("    loop proj (k in 0..n_proj) {\n        op matmul(tmp, Wt[k]) >> tmp;\n"
             "        op relu(tmp, alpha=0.05, clamp_max=4.0) >> tmp;\n    }\n") in text
     assert "    op sum_axis(tmp, axes=[-1], keepdims=true) >> rowsum;\n" in text
-    assert "    cache.decrement 2 cursor;\n    branch mask on_mask off_mask;\n" in text
+    # comments stay where they were (issue 17): a trailing comment keeps its column
+    assert ("    cache.decrement 2 cursor;              // explicit amount\n"
+            "    branch mask on_mask off_mask;          // call on_mask or off_mask") in text
     assert text.endswith("block off_mask {\n    op add(acc, tmp) >> acc;\n    return;\n}\n")
     assert format_graph(parse(text)) == text
     assert same(parse(text), parse(SPEC_15))
@@ -248,3 +250,113 @@ def test_mutations_give_oierror_or_parse(text, edits):
         assert d.span is not None and d.span.line >= 1 and exc.source == text
         return
     assert same(parse(format_graph(g)), g)
+
+
+# ---------------------------------------------------------------- comments (issue 17)
+
+COMMENTED = """\
+// header: what this graph does
+// second header line
+
+dynamic {
+    // the input
+    x: f32[2];   // trailing on a declaration
+}
+/* between sections,
+   two lines */
+volatile { y: f32[2]; }
+
+block entry {
+    op relu(x /* mid-line */) >> y;  // trailing
+
+    // leading, after a blank line
+    loop l (i in 0..2) {   // on the loop header
+        op add(y, x) >> y;
+        // last in the loop
+    }
+    // last in the block
+    return;
+}
+// at the end
+"""
+
+COMMENTED_FMT = """\
+// header: what this graph does
+// second header line
+
+dynamic {
+    // the input
+    x: f32[2];   // trailing on a declaration
+}
+
+/* between sections,
+   two lines */
+volatile {
+    y: f32[2];
+}
+
+block entry {
+    op relu(x) >> y;  /* mid-line */  // trailing
+
+    // leading, after a blank line
+    loop l (i in 0..2) {   // on the loop header
+        op add(y, x) >> y;
+        // last in the loop
+    }
+    // last in the block
+    return;
+}
+// at the end
+"""
+
+
+def test_fmt_keeps_comments_and_blank_lines():
+    assert format_graph(parse(COMMENTED)) == COMMENTED_FMT
+    assert format_graph(parse(COMMENTED_FMT)) == COMMENTED_FMT  # idempotent
+    assert same(parse(COMMENTED_FMT), parse(COMMENTED))
+
+
+def test_fmt_check_passes_on_every_shipped_example(tmp_path, capsys):
+    from oi2jax.cli import main
+    for path in sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "examples" / "*.oi"))):
+        assert main(["fmt", "--check", path]) == 0, capsys.readouterr().err
+        copy = tmp_path / Path(path).name
+        copy.write_text(Path(path).read_text())
+        assert main(["fmt", "-i", str(copy)]) == 0
+        assert copy.read_text() == Path(path).read_text()  # nothing lost, comments included
+
+
+def _comment_texts(text: str) -> list[str]:
+    from oi2jax.grammar.fmt import scan_comments
+    return [c[3] for c in scan_comments(text)]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fmt_fuzz_comments_in_every_position(data):
+    """Comments on their own lines, after code, between tokens and blank lines anywhere: fmt keeps
+    every comment in order, the program re-parses to the same IR, and fmt is idempotent."""
+    root = Path(__file__).resolve().parents[1] / "examples"
+    sources = [SPEC_15] + [Path(p).read_text() for p in sorted(glob.glob(str(root / "*.oi")))]
+    text = data.draw(st.sampled_from(sources))
+    lines, k = [], 0
+    for line in text.splitlines():
+        choice = data.draw(st.integers(0, 5))
+        if choice == 1:
+            lines.append(f"// c{k} lead")
+            k += 1
+        elif choice == 2:
+            lines.append("")
+        if choice == 3 and line.strip() and "//" not in line and "/*" not in line:
+            line = line + f"  // c{k} trail"
+            k += 1
+        elif choice == 4 and " " in line.strip() and "//" not in line and '"' not in line:
+            cut = line.index(" ", len(line) - len(line.lstrip()))
+            line = line[:cut] + f" /* c{k} mid */" + line[cut:]
+            k += 1
+        lines.append(line)
+    src = "\n".join(lines) + "\n"
+    out = format_graph(parse(src))
+    assert _comment_texts(out) == _comment_texts(src)
+    assert same(parse(out), parse(src))
+    assert format_graph(parse(out)) == out

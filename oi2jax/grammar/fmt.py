@@ -3,7 +3,8 @@
 Canonical form: memory sections first (consecutive declarations of one kind share a section, in
 source order), then blocks in source order; 4-space indentation; `, ` between items; attributes
 in the order @pattern @ref @table @auto_dim @fixed @init; a full cache slice written `..`.
-`parse(format_graph(g))` equals `g` up to spans (node indices included).
+`parse(format_graph(g))` equals `g` up to spans (node indices included). Comments and blank
+lines of the source are kept (format_graph's docstring says where they go).
 """
 from __future__ import annotations
 
@@ -16,21 +17,209 @@ _ATTR_ORDER = ("pattern", "ref", "table", "auto_dim", "fixed", "init")
 
 
 def format_graph(graph: ir.Graph) -> str:
-    chunks: list[str] = []
+    """The canonical text of `graph`, keeping the comments and the blank lines of its source
+    (`graph.source`): a comment after code on a line stays after that statement (at its column
+    when the code still fits before it); other comments stay before the statement, closing brace
+    or section that follows them, re-indented; one blank line is kept wherever the source had at
+    least one between two statements or comments."""
+    chunks = _chunks(graph)
+    source = graph.source or ""
+    comments = scan_comments(source) if source else []
+    if not comments and not source:
+        return "\n\n".join("\n".join(text for text, _, _ in c) for c in chunks) + "\n" if chunks else ""
+    src_lines = source.splitlines()
+    # each output line: [text, source line, kind]; comments become lines too
+    out: list[list] = []
+    chunk_start: set[int] = set()
+    for chunk in chunks:
+        chunk_start.add(len(out))
+        out.extend([text, line, kind] for text, line, kind in chunk)
+    pending = []
+    for c_line, c_col, c_end, text in comments:
+        before = src_lines[c_line - 1][:c_col - 1] if c_line - 1 < len(src_lines) else ""
+        if _code(before).strip():  # after code on its line: a trailing comment
+            host = [e for e in out if e[1] is not None and e[1] <= c_line and e[2] != "comment"]
+            if host:
+                target = max(host, key=lambda e: e[1])
+                code = target[0]
+                target[0] = code + (" " * (c_col - 1 - len(code)) if len(code) < c_col - 2 else "  ") + text
+                continue
+        pending.append((c_line, c_end, text))
+    for c_line, c_end, text in pending:  # before the next source item (statement, brace, comment)
+        later = [i for i, e in enumerate(out) if e[1] is not None and e[1] > c_line]
+        if later:
+            i = min(later, key=lambda j: (out[j][1], j))
+            nxt = out[i]
+            indent = _indent_of(nxt[0]) + (INDENT if nxt[2] == "close" else "")
+            entry = [indent + _reindent(text), c_line, "comment", c_end]
+            # a comment before a section or block belongs to its chunk: the chunk now starts with it
+            chunk_start = {j + 1 if j > i else j for j in chunk_start}
+            out.insert(i, entry)
+        else:
+            out.append([_reindent(text), c_line, "comment", c_end])
+    lines: list[str] = []
+    prev = None
+    for i, e in enumerate(out):
+        if i in chunk_start and lines:
+            lines.append("")
+        elif prev is not None and e[2] != "close" and prev[2] != "open" and e[1] is not None \
+                and prev[1] is not None and _blank_between(src_lines, _end(prev), e[1]):
+            lines.append("")
+        lines.append(e[0])
+        prev = e
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _end(entry) -> int:
+    return entry[3] if len(entry) > 3 else entry[1]
+
+
+def _blank_between(src_lines: list[str], a: int, b: int) -> bool:
+    return any(not src_lines[k - 1].strip() for k in range(a + 1, b) if 0 < k <= len(src_lines))
+
+
+def _indent_of(text: str) -> str:
+    return text[:len(text) - len(text.lstrip(" "))]
+
+
+def _reindent(text: str) -> str:
+    return text  # the first line is indented by the caller; later lines of a /* */ stay verbatim
+
+
+def _code(text: str) -> str:
+    """`text` without comments (a line's prefix may hold an earlier `/* */`)."""
+    return "".join(text[a:b] for a, b in _code_ranges(text))
+
+
+def _code_ranges(text: str):
+    spans = [(s, e) for s, e, _ in _scan(text)]
+    pos = 0
+    for s, e in spans:
+        yield pos, s
+        pos = e
+    yield pos, len(text)
+
+
+def _scan(source: str):
+    """(start, end, text) of every comment, skipping string literals."""
+    i, n = 0, len(source)
+    while i < n:
+        ch = source[i]
+        if ch == '"':
+            i += 1
+            while i < n and source[i] != '"':
+                i += 2 if source[i] == "\\" else 1
+            i += 1
+        elif source.startswith("//", i):
+            end = source.find("\n", i)
+            end = n if end < 0 else end
+            yield i, end, source[i:end].rstrip()
+            i = end
+        elif source.startswith("/*", i):
+            end = source.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            yield i, end, source[i:end]
+            i = end
+        else:
+            i += 1
+
+
+def scan_comments(source: str) -> list[tuple[int, int, int, str]]:
+    """(line, column, end line, text) of every comment in `source` (1-based)."""
+    out = []
+    line_starts = [0]
+    for k, ch in enumerate(source):
+        if ch == "\n":
+            line_starts.append(k + 1)
+    import bisect
+    for start, end, text in _scan(source):
+        line = bisect.bisect_right(line_starts, start)
+        end_line = bisect.bisect_right(line_starts, max(start, end - 1))
+        out.append((line, start - line_starts[line - 1] + 1, end_line, text))
+    return out
+
+
+def _braces(source: str) -> dict[int, int]:
+    """Source line of each `{` -> source line of its matching `}` (comments and strings skipped)."""
+    code = list(source)
+    for s, e, _ in _scan(source):
+        for k in range(s, e):
+            if code[k] != "\n":
+                code[k] = " "
+    text = "".join(code)
+    i, stack, out, line = 0, [], {}, 1
+    in_string = False
+    while i < len(text):
+        ch = text[i]
+        if ch == "\n":
+            line += 1
+        elif in_string:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            stack.append(line)
+        elif ch == "}" and stack:
+            out.setdefault(stack.pop(), line)
+        i += 1
+    return out
+
+
+def _chunks(graph: ir.Graph) -> list[list[tuple[str, int | None, str]]]:
+    """Canonical sections and blocks, each a list of (line text, source line or None, kind)."""
+    braces = _braces(graph.source or "")
+
+    def close_of(open_line: int | None) -> int | None:
+        if open_line is None:
+            return None
+        for line in sorted(braces):
+            if line >= open_line:
+                return braces[line]
+        return None
+
+    def open_before(line: int) -> int | None:
+        opens = [o for o, c in braces.items() if o <= line <= c]
+        return max(opens) if opens else None
+
+    chunks = []
     group: list[ir.VarDecl] = []
+
+    def section(decls):
+        head = open_before(decls[0].span.line) if graph.source else None
+        chunk = [(f"{decls[0].kind.value} {{", head, "open")]
+        chunk += [(INDENT + format_decl(d), d.span.line, "stmt") for d in decls]
+        chunk.append(("}", braces.get(head) if head is not None else None, "close"))
+        return chunk
+
     for decl in graph.vars:
         if group and decl.kind != group[0].kind:
-            chunks.append(_section(group))
+            chunks.append(section(group))
             group = []
         group.append(decl)
     if group:
-        chunks.append(_section(group))
+        chunks.append(section(group))
     for block in graph.blocks:
-        lines = [f"block {block.name} {{"]
-        _nodes(block.nodes, 1, lines)
-        lines.append("}")
-        chunks.append("\n".join(lines))
-    return "\n\n".join(chunks) + "\n" if chunks else ""
+        line = block.span.line if graph.source else None
+        chunk = [(f"block {block.name} {{", line, "open")]
+        _node_lines(block.nodes, 1, chunk, close_of if graph.source else (lambda _: None))
+        chunk.append(("}", close_of(line), "close"))
+        chunks.append(chunk)
+    return chunks
+
+
+def _node_lines(nodes, depth: int, out: list, close_of) -> None:
+    pad = INDENT * depth
+    for node in nodes:
+        line = node.span.line if node.span is not None and node.span.line else None
+        if isinstance(node, ir.Loop):
+            out.append((pad + format_node(node) + " {", line, "open"))
+            _node_lines(node.body, depth + 1, out, close_of)
+            out.append((pad + "}", close_of(line), "close"))
+        else:
+            out.append((pad + format_node(node), line, "stmt"))
 
 
 def _section(decls: list[ir.VarDecl]) -> str:
