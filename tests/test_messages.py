@@ -155,3 +155,15 @@ def test_unknown_variables_suggest_and_trace_marks_compilation(capsys, tmp_path)
     assert code == 0 and lines[1].startswith("step 0 phase 0 step (whole graph, one kernel; includes XLA "
                                               "compilation) on ")
     assert lines[2].startswith("step 1 phase 0 step (whole graph, one kernel) on ")
+
+
+def test_auto_dim_shape_mismatch_says_the_actual_shape():
+    src = """
+    persistent { i: i32 @init(3); j: i32 @init(2); M(r, c): f32[2, 2] @auto_dim(r, c); }
+    volatile { m: f32[5, 4]; }
+    block entry { cache.increment 3 i; cache.read M[i, j] >> m; return; }
+    """
+    with pytest.raises(OiError) as info:
+        oi2jax.compile(src).run({}, steps=1)
+    assert ("error: cache.read M: the tensor's current shape [8, 4] does not match the destination's [5, 4] "
+            "(in step 1)") in str(info.value)

@@ -312,3 +312,15 @@ def test_bad_string_escapes_are_located_errors_not_hangs(literal, message):
     with pytest.raises(OiError) as info:
         parse(f"constant {{ w: f32[2] @ref({literal}); }}")
     assert message in str(info.value) and ":1:" in str(info.value)
+
+
+def test_missing_semicolon_is_reported_after_the_token_that_needed_it():
+    """Issue 17: not at the start of the next line."""
+    from oi2jax.diagnostics import OiError
+    src = "dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry {\n    op relu(x) >> y\n    return;\n}\n"
+    with pytest.raises(OiError) as info:
+        parse(src, "g.oi")
+    assert str(info.value).splitlines()[0] == "g.oi:4:20: error: expected ';' before 'return'"
+    with pytest.raises(OiError) as info:
+        parse("dynamic {\n    x: f32[2]\n    y: f32[2];\n}\n", "g.oi")
+    assert str(info.value).splitlines()[0] == "g.oi:2:14: error: expected ';' before name 'y'"

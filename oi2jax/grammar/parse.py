@@ -131,6 +131,12 @@ def _translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
         stack = ip.parser_state.value_stack
         if stack and isinstance(stack[-1], Token):
             prev = stack[-1].type
+    if "SEMICOLON" in expected and ip is not None and tok.type != "$END":
+        # a missing ';': point just after the token that needed it, not at the next line's start
+        end = _end_of(ip.parser_state.value_stack[-1]) if ip.parser_state.value_stack else None
+        if end is not None and end[0] < line:  # on the same line the caret is already right there
+            return OiError(f"expected ';' before {_describe_token(tok)}", ir.Span(path, end[0], end[1]),
+                           source=text)
     msg = None
     if expected == {"DTYPE"} and tok.type == "NAME":
         msg = f"unsupported dtype {tok}"
@@ -151,6 +157,16 @@ def _translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
         if expected:
             msg += "; " + _expected(expected)
     return OiError(msg, ir.Span(path, line, col), source=text)
+
+
+def _end_of(item):
+    """(line, column) just after a parsed token or subtree, or None."""
+    if isinstance(item, Token) and item.end_line is not None:
+        return item.end_line, item.end_column
+    meta = getattr(item, "meta", None)
+    if meta is not None and not getattr(meta, "empty", True):
+        return meta.end_line, meta.end_column
+    return None
 
 
 # ---------------------------------------------------------------- tree -> IR

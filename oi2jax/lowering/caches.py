@@ -332,6 +332,20 @@ class CacheRules:
         current = jnp.asarray(layout.shape[:len(layout.capacity)], jnp.int64) + counts
         want_arr = jnp.asarray(want[:len(layout.capacity)], jnp.int64)
         mismatch = jnp.any(current != want_arr) | (len(want) != len(layout.shape))
+        k = len(layout.capacity)
+        if k <= 2:  # the growth counts fit the error value: say the tensor's actual shape
+            base = layout.shape
+
+            def render(value, base=base, k=k, want=tuple(want), name=layout.name):
+                counts = [(value >> (32 * (k - 1 - j))) & 0xFFFFFFFF for j in range(k)]
+                shape = [b + c for b, c in zip(base, counts)] + list(base[k:])
+                return (f"{what} {name}: the tensor's current shape {shape} does not match the "
+                        f"destination's {list(want)}")
+
+            code = tr.lowering.site(f"{what} {layout.name}: current shape does not match {list(want)}", span,
+                                    render=render)
+            packed = sum(jnp.asarray(counts[j], jnp.int64) << (32 * (k - 1 - j)) for j in range(k))
+            return tr.fail_if(env, mismatch, code, packed)
         code = tr.lowering.site(f"{what} {layout.name}: current shape does not match {list(want)} "
                                 f"(first differing dim is {{value}})", span)
         first_dim = jnp.argmax(current != want_arr)

@@ -27,6 +27,7 @@ class ErrorSite:
 
     message: str
     span: ir.Span
+    render: object = None  # optional value -> message (when one template cannot say it)
 
 
 @dataclass
@@ -43,15 +44,16 @@ class Lowering:
     def graph(self) -> ir.Graph:
         return self.bound.graph
 
-    def site(self, message: str, span: ir.Span) -> int:
-        """Register a runtime guard; returns its error code."""
-        self.error_sites.append(ErrorSite(message, span))
+    def site(self, message: str, span: ir.Span, render=None) -> int:
+        """Register a runtime guard; returns its error code. `render(value) -> str` may replace
+        `message.format(value=value)`."""
+        self.error_sites.append(ErrorSite(message, span, render))
         return len(self.error_sites)
 
     def error_for(self, code: int, value: int, step: int | None = None) -> OiError:
         """The error of guard `code` with its offending `value`; `step`: the 1-based step it fired in."""
         site = self.error_sites[code - 1]
-        message = site.message.format(value=value)
+        message = site.render(value) if site.render is not None else site.message.format(value=value)
         if step is not None:
             message += f" (in step {step})"
         return OiError(message, site.span, source=self.graph.source)
