@@ -167,3 +167,16 @@ def test_auto_dim_shape_mismatch_says_the_actual_shape():
         oi2jax.compile(src).run({}, steps=1)
     assert ("error: cache.read M: the tensor's current shape [8, 4] does not match the destination's [5, 4] "
             "(in step 1)") in str(info.value)
+
+
+def test_unknown_block_and_model_tensor_suggest(capsys, tmp_path):
+    from oi2jax.model import save
+    save(tmp_path / "m.oinf", tensors={"weight": np.zeros(2, np.float32)})
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { c: bool; }\nconstant { weigth: f32[2]; }\nblock entry {\n    branch c yes nope;\n"
+                 "    return;\n}\nblock yes { return; }\nblock nop { return; }\n")
+    code, _, err = run_cli(capsys, "check", g, "--model", tmp_path / "m.oinf")
+    assert code == 1
+    assert f"{g}:4:5: error: branch target block not found: nope (did you mean nop?)" in err
+    assert f"{g}:2:12: error: constant weigth not found in model (no tensor or metadata entry) " \
+           f"(did you mean weight?)" in err

@@ -10,7 +10,7 @@ class ControlRules:
     # ---- control
     def check_scalar_var(self, name: str, span: ir.Span, prefix: str = "") -> bool:
         if not self.known(name):
-            self.error(f"{prefix}unknown variable {name}", span)
+            self.error(f"{prefix}unknown variable {name}{self.near(name)}", span)
             return False
         if not self.is_scalar(name):
             self.error(f"{prefix}{name} must be scalar", span)
@@ -23,7 +23,9 @@ class ControlRules:
                 self.error(f"branch condition {node.cond}: packed scalars are not supported", node.span)
         for target in (node.then_block, node.else_block):
             if target is not None and target not in self.g.block_map:
-                self.error(f"branch target block not found: {target}", node.span)
+                from ..diagnostics import suggest
+                self.error(f"branch target block not found: {target}"
+                           f"{suggest(target, [b.name for b in self.g.blocks])}", node.span)
 
     def check_loop_bound(self, node: ir.Loop, which: str, bound, loops):
         if isinstance(bound, int) or bound in self.sizes:

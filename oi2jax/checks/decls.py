@@ -81,7 +81,10 @@ class DeclRules:
                 if not (d.is_table or d.is_auto_dim):
                     self.check_bound(d, tname)
             elif d.kind == MemKind.CONSTANT and d.name not in (m.metadata or {}):
-                self.error(f"constant {d.name} not found in model (no tensor or metadata entry)", d.span)
+                from ..diagnostics import suggest
+                known = list(self.model.tensors) + list(self.model.metadata or {})
+                self.error(f"constant {d.name} not found in model (no tensor or metadata entry)"
+                           f"{suggest(d.ref or d.name, known)}", d.span)
 
     def family_members(self, d: ir.VarDecl) -> list[str]:
         parts = re.split(r"\{(\w+)\}", d.pattern)
