@@ -180,3 +180,35 @@ def test_unknown_block_and_model_tensor_suggest(capsys, tmp_path):
     assert f"{g}:4:5: error: branch target block not found: nope (did you mean nop?)" in err
     assert f"{g}:2:12: error: constant weigth not found in model (no tensor or metadata entry) " \
            f"(did you mean weight?)" in err
+
+
+def test_model_changed_during_a_run_is_a_clean_error_or_the_old_bytes(tmp_path):
+    """Issue 19 item 3: tensor data is read with pread, not through the mapping (no SIGBUS), and
+    oi2jax's writer replaces a model by rename (a reader keeps the old bytes)."""
+    code = f"""
+import numpy as np
+from oi2jax.model import save, open_model
+from oi2jax.diagnostics import OiError
+p = {str(tmp_path / 'm.oinf')!r}
+save(p, tensors={{"a": np.arange(100000, dtype=np.float32), "b": np.ones(100000, np.float32)}})
+m = open_model(p)
+m.load("a")
+with open(p, "r+b") as f:
+    f.truncate(1000)  # another tool rewriting the file in place
+try:
+    m.load("b")
+    print("LOADED")
+except OiError as e:
+    print(str(e))
+q = {str(tmp_path / 'q.oinf')!r}
+save(q, tensors={{"a": np.arange(10, dtype=np.float32)}})
+m2 = open_model(q)
+save(q, tensors={{"a": np.zeros(3, dtype=np.float32)}})
+print(m2.load("a")[:4].tolist())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)  # -7 would be SIGBUS
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith("tensor b: data truncated (the file changed while it was in use: 0 of 400000 "
+                             "bytes left)")
+    assert lines[1] == "[0.0, 1.0, 2.0, 3.0]"

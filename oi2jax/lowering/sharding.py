@@ -114,7 +114,7 @@ def validate_shard(bound, mesh: Mesh, shard: dict[str, str]) -> dict[str, str]:
 
 
 class LazyConst:
-    """A model tensor not yet read: `read(index)` slices one shard straight from the mmap."""
+    """A model tensor not yet read: `read(index)` reads one shard's bytes from the file."""
 
     def __init__(self, model, info, np_dtype):
         self.model = model
@@ -124,15 +124,8 @@ class LazyConst:
         self.np_dtype = np.dtype(np_dtype)
 
     def read(self, index) -> np.ndarray:
-        buf = self.model._buf
-        if buf is None:
-            raise OiError(f"model {self.model.path} is closed")
-        view = np.frombuffer(buf, dtype=self.np_dtype.newbyteorder("<"), count=math.prod(self.shape),
-                             offset=self.info.offset).reshape(self.shape)
-        out = np.array(view[index], dtype=self.np_dtype)  # copies (touches) only this shard's pages
-        del view
-        self.model.bytes_loaded += out.nbytes
-        return out
+        """This shard's block, read from the file (only its bytes; model.read_block)."""
+        return self.model.read_block(self.info, index, self.np_dtype)
 
 
 # ---------------------------------------------------------------------------- the placer

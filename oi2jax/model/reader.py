@@ -195,9 +195,48 @@ class Model:
             raise ModelError(self.path, "model is closed")
         raw = bytes(self._buf[info.offset:info.offset + info.nbytes]) if info.nbytes else b""
         if len(raw) != info.nbytes:  # the file shrank under us
-            raise ModelError(self.path, f"tensor {info.name}: data truncated")
+            raise ModelError(self.path, f"tensor {info.name}: data truncated (the file changed while it "
+                                        f"was in use: {len(raw)} of {info.nbytes} bytes left)")
         self.bytes_loaded += info.nbytes
         return raw
+
+    def read_block(self, info: TensorInfo, index, np_dtype) -> np.ndarray:
+        """One block `value[index]` of a plain (unpacked, little-endian) tensor, reading only the
+        bytes it needs (a shard of a sharded constant); ModelError if the file shrank."""
+        if self._buf is None:
+            raise ModelError(self.path, "model is closed")
+        shape = tuple(info.shape)
+        dtype = np.dtype(np_dtype).newbyteorder("<")
+        item = dtype.itemsize
+        index = tuple(index) + (slice(None),) * (len(shape) - len(tuple(index)))
+        if not shape:
+            raw = self._buf[info.offset:info.offset + item]
+            self._count(info, raw, item)
+            return np.frombuffer(raw, dtype).reshape(()).astype(np_dtype)
+        r0, r1, step = index[0].indices(shape[0]) if isinstance(index[0], slice) else (index[0], index[0] + 1, 1)
+        row = item * int(np.prod(shape[1:], dtype=np.int64))
+        if len(shape) == 2 and isinstance(index[1], slice) and step == 1 and index[1] != slice(None):
+            c0, c1, cstep = index[1].indices(shape[1])
+            if cstep == 1:  # a column block: one read per row, just its columns
+                parts = []
+                for r in range(r0, r1):
+                    start = info.offset + r * row + c0 * item
+                    raw = self._buf[start:start + (c1 - c0) * item]
+                    self._count(info, raw, (c1 - c0) * item)
+                    parts.append(raw)
+                return np.frombuffer(b"".join(parts), dtype).reshape(r1 - r0, c1 - c0).astype(np_dtype)
+        lo, hi = (r0, r1) if step > 0 else (r1 + 1, r0 + 1)
+        raw = self._buf[info.offset + lo * row:info.offset + hi * row]
+        self._count(info, raw, (hi - lo) * row)
+        rows = np.frombuffer(raw, dtype).reshape((hi - lo,) + shape[1:])
+        first = slice(r0 - lo, r1 - lo if r1 - lo >= 0 else None, step) if isinstance(index[0], slice) else 0
+        return np.array(rows[(first,) + index[1:]], dtype=np_dtype)
+
+    def _count(self, info: TensorInfo, raw: bytes, want: int) -> None:
+        if len(raw) != want:
+            raise ModelError(self.path, f"tensor {info.name}: data truncated (the file changed while it was in "
+                                        f"use)")
+        self.bytes_loaded += want
 
     def load(self, name: str) -> np.ndarray:
         """The tensor's value in its dtype's representation (dtypes.py); ModelError if it has no data."""
@@ -245,13 +284,19 @@ def open_model(path) -> Model:
     try:
         import stat
         mode = os.stat(path_s).st_mode
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a FIFO or device: open() could block
+        if stat.S_ISDIR(mode):
+            raise ModelError(path_s, "is a directory, not a model file")
+        if not stat.S_ISREG(mode):  # a FIFO or device: open() could block
             raise ModelError(path_s, "not a regular file (a pipe or device cannot be a model file)")
-        with open(path_s, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        fd = os.open(path_s, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
             if size < HEADER_SIZE:
                 raise ModelError(path_s, f"file too short for an .oinf header ({size} bytes, need {HEADER_SIZE})")
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(fd)
+            raise
     except FileNotFoundError:
         raise ModelError(path_s, "model file not found") from None
     except IsADirectoryError:
@@ -261,10 +306,47 @@ def open_model(path) -> Model:
             raise
         raise ModelError(path_s, f"cannot read model file: {exc}") from None
     try:
-        return _parse(path_s, buf, size)
-    except ModelError:
+        model = _parse(path_s, buf, size)
+    except BaseException:
         buf.close()
+        os.close(fd)
         raise
+    # Tables and metadata are parsed; tensor data is read later, lazily, with pread on the open
+    # file rather than through the mapping: if the file shrinks meanwhile (an in-place rewrite), a
+    # mapped read would kill the process with SIGBUS; a short read is a clean error instead, and a
+    # file replaced by rename (oi2jax's own writers) keeps its old bytes under this descriptor.
+    buf.close()
+    model._buf = _PreadFile(fd, path_s)
+    return model
+
+
+class _PreadFile:
+    """Slices of an open file read with os.pread (`buf[a:b]` -> bytes, short at EOF)."""
+
+    def __init__(self, fd: int, path: str):
+        self.fd, self.path = fd, path
+
+    def __getitem__(self, sl: slice) -> bytes:
+        start, stop = sl.start or 0, sl.stop
+        chunks, pos = [], start
+        while pos < stop:
+            chunk = os.pread(self.fd, min(stop - pos, 1 << 30), pos)
+            if not chunk:
+                break  # EOF: the file shrank; the caller reports truncated data
+            chunks.append(chunk)
+            pos += len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):
+        try:
+            self.close()
+        except OSError:
+            pass
 
 
 def _parse(path: str, buf, size: int) -> Model:

@@ -280,8 +280,9 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
         out += b"\x00" * (off - len(out))
         out += section
     assert len(out) == file_size
-    try:
-        with open(path_s, "wb") as f:
-            f.write(out)
+    try:  # a temporary file renamed over the target: a reader that has the old file open keeps
+        # reading the old bytes, and an interrupted write never leaves a half-written model
+        from ..npz import write_atomic
+        write_atomic(path_s, lambda f: f.write(out))
     except OSError as exc:
         raise ModelError(path_s, f"cannot write model file: {exc}") from None
