@@ -18,7 +18,7 @@ from .checks.control import ControlRules
 from .checks.decls import DeclRules
 from .checks.ops import OpRules
 from .checks.yield_await import PhaseRules
-from .diagnostics import Diagnostic, OiError
+from .diagnostics import source_lines, Diagnostic, OiError
 from .ir import MemKind
 
 
@@ -111,7 +111,9 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
 
     def name_span(self, span: ir.Span, keyword: str) -> ir.Span:
         """The span of the word after `keyword` at `span` (an op's name)."""
-        lines = self.g.source.splitlines()
+        lines = self.__dict__.get("_lines")
+        if lines is None:  # split once per check (was once per op: quadratic in the graph's size)
+            lines = self._lines = source_lines(self.g.source or "")
         if 1 <= span.line <= len(lines):
             line = lines[span.line - 1]
             m = re.compile(re.escape(keyword) + r"\s+").match(line, span.col - 1)

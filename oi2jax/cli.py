@@ -41,6 +41,25 @@ def _sizes(pairs: list[str] | None) -> dict[str, int]:
     return sizes
 
 
+def _refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
+    """An output path that resolves to an input file (the graph, the model, a state or input file)
+    is an error: writing it would destroy the input."""
+    def same(a, b) -> bool:
+        try:
+            if os.path.exists(a) and os.path.exists(b):
+                return os.path.samefile(a, b)
+        except OSError:
+            pass
+        return os.path.realpath(a) == os.path.realpath(b)
+
+    for flag, out in outputs.items():
+        if not out:
+            continue
+        for what, path in inputs.items():
+            if path and same(out, path):
+                raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
+
+
 def _default_model(graph: str, model: str | None) -> str | None:
     """`--model` defaults to `<graph>.oinf` next to the graph when that file exists."""
     if model is not None:
@@ -170,6 +189,11 @@ def _per_step_inputs(args, program, inputs: dict) -> dict:
 
 def cmd_run(args) -> int:
     from . import api
+    ins = {"graph": args.graph, "model": _default_model(args.graph, args.model), "--state-in file": args.state_in,
+           "--inputs-per-step file": args.inputs_per_step}
+    ins.update({f"--input file of {p.partition('=')[0]}": p.partition("=")[2] for p in args.input or []})
+    _refuse_inputs_as_outputs({"--out": args.out, "--state-out": args.state_out, "--trace-json": args.trace_json},
+                              ins)
     if args.steps is not None and args.steps < 0:
         raise UsageError("--steps must be >= 0")
     session_flags = [f for f, v in (("--inputs-per-step", args.inputs_per_step), ("--collect", args.collect),
@@ -270,6 +294,9 @@ def _report_trace(args, program, node_trace) -> None:
 
 def cmd_export(args) -> int:
     from .export import write_export
+    model = _default_model(args.graph, args.model)
+    for suffix in ("", ".json", ".init.npz"):
+        _refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model})
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=_default_model(args.graph, args.model),
@@ -302,6 +329,8 @@ def cmd_graph(args) -> int:
 def cmd_compile(args) -> int:
     from . import api
     api.enable_compilation_cache(args.cache_dir)
+    _refuse_inputs_as_outputs({"-o": args.output, "--dump-dir": args.dump_dir},
+                              {"graph": args.graph, "model": _default_model(args.graph, args.model)})
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, precision=args.precision, **_sharding_kwargs(args))
     if args.dump_dir:

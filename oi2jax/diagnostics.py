@@ -27,13 +27,30 @@ class Diagnostic:
         return "\n".join(out)
 
 
+_LINES_CACHE: dict = {}
+
+
+def source_lines(source: str) -> list[str]:
+    """The source's lines as the lexer counts them: split at '\\n' only (a form feed or U+2028
+    inside a comment does not start a line), '\\r' dropped. Cached: rendering N diagnostics of one
+    source splits it once, not N times."""
+    cached = _LINES_CACHE.get(id(source))
+    if cached is not None and cached[0] is source:
+        return cached[1]
+    lines = [line[:-1] if line.endswith("\r") else line for line in source.split("\n")]
+    if len(_LINES_CACHE) > 8:
+        _LINES_CACHE.clear()
+    _LINES_CACHE[id(source)] = (source, lines)
+    return lines
+
+
 def _render_one(severity: str, message: str, span: Span | None, source: str | None) -> str:
     if span is None:
         return f"{severity}: {message}"
     head = f"{span.path}:{span.line}:{span.col}: {severity}: {message}"
     if source is None:
         return head
-    lines = source.splitlines()
+    lines = source_lines(source)
     if not 1 <= span.line <= len(lines):
         return head
     text = lines[span.line - 1].expandtabs(1)

@@ -92,6 +92,9 @@ def _symbolic_bound(bound, symbolic: tuple[str, ...]):
     return BoundGraph(graph, bound.model, sizes, shapes)
 
 
+EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
 def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None):
     """(exported, manifest, npz_arrays) for the graph; nothing written."""
     import jax
@@ -101,6 +104,11 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     from .phases import has_yield
 
     symbolic = tuple(symbolic or ())
+    for platform in platforms or ():
+        if platform not in EXPORT_PLATFORMS:
+            from .diagnostics import suggest
+            raise OiError(f"unknown platform {platform!r}{suggest(platform, EXPORT_PLATFORMS)} "
+                          f"(jax.export platforms: {', '.join(EXPORT_PLATFORMS)})")
     graph = api.load_graph(source_or_path)
     model_obj = api.load_model(model)
     from .check import check_or_raise

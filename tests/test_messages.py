@@ -212,3 +212,67 @@ print(m2.load("a")[:4].tolist())
     assert lines[0].endswith("tensor b: data truncated (the file changed while it was in use: 0 of 400000 "
                              "bytes left)")
     assert lines[1] == "[0.0, 1.0, 2.0, 3.0]"
+
+
+def test_outputs_never_overwrite_inputs_and_platforms_are_checked(capsys, tmp_path):
+    """Issue 19 items 13 and 18."""
+    import shutil
+    g = tmp_path / "g.oi"
+    shutil.copy(EXAMPLES / "mlp_regression.oi", g)
+    model = tmp_path / "g.oinf"
+    shutil.copy(EXAMPLES / "mlp_regression.oinf", model)
+    before = g.read_bytes(), model.read_bytes()
+    code, _, err = run_cli(capsys, "compile", g, "-o", g)
+    assert code == 1 and err.strip() == f"error: -o {g} is the graph: writing it would destroy the input; " \
+                                        f"choose another path"
+    code, _, err = run_cli(capsys, "export", g, "-o", model)
+    assert code == 1 and f"error: -o {model} is the model" in err
+    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
+    code, _, err = run_cli(capsys, "run", g, "--input", f"x={tmp_path / 'x.npy'}", "--out", tmp_path / "x.npy")
+    assert code == 1 and f"error: --out {tmp_path / 'x.npy'} is the --input file of x" in err
+    assert (g.read_bytes(), model.read_bytes()) == before
+    code, _, err = run_cli(capsys, "export", g, "-o", tmp_path / "s.jaxexport", "--platforms", "cpu,junk")
+    assert code == 1 and err.strip() == ("error: unknown platform 'junk' (jax.export platforms: cpu, cuda, "
+                                         "rocm, tpu)")
+    assert not (tmp_path / "s.jaxexport").exists()
+
+
+def test_bom_and_caret_lines_count_like_the_lexer(capsys, tmp_path):
+    """Issue 19 item 19: a UTF-8 BOM is accepted; a form feed / U+2028 inside a comment does not
+    shift the caret's line."""
+    g = tmp_path / "g.oi"
+    g.write_bytes("\ufeffdynamic { x: f32[2]; }\nblock entry { return; }\n".encode())
+    assert run_cli(capsys, "check", g)[0] == 0
+    g.write_text("// a\fb \u2028 c\ndynamic { x: f32[2]; }\nblock entry {\n    op frob(x) >> x;\n}\n")
+    code, _, err = run_cli(capsys, "check", g)
+    lines = err.splitlines()
+    assert code == 1 and lines[0].startswith(f"{g}:4:8: error: unsupported op frob")
+    assert lines[1].strip() == "op frob(x) >> x;"
+
+
+def test_checking_and_rendering_split_the_source_once():
+    """Issue 19 item 4: name_span and every rendered diagnostic used to split the whole source
+    again (quadratic in the graph's size); now it is split once."""
+    import dataclasses
+    from oi2jax.check import check
+    from oi2jax.grammar import parse
+
+    class CountingStr(str):
+        splits = 0
+
+        def split(self, *args, **kwargs):
+            CountingStr.splits += 1
+            return super().split(*args, **kwargs)
+
+        def splitlines(self, *args, **kwargs):
+            CountingStr.splits += 1
+            return super().splitlines(*args, **kwargs)
+
+    n = 400
+    body = "".join(f"    op frob(x) >> x;\n" for _ in range(n))
+    graph = parse("dynamic { x: f32[2]; }\nblock entry {\n" + body + "}\n")
+    graph = dataclasses.replace(graph, source=CountingStr(graph.source))
+    diags = check(graph)
+    assert len(diags) == n and CountingStr.splits <= 1
+    text = OiError(diags, source=graph.source).render()
+    assert text.count("unsupported op frob") == n and CountingStr.splits <= 2

@@ -39,6 +39,8 @@ def _parser() -> Lark:
 
 def parse(text: str, path: str = "<string>") -> ir.Graph:
     """Parse DSL text into an `ir.Graph` (raises a located `OiError` on any syntax error)."""
+    if text.startswith("\ufeff"):  # a UTF-8 byte-order mark: not part of the program
+        text = text[1:]
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
