@@ -32,6 +32,8 @@ def _sizes(pairs: list[str] | None) -> dict[str, int]:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise UsageError(f"--size expects NAME=INT, got '{pair}'")
+        if name in sizes:
+            raise UsageError(f"--size {name} is given twice")
         try:
             sizes[name] = int(value)
         except ValueError:

@@ -276,3 +276,41 @@ def test_checking_and_rendering_split_the_source_once():
     assert len(diags) == n and CountingStr.splits <= 1
     text = OiError(diags, source=graph.source).render()
     assert text.count("unsupported op frob") == n and CountingStr.splits <= 2
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+@pytest.mark.parametrize("bound", [np.inf, -np.inf, np.nan])
+def test_non_finite_loop_bound_is_an_error_in_both_modes(mode, bound):
+    """Issue 19 item 6: compiled once looped forever on inf (and ran NaN/-inf 0 times silently)."""
+    src = """
+    dynamic { n: f32; x: f32[2]; }
+    volatile { y: f32[2]; }
+    block entry { loop l (i in 0..n) { op add(y, x) >> y; } return; }
+    """
+    with pytest.raises(OiError, match=r"<string>:4:19: error: loop bound n is not finite"):
+        oi2jax.compile(src, mode=mode).run({"n": np.float32(bound), "x": np.ones(2, np.float32)})
+
+
+@pytest.mark.parametrize("source,message", [
+    ("persistent { K(i): f32[2] @table @fixed(i=2, i=5); }", "1:34: error: @fixed gives i twice"),
+    ("persistent { K(i, i): f32[2] @table; }", "1:15: error: index parameter i is listed twice"),
+    ("persistent { M(r, r): f32[2] @auto_dim(r, r); }", "1:15: error: index parameter r is listed twice"),
+    ("persistent { p: f16 @init(100000.0); }", "1:21: error: f16 init 100000.0 is out of range (largest finite "
+                                               "f16 is 65504)"),
+    ("persistent { p: f32 @init(1e999); }", "1:27: error: float literal 1e999 overflows to infinity"),
+    ("persistent { t: i64 @init(0); }\nblock entry { cache.increment 100000000000000000000 t; }",
+     "2:31: error: integer literal 100000000000000000000 is out of the 64-bit range"),
+    ("dynamic { x: i32[2]; }\nvolatile { y: i32[2]; }\nblock entry { op div(x, x, div_by_zero_mask="
+     "100000000000000000000) >> y; }", "3:45: error: integer literal 100000000000000000000 is out of the 64-bit"),
+])
+def test_duplicates_and_out_of_range_literals_are_located_errors(capsys, tmp_path, source, message):
+    """Issue 19 item 17."""
+    g = tmp_path / "g.oi"
+    g.write_text(source + ("\nblock entry { return; }\n" if "block" not in source else "\n"))
+    code, _, err = run_cli(capsys, "check", g)
+    assert code == 1 and f"{g}:{message}" in err, err
+
+
+def test_repeated_size_flag_is_a_usage_error(capsys):
+    code, _, err = run_cli(capsys, "check", EXAMPLES / "mlp_regression.oi", "--size", "B=2", "--size", "B=3")
+    assert code == 2 and err.strip() == "error: --size B is given twice"

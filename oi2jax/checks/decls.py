@@ -148,7 +148,12 @@ _PACKED_RANGES = {"i4": (-8, 7), "i2": (-2, 1), "i1": (-1, 0), "u4": (0, 15), "u
 def init_error(dtype: str, lit: ir.Literal) -> str | None:
     dt = dtypes.get(dtype)
     if lit.kind == "float":
-        return None if dt.is_float else "float init requires f8/bf16/f16/f32/f64 dtype"
+        if not dt.is_float:
+            return "float init requires f8/bf16/f16/f32/f64 dtype"
+        v = lit.value
+        if v == v and abs(v) != float("inf") and abs(v) > float(dt.max):  # e.g. 100000.0 on f16: not inf
+            return f"{dtype} init {v!r} is out of range (largest finite {dtype} is {dt.max:g})"
+        return None
     if lit.kind == "bool":
         return None if dtype == "bool" else "bool init requires bool dtype"
     if lit.kind != "int":

@@ -202,7 +202,7 @@ class _Builder(Transformer):
         return text
 
     def idx(self, tok: Token) -> ir.IndexValue:
-        return int(tok) if tok.type == "INT" else self.name(tok)
+        return self.int_of(tok) if tok.type == "INT" else self.name(tok)
 
     def next_index(self) -> int:
         i = self.counter
@@ -244,6 +244,9 @@ class _Builder(Transformer):
         names = [self.name(t) for t in children if t is not None]
         if not names:
             raise self.err("index parameters must list at least one name", meta)
+        dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if dup is not None:
+            raise self.err(f"index parameter {dup} is listed twice", meta)
         return names
 
     def dims(self, meta, children):
@@ -274,27 +277,44 @@ class _Builder(Transformer):
         names = tuple(self.name(t) for t in children if t is not None)
         if not names:
             raise self.err("@auto_dim requires at least one name", meta)
+        dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if dup is not None:
+            raise self.err(f"@auto_dim lists {dup} twice", meta)
         return ("auto_dim", names, self.span(meta))
 
     def fixed_attr(self, meta, children):
         items = tuple(c for c in children if c is not None)
         if not items:
             raise self.err("@fixed requires at least one entry", meta)
+        names = [k for k, _ in items]
+        dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if dup is not None:  # `@fixed(i=2, i=5)`: neither value may silently win
+            raise self.err(f"@fixed gives {dup} twice", meta)
         return ("fixed", items, self.span(meta))
 
     def fixed_item(self, meta, children):
-        return (self.name(children[0]), int(children[1]))
+        return (self.name(children[0]), self.int_of(children[1]))
 
     # ---- literals
+    def int_of(self, tok, negative: bool = False) -> int:
+        """An integer literal's value; beyond 64 bits it is a located error, never a silent wrap."""
+        v = -int(tok) if negative else int(tok)
+        if not -(1 << 63) <= v <= (1 << 64) - 1:
+            raise self.err(f"integer literal {'-' if negative else ''}{tok} is out of the 64-bit range", tok)
+        return v
+
     def literal(self, minus, tok, allow) -> ir.Literal:
         if minus is not None and tok.type not in ("FLOAT", "INT"):
             what = {"TRUE": "bool", "FALSE": "bool", "STRING": "string", "NAME": "identifier"}.get(tok.type, "value")
             raise self.err(f"unexpected '-' before {what}", minus)
         sign = -1 if minus is not None else 1
         if tok.type == "FLOAT":
-            return ir.Literal("float", sign * float(str(tok)))
+            value = float(str(tok))
+            if math.isinf(value):  # 1e999: would print back as `inf`
+                raise self.err(f"float literal {'-' if minus is not None else ''}{tok} overflows to infinity", tok)
+            return ir.Literal("float", sign * value)
         if tok.type == "INT":
-            return ir.Literal("int", sign * int(tok))
+            return ir.Literal("int", self.int_of(tok, negative=minus is not None))
         if tok.type in ("TRUE", "FALSE"):
             return ir.Literal("bool", tok.type == "TRUE")
         if tok.type == "STRING":
@@ -311,7 +331,7 @@ class _Builder(Transformer):
 
     def int_item(self, meta, children):
         minus, tok = children
-        return -int(tok) if minus is not None else int(tok)
+        return self.int_of(tok, negative=minus is not None)
 
     def setting(self, meta, children):
         name_tok, value = children
@@ -340,7 +360,7 @@ class _Builder(Transformer):
         if minus is not None:
             if tok.type == "NAME":
                 raise self.err("unexpected '-' before identifier", minus)
-            return -int(tok)
+            return self.int_of(tok, negative=True)
         return self.idx(tok)
 
     def single(self, meta, children):
@@ -409,7 +429,7 @@ class _Builder(Transformer):
     def _incdec(self, cls, meta, children):
         if len(children) == 2:
             return cls(index=self.next_index(), span=self.span(meta), target=self.name(children[1]),
-                       amount=int(children[0]), explicit_amount=True)
+                       amount=self.int_of(children[0]), explicit_amount=True)
         return cls(index=self.next_index(), span=self.span(meta), target=self.name(children[0]))
 
     def cache_inc(self, meta, children):

@@ -42,8 +42,31 @@ def _bound(value: ir.IndexValue, env, frame: Frame, tr: Tracer):
     _, v = tr.read(ir.VarRef(value, ir.NO_SPAN), env, frame)
     v = v.reshape(())
     if jnp.issubdtype(v.dtype, jnp.floating):
-        v = jnp.trunc(v.astype(jnp.float64))
+        v = v.astype(jnp.float64)
+        return jnp.trunc(jnp.where(jnp.isfinite(v), v, 0.0)).astype(jnp.int64), ~jnp.isfinite(v)
     return v.astype(jnp.int64)
+
+
+def _checked_bounds(node: ir.Loop, env, frame: Frame, tr: Tracer):
+    """(env, lo, hi): a non-finite bound (a float variable holding inf or NaN) is a runtime error
+    and the loop runs 0 times -- never forever, never silently."""
+    bounds = []
+    for value in (node.start, node.end):
+        b = _bound(value, env, frame, tr)
+        if isinstance(b, tuple):
+            b, bad = b
+            code = tr.lowering.site(f"loop bound {value} is not finite", node.span)
+            env = tr.fail_if(env, bad, code, 0)
+            b = jnp.where(bad, jnp.int64(0), b)
+            bounds.append((b, bad))
+        else:
+            bounds.append((b, None))
+    (lo, bad_lo), (hi, bad_hi) = bounds
+    bads = [b for b in (bad_lo, bad_hi) if b is not None]
+    if bads:
+        bad = bads[0] if len(bads) == 1 else bads[0] | bads[1]
+        hi = jnp.where(bad, jnp.asarray(lo, jnp.int64), hi)
+    return env, lo, hi
 
 
 def _until_return(body: tuple[ir.Node, ...]) -> tuple[tuple[ir.Node, ...], bool]:
@@ -55,8 +78,7 @@ def _until_return(body: tuple[ir.Node, ...]) -> tuple[tuple[ir.Node, ...], bool]
 
 @rule(ir.Loop)
 def _loop(node: ir.Loop, env, frame: Frame, tr: Tracer):
-    lo = _bound(node.start, env, frame, tr)
-    hi = _bound(node.end, env, frame, tr)
+    env, lo, hi = _checked_bounds(node, env, frame, tr)
     static_range = (lo, hi) if isinstance(lo, int) and isinstance(hi, int) else None
     body, returns = _until_return(node.body)
 
