@@ -23,10 +23,27 @@ def load_graph_json(data, path: str = "<json>"):
         except (OSError, ValueError) as exc:
             raise OiError(f"{path}: cannot read graph JSON: {exc}") from None
     try:
-        return from_json(data, path)
-    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        graph = from_json(data, path)
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, RecursionError) as exc:
         raise OiError(f"{path}: not an OpenInfer graph JSON (SPEC §8.1): "
                       f"{type(exc).__name__}: {exc}") from None
+    _validate_json_graph(graph, path)
+    return graph
+
+
+def _validate_json_graph(graph, path: str) -> None:
+    """Names and dims from JSON pass exactly the grammar's rules: the graph is written as DSL text
+    and parsed again (a name like `x/../../OUT` or an empty one, a dim "-5", a Rust keyword are
+    errors here, before anything uses them as file or archive member names)."""
+    from .grammar.fmt import format_graph
+    from .grammar.parse import parse
+    text = format_graph(graph)
+    try:
+        parse(text, path)
+    except OiError as exc:
+        first = exc.diagnostics[0]
+        line = text.splitlines()[first.span.line - 1].strip() if first.span and first.span.line else ""
+        raise OiError(f"{path}: not a valid graph: {first.message} (in `{line}`)") from None
 
 
 def load_graph(source_or_path):

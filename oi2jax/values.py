@@ -34,9 +34,11 @@ def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.nd
                 raise OiError(f"input {name}: value {bad} is out of range for {dtype} (max {d.max})")
             return f8_encode(f32) if d.name == "f8" else f32.astype(d.np_dtype)
         converted = a.astype(d.np_dtype)
-        back = converted.astype(a.dtype) if kind == "f" else converted.astype(np.float64)
-        orig = a if kind == "f" else a.astype(np.float64)
-        same = (back == orig) | (np.isnan(back) & np.isnan(orig))
+        if kind == "f":
+            back, orig = converted.astype(a.dtype), a
+            same = (back == orig) | (np.isnan(back) & np.isnan(orig))
+        else:  # integers: compare exactly, never after rounding both sides through float64
+            same = _ints_exact(a, converted)
         if not np.all(same):
             idx = tuple(np.argwhere(~same)[0])
             raise OiError(f"input {name}: value {a[idx]} ({a.dtype}) is not exactly representable in {dtype}; "
@@ -63,6 +65,18 @@ def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.nd
         if d.name == "t1" and np.any(a == 0):
             raise OiError(f"input {name}: t1 values must be -1 or 1")
     return a.astype(d.np_dtype)
+
+
+def _ints_exact(a: np.ndarray, converted: np.ndarray) -> np.ndarray:
+    """Elementwise: does the float `converted` hold exactly the integer `a`? (int64 2**53 + 1 does
+    not survive float64, though both sides rounded through float64 would compare equal.)"""
+    mant = np.finfo(converted.dtype).nmant + 1
+    small = (a >= -(1 << mant)) & (a <= (1 << mant)) if a.dtype.kind == "i" else (a <= (1 << mant))
+    same = small.copy()
+    for idx in zip(*np.nonzero(~small)):
+        f = float(converted[idx])
+        same[idx] = np.isfinite(f) and int(f) == int(a[idx])
+    return same
 
 
 def convert_output(value, dtype: str) -> np.ndarray:

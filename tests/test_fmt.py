@@ -115,7 +115,7 @@ REF = st.tuples(NAMES, st.one_of(st.none(), st.lists(st.one_of(INTS.map(str), NA
 @st.composite
 def decl(draw):
     name = draw(NAMES)
-    params = draw(st.lists(NAMES, max_size=2))
+    params = draw(st.lists(NAMES, max_size=2, unique=True))  # a repeated name is an error (issue 19)
     head = name + (f"({', '.join(params)})" if params else "")
     attrs = draw(st.lists(st.sampled_from(["init", "ref", "pattern", "table", "auto_dim", "fixed"]), unique=True,
                           max_size=3))
@@ -130,9 +130,9 @@ def decl(draw):
         elif a == "table":
             parts.append("@table")
         elif a == "auto_dim":
-            parts.append(f"@auto_dim({', '.join(draw(st.lists(NAMES, min_size=1, max_size=2)))})")
+            parts.append(f"@auto_dim({', '.join(draw(st.lists(NAMES, min_size=1, max_size=2, unique=True)))})")
         else:
-            parts.append(f"@fixed({', '.join(f'{n}={i}' for n, i in draw(st.lists(st.tuples(NAMES, INTS), min_size=1, max_size=2)))})")
+            parts.append(f"@fixed({', '.join(f'{n}={i}' for n, i in draw(st.lists(st.tuples(NAMES, INTS), min_size=1, max_size=2, unique_by=lambda t: t[0])))})")
     return f"{head}: {draw(DTYPES)}{draw(DIMS)} {' '.join(parts)};"
 
 

@@ -314,3 +314,42 @@ def test_duplicates_and_out_of_range_literals_are_located_errors(capsys, tmp_pat
 def test_repeated_size_flag_is_a_usage_error(capsys):
     code, _, err = run_cli(capsys, "check", EXAMPLES / "mlp_regression.oi", "--size", "B=2", "--size", "B=3")
     assert code == 2 and err.strip() == "error: --size B is given twice"
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("block", "x/../../OUT", "unexpected character '/'; expected one of '{' (in `block x/../../OUT {`)"),
+    ("var", "../../../../tmp/X", "unexpected '..'"),
+    ("var", "", "not a valid graph"),
+    ("dim", "-5", "unexpected '-'"),
+])
+def test_graph_json_names_are_validated_like_the_grammar(capsys, tmp_path, field, value, message):
+    """Issue 19 item 14: names from JSON become dump file names and npz member names."""
+    import json
+    from oi2jax.grammar import parse_file
+    from oi2jax.graph_json import to_json
+    data = json.loads(json.dumps(to_json(parse_file(str(EXAMPLES / "mlp_regression.oi")))))
+    if field == "block":
+        data["blocks"]["entry"]["name"] = value
+    elif field == "var":
+        data["vars"]["x"]["name"] = value
+    else:
+        data["vars"]["x"]["dims"] = [value, "D"]
+    g = tmp_path / "g.json"
+    g.write_text(json.dumps(data))
+    code, _, err = run_cli(capsys, "compile", g, "--model", EXAMPLES / "mlp_regression.oinf",
+                           "--dump-dir", tmp_path / "dump")
+    assert code == 1 and err.startswith(f"error: {g}: not a valid graph: ") and message in err, err
+    assert not (tmp_path / "dump").exists() and not (tmp_path.parent / "OUT").exists()
+
+
+def test_integer_inputs_to_float_variables_are_checked_exactly():
+    """Issue 19 item 16 (integer part): int64 2**53 + 1 is not a float64; the old check compared
+    after rounding both sides through float64 and let it through."""
+    from oi2jax.values import convert_input
+    with pytest.raises(OiError, match=r"input x: value 9007199254740993 \(int64\) is not exactly representable "
+                                      r"in f64"):
+        convert_input("x", np.array([2**53 + 1], np.int64), "f64", (1,))
+    assert convert_input("x", np.array([2**53], np.int64), "f64", (1,))[0] == 2.0**53
+    with pytest.raises(OiError, match="not exactly representable in f32"):
+        convert_input("x", np.array([2**24 + 1], np.int64), "f32", (1,))
+    np.testing.assert_array_equal(convert_input("x", np.array([-3, 2**11], np.int32), "f16", (2,)), [-3, 2048])
