@@ -21,3 +21,13 @@ EXAMPLES = REPO / "examples"
 def shared() -> Path:
     assert SHARED.is_dir(), f"reference material not found at {SHARED} (set OI2JAX_SHARED)"
     return SHARED
+
+
+def run_cli(capsys, *argv):
+    """`oi2jax ARGV...` in-process: (exit code, stdout, stderr); never a traceback."""
+    from oi2jax.cli import main
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, captured.out, captured.err
+

@@ -12,14 +12,7 @@ import oi2jax
 from oi2jax.cli import main
 from oi2jax.diagnostics import OiError
 
-from conftest import EXAMPLES, REPO
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err
-    return code, captured.out, captured.err
+from conftest import EXAMPLES, REPO, run_cli
 
 
 def test_unknown_op_and_setting_suggest_the_closest(capsys, tmp_path):

@@ -9,7 +9,7 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.lowering.state import StepState
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, run_cli
 
 D = 4
 KV_SOURCE = EXAMPLES / "kv_cache_decode.oi"
@@ -257,14 +257,6 @@ def test_session_of_yield_await_graph_equals_the_driver():
     assert prog.last_order  # the driver ran kernels
     for name in ("x", "h", "h2"):
         np.testing.assert_array_equal(driven[name], sess.read(name), err_msg=name)
-
-
-def run_cli(capsys, *argv):
-    from oi2jax.cli import main
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err
-    return code, captured.out, captured.err
 
 
 def test_cli_inputs_per_step_collect_and_state_files(capsys, tmp_path):
