@@ -459,23 +459,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt  # the same clean path as Ctrl-C: temporary files removed, exit 130
+from ._signals import INTERRUPTED as _INTERRUPTED, install as _install_signals, restore as _restore_signals
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     import signal
-    import threading
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _sigterm)
+    previous = _install_signals()
     try:
-        return _dispatch(args)
+        try:
+            args = build_parser().parse_args(argv)
+            code = _dispatch(args)
+        except KeyboardInterrupt:
+            _INTERRUPTED.append(signal.SIGINT)
+            code = 0
+        if _INTERRUPTED:  # also when a library callback caught the KeyboardInterrupt and carried on
+            _INTERRUPTED.clear()
+            if code != 130:
+                print("error: interrupted", file=sys.stderr)
+            return 130
+        return code
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        _restore_signals(previous)
 
 
 def _dispatch(args) -> int:
@@ -499,8 +503,13 @@ def _dispatch(args) -> int:
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
+        _INTERRUPTED.clear()
         return 130
     except Exception as exc:  # an oi2jax bug: still no traceback for the user
+        if _INTERRUPTED:  # a library turned the interrupt into another error (an import, say)
+            print("error: interrupted", file=sys.stderr)
+            _INTERRUPTED.clear()
+            return 130
         if os.environ.get("OI2JAX_DEBUG"):
             raise
         print(f"error: internal error ({type(exc).__name__}: {exc}); rerun with OI2JAX_DEBUG=1 for details",

@@ -346,3 +346,40 @@ def test_integer_inputs_to_float_variables_are_checked_exactly():
     with pytest.raises(OiError, match="not exactly representable in f32"):
         convert_input("x", np.array([2**24 + 1], np.int64), "f32", (1,))
     np.testing.assert_array_equal(convert_input("x", np.array([-3, 2**11], np.int32), "f16", (2,)), [-3, 2048])
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.3, 0.6, 1.0, 1.6, 2.5])
+def test_ctrl_c_at_any_time_of_start_up_is_one_line_and_130(tmp_path, delay):
+    """Issue 19 item 10: an interrupt while importing JAX or compiling is `error: interrupted`, exit
+    130, never a traceback and never a run that goes on to exit 0."""
+    import os
+    import signal
+    import time
+    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
+    env = dict(os.environ, OI2JAX_CACHE_DIR="none")
+    proc = subprocess.Popen([sys.executable, "-m", "oi2jax", "run", str(EXAMPLES / "mlp_regression.oi"),
+                             "--input", f"x={tmp_path / 'x.npy'}", "--steps", "1000000000", "--quiet",
+                             "--out", str(tmp_path / "o.npz")], cwd=REPO, env=env, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "error: interrupted\n", (proc.returncode, err)
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_huge_comment_and_string_parse_in_bounded_memory():
+    """Issue 19 item 5: the old lexer regexes kept ~150 bytes of backtracking state per character
+    (a 50 MB comment needed 7.5 GB); under a 2 GiB address-space limit 16 MB of each now parse."""
+    code = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from oi2jax.grammar import parse
+n = 16 << 20
+g = parse("/*" + "a*b/" * (n // 4) + "*/\\nconstant { w: f32[2] @ref(\\"" + "xy\\\\\\"z" * (n // 5)
+          + "\\"); }\\nblock entry { return; }\\n")
+print(len(g.vars[0].ref))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) == 4 * ((16 << 20) // 5)
