@@ -22,12 +22,18 @@ def load_graph_json(data, path: str = "<json>"):
             raise OiError(f"graph file not found: {path}") from None
         except (OSError, ValueError) as exc:
             raise OiError(f"{path}: cannot read graph JSON: {exc}") from None
+        except RecursionError:
+            raise OiError(f"{path}: cannot read graph JSON: nested too deeply for the JSON reader") from None
     try:
         graph = from_json(data, path)
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, RecursionError) as exc:
         raise OiError(f"{path}: not an OpenInfer graph JSON (SPEC §8.1): "
                       f"{type(exc).__name__}: {exc}") from None
-    _validate_json_graph(graph, path)
+    try:
+        _validate_json_graph(graph, path)
+    except RecursionError:
+        raise OiError(f"{path}: not a valid graph: nested too deeply (loops nest at most "
+                      f"32 deep)") from None
     return graph
 
 

@@ -510,6 +510,11 @@ def _dispatch(args) -> int:
             print("error: interrupted", file=sys.stderr)
             _INTERRUPTED.clear()
             return 130
+        from .lowering.program import allocation_error
+        oom = allocation_error(exc, "memory for the program's values")
+        if oom is not None:  # host MemoryError or the device's RESOURCE_EXHAUSTED: not a bug
+            print(oom.render(), file=sys.stderr)
+            return 1
         if os.environ.get("OI2JAX_DEBUG"):
             raise
         print(f"error: internal error ({type(exc).__name__}: {exc}); rerun with OI2JAX_DEBUG=1 for details",

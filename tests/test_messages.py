@@ -383,3 +383,74 @@ print(len(g.vars[0].ref))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) == 4 * ((16 << 20) // 5)
+
+
+def _nested_loops(n: int) -> str:
+    body = "op add(y, x) >> y;"
+    for i in range(n):
+        body = f"loop l{i} (i{i} in 0..1) {{ {body} }}"
+    return f"dynamic {{ x: f32[2]; }}\nvolatile {{ y: f32[2]; }}\nblock entry {{\n    {body}\n    return;\n}}\n"
+
+
+def _branch_chain(n: int) -> str:
+    lines = ["dynamic { c: bool; x: f32[2]; }", "block entry {", "    branch c b0 b0;", "}"]
+    for i in range(n):
+        lines += [f"block b{i} {{", f"    branch {f'b{i + 1}' if i + 1 < n else 'leaf'};", "}"]
+    return "\n".join(lines + ["block leaf {", "    op add(x, x) >> x;", "}"]) + "\n"
+
+
+def test_deep_nesting_is_supported_up_to_a_named_limit(tmp_path):
+    """Issue 19 item 7: 46 nested loops, 1000 nested loops, a chain of 1000 branch blocks and
+    deeply nested graph JSON were internal RecursionErrors."""
+    out = oi2jax.compile(_nested_loops(32)).run({"x": np.ones(2, np.float32)})
+    np.testing.assert_array_equal(out["y"], [1.0, 1.0])  # 32 levels, each running once
+    for n in (46, 1000):
+        with pytest.raises(OiError) as info:
+            oi2jax.compile(_nested_loops(n))
+        assert "error: loops nest 33 deep here; the limit is 32" in str(info.value)
+        assert str(info.value).startswith("<string>:4:")
+    out = oi2jax.compile(_branch_chain(60)).run({"c": np.bool_(True), "x": np.ones(2, np.float32)})
+    np.testing.assert_array_equal(out["x"], [2.0, 2.0])
+    with pytest.raises(OiError, match=r"<string>:3:5: error: branches nest 1002 blocks deep from entry; the limit "
+                                      r"is 64"):
+        oi2jax.compile(_branch_chain(1000))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(OiError, match="nested too deeply"):
+        oi2jax.api.load_graph_json(str(deep))
+
+
+def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys, monkeypatch):
+    """Issue 19 item 8: tables count in the size guard (capacity x entry), growth is refused before
+    allocating, the guard knows this machine's memory, and an allocation that still fails is a clear
+    error, not `internal error (MemoryError / RESOURCE_EXHAUSTED)`."""
+    with pytest.raises(OiError, match=r"<string>:1:14: error: K would need 409600000000000 bytes \(table capacity "
+                                      r"\[100000000000\] x \[1024\]\): too large to allocate"):
+        oi2jax.compile("persistent { K(i): f32[1024] @table @fixed(i=100000000000); }\nblock entry { return; }\n")
+    src = ("persistent { t: i64 @init(1000000000); A(i): f32[1024] @table; }\ndynamic { x: f32[1024]; }\n"
+           "block entry { cache.write x >> A[t]; return; }\n")
+    with pytest.raises(OiError, match=r"cache A would need 4398046511104 bytes to grow to capacity \[1073741824\] "
+                                      r"\(a write needs 1000000001 entries\): too large to allocate"):
+        oi2jax.compile(src).run({"x": np.ones(1024, np.float32)})
+    with pytest.raises(OiError, match=r"x would need 68719476736 bytes \(shape \[17179869184\]\): too large to "
+                                      r"allocate \(the limit is \d+ bytes, this machine's memory\)"):
+        oi2jax.compile("dynamic { x: f32[N]; }\nblock entry { return; }\n", sizes={"N": 2**34})
+    from oi2jax.lowering import caches, program
+
+    def no_memory(layout):
+        raise MemoryError()
+
+    prog = oi2jax.compile("persistent { P: f32[8] @init(1.0); }\nblock entry { return; }\n")
+    monkeypatch.setattr(caches, "initial_state", no_memory)
+    with pytest.raises(OiError, match=r"cannot allocate P \(32 bytes\): out of memory"):
+        prog.init_state()
+    monkeypatch.undo()
+
+    def exhausted(self, *a, **k):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 68719476736 bytes.")
+
+    monkeypatch.setattr(program.Program, "run", exhausted)
+    np.save  # noqa: B018
+    code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--zero-missing-inputs", "--quiet")
+    assert code == 1 and err.startswith("error: cannot allocate memory for the program's values: out of memory "
+                                        "(RuntimeError: RESOURCE_EXHAUSTED: Out of memory")

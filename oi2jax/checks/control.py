@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from .. import dtypes, ir
 
+MAX_CALL_DEPTH = 64  # blocks calling blocks through `branch` (nested conditionals when compiled)
+
 
 class ControlRules:
     """Per-node rules for `branch`/`loop` and the whole-graph branch-recursion rule."""
@@ -55,24 +57,62 @@ class ControlRules:
         state: dict[str, int] = {}  # 1 visiting, 2 done
         path: list[str] = []
 
-        def visit(name: str):
-            state[name] = 1
-            path.append(name)
-            for br in edges.get(name, []):
-                for t in (br.then_block, br.else_block):
-                    if t is None or t not in blocks:
-                        continue
-                    if state.get(t) == 1:
-                        if br.index not in reported:
-                            reported.add(br.index)
-                            cycle = path[path.index(t):] + [t]
-                            self.error(f"recursion through branches: {' -> '.join(cycle)}", br.span)
-                    elif t not in state:
-                        visit(t)
-            path.pop()
-            state[name] = 2
+        def visit(root: str):  # an explicit stack: a chain of 1000 blocks is no RecursionError
+            state[root] = 1
+            path.append(root)
+            stack = [(root, self._targets(edges, root, blocks))]
+            while stack:
+                name, targets = stack[-1]
+                step = next(targets, None)
+                if step is None:
+                    stack.pop()
+                    path.pop()
+                    state[name] = 2
+                    continue
+                br, t = step
+                if state.get(t) == 1:
+                    if br.index not in reported:
+                        reported.add(br.index)
+                        cycle = path[path.index(t):] + [t]
+                        self.error(f"recursion through branches: {' -> '.join(cycle)}", br.span)
+                elif t not in state:
+                    state[t] = 1
+                    path.append(t)
+                    stack.append((t, self._targets(edges, t, blocks)))
 
         order = (["entry"] if "entry" in blocks else []) + [b.name for b in self.g.blocks]
         for name in order:
             if name not in state:
                 visit(name)
+        if not reported:
+            self.check_call_depth(edges, blocks)
+
+    @staticmethod
+    def _targets(edges, name, blocks):
+        for br in edges.get(name, []):
+            for t in (br.then_block, br.else_block):
+                if t is not None and t in blocks:
+                    yield br, t
+
+    def check_call_depth(self, edges, blocks):
+        """Blocks calling blocks (branch) deeper than MAX_CALL_DEPTH: a located error naming the
+        limit (each level is a nested conditional in the compiled step and a frame in the
+        interpreter), instead of a recursion failure deep inside the compiler."""
+        depth: dict[str, int] = {}  # longest call chain below each block (the graph is acyclic here)
+        for root in blocks:
+            if root in depth:
+                continue
+            stack = [(root, iter([t for _, t in self._targets(edges, root, blocks)]))]
+            while stack:
+                name, children = stack[-1]
+                child = next(children, None)
+                if child is None:
+                    stack.pop()
+                    depth[name] = 1 + max((depth[t] for _, t in self._targets(edges, name, blocks)), default=0)
+                elif child not in depth:
+                    stack.append((child, iter([t for _, t in self._targets(edges, child, blocks)])))
+        top = max(blocks, key=lambda n: depth[n], default=None)
+        if top is not None and depth[top] > MAX_CALL_DEPTH:
+            br = next(br for br, t in self._targets(edges, top, blocks) if depth[t] == depth[top] - 1)
+            self.error(f"branches nest {depth[top]} blocks deep from {top}; the limit is {MAX_CALL_DEPTH} "
+                       f"(flatten the chain of blocks)", br.span)

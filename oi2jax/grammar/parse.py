@@ -45,6 +45,7 @@ def parse(text: str, path: str = "<string>") -> ir.Graph:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise _translate(exc, text, path) from None
+    _check_nesting(tree, text, path)
     try:
         vars_, blocks = _Builder(path).transform(tree)
     except VisitError as exc:
@@ -55,6 +56,24 @@ def parse(text: str, path: str = "<string>") -> ir.Graph:
     except OiError as exc:
         raise OiError(exc.diagnostics, source=text) from None
     return ir.Graph(vars=tuple(vars_), blocks=tuple(blocks), path=path, source=text)
+
+
+MAX_LOOP_DEPTH = 32  # loops inside loops: a located error beyond (not a recursion failure deep inside)
+
+
+def _check_nesting(tree, text: str, path: str) -> None:
+    """Loops nested deeper than MAX_LOOP_DEPTH: a located error naming the limit (walked with an
+    explicit stack: 1000 nested loops are no RecursionError)."""
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if getattr(node, "data", None) == "loop":
+            depth += 1
+            if depth > MAX_LOOP_DEPTH:
+                meta = node.meta
+                raise OiError(f"loops nest {depth} deep here; the limit is {MAX_LOOP_DEPTH}",
+                              ir.Span(path, meta.line, meta.column), source=text)
+        stack.extend((c, depth) for c in getattr(node, "children", ()) if hasattr(c, "data"))
 
 
 def parse_file(path) -> ir.Graph:

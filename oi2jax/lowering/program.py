@@ -42,17 +42,55 @@ def resolve_device(device):
 MAX_VALUE_BYTES = 1 << 40  # 1 TiB: anything larger is a size-variable mistake, not a model
 
 
+def memory_limit() -> int:
+    """The most bytes one value may take: 1 TiB, and no more than this machine's memory in a
+    single-process run (a value that cannot fit is refused before anything is allocated)."""
+    limit = MAX_VALUE_BYTES
+    try:
+        if jax.process_count() == 1:
+            import os
+            limit = min(limit, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    return limit
+
+
 def check_sizes(bound) -> None:
     """Refuse absurd shapes (e.g. a size variable of 2**56) with a located error, before allocating."""
     graph = bound.graph
+    limit = memory_limit()
     names = [v.name for v in graph.vars] + [t for t in graph.temporaries if graph.var(t) is None]
     for name in names:
         shape = bound.shape(name)
-        nbytes = dt.get(bound.dtype(name)).nbytes(math.prod(shape))
-        if nbytes > MAX_VALUE_BYTES:
+        decl = graph.var(name)
+        what = f"shape {list(shape)}"
+        count = math.prod(shape)
+        if decl is not None and (decl.is_table or decl.auto_dim):  # a table holds capacity x entries
+            dims = decl.table_indices if decl.is_table else decl.auto_dim
+            fixed = decl.fixed_map
+            caps = [fixed.get(d, cache_mod.INITIAL_CAPACITY) for d in dims]
+            count *= math.prod(caps)
+            what = f"{'table' if decl.is_table else 'auto_dim'} capacity {caps} x {list(shape)}"
+        nbytes = dt.get(bound.dtype(name)).nbytes(count)
+        if nbytes > limit:
             decl = graph.var(name) or graph.temporaries[name]
-            raise OiError(f"{name} would need {nbytes} bytes (shape {list(shape)}): too large to allocate; "
-                          f"check the size variables", decl.span, source=graph.source)
+            raise OiError(f"{name} would need {nbytes} bytes ({what}): too large to allocate (the limit is "
+                          f"{limit} bytes{_limit_note(limit)}); check the size variables and @fixed sizes",
+                          decl.span, source=graph.source)
+
+
+def _limit_note(limit: int) -> str:
+    return ", this machine's memory" if limit < MAX_VALUE_BYTES else ""
+
+
+def allocation_error(exc: BaseException, what: str) -> "OiError | None":
+    """A clear OiError for a host or device allocation failure, else None."""
+    text = str(exc)
+    if isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text \
+            or "out of memory" in text:
+        return OiError(f"cannot allocate {what}: out of memory ({type(exc).__name__}: "
+                       f"{text.splitlines()[0][:200] if text else 'no details'})")
+    return None
 
 
 class Placer:
@@ -184,14 +222,26 @@ class Program:
         """The flat host state at program start (honours @init)."""
         host = {}
         for layout in self._lowering.caches.values():
-            host.update(cache_mod.initial_state(layout))
+            try:
+                host.update(cache_mod.initial_state(layout))
+            except MemoryError as exc:
+                nbytes = dt.get(layout.dtype).nbytes(math.prod(layout.data_shape()))
+                raise allocation_error(exc, f"{layout.name} ({nbytes} bytes)") from None
         host.update(self.state_spec.guard_values())
         return host
 
     def init_state(self) -> StepState:
         """The state at program start (honours @init): a `StepState` pytree on the device."""
         with self._scope():
-            return self.state_spec.place(self._host_state(), lambda h: self.placer.put("state", h))
+            host = self._host_state()
+            try:
+                return self.state_spec.place(host, lambda h: self.placer.put("state", h))
+            except Exception as exc:
+                error = allocation_error(exc, f"the state on the device ({sum(np.asarray(v).nbytes for v in host.values())}"
+                                              f" bytes)")
+                if error is None:
+                    raise
+                raise error from None
 
     def _dynamic_args(self, dynamic: dict) -> dict:
         """Every dynamic variable: the given value, else its default (a hot path: kept minimal)."""
@@ -373,6 +423,16 @@ class Program:
             while need[slot] > cap[dim]:
                 cap[dim] *= 2
             per_cache[name] = cap
+        for name, cap in per_cache.items():  # refuse before allocating: a write at index 10**9 ...
+            layout = layouts[name]
+            probe = cache_mod.replace(layout, capacity=tuple(cap))
+            nbytes = dt.get(layout.dtype).nbytes(math.prod(probe.data_shape()))
+            limit = memory_limit()
+            if nbytes > limit:
+                decl = self.graph.var(name)
+                raise OiError(f"cache {name} would need {nbytes} bytes to grow to capacity {cap} (a write needs "
+                              f"{int(max(need))} entries): too large to allocate (the limit is {limit} bytes"
+                              f"{_limit_note(limit)})", decl.span if decl else None, source=self.graph.source)
         reasons = []
         for name, cap in per_cache.items():
             layout = layouts[name]
@@ -380,7 +440,10 @@ class Program:
                 continue
             reasons.append(f"cache {name} capacity {list(layout.capacity)} -> {cap}")
             keys = {k: v for k, v in host.items() if k == name or k.startswith(name + "#")}
-            new_layout, new_keys = cache_mod.grow(layout, keys, tuple(cap))
+            try:
+                new_layout, new_keys = cache_mod.grow(layout, keys, tuple(cap))
+            except MemoryError as exc:
+                raise allocation_error(exc, f"cache {name} at capacity {cap}") from None
             layouts[name] = new_layout
             host.update(new_keys)
         if not reasons:
