@@ -13,6 +13,11 @@ from functools import cached_property
 from typing import Iterator, Union
 
 
+# nesting limits (one definition: the parser, the checker and the lowering read them)
+MAX_LOOP_DEPTH = 32  # loops inside loops
+MAX_CALL_DEPTH = 64  # blocks calling blocks through `branch`
+
+
 @dataclass(frozen=True)
 class Span:
     """Where something starts in the source (1-based line and column)."""

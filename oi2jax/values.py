@@ -32,7 +32,19 @@ def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.nd
             if np.any(np.abs(f32[finite]) > d.max):
                 bad = f32[finite][np.abs(f32[finite]) > d.max][0]
                 raise OiError(f"input {name}: value {bad} is out of range for {dtype} (max {d.max})")
-            return f8_encode(f32) if d.name == "f8" else f32.astype(d.np_dtype)
+            converted = f8_encode(f32) if d.name == "f8" else f32.astype(d.np_dtype)
+            # exact or refused, like every other dtype: compare the value held with the one given,
+            # not two roundings of it (float64 0.1 -> bf16 0.10009765625 is a change)
+            back = converted.astype(np.float64)
+            orig = a.astype(np.float64) if kind == "f" else None
+            same = (back == orig) | (np.isnan(back) & np.isnan(orig)) if orig is not None \
+                else _ints_exact(a, converted.astype(np.float64)) & (back == a.astype(np.float64))
+            if not np.all(same):
+                idx = tuple(np.argwhere(~same)[0])
+                raise OiError(f"input {name}: value {a[idx]} ({a.dtype}) is not exactly representable in {dtype} "
+                              f"(nearest {back[idx]}); round it first, e.g. pass "
+                              f"{'an ml_dtypes.bfloat16 array' if d.name == 'bf16' else 'values that f8 holds'}")
+            return converted
         converted = a.astype(d.np_dtype)
         if kind == "f":
             back, orig = converted.astype(a.dtype), a

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import oi2jax
+from oi2jax import ir
 from oi2jax.cli import main
 from oi2jax.diagnostics import OiError
 
@@ -454,3 +455,46 @@ def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys
     code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--zero-missing-inputs", "--quiet")
     assert code == 1 and err.startswith("error: cannot allocate memory for the program's values: out of memory "
                                         "(RuntimeError: RESOURCE_EXHAUSTED: Out of memory")
+
+
+def _guard_chain(k: int) -> str:
+    """k blocks, each branching to the next along both arms (a chain of guards)."""
+    lines = ["dynamic { x: f32[4]; c: bool; d: bool; }", "persistent { n: i32 @init(0); }", "block entry {",
+             "    op add(x, x) >> x;", "    branch c g0 h0;", "    op mul(x, x) >> x;", "    return;", "}"]
+    for i in range(k):
+        nxt, alt = (f"g{i + 1}", f"h{i + 1}") if i + 1 < k else ("leaf", "leaf")
+        lines += [f"block g{i} {{", "    op add(x, x) >> x;", f"    branch d {nxt} {alt};", "    cache.increment n;",
+                  "}", f"block h{i} {{", "    op relu(x) >> x;", f"    branch c {nxt} {alt};", "    return;",
+                  "    op neg(x) >> x;", "}"]
+    return "\n".join(lines + ["block leaf {", "    op sub(x, x) >> x;", "    cache.increment 3 n;", "}"]) + "\n"
+
+
+def test_conditional_call_chains_lower_each_block_once(monkeypatch):
+    """Issue 19 item 2: blocks reachable from both arms of k nested conditionals were traced (and
+    compiled) 2^k times; now op lowerings and HLO size grow linearly with k, values unchanged."""
+    from oi2jax.lowering import blocks
+    counts, sizes = {}, {}
+    real = blocks.RULES[ir.Op]
+    calls = [0]
+
+    def counting(*args):
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setitem(blocks.RULES, ir.Op, counting)
+    for k in (4, 8, 12, 16):
+        calls[0] = 0
+        prog = oi2jax.compile(_guard_chain(k))
+        sizes[k] = len(prog.emit("stablehlo").splitlines())
+        counts[k] = calls[0]
+        for c in (True, False):
+            for d in (True, False):
+                ins = {"x": np.array([1, -2, 0.5, 3], np.float32), "c": np.bool_(c), "d": np.bool_(d)}
+                got = prog.run(ins, steps=2)
+                want = oi2jax.compile(_guard_chain(k), mode="interpret").run(ins, steps=2)
+                for name in want:
+                    np.testing.assert_array_equal(got[name], want[name], err_msg=f"{k} {c} {d} {name}")
+    assert counts[16] <= 8 * 16 + 16, counts  # 2**16 traced ops before
+    assert counts[16] - counts[12] <= 2 * (counts[12] - counts[8]) + 8, counts  # linear, not exponential
+    assert sizes[16] <= 4 * sizes[4] + 400, sizes
+

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import dtypes, ir
 
-MAX_CALL_DEPTH = 64  # blocks calling blocks through `branch` (nested conditionals when compiled)
+MAX_CALL_DEPTH = ir.MAX_CALL_DEPTH  # blocks calling blocks through `branch` (nested conds when compiled)
 
 
 class ControlRules:

@@ -58,7 +58,7 @@ def parse(text: str, path: str = "<string>") -> ir.Graph:
     return ir.Graph(vars=tuple(vars_), blocks=tuple(blocks), path=path, source=text)
 
 
-MAX_LOOP_DEPTH = 32  # loops inside loops: a located error beyond (not a recursion failure deep inside)
+MAX_LOOP_DEPTH = ir.MAX_LOOP_DEPTH  # loops inside loops: a located error beyond (not a recursion failure)
 
 
 def _check_nesting(tree, text: str, path: str) -> None:

@@ -25,6 +25,9 @@ def _branch(node: ir.Branch, env, frame: Frame, tr: Tracer):
         return lower_block(node.then_block, env, tr)
     env, cond = tr.read(ir.VarRef(node.cond, node.span), env, frame)
     pred = truthy(cond, tr.bound.dtype(node.cond))
+    from .machine import needs_machine, run_branch
+    if needs_machine(tr, node):  # targets shared by many paths: each block lowered once
+        return run_branch(node, env, frame, tr, pred)
     return jax.lax.cond(pred,
                         lambda e: lower_block(node.then_block, e, tr),
                         lambda e: lower_block(node.else_block, e, tr),

@@ -1,0 +1,148 @@
+"""Branch targets shared by many paths, lowered once (linear compile time).
+
+`branch c A B` lowers to `lax.cond`, whose two arms inline their blocks; a block reachable along
+many paths of nested conditionals is then traced, and compiled, once per path: 2^k times for a
+chain of k conditionals whose arms share the next block. When inlining a branch would cost
+much more than lowering every block it can reach once (`needs_machine`), the branch runs as a
+small state machine instead: each reachable block is cut at its top-level `branch` nodes into
+segments, every segment is lowered ONCE as a case of `lax.switch`, and a `lax.while_loop` runs
+the segments in call order with a return-address stack (call depth is bounded by the checker's
+MAX_CALL_DEPTH). Same semantics as the inlined form (calls return to the node after the
+branch; a top-level `return` ends the called block); branches inside loop bodies are lowered
+inline as usual. The while loop has a data-dependent trip count, so `jax.grad` cannot
+differentiate through such a machine (jit and vmap can).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import ir
+from .blocks import lower_nodes
+from .context import Frame, Tracer
+
+# inline unless inlining costs more than this many times (plus a constant) the unique lowering
+INLINE_FACTOR = 4
+INLINE_SLACK = 64
+
+
+def _own_size(nodes) -> int:
+    return sum(1 + (_own_size(n.body) if isinstance(n, ir.Loop) else 0) for n in nodes)
+
+
+def _branches(nodes):
+    for node in nodes:
+        if isinstance(node, ir.Branch):
+            yield node
+        elif isinstance(node, ir.Loop):
+            yield from _branches(node.body)
+
+
+def _targets(graph: ir.Graph, node: ir.Branch):
+    return [t for t in (node.then_block, node.else_block) if t and graph.block(t) is not None]
+
+
+def _costs(graph: ir.Graph) -> dict[str, int]:
+    """Nodes traced when a block is inlined with every block it calls (both arms of each cond)."""
+    cost: dict[str, int] = {}
+
+    def of(name: str) -> int:
+        if name not in cost:
+            block = graph.block(name)
+            cost[name] = _own_size(block.nodes) + sum(of(t) for br in _branches(block.nodes)
+                                                      for t in _targets(graph, br))
+        return cost[name]
+
+    for block in graph.blocks:
+        of(block.name)
+    return cost
+
+
+def reachable(graph: ir.Graph, roots) -> list[str]:
+    seen, order, stack = set(), [], list(roots)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        order.append(name)
+        for br in _branches(graph.block(name).nodes):
+            stack.extend(_targets(graph, br))
+    return sorted(order)
+
+
+def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
+    graph = tr.graph
+    costs = tr.lowering.__dict__.setdefault("_inline_costs", None) or _costs(graph)
+    tr.lowering._inline_costs = costs
+    roots = _targets(graph, node)
+    inlined = sum(costs[t] for t in roots)
+    unique = sum(_own_size(graph.block(b).nodes) for b in reachable(graph, roots))
+    return inlined > INLINE_FACTOR * unique + INLINE_SLACK
+
+
+def _segments(block: ir.Block):
+    """[(nodes, terminator)]: cut at top-level branches; terminator is a Branch or None (the block
+    ends, or a top-level `return` ends it)."""
+    out, cur = [], []
+    for node in block.nodes:
+        if isinstance(node, ir.Branch):
+            out.append((tuple(cur), node))
+            cur = []
+        elif isinstance(node, ir.Return):
+            out.append((tuple(cur), None))
+            return out
+        else:
+            cur.append(node)
+    out.append((tuple(cur), None))
+    return out
+
+
+def run_branch(node: ir.Branch, env: dict, frame: Frame, tr: Tracer, pred) -> dict:
+    """`branch` through the state machine (see module doc); `pred` is the condition's truth."""
+    from .control import truthy
+    graph = tr.graph
+    names = reachable(graph, _targets(graph, node))
+    segs, first = [], {}
+    for name in names:
+        first[name] = len(segs)
+        segs += [(name, nodes, term) for nodes, term in _segments(graph.block(name))]
+    done = len(segs)
+    depth = ir.MAX_CALL_DEPTH + 1
+
+    def case(k):
+        name, nodes, term = segs[k]
+
+        def fn(carry):
+            env, sp, stack = carry
+            with jax.named_scope(name):
+                env, _ = lower_nodes(nodes, env, Frame(name), tr)
+            if term is None:  # the block ends: return to the caller, or finish
+                pc = jnp.where(sp > 0, stack[jnp.maximum(sp - 1, 0)], done).astype(jnp.int32)
+                return env, pc, jnp.maximum(sp - 1, 0), stack
+            after = jnp.int32(k + 1)
+            if term.cond is None:
+                target = jnp.int32(first[term.then_block])
+            else:
+                env, c = tr.read(ir.VarRef(term.cond, term.span), env, Frame(name))
+                p = truthy(c, tr.bound.dtype(term.cond))
+                other = first[term.else_block] if term.else_block else -1
+                target = jnp.where(p, first[term.then_block], other).astype(jnp.int32)
+            call = target >= 0
+            stack = jnp.where(call, stack.at[sp].set(after), stack)
+            return env, jnp.where(call, target, after), sp + call.astype(jnp.int32), stack
+
+        return fn
+
+    cases = [case(k) for k in range(len(segs))]
+    other = first[node.else_block] if node.else_block else done
+    pc0 = jnp.where(pred, first[node.then_block], other).astype(jnp.int32)
+
+    def body(carry):
+        env, pc, sp, stack = carry
+        return lax.switch(pc, cases, (env, sp, stack))
+
+    init = (env, pc0, jnp.int32(0), jnp.zeros((depth,), jnp.int32))
+    env, _, _, _ = lax.while_loop(lambda c: c[1] != done, body, init)
+    return env
