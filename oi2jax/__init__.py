@@ -4,7 +4,6 @@
     prog = oi2jax.compile("examples/mlp_regression.oi", model="examples/mlp_regression.oinf")
     outputs = prog.run({"x": x}, steps=1)
 """
-from .diagnostics import Diagnostic, OiError
 
 __all__ = ["compile", "parse", "check", "Program", "Session", "StepState", "OiError", "Diagnostic",
            "model", "api", "ir", "runtime"]
@@ -16,7 +15,11 @@ _SUBMODULES = ("model", "api", "ir", "runtime", "lowering", "grammar", "graph_js
                "check", "dtypes", "diagnostics", "cli")
 
 
-def __getattr__(name):  # lazy: `oi2jax check` should not pay for importing JAX
+def __getattr__(name):  # lazy: `oi2jax check` should not pay for importing JAX; `python -m oi2jax`
+    # installs its interrupt handler before anything is imported (oi2jax/_signals.py)
+    if name in ("OiError", "Diagnostic"):
+        from . import diagnostics
+        return getattr(diagnostics, name)
     if name == "Session":
         from .runtime.session import Session
         return Session

@@ -349,7 +349,7 @@ def test_integer_inputs_to_float_variables_are_checked_exactly():
     np.testing.assert_array_equal(convert_input("x", np.array([-3, 2**11], np.int32), "f16", (2,)), [-3, 2048])
 
 
-@pytest.mark.parametrize("delay", [0.05, 0.15, 0.3, 0.6, 1.0, 1.6, 2.5])
+@pytest.mark.parametrize("delay", [0.3, 0.6, 1.0, 1.6, 2.5])  # after the interpreter's own start-up
 def test_ctrl_c_at_any_time_of_start_up_is_one_line_and_130(tmp_path, delay):
     """Issue 19 item 10: an interrupt while importing JAX or compiling is `error: interrupted`, exit
     130, never a traceback and never a run that goes on to exit 0."""
