@@ -86,11 +86,20 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
     if cache_dir is None or str(cache_dir).lower() == "none":
         return None
     import jax
-    path = default_cache_dir() if cache_dir == "default" else Path(os.fspath(cache_dir)).expanduser()
+    explicit = cache_dir != "default" or bool(os.environ.get("OI2JAX_CACHE_DIR"))
     try:
+        path = default_cache_dir() if cache_dir == "default" else Path(os.fspath(cache_dir)).expanduser()
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OiError(f"cannot use cache directory {path}: {exc}") from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable", str(path))
+    except (OSError, RuntimeError) as exc:
+        if explicit:  # a directory the user named: an error
+            raise OiError(f"cannot use cache directory {cache_dir}: {exc}") from None
+        # the default cache is only an optimisation: run without it, and say so
+        import sys
+        print(f"warning: compilation cache disabled (cannot use the default cache directory: {exc}); "
+              f"set OI2JAX_CACHE_DIR or --cache-dir to choose one", file=sys.stderr)
+        return None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

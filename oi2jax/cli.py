@@ -333,14 +333,29 @@ def cmd_compile(args) -> int:
     api.enable_compilation_cache(args.cache_dir)
     _refuse_inputs_as_outputs({"-o": args.output, "--dump-dir": args.dump_dir},
                               {"graph": args.graph, "model": _default_model(args.graph, args.model)})
+    if args.emit == "graph-json" and not args.dump_dir and not _sharding_kwargs(args):
+        # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
+        # graph (against the model when there is one) and write it; nothing to compile
+        import json
+        from .check import check_or_raise
+        from .graph_json import to_json
+        from .model import open_model
+        graph = _load_graph(args.graph)
+        model_path = _default_model(args.graph, args.model)
+        check_or_raise(graph, model=open_model(model_path) if model_path else None, sizes=_sizes(args.size))
+        return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, precision=args.precision, **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
-    text = program.emit(args.emit)
-    if args.output:
-        Path(args.output).write_text(text)
+    return _write_output(args.output, program.emit(args.emit))
+
+
+def _write_output(output: str | None, text: str) -> int:
+    if output:
+        from .npz import write_text_atomic
+        write_text_atomic(output, text)  # never a half-written file
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0

@@ -138,3 +138,7 @@ def needs_x64(names) -> bool:
 def to_output(array: np.ndarray, dtype: str) -> np.ndarray:
     """Widen a value for `--out` / Program.run: bf16, f8 -> float32; everything else as held."""
     return np.asarray(array).astype(DTYPES[dtype].output_np_dtype, copy=False)
+
+# the dtypes an `acc=[A, O]` list may name (SPEC-2026-03 §1.3 ACC_DTYPE)
+ACC_DTYPES = ("i4", "i8", "i16", "i32", "i64", "u4", "u8", "u16", "u32", "u64", "f8", "bf16", "f16", "f32", "f64",
+              "bool")

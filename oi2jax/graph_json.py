@@ -54,7 +54,8 @@ def _access(a: ir.CacheAccess) -> dict:
 def _attr(lit: ir.Literal) -> dict:
     return {"float": lambda v: {"Double": v}, "int": lambda v: {"Int": v}, "bool": lambda v: {"Bool": v},
             "str": lambda v: {"Str": v}, "int_list": lambda v: {"IntList": list(v)}, "var": lambda v: {"Var": v},
-            "dtype": lambda v: {"DType": _dt(v)}}[lit.kind](lit.value)
+            "dtype": lambda v: {"DType": _dt(v)},  # acc=i32 (1fc5207) stays a DType (D11)
+            "dtype_list": lambda v: {"DTypeList": [_dt(d) for d in v]}}[lit.kind](lit.value)
 
 
 def _scalar(dtype: str, lit: ir.Literal | None):
@@ -166,9 +167,11 @@ def _access_back(a: dict, span) -> ir.CacheAccess:
 def _attr_back(v: dict) -> ir.Literal:
     (k, x), = v.items()
     kind = {"Float": "float", "Double": "float", "Int": "int", "UInt": "int", "Bool": "bool", "Str": "str",
-            "IntList": "int_list", "Var": "var", "DType": "dtype"}[k]
+            "IntList": "int_list", "Var": "var", "DType": "dtype", "DTypeList": "dtype_list"}[k]
     if kind == "int_list":
         x = tuple(x)
+    elif kind == "dtype_list":
+        x = tuple(_dt_back(d) for d in x)
     elif kind == "dtype":
         x = _dt_back(x)
     elif kind == "float":

@@ -16,6 +16,7 @@ from typing import Iterator, Union
 # nesting limits (one definition: the parser, the checker and the lowering read them)
 MAX_LOOP_DEPTH = 32  # loops inside loops
 MAX_CALL_DEPTH = 64  # blocks calling blocks through `branch`
+MAX_RANK = 64  # dimensions of one value (NumPy's limit)
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,49 @@ class Dim:
         return tuple(a for a in self.atoms if isinstance(a, str))
 
 
+class IntLit(int):
+    """An integer literal's value that remembers how it was written (`0x10`, `255u8`, `1_000`),
+    so that `fmt` writes it back unchanged. Used only where the text is not the plain decimal."""
+
+    def __new__(cls, value: int, text: str):
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __reduce__(self):
+        return IntLit, (int(self), self.text)
+
+    def __str__(self) -> str:  # fmt and messages show the literal as written
+        return self.text
+
+
+class FloatLit(float):
+    """A float literal's value with its text (`2.5f32`, `1_000.0`): see IntLit."""
+
+    def __new__(cls, value: float, text: str):
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __reduce__(self):
+        return FloatLit, (float(self), self.text)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def literal_text(value) -> str | None:
+    """How a number was written, when that is not its plain form (IntLit / FloatLit), else None."""
+    return getattr(value, "text", None)
+
+
 @dataclass(frozen=True)
 class Literal:
-    """A literal value with its kind as written: float | int | bool | str | int_list | var | dtype."""
+    """A literal value with its kind as written: float | int | bool | str | int_list | var | dtype |
+    dtype_list (`acc=[A, O]`, SPEC-2026-03 §1.3)."""
 
     kind: str
-    value: object  # float, int, bool, str, tuple[int, ...], variable name, dtype name
+    value: object  # float, int, bool, str, tuple[int, ...], variable name, dtype name, tuple of dtype names
 
 
 @dataclass(frozen=True)

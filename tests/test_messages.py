@@ -498,3 +498,37 @@ def test_conditional_call_chains_lower_each_block_once(monkeypatch):
     assert counts[16] - counts[12] <= 2 * (counts[12] - counts[8]) + 8, counts  # linear, not exponential
     assert sizes[16] <= 4 * sizes[4] + 400, sizes
 
+
+
+def test_packed_reserved_pattern_rank_huge_dims_and_unusable_home(capsys, tmp_path, monkeypatch):
+    """Issue 19 item 18: a t2 tensor holding the reserved pattern 0b10 is refused on load (as an
+    --input is); rank > 64 and a dim of 2**63 - 1 are located errors; an unusable $HOME only turns
+    the default compilation cache off, with a warning."""
+    from oi2jax.model import Tensor, open_model, save
+    save(tmp_path / "t.oinf", tensors={"w": Tensor("t2", np.array([1, 0, -1, 1], np.int8))})
+    raw = bytearray((tmp_path / "t.oinf").read_bytes())
+    info = open_model(tmp_path / "t.oinf").info("w")
+    raw[info.offset] = (raw[info.offset] & 0b11111100) | 0b10  # element 0 <- the reserved pattern
+    (tmp_path / "bad.oinf").write_bytes(bytes(raw))
+    with pytest.raises(OiError, match=r"tensor w: t2 value at index \[0\] uses the reserved pattern 0b10"):
+        open_model(tmp_path / "bad.oinf").load("w")
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32[" + ", ".join(["1"] * 65) + "]; }\nblock entry { return; }\n")
+    code, _, err = run_cli(capsys, "check", g)
+    assert code == 1 and f"{g}:1:11: error: x has 65 dimensions; the limit is 64" in err
+    g.write_text("dynamic { x: f32[0, 9223372036854775807]; }\nblock entry { return; }\n")
+    code, _, err = run_cli(capsys, "run", g, "--quiet", "--zero-missing-inputs")
+    assert code == 1 and f"{g}:1:11: error: x: dimension 1 is 9223372036854775807, too large to allocate" in err
+    home = tmp_path / "home"
+    home.write_text("not a directory")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("OI2JAX_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
+    code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input", f"x={tmp_path / 'x.npy'}",
+                           "--quiet")
+    assert code == 0 and err.startswith("warning: compilation cache disabled (cannot use the default cache "
+                                        "directory: "), err
+    code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input", f"x={tmp_path / 'x.npy'}",
+                           "--quiet", "--cache-dir", str(home / "sub"))
+    assert code == 1 and err.startswith(f"error: cannot use cache directory {home / 'sub'}: "), err

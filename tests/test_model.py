@@ -30,11 +30,12 @@ def _ids(paths):
 
 
 def rewrite(model):
-    """Everything in an open model as `save` arguments."""
+    """Everything in an open model as `save` arguments (its version and quantization included)."""
     tensors = {}
     for name, info in model.tensors.items():
-        tensors[name] = Tensor(info.dtype, model.load(name)) if info.has_data else Tensor(info.dtype, None, info.shape)
-    return dict(sizevars=model.sizevars, metadata=model.metadata, tensors=tensors)
+        tensors[name] = (Tensor(info.dtype, model.load(name), quant=info.quant) if info.has_data
+                         else Tensor(info.dtype, None, info.shape, quant=info.quant))
+    return dict(sizevars=model.sizevars, metadata=model.metadata, tensors=tensors, version=model.version)
 
 
 def test_real_files_present():
@@ -141,7 +142,7 @@ def test_spec_worked_example_bytes(tmp_path):
     assert len(SPEC_EXAMPLE) == 184
     out = tmp_path / "ex.oinf"
     save(out, sizevars={"N": 2}, metadata={"k": Meta("i32", 7)},
-         tensors={"v": np.array([1.0, -2.0], np.float32)})
+         tensors={"v": np.array([1.0, -2.0], np.float32)}, version=1)
     assert out.read_bytes() == SPEC_EXAMPLE
     m = open_model(out)
     assert m.sizevars == {"N": 2}
@@ -159,7 +160,7 @@ def test_spec_packed_examples(tmp_path):
     assert packing.unpack("t1", np.array([0x06], np.uint8), (4,)).tolist() == [-1, 1, 1, -1]
     assert packing.pack("u1", [1, 0, 1]).tolist() == [0b101]
     out = tmp_path / "q.oinf"
-    save(out, tensors={"q": Tensor("i4", np.array([[-1, 2], [7, -8]], np.int8))})
+    save(out, tensors={"q": Tensor("i4", np.array([[-1, 2], [7, -8]], np.int8))}, version=1)
     m = open_model(out)
     assert m.tensors["q"].nbytes == 2 and m.load_packed("q").tolist() == [0x2F, 0x87]
     assert m.load("q").tolist() == [[-1, 2], [7, -8]]
@@ -343,7 +344,9 @@ EX = SPEC_EXAMPLE
     (EX[:60], "file too short"),
     (EX[:100], "does not match the file length"),
     (b"XINF\x00" + EX[5:], "bad magic"),
-    (_set(EX, 5, "<I", 2), "unsupported .oinf version 2"),
+    (_set(EX, 5, "<I", 3), "unsupported OINF version 3"),
+    (_set(EX, 5, "<I", 0), "unsupported OINF version 0"),
+    (_set(EX, 0x88, "<I", 3), "tensor flags contain unsupported bits for v"),  # v1 has no HAS_QUANT
     (_set(EX, 61, "<Q", 999), "does not match the file length"),
     (_set(EX, 53, "<Q", 1000), "offset_data 1000 is after file_size"),
     (_set(EX, 37, "<Q", 200), "offset_metadata 200 is after offset_tensors"),

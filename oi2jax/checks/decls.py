@@ -60,6 +60,8 @@ class DeclRules:
             msg = init_error(d.dtype, d.init)
             if msg:
                 self.error(msg, d.attr_span("init"))
+        if len(d.dims) > ir.MAX_RANK:
+            self.error(f"{d.name} has {len(d.dims)} dimensions; the limit is {ir.MAX_RANK}", d.span)
 
     def check_model(self):
         m = self.model

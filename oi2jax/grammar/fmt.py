@@ -260,6 +260,8 @@ def _string(s: str) -> str:
 
 
 def _float(v: float) -> str:
+    if ir.literal_text(v):  # `2.5f32`, `1_000.0`: as the user wrote it
+        return ir.literal_text(v)
     if math.isinf(v):
         if v < 0:
             raise ValueError("-inf cannot be written in the DSL")
@@ -281,6 +283,8 @@ def format_literal(lit: ir.Literal) -> str:
         return _string(lit.value)
     if lit.kind == "int_list":
         return f"[{', '.join(str(v) for v in lit.value)}]"
+    if lit.kind == "dtype_list":
+        return f"[{', '.join(lit.value)}]"
     return str(lit.value)  # var, dtype
 
 

@@ -21,6 +21,15 @@ from ..diagnostics import OiError
 
 GRAMMAR_PATH = Path(__file__).with_name("openinfer.lark")
 
+# Rust integer suffixes and the range of each type (SPEC-2026-03 §1.3; f32/f64 after decimal
+# digits keep the token an integer, D1 (b)); the range matters for `@init` only (D1 (d))
+INT_SUFFIX_RANGES = {
+    **{f"i{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64, 128)},
+    **{f"u{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64, 128)},
+    "isize": (-(1 << 63), (1 << 63) - 1), "usize": (0, (1 << 64) - 1), "f32": None, "f64": None, "": None,
+}
+_FLOAT_RE = re.compile(r"([0-9][0-9_]*(?:\.(?:[0-9][0-9_]*)?)?(?:[eE][+-]?_*[0-9][0-9_]*)?)")
+
 # Rust keywords (strict + reserved): never identifiers (SPEC §1.2); `_` is not one either.
 RUST_KEYWORDS = frozenset("""
 as break const continue crate else enum extern false fn for if impl in let loop match mod move mut pub
@@ -223,6 +232,15 @@ class _Builder(Transformer):
     def idx(self, tok: Token) -> ir.IndexValue:
         return self.int_of(tok) if tok.type == "INT" else self.name(tok)
 
+    def plain(self, tok: Token, what: str, upstream: str) -> ir.IndexValue:
+        """A dim, loop bound or prefix index: a name or plain decimal digits only (D1 (e)); OpenInfer
+        keeps any other integer text as it is and fails on it."""
+        if tok.type != "INT":
+            return self.name(tok)
+        if not str(tok).isdigit():
+            raise self.err(f"{what} {tok} must be plain decimal digits ({upstream})", tok)
+        return self.int_of(tok)
+
     def next_index(self) -> int:
         i = self.counter
         self.counter += 1
@@ -272,14 +290,15 @@ class _Builder(Transformer):
         return [d for d in children if d is not None]
 
     def dim(self, meta, children):
-        return ir.Dim(tuple(self.idx(t) for t in children if t is not None))
+        return ir.Dim(tuple(self.plain(t, "dimension", f'OpenInfer keeps the text "{t}" as a size name and fails: '
+                                                      f'unknown size: {t}') for t in children if t is not None))
 
     def init_attr(self, meta, children):
         return ("init", children[0], self.span(meta))
 
     def init_value(self, meta, children):
         minus, tok = children
-        return self.literal(minus, tok, allow=("FLOAT", "INT", "TRUE", "FALSE"))
+        return self.literal(minus, tok, allow=("FLOAT", "INT", "TRUE", "FALSE"), init=True)
 
     def ref_attr(self, meta, children):
         tok = children[0]
@@ -316,24 +335,77 @@ class _Builder(Transformer):
 
     # ---- literals
     def int_of(self, tok, negative: bool = False) -> int:
-        """An integer literal's value; beyond 64 bits it is a located error, never a silent wrap."""
-        v = -int(tok) if negative else int(tok)
+        """An integer literal's value (SPEC-2026-03 §1.3: `_`, 0x/0o/0b, a Rust type suffix, which
+        never changes the value, D1 (b)); beyond 64 bits it is a located error, never a silent wrap.
+        A literal not written in plain decimal keeps its text (ir.IntLit) for `fmt`."""
+        text = str(tok)
+        value, _suffix = self.int_parts(tok)
+        v = -value if negative else value
         if not -(1 << 63) <= v <= (1 << 64) - 1:
-            raise self.err(f"integer literal {'-' if negative else ''}{tok} is out of the 64-bit range", tok)
-        return v
+            raise self.err(f"integer literal {'-' if negative else ''}{text} is out of the 64-bit range", tok)
+        written = ("-" if negative else "") + text
+        return v if written == str(v) else ir.IntLit(v, written)
 
-    def literal(self, minus, tok, allow) -> ir.Literal:
+    def int_parts(self, tok) -> tuple[int, str]:
+        """(value, suffix) of an INT token; a located error for a bad digit or suffix."""
+        text = str(tok)
+        base, body = {"0x": 16, "0o": 8, "0b": 2}.get(text[:2], 10), text
+        if base != 10:
+            body = text[2:]
+        allowed = "0123456789abcdefABCDEF_" if base == 16 else "0123456789_"
+        i = 0
+        while i < len(body) and body[i] in allowed:
+            i += 1
+        digits, suffix = body[:i].replace("_", ""), body[i:]
+        if not digits:
+            raise self.err(f"integer literal {text} has no digits", tok)
+        bad = next((c for c in digits if int(c, 16) >= base), None)
+        if bad is not None:
+            raise self.err(f"invalid digit {bad} in base-{base} literal {text}", tok)
+        if suffix and (suffix not in INT_SUFFIX_RANGES or (suffix in ("f32", "f64") and base != 10)):
+            raise self.err(f"invalid literal suffix `{suffix}` in {text} (integers take i8..i128, isize, u8..u128, "
+                           f"usize, or f32/f64 after decimal digits)", tok)
+        return int(digits, base), suffix
+
+    def float_parts(self, tok) -> tuple[float, str]:
+        text = str(tok)
+        m = _FLOAT_RE.match(text)
+        number, suffix = m.group(1), text[m.end(1):]
+        if suffix not in ("", "f32", "f64"):
+            raise self.err(f"invalid literal suffix `{suffix}` in {text} (floats take f32 or f64)", tok)
+        return float(number.replace("_", "")), suffix
+
+    def literal(self, minus, tok, allow, init: bool = False) -> ir.Literal:
         if minus is not None and tok.type not in ("FLOAT", "INT"):
             what = {"TRUE": "bool", "FALSE": "bool", "STRING": "string", "NAME": "identifier"}.get(tok.type, "value")
             raise self.err(f"unexpected '-' before {what}", minus)
         sign = -1 if minus is not None else 1
         if tok.type == "FLOAT":
-            value = float(str(tok))
+            value, suffix = self.float_parts(tok)
             if math.isinf(value):  # 1e999: would print back as `inf`
                 raise self.err(f"float literal {'-' if minus is not None else ''}{tok} overflows to infinity", tok)
-            return ir.Literal("float", sign * value)
+            value = sign * value
+            if init and suffix == "f32":  # `@init(0.1f32)` is upstream's `0.1f32 as T`: rounded to f32 first
+                import numpy as np
+                with np.errstate(over="ignore"):
+                    rounded = float(np.float32(value))
+                if math.isinf(rounded):
+                    raise self.err(f"float literal {tok} does not fit its suffix type f32", tok)
+                value = rounded
+            text = ("-" if minus is not None else "") + str(tok)
+            plain = suffix == "" and "_" not in text
+            return ir.Literal("float", value if plain else ir.FloatLit(value, text))
         if tok.type == "INT":
-            return ir.Literal("int", self.int_of(tok, negative=minus is not None))
+            value = self.int_of(tok, negative=minus is not None)
+            if init:  # D1 (d): the value must also fit its suffix type; no `-` before an unsigned suffix
+                _, suffix = self.int_parts(tok)
+                lo_hi = INT_SUFFIX_RANGES.get(suffix)
+                if suffix.startswith("u") and minus is not None:
+                    raise self.err(f"cannot apply '-' to the unsigned literal {tok}", minus)
+                if lo_hi is not None and not lo_hi[0] <= int(value) <= lo_hi[1]:
+                    raise self.err(f"literal {'-' if minus is not None else ''}{tok} is out of range for its suffix "
+                                   f"type {suffix} ({lo_hi[0]}..{lo_hi[1]})", tok)
+            return ir.Literal("int", value)
         if tok.type in ("TRUE", "FALSE"):
             return ir.Literal("bool", tok.type == "TRUE")
         if tok.type == "STRING":
@@ -352,14 +424,30 @@ class _Builder(Transformer):
         minus, tok = children
         return self.int_of(tok, negative=minus is not None)
 
+    def dtype_list(self, meta, children):
+        names = []
+        for tok in children:
+            if tok is None:
+                continue
+            if str(tok) not in dtypes.ACC_DTYPES:
+                raise self.err(f"expected dtype (e.g. i32, f32), got {tok}", tok)
+            names.append(str(tok))
+        return ir.Literal("dtype_list", tuple(names))
+
     def setting(self, meta, children):
         name_tok, value = children
         name = str(name_tok)
-        if name in ("acc", "to"):
+        if value.kind == "dtype_list" and name != "acc":  # SPEC-2026-03 §1.4 texts
+            raise self.err("to must be a dtype identifier" if name == "to" else
+                           f"DTypeList only supported for acc attribute (setting {name})", meta)
+        if name in ("acc", "to") and value.kind != "dtype_list":
             if value.kind == "var" and dtypes.is_dtype(value.value):
-                value = ir.Literal("dtype", value.value)
+                value = ir.Literal("dtype", value.value)  # acc=i32: the 1fc5207 dialect (D12)
             elif value.kind == "var":
                 raise self.err(f"unsupported dtype {value.value} for setting {name}", meta)
+            elif name == "acc":
+                raise self.err("acc must be a dtype list (e.g. acc=[i32, i64]) or, in the 1fc5207 dialect, a "
+                               "dtype name (acc=i32)", meta)
             else:
                 raise self.err(f"setting {name} must be a dtype name", meta)
         return ir.Attr(name, value, self.tspan(name_tok))
@@ -369,7 +457,8 @@ class _Builder(Transformer):
         name_tok = children[0]
         if len(children) == 1:
             return ir.VarRef(self.name(name_tok), self.tspan(name_tok))
-        indices = tuple(self.idx(t) for t in children[2:] if t is not None)
+        indices = tuple(self.plain(t, "prefix-table index", f'OpenInfer looks up the text "{name_tok}[{t}]" '
+                                                            f'literally') for t in children[2:] if t is not None)
         if not indices:
             raise self.err("prefix access must include at least one index", children[1])
         return ir.VarRef(self.name(name_tok), self.tspan(name_tok), indices)
@@ -482,7 +571,11 @@ class _Builder(Transformer):
         name_tok, var_tok, start, _dotdot, end, *body = children
         # body nodes were numbered (transformed) before this callback: loop index comes after its body
         return ir.Loop(index=self.next_index(), span=self.span(meta), name=self.name(name_tok),
-                       var=self.name(var_tok), start=self.idx(start), end=self.idx(end), body=tuple(body))
+                       var=self.name(var_tok), start=self._bound(start), end=self._bound(end), body=tuple(body))
+
+    def _bound(self, tok):
+        return self.plain(tok, "loop bound", f"OpenInfer keeps the text and fails: loop bound {tok} is invalid: "
+                                             f"unknown variable {tok}")
 
     def yield_(self, meta, children):
         return ir.Yield(index=self.next_index(), span=self.span(meta), vars=tuple(self.name(t) for t in children))

@@ -63,6 +63,11 @@ def check_sizes(bound) -> None:
     for name in names:
         shape = bound.shape(name)
         decl = graph.var(name)
+        big = next((i for i, n in enumerate(shape) if n > limit), None)
+        if big is not None:  # even beside a 0 dim: no allocator takes such a shape
+            where = decl or graph.temporaries[name]
+            raise OiError(f"{name}: dimension {big} is {shape[big]}, too large to allocate (the limit is {limit})",
+                          where.span, source=graph.source)
         what = f"shape {list(shape)}"
         count = math.prod(shape)
         if decl is not None and (decl.is_table or decl.auto_dim):  # a table holds capacity x entries

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reader import MetaValue, Model
+from .reader import NOT_UPSTREAM_LOADABLE, MetaValue, Model
+from .. import dtypes as dt
 
 
 def _shape(shape) -> str:
@@ -55,7 +56,8 @@ def _human(n: int) -> str:
 def render_model(model: Model) -> str:
     """The model as text: header line, then size variables, metadata and tensors tables."""
     data_bytes = sum(t.nbytes for t in model.tensors.values())
-    out = [f"{model.path}: .oinf v1, {model.file_size} bytes, {len(model.sizevars)} size variables, "
+    version = f".oinf v{model.version}" + (" (current upstream reads only v2)" if model.version == 1 else "")
+    out = [f"{model.path}: {version}, {model.file_size} bytes, {len(model.sizevars)} size variables, "
            f"{len(model.metadata)} metadata, {len(model.tensors)} tensors ({_human(data_bytes)} of tensor data)"]
     out.append("")
     out.append(f"size variables ({len(model.sizevars)}):")
@@ -73,10 +75,21 @@ def render_model(model: Model) -> str:
     out.append("")
     out.append(f"tensors ({len(model.tensors)}):")
     if model.tensors:
-        rows = []
+        rows, notes = [], {}
         for name, t in sorted(model.tensors.items()):
             rows.append([name, t.dtype, _shape(t.shape), str(t.nbytes) if t.has_data else "no data"])
-        out += _table(["name", "dtype", "shape", "bytes"], rows, right={3})
+            if dt.get(t.dtype).code in NOT_UPSTREAM_LOADABLE:
+                rows[-1].append("not loadable by current upstream")
+            if t.quant is not None:  # the upstream verifier's wording (SPEC-2026-03 D9)
+                notes[len(rows) - 1] = f"    - quant: {t.quant.describe()}"
+        width = max(len(r) for r in rows)
+        rows = [r + [""] * (width - len(r)) for r in rows]
+        lines = _table(["name", "dtype", "shape", "bytes", "note"][:width], rows, right={3})
+        out += lines[:2]
+        for i, line in enumerate(lines[2:]):
+            out.append(line)
+            if i in notes:
+                out.append(notes[i])
     else:
         out.append("  (none)")
     return "\n".join(out)

@@ -20,9 +20,13 @@ import numpy as np
 from .. import dtypes as dt
 from ..diagnostics import OiError
 from . import packing
+from .quant import QuantParams, parse as parse_quant
 
 MAGIC = b"OINF\x00"
-VERSION = 1
+VERSIONS = (1, 2)  # 1: SPEC §7 (1fc5207); 2: SPEC-2026-03 §3 (per-tensor quantization metadata)
+DEFAULT_VERSION = 2  # what the writer writes (D8: the only version current upstream reads)
+# dtype codes current upstream's Rust loader rejects (SPEC-2026-03 §3.4); oi2jax reads them (D6)
+NOT_UPSTREAM_LOADABLE = frozenset({13, 19, 20, 22, 23, 24, 25})
 HEADER_SIZE = 69
 HEADER_PADDED = 72
 ALIGN = 8
@@ -33,7 +37,7 @@ assert _HEADER.size == HEADER_SIZE
 # smallest possible table entries (a 1-char string takes 8 bytes)
 _MIN_SIZEVAR = 8 + 8
 _MIN_META = 8 + 24
-_MIN_TENSOR = 8 + 12 + 16
+_MIN_TENSOR = {1: 8 + 12 + 16, 2: 8 + 12 + 32}
 _U64_MAX = (1 << 64) - 1
 _MAX_BYTES = 1 << 62  # no payload is ever larger (a no-data tensor declaring more is corrupt)
 
@@ -85,6 +89,9 @@ class TensorInfo:
     has_data: bool
     nbytes: int
     offset: int
+    quant: QuantParams | None = None  # v2 only (SPEC-2026-03 §3.3); never applied to values
+    quant_nbytes: int = 0
+    quant_offset: int = 0
 
     @property
     def numel(self) -> int:
@@ -164,8 +171,9 @@ class Model:
     Arrays returned by `load` / `load_packed` are cached and read-only (copy before mutating).
     """
 
-    def __init__(self, path: str, buf, size: int, sizevars, metadata, tensors):
+    def __init__(self, path: str, buf, size: int, sizevars, metadata, tensors, version: int = 1):
         self.path = path
+        self.version = version  # 1 or 2: `save(..., version=model.version)` writes the same bytes back
         self._buf = buf
         self.file_size = size
         self.sizevars: dict[str, int] = sizevars
@@ -176,7 +184,7 @@ class Model:
         self._packed_cache: dict[str, np.ndarray] = {}
 
     def __repr__(self) -> str:
-        return (f"Model({self.path!r}: {len(self.sizevars)} sizevars, {len(self.metadata)} metadata, "
+        return (f"Model({self.path!r}: v{self.version}, {len(self.sizevars)} sizevars, {len(self.metadata)} metadata, "
                 f"{len(self.tensors)} tensors)")
 
     def __contains__(self, name: str) -> bool:
@@ -187,6 +195,11 @@ class Model:
             return self.tensors[name]
         except KeyError:
             raise ModelError(self.path, f"model tensor {name} not found") from None
+
+    def quant(self, name: str) -> QuantParams | None:
+        """The tensor's quantization metadata (v2 files), or None. Informational only: `load` gives
+        the stored values (SPEC-2026-03 §4, D9)."""
+        return self.info(name).quant
 
     def _raw(self, info: TensorInfo) -> bytes:
         if not info.has_data:
@@ -248,6 +261,10 @@ class Model:
             arr = _decode(dt.get(info.dtype), self._packed_cache[name].tobytes(), info.shape)
         else:
             arr = _decode(dt.get(info.dtype), self._raw(info), info.shape)
+        if info.dtype == "t2" and np.any(arr == -2):  # validated like an --input: no silent -2
+            at = tuple(int(i) for i in np.argwhere(arr == -2)[0])
+            raise ModelError(self.path, f"tensor {name}: t2 value at index {list(at)} uses the reserved pattern "
+                                        f"0b10 (t2 holds -1, 0, 1)")
         arr.flags.writeable = False
         self._cache[name] = arr
         return arr
@@ -354,8 +371,8 @@ def _parse(path: str, buf, size: int) -> Model:
      off_sv, off_meta, off_t, off_data, file_size) = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise ModelError(path, f"not an .oinf file (bad magic {magic.hex(' ')})")
-    if version != VERSION:
-        raise ModelError(path, f"unsupported .oinf version {version} (expected {VERSION})")
+    if version not in VERSIONS:
+        raise ModelError(path, f"unsupported OINF version {version} (oi2jax reads versions 1 and 2)")
     if file_size != size:
         raise ModelError(path, f"header file_size {file_size} does not match the file length {size}")
     offsets = [("offset_sizevars", off_sv), ("offset_metadata", off_meta), ("offset_tensors", off_t),
@@ -370,7 +387,7 @@ def _parse(path: str, buf, size: int) -> Model:
             raise ModelError(path, f"{name} {off} is not a multiple of 8")
     for what, n, off, end, least in (("sizevar table", n_sv, off_sv, off_meta, _MIN_SIZEVAR),
                                      ("metadata table", n_meta, off_meta, off_t, _MIN_META),
-                                     ("tensor table", n_t, off_t, off_data, _MIN_TENSOR)):
+                                     ("tensor table", n_t, off_t, off_data, _MIN_TENSOR[version])):
         if n * least > end - off:
             raise ModelError(path, f"{what}: {n} entries cannot fit in {end - off} bytes "
                                    f"(offsets {off}..{end})")
@@ -415,16 +432,22 @@ def _parse(path: str, buf, size: int) -> Model:
         code = cur.u32(f"tensor {name} dtype")
         ndim = cur.u32(f"tensor {name} ndim")
         flags = cur.u32(f"tensor {name} flags")
-        if ndim * 8 + 16 > cur.limit - cur.pos:
+        entry_tail = 16 if version == 1 else 32
+        if ndim * 8 + entry_tail > cur.limit - cur.pos:
             raise ModelError(path, f"tensor {name}: {ndim} dims run past the end of the tensor table")
         dims = tuple(cur.u64(f"tensor {name} dim {k}") for k in range(ndim))
         nbytes = cur.u64(f"tensor {name} data_nbytes")
         offset = cur.u64(f"tensor {name} data_offset")
+        q_nbytes = cur.u64(f"tensor {name} quant_nbytes") if version == 2 else 0
+        q_offset = cur.u64(f"tensor {name} quant_offset") if version == 2 else 0
         if name in tensors:
             raise ModelError(path, f"duplicate tensor {name}")
         d = dt.BY_CODE.get(code)
         if d is None:
             raise ModelError(path, f"tensor {name}: unknown tensor dtype code {code}")
+        # flags: bit 0 HAS_DATA, bit 1 HAS_QUANT (v2); any other bit is an error (D7, both versions)
+        if flags & ~(1 if version == 1 else 3):
+            raise ModelError(path, f"tensor flags contain unsupported bits for {name} (flags {flags:#x})")
         numel = 1
         for s in dims:
             numel *= s
@@ -444,13 +467,31 @@ def _parse(path: str, buf, size: int) -> Model:
             spans.append((offset, nbytes, f"tensor {name}"))
         elif nbytes != 0 or offset != 0:
             raise ModelError(path, f"tensor {name}: tensor without data must have zero offset/size")
-        tensors[name] = TensorInfo(name, d.name, dims, has_data, nbytes, offset)
+        quant = None
+        if flags & 2:  # the Rust loader's entry rules, then its payload rules (SPEC-2026-03 §3.7, D7)
+            if q_offset % ALIGN:
+                raise ModelError(path, f"tensor quant offset not aligned for {name} (quant_offset {q_offset})")
+            if q_offset < off_data:
+                raise ModelError(path, f"tensor quant offset precedes data section for {name} "
+                                       f"(quant_offset {q_offset}, data section at {off_data})")
+            if q_nbytes < 48:
+                raise ModelError(path, f"tensor quant payload too small for {name} ({q_nbytes} bytes)")
+            if q_offset + q_nbytes > file_size:
+                raise ModelError(path, f"tensor quant payload out of bounds for {name} (offset {q_offset}, "
+                                       f"{q_nbytes} bytes, file size {file_size})")
+            quant, why = parse_quant(bytes(buf[q_offset:q_offset + q_nbytes]), name, dims)
+            if quant is None:
+                raise ModelError(path, why)
+            spans.append((q_offset, q_nbytes, f"tensor {name} quant"))
+        elif q_nbytes != 0 or q_offset != 0:
+            raise ModelError(path, f"tensor without quant must have zero quant offset/size for {name}")
+        tensors[name] = TensorInfo(name, d.name, dims, has_data, nbytes, offset, quant, q_nbytes, q_offset)
 
     spans = sorted(s for s in spans if s[1] > 0)
     for (oa, na, wa), (ob, nb, wb) in zip(spans, spans[1:]):
         if oa + na > ob:
             raise ModelError(path, f"{wa} (offset {oa}, {na} bytes) overlaps {wb} (offset {ob})")
-    return Model(path, buf, size, sizevars, metadata, tensors)
+    return Model(path, buf, size, sizevars, metadata, tensors, version)
 
 
 def _meta_value(path: str, buf, key: str, vtype: int, offset: int, nbytes: int) -> MetaValue:

@@ -1,4 +1,9 @@
-"""`.oinf` writer (SPEC §7): `save(path, sizevars={}, metadata={}, tensors={})`.
+"""`.oinf` writer (SPEC §7, SPEC-2026-03 §3): `save(path, sizevars={}, metadata={}, tensors={}, version=2)`.
+
+Version 2 by default (D8: the only version current upstream reads); `version=1` writes the 1fc5207
+format (an error when a tensor carries quantization metadata). A v2 tensor's quant payload follows
+its own data payload (D5: the layout the upstream encoder's offsets describe, byte-identical to
+upstream's output whenever that output is valid).
 
 Layout exactly as the reference encoder: header at 0 (padded to 72), sizevar table at 72,
 metadata table, tensor table (each section starting at the next multiple of 8, entries sorted
@@ -23,20 +28,24 @@ import numpy as np
 from .. import dtypes as dt
 from ..numerics import bf16_encode, f8_encode
 from . import packing
-from .reader import ALIGN, HEADER_PADDED, MAGIC, NAME_RE, VERSION, _HEADER, Meta, MetaValue, ModelError
+from .quant import QuantParams
+from .reader import (ALIGN, DEFAULT_VERSION, HEADER_PADDED, MAGIC, NAME_RE, VERSIONS, _HEADER, Meta, MetaValue,
+                     ModelError)
 
-__all__ = ["save", "Tensor", "Meta", "encode", "dtype_of_array"]
+__all__ = ["save", "Tensor", "Meta", "QuantParams", "encode", "dtype_of_array"]
 
 
 @dataclass(frozen=True)
 class Tensor:
     """An explicitly typed tensor for `save`: `Tensor("i4", np.array([...], np.int8))`.
 
-    `data=None` writes a tensor without data; give its `shape` then."""
+    `data=None` writes a tensor without data; give its `shape` then. `quant`: quantization
+    metadata (version 2 only; stored, never applied to the values)."""
 
     dtype: str
     data: object = None
     shape: tuple[int, ...] | None = None
+    quant: QuantParams | None = None
 
 
 _NP_TO_OI = {
@@ -120,22 +129,33 @@ def encode(dtype: str, data, path: str = "<model>", what: str = "tensor") -> byt
     return a.astype(d.np_dtype.newbyteorder("<")).tobytes()
 
 
-def _tensor_spec(path: str, name: str, value) -> tuple[str, tuple[int, ...], bytes | None]:
+def _tensor_spec(path: str, name: str, value) -> tuple[str, tuple[int, ...], bytes | None, bytes | None]:
+    """(dtype, shape, data payload or None, quant payload or None) of one tensor."""
     what = f"tensor {name}"
     if isinstance(value, Tensor):
         if not dt.is_dtype(value.dtype):
             raise ModelError(path, f"{what}: unknown dtype {value.dtype!r}")
+        quant = value.quant
+        if quant is not None and not isinstance(quant, QuantParams):
+            raise ModelError(path, f"Tensor '{name}' quant must be QuantParams")
         if value.data is None:
             if value.shape is None:
                 raise ModelError(path, f"{what}: a tensor without data needs a shape")
             shape = tuple(int(s) for s in value.shape)
             if any(s < 0 for s in shape):
                 raise ModelError(path, f"{what}: negative dimension in {list(shape)}")
-            return value.dtype, shape, None
-        arr = np.asarray(value.data)
-        if value.shape is not None and tuple(value.shape) != arr.shape:
-            arr = arr.reshape(tuple(value.shape))
-        return value.dtype, arr.shape, encode(value.dtype, arr, path, what)
+            data = None
+        else:
+            arr = np.asarray(value.data)
+            if value.shape is not None and tuple(value.shape) != arr.shape:
+                arr = arr.reshape(tuple(value.shape))
+            shape, data = arr.shape, encode(value.dtype, arr, path, what)
+        if quant is None:
+            return value.dtype, shape, data, None
+        why = quant.check_shape(name, shape)
+        if why:
+            raise ModelError(path, f"Tensor '{name}' {why}")
+        return value.dtype, shape, data, quant.encode()
     if isinstance(value, np.generic):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):
@@ -144,7 +164,7 @@ def _tensor_spec(path: str, name: str, value) -> tuple[str, tuple[int, ...], byt
     if dtype is None:
         raise ModelError(path, f"{what}: NumPy dtype {value.dtype} has no OpenInfer dtype "
                                f"(use Tensor(dtype, data))")
-    return dtype, value.shape, encode(dtype, value, path, what)
+    return dtype, value.shape, encode(dtype, value, path, what), None
 
 
 def _smallest_int(v: int) -> str:
@@ -217,9 +237,13 @@ def _meta_spec(path: str, key: str, value) -> tuple[int, bytes]:
     return dt.get(mtype).code, encode(mtype, arr, path, what)
 
 
-def save(path, sizevars: dict | None = None, metadata: dict | None = None, tensors: dict | None = None) -> None:
-    """Write a `.oinf` file (§7). ModelError on invalid names, values out of range, unknown dtypes."""
+def save(path, sizevars: dict | None = None, metadata: dict | None = None, tensors: dict | None = None,
+         version: int = DEFAULT_VERSION) -> None:
+    """Write a `.oinf` file (§7; version 2 by default). ModelError on invalid names, values out of
+    range, unknown dtypes, invalid quantization metadata, or quantization in a version 1 file."""
     path_s = os.fspath(path)
+    if version not in VERSIONS:
+        raise ModelError(path_s, f"cannot write OINF version {version!r} (versions 1 and 2 exist)")
     sizevars = dict(sizevars or {})
     metadata = dict(metadata or {})
     tensors = dict(tensors or {})
@@ -242,14 +266,18 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
     specs = []
     for name in sorted(tensors):
         nameb = _string(path_s, name, f"tensor {name!r}")
-        dtype, shape, data = _tensor_spec(path_s, name, tensors[name])
-        specs.append((nameb, dtype, shape, data))
+        dtype, shape, data, quant = _tensor_spec(path_s, name, tensors[name])
+        if quant is not None and version == 1:
+            raise ModelError(path_s, f"tensor {name}: quantization metadata needs OINF version 2 "
+                                     f"(version 1 has no place for it)")
+        specs.append((nameb, dtype, shape, data, quant))
 
     off_sv = HEADER_PADDED
     off_meta = _pad8(off_sv + len(sv_table))
     meta_table_len = sum(len(k) + 24 for k, _, _ in metas)
     off_t = _pad8(off_meta + meta_table_len)
-    tensor_table_len = sum(len(n) + 12 + 8 * len(shape) + 16 for n, _, shape, _ in specs)
+    entry_tail = 16 if version == 1 else 32  # data_nbytes/offset (+ quant_nbytes/offset in v2)
+    tensor_table_len = sum(len(n) + 12 + 8 * len(shape) + entry_tail for n, _, shape, _, _ in specs)
     off_data = _pad8(off_t + tensor_table_len)
 
     data = bytearray()
@@ -262,18 +290,22 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
         nbytes = len(padded) if code in (dt.CODE_STRING, dt.CODE_NDARRAY, dt.get("bitset").code) else len(payload)
         meta_table += keyb + struct.pack("<IIQQ", code, 0, nbytes, offset)
     tensor_table = bytearray()
-    for nameb, dtype, shape, payload in specs:
-        if payload is None:
-            nbytes = offset = flags = 0
-        else:
+    for nameb, dtype, shape, payload, quant in specs:
+        nbytes = offset = flags = q_nbytes = q_offset = 0
+        if payload is not None:
             offset = off_data + len(data)
             nbytes, flags = len(payload), 1
             data += _padded(payload)
-        tensor_table += nameb + struct.pack(f"<III{len(shape)}QQQ", dt.get(dtype).code, len(shape), flags,
-                                            *shape, nbytes, offset)
+        if quant is not None:  # right after the tensor's own data (D5)
+            q_offset, q_nbytes = off_data + len(data), len(quant)
+            flags |= 2
+            data += quant
+        tail = struct.pack("<QQ", nbytes, offset) + (struct.pack("<QQ", q_nbytes, q_offset) if version == 2 else b"")
+        tensor_table += nameb + struct.pack(f"<III{len(shape)}Q", dt.get(dtype).code, len(shape), flags,
+                                            *shape) + tail
     file_size = off_data + len(data)
 
-    header = _HEADER.pack(MAGIC, VERSION, 0, len(sizevars), len(metas), len(specs), 0,
+    header = _HEADER.pack(MAGIC, version, 0, len(sizevars), len(metas), len(specs), 0,
                           off_sv, off_meta, off_t, off_data, file_size)
     out = bytearray(header)
     for off, section in ((off_sv, sv_table), (off_meta, meta_table), (off_t, tensor_table), (off_data, data)):

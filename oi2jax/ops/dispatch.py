@@ -25,5 +25,8 @@ def apply(op: str, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str)
             d = default_for(op, name, in_dtypes[0])
             if d is not None:
                 full[name] = d
+    if mode == "acc_rule":  # acc=[A, O] (SPEC-2026-03 §2)
+        from . import accumulate
+        return accumulate.apply(op, list(inputs), full, in_dtypes, out_dtype)
     ctx = Ctx(op, tuple(in_dtypes), out_dtype, mode)
     return spec.impl(list(inputs), full, ctx)

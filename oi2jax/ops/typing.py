@@ -18,7 +18,7 @@ PS, PU = D.PACKED_SIGNED, D.PACKED_UNSIGNED
 
 @dataclass(frozen=True)
 class OpSig:
-    mode: str  # normal | inplace | accumulate
+    mode: str  # normal | inplace | accumulate (acc=DTYPE, SPEC §6.2) | acc_rule (acc=[A, O], SPEC-2026-03 §2)
     out_dtype: str
     out_shape: tuple[int, ...] | None
 
@@ -83,7 +83,7 @@ def _lit_kind(lit) -> str:
     if isinstance(v, str):
         return "str"
     if isinstance(v, (tuple, list)):
-        return "int_list"
+        return "dtype_list" if v and all(isinstance(x, str) for x in v) else "int_list"
     return "var"
 
 
@@ -189,6 +189,13 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     if len(in_dtypes) != spec.arity:
         raise OpTypeError(f"op {op} expects Fixed({spec.arity}) inputs, got {len(in_dtypes)}")
     attrs = canonical_attrs(op, attrs)
+    rule = None
+    if "acc" in attrs and _lit_kind(attrs["acc"]) == "dtype_list":  # acc=[A, O]
+        rule = tuple(_lit_value(attrs["acc"]))
+        attrs = {k: v for k, v in attrs.items() if k != "acc"}
+        from . import accumulate
+        if op not in accumulate.RULES:
+            raise OpTypeError(f"op {op}: acc is not supported (no accumulation rules)", attr="acc")
     if "acc" in attrs and not spec.accumulate:
         raise OpTypeError(f"op {op} does not support accumulation", attr="acc")
     for name, lit in attrs.items():
@@ -202,6 +209,8 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     if writes_input and not spec.inplace:
         raise OpTypeError(f"op {op} does not support inplace writes")
     mode = "accumulate" if "acc" in attrs else ("inplace" if writes_input else "normal")
+    if rule is not None:
+        mode = "acc_rule"
 
     # required attributes
     for name, a in spec.attrs.items():
@@ -218,8 +227,11 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
 
     # dtypes
     first = in_dtypes[0]
-    rule = spec.type_rule
-    if mode == "accumulate":
+    acc_rule, rule = rule, spec.type_rule
+    if mode == "acc_rule":
+        from . import accumulate
+        out_dtype = accumulate.check(op, acc_rule, first, spec.normal_dtypes)
+    elif mode == "accumulate":
         out_dtype = str(_lit_value(attrs["acc"]))
     elif rule["kind"] == "fixed":
         out_dtype = rule["dtype"]
@@ -230,7 +242,7 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     if mode == "accumulate":
         if (first, out_dtype) not in spec.accumulate_pairs:
             raise OpTypeError(f"op {op} does not support {first} -> {out_dtype} for mode {mode}", attr="acc")
-    elif first not in spec.normal_dtypes:
+    elif mode != "acc_rule" and first not in spec.normal_dtypes:
         raise OpTypeError(f"op {op} does not support {first} -> {out_dtype} for mode {mode}", input=0)
     for i, d in enumerate(in_dtypes[1:], start=1):
         if d != first:
