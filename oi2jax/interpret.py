@@ -43,7 +43,8 @@ import numpy as np
 from . import dtypes as dt
 from . import ir
 from .diagnostics import OiError
-from .interpret_caches import CacheOps, _shape, _State, _Table, fill_value
+from .interpret_caches import CacheOps, _shape, _State, _Table
+from .numerics import fill_value
 from .values import convert_input, convert_output
 
 MAX_DEPTH = 2_000  # frame stack depth (unbounded recursion through `branch`)
@@ -147,7 +148,7 @@ class InterpretedProgram(CacheOps):
     def _initial(self, name: str) -> np.ndarray:
         decl = self.graph.var(name)
         if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
-            return fill_value(decl.dtype, decl.init, decl.shape(self._sizes))
+            return fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
         if decl is None:  # temporary: zeros
             temp = self._temps[name]
             return np.zeros(self._decl_shape(name), dtype=dt.get(temp.dtype).np_dtype)
@@ -243,7 +244,7 @@ class InterpretedProgram(CacheOps):
         if all(i < n for i, n in zip(idx, lead)):
             return fam[idx]
         # a member the family does not hold: the declared fill (missing model tensors read as @init/zeros)
-        return fill_value(decl.dtype, decl.init, decl.shape(self._sizes))
+        return fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
 
     def _ref_dtype(self, ref: ir.VarRef) -> str:
         return self._dtype(ref.name)

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ir
-from .numerics import f8_encode
+from .numerics import f8_encode, fill_value  # noqa: F401  (fill_value: the one @init rule)
 
 if TYPE_CHECKING:
     from .interpret import _Ctx, _Frame
@@ -67,23 +67,6 @@ class _State:
 # ----------------------------------------------------------------------------------- helpers
 
 
-def fill_value(dtype: str, init: ir.Literal | None, shape: tuple[int, ...]) -> np.ndarray:
-    """`@init` broadcast over `shape` in dtype's representation (zeros without @init)."""
-    d = dt.get(dtype)
-    if init is None:
-        return np.zeros(shape, dtype=d.np_dtype)
-    v = init.value
-    if d.name == "f8":
-        return f8_encode(np.full(shape, float(v), dtype=np.float32))
-    if d.name == "bf16":
-        return np.full(shape, float(v), dtype=np.float32).astype(d.np_dtype)
-    if d.family == dt.BOOL:
-        return np.full(shape, bool(v), dtype=np.bool_)
-    if d.is_float:
-        return np.full(shape, float(v), dtype=d.np_dtype)
-    return np.full(shape, int(v), dtype=np.int64).astype(d.np_dtype)
-
-
 def _shape(a) -> list[int]:
     return [int(s) for s in np.shape(a)]
 
@@ -121,7 +104,7 @@ class CacheOps:
 
     def _table_array(self, decl: ir.VarDecl, t: _Table) -> np.ndarray:
         entry = decl.shape(self._sizes)
-        arr = np.broadcast_to(fill_value(decl.dtype, decl.init, entry), tuple(t.sizes) + entry).copy()
+        arr = np.broadcast_to(fill_value(decl.dtype, entry, decl.init), tuple(t.sizes) + entry).copy()
         for k, v in t.entries.items():
             if all(i < s for i, s in zip(k, t.sizes)):
                 arr[k] = v
@@ -178,7 +161,7 @@ class CacheOps:
             ranges.append(range(start, end))
             out_dims.append(end - start)
         entry = decl.shape(self._sizes)
-        fill = fill_value(decl.dtype, decl.init, entry)
+        fill = fill_value(decl.dtype, entry, decl.init)
         values = []
         for combo in itertools.product(*ranges):
             if combo not in t.entries:
@@ -326,7 +309,7 @@ class CacheOps:
             t.reset_sizes()
         elif decl.is_auto_dim:
             st.counts[decl.name] = [0] * len(decl.auto_dim)
-            st.values[decl.name] = fill_value(decl.dtype, decl.init, decl.shape(self._sizes))
+            st.values[decl.name] = fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
         else:
-            st.values[decl.name] = fill_value(decl.dtype, decl.init, decl.shape(self._sizes))
+            st.values[decl.name] = fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
         ctx.wrote(decl.name)

@@ -54,3 +54,29 @@ def wrap_int(values, bits: int, signed: bool) -> np.ndarray:
     if signed and bits < 64:
         v = np.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
     return v
+
+
+def init_scalar(dtype: str, init) -> np.ndarray:
+    """THE `@init` rule (one definition for bind, the lowering's initial state and in-kernel
+    `cache.reset`, and the interpreter): the literal (`ir.Literal` or None) as a 0-d array in
+    `dtype`'s representation. Floats go through f32 for f32 and the low-precision types (f8 with
+    the SPEC §5.4 encoder, bf16 round to nearest even), f16 and f64 directly; None is zero."""
+    from . import dtypes as dt
+    d = dt.get(dtype)
+    if init is None:
+        return np.zeros((), d.np_dtype)
+    v = init.value
+    if d.name == "f8":
+        return f8_encode(np.float32(v)).reshape(())
+    if d.name == "bf16":
+        return bf16_encode(np.float32(v)).reshape(())
+    if d.is_float:
+        return np.asarray(float(v), d.np_dtype)
+    if d.name == "bool":
+        return np.asarray(bool(v), np.bool_)
+    return np.asarray(int(v), np.int64).astype(d.np_dtype)
+
+
+def fill_value(dtype: str, shape: tuple[int, ...], init) -> np.ndarray:
+    """An array of `shape` holding the `@init` fill (`init_scalar`) in `dtype`'s representation."""
+    return np.full(shape, init_scalar(dtype, init))

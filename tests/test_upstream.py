@@ -413,3 +413,47 @@ def test_graph_json_check_and_fmt_without_a_model(tmp_path, capsys):
     g.write_text("dynamic { x: f32[B]; }\nblock entry { op relu(x) >> y; return; }\n")
     code, _, err = run_cli(capsys, "compile", g, "--emit", "graph-json")
     assert code == 1 and "error:" in err and "y" in err
+
+
+# ---------------------------------------------------------------- one @init rule (issue 15, first bug)
+
+F8_INIT = """\
+dynamic { x: f32[2]; }
+volatile { y: f32[2]; }
+persistent {
+    p: f8 @init(9.0);
+    q: f8 @init(-7.9375);
+    r: bf16 @init(1.00390625);
+}
+block entry {
+    yield x;
+    await x;
+    cache.reset q;
+    cache.reset r;
+    return;
+}
+block side {
+    await x;
+    op add(x, x) >> y;
+    yield x;
+}
+"""
+
+
+@pytest.mark.parametrize("mode, yield_mode", [("interpret", "driver"), ("compiled", "driver"),
+                                              ("compiled", "fused")])
+def test_init_literals_use_the_spec_encoders_every_way(mode, yield_mode):
+    """`@init` -> value through one function (numerics.init_scalar): f8 by the SPEC §5.4 encoder
+    (9.0 -> 10.0, -7.9375 -> -4.0; np.full's nearest-even gave 8.0 and -8.0 compiled), bf16 by
+    round-to-nearest-even from f32; the same after an in-kernel `cache.reset`."""
+    import oi2jax
+    from oi2jax.numerics import f8_encode, init_scalar
+    from oi2jax.ir import Literal
+    assert float(init_scalar("f8", Literal("float", 9.0))) == float(f8_encode(np.float32(9.0))) == 10.0
+    assert float(init_scalar("f8", Literal("float", -7.9375))) == -4.0
+    prog = oi2jax.compile(F8_INIT, mode=mode, yield_mode=yield_mode)
+    out = prog.run({"x": np.ones(2, np.float32)}, steps=2)
+    assert float(out["p"]) == 10.0 and float(out["q"]) == -4.0 and float(out["r"]) == 1.0
+    init = prog.session().values() if hasattr(prog, "session") else None
+    if init is not None and "p" in init:
+        assert float(init["p"]) == 10.0

@@ -58,9 +58,10 @@ class CacheLayout:
 
 
 def init_fill(decl: ir.VarDecl):
-    if decl.init is None:
-        return 0
-    return decl.init.value
+    """The `@init` fill as a 0-d array in the dtype's representation (numerics.init_scalar: the
+    one rule), so that every np.full / jnp.full below keeps its exact bits."""
+    from ..numerics import init_scalar
+    return init_scalar(decl.dtype, decl.init)
 
 
 def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:

@@ -24,27 +24,11 @@ __all__ = ["bind", "BoundGraph", "fill_value", "pattern_regex"]
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+from ..numerics import fill_value  # noqa: E402  (the one @init rule; re-exported for callers)
+
+
 def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
-def fill_value(dtype: str, shape: tuple[int, ...], init: ir.Literal | None) -> np.ndarray:
-    """An array of `shape` filled with the `@init` literal (zeros without one), in `dtype`'s representation.
-
-    Floats go through f32 for f32 and the low-precision types (f8 with the §5.4 encoder); f64 is exact."""
-    d = dt.get(dtype)
-    if init is None:
-        return np.zeros(shape, d.np_dtype)
-    v = init.value
-    if d.name == "f8":
-        return np.full(shape, f8_encode(np.float32(v)), d.np_dtype)
-    if d.name == "bf16":
-        return np.full(shape, bf16_encode(np.float32(v)), d.np_dtype)
-    if d.is_float:
-        return np.full(shape, np.float64(v).astype(d.np_dtype) if d.name != "f64" else float(v), d.np_dtype)
-    if d.name == "bool":
-        return np.full(shape, bool(v), np.bool_)
-    return np.full(shape, int(v), d.np_dtype)
 
 
 def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
