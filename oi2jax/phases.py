@@ -26,6 +26,23 @@ def consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
     return sorted(found, key=lambda b: b.name)
 
 
+def node_writes(node: ir.Node) -> tuple[str, ...]:
+    """The variables one node certainly writes (THE definition, used by the window checks and
+    `written_names`): an op's output, a transfer's or cache read's destination, and the persistent
+    variable of cache.write / reset / increment / decrement."""
+    if isinstance(node, ir.Op):
+        return (node.output,)
+    if isinstance(node, (ir.Transfer, ir.CacheRead)):
+        return (node.dst.name,)
+    if isinstance(node, ir.CacheWrite):
+        return (node.dst.base,)
+    if isinstance(node, ir.CacheReset):
+        return (node.target.base,)
+    if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
+        return (node.target,)
+    return ()
+
+
 def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
     """Variables a block (and the blocks it calls) may write."""
     seen = set() if seen is None else seen
@@ -34,19 +51,9 @@ def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
     seen.add(block.name)
     out: set[str] = set()
     for node in block.walk():
-        if isinstance(node, ir.Op):
-            out.add(node.output)
-        elif isinstance(node, ir.Transfer):
-            out.add(node.dst.name)
-        elif isinstance(node, ir.CacheRead):
-            out.add(node.dst.name)
-            out.add(node.src.base)
-        elif isinstance(node, (ir.CacheWrite,)):
-            out.add(node.dst.base)
-        elif isinstance(node, ir.CacheReset):
-            out.add(node.target.base)
-        elif isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-            out.add(node.target)
+        out.update(node_writes(node))
+        if isinstance(node, ir.CacheRead):
+            out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
         elif isinstance(node, ir.Branch):
             for target in (node.then_block, node.else_block):
                 if target and graph.block(target):
@@ -102,8 +109,9 @@ def node_reads(node: ir.Node) -> set[str]:
     return out
 
 
-def node_writes(node: ir.Node) -> set[str]:
-    """Variables one node certainly writes (a whole-variable write; not cache updates)."""
+def node_defines(node: ir.Node) -> set[str]:
+    """Variables one node gives a whole new value (not cache updates): what `read_before_written`
+    counts as defined."""
     if isinstance(node, ir.Op):
         return {node.output}
     if isinstance(node, (ir.Transfer, ir.CacheRead)):
@@ -137,7 +145,7 @@ def read_before_written(graph: ir.Graph) -> set[str]:
                     if block.name not in seen and any(isinstance(n, ir.Await) and set(n.vars) & set(node.vars)
                                                       for n in block.walk()):
                         walk(block.nodes, written, seen + (block.name,))
-            written |= node_writes(node)
+            written |= node_defines(node)
         return written
 
     walk(entry.nodes, set(), ("entry",))

@@ -457,3 +457,22 @@ def test_init_literals_use_the_spec_encoders_every_way(mode, yield_mode):
     init = prog.session().values() if hasattr(prog, "session") else None
     if init is not None and "p" in init:
         assert float(init["p"]) == 10.0
+
+
+@pytest.mark.parametrize("mode, yield_mode", [("interpret", "driver"), ("compiled", "driver"),
+                                              ("compiled", "fused")])
+def test_two_consumers_writing_one_cache_is_a_check_error(capsys, mode, yield_mode):
+    """Issue 15, second bug: the checker's "what a node writes" (phases.node_writes, the one
+    definition) now includes cache writes, so every way of running refuses the program before it
+    runs, with both writers' locations (compiled used to keep the last consumer's P silently)."""
+    import oi2jax
+    from conftest import REPO
+    path = REPO / "tests" / "regressions" / "two_consumers_write_one_cache.oi"
+    with pytest.raises(OiError) as exc:
+        oi2jax.compile(str(path), mode=mode, yield_mode=yield_mode)
+    text = exc.value.render()
+    assert f"{path}:17:5: error: multiple blocks mutated P: block c2 and block c1 write it in the same " \
+           f"yield..await window" in text
+    assert f"{path}:12:5: note: P also written here (block c1)" in text
+    code, _, err = run_cli(capsys, "check", path)
+    assert code == 1 and "multiple blocks mutated P" in err

@@ -2,17 +2,7 @@
 from __future__ import annotations
 
 from .. import ir
-from ..phases import deadlock_diagnostics
-
-
-def _writes(node: ir.Node) -> str | None:
-    if isinstance(node, ir.Op):
-        return node.output
-    if isinstance(node, ir.Transfer):
-        return node.dst.name
-    if isinstance(node, ir.CacheRead):
-        return node.dst.name
-    return None
+from ..phases import deadlock_diagnostics, node_writes
 
 
 class PhaseRules:
@@ -90,10 +80,7 @@ class PhaseRules:
 
     def check_window(self, y: ir.Yield, window: list[ir.Node], targets: set[str]):
         writers: dict[str, tuple[str, ir.Span]] = {}
-        for node in window:
-            var = _writes(node)
-            if var is None:
-                continue
+        for node, var in ((n, v) for n in window for v in node_writes(n)):
             if var in y.vars:
                 self.error(f"entry writes yielded variable {var} between yield and await", node.span,
                            [("yielded here", y.span)])
@@ -101,9 +88,8 @@ class PhaseRules:
             writers.setdefault(var, ("entry", node.span))
         for b in self.consumers(y.vars, targets):
             seen: set[str] = set()
-            for node in b.walk():
-                var = _writes(node)
-                if var is None or var in seen:
+            for node, var in ((n, v) for n in b.walk() for v in node_writes(n)):
+                if var in seen:
                     continue
                 seen.add(var)
                 if var in writers:
