@@ -17,6 +17,7 @@ from .checks.caches import CacheRules
 from .checks.control import ControlRules
 from .checks.decls import DeclRules
 from .checks.ops import OpRules
+from .checks.shapes import RuntimeShapeRules
 from .checks.yield_await import PhaseRules
 from .diagnostics import source_lines, Diagnostic, OiError
 from .ir import MemKind
@@ -43,7 +44,7 @@ def _sort_key(d: Diagnostic):
     return (1, d.span.line, d.span.col)
 
 
-class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
+class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, RuntimeShapeRules):
     """Checker state, lookups and the node walk; the rule groups are the mixins in `oi2jax.checks`."""
 
     def __init__(self, graph: ir.Graph, model, sizes):
@@ -133,6 +134,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules):
             self.check_nodes(block, block.nodes, (), top=True)
         self.check_branch_graph()
         self.check_yield_await()
+        self.check_runtime_shapes()
 
     # ---------------------------------------------------------------- node walk
     def check_nodes(self, block: ir.Block, nodes, loops: tuple[str, ...], top: bool):

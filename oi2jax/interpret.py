@@ -97,6 +97,8 @@ class InterpretedProgram(CacheOps):
             raise OiError("graph has no entry block")
         self._sizes: dict[str, int] = dict(getattr(bound, "sizes", None) or {})
         self._temps = g.temporaries
+        from .phases import runtime_shaped
+        self._shaped = runtime_shaped(g)  # take the current shape of an @auto_dim tensor (§0 item 12)
         self._branch_targets = {n.then_block for b in g.blocks for n in b.walk() if isinstance(n, ir.Branch)} | {
             n.else_block for b in g.blocks for n in b.walk() if isinstance(n, ir.Branch) and n.else_block}
         self._awaits: dict[str, set[str]] = {}
@@ -467,7 +469,8 @@ class InterpretedProgram(CacheOps):
             raise self._err(f"op {node.op} output dtype mismatch for {node.output}: expected {out_dtype}, "
                             f"got {sig.out_dtype}", node)
         current = st.values.get(node.output)
-        if current is not None and tuple(np.shape(current)) != tuple(result.shape):
+        if current is not None and tuple(np.shape(current)) != tuple(result.shape) \
+                and node.output not in self._shaped:
             raise self._err(f"op {node.op}: output shape {_shape(result)} does not match {node.output} "
                             f"shape {_shape(current)}", node)
         st.values[node.output] = result

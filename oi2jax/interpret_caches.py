@@ -223,7 +223,8 @@ class CacheOps:
         if ddecl is not None and ddecl.kind in (ir.MemKind.CONSTANT, ir.MemKind.PERSISTENT):
             raise self._err(f"cannot write to {ddecl.kind.value} memory: {dst.name}", node)
         want = tuple(self.bound.shape(dst.name))
-        if tuple(np.shape(value)) != want:  # §0 item 12: the destination keeps its declared shape
+        if tuple(np.shape(value)) != want and dst.name not in self._shaped:  # §0 item 12: declared shape,
+            # except where the destination takes an @auto_dim tensor's current shape
             raise self._err(f"cache.read {access.base} -> {dst.name}: the selection has shape "
                             f"{list(np.shape(value))}, the destination is declared {list(want)}", node)
         st.values[dst.name] = np.array(value, copy=True)

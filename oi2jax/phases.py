@@ -288,3 +288,43 @@ def analyze(graph: ir.Graph) -> Analysis:
 def has_yield(graph: ir.Graph) -> bool:
     entry = graph.entry
     return entry is not None and any(isinstance(n, (ir.Yield, ir.Await)) for n in entry.walk())
+
+
+# ops whose result has the shape of their (runtime-shaped) operand: elementwise, every other
+# operand a scalar or of the same shape (SPEC.md §0 item 12, revised: reads of @auto_dim tensors)
+SHAPE_PRESERVING_CATEGORIES = frozenset({"arithmetic", "bitwise", "casting", "rounding", "comparison", "mutation",
+                                         "statistics"})
+SHAPE_PRESERVING_OPS = frozenset({"relu", "filter", "is_inf", "is_nan", "is_neg"})
+
+
+def takes_runtime_shape(op: str) -> bool:
+    """Whether `op` can take an operand whose shape is only known at run time."""
+    from .ops import REGISTRY
+    spec = REGISTRY.get(op)
+    return spec is not None and (spec.category in SHAPE_PRESERVING_CATEGORIES or op in SHAPE_PRESERVING_OPS)
+
+
+def runtime_shaped(graph: ir.Graph) -> dict[str, str]:
+    """THE definition of the runtime-shaped variables (SPEC.md §0 item 12, revised): the
+    destination of a `cache.read` of an `@auto_dim` tensor takes the tensor's current shape, and so
+    does the output of an op with a runtime-shaped operand. Maps each such variable to the
+    `@auto_dim` tensor its shape comes from (the first one found, in source order); the checker
+    rejects the uses that cannot take such a value, the lowering carries its shape, and the
+    interpreter lets the value keep its shape."""
+    out: dict[str, str] = {}
+    nodes = [n for b in graph.blocks for n in b.walk()]
+    for node in nodes:
+        if isinstance(node, ir.CacheRead):
+            decl = graph.var(node.src.base)
+            if decl is not None and decl.is_auto_dim:
+                out.setdefault(node.dst.name, decl.name)
+    changed = True
+    while changed:  # through ops, to a fixed point (an op may come before the read in the text)
+        changed = False
+        for node in nodes:
+            if isinstance(node, ir.Op) and node.output not in out:
+                src = next((out[r.name] for r in node.inputs if r.indices is None and r.name in out), None)
+                if src is not None:
+                    out[node.output] = src
+                    changed = True
+    return out

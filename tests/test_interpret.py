@@ -429,8 +429,8 @@ def test_plain_persistent_tensor_read_write_reset():
 
 def test_auto_dim_growth_shapes_like_the_reference_log():
     """§4.6: a [2, 2]-based tensor with counters 3k, 2k has shape [2+3k, 2+2k] ([5, 4], [8, 6],
-    [11, 8] in the reference log). oi2jax keeps every variable's declared shape, so each
-    reading destination is declared at the shape it receives (SPEC §0 item 12)."""
+    [11, 8] in the reference log). Reading destinations take the tensor's current shape (SPEC §0
+    item 12, revised); here they are also declared at that shape."""
     template = """
     persistent {{
         i: i32 @init({i});
@@ -452,10 +452,12 @@ def test_auto_dim_growth_shapes_like_the_reference_log():
         assert out["M"].shape == (2 + 3 * k, 2 + 2 * k)
         # zeros at creation (@init ignored until a reset); the whole tensor gets +1 per step
         np.testing.assert_array_equal(out["M"], np.full((2 + 3 * k, 2 + 2 * k), 2.0))
+    # SPEC.md §0 item 12 (revised): the read gives m the tensor's CURRENT shape, whatever m's
+    # declaration ([5, 4] here, while M has grown to [8, 4])
     grown = template.format(i=3, j=2, rows=5, cols=4).replace("cache.read M[i, j] >> m;",
                                                                 "cache.increment 3 i; cache.read M[i, j] >> m;")
-    with pytest.raises(OiError, match=r"selection has shape \[8, 4\], the destination is declared \[5, 4\]"):
-        run(grown, steps=1)
+    out = run(grown, steps=1)
+    np.testing.assert_array_equal(out["M"], np.ones((8, 4), np.float32))
 
 
 def test_auto_dim_fixed_max_and_reset_uses_init():

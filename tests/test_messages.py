@@ -152,15 +152,20 @@ def test_unknown_variables_suggest_and_trace_marks_compilation(capsys, tmp_path)
 
 
 def test_auto_dim_shape_mismatch_says_the_actual_shape():
+    """SPEC.md §0 item 12 (revised): the read gives m the tensor's current shape [8, 4]; writing m
+    back after the tensor grew again names both shapes, compiled as interpreted."""
     src = """
     persistent { i: i32 @init(3); j: i32 @init(2); M(r, c): f32[2, 2] @auto_dim(r, c); }
     volatile { m: f32[5, 4]; }
     block entry { cache.increment 3 i; cache.read M[i, j] >> m; return; }
     """
-    with pytest.raises(OiError) as info:
-        oi2jax.compile(src).run({}, steps=1)
-    assert ("error: cache.read M: the tensor's current shape [8, 4] does not match the destination's [5, 4] "
-            "(in step 1)") in str(info.value)
+    out = oi2jax.compile(src).run({}, steps=1)
+    assert out["m"].shape == (8, 4) and out["M"].shape == (8, 4)
+    grown = src.replace("return; }", "cache.increment 3 i; cache.write m >> M[i, j]; return; }")
+    for mode in ("compiled", "interpret"):
+        with pytest.raises(OiError) as info:
+            oi2jax.compile(grown, mode=mode).run({}, steps=1)
+        assert "error: cache.write M expects shape [11, 4], got [8, 4]" in str(info.value), str(info.value)
 
 
 def test_unknown_block_and_model_tensor_suggest(capsys, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 
 from .. import ir, ops
 from ..diagnostics import OiError
@@ -100,6 +101,8 @@ def _op(node: ir.Op, env, frame, tr):
                     out_name=node.output, in_names=[r.name for r in node.inputs])
     out = ops.apply(node.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
                     out_dtype=sig.out_dtype, mode=sig.mode)
+    if node.output in tr.lowering.shaped:  # runtime-shaped (phases.runtime_shaped)
+        return _shaped_op_output(node, env, tr, out)
     want = tr.bound.shape(node.output)
     if tuple(out.shape) != tuple(want):
         raise OiError(f"op {node.op} output shape {list(out.shape)} does not match {node.output}'s declared "
@@ -107,6 +110,26 @@ def _op(node: ir.Op, env, frame, tr):
     env = dict(env)
     env[node.output] = out
     return env
+
+
+def _shaped_op_output(node: ir.Op, env, tr, out):
+    """An op on runtime-shaped operands: computed over the capacity arrays (the padding is masked
+    when written back to a tensor and trimmed from outputs); the result takes their logical shape,
+    which must agree between operands."""
+    from .context import SHAPE
+    moving = [r.name for r in node.inputs if r.indices is None and r.name in tr.lowering.shaped]
+    if not moving:  # e.g. a fill of a fixed-shape input: a value of its own shape
+        return tr.embed(env, node.output, out)
+    logical = env[SHAPE + moving[0]]
+    for other in moving[1:]:
+        code = tr.lowering.site(f"op {node.op}: {moving[0]} and {other} have different current shapes "
+                                f"(dimension {{value}} differs)", node.span)
+        differ = env[SHAPE + other] != logical
+        env = tr.fail_if(env, jnp.any(differ), code, jnp.argmax(differ))
+    if tuple(out.shape) != tuple(tr.capacity_shape(node.output)):
+        raise OiError(f"op {node.op} output shape {list(out.shape)} cannot hold {node.output}", node.span,
+                      source=tr.graph.source)
+    return tr.embed(env, node.output, out, logical)
 
 
 @rule(ir.Transfer)

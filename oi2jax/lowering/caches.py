@@ -380,6 +380,11 @@ class CacheRules:
                 value = jax.lax.dynamic_slice(data, idx + [jnp.int32(0)] * n_entry, tuple(lengths) + layout.shape)
             value = value.reshape(tuple(n for j, n in enumerate(lengths) if j not in squeeze) + layout.shape)
             env = self._mark_present(env, layout, starts, lengths, True)
+        elif dst in self.tr.lowering.shaped:  # dst takes the tensor's current shape (SPEC §0 item 12)
+            env = self._auto_access(access, layout, env, frame, access.span)
+            current = jnp.asarray(layout.shape, jnp.int64).at[:len(layout.capacity)].add(env[layout.size_key()])
+            value = env[layout.name].astype(env[dst].dtype)  # zeros outside the current shape
+            return self.tr.embed(env, dst, value, current)
         else:
             env = self._auto_access(access, layout, env, frame, access.span)
             env = self._auto_shape_check(env, layout, dst_shape, access.span, "cache.read")
@@ -388,6 +393,8 @@ class CacheRules:
                 value = jnp.zeros(dst_shape, data.dtype)
             else:
                 value = data[tuple(slice(0, w) for w in dst_shape)]
+        if dst in self.tr.lowering.shaped:  # a fixed-shape selection into a runtime-shaped variable
+            return self.tr.embed(env, dst, value.astype(env[dst].dtype))
         if tuple(value.shape) != tuple(dst_shape):
             raise self._err(f"cache.read {layout.name} -> {dst}: shape {list(value.shape)} does not match "
                             f"declared shape {list(dst_shape)}", node.span)
@@ -437,12 +444,53 @@ class CacheRules:
             env[layout.name] = jax.lax.dynamic_update_slice(data, jnp.where(ok, update, current), idx)
             return self._mark_present(env, layout, starts, [1] * k, True)
         env = self._auto_access(access, layout, env, frame, access.span)
+        if node.src.indices is None and node.src.name in self.tr.lowering.shaped:
+            return self._write_shaped(node, layout, env, src)
         env = self._auto_shape_check(env, layout, tuple(src.shape), access.span, "cache.write")
         data = env[layout.name]
         env = dict(env)
         if all(w <= s for w, s in zip(src.shape, data.shape)):
             zeros = jnp.zeros_like(data)
             env[layout.name] = jax.lax.dynamic_update_slice(zeros, src.astype(data.dtype), [0] * data.ndim)
+        return env
+
+    def _write_shaped(self, node: ir.CacheWrite, layout: CacheLayout, env, src):
+        """`cache.write v >> M[...]` with a runtime-shaped v: its logical shape must equal M's
+        (grown) current shape; the tensor becomes v inside that shape and zeros outside."""
+        from .context import SHAPE
+        tr = self.tr
+        k = len(layout.capacity)
+        logical = env[SHAPE + node.src.name]
+        current = jnp.asarray(layout.shape, jnp.int64).at[:k].add(env[layout.size_key()])
+        name, rank = layout.name, len(layout.shape)
+
+        def render(value, rank=rank, name=name):
+            if value < 0:
+                return f"cache.write {name}: the value's current shape differs from the tensor's"
+            dims = [(value >> (16 * (2 * rank - 1 - j))) & 0xFFFF for j in range(2 * rank)]
+            return f"cache.write {name} expects shape {dims[rank:]}, got {dims[:rank]}"
+
+        if rank <= 2:  # both shapes fit the error value (16 bits a dim): say them, as the interpreter does
+            both = [logical[j] for j in range(rank)] + [current[j] for j in range(rank)]
+            fits = jnp.all(jnp.stack(both) < (1 << 16))
+            packed = sum(jnp.asarray(d, jnp.int64) << (16 * (2 * rank - 1 - j)) for j, d in enumerate(both))
+            packed = jnp.where(fits, packed, -1)
+        else:
+            packed = jnp.int64(-1)
+        code = tr.lowering.site(f"cache.write {name}: the value's current shape differs from the tensor's",
+                                node.span, render=render)
+        mismatch = jnp.any(logical != current)
+        env = tr.fail_if(env, mismatch, code, packed)
+        data = env[name]
+        value = src.astype(data.dtype)
+        if tuple(value.shape) != tuple(data.shape):  # another tensor's capacity: cut or pad to this one
+            value = value[tuple(slice(0, c) for c in data.shape)]
+            value = jnp.pad(value, [(0, c - s) for s, c in zip(value.shape, data.shape)])
+        mask = jnp.ones(data.shape, bool)
+        for j in range(data.ndim):
+            mask = mask & (jax.lax.broadcasted_iota(jnp.int64, data.shape, j) < current[j])
+        env = dict(env)
+        env[name] = jnp.where(mismatch, data, jnp.where(mask, value, jnp.zeros_like(data)))
         return env
 
     def reset(self, node: ir.CacheReset, env, frame: Frame):

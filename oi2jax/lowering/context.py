@@ -18,7 +18,7 @@ from .. import ir
 from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
-from .state import ERR, ERRVAL, GROW  # noqa: F401  (the guard keys: defined in state.py)
+from .state import ERR, ERRVAL, GROW, SHAPE  # noqa: F401  (the env keys: defined in state.py)
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class Lowering:
     error_sites: list[ErrorSite] = field(default_factory=list)
     growable: list[tuple[str, int]] = field(default_factory=list)  # (cache, dim) per GROW slot
     consumers: dict = field(default_factory=dict)  # block name -> consumer info (sync.py)
+    # runtime-shaped variables (phases.runtime_shaped): name -> the @auto_dim tensor whose
+    # current shape they take. Each is held at that tensor's capacity shape, with its logical
+    # shape in env[SHAPE + name] (int64[rank]); the host trims it (Program.trim_outputs)
+    shaped: dict = field(default_factory=dict)
 
     @property
     def graph(self) -> ir.Graph:
@@ -138,6 +142,26 @@ class Tracer:
         if value in self.bound.sizes:
             return int(self.bound.sizes[value])
         return None
+
+    def capacity_shape(self, name: str) -> tuple[int, ...]:
+        """The array shape that holds runtime-shaped variable `name`: its tensor's capacity, or its
+        declared shape where that is larger (the value it has before its first read)."""
+        cap = self.lowering.caches[self.lowering.shaped[name]].data_shape()
+        return tuple(max(c, d) for c, d in zip(cap, self.bound.shape(name)))
+
+    def embed(self, env: dict, name: str, value, logical=None) -> dict:
+        """Store `value` into runtime-shaped `name`: padded with zeros to the capacity shape, the
+        logical shape `logical` (default: the value's own shape) kept beside it."""
+        cap = self.capacity_shape(name)
+        if logical is None:
+            logical = jnp.asarray(value.shape, jnp.int64)
+        if tuple(value.shape) != tuple(cap):
+            value = value[tuple(slice(0, c) for c in cap)]
+            value = jnp.pad(value, [(0, c - s) for s, c in zip(value.shape, cap)])
+        env = dict(env)
+        env[name] = value
+        env[SHAPE + name] = jnp.asarray(logical, jnp.int64)
+        return env
 
     def read(self, ref: ir.VarRef, env: dict, frame: Frame):
         """(env, value) of an op input / transfer source; env may gain a runtime guard."""

@@ -32,7 +32,7 @@ from ..diagnostics import OiError
 from ..phases import Phase, analyze
 from .blocks import lower_block, lower_nodes
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
-from .state import commit as commit_state, merge_guards
+from .state import SHAPE, commit as commit_state, key_owner, merge_guards
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     kernel_error, run_tasks
 from .program import Placer, Program, resolve_device
@@ -346,7 +346,8 @@ class DriverProgram(Program):
                     vals = tuple(self._consts[k] for k in ck.const_keys)
                     ck.const_vals = tuple(jax.device_put(v, dev) for v in vals) if placed else vals
                     writes = written_names(self.graph, self.graph.block(name))
-                    merged = tuple(k for k in snap if k.split("#", 1)[0] in writes and not k.startswith("#"))
+                    merged = tuple(k for k in snap if key_owner(k) in writes
+                                   and (not k.startswith("#") or k.startswith(SHAPE)))
                     ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARDS)
                     ck.span = self.graph.block(name).span
                     self._submit(ck)
@@ -503,6 +504,9 @@ class DriverProgram(Program):
             new_state[k] = env.pop(NEW + k) if k in commit else env[k]
         names = tuple(self.analysis.outputs or ()) + tuple(self._builder.dynamic + self._builder.volatile)
         outputs = {name: env[name] for name in names if name in env}  # everything a session may read
+        for name in self._lowering.shaped:  # runtime-shaped: the logical shape beside the value
+            if name in outputs and SHAPE + name in env:
+                outputs[SHAPE + name] = env[SHAPE + name]
         return new_state, outputs
 
     # ------------------------------------------------------------------ public API

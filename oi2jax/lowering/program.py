@@ -466,6 +466,27 @@ class Program:
         """A device value as a full host array (gathered when sharded)."""
         return np.asarray(value)
 
+    @property
+    def shaped(self) -> dict:
+        """Runtime-shaped variables (phases.runtime_shaped): name -> @auto_dim tensor."""
+        return self._lowering.shaped
+
+    def trim(self, name: str, value, outputs: dict):
+        """A runtime-shaped variable's value cut to its logical shape (`outputs[#shape/name]`), on
+        the host; any other value as it is."""
+        from .context import SHAPE
+        logical = outputs.get(SHAPE + name) if name in self._lowering.shaped else None
+        if logical is None:
+            return value
+        return self.to_host(value)[tuple(slice(0, int(n)) for n in self.to_host(logical))]
+
+    def trim_outputs(self, outputs: dict) -> dict:
+        """Step outputs with runtime-shaped values cut to their logical shapes, `#shape/` keys dropped."""
+        from .context import SHAPE
+        if not self._lowering.shaped:
+            return outputs
+        return {k: self.trim(k, v, outputs) for k, v in outputs.items() if not k.startswith(SHAPE)}
+
     def host_state(self, state: StepState) -> dict:
         """The flat state as host arrays (the guard vector split on the host)."""
         flags = self.to_host(state.guards.flags)

@@ -29,6 +29,12 @@ import numpy as np
 ERR = "#err"  # int32: 0 = fine, else 1 + index into Lowering.error_sites
 ERRVAL = "#errval"  # int64: the offending value (an index, a size)
 GROW = "#grow"  # int64[n_growable]: capacity a growable cache dim needs (0 = enough)
+SHAPE = "#shape/"  # + name: int64[rank] logical shape of a runtime-shaped variable (phases.runtime_shaped)
+
+
+def key_owner(key: str) -> str:
+    """The variable an env key belongs to: `T#size` -> T, `#shape/a` -> a, `#err` -> ''."""
+    return key[len(SHAPE):] if key.startswith(SHAPE) else key.split("#", 1)[0]
 GUARD_KEYS = (ERR, ERRVAL, GROW)
 
 

@@ -16,14 +16,15 @@ from .. import ir
 from ..phases import written_names
 from .blocks import lower_nodes
 from .caches import build_layouts
-from .context import Frame, Lowering, Tracer
+from .context import SHAPE, Frame, Lowering, Tracer
 from .state import GROW, commit
 
 
 def build_lowering(bound) -> Lowering:
+    from ..phases import runtime_shaped
     grow_slots: list = []
     layouts = build_layouts(bound, grow_slots)
-    return Lowering(bound=bound, caches=layouts, growable=grow_slots)
+    return Lowering(bound=bound, caches=layouts, growable=grow_slots, shaped=runtime_shaped(bound.graph))
 
 
 def uniform_value(array: np.ndarray):
@@ -71,6 +72,11 @@ class StepBuilder:
         env = {name: jnp.full(shape, fill, dtype) for name, (shape, dtype, fill) in self.fills.items()}
         env.update({name: consts[f"__init__/{name}"] for name in self.init_args})
         env[GROW] = jnp.zeros((len(self.lowering.growable),), jnp.int64)
+        if self.lowering.shaped:  # runtime-shaped: held at the capacity shape, logically as declared
+            tr = Tracer(self.lowering, consts)
+            for name in self.lowering.shaped:
+                if name in env:
+                    env = tr.embed(env, name, env[name])
         return env
 
     def start_env(self, consts: dict, state: dict, dynamic: dict) -> dict:
@@ -116,4 +122,7 @@ class StepBuilder:
         for name in extra:
             if name not in outputs:
                 outputs[name] = self.value_of(env, name)
+        for name in lowering.shaped:  # the logical shape beside each runtime-shaped output
+            if name in outputs:
+                outputs[SHAPE + name] = env[SHAPE + name]
         return new_state, outputs

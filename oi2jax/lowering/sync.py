@@ -10,6 +10,7 @@ from .. import ir
 from .blocks import lower_block, rule
 from ..phases import consumer_blocks, written_names
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
+from .state import key_owner
 
 
 @rule(ir.Barrier)
@@ -52,8 +53,7 @@ def _await(node: ir.Await, env, frame: Frame, tr: Tracer):
     env = dict(env)
     for result, writes in pending:
         for key in result:
-            base = key.split("#", 1)[0]
-            if base in writes and not key.startswith("__"):
+            if key_owner(key) in writes and not key.startswith("__"):
                 env[key] = result[key]
         first = (env[ERR] == 0) & (result[ERR] != 0)
         env[ERR] = jnp.where(first, result[ERR], env[ERR])

@@ -108,6 +108,11 @@ class Session:
                 raise OiError(f"{source}: {name} is not a variable of the graph{suggest(name, known)} (variables: "
                               f"{', '.join(known) or '(none)'})")
         for name, value in others.items():
+            if name in prog.shaped:  # saved at its current shape: kept as such for `read`
+                from ..values import convert_input
+                self._values[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name),
+                                                   np.shape(value))
+                continue
             self._values[name] = prog._convert(name, value)
         return prog.import_state(persistent, source)
 
@@ -137,6 +142,8 @@ class Session:
         value = self._values.get(name)
         if value is None:
             value = prog._defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
+        else:
+            value = prog.trim(name, value, self._values)  # a runtime-shaped value: its current shape
         return convert_output(prog.to_host(value), prog.bound.dtype(name))
 
     def values(self) -> dict:
@@ -250,6 +257,8 @@ class Session:
         if fresh is not None and not fresh[0].keys() <= dyn.keys():
             self._values  # noqa: B018  (flush: an input given last step but not now keeps its value)
         self._fresh = (dyn, outputs)  # outputs hold every variable: they supersede the last ones
+        if prog.shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
+            outputs = prog.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
 
     def _compile_fast(self, full: dict):
@@ -288,7 +297,7 @@ class Session:
         self._values.update(dyn)
         self._values.update(outputs)
         self._raise_if_failed(status, self.steps)
-        return self._returned(outputs)
+        return self._returned(prog.trim_outputs(outputs))
 
     # ------------------------------------------------------------------ many steps
 
@@ -334,6 +343,9 @@ class Session:
                 known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
                 raise OiError(f"collect: unknown variable {name}{suggest(name, known)} "
                               f"(variables: {', '.join(known) or '(none)'})")
+            if name in prog.shaped:
+                raise OiError(f"collect: {name} takes the current shape of @auto_dim tensor {prog.shaped[name]}, "
+                              f"which changes from step to step; read it after each step (session.step)")
             if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
                 raise OiError(f"collect: {name} is a cache table / auto_dim tensor, whose shape changes from "
                               f"step to step; cache.read it into a volatile and collect that")
