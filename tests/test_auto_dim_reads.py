@@ -95,8 +95,8 @@ def test_three_steps_shapes_and_values(program):
 
 
 @pytest.mark.parametrize("mode", ["compiled", "interpret"])
-def test_run_matches_numpy_both_ways(mode):
-    prog = oi2jax.compile(CACHE_AUTO_DIM, sizes=SIZES, mode=mode)
+def test_run_matches_numpy_both_ways(program, mode):
+    prog = program if mode == "compiled" else oi2jax.compile(CACHE_AUTO_DIM, sizes=SIZES, mode=mode)
     out = prog.run({"bias": np.float32(0.5)}, steps=3)
     expected = numpy_model([0.5] * 3)[-1]
     for name, value in expected.items():
@@ -115,7 +115,7 @@ def test_per_step_inputs_fused_and_200_steps_compile_log_n(program):
     out = prog.run({"bias": np.ones(200, np.float32)})
     assert out["a"].shape == (602, 402) and out["b"].shape == (2, 1002) and out["c"].shape == (1002, 2)
     assert out["L"].shape == (602, 402) and float(out["L"][0, 0]) == 200.0 and float(out["L"][601, 401]) == 1.0
-    # capacity doubling: 4 growing dims of at most 1002 -> at most 4 * 9 growth events (measured: 22)
+    # capacity doubling: 4 growing dims of at most 1002 -> at most 4 * 9 growth events (measured: 13, dims 3/4 full growing together)
     assert prog.compiles - before <= 4 * 9 + 2, prog.compiles - before
     session = prog.session()
     before = prog.compiles

@@ -33,6 +33,26 @@ class OpRules:
                                ref.span)
         return True
 
+    def warn_suffix_ranges(self, node: ir.Op):
+        """SPEC-2026-03 D1 (c): a setting's literal that does not fit its own suffix type
+        (`value=300u8`) is accepted as upstream does (the suffix is ignored), with a warning."""
+        from ..grammar.parse import INT_SUFFIX_RANGES
+        for attr in node.attrs:
+            values = attr.value.value if attr.value.kind == "int_list" else (attr.value.value,) \
+                if attr.value.kind == "int" else ()
+            for v in values:
+                text = ir.literal_text(v)
+                if not text:
+                    continue
+                hexa = text.lstrip("-").startswith("0x")  # hex digits may look like an f32 suffix
+                suffix = next((s for s in sorted(INT_SUFFIX_RANGES, key=len, reverse=True)
+                               if s and text.endswith(s) and not (hexa and s.startswith("f"))), "")
+                lo_hi = INT_SUFFIX_RANGES.get(suffix)
+                if lo_hi is not None and not lo_hi[0] <= int(v) <= lo_hi[1]:
+                    self.warning(f"setting {attr.name}={text}: {int(v)} does not fit its suffix type {suffix} "
+                                 f"({lo_hi[0]}..{lo_hi[1]}); OpenInfer ignores the suffix and uses {int(v)}",
+                                 attr.span)
+
     def check_op(self, node: ir.Op, loops):
         from .. import ops
         name_span = self.name_span(node.span, "op")
@@ -56,6 +76,7 @@ class OpRules:
         elif self.kind(out) == MemKind.PERSISTENT:
             self.error(f"persistent cache {out} must be written via cache.write", node.output_span)
             out_ok = False
+        self.warn_suffix_ranges(node)
         # variable-valued attributes
         for attr in node.attrs:
             aname = "alpha" if (node.op, attr.name) == ("relu", "negative_slope") else attr.name

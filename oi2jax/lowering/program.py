@@ -417,8 +417,8 @@ class Program:
     session_step = fused_session_step  # the yield/await driver runs its own (DriverProgram)
 
     def grow(self, state: StepState, status) -> StepState:
-        """Double the capacity of every cache dim that asked for more; rebuild the kernels.
-        n growth steps cost O(log n) recompiles."""
+        """Double the capacity of every cache dim that asked for more (and of every other growable
+        dim at least 3/4 full); rebuild the kernels. n growth steps cost O(log n) recompiles."""
         need = np.asarray(status)[2:]
         host = self.host_state(state)
         layouts = self._lowering.caches
@@ -428,6 +428,14 @@ class Program:
             while need[slot] > cap[dim]:
                 cap[dim] *= 2
             per_cache[name] = cap
+        # a rebuild costs a compile: dims at least 3/4 full grow with this one instead of asking
+        # for their own a few steps later (fewer compiles when several dims grow at different paces)
+        for slot, (name, dim) in enumerate(self._lowering.growable):
+            used = host.get(layouts[name].size_key())
+            cap = list(per_cache.get(name, layouts[name].capacity))
+            if need[slot] == 0 and used is not None and 4 * int(np.asarray(used)[dim]) >= 3 * cap[dim]:
+                cap[dim] *= 2
+                per_cache[name] = cap
         for name, cap in per_cache.items():  # refuse before allocating: a write at index 10**9 ...
             layout = layouts[name]
             probe = cache_mod.replace(layout, capacity=tuple(cap))
