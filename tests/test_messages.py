@@ -537,3 +537,15 @@ def test_packed_reserved_pattern_rank_huge_dims_and_unusable_home(capsys, tmp_pa
     code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input", f"x={tmp_path / 'x.npy'}",
                            "--quiet", "--cache-dir", str(home / "sub"))
     assert code == 1 and err.startswith(f"error: cannot use cache directory {home / 'sub'}: "), err
+
+
+def test_bf16_and_f8_inputs_are_converted_only_when_exact():
+    """Issue 19 item 16 (float part): float64 0.1 into a bf16 / f8 input was rounded silently."""
+    from oi2jax.values import convert_input
+    with pytest.raises(OiError, match=r"input x: value 0.1 \(float64\) is not exactly representable in bf16 "
+                                      r"\(nearest 0.10009765625\)"):
+        convert_input("x", np.array([0.1]), "bf16", (1,))
+    with pytest.raises(OiError, match=r"not exactly representable in f8 \(nearest 0.09375\)"):
+        convert_input("x", np.array([0.1]), "f8", (1,))
+    assert float(convert_input("x", np.array([0.5]), "bf16", (1,))[0]) == 0.5
+    assert float(convert_input("x", np.array([-1.5]), "f8", (1,))[0]) == -1.5
