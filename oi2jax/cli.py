@@ -525,7 +525,7 @@ def _dispatch(args) -> int:
             print("error: interrupted", file=sys.stderr)
             _INTERRUPTED.clear()
             return 130
-        from .lowering.program import allocation_error
+        from .limits import allocation_error
         oom = allocation_error(exc, "memory for the program's values")
         if oom is not None:  # host MemoryError or the device's RESOURCE_EXHAUSTED: not a bug
             print(oom.render(), file=sys.stderr)

@@ -45,11 +45,11 @@ from . import ir
 from .diagnostics import OiError
 from .interpret_caches import CacheOps, _shape, _State, _Table
 from .numerics import fill_value
+from .limits import check_sizes
 from .values import convert_input, convert_output
 
 MAX_DEPTH = 2_000  # frame stack depth (unbounded recursion through `branch`)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
-MAX_ELEMENTS = 1 << 31  # per variable: refuse absurd shapes (e.g. a corrupt model's sizevar) up front
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -106,16 +106,7 @@ class InterpretedProgram(CacheOps):
             names = {v for n in b.walk() if isinstance(n, ir.Await) for v in n.vars}
             if names:
                 self._awaits[b.name] = names
-        for name in [d.name for d in g.vars] + list(self._temps):
-            try:
-                shape = self._decl_shape(name)
-            except Exception:
-                continue
-            numel = int(np.prod([int(x) for x in shape], dtype=object)) if shape else 1
-            if numel > MAX_ELEMENTS:
-                decl = g.var(name)
-                raise OiError(f"{name}: shape {list(shape)} has {numel} elements, too large to allocate",
-                              decl.span if decl is not None else None, source=g.source or None)
+        check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
         self._sig_cache: dict = {}

@@ -476,3 +476,22 @@ def test_two_consumers_writing_one_cache_is_a_check_error(capsys, mode, yield_mo
     assert f"{path}:12:5: note: P also written here (block c1)" in text
     code, _, err = run_cli(capsys, "check", path)
     assert code == 1 and "multiple blocks mutated P" in err
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_one_size_limit_for_both_executors(mode):
+    """Issue 15: the interpreter refused > 2**31 elements, the compiled program > 1 TiB; both now use
+    oi2jax/limits.py (1 TiB, or this machine's memory) with the same located message."""
+    import oi2jax
+    from oi2jax.limits import memory_limit
+    text = "dynamic { x: f32[S]; }\nvolatile { y: f32[S]; }\nblock entry { op relu(x) >> y; return; }\n"
+    big = memory_limit() // 4 + 1  # f32: one element more than the limit allows
+    with pytest.raises(OiError) as exc:
+        oi2jax.compile(text, sizes={"S": big}, mode=mode)
+    assert f"<string>:1:11: error: x would need {4 * big} bytes (shape [{big}]): too large to allocate" \
+        in exc.value.render()
+    small = (1 << 31) + 1  # over the interpreter's old element limit, under the byte limit: not refused up front
+    if 4 * small * 2 < memory_limit():
+        from oi2jax.limits import check_sizes
+        from oi2jax.model.bind import bind
+        check_sizes(bind(oi2jax.parse(text), sizes={"S": small}))

@@ -24,7 +24,7 @@ from ..diagnostics import OiError
 from .context import Frame, Tracer
 from .packing import pack, unpack
 
-INITIAL_CAPACITY = 4
+from ..limits import INITIAL_CAPACITY  # noqa: E402,F401  (one definition)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from . import locations
 from .kernels import StepKernels
 from .state import ERR, ERRVAL, GROW, Guards, StateSpec, StepState
 from .step import StepBuilder, build_lowering
+from ..limits import (MAX_VALUE_BYTES, _limit_note, allocation_error, check_sizes,  # noqa: F401
+                      memory_limit)
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -37,65 +39,6 @@ def resolve_device(device):
     if not devices:
         raise OiError(f"device {device} is not available")
     return devices[0]
-
-
-MAX_VALUE_BYTES = 1 << 40  # 1 TiB: anything larger is a size-variable mistake, not a model
-
-
-def memory_limit() -> int:
-    """The most bytes one value may take: 1 TiB, and no more than this machine's memory in a
-    single-process run (a value that cannot fit is refused before anything is allocated)."""
-    limit = MAX_VALUE_BYTES
-    try:
-        if jax.process_count() == 1:
-            import os
-            limit = min(limit, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        pass
-    return limit
-
-
-def check_sizes(bound) -> None:
-    """Refuse absurd shapes (e.g. a size variable of 2**56) with a located error, before allocating."""
-    graph = bound.graph
-    limit = memory_limit()
-    names = [v.name for v in graph.vars] + [t for t in graph.temporaries if graph.var(t) is None]
-    for name in names:
-        shape = bound.shape(name)
-        decl = graph.var(name)
-        big = next((i for i, n in enumerate(shape) if n > limit), None)
-        if big is not None:  # even beside a 0 dim: no allocator takes such a shape
-            where = decl or graph.temporaries[name]
-            raise OiError(f"{name}: dimension {big} is {shape[big]}, too large to allocate (the limit is {limit})",
-                          where.span, source=graph.source)
-        what = f"shape {list(shape)}"
-        count = math.prod(shape)
-        if decl is not None and (decl.is_table or decl.auto_dim):  # a table holds capacity x entries
-            dims = decl.table_indices if decl.is_table else decl.auto_dim
-            fixed = decl.fixed_map
-            caps = [fixed.get(d, cache_mod.INITIAL_CAPACITY) for d in dims]
-            count *= math.prod(caps)
-            what = f"{'table' if decl.is_table else 'auto_dim'} capacity {caps} x {list(shape)}"
-        nbytes = dt.get(bound.dtype(name)).nbytes(count)
-        if nbytes > limit:
-            decl = graph.var(name) or graph.temporaries[name]
-            raise OiError(f"{name} would need {nbytes} bytes ({what}): too large to allocate (the limit is "
-                          f"{limit} bytes{_limit_note(limit)}); check the size variables and @fixed sizes",
-                          decl.span, source=graph.source)
-
-
-def _limit_note(limit: int) -> str:
-    return ", this machine's memory" if limit < MAX_VALUE_BYTES else ""
-
-
-def allocation_error(exc: BaseException, what: str) -> "OiError | None":
-    """A clear OiError for a host or device allocation failure, else None."""
-    text = str(exc)
-    if isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text \
-            or "out of memory" in text:
-        return OiError(f"cannot allocate {what}: out of memory ({type(exc).__name__}: "
-                       f"{text.splitlines()[0][:200] if text else 'no details'})")
-    return None
 
 
 class Placer:
