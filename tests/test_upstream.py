@@ -495,3 +495,17 @@ def test_one_size_limit_for_both_executors(mode):
         from oi2jax.limits import check_sizes
         from oi2jax.model.bind import bind
         check_sizes(bind(oi2jax.parse(text), sizes={"S": small}))
+
+
+def test_one_prefix_member_matcher(tmp_path, capsys):
+    """Issue 15: the checker matched `w.{l}` members with \\d+ (so `w.01` counted) while binding took
+    only canonical indices; both now use model.bind.pattern_regex, so check and run agree."""
+    m = tmp_path / "m.oinf"
+    save(m, tensors={"w.01": np.ones(2, np.float32)})
+    g = tmp_path / "g.oi"
+    g.write_text('constant { W(l): f32[2] @pattern("w.{l}"); }\nvolatile { y: f32[2]; }\n'
+                 'block entry { op relu(W[0]) >> y; return; }\n')
+    code, _, err = run_cli(capsys, "check", g, "--model", m)
+    assert code == 1 and 'constant W not found in model: no tensor matches @pattern("w.{l}")' in err, err
+    save(m, tensors={"w.0": np.ones(2, np.float32), "w.01": np.ones(2, np.float32)})
+    assert run_cli(capsys, "check", g, "--model", m)[0] == 0

@@ -1,7 +1,6 @@
 """Declaration rules: variable declarations, @init values, model binding, blocks and assign temporaries."""
 from __future__ import annotations
 
-import re
 
 from .. import dtypes, ir
 from ..ir import MemKind
@@ -89,9 +88,8 @@ class DeclRules:
                            f"{suggest(d.ref or d.name, known)}", d.span)
 
     def family_members(self, d: ir.VarDecl) -> list[str]:
-        parts = re.split(r"\{(\w+)\}", d.pattern)
-        regex = "".join(re.escape(p) if i % 2 == 0 else r"\d+" for i, p in enumerate(parts))
-        rx = re.compile(regex + r"\Z")
+        from ..model.bind import pattern_regex  # the one prefix-member matcher (bind uses it too)
+        rx, _ = pattern_regex(d)
         return [t for t in self.model.tensors if rx.match(t)]
 
     def check_bound(self, d: ir.VarDecl, tname: str):
