@@ -99,13 +99,7 @@ class InterpretedProgram(CacheOps):
         self._temps = g.temporaries
         from .phases import runtime_shaped
         self._shaped = runtime_shaped(g)  # take the current shape of an @auto_dim tensor (§0 item 12)
-        self._branch_targets = {n.then_block for b in g.blocks for n in b.walk() if isinstance(n, ir.Branch)} | {
-            n.else_block for b in g.blocks for n in b.walk() if isinstance(n, ir.Branch) and n.else_block}
-        self._awaits: dict[str, set[str]] = {}
-        for b in g.blocks:
-            names = {v for n in b.walk() if isinstance(n, ir.Await) for v in n.vars}
-            if names:
-                self._awaits[b.name] = names
+        self._consumer_cache: dict[tuple, list[str]] = {}
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
@@ -477,9 +471,11 @@ class InterpretedProgram(CacheOps):
     # ------------------------------------------------------------------------------ yield/await
 
     def _consumers(self, names: tuple[str, ...]) -> list[str]:
-        wanted = set(names)
-        return sorted(b for b, aw in self._awaits.items()
-                      if b != "entry" and b not in self._branch_targets and aw & wanted)
+        found = self._consumer_cache.get(tuple(names))
+        if found is None:
+            from .phases import consumers_of  # the one definition (the interpreter only executes)
+            found = self._consumer_cache[tuple(names)] = [b.name for b in consumers_of(self.graph, names)]
+        return found
 
     def _yield(self, node: ir.Yield, st: _State, ctx: _Ctx) -> None:
         if ctx.pending is not None:

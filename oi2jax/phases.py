@@ -178,10 +178,16 @@ class Analysis:
     outputs: tuple[str, ...] | None = None  # `return a, b;` in entry
 
 
-def _consumers(graph: ir.Graph, names) -> list[str]:
+def consumers_of(graph: ir.Graph, names) -> list[ir.Block]:
+    """THE consumers of a `yield` of `names` (one definition: checker, fused lowering, driver,
+    interpreter): the consumer blocks (`consumer_blocks`) that await any of them, by name."""
     wanted = set(names)
-    return [b.name for b in consumer_blocks(graph)
+    return [b for b in consumer_blocks(graph)
             if any(isinstance(n, ir.Await) and wanted & set(n.vars) for n in b.walk())]
+
+
+def _consumers(graph: ir.Graph, names) -> list[str]:
+    return [b.name for b in consumers_of(graph, names)]
 
 
 def _windows(graph: ir.Graph, nodes) -> tuple[list[Window], list[Diagnostic]]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import ir
-from ..phases import deadlock_diagnostics, node_writes
+from ..phases import consumers_of, deadlock_diagnostics, node_writes
 
 
 class PhaseRules:
@@ -46,13 +46,7 @@ class PhaseRules:
                              f"that entry yields", b.span)
 
     def consumers(self, yielded: tuple[str, ...], targets: set[str]) -> list[ir.Block]:
-        out = []
-        for b in sorted(self.g.block_map.values(), key=lambda b: b.name):
-            if b.name == "entry" or b.name in targets:
-                continue
-            if any(isinstance(n, ir.Await) and set(n.vars) & set(yielded) for n in b.walk()):
-                out.append(b)
-        return out
+        return consumers_of(self.g, yielded)  # the one definition (phases.py)
 
     def check_entry_windows(self, entry: ir.Block, targets: set[str]) -> set[str]:
         all_yielded: set[str] = set()

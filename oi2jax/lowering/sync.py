@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from .. import ir
 from .blocks import lower_block, rule
-from ..phases import consumer_blocks, written_names
+from ..phases import consumers_of, written_names
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
 from .state import key_owner
 
@@ -28,9 +28,7 @@ def _dep(node: ir.Dep, env, frame, tr):
 
 
 def _consumers_of(tr: Tracer, names: tuple[str, ...]) -> list[ir.Block]:
-    wanted = set(names)
-    return [b for b in consumer_blocks(tr.graph)
-            if any(isinstance(n, ir.Await) and wanted & set(n.vars) for n in b.walk())]
+    return consumers_of(tr.graph, names)
 
 
 @rule(ir.Yield)
