@@ -143,7 +143,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
         for pos, node in enumerate(nodes):
             rule = _NODE_RULES.get(type(node))
             if rule is not None:
-                getattr(self, rule)(node, _At(block, nodes, pos, loops, top))
+                rule(self, node, _At(block, nodes, pos, loops, top))
 
     def _op_rule(self, node: ir.Op, at: "_At"):
         self.check_op(node, at.loops)
@@ -207,8 +207,16 @@ class _At:
 
 
 _NODE_RULES = {
-    ir.Op: "_op_rule", ir.CacheRead: "_cache_read_rule", ir.CacheWrite: "_cache_write_rule",
-    ir.CacheReset: "_cache_reset_rule", ir.CacheIncrement: "_incdec_rule", ir.CacheDecrement: "_incdec_rule",
-    ir.Branch: "_branch_rule", ir.Transfer: "_transfer_rule", ir.Loop: "_loop_rule", ir.Return: "_return_rule",
-    ir.Yield: "_yield_await_rule", ir.Await: "_yield_await_rule",
+    ir.Op: _Checker._op_rule,
+    ir.CacheRead: _Checker._cache_read_rule,
+    ir.CacheWrite: _Checker._cache_write_rule,
+    ir.CacheReset: _Checker._cache_reset_rule,
+    ir.CacheIncrement: _Checker._incdec_rule,
+    ir.CacheDecrement: _Checker._incdec_rule,
+    ir.Branch: _Checker._branch_rule,
+    ir.Transfer: _Checker._transfer_rule,
+    ir.Loop: _Checker._loop_rule,
+    ir.Return: _Checker._return_rule,
+    ir.Yield: _Checker._yield_await_rule,
+    ir.Await: _Checker._yield_await_rule,
 }

@@ -326,7 +326,7 @@ class InterpretedProgram(CacheOps):
             self.trace.record(block, node, ns)
 
     def _node(self, node: ir.Node, f: _Frame, frames: list[_Frame], st: _State, ctx: _Ctx) -> None:
-        """Record the node in the trace and run its rule (`_RULES`: node type -> method name)."""
+        """Record the node in the trace and run its rule (`_RULES`: node type -> method)."""
         if isinstance(node, ir.Op):
             self._record(f.block, node, self._op(node, frames, st, ctx))
             return
@@ -334,7 +334,7 @@ class InterpretedProgram(CacheOps):
         rule = _RULES.get(type(node))
         if rule is None:
             raise self._err(f"unsupported node {type(node).__name__}", node)
-        getattr(self, rule)(node, f, frames, st, ctx)
+        rule(self, node, f, frames, st, ctx)
 
     def _assign(self, node: ir.Assign, f, frames, st: _State, ctx) -> None:
         if node.name not in st.values:  # created zero-filled; an existing value is kept (§3.9)
@@ -502,12 +502,20 @@ class InterpretedProgram(CacheOps):
                 ctx.wrote(var)
 
 
-# node type -> InterpretedProgram method running it (ops are dispatched first, with timing)
+# node type -> the InterpretedProgram method running it (ops are dispatched first, with timing)
 _RULES = {
-    ir.Assign: "_assign", ir.Branch: "_branch", ir.Loop: "_loop", ir.Return: "_return",
-    ir.Barrier: "_no_effect", ir.Dep: "_no_effect", ir.Transfer: "_transfer",
-    ir.Yield: "_yield_node", ir.Await: "_await_node",
-    ir.CacheRead: "_cache_read_node", ir.CacheWrite: "_cache_write_node",
-    ir.CacheIncrement: "_cache_step_node", ir.CacheDecrement: "_cache_step_node",
-    ir.CacheReset: "_cache_reset_node",
+    ir.Assign: InterpretedProgram._assign,
+    ir.Branch: InterpretedProgram._branch,
+    ir.Loop: InterpretedProgram._loop,
+    ir.Return: InterpretedProgram._return,
+    ir.Barrier: InterpretedProgram._no_effect,
+    ir.Dep: InterpretedProgram._no_effect,
+    ir.Transfer: InterpretedProgram._transfer,
+    ir.Yield: InterpretedProgram._yield_node,
+    ir.Await: InterpretedProgram._await_node,
+    ir.CacheRead: InterpretedProgram._cache_read_node,
+    ir.CacheWrite: InterpretedProgram._cache_write_node,
+    ir.CacheIncrement: InterpretedProgram._cache_step_node,
+    ir.CacheDecrement: InterpretedProgram._cache_step_node,
+    ir.CacheReset: InterpretedProgram._cache_reset_node,
 }
