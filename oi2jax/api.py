@@ -155,12 +155,9 @@ def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh
         enable_compilation_cache(cache_dir)
     if yield_mode not in YIELD_MODES:
         raise OiError(f"unknown yield_mode {yield_mode!r} (expected one of {', '.join(YIELD_MODES)})")
-    from .check import check_or_raise
-    from .model.bind import bind
-    graph = load_graph(source_or_path)
-    model_obj = load_model(model)
-    check_or_raise(graph, model=model_obj, sizes=sizes)
-    bound = bind(graph, model_obj, sizes)
+    from . import pipeline
+    bound = pipeline.bound(source_or_path, model, sizes)  # load -> check -> bind, shared with export and the CLI
+    graph = bound.graph
     if mode == "interpret":
         if precision != "highest":
             raise OiError(f"precision={precision!r} applies to compiled programs; the interpreter always "

@@ -337,12 +337,9 @@ def cmd_compile(args) -> int:
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
         # graph (against the model when there is one) and write it; nothing to compile
         import json
-        from .check import check_or_raise
+        from . import pipeline
         from .graph_json import to_json
-        from .model import open_model
-        graph = _load_graph(args.graph)
-        model_path = _default_model(args.graph, args.model)
-        check_or_raise(graph, model=open_model(model_path) if model_path else None, sizes=_sizes(args.size))
+        graph, _ = pipeline.checked(Path(args.graph), _default_model(args.graph, args.model), _sizes(args.size))
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, precision=args.precision, **_sharding_kwargs(args))

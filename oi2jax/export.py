@@ -98,7 +98,6 @@ EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None):
     """(exported, manifest, npz_arrays) for the graph; nothing written."""
     import jax
-    from . import api
     from .lowering import Program
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
     from .phases import has_yield
@@ -109,16 +108,9 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
             from .diagnostics import suggest
             raise OiError(f"unknown platform {platform!r}{suggest(platform, EXPORT_PLATFORMS)} "
                           f"(jax.export platforms: {', '.join(EXPORT_PLATFORMS)})")
-    graph = api.load_graph(source_or_path)
-    model_obj = api.load_model(model)
-    from .check import check_or_raise
-    from .model.bind import bind
-    check_or_raise(graph, model=model_obj, sizes=sizes)
-    bound = bind(graph, model_obj, sizes)
-    from .phases import deadlock_diagnostics
-    deadlocks = deadlock_diagnostics(graph)
-    if deadlocks:
-        raise OiError(deadlocks, source=graph.source)
+    from . import pipeline
+    bound = pipeline.bound(source_or_path, model, sizes)  # the checker already refuses deadlocks
+    graph = bound.graph
     unknown = [s for s in symbolic if s not in bound.sizes]
     if unknown:
         raise OiError(f"--symbolic {unknown[0]}: not a size variable of the graph/model "

@@ -110,3 +110,30 @@ def test_a_program_with_every_node_type_goes_through_every_stage(tmp_path):
         for k in outs[0]:
             np.testing.assert_array_equal(other[k], outs[0][k], err_msg=k)
     assert int(outs[0]["n"]) == 4 and outs[0]["T"].shape == (4, 2)
+
+
+def test_one_front_end_for_compile_export_and_cli(tmp_path, capsys, monkeypatch):
+    """Issue 15: api.compile, export and `compile --emit graph-json` all go through pipeline.bound /
+    pipeline.checked (load -> check -> bind), and a deadlock is refused by the checker for each."""
+    from oi2jax import pipeline
+    from oi2jax.diagnostics import OiError
+    from oi2jax.export import build_export
+    from conftest import run_cli
+    calls = []
+    real_checked = pipeline.checked
+
+    def spy(*args, **kwargs):
+        calls.append(args[0])
+        return real_checked(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "checked", spy)
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32[2]; y: f32[2]; }\nvolatile { r: f32[2]; }\n"
+                 "block entry {\n    yield x;\n    await x;\n    yield y;\n    await y;\n}\n"
+                 "block c { await x; await y; op add(x, y) >> r; yield x, y; }\n")
+    for run in (lambda: oi2jax.compile(str(g)), lambda: build_export(str(g))):
+        with pytest.raises(OiError, match="deadlock: block c awaits y"):
+            run()
+    code, _, err = run_cli(capsys, "compile", g, "--emit", "graph-json")
+    assert code == 1 and "deadlock: block c awaits y" in err
+    assert len(calls) == 3
