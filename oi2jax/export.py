@@ -129,7 +129,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         if symbolic:
             sbound = _symbolic_bound(bound, symbolic)
             lowering = Lowering(bound=sbound, caches=program._lowering.caches,
-                                growable=program._lowering.growable)
+                                growable=program._lowering.growable, shaped=program._lowering.shaped)
             trace_builder = type(builder).__new__(type(builder))
             trace_builder.__dict__.update(builder.__dict__)
             trace_builder.lowering = lowering

@@ -70,7 +70,8 @@ block side {
 def test_every_node_type_is_in_every_dispatch_table():
     from oi2jax.check import _NODE_RULES
     from oi2jax.interpret import _RULES as INTERPRET
-    from oi2jax.lowering.blocks import RULES as LOWERING
+    from oi2jax.lowering.rules import load
+    LOWERING = load()
     from oi2jax.trace import KINDS
     assert NODE_TYPES == {ir.Assign, ir.Op, ir.CacheRead, ir.CacheWrite, ir.CacheIncrement, ir.CacheDecrement,
                           ir.CacheReset, ir.Branch, ir.Barrier, ir.Dep, ir.Loop, ir.Yield, ir.Await, ir.Transfer,

@@ -1,57 +1,14 @@
-"""Blocks and straight-line nodes: the node-rule registry, op, assign, transfer, return.
-
-`lower_nodes(nodes, env, frame, tr)` walks nodes in order, dispatching on the node's type
-through `RULES` (no if-chains); it returns (env, stopped) where `stopped` means a `return`
-(or a consumer's `yield`) ended the enclosing frame.
-"""
+"""Straight-line nodes: op, assign, transfer (their rules register in `rules.RULES`)."""
 from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 
 from .. import ir, ops
 from ..diagnostics import OiError
-from .context import Frame, Tracer
-
-RULES: dict[type, object] = {}
-
-
-def rule(node_type):
-    def register(fn):
-        RULES[node_type] = fn
-        return fn
-    return register
-
-
-def lower_nodes(nodes, env: dict, frame: Frame, tr: Tracer) -> tuple[dict, bool]:
-    for node in nodes:
-        if isinstance(node, ir.Return):
-            if node.vars and frame.block == "entry" and not frame.loop_vars:
-                tr.outputs = node.vars
-            return env, True
-        if isinstance(node, ir.Yield) and frame.block != "entry":
-            return env, True  # a consumer's yield ends it (§3.5)
-        fn = RULES[type(node)]
-        with jax.named_scope(f"{node.index}:{_label(node)}"):
-            env = fn(node, env, frame, tr)
-    return env, False
-
-
-def lower_block(name: str, env: dict, tr: Tracer) -> dict:
-    """Run block `name` as a call (§3.2): its return ends only the block."""
-    block = tr.graph.block(name)
-    with jax.named_scope(name):
-        env, _ = lower_nodes(block.nodes, env, Frame(name), tr)
-    return env
-
-
-def _label(node: ir.Node) -> str:
-    if isinstance(node, ir.Op):
-        return node.op
-    return type(node).__name__.lower()
-
+from .context import Tracer
+from .rules import rule
 
 # ------------------------------------------------------------------------------ rules
 
@@ -146,33 +103,3 @@ def _transfer(node: ir.Transfer, env, frame, tr):
 
 def numel(shape) -> int:
     return math.prod(shape)
-
-
-# rules defined in sibling modules register themselves on import
-from . import control, sync  # noqa: E402,F401
-from .caches import CacheRules  # noqa: E402
-
-
-@rule(ir.CacheRead)
-def _cache_read(node, env, frame, tr):
-    return CacheRules(tr).read(node, env, frame)
-
-
-@rule(ir.CacheWrite)
-def _cache_write(node, env, frame, tr):
-    return CacheRules(tr).write(node, env, frame)
-
-
-@rule(ir.CacheReset)
-def _cache_reset(node, env, frame, tr):
-    return CacheRules(tr).reset(node, env, frame)
-
-
-@rule(ir.CacheIncrement)
-def _cache_inc(node, env, frame, tr):
-    return CacheRules(tr).step(node, env, frame, +1)
-
-
-@rule(ir.CacheDecrement)
-def _cache_dec(node, env, frame, tr):
-    return CacheRules(tr).step(node, env, frame, -1)

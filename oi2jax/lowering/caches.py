@@ -23,6 +23,7 @@ from .. import ir
 from ..diagnostics import OiError
 from .context import Frame, Tracer
 from .packing import pack, unpack
+from .rules import rule
 
 from ..limits import INITIAL_CAPACITY  # noqa: E402,F401  (one definition)
 
@@ -573,3 +574,30 @@ class CacheRules:
         env = dict(env)
         env[layout.name] = new.astype(value.dtype)
         return env
+
+
+# ---------------------------------------------------------------------------- registration
+
+@rule(ir.CacheRead)
+def _cache_read(node, env, frame, tr):
+    return CacheRules(tr).read(node, env, frame)
+
+
+@rule(ir.CacheWrite)
+def _cache_write(node, env, frame, tr):
+    return CacheRules(tr).write(node, env, frame)
+
+
+@rule(ir.CacheReset)
+def _cache_reset(node, env, frame, tr):
+    return CacheRules(tr).reset(node, env, frame)
+
+
+@rule(ir.CacheIncrement)
+def _cache_inc(node, env, frame, tr):
+    return CacheRules(tr).step(node, env, frame, +1)
+
+
+@rule(ir.CacheDecrement)
+def _cache_dec(node, env, frame, tr):
+    return CacheRules(tr).step(node, env, frame, -1)

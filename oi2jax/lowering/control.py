@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from .blocks import lower_block, lower_nodes, rule
+from .rules import lower_block, lower_nodes, rule
 from .context import Frame, Tracer
 
 

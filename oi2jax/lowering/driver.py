@@ -30,7 +30,7 @@ from jax.extend.core import Var
 
 from ..diagnostics import OiError
 from ..phases import Phase, analyze
-from .blocks import lower_block, lower_nodes
+from .rules import lower_block, lower_nodes
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
 from .state import SHAPE, commit as commit_state, key_owner, merge_guards
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \

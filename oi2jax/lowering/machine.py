@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import ir
-from .blocks import lower_nodes
+from .rules import lower_nodes
 from .context import Frame, Tracer
 
 # inline unless inlining costs more than this many times (plus a constant) the unique lowering

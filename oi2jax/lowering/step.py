@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import ir
 from ..phases import written_names
-from .blocks import lower_nodes
+from . import rules
+from .rules import lower_nodes
 from .caches import build_layouts
 from .context import SHAPE, Frame, Lowering, Tracer
 from .state import GROW, commit
@@ -22,6 +23,7 @@ from .state import GROW, commit
 
 def build_lowering(bound) -> Lowering:
     from ..phases import runtime_shaped
+    rules.load()  # every construct module's rules registered
     grow_slots: list = []
     layouts = build_layouts(bound, grow_slots)
     return Lowering(bound=bound, caches=layouts, growable=grow_slots, shaped=runtime_shaped(bound.graph))
@@ -88,7 +90,7 @@ class StepBuilder:
 
     def block_kernel(self, block: str):
         """(consts, env) -> env running one block as a call: for per-block dumps."""
-        from .blocks import lower_block
+        from .rules import lower_block
 
         def kernel(consts, env):
             return lower_block(block, env, Tracer(self.lowering, consts))

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import ir
-from .blocks import lower_block, rule
+from .rules import lower_block, rule
 from ..phases import consumers_of, written_names
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
 from .state import key_owner
