@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.oi2jax-installed
 
-.PHONY: demo test clean
+.PHONY: demo test test-nightly clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# the long variants too (random differential in driver mode, 100-run stress): for a nightly run
+test-nightly: $(STAMP)
+	OI2JAX_PROFILE=nightly $(PY) -m pytest -q tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

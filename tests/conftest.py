@@ -15,6 +15,10 @@ SHARED = Path(os.environ.get("OI2JAX_SHARED", REPO.parent / "shared" / "openinfe
 MODELS = SHARED / "models"
 BASELINE = SHARED / "baseline"
 EXAMPLES = REPO / "examples"
+# `make test` runs the default profile (under 5 minutes on an idle 2-core machine); `make
+# test-nightly` (OI2JAX_PROFILE=nightly) adds the long variants: the random differential test in
+# driver mode too, the 100-run concurrency stress test
+NIGHTLY = os.environ.get("OI2JAX_PROFILE") == "nightly"
 
 
 @pytest.fixture(scope="session")

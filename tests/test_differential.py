@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 import oi2jax
 from oi2jax.diagnostics import OiError
 
+from conftest import NIGHTLY
+
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 STEPS = 3
 
@@ -283,17 +285,19 @@ def assert_agree(a: dict, b: dict, text: str) -> None:
                                        equal_nan=True, err_msg=f"{name} differs\n{text}")
 
 
-def _outcome(mode: str, text: str, inputs):
+def _outcome(mode: str, text: str, inputs, yield_mode: str = "fused"):
+    """The compiled side runs yield/await graphs fused by default (driver == fused is proven by
+    test_driver, test_session and test_node_tables; the nightly profile also runs the driver here)."""
     try:
-        return oi2jax.compile(text, mode=mode).run(inputs, steps=STEPS), None
+        return oi2jax.compile(text, mode=mode, yield_mode=yield_mode).run(inputs, steps=STEPS), None
     except OiError as exc:
         return None, exc.render()
 
 
-def differential(text: str, seed: int = 0) -> None:
+def differential(text: str, seed: int = 0, yield_mode: str = "fused") -> None:
     inputs = gen_inputs(seed)
     interp, ierr = _outcome("interpret", text, inputs)
-    comp, cerr = _outcome("compiled", text, inputs)
+    comp, cerr = _outcome("compiled", text, inputs, yield_mode)
     if ierr or cerr:
         # a runtime error (e.g. table overflow) must happen in both modes
         assert ierr and cerr, f"only one mode failed:\ninterpret: {ierr}\ncompiled: {cerr}\n{text}"
@@ -312,11 +316,21 @@ def test_generated_programs_check_clean():
         assert not errors, "\n".join(d.render(text) for d in errors) + "\n" + text
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, print_blob=True,
+# 100 derandomized programs in `make test` (about a third of the suite's time: one XLA compile each);
+# 400 in the nightly profile (`make test-nightly`), plus 200 more run with the yield/await driver
+@settings(max_examples=400 if NIGHTLY else 100, deadline=None, derandomize=True, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.randoms(use_true_random=False), st.integers(0, 1000))
 def test_compiled_matches_interpreted(rnd, seed):
     differential(gen_program(rnd), seed)
+
+
+@pytest.mark.skipif(not NIGHTLY, reason="nightly profile (make test-nightly): the driver on random programs")
+@settings(max_examples=200, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.randoms(use_true_random=False), st.integers(0, 1000))
+def test_compiled_driver_matches_interpreted(rnd, seed):
+    differential(gen_program(rnd), seed, yield_mode="driver")
 
 
 def _regressions():
