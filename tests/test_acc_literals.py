@@ -8,7 +8,6 @@ import pytest
 
 import oi2jax
 from oi2jax import ops
-from oi2jax.diagnostics import OiError
 from oi2jax.ops.accumulate import RULES
 
 from conftest import run_cli

@@ -10,7 +10,6 @@ import pytest
 
 import oi2jax
 from oi2jax import ir
-from oi2jax.cli import main
 from oi2jax.diagnostics import OiError
 
 from conftest import EXAMPLES, REPO, run_cli
@@ -268,7 +267,7 @@ def test_checking_and_rendering_split_the_source_once():
             return super().splitlines(*args, **kwargs)
 
     n = 400
-    body = "".join(f"    op frob(x) >> x;\n" for _ in range(n))
+    body = "    op frob(x) >> x;\n" * n
     graph = parse("dynamic { x: f32[2]; }\nblock entry {\n" + body + "}\n")
     graph = dataclasses.replace(graph, source=CountingStr(graph.source))
     diags = check(graph)

@@ -298,7 +298,7 @@ class _Builder(Transformer):
 
     def init_value(self, meta, children):
         minus, tok = children
-        return self.literal(minus, tok, allow=("FLOAT", "INT", "TRUE", "FALSE"), init=True)
+        return self.literal(minus, tok, init=True)
 
     def ref_attr(self, meta, children):
         tok = children[0]
@@ -375,7 +375,7 @@ class _Builder(Transformer):
             raise self.err(f"invalid literal suffix `{suffix}` in {text} (floats take f32 or f64)", tok)
         return float(number.replace("_", "")), suffix
 
-    def literal(self, minus, tok, allow, init: bool = False) -> ir.Literal:
+    def literal(self, minus, tok, init: bool = False) -> ir.Literal:
         if minus is not None and tok.type not in ("FLOAT", "INT"):
             what = {"TRUE": "bool", "FALSE": "bool", "STRING": "string", "NAME": "identifier"}.get(tok.type, "value")
             raise self.err(f"unexpected '-' before {what}", minus)
@@ -415,7 +415,7 @@ class _Builder(Transformer):
         return ir.Literal("var", self.name(tok))
 
     def scalar_value(self, meta, children):
-        return self.literal(children[0], children[1], None)
+        return self.literal(children[0], children[1])
 
     def int_list(self, meta, children):
         return ir.Literal("int_list", tuple(c for c in children if c is not None))

@@ -3,6 +3,8 @@ the step kernels a session runs (kernels.py), cache growth (capacity doubling + 
 error reporting."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import json
 import math
@@ -22,8 +24,10 @@ from . import locations
 from .kernels import StepKernels
 from .state import ERR, ERRVAL, GROW, Guards, StateSpec, StepState
 from .step import StepBuilder, build_lowering
-from ..limits import (MAX_VALUE_BYTES, _limit_note, allocation_error, check_sizes,  # noqa: F401
-                      memory_limit)
+
+if TYPE_CHECKING:
+    from ..runtime.session import Session
+from ..limits import _limit_note, allocation_error, check_sizes, memory_limit
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 

@@ -53,5 +53,7 @@ def _label(node: ir.Node) -> str:
 
 def load() -> dict:
     """Import every construct module (each registers its rules); returns the complete `RULES`."""
-    from . import blocks, caches, control, sync  # noqa: F401
+    import importlib
+    for module in ("blocks", "caches", "control", "sync"):
+        importlib.import_module(f"{__package__}.{module}")
     return RULES
