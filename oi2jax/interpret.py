@@ -269,10 +269,9 @@ class InterpretedProgram(CacheOps):
         out = {}
         for name, array in inputs.items():
             decl = self.graph.var(name)
-            if decl is None:
-                raise OiError(f"unknown input {name}: the graph declares no variable {name}")
-            if decl.kind != ir.MemKind.DYNAMIC:
-                raise OiError(f"unknown input {name}: {name} is a {decl.kind.value} variable, not dynamic")
+            if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+                from .values import unknown_input  # the one message (compiled runs say the same)
+                raise unknown_input(name, self.graph)
             out[name] = convert_input(name, array, decl.dtype, self._decl_shape(name))
         return out
 

@@ -96,6 +96,19 @@ def convert_output(value, dtype: str) -> np.ndarray:
     return dt.to_output(np.asarray(value), dtype)
 
 
+def unknown_input(name: str, graph) -> OiError:
+    """THE error for an input that is not a dynamic variable (compiled, chunked and interpreted
+    runs, sessions): names what it is, suggests a close name, lists the dynamic variables."""
+    from .diagnostics import suggest
+    dynamic = [v.name for v in graph.vars_of(ir.MemKind.DYNAMIC)]
+    decl = graph.var(name)
+    if decl is not None:
+        return OiError(f"unknown input {name}: {name} is a {decl.kind.value} variable, not dynamic; the graph's "
+                       f"dynamic variables are {', '.join(dynamic) or '(none)'}")
+    return OiError(f"unknown input {name}{suggest(name, dynamic)}: the graph's dynamic variables are "
+                   f"{', '.join(dynamic) or '(none)'}")
+
+
 def check_given_inputs(bound, given, allow_zeros: bool) -> None:
     """Refuse to run without an input the graph reads and that has no default of its own (a model
     tensor or `@init`): it would silently compute from zeros. `allow_zeros` (`--zero-missing-inputs`,
@@ -103,9 +116,7 @@ def check_given_inputs(bound, given, allow_zeros: bool) -> None:
     dynamic = [v.name for v in bound.graph.vars_of(ir.MemKind.DYNAMIC)]
     for name in given:  # an unknown name first: a typo is the likely cause of a missing input
         if name not in dynamic:
-            from .diagnostics import suggest
-            raise OiError(f"unknown input {name}{suggest(name, dynamic)}: the graph's dynamic variables are "
-                          f"{', '.join(dynamic) or '(none)'}")
+            raise unknown_input(name, bound.graph)
     if allow_zeros:
         return
     missing = bound.missing_inputs(set(given))

@@ -138,3 +138,19 @@ def test_one_front_end_for_compile_export_and_cli(tmp_path, capsys, monkeypatch)
     code, _, err = run_cli(capsys, "compile", g, "--emit", "graph-json")
     assert code == 1 and "deadlock: block c awaits y" in err
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("mode, yield_mode", [("interpret", "driver"), ("compiled", "fused")])
+def test_constants_are_not_reassociated(mode, yield_mode):
+    """XLA folds `(x - c) + c` to `x` and `(x * c1) * c2` to `x * (c1 * c2)` when c is a constant;
+    OpenInfer rounds after every op: values must equal NumPy's op-by-op results bit for bit."""
+    from conftest import REPO
+    text = (REPO / "tests" / "regressions" / "constant_reassociation.oi").read_text()
+    x = np.array([[-0.13210486, 1e-9, 3.3], [-7.77, 0.4, -1e-3]], np.float32)
+    out = oi2jax.compile(text, mode=mode, yield_mode=yield_mode, zero_missing_inputs=True).run({"x": x})
+    half, tenth = np.float32(0.5), np.float32(0.1)
+    np.testing.assert_array_equal(out["a"], (x - half) + half)
+    np.testing.assert_array_equal(out["b"], (x + tenth) + half)
+    r = np.where(x >= 0, x, x * tenth)
+    np.testing.assert_array_equal(out["x"], np.where(r >= 0, r, r * tenth))
+    assert not np.array_equal(out["a"], x)  # the case that differs when folded

@@ -58,6 +58,11 @@ class CacheLayout:
         return self.shape
 
 
+def _fill(shape, fill, dtype):
+    from .step import fill_array  # floats opaque to XLA's constant reassociation
+    return fill_array(shape, dtype, fill)
+
+
 def init_fill(decl: ir.VarDecl):
     """The `@init` fill as a 0-d array in the dtype's representation (numerics.init_scalar: the
     one rule), so that every np.full / jnp.full below keeps its exact bits."""
@@ -501,12 +506,12 @@ class CacheRules:
         np_dtype = dt.get(layout.dtype).np_dtype
         data = env[layout.name]
         if layout.kind == "plain":
-            fill = jnp.full(layout.shape, layout.fill, np_dtype)
+            fill = _fill(layout.shape, layout.fill, np_dtype)
             env[layout.name] = pack(fill, layout.dtype) if layout.packed else fill
             return env
         if layout.kind == "auto_dim":
             base = jnp.zeros(data.shape, np_dtype)
-            region = jnp.full(layout.shape, layout.fill, np_dtype)
+            region = _fill(layout.shape, layout.fill, np_dtype)
             env[layout.name] = jax.lax.dynamic_update_slice(base, region, [0] * data.ndim)
             env[layout.size_key()] = jnp.zeros_like(env[layout.size_key()])
             return env
@@ -514,7 +519,7 @@ class CacheRules:
             raise self._err(f"cache table {layout.name} requires indices", access.span)
         k = len(layout.capacity)
         if not access.indices:
-            env[layout.name] = jnp.full(data.shape, layout.fill, np_dtype)
+            env[layout.name] = _fill(data.shape, layout.fill, np_dtype)
             env[layout.size_key()] = jnp.asarray([f or 0 for f in layout.fixed], jnp.int64)
             if f"{layout.name}#present" in env:
                 env[f"{layout.name}#present"] = jnp.zeros_like(env[f"{layout.name}#present"])
@@ -529,7 +534,7 @@ class CacheRules:
             starts.append(v)
         p = len(starts)
         in_range = jnp.all(jnp.stack([(s < c) for s, c in zip(starts, layout.capacity)]))
-        block = jnp.full((1,) * p + tuple(layout.capacity[p:]) + layout.shape, layout.fill, np_dtype)
+        block = _fill((1,) * p + tuple(layout.capacity[p:]) + layout.shape, layout.fill, np_dtype)
         idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
         updated = jax.lax.dynamic_update_slice(data, block, idx + [jnp.int32(0)] * (data.ndim - p))
         env[layout.name] = jnp.where(in_range, updated, data)

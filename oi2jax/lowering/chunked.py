@@ -104,8 +104,8 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
     for name, value in inputs.items():
         decl = graph.var(name)
         if decl is None or decl.kind != ir.MemKind.DYNAMIC:
-            raise OiError(f"unknown input {name}: the graph's dynamic variables are "
-                          f"{', '.join(program.dynamic_names) or '(none)'}")
+            from ..values import unknown_input
+            raise unknown_input(name, graph)
         shape = bound.shape(name)
         if name in batched:
             shape = (N,) + tuple(shape[1:])

@@ -202,9 +202,8 @@ class Program:
         raise self._unknown_input(sorted(dynamic.keys() - self._defaults.keys())[0])
 
     def _unknown_input(self, name: str) -> OiError:
-        from ..diagnostics import suggest
-        return OiError(f"unknown input {name}{suggest(name, self._builder.dynamic)}: the graph's dynamic "
-                       f"variables are {', '.join(self._builder.dynamic) or '(none)'}")
+        from ..values import unknown_input
+        return unknown_input(name, self.graph)
 
     def step(self, state: StepState, **dynamic):
         """The pure step: `(state, outputs)`; jit-, vmap-, grad- and export-composable.

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ir
+from ..ops.numerics import opaque
 from ..phases import written_names
 from . import rules
 from .rules import lower_nodes
@@ -38,6 +39,15 @@ def uniform_value(array: np.ndarray):
     if np.all((flat == first) | (np.isnan(flat) & np.isnan(first) if flat.dtype.kind == "f" else False)):
         return first
     return None
+
+
+def fill_array(shape, dtype, fill):
+    """An in-kernel fill (a volatile's or temporary's initial value, a reset): floats through an
+    opaque scalar (ops.numerics.opaque), so that XLA cannot reassociate arithmetic with it."""
+    value = jnp.asarray(fill, dtype)
+    if jnp.issubdtype(value.dtype, jnp.floating):
+        value = opaque(value)
+    return jnp.broadcast_to(value, shape)
 
 
 class StepBuilder:
@@ -71,7 +81,7 @@ class StepBuilder:
     def fresh_values(self, consts: dict) -> dict:
         """What every step starts from besides inputs and state (§0 item 4): volatiles and
         temporaries at their initial values, and no capacity requested yet."""
-        env = {name: jnp.full(shape, fill, dtype) for name, (shape, dtype, fill) in self.fills.items()}
+        env = {name: fill_array(shape, dtype, fill) for name, (shape, dtype, fill) in self.fills.items()}
         env.update({name: consts[f"__init__/{name}"] for name in self.init_args})
         env[GROW] = jnp.zeros((len(self.lowering.growable),), jnp.int64)
         if self.lowering.shaped:  # runtime-shaped: held at the capacity shape, logically as declared

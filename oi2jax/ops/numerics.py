@@ -89,15 +89,24 @@ def store(y, d: str):
     return y.astype(np_dtype(d))
 
 
+def opaque(value):
+    """A float constant XLA may not fold into its neighbours. XLA's algebraic simplifier
+    reassociates float arithmetic with constants (`(x + c1) + c2 -> x + (c1 + c2)`,
+    `(x - c) + c -> x`, likewise for multiplies), which is not IEEE: OpenInfer rounds after every
+    op, and so do the interpreter and a step run op by op. Behind an optimization barrier the value
+    is no longer a constant to XLA (a scalar: it still broadcasts and fuses)."""
+    return lax.optimization_barrier(value)
+
+
 def float_const(v, d: str):
     """A (static or traced) scalar attribute as `d`'s compute type: bool -> 1.0/0.0, f32 path
     for f32 and the low-precision types, full f64 for f64."""
     if isinstance(v, (bool, int, float, np.generic)):
         v = float(v)
         if d == "f64":
-            return jnp.asarray(v, wide_float())
+            return opaque(jnp.asarray(v, wide_float()))
         with np.errstate(over="ignore"):
-            return jnp.asarray(np.float32(v), jnp.float32)
+            return opaque(jnp.asarray(np.float32(v), jnp.float32))
     v = jnp.asarray(v)
     if v.dtype == jnp.bool_:
         v = v.astype(jnp.float32)
