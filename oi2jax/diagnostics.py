@@ -61,6 +61,8 @@ def _render_one(severity: str, message: str, span: Span | None, source: str | No
 class OiError(Exception):
     """A user error: one or more diagnostics. Never a crash: the CLI prints it and exits 1."""
 
+    step: int | None = None  # the 1-based step a runtime error happened in (in_step)
+
     def __init__(self, diagnostics: Diagnostic | str | list[Diagnostic], span: Span | None = None,
                  source: str | None = None):
         if isinstance(diagnostics, str):
@@ -70,6 +72,16 @@ class OiError(Exception):
         self.diagnostics: list[Diagnostic] = list(diagnostics)
         self.source = source
         super().__init__(self.render())
+
+    def in_step(self, step: int) -> "OiError":
+        """The same error naming the 1-based step it happened in (`... (in step k)`, `.step`):
+        the one form for a runtime error, compiled (a guard) or interpreted."""
+        first, *rest = self.diagnostics
+        import dataclasses
+        error = OiError([dataclasses.replace(first, message=f"{first.message} (in step {step})"), *rest],
+                        source=self.source)
+        error.step = step
+        return error
 
     @property
     def errors(self) -> list[Diagnostic]:

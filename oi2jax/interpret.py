@@ -260,7 +260,10 @@ class InterpretedProgram(CacheOps):
             if self.trace is not None and not self.trace.echo:
                 self.trace.clear()
             for i in range(steps):
-                self.step(converted)
+                try:
+                    self.step(converted)
+                except OiError as exc:  # a runtime error names its step, as a compiled guard does
+                    raise exc.in_step(i + 1) from None
                 if progress is not None:
                     progress(i + 1)
             return self.outputs()

@@ -35,3 +35,58 @@ def run_cli(capsys, *argv):
     assert "Traceback" not in captured.err
     return code, captured.out, captured.err
 
+
+
+# ------------------------------------------------------------------ running a graph every way
+# The one helper that runs a graph interpreted (the oracle), compiled with the yield/await driver
+# and compiled fused, and holds them to the same result: bit for bit, or the same error.
+WAYS = {"interpreted": {"mode": "interpret", "yield_mode": "driver"},
+        "driver": {"mode": "compiled", "yield_mode": "driver"},
+        "fused": {"mode": "compiled", "yield_mode": "fused"}}
+
+
+def assert_same(a: dict, b: dict, what: str = "") -> None:
+    """Bit for bit: same names, shapes and dtypes; equal values, NaNs equal to NaNs and the sign
+    of a zero counting."""
+    import numpy as np
+    assert set(a) == set(b), f"output names differ: {sorted(set(a) ^ set(b))}\n{what}"
+    for name in a:
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        assert x.shape == y.shape, f"{name}: shape {x.shape} vs {y.shape}\n{what}"
+        assert x.dtype == y.dtype, f"{name}: dtype {x.dtype} vs {y.dtype}\n{what}"
+        if x.dtype.kind == "f" or x.dtype.name in ("bfloat16", "float8_e5m2"):
+            xf, yf = x.astype(np.float64), y.astype(np.float64)
+            same = (xf == yf) & (np.signbit(xf) == np.signbit(yf)) | (np.isnan(xf) & np.isnan(yf))
+            assert np.all(same), f"{name} differs: {xf[~same][:4]} vs {yf[~same][:4]}\n{what}"
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=f"{name} differs\n{what}")
+
+
+def outcome(source, inputs=None, steps: int = 1, way: str = "fused", **compile_kw):
+    """(outputs, None) or (None, the OiError) of one way of running `source`."""
+    import oi2jax
+    from oi2jax.diagnostics import OiError
+    try:
+        return oi2jax.compile(source, **WAYS[way], **compile_kw).run(inputs or {}, steps=steps), None
+    except OiError as exc:
+        return None, exc
+
+
+def run_both(source, inputs=None, steps: int = 1, ways=("interpreted", "driver", "fused"), **compile_kw) -> dict:
+    """Run `source` each of `ways` (WAYS) and return the outputs, after asserting that every way
+    gave the same outputs bit for bit, or that every way failed with the same message (that
+    error is raised, as an OiError, for the caller to inspect)."""
+    results = {way: outcome(source, inputs, steps, way, **compile_kw) for way in ways}
+    first, (out, err) = next(iter(results.items()))
+    what = source if isinstance(source, str) and "\n" in source else str(source)
+    for way, (other, other_err) in results.items():
+        err_text, other_text = (e.render() if e else None for e in (err, other_err))
+        if err or other_err:
+            assert err and other_err, f"only one way failed:\n{first}: {err_text}\n{way}: {other_text}\n{what}"
+            assert err_text == other_text, \
+                f"the ways fail differently:\n{first}: {err_text}\n{way}: {other_text}\n{what}"
+        else:
+            assert_same(out, other, f"{first} vs {way}\n{what}")
+    if err:
+        raise err
+    return out

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import oi2jax
 from oi2jax.diagnostics import OiError
 
-from conftest import NIGHTLY
+from conftest import NIGHTLY, assert_same, run_both
 
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 STEPS = 3
@@ -299,41 +299,14 @@ def gen_inputs(seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def assert_agree(a: dict, b: dict, text: str) -> None:
-    """Bit for bit: every op is exact, compiled as interpreted (NaNs compare equal, and the sign
-    of a zero counts)."""
-    assert set(a) == set(b), f"output names differ: {sorted(set(a) ^ set(b))}\n{text}"
-    for name in a:
-        x, y = np.asarray(a[name]), np.asarray(b[name])
-        assert x.shape == y.shape, f"{name}: shape {x.shape} (compiled) vs {y.shape} (interpreted)\n{text}"
-        assert x.dtype == y.dtype, f"{name}: dtype {x.dtype} vs {y.dtype}\n{text}"
-        if x.dtype.kind == "f" or x.dtype.name in ("bfloat16", "float8_e5m2"):
-            xf, yf = x.astype(np.float64), y.astype(np.float64)
-            same = (xf == yf) & (np.signbit(xf) == np.signbit(yf)) | (np.isnan(xf) & np.isnan(yf))
-            assert np.all(same), f"{name} differs: {xf[~same][:4]} vs {yf[~same][:4]}\n{text}"
-        else:
-            np.testing.assert_array_equal(x, y, err_msg=f"{name} differs\n{text}")
-
-
-def _outcome(mode: str, text: str, inputs, yield_mode: str = "fused"):
-    """The compiled side runs yield/await graphs fused by default (driver == fused is proven by
-    test_driver, test_session and test_node_tables; the nightly profile also runs the driver here)."""
-    try:
-        return oi2jax.compile(text, mode=mode, yield_mode=yield_mode).run(inputs, steps=STEPS), None
-    except OiError as exc:
-        return None, exc.render()
-
-
 def differential(text: str, seed: int = 0, yield_mode: str = "fused") -> None:
-    inputs = gen_inputs(seed)
-    interp, ierr = _outcome("interpret", text, inputs)
-    comp, cerr = _outcome("compiled", text, inputs, yield_mode)
-    if ierr or cerr:
-        # a runtime error (e.g. table overflow) must happen in both modes, with the same message
-        assert ierr and cerr, f"only one mode failed:\ninterpret: {ierr}\ncompiled: {cerr}\n{text}"
-        assert ierr == cerr, f"the modes fail differently:\ninterpret: {ierr}\ncompiled: {cerr}\n{text}"
-        return
-    assert_agree(comp, interp, text)
+    """Interpreted vs compiled (fused by default: driver == fused is proven by test_driver,
+    test_session and test_node_tables; the nightly profile also runs the driver here), through
+    conftest.run_both: bit for bit, or the same runtime error (e.g. a table overflow)."""
+    try:
+        run_both(text, gen_inputs(seed), STEPS, ways=("interpreted", yield_mode))
+    except OiError:
+        pass  # both ways failed, with the same message (run_both asserted it)
 
 
 # ------------------------------------------------------------------------------------- tests
@@ -395,4 +368,4 @@ def test_examples_compiled_matches_interpreted(name):
         inputs[decl.name] = (np.array(True) if decl.dtype == "bool"
                              else rng.standard_normal(shape).astype(dt.get(decl.dtype).np_dtype))
     comp = oi2jax.compile(EXAMPLES / f"{name}.oi", model=model, mode="compiled")
-    assert_agree(comp.run(inputs, steps=STEPS), interp.run(inputs, steps=STEPS), name)
+    assert_same(comp.run(inputs, steps=STEPS), interp.run(inputs, steps=STEPS), name)

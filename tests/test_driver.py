@@ -19,25 +19,20 @@ from oi2jax.lowering.driver import DriverProgram
 from oi2jax.phases import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = Path("/work/shared/openinfer/models/streaming_pipeline.oinf")
+from conftest import MODELS, assert_same
 
-
-def same(a: dict, b: dict):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype, k
-        assert a[k].shape == b[k].shape, k
-        assert a[k].tobytes() == b[k].tobytes(), k
+MODEL = MODELS / "streaming_pipeline.oinf"
 
 
 def both(src, inputs=None, steps=1, **kw) -> tuple[dict, DriverProgram]:
-    """Run fused and driver; assert they agree bit for bit; return the driver's outputs."""
+    """Run fused and driver; assert they agree bit for bit (conftest.assert_same); return the
+    driver's outputs and program (the tests look at its kernels)."""
     fused = oi2jax.compile(src, yield_mode="fused", **kw)
     drv = oi2jax.compile(src, **kw)
     assert isinstance(drv, DriverProgram) and not isinstance(fused, DriverProgram)
     out_f = fused.run(inputs or {}, steps=steps)
     out_d = drv.run(inputs or {}, steps=steps)
-    same(out_f, out_d)
+    assert_same(out_f, out_d)
     return out_d, drv
 
 
@@ -198,7 +193,7 @@ def test_step_contract_and_repeated_runs_identical():
     drv = oi2jax.compile(MULTI)
     first = drv.run({"a": X, "b": Y})
     for _ in range(20):
-        same(first, drv.run({"a": X, "b": Y}))
+        assert_same(first, drv.run({"a": X, "b": Y}))
     state = drv.init_state()
     state, outputs = drv.step(state, a=X, b=Y)
     assert set(outputs) == {"a", "b", "r1", "r2", "r3", "w"}

@@ -14,7 +14,7 @@ from oi2jax.cli import main
 from oi2jax.diagnostics import OiError
 from oi2jax.export import MANIFEST_FORMAT, write_export
 
-from conftest import EXAMPLES, REPO
+from conftest import EXAMPLES, REPO, assert_same
 
 # The loader a user without oi2jax writes: plain jax.export.deserialize + the manifest.
 LOADER = textwrap.dedent("""
@@ -104,15 +104,14 @@ def test_artifact_matches_oi2jax_run(exported):
         for out in man["outputs"]:
             key = out["name"]
             assert key in expected, (name, key)
-            np.testing.assert_allclose(got["out." + key], expected[key], rtol=1e-5, atol=1e-5,
-                                       err_msg=f"{name}:{key}")
+            assert_same({key: got["out." + key]}, {key: expected[key]}, f"{name}:{key}")
             compared += 1
         for cache, info in man["caches"].items():  # persistent values, through the manifest's view
             data = got["state." + info["data_key"]]
             if info["kind"] == "table":
                 sizes_ = got["state." + info["size_key"]]
                 data = data[tuple(slice(0, int(s)) for s in sizes_)]
-            np.testing.assert_allclose(data, expected[cache], err_msg=f"{name}:{cache}")
+            assert_same({cache: data}, {cache: expected[cache]}, f"{name}:{cache}")
             compared += 1
     assert compared >= 15
 

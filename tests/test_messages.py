@@ -12,7 +12,7 @@ import oi2jax
 from oi2jax import ir
 from oi2jax.diagnostics import OiError
 
-from conftest import EXAMPLES, REPO, run_cli
+from conftest import EXAMPLES, REPO, run_both, run_cli
 
 
 def test_unknown_op_and_setting_suggest_the_closest(capsys, tmp_path):
@@ -77,12 +77,11 @@ def test_named_return_still_reports_every_variable():
     }
     """
     x = np.array([-1.0, 2.0], np.float32)
-    results = [oi2jax.compile(src, mode=mode).run({"x": x}, steps=2) for mode in ("compiled", "interpret")]
-    for out in results:
-        assert sorted(out) == ["h", "n", "x", "y"]
-        np.testing.assert_array_equal(out["h"], [0.0, 2.0])
-        np.testing.assert_array_equal(out["y"], [-1.0, 4.0])
-        assert int(out["n"]) == 2
+    out = run_both(src, {"x": x}, steps=2)  # compiled as interpreted, bit for bit
+    assert sorted(out) == ["h", "n", "x", "y"]
+    np.testing.assert_array_equal(out["h"], [0.0, 2.0])
+    np.testing.assert_array_equal(out["y"], [-1.0, 4.0])
+    assert int(out["n"]) == 2
     prog = oi2jax.compile(src)
     assert sorted(prog.session().step(x=x)) == ["y"]  # the step's outputs: what `return` names
 
@@ -161,10 +160,9 @@ def test_auto_dim_shape_mismatch_says_the_actual_shape():
     out = oi2jax.compile(src).run({}, steps=1)
     assert out["m"].shape == (8, 4) and out["M"].shape == (8, 4)
     grown = src.replace("return; }", "cache.increment 3 i; cache.write m >> M[i, j]; return; }")
-    for mode in ("compiled", "interpret"):
-        with pytest.raises(OiError) as info:
-            oi2jax.compile(grown, mode=mode).run({}, steps=1)
-        assert "error: cache.write M expects shape [11, 4], got [8, 4]" in str(info.value), str(info.value)
+    with pytest.raises(OiError) as info:  # the same error every way (run_both asserts it)
+        run_both(grown, {}, steps=1)
+    assert "error: cache.write M expects shape [11, 4], got [8, 4]" in str(info.value), str(info.value)
 
 
 def test_unknown_block_and_model_tensor_suggest(capsys, tmp_path):

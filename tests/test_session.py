@@ -9,7 +9,7 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.lowering.state import StepState
 
-from conftest import EXAMPLES, run_cli
+from conftest import EXAMPLES, run_both, run_cli
 
 D = 4
 KV_SOURCE = EXAMPLES / "kv_cache_decode.oi"
@@ -354,20 +354,16 @@ def test_missing_inputs_are_errors_unless_zeros_are_asked_for(capsys, tmp_path):
     assert code == 0, err
     with np.load(tmp_path / "o.npz") as out:
         np.testing.assert_array_equal(out["x"], np.zeros((4, 16), np.float32))
-    for mode in ("compiled", "interpret"):
-        prog = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf", mode=mode)
-        with pytest.raises(OiError) as info:
-            prog.run({})
-        assert str(info.value) == f"error: {MISSING}"
+    with pytest.raises(OiError) as info:  # the same error every way (conftest.run_both)
+        run_both(graph, {}, model=EXAMPLES / "mlp_regression.oinf")
+    assert str(info.value) == f"error: {MISSING}"
     prog = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf")
     with pytest.raises(OiError, match="missing input x"):
         prog.session().step()
     with pytest.raises(OiError, match="missing input x"):
         prog.step(prog.init_state())
-    zeros = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf", zero_missing_inputs=True)
-    interp = oi2jax.compile(graph, model=EXAMPLES / "mlp_regression.oinf", mode="interpret",
-                            zero_missing_inputs=True)
-    np.testing.assert_array_equal(zeros.run({})["y"], interp.run({})["y"])  # x = 0, as asked
+    zeros = run_both(graph, {}, model=EXAMPLES / "mlp_regression.oinf", zero_missing_inputs=True)
+    np.testing.assert_array_equal(zeros["x"], np.zeros((4, 16), np.float32))  # x = 0, as asked
     # an input with a default of its own (@init) or one the graph never reads is not missing
     src = "dynamic { a: f32[2] @init(1.5); b: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry { op relu(a) >> y; return; }\n"
     np.testing.assert_array_equal(oi2jax.compile(src).run({})["y"], [1.5, 1.5])

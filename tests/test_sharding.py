@@ -49,6 +49,15 @@ WORKER = textwrap.dedent(r'''
     mesh_d = make_mesh({"data": 4}, devices=jax.devices()[:4])
     report = {"examples": {}, "errors": {}}
 
+    def ulps(a, b):
+        """The largest distance in units in the last place between two float arrays (0: equal)."""
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind != "f" or a.shape != b.shape:
+            return 0 if np.array_equal(a, b) else 1 << 62
+        ia, ib = (np.asarray(x, np.float32).view(np.int32).astype(np.int64) for x in (a, b))
+        ia, ib = (np.where(i < 0, -(1 << 31) - i, i) for i in (ia, ib))  # monotone in the value
+        return int(np.max(np.abs(ia - ib), initial=0))
+
     def inputs_for(prog, seed):
         rng = np.random.default_rng(seed)
         out = {}
@@ -74,7 +83,12 @@ WORKER = textwrap.dedent(r'''
             colls = [(shape, kind) for shape, kind in COLL.findall(hlo)]
             const_shapes = sorted({f"{np.dtype(v.dtype).name}{list(v.shape)}" for v in prog._consts.values()})
             entry[label] = {
+                # bit for bit (NaN == NaN); "close": within the rounding of a reduction whose
+                # terms are split over devices (a model-sharded contraction sums partial sums)
                 "equal": sorted(want) == sorted(got) and all(
+                    np.array_equal(want[k], got[k], equal_nan=want[k].dtype.kind == "f") for k in want),
+                "ulps": max([ulps(want[k], got[k]) for k in want if k in got] or [0]),
+                "close": sorted(want) == sorted(got) and all(
                     np.allclose(want[k], got[k], rtol=1e-5, atol=1e-5, equal_nan=True) for k in want),
                 "collectives": colls,
                 "const_specs": {k: str(v.sharding.spec) for k, v in prog._consts.items()},
@@ -141,12 +155,23 @@ def report():
     return json.loads(line[len("REPORT "):])
 
 
+# Sharded equals unsharded bit for bit where no float contraction runs on per-device shapes:
+# caches, elementwise ops, integer matmuls. A float dot or sum over a batch- or model-sharded
+# operand is computed by XLA on the per-device shapes, and its CPU dot picks its kernel (gemv for
+# one row, blocked gemm, ...) and so its summation order by shape; a model-sharded contraction
+# also sums partial sums across devices. There the claim is equality up to the rounding of that
+# reduction, measured here in ulps for the record (up to a few thousand next to a cancelling zero).
+EXACT = {"cache_window_slice", "kv_cache_decode", "quantized_linear", "stability_guard"}
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_sharded_equals_unsharded(report, name):
     entry = report["examples"][name]
-    assert entry["data"]["equal"], f"{name} sharded over data differs from the unsharded run"
-    if CONFIGS[name][1] is not None:
-        assert entry["model"]["equal"], f"{name} sharded over data+model differs from the unsharded run"
+    for label, cfg in entry.items():
+        if name in EXACT:
+            assert cfg["equal"], f"{name} sharded ({label}) differs from the unsharded run: {cfg['ulps']} ulps"
+        else:
+            assert cfg["close"], f"{name} sharded ({label}) is not the unsharded run up to reduction rounding"
     for cfg in entry.values():
         assert cfg["compiles"] == 1  # 3 steps, one trace: state keeps its sharding
 
@@ -185,7 +210,7 @@ def test_step_keeps_state_sharding_and_returns_sharded_outputs(report):
     assert "x" not in step["output_specs"]  # an input the graph never writes is not copied out
     assert "data" in step["output_specs"]["y"]
     assert step["compiles"] == 1
-    np.testing.assert_allclose(step["W"], step["W_want"], rtol=1e-6)
+    np.testing.assert_array_equal(step["W"], step["W_want"])  # 0 + d + d + d == 3d exactly in f32
 
 
 def test_constants_loaded_shard_by_shard(report):
@@ -265,7 +290,7 @@ def test_two_process_run_equals_single_process(tmp_path):
     got = np.load(tmp_path / "out0.npz")
     want = oi2jax.compile(graph, model=model).run({"x": x}, steps=2)
     assert sorted(got.files) == sorted(want)
-    for k in want:
+    for k in want:  # H is model-sharded: h @ w2 sums partial sums across devices (see EXACT)
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
 
 
@@ -307,4 +332,4 @@ def test_two_processes_each_read_only_their_shards():
         # w1, b1, w2 are split over the two processes (half each); b2 is replicated (whole)
         b1 = 32 * 4
         assert rep["bytes"] == (rep["w1"] + b1 + rep["w2"]) // 2 + rep["rest"]
-        np.testing.assert_allclose(rep["y"], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rep["y"], want, rtol=1e-5, atol=1e-6)  # a split contraction (EXACT)

@@ -58,9 +58,8 @@ class Lowering:
         """The error of guard `code` with its offending `value`; `step`: the 1-based step it fired in."""
         site = self.error_sites[code - 1]
         message = site.render(value) if site.render is not None else site.message.format(value=value)
-        if step is not None:
-            message += f" (in step {step})"
-        return OiError(message, site.span, source=self.graph.source)
+        error = OiError(message, site.span, source=self.graph.source)
+        return error if step is None else error.in_step(step)
 
 
 @dataclass

@@ -172,7 +172,6 @@ class Session:
         error = self.program.status_error(status, step=step)
         if error is not None:
             self._clear_error()
-            error.step = step
             raise error
 
     def _clear_error(self) -> None:
