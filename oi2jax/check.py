@@ -29,13 +29,37 @@ def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> l
     return sorted(checker.diags, key=_sort_key)
 
 
-def check_or_raise(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> list[Diagnostic]:
-    """Raise `OiError` (all errors) when there are errors; otherwise return the warnings."""
-    diags = check(graph, model, sizes)
+@dataclass(frozen=True, eq=False)
+class CheckedGraph:
+    """What `check` decided, for the backends (bind, lowering, interpreter, export) to consume:
+    the graph, its warnings and every op node's signature (`ops.OpSig`: mode, output dtype and
+    shape as typed by `ops.infer`). Only `check_graph` makes one, and only for a graph without
+    errors; nothing downstream re-infers an op's type or re-raises a checker message."""
+
+    graph: ir.Graph
+    warnings: tuple[Diagnostic, ...]
+    op_sigs: dict  # id(op node) -> OpSig; the graph (held here) keeps the ids valid
+
+    def op_sig(self, node: ir.Op):
+        sig = self.op_sigs.get(id(node))
+        assert sig is not None, f"op {node.op} at {node.span} was not typed by the checker (a node built after check?)"
+        return sig
+
+
+def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> CheckedGraph:
+    """The checked graph, or `OiError` with every error (THE check of the pipeline)."""
+    checker = _Checker(graph, model, sizes)
+    checker.run()
+    diags = sorted(checker.diags, key=_sort_key)
     errors = [d for d in diags if d.severity == "error"]
     if errors:
         raise OiError(errors, source=graph.source)
-    return diags
+    return CheckedGraph(graph, tuple(diags), dict(checker.op_sigs))
+
+
+def check_or_raise(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> list[Diagnostic]:
+    """Raise `OiError` (all errors) when there are errors; otherwise return the warnings."""
+    return list(check_graph(graph, model, sizes).warnings)
 
 
 def _sort_key(d: Diagnostic):
@@ -57,6 +81,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
         self.diags: list[Diagnostic] = []
         self.decls: dict[str, ir.VarDecl] = {}
         self.temps: dict[str, ir.Assign] = {}
+        self.op_sigs: dict = {}  # id(op node) -> ops.OpSig (CheckedGraph)
 
     # ---------------------------------------------------------------- helpers
     def error(self, message: str, span: ir.Span | None, related=()):

@@ -339,7 +339,7 @@ def cmd_compile(args) -> int:
         import json
         from . import pipeline
         from .graph_json import to_json
-        graph, _ = pipeline.checked(Path(args.graph), _default_model(args.graph, args.model), _sizes(args.size))
+        graph = pipeline.checked(Path(args.graph), _default_model(args.graph, args.model), _sizes(args.size))[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, precision=args.precision, **_sharding_kwargs(args))

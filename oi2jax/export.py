@@ -75,7 +75,6 @@ def _check_symbolic(graph: ir.Graph, symbolic: tuple[str, ...]) -> None:
 def _symbolic_bound(bound, symbolic: tuple[str, ...]):
     """A copy of `bound` whose shapes mention the symbolic dims (sizes[B] is the symbolic dim)."""
     import jax
-    from .model.bind import BoundGraph
     dims = jax.export.symbolic_shape(",".join(symbolic))
     sym = dict(zip(symbolic, dims))
     sizes = dict(bound.sizes)
@@ -89,7 +88,7 @@ def _symbolic_bound(bound, symbolic: tuple[str, ...]):
             shapes[name] = tuple(d.resolve(sizes) for d in decl_dims)
         else:
             shapes[name] = shape
-    return BoundGraph(graph, bound.model, sizes, shapes)
+    return bound.with_shapes(sizes, shapes)
 
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")

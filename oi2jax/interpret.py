@@ -43,7 +43,8 @@ import numpy as np
 from . import dtypes as dt
 from . import ir
 from .diagnostics import OiError
-from .interpret_caches import CacheOps, _shape, _State, _Table
+from . import messages
+from .interpret_caches import CacheOps, _State, _Table
 from .numerics import fill_value
 from .limits import check_sizes
 from .values import convert_input, convert_output
@@ -103,7 +104,6 @@ class InterpretedProgram(CacheOps):
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
-        self._sig_cache: dict = {}
         self.state = self._initial_state()
 
     # ------------------------------------------------------------------ declarations / values
@@ -204,7 +204,7 @@ class InterpretedProgram(CacheOps):
         if d.is_float:
             f = float(v.astype(np.float64))
             if not np.isfinite(f):
-                raise self._err(f"loop bound {value} is not finite ({f})", node)
+                raise self._err(messages.loop_bound_not_finite(value), node)
             return int(f)  # truncates toward zero
         return int(v)
 
@@ -413,17 +413,7 @@ class InterpretedProgram(CacheOps):
         inputs = [self._read_ref(r, frames, st, node) for r in node.inputs]
         in_dtypes = [self._ref_dtype(r) for r in node.inputs]
         lits = node.attr_map
-        key = (node.index, tuple(tuple(np.shape(a)) for a in inputs))
-        sig = self._sig_cache.get(key)
-        if sig is None:
-            try:
-                sig = ops.infer(node.op, in_dtypes, [tuple(np.shape(a)) for a in inputs], lits,
-                                out_name=node.output, in_names=[str(r) for r in node.inputs])
-            except OiError:
-                raise
-            except Exception as exc:  # OpTypeError and friends
-                raise self._err(f"op {node.op}: {getattr(exc, 'message', None) or exc}", node) from None
-            self._sig_cache[key] = sig
+        sig = self.bound.op_sig(node)  # typed by the checker (check.CheckedGraph), not re-inferred
         attrs: dict[str, object] = {}
         for name, lit in lits.items():
             if lit.kind == "var":
@@ -437,10 +427,6 @@ class InterpretedProgram(CacheOps):
                 attrs[name] = tuple(lit.value)
             else:
                 attrs[name] = lit.value
-        try:
-            out_dtype = self._dtype(node.output)
-        except OiError:
-            raise self._err(f"unknown output variable {node.output}", node) from None
         t0 = time.perf_counter_ns()
         try:
             result = ops.apply(node.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
@@ -452,14 +438,10 @@ class InterpretedProgram(CacheOps):
             raise
         ns = time.perf_counter_ns() - t0
         result = np.asarray(result)
-        if sig.out_dtype != out_dtype:
-            raise self._err(f"op {node.op} output dtype mismatch for {node.output}: expected {out_dtype}, "
-                            f"got {sig.out_dtype}", node)
         current = st.values.get(node.output)
         if current is not None and tuple(np.shape(current)) != tuple(result.shape) \
-                and node.output not in self._shaped:
-            raise self._err(f"op {node.op}: output shape {_shape(result)} does not match {node.output} "
-                            f"shape {_shape(current)}", node)
+                and node.output not in self._shaped:  # a shape the checker could not type (keepdims=var)
+            raise self._err(messages.op_output_shape(node.op, node.output, np.shape(current), result.shape), node)
         st.values[node.output] = result
         ctx.wrote(node.output)
         return ns

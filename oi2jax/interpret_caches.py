@@ -10,6 +10,9 @@ import numpy as np
 from . import dtypes as dt
 from . import ir
 from .numerics import f8_encode, fill_value  # noqa: F401  (fill_value: the one @init rule)
+from . import messages
+
+CHECKED = "the checker refuses it (check.CheckedGraph)"
 
 if TYPE_CHECKING:
     from .interpret import _Ctx, _Frame
@@ -114,30 +117,29 @@ class CacheOps:
 
     def _persistent(self, name: str, node, op: str) -> ir.VarDecl:
         decl = self.graph.var(name)
-        if decl is None:
-            raise self._err(f"unknown cache variable {name}", node)
-        if decl.kind != ir.MemKind.PERSISTENT:
-            raise self._err(f"{op} expects persistent variable, got {decl.kind.value.capitalize()} {name}", node)
+        assert decl is not None and decl.kind == ir.MemKind.PERSISTENT, f"{op} {name}: %s" % CHECKED
         return decl
 
-    def _grow(self, decl: ir.VarDecl, t: _Table, d: int, size: int, node) -> None:
+    def _grow(self, decl: ir.VarDecl, t: _Table, d: int, size: int, node, what: str = "index") -> None:
         fixed = t.fixed[d]
         if fixed is not None and size > fixed:
-            raise self._err(f"cache table {decl.name} index {d} exceeds fixed size {fixed}", node)
+            raise self._err(messages.exceeds_fixed(decl.name, d, fixed, what, size - 1 if what == "index" else size),
+                            node)
         t.sizes[d] = max(t.sizes[d], size)
 
     def _single(self, decl, sel: ir.Single, frames, st, node) -> int:
         k = self._index(sel.value, frames, st, node)
         if k < 0:
-            raise self._err(f"cache index cannot be negative: {decl.name} index {sel.value} is {k}", node)
+            raise self._err(messages.negative_index(decl.name, f"index {sel.value}", k), node)
         return k
 
-    def _table_read(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: _State, ctx, node) -> np.ndarray:
+    def _table_read(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: _State, ctx, node,
+                    out_lengths) -> np.ndarray:
+        """The selection; each slice's length must be the destination's dimension (`out_lengths`)."""
         t = st.tables[decl.name]
         before = t.key()
         n = len(t.sizes)
-        if len(access.indices) > n:
-            raise self._err(f"cache access {decl.name} expects at most {n} indices, got {len(access.indices)}", node)
+        assert len(access.indices) <= n, CHECKED
         sels = list(access.indices) + [ir.Slice()] * (n - len(access.indices))
         ranges, out_dims = [], []
         for d, sel in enumerate(sels):
@@ -149,15 +151,18 @@ class CacheOps:
             size = t.sizes[d]
             start = 0 if sel.start is None else self._index(sel.start, frames, st, node)
             if start < 0:
-                raise self._err(f"cache index cannot be negative: {decl.name} slice start {start}", node)
+                raise self._err(messages.negative_index(decl.name, "slice start", start), node)
             end = size if sel.end is None else self._index(sel.end, frames, st, node)
             if end < 0:
                 if -end > size:
-                    raise self._err(f"slice end underflow for size {size}", node)
+                    raise self._err(messages.slice_end_underflow(decl.name, size), node)
                 end = size + end
             if end < start:
-                raise self._err(f"slice end {end} before start {start}", node)
-            self._grow(decl, t, d, end, node)
+                raise self._err(messages.slice_end_before_start(decl.name, end), node)
+            self._grow(decl, t, d, end, node, what="slice end")
+            length = out_lengths[len(out_dims)]
+            if end - start != length:
+                raise self._err(messages.read_slice_length(decl.name, end - start, length), node)
             ranges.append(range(start, end))
             out_dims.append(end - start)
         entry = decl.shape(self._sizes)
@@ -175,21 +180,16 @@ class CacheOps:
 
     def _auto_dim(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: _State, ctx, node) -> None:
         names = decl.auto_dim
-        if len(names) != len(decl.dims):
-            raise self._err(f"auto_dim requires {len(names)} dims, got {len(decl.dims)}", node)
-        if len(access.indices) > len(names):
-            raise self._err(f"cache access {decl.name} expects at most {len(names)} indices, "
-                            f"got {len(access.indices)}", node)
+        assert len(names) == len(decl.dims) and len(access.indices) <= len(names), CHECKED
         counts = st.counts[decl.name]
         fixed = decl.fixed_map
         new = list(counts)
         for j, sel in enumerate(access.indices):
-            if not isinstance(sel, ir.Single):
-                raise self._err(f"cache access {decl.name} does not support slice indices", node)
+            assert isinstance(sel, ir.Single), CHECKED
             v = self._single(decl, sel, frames, st, node)
             mx = fixed.get(names[j])
             if mx is not None and v > mx:
-                raise self._err(f"auto_dim {decl.name} exceeds fixed max {mx} for {names[j]}", node)
+                raise self._err(messages.auto_dim_exceeds(decl.name, mx, names[j], v), node)
             new[j] = max(new[j], v)
         if new != counts:
             base = decl.shape(self._sizes)
@@ -203,30 +203,25 @@ class CacheOps:
     def _cache_read(self, node: ir.CacheRead, frames, st: _State, ctx: _Ctx) -> None:
         access = node.src
         decl = self._persistent(access.base, node, "cache.read")
+        dst = node.dst
+        ddecl = self.graph.var(dst.name)
+        assert dst.indices is None and (ddecl is not None or dst.name in self._temps), CHECKED
+        assert ddecl is None or ddecl.kind not in (ir.MemKind.CONSTANT, ir.MemKind.PERSISTENT), CHECKED
+        want = tuple(self.bound.shape(dst.name))
         if decl.is_table:
-            if not access.bracketed:
-                raise self._err(f"cache table {decl.name} requires indices", node)
-            value = self._table_read(decl, access, frames, st, ctx, node)
+            assert access.bracketed, CHECKED
+            n_slices = len(st.tables[decl.name].sizes) - sum(isinstance(s, ir.Single) for s in access.indices)
+            value = self._table_read(decl, access, frames, st, ctx, node, want[:n_slices])
         elif decl.is_auto_dim:
             self._auto_dim(decl, access, frames, st, ctx, node)
             value = st.values[decl.name]
         else:
-            if access.bracketed:
-                raise self._err(f"cache {decl.name} does not support indexed access", node)
+            assert not access.bracketed, CHECKED
             value = st.values[decl.name]
-        dst = node.dst
-        if dst.indices is not None:
-            raise self._err(f"cache.read destination {dst} cannot be indexed", node)
-        ddecl = self.graph.var(dst.name)
-        if ddecl is None and dst.name not in self._temps:
-            raise self._err(f"unknown variable {dst.name}", node)
-        if ddecl is not None and ddecl.kind in (ir.MemKind.CONSTANT, ir.MemKind.PERSISTENT):
-            raise self._err(f"cannot write to {ddecl.kind.value} memory: {dst.name}", node)
-        want = tuple(self.bound.shape(dst.name))
         if tuple(np.shape(value)) != want and dst.name not in self._shaped:  # §0 item 12: declared shape,
             # except where the destination takes an @auto_dim tensor's current shape
-            raise self._err(f"cache.read {access.base} -> {dst.name}: the selection has shape "
-                            f"{list(np.shape(value))}, the destination is declared {list(want)}", node)
+            assert decl.is_auto_dim, CHECKED  # a table's selection: its slice lengths were checked above
+            raise self._err(messages.current_shape("cache.read", decl.name, np.shape(value), want), node)
         st.values[dst.name] = np.array(value, copy=True)
         ctx.wrote(dst.name)
 
@@ -234,19 +229,14 @@ class CacheOps:
         access = node.dst
         decl = self._persistent(access.base, node, "cache.write")
         src = np.asarray(self._read_ref(node.src, frames, st, node))
-        want = dt.get(decl.dtype).np_dtype
-        if src.dtype != want:
-            raise self._err(f"cache.write {decl.name} dtype mismatch: expected {decl.dtype}, "
-                            f"got {self._ref_dtype(node.src)}", node)
+        assert src.dtype == dt.get(decl.dtype).np_dtype, CHECKED
         if decl.is_table:
             t = st.tables[decl.name]
-            if not access.bracketed:
-                raise self._err(f"cache table {decl.name} requires indices", node)
-            if len(access.indices) != len(t.sizes) or not all(isinstance(s, ir.Single) for s in access.indices):
-                raise self._err(f"cache.write {decl.name} does not support slice indices", node)
+            assert access.bracketed and len(access.indices) == len(t.sizes), CHECKED
+            assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
             entry = decl.shape(self._sizes)
-            if tuple(src.shape) != entry:
-                raise self._err(f"cache.write {decl.name} expects shape {list(entry)}, got {_shape(src)}", node)
+            if tuple(src.shape) != entry:  # a runtime-shaped source (phases.runtime_shaped)
+                raise self._err(messages.write_shape(decl.name, entry, src.shape), node)
             combo = []
             for d, sel in enumerate(access.indices):
                 k = self._single(decl, sel, frames, st, node)
@@ -257,14 +247,13 @@ class CacheOps:
             self._auto_dim(decl, access, frames, st, ctx, node)
             cur = st.values[decl.name]
             if tuple(src.shape) != tuple(cur.shape):
-                raise self._err(f"cache.write {decl.name} expects shape {_shape(cur)}, got {_shape(src)}", node)
+                raise self._err(messages.write_shape(decl.name, cur.shape, src.shape), node)
             st.values[decl.name] = src
         else:
-            if access.indices:
-                raise self._err(f"cache.write {decl.name} does not support indexed writes", node)
+            assert not access.indices, CHECKED
             cur = st.values[decl.name]
             if tuple(src.shape) != tuple(cur.shape):
-                raise self._err(f"cache.write {decl.name} expects shape {_shape(cur)}, got {_shape(src)}", node)
+                raise self._err(messages.write_shape(decl.name, cur.shape, src.shape), node)
             st.values[decl.name] = src
         ctx.wrote(decl.name)
 
@@ -298,13 +287,12 @@ class CacheOps:
         decl = self._persistent(access.base, node, "cache.reset")
         if decl.is_table:
             t = st.tables[decl.name]
-            if not access.bracketed:
-                raise self._err(f"cache table {decl.name} requires indices", node)
+            assert access.bracketed, CHECKED
             if not access.indices:
                 t.entries.clear()
             else:
-                if len(access.indices) > len(t.sizes) or not all(isinstance(s, ir.Single) for s in access.indices):
-                    raise self._err(f"cache.reset {decl.name} requires scalar indices", node)
+                assert len(access.indices) <= len(t.sizes) and all(isinstance(s, ir.Single) for s in access.indices), \
+                    CHECKED
                 prefix = tuple(self._single(decl, s, frames, st, node) for s in access.indices)
                 t.entries = {k: v for k, v in t.entries.items() if k[: len(prefix)] != prefix}
             t.reset_sizes()

@@ -7,18 +7,24 @@ from __future__ import annotations
 
 
 def checked(source_or_path, model=None, sizes=None):
-    """(graph, model object): the graph loaded and checked (against the model when given);
+    """(CheckedGraph, model object): the graph loaded and checked (against the model when given);
     OiError with every error otherwise."""
     from .api import load_graph, load_model
-    from .check import check_or_raise
+    from .check import check_graph
     graph = load_graph(source_or_path)
     model_obj = load_model(model)
-    check_or_raise(graph, model=model_obj, sizes=sizes)
-    return graph, model_obj
+    return check_graph(graph, model=model_obj, sizes=sizes), model_obj
 
 
 def bound(source_or_path, model=None, sizes=None):
     """load -> check -> bind: the `BoundGraph` every backend (compiled, interpreted, exported) starts from."""
     from .model.bind import bind
-    graph, model_obj = checked(source_or_path, model, sizes)
-    return bind(graph, model_obj, sizes)
+    checked_graph, model_obj = checked(source_or_path, model, sizes)
+    return bind(checked_graph, model_obj, sizes)
+
+
+def rebound(bound_graph, sizes):
+    """The same graph and model checked and bound at other sizes (a chunked run's tail)."""
+    from .check import check_graph
+    from .model.bind import bind
+    return bind(check_graph(bound_graph.graph, bound_graph.model, sizes), bound_graph.model, sizes)

@@ -14,8 +14,10 @@ from oi2jax.trace import Trace
 
 
 def bind_graph(graph, model=None, sizes=None):
+    """check -> bind, as every program starts (the interpreter executes a checked graph)."""
+    from oi2jax.check import check_graph
     from oi2jax.model.bind import bind
-    return bind(graph, model, sizes)
+    return bind(check_graph(graph, model, sizes), model, sizes)
 
 
 def make(text: str, model=None, sizes=None, trace=None) -> InterpretedProgram:
@@ -246,7 +248,7 @@ def test_variable_valued_attribute():
 
 def test_unbounded_recursion_is_an_error_not_a_crash():
     text = "volatile { x: i32; } block entry { branch entry; }"
-    with pytest.raises(OiError, match="depth"):
+    with pytest.raises(OiError, match="recursion through branches: entry -> entry"):  # refused by the checker
         run(text)
 
 
@@ -321,13 +323,14 @@ def test_slice_reads_grow_negative_ends_and_errors():
     np.testing.assert_array_equal(out["out"], [v, v])
     # growable: at step 1 the table has size 1, so `1..` selects 0 rows: the destination's declared
     # [2, 2] no longer fits, which oi2jax reports (SPEC §0 item 12) instead of reshaping `out`
-    with pytest.raises(OiError, match=r"selection has shape \[0, 2\], the destination is declared \[2, 2\]"):
+    with pytest.raises(OiError, match=r"cache.read T: slice of length 0 does not match the destination's "
+                                      r"dimension 2 \(in step 1\)"):  # the compiled guard's words (messages.py)
         run(base.format(n=2, sel="1.."), {"v": v}, steps=3)
     out = run(base.format(n=0, sel="2..2"), {"v": v}, steps=1)  # empty, still grows to 2
     assert out["out"].shape == (0, 2) and out["T"].shape == (2, 2)
     with pytest.raises(OiError, match="slice end underflow for size 1"):
         run(base.format(n=0, sel="..-2"), {"v": v})
-    with pytest.raises(OiError, match="slice end 1 before start 3"):
+    with pytest.raises(OiError, match=r"slice end 1 before start in T \(in step 1\)"):
         run(base.format(n=0, sel="3..1"), {"v": v})
 
 

@@ -359,7 +359,7 @@ def test_negative_slice_start_at_run_time_is_an_error():
     volatile { win: f32[2, 2]; }
     block entry { cache.read A[s..1] >> win; }
     """)
-    with pytest.raises(OiError, match=r"cache index cannot be negative \(slice start -1\) in A"):
+    with pytest.raises(OiError, match=r"cache index cannot be negative: A slice start is -1 \(in step 1\)"):
         prog.run({})
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import dtypes, ir
+from .. import messages
 from ..ir import MemKind
 from . import shape_text
 
@@ -166,7 +167,7 @@ class CacheRules:
         entry = self.resolve_dims(d.dims)
         got = self.shape(node.src.name)
         if entry is not None and got is not None and entry != got:
-            self.error(f"cache.write {d.name} expects shape {shape_text(entry)}, got {shape_text(got)}",
+            self.error(messages.write_shape(d.name, entry, got),
                        node.src.span)
 
     def check_cache_reset(self, node: ir.CacheReset, loops):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import ir
+from .. import messages
 from ..ir import MemKind
 from . import shape_text
 
@@ -113,6 +114,7 @@ class OpRules:
                 span = node.inputs[exc.input].span
             self.error(exc.message, span)
             return
+        self.op_sigs[id(node)] = sig  # the CheckedGraph's signature: the backends do not re-infer it
         for attr in node.attrs:  # SPEC-2026-03 D3: the 1fc5207 form 0/1 of a bool setting
             if attr.name in ops.typing.BOOL_ATTRS and attr.value.kind == "int":
                 self.warning(f"{attr.name}={attr.value.value}: current OpenInfer accepts only true/false here; "
@@ -126,8 +128,7 @@ class OpRules:
             return
         out_shape = self.shape(out)
         if sig.out_shape is not None and out_shape is not None and tuple(sig.out_shape) != out_shape:
-            self.error(f"op {node.op} output shape mismatch for {out}: {out} is {shape_text(out_shape)}, "
-                       f"the result is {shape_text(sig.out_shape)}", node.output_span)
+            self.error(messages.op_output_shape(node.op, out, out_shape, sig.out_shape), node.output_span)
 
 
     def check_source(self, ref: ir.VarRef, loops, unknown_msg: str) -> bool:

@@ -5,7 +5,7 @@ import math
 
 import jax.numpy as jnp
 
-from .. import ir, ops
+from .. import ir, messages, ops
 from ..diagnostics import OiError
 from .context import Tracer
 from .rules import rule
@@ -54,16 +54,16 @@ def _op(node: ir.Op, env, frame, tr):
         env, value = tr.read(ref, env, frame)
         inputs.append(value)
     in_dtypes = [_dtype_of(tr, ref.name) for ref in node.inputs]
-    sig = ops.infer(node.op, in_dtypes, [tuple(v.shape) for v in inputs], node.attr_map,
-                    out_name=node.output, in_names=[r.name for r in node.inputs])
+    sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
     out = ops.apply(node.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
                     out_dtype=sig.out_dtype, mode=sig.mode)
     if node.output in tr.lowering.shaped:  # runtime-shaped (phases.runtime_shaped)
         return _shaped_op_output(node, env, tr, out)
     want = tr.bound.shape(node.output)
     if tuple(out.shape) != tuple(want):
-        raise OiError(f"op {node.op} output shape {list(out.shape)} does not match {node.output}'s declared "
-                      f"shape {list(want)}", node.span, source=tr.graph.source)
+        # a shape the checker could not type (keepdims= a model scalar): the one message
+        raise OiError(messages.op_output_shape(node.op, node.output, want, out.shape), node.span,
+                      source=tr.graph.source)
     env = dict(env)
     env[node.output] = out
     return env

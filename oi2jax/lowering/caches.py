@@ -21,6 +21,7 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
+from .. import messages
 from .context import Frame, Tracer
 from .packing import pack, unpack
 from .rules import rule
@@ -224,7 +225,7 @@ class CacheRules:
         """Check single index `raw` at table dim j; returns (env, index, new size)."""
         tr = self.tr
         v = tr.index_value(raw, frame, env)
-        neg = tr.lowering.site(f"cache index cannot be negative (got {{value}}) in {layout.name}", span)
+        neg = tr.lowering.site(messages.negative_index(layout.name, f"index {raw}", "{value}"), span)
         env = tr.fail_if(env, jnp.asarray(v) < 0, neg, v)
         env = self._bound(env, layout, j, jnp.asarray(v, jnp.int64) + 1, span, what="index")
         return env, v, jnp.maximum(size, jnp.asarray(v, jnp.int64) + 1)
@@ -234,8 +235,7 @@ class CacheRules:
         tr = self.tr
         fixed = layout.fixed[j]
         if fixed is not None:
-            code = tr.lowering.site(f"cache table {layout.name} index {j} exceeds fixed size {fixed} "
-                                    f"({what} {{value}})", span)
+            code = tr.lowering.site(messages.exceeds_fixed(layout.name, j, fixed, what, "{value}"), span)
             return tr.fail_if(env, end > fixed, code, end - 1 if what == "index" else end)
         slot = layout.grow_slots[j]
         return tr.need_capacity(env, slot, jnp.where(end > layout.capacity[j], end, 0))
@@ -261,27 +261,23 @@ class CacheRules:
                 squeeze.append(j)
             else:
                 start = jnp.int64(0) if s.start is None else jnp.asarray(tr.index_value(s.start, frame, env), jnp.int64)
-                if isinstance(s.start, int) and s.start < 0:
-                    raise self._err(f"cache index cannot be negative (slice start {s.start})", span)
-                code = tr.lowering.site(f"cache index cannot be negative (slice start {{value}}) in {layout.name}",
-                                        span)
+                assert not (isinstance(s.start, int) and s.start < 0), "the checker refuses a negative literal"
+                code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
                 env = tr.fail_if(env, start < 0, code, start)
                 if s.end is None:
                     end = size
                 elif isinstance(s.end, int) and s.end < 0:
-                    code = tr.lowering.site(f"slice end underflow for size {{value}} in {layout.name}", span)
+                    code = tr.lowering.site(messages.slice_end_underflow(layout.name, "{value}"), span)
                     env = tr.fail_if(env, size < -s.end, code, size)
                     end = size + s.end
                 else:
                     end = jnp.asarray(tr.index_value(s.end, frame, env), jnp.int64)
-                code = tr.lowering.site(f"slice end {{value}} before start in {layout.name}", span)
+                code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
                 env = tr.fail_if(env, end < start, code, end)
                 env = self._bound(env, layout, j, end, span, what="slice end")
                 length = out_lengths[slice_pos]
                 slice_pos += 1
-                code = tr.lowering.site(
-                    f"cache.read {layout.name}: slice of length {{value}} does not match the destination's "
-                    f"dimension {length}", span)
+                code = tr.lowering.site(messages.read_slice_length(layout.name, "{value}", length), span)
                 env = tr.fail_if(env, (end - start) != length, code, end - start)
                 size = jnp.maximum(size, end)
                 starts.append(start)
@@ -318,12 +314,12 @@ class CacheRules:
                 if not isinstance(s, ir.Single):
                     raise self._err(f"cache access {layout.name} does not support slice indices", span)
                 v = jnp.asarray(tr.index_value(s.value, frame, env), jnp.int64)
-                neg = tr.lowering.site(f"cache index cannot be negative (got {{value}}) in {layout.name}", span)
+                neg = tr.lowering.site(messages.negative_index(layout.name, f"index {s.value}", "{value}"), span)
                 env = tr.fail_if(env, v < 0, neg, v)
                 fixed = layout.fixed[j]
                 if fixed is not None:
-                    code = tr.lowering.site(f"auto_dim {layout.name} exceeds fixed max {fixed} for {j} "
-                                            f"(index {{value}})", span)
+                    code = tr.lowering.site(messages.auto_dim_exceeds(layout.name, fixed, tr.graph.var(layout.name).auto_dim[j],
+                                                                     "{value}"), span)
                     env = tr.fail_if(env, v > fixed, code, v)
                 else:
                     env = tr.need_capacity(env, layout.grow_slots[j], jnp.where(v > layout.capacity[j], v, 0))
@@ -346,8 +342,7 @@ class CacheRules:
             def render(value, base=base, k=k, want=tuple(want), name=layout.name):
                 counts = [(value >> (32 * (k - 1 - j))) & 0xFFFFFFFF for j in range(k)]
                 shape = [b + c for b, c in zip(base, counts)] + list(base[k:])
-                return (f"{what} {name}: the tensor's current shape {shape} does not match the "
-                        f"destination's {list(want)}")
+                return messages.current_shape(what, name, shape, want)
 
             code = tr.lowering.site(f"{what} {layout.name}: current shape does not match {list(want)}", span,
                                     render=render)
@@ -416,8 +411,7 @@ class CacheRules:
             if access.indices:
                 raise self._err(f"cache.write {layout.name} does not support indexed writes", access.span)
             if tuple(src.shape) != layout.shape:
-                raise self._err(f"cache.write {layout.name} expects shape {list(layout.shape)}, got {list(src.shape)}",
-                                node.span)
+                raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
             env = dict(env)
             env[layout.name] = pack(src, layout.dtype) if layout.packed else src
             return env
@@ -428,8 +422,7 @@ class CacheRules:
             if len(access.indices) != k or any(not isinstance(s, ir.Single) for s in access.indices):
                 raise self._err(f"cache.write {layout.name} does not support slice indices", access.span)
             if tuple(src.shape) != layout.shape:
-                raise self._err(f"cache.write {layout.name} expects shape {list(layout.shape)}, got {list(src.shape)}",
-                                node.span)
+                raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
             sizes = env[layout.size_key()]
             new_sizes, starts = [], []
             ok = jnp.bool_(True)  # this write's own guards: a failing write is skipped, never clamped
@@ -474,7 +467,7 @@ class CacheRules:
             if value < 0:
                 return f"cache.write {name}: the value's current shape differs from the tensor's"
             dims = [(value >> (16 * (2 * rank - 1 - j))) & 0xFFFF for j in range(2 * rank)]
-            return f"cache.write {name} expects shape {dims[rank:]}, got {dims[:rank]}"
+            return messages.write_shape(name, dims[rank:], dims[:rank])
 
         if rank <= 2:  # both shapes fit the error value (16 bits a dim): say them, as the interpreter does
             both = [logical[j] for j in range(rank)] + [current[j] for j in range(rank)]
@@ -529,7 +522,7 @@ class CacheRules:
         starts = []
         for j, s in enumerate(access.indices):
             v = jnp.asarray(self.tr.index_value(s.value, frame, env), jnp.int64)
-            neg = self.tr.lowering.site(f"cache index cannot be negative (got {{value}}) in {layout.name}", access.span)
+            neg = self.tr.lowering.site(messages.negative_index(layout.name, f"index {s.value}", "{value}"), access.span)
             env = self.tr.fail_if(env, v < 0, neg, v)
             starts.append(v)
         p = len(starts)

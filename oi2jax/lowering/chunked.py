@@ -57,12 +57,11 @@ def batch_var_for(program, inputs: dict) -> str | None:
 
 def _tail_program(program, rows: int, batch_var: str):
     """The same graph bound with `batch_var = rows` (its step traced into the chunked program)."""
-    from ..model.bind import bind
+    from ..pipeline import rebound
     from .program import Program
-    bound = program.bound
-    sizes = dict(bound.sizes)
+    sizes = dict(program.bound.sizes)
     sizes[batch_var] = rows
-    return Program(bind(program.graph, bound.model, sizes), device=program.device, yield_mode="fused")
+    return Program(rebound(program.bound, sizes), device=program.device, yield_mode="fused")
 
 
 def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from .. import dtypes as dt
 from .. import ir
+from .. import messages
 from ..diagnostics import OiError
 from .rules import lower_block, lower_nodes, rule
 from .context import Frame, Tracer
@@ -58,7 +59,7 @@ def _checked_bounds(node: ir.Loop, env, frame: Frame, tr: Tracer):
         b = _bound(value, env, frame, tr)
         if isinstance(b, tuple):
             b, bad = b
-            code = tr.lowering.site(f"loop bound {value} is not finite", node.span)
+            code = tr.lowering.site(messages.loop_bound_not_finite(value), node.span)
             env = tr.fail_if(env, bad, code, 0)
             b = jnp.where(bad, jnp.int64(0), b)
             bounds.append((b, bad))

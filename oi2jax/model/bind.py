@@ -55,16 +55,30 @@ class BoundGraph:
     Arrays returned by `initial`, `family`, `const_value` are shared (read-only); copy before mutating.
     """
 
-    __slots__ = ("graph", "model", "sizes", "_shapes", "_cache", "_families")
+    __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families")
 
     def __init__(self, graph: ir.Graph, model: Model | None, sizes: dict[str, int],
-                 shapes: dict[str, tuple[int, ...]]):
+                 shapes: dict[str, tuple[int, ...]], checked=None):
         self.graph = graph
+        self.checked = checked  # the CheckedGraph this was bound from (None: bound unchecked)
         self.model = model
         self.sizes = dict(sizes)
         self._shapes = shapes
         self._cache: dict[str, np.ndarray] = {}
         self._families: dict[str, np.ndarray] = {}
+
+    def op_sig(self, node: ir.Op):
+        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
+        re-infer it."""
+        if self.checked is None:
+            raise TypeError("this graph was bound without checking: compiled and interpreted programs start "
+                            "from a checked graph (oi2jax.compile, oi2jax.pipeline.bound, or "
+                            "bind(oi2jax.check.check_graph(graph, ...)))")
+        return self.checked.op_sig(node)
+
+    def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
+        """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
+        return BoundGraph(self.graph, self.model, sizes, shapes, self.checked)
 
     def __repr__(self) -> str:
         return f"BoundGraph({self.graph.path!r}, model={getattr(self.model, 'path', None)!r}, sizes={self.sizes})"
@@ -390,8 +404,13 @@ def unknown_sizes(graph: ir.Graph, model: Model | None, sizes: dict | None) -> l
     return out
 
 
-def bind(graph: ir.Graph, model: Model | None = None, sizes: dict | None = None) -> BoundGraph:
-    """Bind `graph` to `model` with size overrides; OiError listing every binding problem."""
+def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundGraph:
+    """Bind `graph` (a `check.CheckedGraph`, or a bare `ir.Graph` for the model-binding queries
+    alone: programs need the checked one) to `model` with size overrides; OiError listing every
+    binding problem."""
+    checked = None
+    if not isinstance(graph, ir.Graph):
+        checked, graph = graph, graph.graph
     all_sizes: dict[str, int] = dict(model.sizevars) if model is not None else {}
     for k, v in (sizes or {}).items():
         all_sizes[k] = int(v)
@@ -420,7 +439,7 @@ def bind(graph: ir.Graph, model: Model | None = None, sizes: dict | None = None)
                 problems.extend(exc.diagnostics)
     if problems:
         raise OiError(problems)
-    return BoundGraph(graph, model, all_sizes, shapes)
+    return BoundGraph(graph, model, all_sizes, shapes, checked)
 
 
 def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:

@@ -1,0 +1,56 @@
+"""THE wording of each error that more than one stage reports: a runtime error found by a
+compiled guard (lowering) and by the interpreter, or an error the checker finds statically when
+it can and a backend finds when only the run knows (a value from a model or a loop). One function
+per message, imported by every stage that says it; the differential test holds the compiled and
+interpreted runs to the same text.
+"""
+from __future__ import annotations
+
+
+def _dims(shape) -> str:
+    return str([int(d) for d in shape])
+
+
+def negative_index(table: str, what: str, value) -> str:
+    """A cache index (`what`: "index i", "slice start") that is negative when it is used."""
+    return f"cache index cannot be negative: {table} {what} is {value}"
+
+
+def exceeds_fixed(table: str, dim: int, fixed: int, what: str, value) -> str:
+    """A table access past a `@fixed` size (`what`: "index" for a single index, "slice end")."""
+    return f"cache table {table} index {dim} exceeds fixed size {fixed} ({what} {value})"
+
+
+def slice_end_underflow(table: str, size) -> str:
+    return f"slice end underflow for size {size} in {table}"
+
+
+def slice_end_before_start(table: str, end) -> str:
+    return f"slice end {end} before start in {table}"
+
+
+def auto_dim_exceeds(table: str, fixed: int, dim: str, value) -> str:
+    return f"auto_dim {table} exceeds fixed max {fixed} for {dim} (index {value})"
+
+
+def loop_bound_not_finite(bound) -> str:
+    return f"loop bound {bound} is not finite"
+
+
+def op_output_shape(op: str, out: str, declared, result) -> str:
+    """An op whose result shape is not its output's (the checker's when it can type the shape,
+    the backends' when it depends on a value, e.g. `keepdims=` a model scalar)."""
+    return f"op {op} output shape mismatch for {out}: {out} is {_dims(declared)}, the result is {_dims(result)}"
+
+
+def write_shape(table: str, want, got) -> str:
+    return f"cache.write {table} expects shape {_dims(want)}, got {_dims(got)}"
+
+
+def read_slice_length(table: str, length, dim: int) -> str:
+    return f"cache.read {table}: slice of length {length} does not match the destination's dimension {dim}"
+
+
+def current_shape(what: str, table: str, shape, want) -> str:
+    """An `@auto_dim` tensor whose current (grown) shape is not the one its reader declares."""
+    return f"{what} {table}: the tensor's current shape {_dims(shape)} does not match the destination's {_dims(want)}"
