@@ -45,6 +45,7 @@ from . import ir
 from .diagnostics import OiError
 from . import messages
 from .interpret_caches import CacheOps, _State, _Table
+from .messages import CHECKED
 from .numerics import fill_value
 from .limits import check_sizes
 from .values import convert_input, convert_output
@@ -94,8 +95,7 @@ class InterpretedProgram(CacheOps):
         self.graph: ir.Graph = bound.graph
         self.trace = trace if trace is not None else Trace.from_env()
         g = self.graph
-        if g.entry is None:
-            raise OiError("graph has no entry block")
+        assert g.entry is not None, CHECKED
         self._sizes: dict[str, int] = dict(getattr(bound, "sizes", None) or {})
         self._temps = g.temporaries
         from .phases import runtime_shaped
@@ -179,14 +179,9 @@ class InterpretedProgram(CacheOps):
         return self._families[name]
 
     def _scalar(self, name: str, st: _State, node, what: str):
-        if name not in st.values:
-            raise self._err(f"unknown variable {name}", node)
         v = np.asarray(st.values[name])
-        if v.size != 1:
-            raise self._err(f"{what} {name} must be scalar, got shape {list(v.shape)}", node)
         d = dt.get(self._dtype(name))
-        if d.packed:
-            raise self._err(f"{what} {name}: packed scalars are not supported", node)
+        assert v.size == 1 and not d.packed, f"{what} {name}: {CHECKED}"
         return v.reshape(()), d
 
     def _bound(self, value: ir.IndexValue, frames, st: _State, node) -> int:
@@ -212,26 +207,18 @@ class InterpretedProgram(CacheOps):
 
     def _read_ref(self, ref: ir.VarRef, frames, st: _State, node) -> np.ndarray:
         if ref.indices is None:
-            if ref.name not in st.values:
-                decl = self.graph.var(ref.name)
-                if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
-                    raise self._err(f"persistent cache {ref.name} must be read via cache.read", node)
-                raise self._err(f"unknown variable {ref.name}", node)
+            assert ref.name in st.values, f"{ref.name}: {CHECKED}"
             return st.values[ref.name]
         decl = self.graph.var(ref.name)
-        if decl is None or not decl.is_prefix_table:
-            raise self._err(f"{ref.name} is not a prefix table and cannot be indexed", node)
+        assert decl is not None and decl.is_prefix_table and len(ref.indices) == len(decl.index_params), CHECKED
         idx = tuple(self._index(i, frames, st, node, "prefix index") for i in ref.indices)
         fam = self._family(ref.name)
         lead = fam.shape[: len(idx)]
-        if len(idx) != len(decl.index_params):
-            raise self._err(f"{ref.name} expects {len(decl.index_params)} indices, got {len(idx)}", node)
-        if any(i < 0 for i in idx):
-            raise self._err(f"prefix table index for {ref} cannot be negative: {list(idx)}", node)
-        if all(i < n for i, n in zip(idx, lead)):
+        if all(0 <= i < n for i, n in zip(idx, lead)):
             return fam[idx]
-        # a member the family does not hold: the declared fill (missing model tensors read as @init/zeros)
-        return fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
+        # a member the family does not hold: an error (docs/semantics.md item 1), not zeros
+        raise OiError(messages.prefix_member_missing(ref.name, self.bound.member_name(decl, idx)), ref.span,
+                      source=self.graph.source or None)
 
     def _ref_dtype(self, ref: ir.VarRef) -> str:
         return self._dtype(ref.name)
@@ -355,8 +342,7 @@ class InterpretedProgram(CacheOps):
                 taken = int(v) != 0
             target = node.then_block if taken else node.else_block
         blk = self.graph.block(target)
-        if blk is None:
-            raise self._err(f"branch target block not found: {target}", node)
+        assert blk is not None, CHECKED
         if len(frames) >= MAX_DEPTH:
             raise self._err(f"branch to {target}: call depth exceeds {MAX_DEPTH} (unbounded recursion?)", node)
         frames.append(_Frame(target, blk.nodes))
@@ -462,8 +448,7 @@ class InterpretedProgram(CacheOps):
         return found
 
     def _yield(self, node: ir.Yield, st: _State, ctx: _Ctx) -> None:
-        if ctx.pending is not None:
-            raise self._err("await required before next yield", node)
+        assert ctx.pending is None, CHECKED  # an await between two yields (phases.pairing)
         snapshot = st.copy()
         results = []
         for name in self._consumers(node.vars):
@@ -479,8 +464,8 @@ class InterpretedProgram(CacheOps):
         owner: dict[str, str] = {}
         for cname, cst, written in results:
             for var in sorted(written):
-                if var in owner:
-                    raise self._err(f"multiple blocks mutated {var} ({owner[var]} and {cname})", node)
+                # two consumers writing one variable or cache in a window: phases.node_writes
+                assert var not in owner, f"{var}: {CHECKED}"
                 owner[var] = cname
                 st.take(cst, var)
                 ctx.wrote(var)

@@ -11,8 +11,7 @@ from . import dtypes as dt
 from . import ir
 from .numerics import f8_encode, fill_value  # noqa: F401  (fill_value: the one @init rule)
 from . import messages
-
-CHECKED = "the checker refuses it (check.CheckedGraph)"
+from .messages import CHECKED
 
 if TYPE_CHECKING:
     from .interpret import _Ctx, _Frame

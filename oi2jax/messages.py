@@ -6,6 +6,10 @@ interpreted runs to the same text.
 """
 from __future__ import annotations
 
+# An assertion's text where a backend relies on what the checker guarantees (check.CheckedGraph):
+# such a state is unreachable from any checked graph, so it is not a user error to word.
+CHECKED = "the checker refuses it (check.CheckedGraph)"
+
 
 def _dims(shape) -> str:
     return str([int(d) for d in shape])
@@ -54,3 +58,10 @@ def read_slice_length(table: str, length, dim: int) -> str:
 def current_shape(what: str, table: str, shape, want) -> str:
     """An `@auto_dim` tensor whose current (grown) shape is not the one its reader declares."""
     return f"{what} {table}: the tensor's current shape {_dims(shape)} does not match the destination's {_dims(want)}"
+
+
+def prefix_member_missing(table: str, member: str) -> str:
+    """A prefix-table access outside the model's family (docs/semantics.md item 1: an error, not
+    zeros). A compiled run names the tensor when the index is static (a literal, a loop over a
+    static range); a traced index is reported by its value (`lowering/context.read_member`)."""
+    return f"prefix table {table}: model tensor {member} not found"

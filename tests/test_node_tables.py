@@ -151,3 +151,24 @@ def test_constants_are_not_reassociated(mode, yield_mode):
     r = np.where(x >= 0, x, x * tenth)
     np.testing.assert_array_equal(out["x"], np.where(r >= 0, r, r * tenth))
     assert not np.array_equal(out["a"], x)  # the case that differs when folded
+
+
+def test_prefix_member_outside_the_family_is_an_error_every_way(tmp_path):
+    """Issue 15 drift found by unifying the messages: the interpreter read a member the model
+    lacks as zeros while compiled runs refused it (docs/semantics.md item 1: an error). Now every
+    way names the missing tensor; a traced index at run time (in step 1), a static range before."""
+    from oi2jax.diagnostics import OiError
+    from oi2jax.model import save
+    model = tmp_path / "m.oinf"
+    save(model, tensors={"w.0": np.ones(2, np.float32), "w.1": np.full(2, 2.0, np.float32)})
+    src = ("constant { W(l): f32[2] @pattern(\"w.{l}\"); }\npersistent { k: i32 @init(3); }\n"
+           "volatile { y: f32[2]; }\nblock entry { loop ls (l in 0..k) { op add(y, W[l]) >> y; } return; }\n")
+    with pytest.raises(OiError) as info:
+        run_both(src, {}, model=model)
+    assert "4:47: error: prefix table W: model tensor w.2 not found (in step 1)" in info.value.render()
+    ok = run_both(src.replace("@init(3)", "@init(2)"), {}, model=model)
+    np.testing.assert_array_equal(ok["y"], [3.0, 3.0])
+    static = src.replace("0..k", "0..3")
+    for mode in ("interpret", "compiled"):
+        with pytest.raises(OiError, match="prefix table W: model tensor w.2 not found"):
+            oi2jax.compile(static, model=model, mode=mode).run({})

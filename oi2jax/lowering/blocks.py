@@ -6,6 +6,7 @@ import math
 import jax.numpy as jnp
 
 from .. import ir, messages, ops
+from ..messages import CHECKED
 from ..diagnostics import OiError
 from .context import Tracer
 from .rules import rule
@@ -36,10 +37,9 @@ def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
             static = tr.static_scalar(name)
             if static is not None:
                 values[attr.name] = static
-            elif name in env:
-                values[attr.name] = env[name].reshape(())
             else:
-                raise OiError(f"unknown attribute variable {name}", attr.span, source=tr.graph.source)
+                assert name in env, CHECKED
+                values[attr.name] = env[name].reshape(())
         elif lit.kind == "int_list":
             values[attr.name] = tuple(lit.value)
         else:
@@ -92,10 +92,7 @@ def _shaped_op_output(node: ir.Op, env, tr, out):
 @rule(ir.Transfer)
 def _transfer(node: ir.Transfer, env, frame, tr):
     env, value = tr.read(node.src, env, frame)
-    want = tr.bound.shape(node.dst.name)
-    if tuple(value.shape) != tuple(want):
-        raise OiError(f"transfer shape mismatch: {list(value.shape)} vs {list(want)}", node.span,
-                      source=tr.graph.source)
+    assert tuple(value.shape) == tuple(tr.bound.shape(node.dst.name)), CHECKED  # checks/ops.check_transfer
     env = dict(env)
     env[node.dst.name] = value
     return env

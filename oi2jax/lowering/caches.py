@@ -22,6 +22,7 @@ from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
 from .. import messages
+from ..messages import CHECKED
 from .context import Frame, Tracer
 from .packing import pack, unpack
 from .rules import rule
@@ -215,8 +216,7 @@ class CacheRules:
 
     def _layout(self, access_base: str, span: ir.Span) -> CacheLayout:
         layout = self.layouts.get(access_base)
-        if layout is None:
-            raise self._err(f"unknown cache variable {access_base}", span)
+        assert layout is not None, f"{access_base}: {CHECKED}"
         return layout
 
     # ----------------------------------------------------------------- index helpers
@@ -244,9 +244,7 @@ class CacheRules:
         """Resolve a table read selection -> (env, starts, lengths, squeeze dims)."""
         tr = self.tr
         k = len(layout.capacity)
-        if len(access.indices) > k:
-            raise self._err(f"cache access {layout.name} expects at most {k} indices, got {len(access.indices)}",
-                            span)
+        assert len(access.indices) <= k, CHECKED
         sel = list(access.indices) + [ir.Slice(None, None)] * (k - len(access.indices))
         sizes = env[layout.size_key()]
         new_sizes = []
@@ -303,16 +301,14 @@ class CacheRules:
     def _auto_access(self, access: ir.CacheAccess, layout: CacheLayout, env, frame, span):
         tr = self.tr
         r = len(layout.capacity)
-        if len(access.indices) > r:
-            raise self._err(f"cache access {layout.name} expects at most {r} indices, got {len(access.indices)}", span)
+        assert len(access.indices) <= r, CHECKED
         counts = env[layout.size_key()]
         new = []
         for j in range(r):
             c = counts[j]
             if j < len(access.indices):
                 s = access.indices[j]
-                if not isinstance(s, ir.Single):
-                    raise self._err(f"cache access {layout.name} does not support slice indices", span)
+                assert isinstance(s, ir.Single), CHECKED
                 v = jnp.asarray(tr.index_value(s.value, frame, env), jnp.int64)
                 neg = tr.lowering.site(messages.negative_index(layout.name, f"index {s.value}", "{value}"), span)
                 env = tr.fail_if(env, v < 0, neg, v)
@@ -361,12 +357,10 @@ class CacheRules:
         dst = node.dst.name
         dst_shape = self.tr.bound.shape(dst)
         if layout.kind == "plain":
-            if access.bracketed:
-                raise self._err(f"cache {layout.name} does not support indexed access", access.span)
+            assert not access.bracketed, CHECKED
             value = unpack(env[layout.name], layout.dtype, layout.shape) if layout.packed else env[layout.name]
         elif layout.kind == "table":
-            if not access.bracketed:
-                raise self._err(f"cache table {layout.name} requires indices", access.span)
+            assert access.bracketed, CHECKED
             n_slices = len(layout.capacity) - sum(isinstance(s, ir.Single) for s in access.indices)
             out_lengths = dst_shape[:n_slices]
             env, starts, lengths, squeeze = self._table_select(access, layout, env, frame, out_lengths, access.span)
@@ -396,9 +390,7 @@ class CacheRules:
                 value = data[tuple(slice(0, w) for w in dst_shape)]
         if dst in self.tr.lowering.shaped:  # a fixed-shape selection into a runtime-shaped variable
             return self.tr.embed(env, dst, value.astype(env[dst].dtype))
-        if tuple(value.shape) != tuple(dst_shape):
-            raise self._err(f"cache.read {layout.name} -> {dst}: shape {list(value.shape)} does not match "
-                            f"declared shape {list(dst_shape)}", node.span)
+        assert tuple(value.shape) == tuple(dst_shape), CHECKED  # §0 item 12, checks/caches.py
         env = dict(env)
         env[dst] = value.astype(env[dst].dtype)
         return env
@@ -408,8 +400,7 @@ class CacheRules:
         layout = self._layout(access.base, access.span)
         env, src = self.tr.read(node.src, env, frame)
         if layout.kind == "plain":
-            if access.indices:
-                raise self._err(f"cache.write {layout.name} does not support indexed writes", access.span)
+            assert not access.indices, CHECKED
             if tuple(src.shape) != layout.shape:
                 raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
             env = dict(env)
@@ -417,10 +408,8 @@ class CacheRules:
             return env
         if layout.kind == "table":
             k = len(layout.capacity)
-            if not access.bracketed:
-                raise self._err(f"cache table {layout.name} requires indices", access.span)
-            if len(access.indices) != k or any(not isinstance(s, ir.Single) for s in access.indices):
-                raise self._err(f"cache.write {layout.name} does not support slice indices", access.span)
+            assert access.bracketed and len(access.indices) == k, CHECKED
+            assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
             if tuple(src.shape) != layout.shape:
                 raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
             sizes = env[layout.size_key()]
@@ -508,8 +497,7 @@ class CacheRules:
             env[layout.name] = jax.lax.dynamic_update_slice(base, region, [0] * data.ndim)
             env[layout.size_key()] = jnp.zeros_like(env[layout.size_key()])
             return env
-        if not access.bracketed:
-            raise self._err(f"cache table {layout.name} requires indices", access.span)
+        assert access.bracketed, CHECKED
         k = len(layout.capacity)
         if not access.indices:
             env[layout.name] = _fill(data.shape, layout.fill, np_dtype)
@@ -517,8 +505,7 @@ class CacheRules:
             if f"{layout.name}#present" in env:
                 env[f"{layout.name}#present"] = jnp.zeros_like(env[f"{layout.name}#present"])
             return env
-        if any(not isinstance(s, ir.Single) for s in access.indices):
-            raise self._err(f"cache.reset {layout.name} requires scalar indices", access.span)
+        assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
         starts = []
         for j, s in enumerate(access.indices):
             v = jnp.asarray(self.tr.index_value(s.value, frame, env), jnp.int64)
@@ -553,9 +540,7 @@ class CacheRules:
     def step(self, node, env, frame: Frame, sign: int):
         from ..ops.numerics import store
         layout = self._layout(node.target, node.span)
-        if layout.kind != "plain" or layout.shape != ():
-            raise self._err(f"cache.{'increment' if sign > 0 else 'decrement'} {node.target} expects a "
-                            f"persistent scalar", node.span)
+        assert layout.kind == "plain" and layout.shape == (), CHECKED
         d = dt.get(layout.dtype)
         value = env[layout.name]
         n = sign * node.amount
@@ -568,7 +553,7 @@ class CacheRules:
             new = (value.astype(jnp.int64) + jnp.int64(n)).astype(d.np_dtype) if d.bits < 64 else \
                 value + jnp.asarray(n).astype(d.np_dtype)
         else:
-            raise self._err(f"cache.increment does not support {d.name}", node.span)
+            raise AssertionError(f"cache.increment of {d.name}: {CHECKED}")
         env = dict(env)
         env[layout.name] = new.astype(value.dtype)
         return env

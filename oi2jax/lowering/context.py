@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import ir
+from .. import messages
 from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
@@ -197,14 +198,16 @@ class Tracer:
                     if lo < hi and (lo < 0 or hi > extent):
                         static_bad = hi - 1 if hi > extent else lo
                 else:
+                    # one index: the missing tensor by name, as the interpreter says it
+                    name_it = (lambda v, ref=ref, decl=decl: messages.prefix_member_missing(
+                        ref.name, self.bound.member_name(decl, (v,)))) if len(ref.indices) == 1 else None
                     code = self.lowering.site(
                         f"prefix table {ref.name}: index {{value}} is outside the model's family "
-                        f"(0..{extent - 1})", ref.span)
+                        f"(0..{extent - 1})", ref.span, render=name_it)
                     env = self.fail_if(env, (idx < 0) | (idx >= extent), code, idx)
             if static_bad is not None:
                 missing = self.bound.member_name(decl, self._placeholder(ref, pos, static_bad))
-                raise OiError(f"prefix table {ref.name}: model tensor {missing} not found", ref.span,
-                              source=self.graph.source)
+                raise OiError(messages.prefix_member_missing(ref.name, missing), ref.span, source=self.graph.source)
             if isinstance(idx, int):
                 value = value[idx]
             else:

@@ -7,15 +7,14 @@ import jax.numpy as jnp
 from .. import dtypes as dt
 from .. import ir
 from .. import messages
-from ..diagnostics import OiError
+from ..messages import CHECKED
 from .rules import lower_block, lower_nodes, rule
 from .context import Frame, Tracer
 
 
 def truthy(value, dtype: str):
     """OpenInfer truthiness of a scalar: bool as is, numbers != 0 (NaN is true)."""
-    if dt.get(dtype).packed:
-        raise OiError("packed scalars are not supported as branch conditions")
+    assert not dt.get(dtype).packed, CHECKED  # checks/control.py: packed scalars are no conditions
     v = value.reshape(())
     return v if v.dtype == jnp.bool_ else v != 0
 
