@@ -37,7 +37,7 @@ class OpRules:
     def warn_suffix_ranges(self, node: ir.Op):
         """SPEC-2026-03 D1 (c): a setting's literal that does not fit its own suffix type
         (`value=300u8`) is accepted as upstream does (the suffix is ignored), with a warning."""
-        from ..grammar.parse import INT_SUFFIX_RANGES
+        from ..grammar.build import INT_SUFFIX_RANGES
         for attr in node.attrs:
             values = attr.value.value if attr.value.kind == "int_list" else (attr.value.value,) \
                 if attr.value.kind == "int" else ()

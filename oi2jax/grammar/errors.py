@@ -1,0 +1,102 @@
+"""Lark's syntax errors -> located `OiError`s worded in DSL terms ("expected one of ';', a name")."""
+from __future__ import annotations
+
+from lark import Token
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
+
+from .. import ir
+from ..diagnostics import OiError
+
+_WORDS = {
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a float", "STRING": "a string", "DTYPE": "a dtype",
+    "MEMKIND": "a memory section", "$END": "end of input",
+}
+
+
+def _word(term: str) -> str:
+    if term in _WORDS:
+        return _WORDS[term]
+    from .parse import lark_parser  # its terminals name the tokens
+    for t in lark_parser().terminals:
+        if t.name == term:
+            if t.pattern.type == "str":
+                return f"'{t.pattern.value}'"
+            break
+    return term.lower()
+
+
+def _expected(terms) -> str:
+    words = sorted({_word(t) for t in terms}, key=lambda w: (not w.startswith("'"), w))
+    return "expected one of " + ", ".join(words)
+
+
+def _end_pos(text: str) -> tuple[int, int]:
+    """Just after the last non-blank character (so the caret lands on a real source line)."""
+    lines = text.rstrip().split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
+def _describe_token(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of input"
+    if tok.type == "NAME":
+        return f"name '{tok}'"
+    return f"'{tok}'"
+
+
+def translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
+    line, col = getattr(exc, "line", None), getattr(exc, "column", None)
+    if isinstance(exc, UnexpectedCharacters):
+        msg = f"unexpected character '{exc.char}'"
+        if exc.allowed:
+            msg += "; " + _expected(exc.allowed)
+        return OiError(msg, ir.Span(path, line, col), source=text)
+    tok = getattr(exc, "token", None)
+    expected = set(exc.expected) if getattr(exc, "expected", None) else set()
+    if tok is None or tok.type == "$END" or isinstance(exc, UnexpectedEOF) or line is None or line < 1:
+        line, col = _end_pos(text)
+        if tok is None:
+            tok = Token("$END", "")
+    prev = None
+    ip = getattr(exc, "interactive_parser", None)
+    if ip is not None:
+        stack = ip.parser_state.value_stack
+        if stack and isinstance(stack[-1], Token):
+            prev = stack[-1].type
+    if "SEMICOLON" in expected and ip is not None and tok.type != "$END":
+        # a missing ';': point just after the token that needed it, not at the next line's start
+        end = _end_of(ip.parser_state.value_stack[-1]) if ip.parser_state.value_stack else None
+        if end is not None and end[0] < line:  # on the same line the caret is already right there
+            return OiError(f"expected ';' before {_describe_token(tok)}", ir.Span(path, end[0], end[1]),
+                           source=text)
+    msg = None
+    if expected == {"DTYPE"} and tok.type == "NAME":
+        msg = f"unsupported dtype {tok}"
+    elif prev == "AT" and tok.type == "NAME":
+        msg = f"unsupported attribute @{tok}"
+    elif "OP" in expected and "ASSIGN" in expected and tok.type == "NAME":
+        msg = f"unsupported node {tok}"
+    elif "READ" in expected and "WRITE" in expected and tok.type == "NAME":
+        msg = f"unsupported cache operation cache.{tok}"
+    elif expected and expected <= {"MEMKIND", "BLOCK", "$END"} and tok.type != "$END":
+        msg = f"expected memory section or block, got {_describe_token(tok)}"
+    elif expected == {"INT", "NAME"} and prev in ("IN", "DOTDOT"):
+        msg = f"expected identifier or integer for loop range, got {_describe_token(tok)}"
+    elif expected == {"INT", "NAME"} and prev == "STAR":
+        msg = f"expected identifier or integer for dimension expression, got {_describe_token(tok)}"
+    if msg is None:
+        msg = f"unexpected {_describe_token(tok)}"
+        if expected:
+            msg += "; " + _expected(expected)
+    return OiError(msg, ir.Span(path, line, col), source=text)
+
+
+def _end_of(item):
+    """(line, column) just after a parsed token or subtree, or None."""
+    if isinstance(item, Token) and item.end_line is not None:
+        return item.end_line, item.end_column
+    meta = getattr(item, "meta", None)
+    if meta is not None and not getattr(meta, "empty", True):
+        return meta.end_line, meta.end_column
+    return None
+
