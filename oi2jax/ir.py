@@ -62,35 +62,32 @@ class Dim:
         return tuple(a for a in self.atoms if isinstance(a, str))
 
 
-class IntLit(int):
-    """An integer literal's value that remembers how it was written (`0x10`, `255u8`, `1_000`),
-    so that `fmt` writes it back unchanged. Used only where the text is not the plain decimal."""
+class _AsWritten:
+    """A number that remembers how its literal was written, so that `fmt` writes it back
+    unchanged (mixed into IntLit and FloatLit). Used only where the text is not the plain form."""
 
-    def __new__(cls, value: int, text: str):
+    def __new__(cls, value, text: str):
         obj = super().__new__(cls, value)
         obj.text = text
         return obj
 
     def __reduce__(self):
-        return IntLit, (int(self), self.text)
+        return type(self), (self._number(self), self.text)
 
     def __str__(self) -> str:  # fmt and messages show the literal as written
         return self.text
 
 
-class FloatLit(float):
-    """A float literal's value with its text (`2.5f32`, `1_000.0`): see IntLit."""
+class IntLit(_AsWritten, int):
+    """An integer literal's value with its text (`0x10`, `255u8`, `1_000`)."""
 
-    def __new__(cls, value: float, text: str):
-        obj = super().__new__(cls, value)
-        obj.text = text
-        return obj
+    _number = int
 
-    def __reduce__(self):
-        return FloatLit, (float(self), self.text)
 
-    def __str__(self) -> str:
-        return self.text
+class FloatLit(_AsWritten, float):
+    """A float literal's value with its text (`2.5f32`, `1_000.0`)."""
+
+    _number = float
 
 
 def literal_text(value) -> str | None:

@@ -37,6 +37,16 @@ def run_cli(capsys, *argv):
 
 
 
+def rewrite_model(model) -> dict:
+    """Everything in an open model as `oi2jax.model.save` arguments (version and quantization included)."""
+    from oi2jax.model import Tensor
+    tensors = {}
+    for name, info in model.tensors.items():
+        tensors[name] = (Tensor(info.dtype, model.load(name), quant=info.quant) if info.has_data
+                         else Tensor(info.dtype, None, info.shape, quant=info.quant))
+    return dict(sizevars=model.sizevars, metadata=model.metadata, tensors=tensors, version=model.version)
+
+
 # ------------------------------------------------------------------ running a graph every way
 # The one helper that runs a graph interpreted (the oracle), compiled with the yield/await driver
 # and compiled fused, and holds them to the same result: bit for bit, or the same error.

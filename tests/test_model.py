@@ -17,7 +17,7 @@ from oi2jax.model import Meta, MetaValue, ModelError, Tensor, open_model, save
 from oi2jax.model import packing
 from oi2jax.model.inspect import render_model
 
-from conftest import BASELINE, MODELS
+from conftest import BASELINE, MODELS, rewrite_model as rewrite
 
 REAL_FILES = sorted(MODELS.glob("*.oinf")) + sorted(BASELINE.glob("*.oinf"))
 JSON_DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int8": "i8", "int16": "i16",
@@ -29,13 +29,6 @@ def _ids(paths):
     return [p.name for p in paths]
 
 
-def rewrite(model):
-    """Everything in an open model as `save` arguments (its version and quantization included)."""
-    tensors = {}
-    for name, info in model.tensors.items():
-        tensors[name] = (Tensor(info.dtype, model.load(name), quant=info.quant) if info.has_data
-                         else Tensor(info.dtype, None, info.shape, quant=info.quant))
-    return dict(sizevars=model.sizevars, metadata=model.metadata, tensors=tensors, version=model.version)
 
 
 def test_real_files_present():

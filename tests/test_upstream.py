@@ -16,7 +16,7 @@ from oi2jax.model import ModelError, Tensor, open_model, save
 from oi2jax.model.inspect import render_model
 from oi2jax.model.quant import QuantParams
 
-from conftest import EXAMPLES, MODELS, SHARED, run_cli
+from conftest import EXAMPLES, MODELS, SHARED, rewrite_model as rewrite, run_cli
 
 UPSTREAM = SHARED / "upstream-2026-03"
 UP_FILES = sorted(UPSTREAM.glob("*.oinf"))
@@ -25,12 +25,6 @@ CARRIED = ["cache_window_slice", "kv_cache_decode", "linear_attention", "mlp_reg
            "residual_mlp_stack", "stability_guard", "streaming_pipeline"]
 
 
-def rewrite(model):
-    tensors = {}
-    for name, info in model.tensors.items():
-        tensors[name] = (Tensor(info.dtype, model.load(name), quant=info.quant) if info.has_data
-                         else Tensor(info.dtype, None, info.shape, quant=info.quant))
-    return dict(sizevars=model.sizevars, metadata=model.metadata, tensors=tensors, version=model.version)
 
 
 # ---------------------------------------------------------------- .oinf v2: every upstream file
