@@ -47,6 +47,27 @@ def rewrite_model(model) -> dict:
     return dict(sizevars=model.sizevars, metadata=model.metadata, tensors=tensors, version=model.version)
 
 
+def open_everything(path) -> bool:
+    """Open a (maybe corrupted) model and touch all of it: every tensor loaded (plain and
+    packed), every quantization described and re-encoded, the whole rendered. False when it is
+    refused with a ModelError; any other exception fails the test."""
+    from oi2jax.model import ModelError, open_model
+    from oi2jax.model.inspect import render_model
+    try:
+        m = open_model(path)
+    except ModelError:
+        return False
+    for name, info in m.tensors.items():
+        if info.has_data:
+            assert m.load(name).shape == info.shape
+            m.load_packed(name)
+        if info.quant is not None:
+            info.quant.describe()
+            info.quant.encode()
+    render_model(m)
+    return True
+
+
 # ------------------------------------------------------------------ running a graph every way
 # The one helper that runs a graph interpreted (the oracle), compiled with the yield/await driver
 # and compiled fused, and holds them to the same result: bit for bit, or the same error.

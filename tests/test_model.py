@@ -17,7 +17,7 @@ from oi2jax.model import Meta, MetaValue, ModelError, Tensor, open_model, save
 from oi2jax.model import packing
 from oi2jax.model.inspect import render_model
 
-from conftest import BASELINE, MODELS, rewrite_model as rewrite
+from conftest import BASELINE, MODELS, open_everything, rewrite_model as rewrite
 
 REAL_FILES = sorted(MODELS.glob("*.oinf")) + sorted(BASELINE.glob("*.oinf"))
 JSON_DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int8": "i8", "int16": "i16",
@@ -430,20 +430,6 @@ def test_missing_file_and_directory(tmp_path):
         open_model(tmp_path)
 
 
-def _try_everything(path):
-    try:
-        m = open_model(path)
-    except ModelError:
-        return False
-    for name, info in m.tensors.items():
-        if info.has_data:
-            v = m.load(name)
-            assert v.shape == info.shape
-            m.load_packed(name)
-    render_model(m)
-    return True
-
-
 FUZZ_FILES = sorted(set(REAL_FILES[::2]) | {MODELS / "quantized_linear.oinf", BASELINE / "ops_float_special.oinf"})
 
 
@@ -455,7 +441,7 @@ def test_fuzz_truncation_and_bitflips(path, tmp_path):
     cuts = sorted(set([0, 1, 68, 69, 72, len(data) - 1] + [rng.randrange(len(data)) for _ in range(30)]))
     for cut in cuts:
         target.write_bytes(data[:cut])
-        assert _try_everything(target) is False
+        assert open_everything(target) is False
     table_end = struct.unpack_from("<Q", data, 53)[0]
     opened = 0
     for i in range(300):
@@ -467,7 +453,7 @@ def test_fuzz_truncation_and_bitflips(path, tmp_path):
             pos2 = rng.randrange(table_end)
             b[pos2] = rng.randrange(256)
         target.write_bytes(bytes(b))
-        opened += _try_everything(target)
+        opened += open_everything(target)
     assert opened > 0  # e.g. flips inside tensor data still open and load
 
 

@@ -16,7 +16,7 @@ from oi2jax.model import ModelError, Tensor, open_model, save
 from oi2jax.model.inspect import render_model
 from oi2jax.model.quant import QuantParams
 
-from conftest import EXAMPLES, MODELS, SHARED, rewrite_model as rewrite, run_cli
+from conftest import EXAMPLES, MODELS, SHARED, open_everything, rewrite_model as rewrite, run_cli
 
 UPSTREAM = SHARED / "upstream-2026-03"
 UP_FILES = sorted(UPSTREAM.glob("*.oinf"))
@@ -201,21 +201,6 @@ def test_v2_quant_rules(tmp_path, data, message):
     assert exc.value.reason.startswith(message), exc.value.reason
 
 
-def _try_everything(path) -> bool:
-    try:
-        m = open_model(path)
-    except ModelError:
-        return False
-    for name, info in m.tensors.items():
-        if info.has_data:
-            assert m.load(name).shape == info.shape
-        if info.quant is not None:
-            info.quant.describe()
-            info.quant.encode()
-    render_model(m)
-    return True
-
-
 def _per_channel_file(tmp_path):
     q = QuantParams("asymmetric", "per_channel", [0.1, 0.2, 0.3], zp_mode="per_channel", zero_points=[0, 1, -1],
                     scale_axis=1, zp_axis=1)
@@ -233,7 +218,7 @@ def test_fuzz_v2_headers_and_quant_payloads(tmp_path):
         rng = random.Random(len(data))
         for cut in sorted(set([0, 68, 72, len(data) - 1] + [rng.randrange(len(data)) for _ in range(20)])):
             target.write_bytes(data[:cut])
-            assert _try_everything(target) is False
+            assert open_everything(target) is False
         table_end = struct.unpack_from("<Q", data, 53)[0]
         opened = 0
         for i in range(250):
@@ -243,7 +228,7 @@ def test_fuzz_v2_headers_and_quant_payloads(tmp_path):
             if i % 4 == 0:  # a random byte in the quant payload region (the last 80 bytes)
                 b[rng.randrange(max(len(data) - 80, 0), len(data))] = rng.randrange(256)
             target.write_bytes(bytes(b))
-            opened += _try_everything(target)
+            opened += open_everything(target)
         assert opened > 0
 
 
