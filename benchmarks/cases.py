@@ -99,7 +99,7 @@ TENSORS = {
 }
 
 
-def _mlp(b, w, chart=None):
+def mlp_case(b, w, chart=None):
     return Case(f"mlp_regression B={b} W={w}", "mlp_regression", {"B": b, "D": w, "H": w, "O": w},
                 chart=chart, size=w)
 
@@ -108,7 +108,7 @@ def cases(profile: str) -> list[Case]:
     """profile: 'full' (<= ~15 min on 2 CPU cores), 'quick' (<= ~2 min), 'tiny' (the smoke test)."""
     if profile == "tiny":
         return [
-            _mlp(2, 8, chart="mlp"), _mlp(2, 16, chart="mlp"),
+            mlp_case(2, 8, chart="mlp"), mlp_case(2, 16, chart="mlp"),
             Case("residual_mlp_stack L=3", "residual_mlp_stack", {"B": 2, "D": 8, "num_layers": 3}, looped=True),
             Case("linear_attention", "linear_attention", {"B": 2, "D": 8, "num_heads": 2}, looped=True),
             Case("moe_routing", "moe_routing", {"B": 2, "D": 8, "O": 4}),
@@ -121,8 +121,8 @@ def cases(profile: str) -> list[Case]:
         ]
     quick = profile == "quick"
     widths = (64, 256, 1024) if quick else (64, 256, 1024, 2048, 4096)
-    out = [_mlp(64, w, chart="mlp") for w in widths]
-    out += [_mlp(1, 1024), _mlp(256, 1024)] if not quick else [_mlp(1, 256), _mlp(256, 256)]
+    out = [mlp_case(64, w, chart="mlp") for w in widths]
+    out += [mlp_case(1, 1024), mlp_case(256, 1024)] if not quick else [mlp_case(1, 256), mlp_case(256, 256)]
     d, big = (256, 1024) if quick else (512, 2048)
     layers = (1, 12) if quick else (1, 12, 48)
     out += [Case(f"residual_mlp_stack B=32 D={d} L={n}", "residual_mlp_stack",

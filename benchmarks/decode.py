@@ -36,7 +36,7 @@ import oi2jax  # noqa: E402
 from oi2jax.model import open_model, save  # noqa: E402
 
 from benchmarks import handwritten  # noqa: E402
-from benchmarks.cases import Case, _mlp  # noqa: E402
+from benchmarks.cases import Case, mlp_case  # noqa: E402
 
 TARGETS = {"a/b": 1.10, "c/d": 1.15, "c/b (tiny)": 0.2}
 FUSED_STEPS = 1000
@@ -58,7 +58,7 @@ def shipped_case(example: str) -> Case:
 
 def decode_cases(profile: str) -> list[tuple[Case, bool]]:
     """(case, tiny?)"""
-    tiny = [(_mlp(64, 64), True),
+    tiny = [(mlp_case(64, 64), True),
             (Case("kv_cache_decode T=1024 D=16", "kv_cache_decode", {"D": 16}, static={"rows": 1024},
                   steps=1024), True),
             (Case("cache_window_slice rows=2048 W=4 D=16", "cache_window_slice", {"D": 16},
@@ -67,7 +67,7 @@ def decode_cases(profile: str) -> list[tuple[Case, bool]]:
         return tiny[:2]
     out = tiny + [(shipped_case(e), True) for e in SHIPPED]
     if profile == "full":
-        out += [(_mlp(64, 1024), False),
+        out += [(mlp_case(64, 1024), False),
                 (Case("kv_cache_decode T=2048 D=128", "kv_cache_decode", {"D": 128}, static={"rows": 2048},
                       steps=2048), False),
                 (Case("residual_mlp_stack B=32 D=512 L=12", "residual_mlp_stack",
@@ -159,7 +159,7 @@ def bench(case: Case, tiny: bool, workdir: Path, device, reps: int) -> dict:
     else:
         xs, per_step = dict(inputs), False
     dev_xs = hw.put(xs)
-    with prog._scope():
+    with prog.scope():
         dev_xs_oi = {k_: jax.device_put(v, prog.device) if prog.device is not None else jax.numpy.asarray(v)
                      for k_, v in xs.items()}
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/driver_overhead.py [iterations]
 
-`driver`: one `DriverProgram.step` (host bookkeeping + every kernel call), per kernel call.
+`driver`: one `Driver.step` (host bookkeeping + every kernel call), per kernel call.
 `bare`:   the same planned kernels called directly with prebuilt argument tuples, per call.
 ratio = driver / bare (1.0 = the driver adds nothing over calling jitted functions).
 """
@@ -36,8 +36,8 @@ def driver_overhead(iterations: int = 2000) -> dict:
     x = np.arange(8, dtype=np.float32)
     prog.run({"x": x})  # plans and compiles every kernel
     with jax.enable_x64(True):
-        dynamic = prog._dynamic_args(prog.placer.put("dynamic", prog.convert_inputs({"x": x})))
-        phase_kernels, consumers = prog._plan
+        dynamic = prog.dynamic_args(prog.placer.put("dynamic", prog.convert_inputs({"x": x})))
+        phase_kernels, consumers = prog.driver.plan
         kernels = phase_kernels + [ck for w in consumers.values() for ck, _, _ in w]
         kernels = [k for k in kernels if k.out_keys]
         state = prog.init_state()

@@ -52,7 +52,7 @@ block entry {{
 def measure(build: str, consumers: int, d: int) -> tuple[float, float]:
     prog = oi2jax.compile(source(consumers), sizes={"D": d}, build=build)
     marks: list[float] = []
-    real = prog._invoke
+    real = prog.driver.invoke
 
     def timed(kern, args):
         outs = real(kern, args)
@@ -61,7 +61,7 @@ def measure(build: str, consumers: int, d: int) -> tuple[float, float]:
             marks.append(time.perf_counter())
         return outs
 
-    prog._invoke = timed
+    prog.driver.invoke = timed
     x = np.random.default_rng(d).standard_normal((d, d)).astype(np.float32) * 0.1
     t0 = time.perf_counter()
     prog.run({"x": x})

@@ -72,7 +72,7 @@ class Canvas:
                 + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
 
 
-def _fmt_time(sec: float) -> str:
+def fmt_time(sec: float) -> str:
     for unit, f in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
         if sec >= f:
             return f"{sec / f:g}{unit}"
@@ -99,7 +99,7 @@ def loglog_chart(path, series: dict[str, list[tuple[float, float]]], title: str,
     for e in range(y0, y1 + 1):
         y = bottom - (e - y0) / (y1 - y0) * (bottom - top)
         cv.line(left, y, right, y, grey)
-        label = _fmt_time(10.0 ** e)
+        label = fmt_time(10.0 ** e)
         cv.text(left - 8 - 8 * len(label), int(y) - 5, label, units=True)
     for xv in sorted({p[0] for p in pts}):
         x = X(xv)

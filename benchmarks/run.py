@@ -4,7 +4,7 @@ For every case (an example scaled up, benchmarks/cases.py), in ONE process, medi
 timed runs after warm-up, each run a loop of k steps ended by block_until_ready:
 
   (a)  oi2jax compiled: `Program.step` in a loop (state donated)
-  (a0) the same jitted function called directly (`Program._jit`, inside its x64 scope): the
+  (a0) the same jitted function called directly (`Program.jit_step`, inside its x64 scope): the
        step without `Program.step`'s Python wrapper, to split host overhead from device time
   (b)  the model written by hand as idiomatic jax.jit code (benchmarks/handwritten/)
   (c)  the reference interpreter (`oi2jax.compile(..., mode="interpret").run`, per step)
@@ -165,13 +165,13 @@ def bench_case(case: Case, workdir: Path, device, prof: dict, do_slow: bool = Tr
     # (a), (a0), (b): interleaved
     dev_inputs = hw.put(inputs)
     a = Timed(prog.step, prog.init_state, dev_inputs, case.steps)
-    dyn = prog._dynamic_args(dev_inputs)
+    dyn = prog.dynamic_args(dev_inputs)
 
     def raw_step(state):
-        return prog._jit(prog._consts, state, dyn)
+        return prog.jit_step(prog.consts, state, dyn)
 
     def a0_run(k, a0=Timed(None, prog.init_state, {}, case.steps)):
-        with prog._scope():
+        with prog.scope():
             a0.step_fn = lambda state: raw_step(state)
             return a0.run(k)
 
@@ -330,7 +330,7 @@ def run_benchmarks(profile: str = "full", device=None, out_dir: Path | None = No
                    log=print) -> dict:
     prof = PROFILES[profile]
     t_start = time.perf_counter()
-    dev = oi2jax.lowering.program.resolve_device(device) if device else None
+    dev = oi2jax.runtime.program.resolve_device(device) if device else None
     # warm JAX itself so the first case's time to first result is not charged for backend start-up
     block(jax.jit(lambda v: v + 1)(np.zeros(4, np.float32)))
     # ... and import/warm oi2jax's own modules (parser, checker, lowering, interpreter) once, so

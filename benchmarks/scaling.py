@@ -29,7 +29,7 @@ WORKER = textwrap.dedent(r'''
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     import oi2jax
-    from oi2jax.lowering.sharding import make_mesh
+    from oi2jax.runtime.sharding import make_mesh
     graph, model, n, layout, steps = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
     devs = jax.devices()[:n]
     if layout == "data":

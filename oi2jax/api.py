@@ -120,15 +120,15 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
 
     `mesh` (a `jax.sharding.Mesh`, or 'data=4,model=2') with `shard` ({size variable: mesh axis})
-    shards the program over the mesh (lowering/sharding.py, docs/scaling.md).
+    shards the program over the mesh (runtime/sharding.py, docs/scaling.md).
     Graphs with yield/await run under `yield_mode="driver"` (default: entry phases and consumer
-    blocks as separate kernels, `placement={"block": device | "cpu:1"}`; lowering/driver.py,
+    blocks as separate kernels, `placement={"block": device | "cpu:1"}`; runtime/driver.py,
     docs/yield_await.md) or `"fused"` (one jit); graphs without yield are one jit either way.
     `build="concurrent"` (default) compiles the driver's kernels on a thread pool and starts running
     as soon as the first is built; `"sequential"` compiles them all first. `schedule="dataflow"`
     (default) starts each consumer as soon as what it awaits is yielded (a ready queue);
     `"linear"` runs the kernels in a fixed topological order, one at a time (debugging; identical
-    results). Both only matter for the yield/await driver (lowering/executor.py, docs/executor.md).
+    results). Both only matter for the yield/await driver (runtime/executor.py, docs/executor.md).
     `precision` ("highest" | "high" | "default"): float matmul precision. "highest" (default) keeps
     OpenInfer's exact f32 numerics; "high"/"default" allow XLA's faster TF32/bf16 paths on GPU and
     TPU (results then differ from OpenInfer in the low bits; docs/semantics.md). The reference
@@ -143,7 +143,7 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
 
 def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement, cache_dir,
              build, schedule, precision):
-    from .lowering.executor import check_build, check_schedule
+    from .runtime.executor import check_build, check_schedule
     from .ops.numerical import PRECISIONS
     if precision not in PRECISIONS:
         raise OiError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
@@ -171,27 +171,25 @@ def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh
             raise OiError("give either device= or mesh=, not both")
         if placement:
             raise OiError("placement= cannot be combined with mesh= (a sharded program is one jit)")
-        from .lowering.sharding import compile_sharded
+        from .runtime.sharding import compile_sharded
         program = compile_sharded(bound, mesh, shard, yield_mode=yield_mode)
         program.precision = precision
         return program
-    from .lowering import Program
-    from .lowering.driver import DriverProgram
+    from .runtime.program import Program
     from .phases import has_yield
     if has_yield(graph) and yield_mode == "driver":
-        program = DriverProgram(bound, device=device, placement=placement, build=build, schedule=schedule)
-        program.precision = precision
-        return program
-    if placement:
+        program = Program(bound, device=device, yield_mode="driver",
+                          driver={"placement": placement, "build": build, "schedule": schedule})
+    elif placement:
         raise OiError("placement needs a graph with yield/await run with yield_mode=\"driver\"")
-    program = Program(bound, device=device, yield_mode=yield_mode)
-    program.build, program.schedule = build, schedule  # one kernel: both builds/schedules coincide
+    else:
+        program = Program(bound, device=device, yield_mode=yield_mode)
     program.precision = precision
     return program
 
 
 def __getattr__(name):
     if name == "Program":
-        from .lowering import Program
+        from .runtime.program import Program
         return Program
     raise AttributeError(name)

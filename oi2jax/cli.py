@@ -147,7 +147,7 @@ def _sharding_kwargs(args) -> dict:
                                 or getattr(args, "process_id", None) is not None):
         raise UsageError("--num-processes / --process-id need --coordinator HOST:PORT")
     if coordinator is not None:
-        from .lowering.sharding import init_distributed
+        from .runtime.sharding import init_distributed
         init_distributed(coordinator, args.num_processes, args.process_id)
     if not args.mesh and not args.shard:
         return {}
@@ -155,7 +155,7 @@ def _sharding_kwargs(args) -> dict:
         raise UsageError("--shard needs --mesh AXIS=INT[,AXIS=INT...]")
     if args.device is not None:
         raise UsageError("--mesh and --device are exclusive")
-    from .lowering.sharding import make_mesh, parse_shard_specs
+    from .runtime.sharding import make_mesh, parse_shard_specs
     return {"mesh": make_mesh(args.mesh), "shard": parse_shard_specs(args.shard)}
 
 
@@ -222,7 +222,7 @@ def cmd_run(args) -> int:
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
     batch_var = args.batch_var
     if batch_var is None and not args.interpret and hasattr(program, "run_batched") and not session_flags:
-        from .lowering.chunked import batch_var_for
+        from .runtime.chunked import batch_var_for
         batch_var = batch_var_for(program, inputs)  # an input longer than its batch size variable
     if batch_var is not None:
         if args.interpret or not hasattr(program, "run_batched"):

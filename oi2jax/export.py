@@ -81,7 +81,7 @@ def _symbolic_bound(bound, symbolic: tuple[str, ...]):
     sizes.update(sym)
     graph = bound.graph
     shapes = {}
-    for name, shape in bound._shapes.items():
+    for name, shape in bound.shapes.items():
         decl = graph.var(name) or graph.temporaries.get(name)
         decl_dims = getattr(decl, "dims", None)
         if decl_dims is not None and any(n in sym for d in decl_dims for n in d.names):
@@ -97,7 +97,7 @@ EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None):
     """(exported, manifest, npz_arrays) for the graph; nothing written."""
     import jax
-    from .lowering import Program
+    from .runtime.program import Program
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
     from .phases import has_yield
 
@@ -118,21 +118,18 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         _check_symbolic(graph, symbolic)
     fused = has_yield(graph)
     program = Program(bound, yield_mode="fused")
-    builder = program._builder
-    with program._scope():
-        state0 = program._host_state()
-        defaults = {k: np.asarray(v) for k, v in program._defaults.items()}
-        consts = program._consts
-        lowering = program._lowering
+    builder = program.builder
+    with program.scope():
+        state0 = program.initial_host_state()
+        defaults = {k: np.asarray(v) for k, v in program.defaults.items()}
+        consts = program.consts
+        lowering = program.lowering
         trace_builder = builder
         if symbolic:
             sbound = _symbolic_bound(bound, symbolic)
-            lowering = Lowering(bound=sbound, caches=program._lowering.caches,
-                                growable=program._lowering.growable, shaped=program._lowering.shaped)
-            trace_builder = type(builder).__new__(type(builder))
-            trace_builder.__dict__.update(builder.__dict__)
-            trace_builder.lowering = lowering
-            trace_builder.fills = {n: (sbound.shape(n), dtype, fill) for n, (_, dtype, fill) in builder.fills.items()}
+            lowering = Lowering(bound=sbound, caches=program.lowering.caches,
+                                growable=program.lowering.growable, shaped=program.lowering.shaped)
+            trace_builder = builder.at_shapes(lowering)
             for name in builder.init_args:
                 if sbound.shape(name) != bound.shape(name):
                     raise OiError(f"cannot export with symbolic {', '.join(symbolic)}: {name} has a non-uniform "
@@ -184,7 +181,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                 else None, "shape": _shape_json(aval.shape), "dtype": _dtype_name(aval.dtype)}
                for name, aval in out_outputs.items()]
     caches = {}
-    for name, layout in program._lowering.caches.items():
+    for name, layout in program.lowering.caches.items():
         entry = {"kind": layout.kind, "dsl_dtype": layout.dtype, "data_key": layout.name}
         if layout.kind != "plain":
             entry["size_key"] = layout.size_key()

@@ -58,7 +58,7 @@ def _attr(lit: ir.Literal) -> dict:
             "dtype_list": lambda v: {"DTypeList": [_dt(d) for d in v]}}[lit.kind](lit.value)
 
 
-def _scalar(dtype: str, lit: ir.Literal | None):
+def scalar_to_json(dtype: str, lit: ir.Literal | None):
     if lit is None:
         return None
     v = lit.value
@@ -129,7 +129,7 @@ def to_json(graph: ir.Graph) -> dict:
                          "table_indices": list(d.index_params), "table": d.table, "auto_dim": list(d.auto_dim),
                          "fixed": [[k, v] for k, v in d.fixed], "dtype": _dt(d.dtype),
                          "dims": [str(x) for x in d.dims], "kind": _KIND_JSON[d.kind],
-                         "init": _scalar(d.dtype, d.init)}
+                         "init": scalar_to_json(d.dtype, d.init)}
     return {"blocks": blocks, "next_index": count, "vars": vars_}
 
 
@@ -179,7 +179,7 @@ def _attr_back(v: dict) -> ir.Literal:
     return ir.Literal(kind, x)
 
 
-def _scalar_back(dtype: str, v) -> ir.Literal | None:
+def scalar_from_json(dtype: str, v) -> ir.Literal | None:
     if v is None:
         return None
     (_, x), = v.items()
@@ -249,7 +249,7 @@ def from_json(data: dict, path: str = "<json>") -> ir.Graph:
         dtype = _dt_back(v["dtype"])
         vars_.append(ir.VarDecl(
             name=v["name"], kind=ir.MemKind(v["kind"].lower()), dtype=dtype, dims=tuple(_dim(x) for x in v["dims"]),
-            span=span, init=_scalar_back(dtype, v.get("init")), ref=v.get("ref_name"), pattern=v.get("pattern"),
+            span=span, init=scalar_from_json(dtype, v.get("init")), ref=v.get("ref_name"), pattern=v.get("pattern"),
             index_params=tuple(v.get("table_indices", ())), table=bool(v.get("table")),
             auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, int(n)) for k, n in v.get("fixed", ()))))
     blocks = [ir.Block(b["name"], tuple(_node_back(n, span) for n in b["nodes"]), span)

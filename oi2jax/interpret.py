@@ -44,7 +44,7 @@ from . import dtypes as dt
 from . import ir
 from .diagnostics import OiError
 from . import messages
-from .interpret_caches import CacheOps, _State, _Table
+from .interpret_caches import CacheOps, State, Table
 from .messages import CHECKED
 from .numerics import fill_value
 from .limits import check_sizes
@@ -58,7 +58,7 @@ MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variab
 
 
 @dataclass
-class _Frame:
+class Frame:
     block: str
     nodes: tuple
     pos: int = 0
@@ -68,7 +68,7 @@ class _Frame:
 
 
 @dataclass
-class _Ctx:
+class Ctx:
     """Per-run-of-a-frame-stack context: consumer runs track what they write."""
 
     consumer: bool = False
@@ -141,8 +141,8 @@ class InterpretedProgram(CacheOps):
             return np.zeros(self._decl_shape(name), dtype=dt.get(temp.dtype).np_dtype)
         return np.asarray(self.bound.initial(name))
 
-    def _initial_state(self) -> _State:
-        st = _State()
+    def _initial_state(self) -> State:
+        st = State()
         for decl in self.graph.vars:
             if decl.is_prefix_table:
                 continue
@@ -150,7 +150,7 @@ class InterpretedProgram(CacheOps):
                 if decl.is_table:
                     fixed_map = decl.fixed_map
                     fixed = [fixed_map.get(p) for p in decl.table_indices]
-                    st.tables[decl.name] = _Table([f if f is not None else 0 for f in fixed], fixed)
+                    st.tables[decl.name] = Table([f if f is not None else 0 for f in fixed], fixed)
                 elif decl.is_auto_dim:
                     # the cache paths create auto_dim tensors as zeros; @init only after a reset (§4.6)
                     st.values[decl.name] = np.zeros(decl.shape(self._sizes), dtype=dt.get(decl.dtype).np_dtype)
@@ -161,7 +161,7 @@ class InterpretedProgram(CacheOps):
                 st.values[decl.name] = self._initial(decl.name)
         return st
 
-    def _reset_step(self, st: _State, inputs: dict[str, np.ndarray]) -> None:
+    def _reset_step(self, st: State, inputs: dict[str, np.ndarray]) -> None:
         for decl in self.graph.vars:
             if decl.is_prefix_table:
                 continue
@@ -178,13 +178,13 @@ class InterpretedProgram(CacheOps):
             self._families[name] = np.asarray(self.bound.family(name))
         return self._families[name]
 
-    def _scalar(self, name: str, st: _State, node, what: str):
+    def _scalar(self, name: str, st: State, node, what: str):
         v = np.asarray(st.values[name])
         d = dt.get(self._dtype(name))
         assert v.size == 1 and not d.packed, f"{what} {name}: {CHECKED}"
         return v.reshape(()), d
 
-    def _bound(self, value: ir.IndexValue, frames, st: _State, node) -> int:
+    def _bound(self, value: ir.IndexValue, frames, st: State, node) -> int:
         if isinstance(value, int):
             return value
         try:
@@ -205,7 +205,7 @@ class InterpretedProgram(CacheOps):
 
     # ------------------------------------------------------------------------------- reading
 
-    def _read_ref(self, ref: ir.VarRef, frames, st: _State, node) -> np.ndarray:
+    def _read_ref(self, ref: ir.VarRef, frames, st: State, node) -> np.ndarray:
         if ref.indices is None:
             assert ref.name in st.values, f"{ref.name}: {CHECKED}"
             return st.values[ref.name]
@@ -272,8 +272,8 @@ class InterpretedProgram(CacheOps):
         with jax.enable_x64(True):
             st = self.state
             self._reset_step(st, inputs)
-            ctx = _Ctx()
-            self._execute(st, [_Frame("entry", self.graph.entry.nodes)], ctx)
+            ctx = Ctx()
+            self._execute(st, [Frame("entry", self.graph.entry.nodes)], ctx)
             if ctx.pending is not None:  # a yield never awaited: merge at the end of the step
                 self._merge(st, ctx, None)
 
@@ -292,7 +292,7 @@ class InterpretedProgram(CacheOps):
 
     # ------------------------------------------------------------------------- the executor
 
-    def _execute(self, st: _State, frames: list[_Frame], ctx: _Ctx) -> None:
+    def _execute(self, st: State, frames: list[Frame], ctx: Ctx) -> None:
         while frames:
             f = frames[-1]
             if f.pos >= len(f.nodes):
@@ -314,7 +314,7 @@ class InterpretedProgram(CacheOps):
         if self.trace is not None:
             self.trace.record(block, node, ns)
 
-    def _node(self, node: ir.Node, f: _Frame, frames: list[_Frame], st: _State, ctx: _Ctx) -> None:
+    def _node(self, node: ir.Node, f: Frame, frames: list[Frame], st: State, ctx: Ctx) -> None:
         """Record the node in the trace and run its rule (`_RULES`: node type -> method)."""
         if isinstance(node, ir.Op):
             self._record(f.block, node, self._op(node, frames, st, ctx))
@@ -325,11 +325,11 @@ class InterpretedProgram(CacheOps):
             raise self._err(f"unsupported node {type(node).__name__}", node)
         rule(self, node, f, frames, st, ctx)
 
-    def _assign(self, node: ir.Assign, f, frames, st: _State, ctx) -> None:
+    def _assign(self, node: ir.Assign, f, frames, st: State, ctx) -> None:
         if node.name not in st.values:  # created zero-filled; an existing value is kept (§3.9)
             st.values[node.name] = self._initial(node.name)
 
-    def _branch(self, node: ir.Branch, f, frames, st: _State, ctx) -> None:
+    def _branch(self, node: ir.Branch, f, frames, st: State, ctx) -> None:
         target = node.then_block
         if node.cond is not None:
             v, d = self._scalar(node.cond, st, node, "branch condition")
@@ -345,15 +345,15 @@ class InterpretedProgram(CacheOps):
         assert blk is not None, CHECKED
         if len(frames) >= MAX_DEPTH:
             raise self._err(f"branch to {target}: call depth exceeds {MAX_DEPTH} (unbounded recursion?)", node)
-        frames.append(_Frame(target, blk.nodes))
+        frames.append(Frame(target, blk.nodes))
 
-    def _loop(self, node: ir.Loop, f, frames, st: _State, ctx) -> None:
+    def _loop(self, node: ir.Loop, f, frames, st: State, ctx) -> None:
         start = self._bound(node.start, frames, st, node)
         end = self._bound(node.end, frames, st, node)
         if start < end:
             if len(frames) >= MAX_DEPTH:
                 raise self._err(f"loop {node.name}: frame depth exceeds {MAX_DEPTH}", node)
-            frames.append(_Frame(f.block, node.body, 0, node, start, end))
+            frames.append(Frame(f.block, node.body, 0, node, start, end))
 
     def _return(self, node, f, frames, st, ctx) -> None:
         frames.pop()
@@ -361,18 +361,18 @@ class InterpretedProgram(CacheOps):
     def _no_effect(self, node, f, frames, st, ctx) -> None:
         pass  # barrier, dep: ordering only; execution is already in program order
 
-    def _transfer(self, node: ir.Transfer, f, frames, st: _State, ctx) -> None:
+    def _transfer(self, node: ir.Transfer, f, frames, st: State, ctx) -> None:
         value = self._read_ref(node.src, frames, st, node)
         st.values[node.dst.name] = np.array(value, copy=True)
         ctx.wrote(node.dst.name)
 
-    def _yield_node(self, node: ir.Yield, f, frames, st: _State, ctx) -> None:
+    def _yield_node(self, node: ir.Yield, f, frames, st: State, ctx) -> None:
         if ctx.consumer or f.block != "entry":
             frames.pop()  # a terminator outside the entry (pops just a loop frame inside a loop)
         else:
             self._yield(node, st, ctx)
 
-    def _await_node(self, node: ir.Await, f, frames, st: _State, ctx) -> None:
+    def _await_node(self, node: ir.Await, f, frames, st: State, ctx) -> None:
         if not ctx.consumer and f.block == "entry" and ctx.pending is not None:
             self._merge(st, ctx, node)
 
@@ -390,7 +390,7 @@ class InterpretedProgram(CacheOps):
 
     # ----------------------------------------------------------------------------------- ops
 
-    def _op(self, node: ir.Op, frames, st: _State, ctx: _Ctx) -> int:
+    def _op(self, node: ir.Op, frames, st: State, ctx: Ctx) -> int:
         import jax
         import jax.numpy as jnp
 
@@ -447,18 +447,18 @@ class InterpretedProgram(CacheOps):
             found = self._consumer_cache[tuple(names)] = [b.name for b in consumers_of(self.graph, names)]
         return found
 
-    def _yield(self, node: ir.Yield, st: _State, ctx: _Ctx) -> None:
+    def _yield(self, node: ir.Yield, st: State, ctx: Ctx) -> None:
         assert ctx.pending is None, CHECKED  # an await between two yields (phases.pairing)
         snapshot = st.copy()
         results = []
         for name in self._consumers(node.vars):
             cst = snapshot.copy()
-            cctx = _Ctx(consumer=True, written=set())
-            self._execute(cst, [_Frame(name, self.graph.block(name).nodes)], cctx)
+            cctx = Ctx(consumer=True, written=set())
+            self._execute(cst, [Frame(name, self.graph.block(name).nodes)], cctx)
             results.append((name, cst, cctx.written))
         ctx.pending = (node, results)
 
-    def _merge(self, st: _State, ctx: _Ctx, node) -> None:
+    def _merge(self, st: State, ctx: Ctx, node) -> None:
         _, results = ctx.pending
         ctx.pending = None
         owner: dict[str, str] = {}

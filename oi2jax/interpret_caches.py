@@ -14,22 +14,22 @@ from . import messages
 from .messages import CHECKED
 
 if TYPE_CHECKING:
-    from .interpret import _Ctx, _Frame
+    from .interpret import Ctx, Frame
 
 
 # ---------------------------------------------------------------------------------------- state
 
 
 @dataclass
-class _Table:
+class Table:
     """A cache table: materialised entries by index tuple, current size per table index."""
 
     sizes: list[int]
     fixed: list[int | None]
     entries: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
 
-    def copy(self) -> "_Table":
-        return _Table(list(self.sizes), list(self.fixed), dict(self.entries))
+    def copy(self) -> "Table":
+        return Table(list(self.sizes), list(self.fixed), dict(self.entries))
 
     def reset_sizes(self) -> None:
         for d, fixed in enumerate(self.fixed):
@@ -43,20 +43,20 @@ class _Table:
 
 
 @dataclass
-class _State:
+class State:
     """All values: `values` (every non-table variable and temporary, including plain persistent
     and auto_dim tensors), `tables`, `counts` (auto_dim counts). Arrays are never mutated in
     place, so copies are shallow."""
 
     values: dict[str, np.ndarray] = field(default_factory=dict)
-    tables: dict[str, _Table] = field(default_factory=dict)
+    tables: dict[str, Table] = field(default_factory=dict)
     counts: dict[str, list[int]] = field(default_factory=dict)
 
-    def copy(self) -> "_State":
-        return _State(dict(self.values), {k: t.copy() for k, t in self.tables.items()},
+    def copy(self) -> "State":
+        return State(dict(self.values), {k: t.copy() for k, t in self.tables.items()},
                       {k: list(c) for k, c in self.counts.items()})
 
-    def take(self, other: "_State", name: str) -> None:
+    def take(self, other: "State", name: str) -> None:
         """Copy variable `name` (value, table or auto_dim counts) from `other`."""
         if name in other.tables:
             self.tables[name] = other.tables[name].copy()
@@ -74,19 +74,19 @@ def _shape(a) -> list[int]:
 
 
 class CacheOps:
-    """Mixin of `InterpretedProgram`: cache index resolution and the cache.* nodes on a `_State`.
+    """Mixin of `InterpretedProgram`: cache index resolution and the cache.* nodes on a `State`.
 
     Uses the program's `graph`, `_sizes`, `_err`, `_read_ref` and `_ref_dtype`."""
 
     # ---------------------------------------------------------------------- index resolution
 
-    def _loop_index(self, name: str, frames: list[_Frame]) -> int | None:
+    def _loop_index(self, name: str, frames: list[Frame]) -> int | None:
         for f in reversed(frames):
             if f.loop is not None and f.loop.var == name:
                 return f.value
         return None
 
-    def _index(self, value: ir.IndexValue, frames, st: _State, node, what="cache index") -> int:
+    def _index(self, value: ir.IndexValue, frames, st: State, node, what="cache index") -> int:
         if isinstance(value, int):
             return value
         if value in self._sizes:
@@ -104,7 +104,7 @@ class CacheOps:
             return int(np.asarray(st.values[value]).reshape(()))
         raise self._err(f"unknown {what} {value}", node)
 
-    def _table_array(self, decl: ir.VarDecl, t: _Table) -> np.ndarray:
+    def _table_array(self, decl: ir.VarDecl, t: Table) -> np.ndarray:
         entry = decl.shape(self._sizes)
         arr = np.broadcast_to(fill_value(decl.dtype, entry, decl.init), tuple(t.sizes) + entry).copy()
         for k, v in t.entries.items():
@@ -119,7 +119,7 @@ class CacheOps:
         assert decl is not None and decl.kind == ir.MemKind.PERSISTENT, f"{op} {name}: %s" % CHECKED
         return decl
 
-    def _grow(self, decl: ir.VarDecl, t: _Table, d: int, size: int, node, what: str = "index") -> None:
+    def _grow(self, decl: ir.VarDecl, t: Table, d: int, size: int, node, what: str = "index") -> None:
         fixed = t.fixed[d]
         if fixed is not None and size > fixed:
             raise self._err(messages.exceeds_fixed(decl.name, d, fixed, what, size - 1 if what == "index" else size),
@@ -132,7 +132,7 @@ class CacheOps:
             raise self._err(messages.negative_index(decl.name, f"index {sel.value}", k), node)
         return k
 
-    def _table_read(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: _State, ctx, node,
+    def _table_read(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: State, ctx, node,
                     out_lengths) -> np.ndarray:
         """The selection; each slice's length must be the destination's dimension (`out_lengths`)."""
         t = st.tables[decl.name]
@@ -177,7 +177,7 @@ class CacheOps:
             return np.zeros(tuple(out_dims) + entry, dtype=dt.get(decl.dtype).np_dtype)
         return np.stack(values).reshape(tuple(out_dims) + entry)
 
-    def _auto_dim(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: _State, ctx, node) -> None:
+    def _auto_dim(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: State, ctx, node) -> None:
         names = decl.auto_dim
         assert len(names) == len(decl.dims) and len(access.indices) <= len(names), CHECKED
         counts = st.counts[decl.name]
@@ -199,7 +199,7 @@ class CacheOps:
             st.counts[decl.name] = new
             ctx.wrote(decl.name)
 
-    def _cache_read(self, node: ir.CacheRead, frames, st: _State, ctx: _Ctx) -> None:
+    def _cache_read(self, node: ir.CacheRead, frames, st: State, ctx: Ctx) -> None:
         access = node.src
         decl = self._persistent(access.base, node, "cache.read")
         dst = node.dst
@@ -224,7 +224,7 @@ class CacheOps:
         st.values[dst.name] = np.array(value, copy=True)
         ctx.wrote(dst.name)
 
-    def _cache_write(self, node: ir.CacheWrite, frames, st: _State, ctx: _Ctx) -> None:
+    def _cache_write(self, node: ir.CacheWrite, frames, st: State, ctx: Ctx) -> None:
         access = node.dst
         decl = self._persistent(access.base, node, "cache.write")
         src = np.asarray(self._read_ref(node.src, frames, st, node))
@@ -256,7 +256,7 @@ class CacheOps:
             st.values[decl.name] = src
         ctx.wrote(decl.name)
 
-    def _cache_step(self, node, st: _State, ctx: _Ctx) -> None:
+    def _cache_step(self, node, st: State, ctx: Ctx) -> None:
         up = isinstance(node, ir.CacheIncrement)
         word = "cache.increment" if up else "cache.decrement"
         decl = self._persistent(node.target, node, word)
@@ -281,7 +281,7 @@ class CacheOps:
         st.values[decl.name] = np.asarray(new).reshape(cur.shape)
         ctx.wrote(decl.name)
 
-    def _cache_reset(self, node: ir.CacheReset, frames, st: _State, ctx: _Ctx) -> None:
+    def _cache_reset(self, node: ir.CacheReset, frames, st: State, ctx: Ctx) -> None:
         access = node.target
         decl = self._persistent(access.base, node, "cache.reset")
         if decl.is_table:

@@ -51,11 +51,11 @@ def check_sizes(bound) -> None:
         if nbytes > limit:
             decl = graph.var(name) or graph.temporaries[name]
             raise OiError(f"{name} would need {nbytes} bytes ({what}): too large to allocate (the limit is "
-                          f"{limit} bytes{_limit_note(limit)}); check the size variables and @fixed sizes",
+                          f"{limit} bytes{limit_note(limit)}); check the size variables and @fixed sizes",
                           decl.span, source=graph.source)
 
 
-def _limit_note(limit: int) -> str:
+def limit_note(limit: int) -> str:
     return ", this machine's memory" if limit < MAX_VALUE_BYTES else ""
 
 

@@ -1,7 +1,7 @@
 """yield/await structure of a graph, on the IR alone (no JAX): consumers, windows, phases.
 
 Shared by the checker (pairing and deadlock diagnostics), the fused lowering (lowering/sync.py)
-and the driver (lowering/driver.py). Consumers follow SPEC §0 item 3: the non-entry,
+and the driver (runtime/driver.py). Consumers follow SPEC §0 item 3: the non-entry,
 non-branch-target blocks that `await` at least one yielded variable, in name order.
 """
 from __future__ import annotations

@@ -51,7 +51,7 @@ def test_chart_units_and_legend(tmp_path):
     """Axis labels in lowercase units (ms, µs: never read as 'MS'/'US'); the legend sits right
     of the plot area, so no series line runs under it."""
     from benchmarks import png
-    assert [png._fmt_time(t) for t in (2.0, 2e-3, 2e-5, 2e-8)] == ["2s", "2ms", "20µs", "20ns"]
+    assert [png.fmt_time(t) for t in (2.0, 2e-3, 2e-5, 2e-8)] == ["2s", "2ms", "20µs", "20ns"]
     assert png._UNITS["m"] != png._FONT["m"] and png._UNITS["s"][0] == 0  # x-height glyphs
     drawn = []
     real = png.Canvas.text

@@ -1,4 +1,4 @@
-"""Batch-chunk looping (oi2jax/lowering/chunked.py): inputs with more rows than the batch size
+"""Batch-chunk looping (oi2jax/runtime/chunked.py): inputs with more rows than the batch size
 variable run in chunks inside one compiled program and equal per-chunk manual runs, persistent
 state included."""
 from __future__ import annotations
@@ -70,7 +70,7 @@ def manual(src, x: np.ndarray, steps: int = 1, extra=None, **kw) -> dict:
             state, outs = p.step(state, x=chunk, **(extra or {}))
         outs_all.append({k: np.asarray(v) for k, v in outs.items()})
         last = p
-    from oi2jax.lowering.chunked import batched_names
+    from oi2jax.runtime.chunked import batched_names
     batched = set(batched_names(prog.graph, "B"))
     result = {k: np.concatenate([o[k] for o in outs_all]) if k in batched else outs_all[-1][k]
               for k in outs_all[-1]}
@@ -79,7 +79,7 @@ def manual(src, x: np.ndarray, steps: int = 1, extra=None, **kw) -> dict:
             given = {"x": x, **(extra or {})}
             result[name] = np.asarray(given[name]) if name in given else np.asarray(prog.bound.initial(name))
     exported = last.export_state(state)
-    for name in last._lowering.caches:
+    for name in last.lowering.caches:
         result[name] = exported[name]
     return result
 

@@ -1,4 +1,4 @@
-"""yield/await run by the host driver (oi2jax/lowering/driver.py, docs/yield_await.md).
+"""yield/await run by the host driver (oi2jax/runtime/driver.py, docs/yield_await.md).
 
 Every graph here runs in both yield modes and the results must agree bit for bit."""
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.grammar.parse import parse
-from oi2jax.lowering.driver import DriverProgram
 from oi2jax.phases import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,12 +23,12 @@ from conftest import MODELS, assert_same
 MODEL = MODELS / "streaming_pipeline.oinf"
 
 
-def both(src, inputs=None, steps=1, **kw) -> tuple[dict, DriverProgram]:
+def both(src, inputs=None, steps=1, **kw) -> tuple[dict, oi2jax.Program]:
     """Run fused and driver; assert they agree bit for bit (conftest.assert_same); return the
     driver's outputs and program (the tests look at its kernels)."""
     fused = oi2jax.compile(src, yield_mode="fused", **kw)
     drv = oi2jax.compile(src, **kw)
-    assert isinstance(drv, DriverProgram) and not isinstance(fused, DriverProgram)
+    assert drv.driver is not None and fused.driver is None
     out_f = fused.run(inputs or {}, steps=steps)
     out_d = drv.run(inputs or {}, steps=steps)
     assert_same(out_f, out_d)
@@ -54,7 +53,7 @@ block reader { await x; op add(x, x) >> seen; yield x; }
 
 
 def test_driver_is_default_and_plain_graphs_stay_single_jit():
-    assert isinstance(oi2jax.compile(WRITER_READER), DriverProgram)
+    assert oi2jax.compile(WRITER_READER).driver is not None
     plain = oi2jax.compile("dynamic { x: f32[2]; } block entry { op add(x, x) >> x; }")
     assert type(plain).__name__ == "Program"
 
@@ -97,7 +96,7 @@ def test_multi_variable_yield_mutator_per_variable_and_several_readers():
     np.testing.assert_array_equal(out["r1"], X + Y)  # reader: snapshot of both, not the mutated ones
     np.testing.assert_array_equal(out["r2"], X * Y + X)  # reader sees entry's non-yielded w (whole state)
     np.testing.assert_array_equal(out["r3"], X * Y - X)
-    kernels = {k["kernel"]: k for k in drv.kernels()}
+    kernels = {k["kernel"]: k for k in drv.driver.kernels()}
     assert set(kernels) == {"entry:0", "entry:1", "entry:2", "ma", "mb", "r_both", "r_w"}
     assert kernels["ma"]["writes"] == ["a"] and kernels["mb"]["writes"] == ["b"]
     assert kernels["r_w"]["reads"] == ["a", "w"]  # only what it reads moves
@@ -146,7 +145,7 @@ def test_two_windows_branch_loop_and_return_outputs():
         np.testing.assert_array_equal(out["x"], fx)
         np.testing.assert_array_equal(out["s"], fx + 3 * Y)
         np.testing.assert_array_equal(out["y"], Y + fx)
-    assert len(drv.analysis.phases) == 5
+    assert len(drv.driver.analysis.phases) == 5
 
 
 CACHE = """

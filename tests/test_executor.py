@@ -1,5 +1,5 @@
 """Concurrent vs sequential builds and dataflow vs linear schedules of the yield/await driver
-(oi2jax/lowering/executor.py, docs/executor.md). Results must agree bit for bit."""
+(oi2jax/runtime/executor.py, docs/executor.md). Results must agree bit for bit."""
 from __future__ import annotations
 
 import threading
@@ -11,8 +11,7 @@ import pytest
 import oi2jax
 from oi2jax import dtypes as dt
 from oi2jax.diagnostics import OiError
-from oi2jax.lowering import executor
-from oi2jax.lowering.driver import DriverProgram
+from oi2jax.runtime import executor
 
 from conftest import EXAMPLES, MODELS
 
@@ -90,9 +89,9 @@ def test_yield_graph_identical_across_builds_schedules_and_fused():
     for build in ("sequential", "concurrent"):
         for schedule in ("dataflow", "linear"):
             prog = oi2jax.compile(MULTI, build=build, schedule=schedule)
-            assert isinstance(prog, DriverProgram)
+            assert prog.driver is not None
             same(fused, prog.run({"a": A, "b": B}, steps=3))
-            kinds = {k["kernel"] for k in prog.kernels()}
+            kinds = {k["kernel"] for k in prog.driver.kernels()}
             assert kinds >= {"entry:0", "entry:1", "ma", "mb", "r_both", "r_w"}
 
 
@@ -133,7 +132,7 @@ def test_compile_error_in_a_consumer_surfaces_once_naming_the_block(monkeypatch)
 def test_runtime_error_in_a_consumer_kernel_surfaces_once(monkeypatch):
     prog = oi2jax.compile(MULTI)
     prog.run({"a": A, "b": B})  # built
-    kern = next(ck for w in prog._plan[1].values() for ck, _, _ in w if ck.name == "mb")
+    kern = next(ck for w in prog.driver.plan[1].values() for ck, _, _ in w if ck.name == "mb")
     hits = []
 
     def boom(*args):
@@ -200,7 +199,7 @@ def test_concurrent_runs_never_hang():
 
     def one(i):
         try:
-            prog._plan = None  # force a fresh concurrent build of every kernel
+            prog.driver.plan = None  # force a fresh concurrent build of every kernel
             same(expect, prog.run({"x": x}))
         except BaseException as exc:  # reported by the main thread
             failures.append((i, exc))
@@ -212,7 +211,7 @@ def test_concurrent_runs_never_hang():
         t.join(timeout=30)
         assert not t.is_alive(), f"run {i} hung"
         assert not failures, failures
-        assert prog._kbuilder is None  # the builder was closed: no compile pending
+        assert prog.driver.kernel_builder is None  # the builder was closed: no compile pending
     assert no_compile_threads()
 
 
@@ -242,7 +241,7 @@ def test_ready_consumer_starts_before_earlier_declared_waiting_one(schedule):
     order = [e["kernel"] for e in prog.last_trace]
     # a_late is declared first but waits for the second yield; b_early is ready at the first
     assert order.index("b_early") < order.index("entry:2") < order.index("a_late")
-    assert order == prog.last_order
+    assert order == prog.driver.last_order
 
 
 def test_dataflow_dispatches_the_consumer_whose_kernel_is_built_first(monkeypatch):

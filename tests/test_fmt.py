@@ -205,7 +205,7 @@ def test_generated_programs_round_trip(text):
 def _json_normal(g: ir.Graph) -> ir.Graph:
     """What JSON can represent: explicit `cache.increment 1 x` becomes implicit; merged duplicate blocks."""
     from dataclasses import replace
-    from oi2jax.graph_json import _scalar, _scalar_back
+    from oi2jax.graph_json import scalar_to_json, scalar_from_json
 
     def fix(n):
         if isinstance(n, (ir.CacheIncrement, ir.CacheDecrement)):
@@ -220,7 +220,7 @@ def _json_normal(g: ir.Graph) -> ir.Graph:
             replace(b, nodes=nodes)
     vars_: dict = {}
     for d in g.vars:
-        init = None if d.init is None else _scalar_back(d.dtype, _scalar(d.dtype, d.init))
+        init = None if d.init is None else scalar_from_json(d.dtype, scalar_to_json(d.dtype, d.init))
         vars_[d.name] = replace(d, init=init)
     return ir.Graph(tuple(vars_.values()), tuple(blocks.values()))
 

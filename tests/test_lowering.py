@@ -310,7 +310,7 @@ def test_packed_values_stay_packed_on_device(tmp_path):
     state = prog.init_state()
     assert state.vars["P"].dtype == np.uint8 and state.vars["P"].shape == (3,)  # 6 nibbles in 3 bytes
     assert state.vars["U"].shape == (2,)  # 7 two-bit values in 2 bytes
-    assert prog._consts["w"].dtype == np.uint8 and prog._consts["w"].nbytes == 3
+    assert prog.consts["w"].dtype == np.uint8 and prog.consts["w"].nbytes == 3
     x = np.array([[1, 2, 3], [4, 7, -8]], np.int8)
     out = prog.run({"x": x}, steps=2)
     expected = np.full((2, 3), -3)

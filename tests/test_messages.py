@@ -438,7 +438,8 @@ def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys
     with pytest.raises(OiError, match=r"x would need 68719476736 bytes \(shape \[17179869184\]\): too large to "
                                       r"allocate \(the limit is \d+ bytes, this machine's memory\)"):
         oi2jax.compile("dynamic { x: f32[N]; }\nblock entry { return; }\n", sizes={"N": 2**34})
-    from oi2jax.lowering import caches, program
+    from oi2jax.lowering import caches
+    from oi2jax.runtime import program
 
     def no_memory(layout):
         raise MemoryError()

@@ -1,4 +1,4 @@
-"""Sharding over a device mesh (oi2jax/lowering/sharding.py, docs/scaling.md).
+"""Sharding over a device mesh (oi2jax/runtime/sharding.py, docs/scaling.md).
 
 The main pytest process has one CPU device, so the multi-device checks run once in a
 subprocess with 8 forced host devices (`WORKER` below) that reports JSON; the tests assert on
@@ -40,7 +40,7 @@ WORKER = textwrap.dedent(r'''
     import jax, numpy as np
     import oi2jax
     from oi2jax.diagnostics import OiError
-    from oi2jax.lowering.sharding import make_mesh
+    from oi2jax.runtime.sharding import make_mesh
     examples, models, configs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     COLL = re.compile(r"(\w+\[[\d,]*\])\S* (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                       r"(?:-start)?\(")
@@ -81,7 +81,7 @@ WORKER = textwrap.dedent(r'''
             run_compiles = prog.compiles  # the 3 steps: one fused loop, traced once
             hlo = prog.emit("optimized-hlo")
             colls = [(shape, kind) for shape, kind in COLL.findall(hlo)]
-            const_shapes = sorted({f"{np.dtype(v.dtype).name}{list(v.shape)}" for v in prog._consts.values()})
+            const_shapes = sorted({f"{np.dtype(v.dtype).name}{list(v.shape)}" for v in prog.consts.values()})
             entry[label] = {
                 # bit for bit (NaN == NaN); "close": within the rounding of a reduction whose
                 # terms are split over devices (a model-sharded contraction sums partial sums)
@@ -91,8 +91,8 @@ WORKER = textwrap.dedent(r'''
                 "close": sorted(want) == sorted(got) and all(
                     np.allclose(want[k], got[k], rtol=1e-5, atol=1e-5, equal_nan=True) for k in want),
                 "collectives": colls,
-                "const_specs": {k: str(v.sharding.spec) for k, v in prog._consts.items()},
-                "const_full_shapes": {k: list(v.shape) for k, v in prog._consts.items()},
+                "const_specs": {k: str(v.sharding.spec) for k, v in prog.consts.items()},
+                "const_full_shapes": {k: list(v.shape) for k, v in prog.consts.items()},
                 "compiles": run_compiles,
             }
         report["examples"][name] = entry
@@ -121,8 +121,8 @@ WORKER = textwrap.dedent(r'''
                           mesh=mesh_dm, shard={"B": "data", "H": "model"})
     m = prog.bound.model
     report["lazy"] = {"bytes_loaded": m.bytes_loaded, "tensor_bytes": sum(i.nbytes for i in m.tensors.values()),
-                      "whole_loaded": sorted(m._cache),
-                      "w1_shards": [list(s.data.shape) for s in prog._consts["w1"].addressable_shards]}
+                      "whole_loaded": m.loaded_whole,
+                      "w1_shards": [list(s.data.shape) for s in prog.consts["w1"].addressable_shards]}
 
     # bad shard specs
     bad = {"not_divisible": ({"data": 8}, {"B": "data"}), "unknown_axis": ({"data": 8}, {"B": "batch"}),
@@ -300,7 +300,7 @@ MP_WORKER = textwrap.dedent(r'''
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
     import oi2jax
-    from oi2jax.lowering.sharding import make_mesh
+    from oi2jax.runtime.sharding import make_mesh
     prog = oi2jax.compile(sys.argv[3], model=sys.argv[4], mesh=make_mesh({"model": 2}), shard={"H": "model"})
     m = prog.bound.model
     y = prog.run({"x": np.ones((4, 16), np.float32)})["y"]

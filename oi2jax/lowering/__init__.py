@@ -1,6 +1,5 @@
-"""IR -> JAX. `Program` (program.py) is the entry point; one module per concern:
-context (env, guards), blocks (node rules), control (branch, loop), caches, sync
-(barrier, dep, yield/await), step (the step function), packing (sub-byte constants)."""
-from .program import Program
-
-__all__ = ["Program"]
+"""IR -> JAX rules. One module per construct, each registering its node rules in `rules.RULES`:
+blocks (op, assign, transfer), control (branch, loop), machine (shared branch targets), caches
+(persistent state, tables), sync (barrier, dep, yield/await); context (the env and guards a rule
+reads), state (the step state pytree, start/merge/commit), step (the step function), packing
+(sub-byte values), locations (`.oi` locations in dumps). Running the result is `oi2jax.runtime`."""

@@ -74,8 +74,9 @@ def reachable(graph: ir.Graph, roots) -> list[str]:
 
 def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
     graph = tr.graph
-    costs = tr.lowering.__dict__.setdefault("_inline_costs", None) or _costs(graph)
-    tr.lowering._inline_costs = costs
+    if tr.lowering.inline_costs is None:
+        tr.lowering.inline_costs = _costs(graph)
+    costs = tr.lowering.inline_costs
     roots = _targets(graph, node)
     inlined = sum(costs[t] for t in roots)
     unique = sum(_own_size(graph.block(b).nodes) for b in reachable(graph, roots))

@@ -36,6 +36,19 @@ def key_owner(key: str) -> str:
     """The variable an env key belongs to: `T#size` -> T, `#shape/a` -> a, `#err` -> ''."""
     return key[len(SHAPE):] if key.startswith(SHAPE) else key.split("#", 1)[0]
 GUARD_KEYS = (ERR, ERRVAL, GROW)
+# the yield/await driver's kernels pass these between phases (`/` never occurs in a DSL name):
+OLD = "__old__/"  # + state key: its value at step start, for the last phase's commit
+NEW = "__new__/"  # + state key: its committed value, returned by the last phase
+
+
+def pending(j: int, guard: str) -> str:
+    """The env key of the `j`-th awaited consumer's guard `guard`, merged by the next phase."""
+    return f"__pending{j}/{guard}"
+
+
+def is_transient(key: str) -> bool:
+    """A key that lives only between two driver kernels (pending guards, old state values)."""
+    return key.startswith("__pending") or key.startswith(OLD)
 
 
 @jax.tree_util.register_dataclass

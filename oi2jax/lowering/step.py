@@ -19,7 +19,7 @@ from . import rules
 from .rules import lower_nodes
 from .caches import build_layouts
 from .context import SHAPE, Frame, Lowering, Tracer
-from .state import GROW, commit
+from .state import GROW, GUARD_KEYS, NEW, OLD, commit, merge_guards, pending
 
 
 def build_lowering(bound) -> Lowering:
@@ -78,6 +78,15 @@ class StepBuilder:
             else:
                 self.fills[name] = (value.shape, value.dtype, fill)
 
+    def at_shapes(self, lowering: Lowering) -> "StepBuilder":
+        """A copy that traces with `lowering` (the same graph bound at other, e.g. symbolic,
+        sizes: `export --symbolic`); in-kernel fills take that binding's shapes."""
+        import copy
+        other = copy.copy(self)
+        other.lowering = lowering
+        other.fills = {n: (lowering.bound.shape(n), dtype, fill) for n, (_, dtype, fill) in self.fills.items()}
+        return other
+
     def fresh_values(self, consts: dict) -> dict:
         """What every step starts from besides inputs and state (§0 item 4): volatiles and
         temporaries at their initial values, and no capacity requested yet."""
@@ -99,11 +108,40 @@ class StepBuilder:
         return env
 
     def block_kernel(self, block: str):
-        """(consts, env) -> env running one block as a call: for per-block dumps."""
+        """(consts, env) -> env running one block as a call: a consumer kernel of the yield/await
+        driver, and the per-block dumps."""
         from .rules import lower_block
 
         def kernel(consts, env):
-            return lower_block(block, env, Tracer(self.lowering, consts))
+            return lower_block(block, dict(env), Tracer(self.lowering, consts))
+        return kernel
+
+    def phase_kernel(self, nodes, first: bool, merge_count: int, commit_keys: tuple | None,
+                     fused_fallback: bool = False):
+        """(consts, env) -> env running one entry phase of the yield/await driver: the step's
+        fresh values first (`first`), then the guards of `merge_count` awaited consumers
+        (`state.pending(j, g)` keys, first error wins), the phase's nodes, and for the last phase
+        the one commit rule (`state.commit`, old values under `OLD + key`, committed ones
+        returned under `NEW + key`). `fused_fallback`: yield/await inside entry loops, run by
+        the fused rules in one phase."""
+        lowering = self.lowering
+
+        def kernel(consts, env):
+            tr = Tracer(lowering, consts)
+            env = dict(env)
+            if first:
+                env.update(self.fresh_values(consts))
+            for j in range(merge_count):  # the awaited consumers' guards, in consumer order
+                env = merge_guards(env, *(env.pop(pending(j, g)) for g in GUARD_KEYS))
+            if fused_fallback:
+                tr.pending = []
+            with jax.named_scope("entry"):
+                env, _ = lower_nodes(nodes, env, Frame("entry"), tr)
+            if commit_keys is not None:  # undo only a step that must grow
+                old = {k: env.pop(OLD + k) for k in commit_keys}
+                for k, v in commit(old, env, commit_keys, bool(lowering.growable)).items():
+                    env[NEW + k] = v
+            return env
         return kernel
 
     @property

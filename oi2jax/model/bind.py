@@ -94,6 +94,11 @@ class BoundGraph:
             return temp
         raise OiError(f"unknown variable {name}")
 
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every resolved shape by name (declared variables and `assign` temporaries); a copy."""
+        return dict(self._shapes)
+
     def shape(self, name: str) -> tuple[int, ...]:
         """Resolved shape of a declared variable or `assign` temporary (auto_dim / tables: base shape)."""
         if name in self._shapes:

@@ -31,8 +31,8 @@ HEADER_SIZE = 69
 HEADER_PADDED = 72
 ALIGN = 8
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+\Z")
-_HEADER = struct.Struct("<5sIIIIII QQQQQ")
-assert _HEADER.size == HEADER_SIZE
+HEADER = struct.Struct("<5sIIIIII QQQQQ")
+assert HEADER.size == HEADER_SIZE
 
 # smallest possible table entries (a 1-char string takes 8 bytes)
 _MIN_SIZEVAR = 8 + 8
@@ -189,6 +189,11 @@ class Model:
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
+
+    @property
+    def loaded_whole(self) -> list[str]:
+        """The tensors read whole so far (sharded reads load only their slices)."""
+        return sorted(self._cache)
 
     def info(self, name: str) -> TensorInfo:
         try:
@@ -368,7 +373,7 @@ class _PreadFile:
 
 def _parse(path: str, buf, size: int) -> Model:
     (magic, version, _flags, n_sv, n_meta, n_t, _reserved,
-     off_sv, off_meta, off_t, off_data, file_size) = _HEADER.unpack_from(buf, 0)
+     off_sv, off_meta, off_t, off_data, file_size) = HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise ModelError(path, f"not an .oinf file (bad magic {magic.hex(' ')})")
     if version not in VERSIONS:

@@ -29,7 +29,7 @@ from .. import dtypes as dt
 from ..numerics import bf16_encode, f8_encode
 from . import packing
 from .quant import QuantParams
-from .reader import (ALIGN, DEFAULT_VERSION, HEADER_PADDED, MAGIC, NAME_RE, VERSIONS, _HEADER, Meta, MetaValue,
+from .reader import (ALIGN, DEFAULT_VERSION, HEADER_PADDED, MAGIC, NAME_RE, VERSIONS, HEADER, Meta, MetaValue,
                      ModelError)
 
 __all__ = ["save", "Tensor", "Meta", "QuantParams", "encode", "dtype_of_array"]
@@ -305,7 +305,7 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
                                             *shape) + tail
     file_size = off_data + len(data)
 
-    header = _HEADER.pack(MAGIC, version, 0, len(sizevars), len(metas), len(specs), 0,
+    header = HEADER.pack(MAGIC, version, 0, len(sizevars), len(metas), len(specs), 0,
                           off_sv, off_meta, off_t, off_data, file_size)
     out = bytearray(header)
     for off, section in ((off_sv, sv_table), (off_meta, meta_table), (off_t, tensor_table), (off_data, data)):

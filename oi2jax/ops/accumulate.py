@@ -79,8 +79,8 @@ def apply(op: str, inputs, attrs: dict, in_dtypes, out_dtype: str):
     xs = [_to(jnp.asarray(x), d, a) for x, d in zip(inputs, in_dtypes)]
     rest = {k: v for k, v in attrs.items() if k != "acc"}
     if op == "mean_axis":
-        from .reduction import _axes
-        count = math.prod(xs[0].shape[i] for i in _axes("mean_axis", rest, xs[0]))
+        from .reduction import reduced_axes
+        count = math.prod(xs[0].shape[i] for i in reduced_axes("mean_axis", rest, xs[0]))
         total = REGISTRY["sum_axis"].impl(xs, rest, Ctx("sum_axis", (a,), a, "normal"))
         total = _to(total, a, o)
         return N.ieee_div(total, jnp.asarray(count, total.dtype))

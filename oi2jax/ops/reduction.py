@@ -12,7 +12,7 @@ from ._common import is_float, static_bool, static_int
 from .errors import normalize_axes
 
 
-def _axes(op, attrs, x) -> tuple[int, ...]:
+def reduced_axes(op, attrs, x) -> tuple[int, ...]:
     axes = attrs["axes"]
     if not isinstance(axes, (tuple, list)):
         axes = tuple(int(a) for a in jnp.asarray(axes).tolist())
@@ -44,7 +44,7 @@ def _sum_like(kind):
     def impl(inputs, attrs, ctx):
         x = inputs[0]
         d = ctx.dtype
-        axes = _axes(ctx.op, attrs, x)
+        axes = reduced_axes(ctx.op, attrs, x)
         keepdims = _keepdims(attrs)
         count = math.prod(x.shape[i] for i in axes)
         if is_float(d):
@@ -95,7 +95,7 @@ def _extreme(is_max):
     def impl(inputs, attrs, ctx):
         x = inputs[0]
         d = ctx.dtype
-        axes = _axes(ctx.op, attrs, x)
+        axes = reduced_axes(ctx.op, attrs, x)
         keepdims = _keepdims(attrs)
         g = _grouped(x, axes)
         key = N.to_compute(g, d) if is_float(d) else g

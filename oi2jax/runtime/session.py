@@ -50,9 +50,9 @@ class Session:
         self._fast: dict = {}  # input name -> (shape, dtype) accepted without conversion
         # the yield/await driver runs a session's steps only where it places consumers on other
         # devices; otherwise the fused kernels run them (same results, one kernel per step)
-        self._driver = bool(getattr(program, "placement", None))
+        self._driver = program.driver is not None and bool(program.driver.placement)
         self._sync = program.growable or self._driver
-        self._all_returned = set(program._builder.step_outputs) == set(program._builder.all_names)
+        self._all_returned = set(program.builder.step_outputs) == set(program.builder.all_names)
         if state is None:
             self._state = program.init_state()
         elif isinstance(state, (str, os.PathLike)):
@@ -113,7 +113,7 @@ class Session:
                 self._values[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name),
                                                    np.shape(value))
                 continue
-            self._values[name] = prog._convert(name, value)
+            self._values[name] = prog.convert(name, value)
         return prog.import_state(persistent, source)
 
     @property
@@ -141,7 +141,7 @@ class Session:
             return prog.export_state(self._state)[name]
         value = self._values.get(name)
         if value is None:
-            value = prog._defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
+            value = prog.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
         else:
             value = prog.trim(name, value, self._values)  # a runtime-shaped value: its current shape
         return convert_output(prog.to_host(value), prog.bound.dtype(name))
@@ -177,7 +177,7 @@ class Session:
     def _clear_error(self) -> None:
         import dataclasses
         flags = self._state.guards.flags
-        with self.program._scope():
+        with self.program.scope():
             self._state = dataclasses.replace(self._state, guards=type(self._state.guards)(
                 flags.at[:2].set(0)))
 
@@ -190,14 +190,14 @@ class Session:
         out = {}
         if steps is not None:
             for name, value in inputs.items():
-                want = prog._defaults[name]
+                want = prog.defaults[name]
                 if isinstance(value, jax.Array) and value.shape == (steps,) + want.shape and value.dtype == want.dtype:
                     out[name] = value
                 else:
-                    out[name] = prog._convert(name, value, steps=steps)
+                    out[name] = prog.convert(name, value, steps=steps)
             converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
             if converted:
-                with prog._scope():
+                with prog.scope():
                     out.update(prog.placer.put("dynamic", converted))
             return out
         fast = self._fast
@@ -206,17 +206,17 @@ class Session:
             if sig is not None and type(value) is sig[2] and value.shape == sig[0] and value.dtype == sig[1]:
                 out[name] = value
                 continue
-            if name not in prog._defaults:
-                raise prog._unknown_input(name)
-            want = prog._defaults[name]
+            if name not in prog.defaults:
+                raise prog.unknown_input(name)
+            want = prog.defaults[name]
             if isinstance(value, jax.Array) and value.shape == want.shape and value.dtype == want.dtype:
                 fast[name] = (value.shape, value.dtype, type(value))
                 out[name] = value
                 continue
-            out[name] = prog._convert(name, value)
+            out[name] = prog.convert(name, value)
         converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
         if converted:
-            with prog._scope():
+            with prog.scope():
                 out.update(prog.placer.put("dynamic", converted))
         return out
 
@@ -232,15 +232,15 @@ class Session:
         if self._sync:
             self.check()
             return self._step_checked(dyn)
-        full = {**prog._defaults, **dyn}
+        full = {**prog.defaults, **dyn}
         exe = self._exe
-        if exe is None or exe[0] is not prog._kernels:
-            exe = self._exe = (prog._kernels, self._compile_fast(full))
+        if exe is None or exe[0] is not prog.step_kernels:
+            exe = self._exe = (prog.step_kernels, self._compile_fast(full))
         try:
-            vars_, caches, flags, outputs = exe[1](prog._consts, self._user, self._flags, full)
+            vars_, caches, flags, outputs = exe[1](prog.consts, self._user, self._flags, full)
         except (TypeError, ValueError):  # arguments placed unlike the executable's: the jit path
-            with prog._scope():
-                vars_, caches, flags, outputs = prog._kernels.single(prog._consts, self._user, self._flags, full)
+            with prog.scope():
+                vars_, caches, flags, outputs = prog.step_kernels.single(prog.consts, self._user, self._flags, full)
         self._user = (vars_, caches)
         self._flags = flags
         previous = self._pending
@@ -264,25 +264,25 @@ class Session:
         """The session kernel compiled ahead of time for this signature (no JAX config to enter
         per call); a growth rebuilds the kernels and so this."""
         prog = self.program
-        kernels = prog._kernels
+        kernels = prog.step_kernels
         key = tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None)) for k, v in sorted(full.items()))
         exe = kernels.compiled.get(key)
         if exe is None:  # shared by every session of the program (until a growth rebuilds kernels)
-            with prog._scope():
-                exe = kernels.compiled[key] = kernels.single.lower(prog._consts, self._user, self._flags,
+            with prog.scope():
+                exe = kernels.compiled[key] = kernels.single.lower(prog.consts, self._user, self._flags,
                                                                    full).compile()
         return exe
 
     def _returned(self, outputs: dict) -> dict:
-        return {k: outputs[k] for k in self.program._builder.step_outputs if k in outputs}
+        return {k: outputs[k] for k in self.program.builder.step_outputs if k in outputs}
 
     def _step_checked(self, dyn: dict, wrap=None, driver: bool | None = None) -> dict:
         """One step, its status read before returning; growth re-runs it. `driver`: run it with
         the yield/await driver (default: when the session does)."""
         prog = self.program
-        full = prog._dynamic_args(dyn)
+        full = prog.dynamic_args(dyn)
         while True:
-            with prog._scope():
+            with prog.scope():
                 use_driver = self._driver if driver is None else driver
                 one = prog.session_step if use_driver else prog.fused_session_step
                 run = one if wrap is None else wrap(one)
@@ -305,8 +305,8 @@ class Session:
         prog = self.program
         per_step, fixed, lengths = {}, {}, {}
         for name, value in inputs.items():
-            if name not in prog._defaults:
-                raise prog._unknown_input(name)
+            if name not in prog.defaults:
+                raise prog.unknown_input(name)
             shape = tuple(prog.bound.shape(name))
             vshape = tuple(np.shape(value))
             if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
@@ -370,8 +370,8 @@ class Session:
         fixed_dev = self._inputs(fixed)
         prog.check_given(inputs)
         pieces: dict = {k: [] for k in collect}
-        with prog._scope():
-            fixed_dev = {k: v for k, v in prog._dynamic_args(fixed_dev).items() if k not in per_dev}
+        with prog.scope():
+            fixed_dev = {k: v for k, v in prog.dynamic_args(fixed_dev).items() if k not in per_dev}
             base = 0
             # calls of about CALL_SECONDS each (the first 16 steps measure the pace), so that Ctrl-C,
             # progress and growth are never more than a call away; the loop is traced once whatever n
@@ -381,8 +381,8 @@ class Session:
             while base < steps:
                 n = min(chunk, steps - base)
                 t0 = time.perf_counter()
-                self._state, out, stacked, status = prog._kernels.multi(
-                    prog._consts, self._state, per_dev, fixed_dev, base, n, collect, steps)
+                self._state, out, stacked, status = prog.step_kernels.multi(
+                    prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps)
                 status = np.asarray(status)
                 applied = int(status[2])
                 if applied:
@@ -427,7 +427,7 @@ class Session:
         prog.check_given(inputs or {})
         per_step, fixed, steps = self._split_inputs(dict(inputs or {}), steps)
         collect = self._collect_names(collect)
-        per_host = {k: prog._convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
+        per_host = {k: prog.convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
         fixed_dev = self._inputs(fixed)
         stacks: dict = {k: [] for k in collect}
         for i in range(steps):

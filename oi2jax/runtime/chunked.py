@@ -71,7 +71,7 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                       f"(sizes: {', '.join(sorted(bound.sizes)) or 'none'})")
     if steps < 1:
         raise OiError("run_batched: steps must be >= 1")
-    if program._lowering.growable:
+    if program.lowering.growable:
         raise OiError("run_batched: graphs with growable caches are not supported (capacity growth "
                       "needs the host between steps); give the caches @fixed sizes or use run")
     B = int(bound.sizes[batch_var])
@@ -111,10 +111,10 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         host[name] = convert_input(name, value, decl.dtype, shape)
 
     tail = _tail_program(program, rem, batch_var) if rem else None
-    builder = program._builder
+    builder = program.builder
     out_batched = [n for n in builder.dynamic + builder.volatile if n in batched]
 
-    with program._scope():
+    with program.scope():
         put = program.placer.put
         full_in = {k: v[:n_full * B].reshape((n_full, B) + v.shape[1:]) for k, v in host.items() if k in batched}
         tail_in = {k: v[n_full * B:] for k, v in host.items() if k in batched}
@@ -122,9 +122,9 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         full_in = put("dynamic", full_in) if n_full else {}
         tail_in = put("dynamic", tail_in) if rem else {}
         other = put("dynamic", other)
-        defaults = {k: v for k, v in program._defaults.items() if k not in host}
-        tail_defaults = {k: v for k, v in tail._defaults.items() if k not in host} if rem else {}
-        tail_consts = tail._consts if rem else {}
+        defaults = {k: v for k, v in program.defaults.items() if k not in host}
+        tail_defaults = {k: v for k, v in tail.defaults.items() if k not in host} if rem else {}
+        tail_consts = tail.consts if rem else {}
         state = program.state_spec.to_env(program.init_state())  # the flat state the builder steps
 
         def run_steps(step_fn, consts, state, dyn):
@@ -143,13 +143,13 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                 state, outs_full = lax.scan(body, state, full_in)
             if rem:
                 dyn = {**tdefaults, **other, **tail_in}
-                state, outs_tail = run_steps(tail._builder, tconsts, state, dyn)
+                state, outs_tail = run_steps(tail.builder, tconsts, state, dyn)
             return state, outs_full, outs_tail
 
         program.compile_log.append(f"run_batched: {N} rows over {batch_var}={B}: {n_full} full chunk(s)"
                                    + (f" + a last chunk of {rem} row(s)" if rem else "") + ", one program")
         fn = jax.jit(chunked, donate_argnums=(2,))
-        state, outs_full, outs_tail = fn(program._consts, tail_consts, state, full_in, tail_in, other,
+        state, outs_full, outs_tail = fn(program.consts, tail_consts, state, full_in, tail_in, other,
                                          defaults, tail_defaults)
         outputs: dict = {}
         names = (outs_tail or outs_full).keys()
@@ -167,5 +167,5 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         state = program.state_spec.from_env(state)
         program.check(state)
         for name in builder.dynamic:  # inputs the graph never writes are reported as given
-            outputs.setdefault(name, host[name] if name in host else program._defaults[name])
+            outputs.setdefault(name, host[name] if name in host else program.defaults[name])
         return program.collect_result(state, outputs)

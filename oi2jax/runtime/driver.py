@@ -1,10 +1,10 @@
 """yield/await as a host driver over separately jitted kernels (SPEC §3.6, docs/yield_await.md).
 
 `analyze(graph)` splits `entry` into phases at its top-level `yield` / `await` nodes and finds
-each yield's consumers (§0 item 3, `sync.consumer_blocks`); it raises `OiError` on pairing
-errors and on deadlocks (a consumer awaiting a variable that entry only yields after the await
-that waits for that consumer). `DriverProgram` compiles every entry phase and every consumer
-block into its own jitted kernel and runs them from the host:
+each yield's consumers (§0 item 3, `phases.consumers_of`); the checker already refused pairing
+errors and deadlocks. A `Program` built with `driver=` owns a `Driver`, which compiles every
+entry phase and every consumer block into its own jitted kernel (traced by the lowering:
+`StepBuilder.phase_kernel`, `StepBuilder.block_kernel`) and runs them from the host:
 
     phase 0 -> [yield: dispatch consumers, no blocking] -> phase 1 (the window) -> [await: merge]
             -> phase 2 ... -> last phase (also commits the state / undoes a step that must grow)
@@ -13,14 +13,13 @@ Each kernel takes flat tuples: (the constants it uses, the env values it reads b
 replace, the env values it replaces — donated). Which values a kernel reads and writes is found
 once (per cache capacity) by tracing it abstractly and inspecting the jaxpr. Consumers start
 from a snapshot (a host dict copy) of entry's env at the yield; at the await their written
-variables (static `sync.written_names`, exactly like the fused lowering) are merged as host
+variables (static `phases.written_names`, exactly like the fused lowering) are merged as host
 dict updates and their guards (#err/#errval/#grow) are merged in the next phase kernel, so
 both modes agree bit for bit. A consumer may be placed on another device: only what it reads
 goes there and only what it writes comes back.
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -29,41 +28,13 @@ import jax.numpy as jnp
 from jax.extend.core import Var
 
 from ..diagnostics import OiError
-from ..phases import Phase, analyze
-from .rules import lower_block, lower_nodes
-from .context import ERR, ERRVAL, GROW, Frame, Tracer
-from .state import SHAPE, commit as commit_state, key_owner, merge_guards
+from ..phases import Phase, analyze, written_names
+from ..lowering.state import GUARD_KEYS, NEW, OLD, SHAPE, ERR, ERRVAL, is_transient, key_owner, pending
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     kernel_error, run_tasks
-from .program import Placer, Program, resolve_device
-from ..phases import written_names
-
-GUARDS = (ERR, ERRVAL, GROW)
-OLD = "__old__/"
-NEW = "__new__/"
-
+from .placement import Placer, device_name, parse_device
 
 # ============================================================================ kernels
-
-
-def device_name(device) -> str:
-    return f"{device.platform}:{device.id}" if device is not None else "default"
-
-
-def parse_device(spec):
-    """A jax.Device, 'cpu', 'cpu:1', 'gpu:0' ... -> jax.Device."""
-    if spec is None or isinstance(spec, jax.Device):
-        return spec
-    text = str(spec)
-    kind, _, num = text.partition(":")
-    dev = resolve_device(kind)
-    if not num:
-        return dev
-    devices = jax.devices(kind)
-    i = int(num)
-    if not 0 <= i < len(devices):
-        raise OiError(f"device {text} is not available ({len(devices)} {kind} device(s))")
-    return devices[i]
 
 
 def _aval(x):
@@ -177,57 +148,56 @@ class Kernel:
 # ============================================================================ program
 
 
-class DriverProgram(Program):
-    """A graph with yield/await run as separate kernels by a host driver (see module doc).
+class Driver:
+    """The yield/await host driver of a `Program` (`program.driver`; see the module doc): every
+    entry phase and consumer block its own kernel, dispatched from the host.
 
     `placement={"block": device | "cpu:1"}` runs a consumer block on another device.
-    `run(..., trace=True)` (or `trace_enabled = True`) fills `last_trace` with one dict per kernel
-    call: {"step", "phase", "kernel", "device", "ms"} (kernels are waited for only when tracing)."""
+    `trace_enabled = True` (or `program.run(..., trace=True)`) fills `program.last_trace` with one
+    dict per kernel call: {"step", "phase", "kernel", "device", "ms"} (kernels are waited for only
+    when tracing). The program calls `step` for each driven step, `invalidate` after a cache
+    grew, and `lowered_kernels` for dumps; it reads nothing else of the driver."""
 
-    def __init__(self, bound, device=None, yield_mode: str = "driver", placer=None, placement=None,
-                 build: str = DEFAULT_BUILD, schedule: str = DEFAULT_SCHEDULE):
-        self.analysis = analyze(bound.graph)
+    def __init__(self, program, placement=None, build: str = DEFAULT_BUILD, schedule: str = DEFAULT_SCHEDULE):
+        graph = program.graph
+        self.program = program
+        self.analysis = analyze(graph)
         self.placement = {name: parse_device(dev) for name, dev in (placement or {}).items()}
         for name in self.placement:
-            if bound.graph.block(name) is None or name == "entry":
+            if graph.block(name) is None or name == "entry":
                 raise OiError(f"placement: {name} is not a consumer block")
         self.build = check_build(build)
         self.schedule = check_schedule(schedule)
         self.trace_enabled = False
-        self.last_trace: list[dict] = []
         self.last_order: list[str] = []  # kernels of the last step, in dispatch (start) order
-        self._plan = None
-        self._kbuilder: KernelBuilder | None = None
+        self.plan = None  # (phase kernels, {window: [(consumer kernel, merged keys, {})]}) once planned
+        self.kernel_builder: KernelBuilder | None = None  # the builder of the step being planned
         self._step_no = 0
-        self._t0 = time.perf_counter()
-        self._count_lock = threading.Lock()
-        super().__init__(bound, device=device, yield_mode=yield_mode, placer=placer)
 
     # ------------------------------------------------------------------ kernels
 
-    def _on_grow(self):
-        self._plan = None  # shapes changed (cache growth): re-plan on the next step
-        super()._on_grow()
+    def invalidate(self):
+        """Shapes changed (a cache grew): re-plan the kernels on the next step."""
+        self.plan = None
 
-    def session_step(self, state, dynamic: dict):
-        """One step run by the host driver: `(state, outputs)`."""
-        spec = self.state_spec
+    def step(self, state, dynamic: dict):
+        """One step run by the host driver: `(state, outputs)`; `dynamic` complete and placed."""
+        spec = self.program.state_spec
         flat, outputs = self._drive(spec.to_env(state), dynamic)
         return spec.from_env(flat), outputs
 
     def _count(self):
-        with self._count_lock:
-            self.compiles += 1
+        self.program.count_trace("driver kernel")
 
     def _aot(self) -> bool:
         """Kernels are built ahead of time (sequential/concurrent build) unless a custom placer
         (shardings) decides where values live: then each kernel's jit compiles at its first call."""
-        return type(self.placer) is Placer
+        return type(self.program.placer) is Placer
 
     def _submit(self, kern: Kernel) -> None:
         """Lower `kern` here (tracing needs this thread's JAX config) and hand its XLA compilation
         to the kernel builder (inline for build="sequential", a worker thread for "concurrent")."""
-        if self._kbuilder is None or not self._aot():
+        if self.kernel_builder is None or not self._aot():
             return
         dev = kern.device if kern.placed else self._main_device()
         try:
@@ -235,48 +205,20 @@ class DriverProgram(Program):
         except OiError:
             raise
         except Exception as exc:
-            raise kernel_error(self.graph, kern, exc, "compile") from None
-        self._kbuilder.submit(kern, lowered)
+            raise kernel_error(self.program.graph, kern, exc, "compile") from None
+        self.kernel_builder.submit(kern, lowered)
 
     def _main_device(self):
-        return self.device if self.device is not None else jax.devices()[0]
+        return self.program.device if self.program.device is not None else jax.devices()[0]
 
     def _phase_fn(self, phase: Phase, merge_count: int, commit: tuple | None):
-        builder, lowering, analysis = self._builder, self._lowering, self.analysis
-        first = phase.index == 0
-
-        def fn(consts, env):
-            tr = Tracer(lowering, consts)
-            env = dict(env)
-            if first:
-                env.update(builder.fresh_values(consts))
-            for j in range(merge_count):  # the awaited consumers' guards, in consumer order
-                env = merge_guards(env, *(env.pop(f"__pending{j}/{g}") for g in GUARDS))
-            if analysis.fused_fallback:
-                tr.pending = []
-            with jax.named_scope("entry"):
-                env, _ = lower_nodes(phase.nodes, env, Frame("entry"), tr)
-            if commit is not None:  # the one commit rule (state.commit): undo only a step that must grow
-                old = {k: env.pop(OLD + k) for k in commit}
-                for k, v in commit_state(old, env, commit, bool(lowering.growable)).items():
-                    env[NEW + k] = v
-            return env
-
-        return fn
-
-    def _consumer_fn(self, block: str):
-        lowering = self._lowering
-
-        def fn(consts, env):
-            tr = Tracer(lowering, consts)
-            return lower_block(block, dict(env), tr)
-
-        return fn
+        return self.program.builder.phase_kernel(phase.nodes, phase.index == 0, merge_count, commit,
+                                                 self.analysis.fused_fallback)
 
     def _make_plan(self, state: dict, dynamic: dict):
         """Trace every kernel abstractly in step order: its signature, reads, writes, donations."""
         analysis = self.analysis
-        const_avals = {k: _aval(v) for k, v in self._consts.items()}
+        const_avals = {k: _aval(v) for k, v in self.program.consts.items()}
         env = {k: _aval(v) for k, v in dynamic.items()}
         env.update({k: _aval(v) for k, v in state.items()})
         owned: set = set()
@@ -297,9 +239,9 @@ class DriverProgram(Program):
                         step_writes.add(k)
                         if k in kern.out_keys:
                             owned.add(k)
-                    if any(g in kern.out_keys for g in GUARDS):
-                        for g in GUARDS:
-                            env[f"__pending{merge_count}/{g}"] = kern.out_avals.get(g, snap[g])
+                    if any(g in kern.out_keys for g in GUARD_KEYS):
+                        for g in GUARD_KEYS:
+                            env[pending(merge_count, g)] = kern.out_avals.get(g, snap[g])
                         merge_count += 1
                 protected = set()
                 for w in snapshots:
@@ -311,8 +253,8 @@ class DriverProgram(Program):
                 written = step_writes | set(probe.out_keys)
                 # what the step wrote; with growable caches also the error guards (an undone step
                 # leaves no error behind: state.commit)
-                commit = tuple(k for k in state if (k not in GUARDS and k in written)
-                               or (k in (ERR, ERRVAL) and self._lowering.growable))
+                commit = tuple(k for k in state if (k not in GUARD_KEYS and k in written)
+                               or (k in (ERR, ERRVAL) and self.program.lowering.growable))
                 for k in commit:
                     env[OLD + k] = _aval(state[k])
                 owned_now = owned | {OLD + k for k in commit}
@@ -322,12 +264,12 @@ class DriverProgram(Program):
             kern.merge_count = merge_count
             kern.commit = commit
             kern.plan(const_avals, dict(env), owned_now, protected, self._count)
-            kern.const_vals = tuple(self._consts[k] for k in kern.const_keys)
-            kern.span = phase.nodes[0].span if phase.nodes else self.graph.entry.span
+            kern.const_vals = tuple(self.program.consts[k] for k in kern.const_keys)
+            kern.span = phase.nodes[0].span if phase.nodes else self.program.graph.entry.span
             if kern.out_keys:
                 self._submit(kern)
             phase_kernels.append(kern)
-            for k in [k for k in env if k.startswith("__pending") or k.startswith(OLD)]:
+            for k in [k for k in env if is_transient(k)]:
                 del env[k]
             env.update(kern.out_avals)
             owned |= set(kern.out_keys)
@@ -340,34 +282,34 @@ class DriverProgram(Program):
                 for name in analysis.windows[w].consumers:
                     dev = self.placement.get(name)
                     placed = dev is not None and dev != main
-                    ck = Kernel(name, phase.index, self._consumer_fn(name), device=dev if placed else None,
+                    ck = Kernel(name, phase.index, self.program.builder.block_kernel(name), device=dev if placed else None,
                                 placed=placed)
                     ck.plan(const_avals, dict(snap), set(), set(snap), self._count)
-                    vals = tuple(self._consts[k] for k in ck.const_keys)
+                    vals = tuple(self.program.consts[k] for k in ck.const_keys)
                     ck.const_vals = tuple(jax.device_put(v, dev) for v in vals) if placed else vals
-                    writes = written_names(self.graph, self.graph.block(name))
+                    writes = written_names(self.program.graph, self.program.graph.block(name))
                     merged = tuple(k for k in snap if key_owner(k) in writes
                                    and (not k.startswith("#") or k.startswith(SHAPE)))
-                    ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARDS)
-                    ck.span = self.graph.block(name).span
+                    ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARD_KEYS)
+                    ck.span = self.program.graph.block(name).span
                     self._submit(ck)
                     consumers[w].append((ck, merged, {}))
                 protected = set()
                 for w2 in snapshots:
                     for ck, merged, _ in consumers[w2]:
                         protected |= set(ck.reads) | set(merged)
-        self._plan = (phase_kernels, consumers)
-        return self._plan
+        self.plan = (phase_kernels, consumers)
+        return self.plan
 
     # ------------------------------------------------------------------ the driver
 
     def _executable(self, kern: Kernel):
         """What to call for `kern`: its AOT executable (waiting for its compilation) or its jit."""
         if kern.compiled is None and kern.future is not None:
-            kern.compiled = self._kbuilder.result(kern) if self._kbuilder is not None else kern.future.result()
+            kern.compiled = self.kernel_builder.result(kern) if self.kernel_builder is not None else kern.future.result()
         return kern.compiled
 
-    def _invoke(self, kern: Kernel, args):
+    def invoke(self, kern: Kernel, args):
         exe = self._executable(kern)
         try:
             if exe is not None:
@@ -376,7 +318,7 @@ class DriverProgram(Program):
                 except TypeError as exc:  # argument avals differ from the AOT signature: jit instead
                     if "differ from the types" not in str(exc) and "sharding" not in str(exc).lower():
                         raise
-                    self.compile_log.append(f"kernel {kern.name}: AOT executable rejected its arguments; "
+                    self.program.compile_log.append(f"kernel {kern.name}: AOT executable rejected its arguments; "
                                             f"jit recompiles it")
                     kern.compiled = None
                     kern.future = None
@@ -384,7 +326,7 @@ class DriverProgram(Program):
         except OiError:
             raise
         except Exception as exc:
-            raise kernel_error(self.graph, kern, exc, "run") from None
+            raise kernel_error(self.program.graph, kern, exc, "run") from None
 
     def _call(self, kern: Kernel, env: dict, step: int):
         if kern.placed:
@@ -401,39 +343,39 @@ class DriverProgram(Program):
             donated = tuple(donated)
         self.last_order.append(kern.name)
         if not self.trace_enabled:
-            return self._invoke(kern, (kern.const_vals, keep, donated))
+            return self.invoke(kern, (kern.const_vals, keep, donated))
         self._executable(kern)  # compile wait is not kernel time
         t0 = time.perf_counter()
         dev = kern.device if kern.placed else self._main_device()
         event = {"step": step, "phase": kern.phase, "kernel": kern.name, "device": device_name(dev), "ms": 0.0}
-        self.last_trace.append(event)  # appended at the start: the list is the actual start order
-        outs = self._invoke(kern, (kern.const_vals, keep, donated))
+        self.program.last_trace.append(event)  # appended at the start: the list is the actual start order
+        outs = self.invoke(kern, (kern.const_vals, keep, donated))
         jax.block_until_ready(outs)
         event["ms"] = (time.perf_counter() - t0) * 1e3
         return outs
 
     def _drive(self, state: dict, dynamic: dict):
-        with self._scope():
-            fresh = self._plan is None
+        with self.program.scope():
+            fresh = self.plan is None
             try:
                 if fresh:
-                    self._kbuilder = KernelBuilder(self.graph, self.build)
+                    self.kernel_builder = KernelBuilder(self.program.graph, self.build)
                     self._make_plan(state, dynamic)
                 return self._drive_planned(state, dynamic)
             except BaseException:
                 if fresh:
-                    self._plan = None  # a failed build is retried by the next run
-                if self._kbuilder is not None:
-                    self._kbuilder.close(cancel=True)
+                    self.plan = None  # a failed build is retried by the next run
+                if self.kernel_builder is not None:
+                    self.kernel_builder.close(cancel=True)
                 raise
             finally:
-                if self._kbuilder is not None:  # every kernel ran: no compile is left pending
-                    self._kbuilder.close()
-                    self._kbuilder = None
+                if self.kernel_builder is not None:  # every kernel ran: no compile is left pending
+                    self.kernel_builder.close()
+                    self.kernel_builder = None
 
     def _drive_planned(self, state: dict, dynamic: dict):
         """One step: the kernels as tasks of a ready queue (executor.run_tasks)."""
-        phase_kernels, consumers = self._plan
+        phase_kernels, consumers = self.plan
         step = self._step_no
         self._step_no += 1
         self.last_order = []
@@ -454,16 +396,16 @@ class DriverProgram(Program):
                     result = dict(zip((ck.out_keys[i] for i in ck.back), back))
                     for k in merged:
                         env[k] = result.get(k, snap[k])
-                    if any(g in result for g in GUARDS):
-                        for g in GUARDS:
-                            env[f"__pending{j}/{g}"] = result.get(g, snap[g])
+                    if any(g in result for g in GUARD_KEYS):
+                        for g in GUARD_KEYS:
+                            env[pending(j, g)] = result.get(g, snap[g])
                         j += 1
                 snaps.pop(phase.merges, None)
             if kern.commit:
                 for k in kern.commit:
                     env[OLD + k] = state[k]
             outs = self._call(kern, env, step) if kern.out_keys else ()
-            for k in [k for k in env if k.startswith("__pending") or k.startswith(OLD)]:
+            for k in [k for k in env if is_transient(k)]:
                 del env[k]
             env.update(zip(kern.out_keys, outs))
             if phase.launches is not None:
@@ -497,50 +439,39 @@ class DriverProgram(Program):
                     window_tasks[w].append(len(tasks))
                     tasks.append(Task(len(tasks), ck, (idx,),
                                       lambda w=w, i=i, ck=ck, merged=merged: run_consumer(w, i, ck, merged)))
-        run_tasks(tasks, self.schedule, self._kbuilder, block=jax.block_until_ready)
+        run_tasks(tasks, self.schedule, self.kernel_builder, block=jax.block_until_ready)
         commit = phase_kernels[-1].commit or ()
         new_state = {}
         for k in state:
             new_state[k] = env.pop(NEW + k) if k in commit else env[k]
-        names = tuple(self.analysis.outputs or ()) + tuple(self._builder.dynamic + self._builder.volatile)
+        names = tuple(self.analysis.outputs or ()) + tuple(self.program.builder.dynamic + self.program.builder.volatile)
         outputs = {name: env[name] for name in names if name in env}  # everything a session may read
-        for name in self._lowering.shaped:  # runtime-shaped: the logical shape beside the value
+        for name in self.program.lowering.shaped:  # runtime-shaped: the logical shape beside the value
             if name in outputs and SHAPE + name in env:
                 outputs[SHAPE + name] = env[SHAPE + name]
         return new_state, outputs
 
     # ------------------------------------------------------------------ public API
 
-    def run(self, inputs: dict | None = None, steps: int | None = None, trace: bool | None = None,
-            progress=None, collect=(), session=None) -> dict:
-        """As `Program.run`, each step run by the host driver (per-phase and per-consumer kernels);
-        `trace=True` records `last_trace` (per kernel call, waited for). `session().run` runs the
-        same steps fused into one compiled loop instead."""
+    def run(self, session, inputs: dict, steps: int | None, trace: bool | None, progress, collect) -> dict:
+        """`Program.run` of a driven program: each step run by this driver (per-phase and
+        per-consumer kernels); `trace=True` records `last_trace` (per kernel call, waited for)."""
         previous = self.trace_enabled
         if trace is not None:
             self.trace_enabled = bool(trace)
-        self.last_trace = []
+        self.program.last_trace = []
         self._step_no = 0
-        self._t0 = time.perf_counter()
         try:
-            session = self.session() if session is None else session
-            return session.run_stepwise(inputs or {}, steps=steps, collect=collect, progress=progress, driver=True)
+            return session.run_stepwise(inputs, steps=steps, collect=collect, progress=progress, driver=True)
         finally:
             self.trace_enabled = previous
 
-    def trace_text(self, events: list[dict] | None = None) -> str:
-        """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""
-        events = self.last_trace if events is None else events
-        return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
-                         for e in events)
-
-    def _run_kernels(self, state, dynamic):
-        """The fused program's kernels, then every per-phase and per-consumer kernel the driver
-        runs: `kernel.<block>.phase<k>` (planned here without running a step)."""
-        yield from super()._run_kernels(state, dynamic)
-        if self._plan is None:
-            self._make_plan(self.state_spec.to_env(state), dynamic)
-        phase_kernels, consumers = self._plan
+    def lowered_kernels(self, state, dynamic):
+        """(file stem, Lowered) of every per-phase and per-consumer kernel the driver runs:
+        `kernel.<block>.phase<k>` (planned here without running a step)."""
+        if self.plan is None:
+            self._make_plan(self.program.state_spec.to_env(state), dynamic)
+        phase_kernels, consumers = self.plan
         main = self._main_device()
         for kern in phase_kernels + [ck for w in sorted(consumers) for ck, _, _ in consumers[w]]:
             block, _, _ = kern.name.partition(":")
@@ -548,9 +479,9 @@ class DriverProgram(Program):
 
     def kernels(self) -> list[dict]:
         """The planned kernels (after the first step): name, phase, device, reads, writes, donated."""
-        if self._plan is None:
+        if self.plan is None:
             return []
-        phase_kernels, consumers = self._plan
+        phase_kernels, consumers = self.plan
         out = []
         for kern in phase_kernels + [ck for w in sorted(consumers) for ck, _, _ in consumers[w]]:
             out.append({"kernel": kern.name, "phase": kern.phase,

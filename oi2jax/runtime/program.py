@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import contextlib
+import threading
 import json
 import math
 import time
@@ -19,49 +20,18 @@ from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
 from ..values import check_given_inputs, convert_input, convert_output
-from . import caches as cache_mod
-from . import locations
+from ..lowering import caches as cache_mod
+from ..lowering import locations
 from .kernels import StepKernels
-from .state import ERR, ERRVAL, GROW, Guards, StateSpec, StepState
-from .step import StepBuilder, build_lowering
+from .placement import Placer, resolve_device
+from ..lowering.state import ERR, ERRVAL, GROW, Guards, StateSpec, StepState
+from ..lowering.step import StepBuilder, build_lowering
 
 if TYPE_CHECKING:
-    from ..runtime.session import Session
-from ..limits import _limit_note, allocation_error, check_sizes, memory_limit
+    from .session import Session
+from ..limits import limit_note, allocation_error, check_sizes, memory_limit
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-
-
-def resolve_device(device):
-    """None | 'cpu' | 'gpu' | 'tpu' | jax.Device -> jax.Device (clear error when absent)."""
-    if device is None or isinstance(device, jax.Device):
-        return device
-    try:
-        devices = jax.devices(device)
-    except RuntimeError as exc:
-        raise OiError(f"device {device} is not available ({str(exc).splitlines()[0]})") from None
-    if not devices:
-        raise OiError(f"device {device} is not available")
-    return devices[0]
-
-
-class Placer:
-    """Where values live: one device (default) or, in subclasses, shardings over a mesh.
-
-    Each method takes {name: host or device array} for one role and returns device arrays;
-    `jit_kwargs` adds e.g. `out_shardings` so state keeps its placement across steps."""
-
-    def __init__(self, device=None):
-        self.device = device
-
-    def put(self, role: str, values: dict) -> dict:
-        """role: 'consts' | 'state' | 'dynamic' | 'defaults'."""
-        if self.device is not None:
-            return jax.device_put(values, self.device)  # one batched transfer
-        return {k: v if isinstance(v, jax.Array) else jnp.asarray(v) for k, v in values.items()}
-
-    def jit_kwargs(self, program) -> dict:
-        return {}
 
 
 class Program:
@@ -74,7 +44,11 @@ class Program:
     - `step(state, **inputs)`: the pure jitted function, for `jax.jit` / `vmap` / `grad` /
       `jax.export`; its caller must call `check(state)` to see runtime errors."""
 
-    def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None):
+    def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None,
+                 driver: dict | None = None):
+        """`placer`: where values live (placement.Placer; sharding.ShardingPlacer over a mesh).
+        `driver`: run each step with the yield/await host driver (driver.Driver) with these
+        options (`placement`, `build`, `schedule`); None: the fused step."""
         self.bound = bound
         self.graph: ir.Graph = bound.graph
         self.device = resolve_device(device)
@@ -82,15 +56,21 @@ class Program:
         self.yield_mode = yield_mode
         self.compiles = 0  # number of (re)traces of the step kernels: the recompile counter
         self.compile_log: list[str] = []  # why each (re)trace happened (--explain-recompiles)
+        self.last_trace: list[dict] = []  # run(trace=True): one event per step (per kernel when driven)
         self._next_reason = "first call"
+        self._count_lock = threading.Lock()
         check_sizes(bound)
-        with self._scope():
-            self._lowering = build_lowering(bound)
-            self._builder = StepBuilder(self._lowering)
-            self.state_spec = StateSpec(self._lowering.caches, len(self._lowering.growable))
-            self._consts = self.placer.put("consts", self._host_consts())
-            self._defaults = self.placer.put("defaults", {name: bound.initial(name)
-                                                             for name in self._builder.dynamic})
+        self.driver = None
+        if driver is not None:
+            from .driver import Driver
+            self.driver = Driver(self, **driver)
+        with self.scope():
+            self.lowering = build_lowering(bound)
+            self.builder = StepBuilder(self.lowering)
+            self.state_spec = StateSpec(self.lowering.caches, len(self.lowering.growable))
+            self.consts = self.placer.put("consts", self._host_consts())
+            self.defaults = self.placer.put("defaults", {name: bound.initial(name)
+                                                             for name in self.builder.dynamic})
             self._make_kernels()
 
     # ------------------------------------------------------------------ plumbing
@@ -108,7 +88,7 @@ class Program:
             ok.add(key)
 
     @contextlib.contextmanager
-    def _scope(self):
+    def scope(self):
         from ..ops.numerical import MATMUL_PRECISION
         token = MATMUL_PRECISION.set(self.precision)
         try:
@@ -129,31 +109,35 @@ class Program:
                 consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
                 consts[decl.name] = self._const_value(decl)
-        for name, value in self._builder.init_args.items():
+        for name, value in self.builder.init_args.items():
             consts[f"__init__/{name}"] = value
         return consts
 
     def _const_value(self, decl: ir.VarDecl):
-        """A constant's host value (subclasses may return something placed lazily)."""
+        """A constant's host value, or what the placer loads lazily (sharded model tensors)."""
         from ..model.packing import pack
+        lazy = self.placer.lazy_const(decl)
+        if lazy is not None:
+            return lazy
         value = self.bound.initial(decl.name)
         return pack(decl.dtype, value) if dt.get(decl.dtype).packed else value
 
-    def _traced(self, what: str):
+    def count_trace(self, what: str):
         """Count a (re)trace of a step kernel and say why (--explain-recompiles)."""
-        self.compiles += 1
-        self.compile_log.append(f"compile #{self.compiles}: {self._next_reason} ({what})")
+        with self._count_lock:
+            self.compiles += 1
+            self.compile_log.append(f"compile #{self.compiles}: {self._next_reason} ({what})")
 
     def _make_kernels(self):
         """The jitted kernels for the current cache capacities (rebuilt after growth)."""
-        self._jit = self._make_jit()
-        self._kernels = StepKernels(self)
+        self.jit_step = self._make_jit()
+        self.step_kernels = StepKernels(self)
 
     def _make_jit(self):
-        builder, spec = self._builder, self.state_spec
+        builder, spec = self.builder, self.state_spec
 
         def step(consts, state, dynamic):
-            self._traced("step")
+            self.count_trace("step")
             flat, outputs = builder(consts, spec.to_env(state), dynamic)
             return spec.from_env(flat), outputs
 
@@ -163,17 +147,17 @@ class Program:
 
     @property
     def dynamic_names(self) -> list[str]:
-        return list(self._builder.dynamic)
+        return list(self.builder.dynamic)
 
     @property
     def growable(self) -> bool:
         """Whether some cache grows at run time (a step may be undone and re-run after growth)."""
-        return bool(self._lowering.growable)
+        return bool(self.lowering.growable)
 
-    def _host_state(self) -> dict:
+    def initial_host_state(self) -> dict:
         """The flat host state at program start (honours @init)."""
         host = {}
-        for layout in self._lowering.caches.values():
+        for layout in self.lowering.caches.values():
             try:
                 host.update(cache_mod.initial_state(layout))
             except MemoryError as exc:
@@ -184,8 +168,8 @@ class Program:
 
     def init_state(self) -> StepState:
         """The state at program start (honours @init): a `StepState` pytree on the device."""
-        with self._scope():
-            host = self._host_state()
+        with self.scope():
+            host = self.initial_host_state()
             try:
                 return self.state_spec.place(host, lambda h: self.placer.put("state", h))
             except Exception as exc:
@@ -195,13 +179,13 @@ class Program:
                     raise
                 raise error from None
 
-    def _dynamic_args(self, dynamic: dict) -> dict:
+    def dynamic_args(self, dynamic: dict) -> dict:
         """Every dynamic variable: the given value, else its default (a hot path: kept minimal)."""
-        if dynamic.keys() <= self._defaults.keys():
-            return {**self._defaults, **dynamic} if dynamic else self._defaults
-        raise self._unknown_input(sorted(dynamic.keys() - self._defaults.keys())[0])
+        if dynamic.keys() <= self.defaults.keys():
+            return {**self.defaults, **dynamic} if dynamic else self.defaults
+        raise self.unknown_input(sorted(dynamic.keys() - self.defaults.keys())[0])
 
-    def _unknown_input(self, name: str) -> OiError:
+    def unknown_input(self, name: str) -> OiError:
         from ..values import unknown_input
         return unknown_input(name, self.graph)
 
@@ -216,9 +200,9 @@ class Program:
         a graph with growable caches that needs more capacity returns the old state with
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
         dynamic = self.validate_inputs(dynamic)
-        with self._scope():
+        with self.scope():
             try:
-                return self._jit(self._consts, state, self._dynamic_args(dynamic))
+                return self.jit_step(self.consts, state, self.dynamic_args(dynamic))
             except (RuntimeError, ValueError) as exc:
                 if "deleted" in str(exc) or "donated" in str(exc):
                     raise OiError("this state was already used by a step, which took over (donated) its "
@@ -234,7 +218,7 @@ class Program:
         if error is not None:
             raise error
         if np.any(status[2:] > 0):
-            caches = sorted({self._lowering.growable[i][0] for i in np.nonzero(status[2:] > 0)[0]})
+            caches = sorted({self.lowering.growable[i][0] for i in np.nonzero(status[2:] > 0)[0]})
             raise OiError(f"the last step was not applied: growable cache {', '.join(caches)} needs more "
                           f"capacity; run the graph with Program.session() or Program.run, which grow "
                           f"caches and re-run the step")
@@ -244,21 +228,21 @@ class Program:
         code = int(status[0])
         if not code:
             return None
-        return self._lowering.error_for(code, int(status[1]), step=step)
+        return self.lowering.error_for(code, int(status[1]), step=step)
 
     def session(self, state=None) -> "Session":
         """A decode-loop session owning the state: `step(**inputs)`, `run(...)`, `read`, `save`.
         `state`: None (program start), a `StepState`, a `{name: array}` dict or an `.npz` path
         written by `Session.save` / `--out` / `--state-out` (docs/decode.md)."""
-        from ..runtime.session import Session
+        from .session import Session
         return Session(self, state)
 
     def lower(self, state: StepState | None = None, **dynamic):
         """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
-        with self._scope():
+        with self.scope():
             state = self.init_state() if state is None else state
-            return self._jit.lower(self._consts, state,
-                                   self._dynamic_args(self.validate_inputs(dynamic, running=False)))
+            return self.jit_step.lower(self.consts, state,
+                                   self.dynamic_args(self.validate_inputs(dynamic, running=False)))
 
     def validate_inputs(self, inputs: dict, running: bool = True) -> dict:
         """Check names, shapes and dtypes of step inputs; convert host arrays exactly.
@@ -267,11 +251,11 @@ class Program:
         if running:
             self.check_given(inputs)
         out = {}
-        expected = self._kernels.input_avals
+        expected = self.step_kernels.input_avals
         for name, value in inputs.items():
             want = expected.get(name)
             if want is None:
-                raise self._unknown_input(name)
+                raise self.unknown_input(name)
             shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
             if shape == want.shape and dtype == want.dtype:
                 out[name] = value
@@ -281,10 +265,10 @@ class Program:
                 raise OiError(f"input {name}: expected dtype {want.dtype} ({self.bound.dtype(name)}), got "
                               f"{dtype}; cast it before the step (traced values are not converted)")
             else:
-                out[name] = self._convert(name, value)
+                out[name] = self.convert(name, value)
         return out
 
-    def _convert(self, name: str, value, steps: int | None = None) -> np.ndarray:
+    def convert(self, name: str, value, steps: int | None = None) -> np.ndarray:
         shape = tuple(self.bound.shape(name))
         return convert_input(name, np.asarray(value), self.bound.dtype(name),
                              shape if steps is None else (steps,) + shape)
@@ -295,8 +279,8 @@ class Program:
         for name, value in inputs.items():
             decl = self.graph.var(name)
             if decl is None or decl.kind != ir.MemKind.DYNAMIC:
-                raise self._unknown_input(name)
-            out[name] = self._convert(name, value)
+                raise self.unknown_input(name)
+            out[name] = self.convert(name, value)
         return out
 
     def run(self, inputs: dict | None = None, steps: int | None = None, progress=None, trace: bool = False,
@@ -311,6 +295,8 @@ class Program:
         `[N, ...]`, instead of the last one.
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
+        if self.driver is not None:
+            return self.driver.run(session, inputs or {}, steps, trace, progress, collect)
         if trace:
             return self._traced_run(session, inputs, steps, collect)
         return session.run(inputs or {}, steps=steps, collect=collect, progress=progress)
@@ -332,20 +318,18 @@ class Program:
                 return result
             return one_step
 
-        try:
-            return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect)
-        finally:
-            self.last_trace = events
+        self.last_trace = events
+        return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect)
 
     def trace_text(self, events: list[dict] | None = None) -> str:
         """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""
-        events = getattr(self, "last_trace", []) if events is None else events
+        events = self.last_trace if events is None else events
         return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
                          for e in events)
 
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of
-        `batch_var` rows in one compiled program, state carried (lowering/chunked.py)."""
+        `batch_var` rows in one compiled program, state carried (runtime/chunked.py)."""
         from .chunked import run_batched
         return run_batched(self, inputs, batch_var, steps)
 
@@ -356,27 +340,31 @@ class Program:
         state's `guards.flags` are not donated by the next `session_step`, so the host may read
         them after dispatching it. A step whose incoming state holds an unreported error does
         nothing (the session reports that error before anything else)."""
-        vars_, caches, flags, outputs = self._kernels.single(self._consts, (state.vars, state.caches),
+        vars_, caches, flags, outputs = self.step_kernels.single(self.consts, (state.vars, state.caches),
                                                              state.guards.flags, dynamic)
         return StepState(vars_, caches, Guards(flags)), outputs
 
-    session_step = fused_session_step  # the yield/await driver runs its own (DriverProgram)
+    def session_step(self, state: StepState, dynamic: dict):
+        """One step for a session: the yield/await driver's when the program has one, else fused."""
+        if self.driver is not None:
+            return self.driver.step(state, dynamic)
+        return self.fused_session_step(state, dynamic)
 
     def grow(self, state: StepState, status) -> StepState:
         """Double the capacity of every cache dim that asked for more (and of every other growable
         dim at least 3/4 full); rebuild the kernels. n growth steps cost O(log n) recompiles."""
         need = np.asarray(status)[2:]
         host = self.host_state(state)
-        layouts = self._lowering.caches
+        layouts = self.lowering.caches
         per_cache: dict[str, list[int]] = {}
-        for slot, (name, dim) in enumerate(self._lowering.growable):
+        for slot, (name, dim) in enumerate(self.lowering.growable):
             cap = list(per_cache.get(name, layouts[name].capacity))
             while need[slot] > cap[dim]:
                 cap[dim] *= 2
             per_cache[name] = cap
         # a rebuild costs a compile: dims at least 3/4 full grow with this one instead of asking
         # for their own a few steps later (fewer compiles when several dims grow at different paces)
-        for slot, (name, dim) in enumerate(self._lowering.growable):
+        for slot, (name, dim) in enumerate(self.lowering.growable):
             used = host.get(layouts[name].size_key())
             cap = list(per_cache.get(name, layouts[name].capacity))
             if need[slot] == 0 and used is not None and 4 * int(np.asarray(used)[dim]) >= 3 * cap[dim]:
@@ -391,7 +379,7 @@ class Program:
                 decl = self.graph.var(name)
                 raise OiError(f"cache {name} would need {nbytes} bytes to grow to capacity {cap} (a write needs "
                               f"{int(max(need))} entries): too large to allocate (the limit is {limit} bytes"
-                              f"{_limit_note(limit)})", decl.span if decl else None, source=self.graph.source)
+                              f"{limit_note(limit)})", decl.span if decl else None, source=self.graph.source)
         reasons = []
         for name, cap in per_cache.items():
             layout = layouts[name]
@@ -410,34 +398,41 @@ class Program:
         host[GROW] = np.zeros_like(host[GROW])
         self._next_reason = "growth: " + "; ".join(reasons)
         self._on_grow()
-        with self._scope():
+        with self.scope():
             return self.state_spec.place(host, lambda h: self.placer.put("state", h))
 
     def _on_grow(self):
         self._make_kernels()
+        if self.driver is not None:
+            self.driver.invalidate()
 
     def to_host(self, value) -> np.ndarray:
         """A device value as a full host array (gathered when sharded)."""
-        return np.asarray(value)
+        return self.placer.fetch(value)
+
+    @property
+    def mesh(self):
+        """The device mesh of a sharded program (sharding.py), else None."""
+        return getattr(self.placer, "mesh", None)
 
     @property
     def shaped(self) -> dict:
         """Runtime-shaped variables (phases.runtime_shaped): name -> @auto_dim tensor."""
-        return self._lowering.shaped
+        return self.lowering.shaped
 
     def trim(self, name: str, value, outputs: dict):
         """A runtime-shaped variable's value cut to its logical shape (`outputs[#shape/name]`), on
         the host; any other value as it is."""
-        from .context import SHAPE
-        logical = outputs.get(SHAPE + name) if name in self._lowering.shaped else None
+        from ..lowering.context import SHAPE
+        logical = outputs.get(SHAPE + name) if name in self.lowering.shaped else None
         if logical is None:
             return value
         return self.to_host(value)[tuple(slice(0, int(n)) for n in self.to_host(logical))]
 
     def trim_outputs(self, outputs: dict) -> dict:
         """Step outputs with runtime-shaped values cut to their logical shapes, `#shape/` keys dropped."""
-        from .context import SHAPE
-        if not self._lowering.shaped:
+        from ..lowering.context import SHAPE
+        if not self.lowering.shaped:
             return outputs
         return {k: self.trim(k, v, outputs) for k, v in outputs.items() if not k.startswith(SHAPE)}
 
@@ -446,7 +441,7 @@ class Program:
         flags = self.to_host(state.guards.flags)
         host = {k: self.to_host(v) for k, v in state.vars.items()}
         for name, cache in state.caches.items():
-            layout = self._lowering.caches[name]
+            layout = self.lowering.caches[name]
             host[name] = self.to_host(cache.data)
             host[layout.size_key()] = self.to_host(cache.size)
             if cache.present is not None:
@@ -458,13 +453,13 @@ class Program:
         """Every persistent variable's user-visible value (widened like `--out`)."""
         host = self.host_state(state)
         return {name: convert_output(cache_mod.export(layout, host), layout.dtype)
-                for name, layout in self._lowering.caches.items()}
+                for name, layout in self.lowering.caches.items()}
 
     def import_state(self, values: dict, source: str = "state") -> StepState:
         """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);
         a variable not given keeps its initial value. Tables take their sizes from the array."""
-        host = self._host_state()
-        layouts = self._lowering.caches
+        host = self.initial_host_state()
+        layouts = self.lowering.caches
         unknown = sorted(set(values) - set(layouts))
         if unknown:
             raise OiError(f"{source}: {unknown[0]} is not a persistent variable of the graph "
@@ -480,14 +475,14 @@ class Program:
         if grew:
             self._next_reason = f"{source}: caches restored at a larger capacity"
             self._on_grow()
-        with self._scope():
+        with self.scope():
             return self.state_spec.place(host, lambda h: self.placer.put("state", h))
 
     def collect_result(self, state: StepState, values: dict) -> dict:
         """The user-facing result: every dynamic and volatile variable from `values` (device or
         host arrays), every persistent variable from `state`; widened like `--out`."""
         result = {}
-        for name in self._builder.dynamic + self._builder.volatile:
+        for name in self.builder.dynamic + self.builder.volatile:
             if name in values:
                 result[name] = convert_output(self.to_host(values[name]), self.bound.dtype(name))
         result.update(self.export_state(state))
@@ -514,39 +509,41 @@ class Program:
         for kind, suffix in (("jaxpr", "jaxpr.txt"), ("stablehlo", "stablehlo.mlir"), ("hlo", "hlo.txt"),
                              ("optimized-hlo", "optimized-hlo.txt")):
             write(f"step.{suffix}", self.emit(kind))
-        with self._scope():
+        with self.scope():
             state = self.init_state()
-            dynamic = self._dynamic_args({})
-            env = self._builder.start_env(self._consts, self.state_spec.to_env(state), dynamic)
+            dynamic = self.dynamic_args({})
+            env = self.builder.start_env(self.consts, self.state_spec.to_env(state), dynamic)
             for block in self.graph.blocks:
-                kernel = jax.jit(self._builder.block_kernel(block.name))
-                write(f"block.{block.name}.stablehlo.mlir", self._located(kernel.lower(self._consts, env)))
-            for name, lowered in self._run_kernels(state, dynamic):
+                kernel = jax.jit(self.builder.block_kernel(block.name))
+                write(f"block.{block.name}.stablehlo.mlir", self._located(kernel.lower(self.consts, env)))
+            for name, lowered in self.run_kernels(state, dynamic):
                 write(f"{name}.stablehlo.mlir", self._located(lowered))
         return written
 
     def _located(self, lowered) -> str:
         return locations.stablehlo(lowered.as_text(debug_info=True), self.graph)
 
-    def _run_kernels(self, state, dynamic):
+    def run_kernels(self, state, dynamic):
         """(file stem, Lowered) of every kernel a run of this program executes."""
-        k = self._kernels
-        yield "kernel.session_step", k.single.lower(self._consts, (state.vars, state.caches), state.guards.flags,
+        k = self.step_kernels
+        yield "kernel.session_step", k.single.lower(self.consts, (state.vars, state.caches), state.guards.flags,
                                                     dynamic)
-        yield "kernel.fused_steps", k._multi.lower(self._consts, state, {}, dynamic, jnp.int64(0), jnp.int64(1),
-                                                   (), 0)
+        yield "kernel.fused_steps", k.multi_jit.lower(self.consts, state, {}, dynamic, jnp.int64(0), jnp.int64(1),
+                                                      (), 0)
+        if self.driver is not None:
+            yield from self.driver.lowered_kernels(state, dynamic)
 
     def emit(self, kind: str = "stablehlo") -> str:
         """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
         if kind == "graph-json":
             from ..graph_json import to_json
             return json.dumps(to_json(self.graph), indent=2)
-        with self._scope():
+        with self.scope():
             state = self.init_state()
-            dynamic = self._dynamic_args({})
+            dynamic = self.dynamic_args({})
             if kind == "jaxpr":
-                return str(jax.make_jaxpr(self._builder)(self._consts, self.state_spec.to_env(state), dynamic))
-            lowered = self._jit.lower(self._consts, state, dynamic)
+                return str(jax.make_jaxpr(self.builder)(self.consts, self.state_spec.to_env(state), dynamic))
+            lowered = self.jit_step.lower(self.consts, state, dynamic)
             if kind == "stablehlo":  # named scopes (entry/3:matmul) with the node's .oi file:line:col
                 return locations.stablehlo(lowered.as_text(debug_info=True), self.graph)
             if kind == "hlo":

@@ -24,8 +24,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from .context import ERR, ERRVAL, GROW
-from .program import Placer, Program
+from ..lowering.context import ERR, ERRVAL, GROW
+from .placement import Placer
+from .program import Program
 
 INIT_PREFIX = "__init__/"
 
@@ -229,6 +230,13 @@ class ShardingPlacer(Placer):
         host = np.asarray(value)
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
+    def fetch(self, value) -> np.ndarray:
+        """A (possibly multi-process) array as a full NumPy array."""
+        if isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated:
+            from jax.experimental import multihost_utils
+            return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+        return np.asarray(value)
+
     def put(self, role: str, values: dict) -> dict:
         out = {k: self._place(k, v) for k, v in values.items()}
         self.placed.setdefault(role, {}).update({k: a.sharding for k, a in out.items()})
@@ -237,7 +245,7 @@ class ShardingPlacer(Placer):
     def state_shardings(self, program) -> dict:
         """The sharding of every key of `program.init_state()` (must match `put('state')`)."""
         out = {}
-        for layout in program._lowering.caches.values():
+        for layout in program.lowering.caches.values():
             out[layout.name] = self.sharding_for(layout.name, layout.data_shape())
             if layout.kind != "plain":
                 out[layout.size_key()] = NamedSharding(self.mesh, P())
@@ -248,43 +256,11 @@ class ShardingPlacer(Placer):
         return out
 
     def jit_kwargs(self, program) -> dict:
-        consts = {k: self.sharding_for(k, np.shape(v)) for k, v in program._consts.items()}
+        consts = {k: self.sharding_for(k, np.shape(v)) for k, v in program.consts.items()}
         dynamic = {name: self.sharding_for(name, program.bound.shape(name))
-                   for name in program._builder.dynamic}
+                   for name in program.builder.dynamic}
         state = program.state_spec.from_env(self.state_shardings(program))
         return {"in_shardings": (consts, state, dynamic), "out_shardings": (state, None)}
-
-
-# ---------------------------------------------------------------------------- the program
-
-
-def fetch(x) -> np.ndarray:
-    """A (possibly multi-process) array as a full NumPy array."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-        from jax.experimental import multihost_utils
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
-class ShardedProgram(Program):
-    """`Program` over a mesh: constants loaded shard by shard; results gathered on `run`."""
-
-    def __init__(self, bound, placer: ShardingPlacer, yield_mode: str = "fused"):
-        if not isinstance(placer, ShardingPlacer):
-            raise TypeError("ShardedProgram needs a ShardingPlacer")
-        super().__init__(bound, device=None, yield_mode=yield_mode, placer=placer)
-
-    @property
-    def mesh(self) -> Mesh:
-        return self.placer.mesh
-
-    def _const_value(self, decl):
-        # sharded model tensors stay on disk until each shard is placed
-        lazy = self.placer.lazy_const(decl)
-        return lazy if lazy is not None else super()._const_value(decl)
-
-    def to_host(self, value) -> np.ndarray:
-        return fetch(value)
 
 
 def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
@@ -301,7 +277,9 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
                                process_id=process_id)
 
 
-def compile_sharded(bound, mesh, shard, yield_mode: str = "fused") -> ShardedProgram:
+def compile_sharded(bound, mesh, shard, yield_mode: str = "fused") -> Program:
+    """A `Program` whose values live on `mesh` (a `ShardingPlacer`): constants loaded shard by
+    shard, results gathered on the host."""
     if isinstance(mesh, (str, dict)):
         mesh = make_mesh(mesh)
-    return ShardedProgram(bound, ShardingPlacer(bound, mesh, shard or {}), yield_mode=yield_mode)
+    return Program(bound, placer=ShardingPlacer(bound, mesh, shard or {}), yield_mode=yield_mode)

@@ -19,19 +19,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .state import ERR, GROW, Guards, StepState, status_vector
+from ..lowering.state import ERR, GROW, Guards, StepState, status_vector
 
 
 class StepKernels:
     def __init__(self, program):
         self.program = program
-        builder, spec = program._builder, program.state_spec
+        builder, spec = program.builder, program.state_spec
         growable = program.growable
         self.input_avals = {name: jax.ShapeDtypeStruct(v.shape, v.dtype)
-                            for name, v in program._defaults.items()}
+                            for name, v in program.defaults.items()}
 
         def single(consts, user, flags, dynamic):
-            program._traced("session step")
+            program.count_trace("session step")
             env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
             extra = builder.all_names  # every variable, so that a session can `read` any of them
 
@@ -48,7 +48,7 @@ class StepKernels:
             return new.vars, new.caches, new.guards.flags, outputs
 
         def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
-            program._traced("fused steps")
+            program.count_trace("fused steps")
             env0 = spec.to_env(state)
             # every variable's last value, the inputs included (no host-side indexing afterwards)
             extra = tuple(dict.fromkeys(collect + builder.all_names + tuple(builder.dynamic)))
@@ -84,10 +84,10 @@ class StepKernels:
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self.compiled: dict = {}  # input signature -> `single` compiled ahead of time (sessions)
-        self._multi = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
+        self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
               total: int = 0):
         """Up to `n` steps from global step `base`; `total`: length of the collected stacks."""
-        return self._multi(consts, state, per_step, fixed, np.int64(base), np.int64(n), tuple(collect),
+        return self.multi_jit(consts, state, per_step, fixed, np.int64(base), np.int64(n), tuple(collect),
                            int(total) if collect else 0)
