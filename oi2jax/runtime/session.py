@@ -47,7 +47,10 @@ class Session:
         self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
         self._fresh = None  # (inputs, outputs) of the last fast step, merged into _vals lazily
         self._exe = None  # (kernels, AOT executable) of the fast step
-        self._fast: dict = {}  # input name -> (shape, dtype) accepted without conversion
+        self._fast: dict = {}  # input name -> (shape, dtype, type) accepted without conversion
+        self._given: tuple | None = None  # input names of the last step (checked complete)
+        self._n_dynamic = len(program.defaults)
+        self._shaped = bool(program.shaped)
         # the yield/await driver runs a session's steps only where it places consumers on other
         # devices; otherwise the fused kernels run them (same results, one kernel per step)
         self._driver = program.driver is not None and bool(program.driver.placement)
@@ -201,11 +204,13 @@ class Session:
                     out.update(prog.placer.put("dynamic", converted))
             return out
         fast = self._fast
+        all_fast = True
         for name, value in inputs.items():
             sig = fast.get(name)
             if sig is not None and type(value) is sig[2] and value.shape == sig[0] and value.dtype == sig[1]:
                 out[name] = value
                 continue
+            all_fast = False
             if name not in prog.defaults:
                 raise prog.unknown_input(name)
             want = prog.defaults[name]
@@ -214,6 +219,8 @@ class Session:
                 out[name] = value
                 continue
             out[name] = prog.convert(name, value)
+        if all_fast:  # device arrays of the declared shape and dtype: nothing to convert or place
+            return out
         converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
         if converted:
             with prog.scope():
@@ -228,11 +235,14 @@ class Session:
         every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
         prog = self.program
         dyn = self._inputs(inputs)
-        prog.check_given(inputs)
+        names = tuple(inputs)
+        if names != self._given:  # the same names as last step: already known complete
+            prog.check_given(names)
+            self._given = names
         if self._sync:
             self.check()
             return self._step_checked(dyn)
-        full = {**prog.defaults, **dyn}
+        full = dyn if len(dyn) == self._n_dynamic else {**prog.defaults, **dyn}
         exe = self._exe
         if exe is None or exe[0] is not prog.step_kernels:
             exe = self._exe = (prog.step_kernels, self._compile_fast(full))
@@ -256,7 +266,7 @@ class Session:
         if fresh is not None and not fresh[0].keys() <= dyn.keys():
             self._values  # noqa: B018  (flush: an input given last step but not now keeps its value)
         self._fresh = (dyn, outputs)  # outputs hold every variable: they supersede the last ones
-        if prog.shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
+        if self._shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
             outputs = prog.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
 
