@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args(argv)
     profile = "tiny" if args.tiny else "quick" if args.quick else "full"
-    reps = {"tiny": 3, "quick": 7, "full": 15}[profile]
+    reps = {"tiny": 3, "quick": 21, "full": 31}[profile]
     device = jax.devices(args.device)[0] if args.device else None
     results = []
     with tempfile.TemporaryDirectory() as tmp:
