@@ -367,3 +367,50 @@ def test_missing_inputs_are_errors_unless_zeros_are_asked_for(capsys, tmp_path):
     # an input with a default of its own (@init) or one the graph never reads is not missing
     src = "dynamic { a: f32[2] @init(1.5); b: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry { op relu(a) >> y; return; }\n"
     np.testing.assert_array_equal(oi2jax.compile(src).run({})["y"], [1.5, 1.5])
+
+
+PLAIN_FAIL_SOURCE = """
+dynamic { n: f32; x: f32[2]; }
+volatile { y: f32[2]; }
+persistent { acc: f32[2] @init(0.0); count: i32 @init(0); }
+block entry {
+    cache.read acc >> y;
+    loop l (i in 0..n) { op add(y, x) >> y; }
+    cache.write y >> acc;
+    cache.increment count;
+    return;
+}
+"""
+
+
+@pytest.mark.parametrize("cond", [False, True])
+def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond):
+    """Step k+1 is dispatched before step k's error is read; it must leave the state exactly as
+    step k left it, whether the kernel skips it with a select (small plain state) or a cond."""
+    from oi2jax.runtime import kernels
+    if cond:
+        monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
+    prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
+    assert prog.step_kernels.select_skip is not cond
+    ns = np.array([1, 2, np.inf, 1, 3], np.float32)
+    xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
+    one = prog.session()
+    one.step(n=ns[0], x=xs[0])
+    one.step(n=ns[1], x=xs[1])
+    one.step(n=ns[2], x=xs[2])  # fails; reported by the next call, which must do nothing
+    with pytest.raises(OiError, match=r"loop bound n is not finite \(in step 3\)"):
+        one.step(n=ns[3], x=xs[3])
+    assert one.steps == 3
+    fused = prog.session()
+    with pytest.raises(OiError, match=r"\(in step 3\)"):
+        fused.run({"n": ns, "x": xs})
+    for name in ("acc", "count"):
+        np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
+    np.testing.assert_array_equal(one.read("acc"), xs[0] + 2 * xs[1])  # step 3's loop was skipped
+    assert one.read("count") == 3
+    for k in (3, 4):
+        one.step(n=ns[k], x=xs[k])
+    fused.run({"n": ns[3:], "x": xs[3:]})
+    for name in ("acc", "count", "y"):
+        np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
+    np.testing.assert_array_equal(one.read("acc"), xs[0] + 2 * xs[1] + xs[3] + 3 * xs[4])

@@ -14,12 +14,18 @@
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import dtypes as dt
 from ..lowering.state import ERR, GROW, Guards, StepState, status_vector
+
+
+SELECT_SKIP_BYTES = 1 << 16
 
 
 class StepKernels:
@@ -30,6 +36,14 @@ class StepKernels:
         self.input_avals = {name: jax.ShapeDtypeStruct(v.shape, v.dtype)
                             for name, v in program.defaults.items()}
 
+        # A step after an unreported error must leave the state as it is. With tables (updated in
+        # place) or a large state that is a `lax.cond` around the step; a small state of plain
+        # variables is cheaper to select after the step (the skipped step's outputs are never
+        # shown: the session raises the error instead).
+        layouts = program.lowering.caches
+        self.select_skip = select_skip = all(l.kind == "plain" for l in layouts.values()) and sum(
+            dt.get(l.dtype).nbytes(math.prod(l.data_shape())) for l in layouts.values()) <= SELECT_SKIP_BYTES
+
         def single(consts, user, flags, dynamic):
             program.count_trace("session step")
             env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
@@ -38,12 +52,17 @@ class StepKernels:
             def run(env):
                 return builder(consts, env, dynamic, extra=extra)
 
-            out_shapes = jax.eval_shape(lambda e: run(e)[1], env)
+            if select_skip:  # small plain state: run, then keep the old values (cheaper than a cond)
+                flat, outputs = run(env)
+                failed = env[ERR] != 0
+                flat = {k: jnp.where(failed, env[k], v) if k in env else v for k, v in flat.items()}
+            else:
+                out_shapes = jax.eval_shape(lambda e: run(e)[1], env)
 
-            def skip(env):  # an unreported error from the step before: do nothing
-                return env, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
+                def skip(env):  # an unreported error from the step before: do nothing
+                    return env, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
 
-            flat, outputs = lax.cond(env[ERR] != 0, skip, run, env)
+                flat, outputs = lax.cond(env[ERR] != 0, skip, run, env)
             new = spec.from_env(flat)
             return new.vars, new.caches, new.guards.flags, outputs
 
