@@ -384,12 +384,16 @@ block entry {
 
 
 @pytest.mark.parametrize("cond", [False, True])
-def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond):
-    """Step k+1 is dispatched before step k's error is read; it must leave the state exactly as
-    step k left it, whether the kernel skips it with a select (small plain state) or a cond."""
-    from oi2jax.runtime import kernels
+@pytest.mark.parametrize("ready", [False, True])
+def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready):
+    """When step k is done by the next call, the session reads its outcome first and raises
+    before dispatching anything (`ready`). Otherwise step k+1 is dispatched before step k's error
+    is read; it must leave the state exactly as step k left it, whether the kernel skips it with
+    a select (small plain state) or a cond."""
+    from oi2jax.runtime import kernels, session
     if cond:
         monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
+    monkeypatch.setattr(session, "outcome_ready", lambda flags: ready)
     prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
     assert prog.step_kernels.select_skip is not cond
     ns = np.array([1, 2, np.inf, 1, 3], np.float32)

@@ -5,6 +5,9 @@
   stay readable after step k+1 was dispatched, so the host reads step k's outcome late. A step whose incoming state holds
   an unreported error does nothing: the session reports that error first, and the state stays
   exactly as the failing step left it.
+- `clean(consts, (vars, caches), dynamic) -> (vars, caches, flags, outputs)`: the same step for a
+  state the session knows holds no error (it read the previous step's flags): no skip, the
+  incoming guards the constant zero. Bit for bit what `single` computes from zero flags.
 - `multi(consts, state, per_step, fixed, base, n, collect) -> (state, last, stacked, status)`:
   up to `n` steps as ONE `lax.while_loop` (state donated), step i reading `per_step[base + i]`.
   The loop stops early after a step that recorded an error (that step is applied, its failing
@@ -66,6 +69,16 @@ class StepKernels:
             new = spec.from_env(flat)
             return new.vars, new.caches, new.guards.flags, outputs
 
+        def clean(consts, user, dynamic):
+            """`single` for a state known to hold no error (the session read the last step's flags):
+            no skip, and the incoming guards are the constant zero."""
+            program.count_trace("session step")
+            flags = jnp.zeros((2 + spec.n_grow,), jnp.int64)
+            env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
+            flat, outputs = builder(consts, env, dynamic, extra=builder.all_names)
+            new = spec.from_env(flat)
+            return new.vars, new.caches, new.guards.flags, outputs
+
         def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
             program.count_trace("fused steps")
             env0 = spec.to_env(state)
@@ -102,6 +115,7 @@ class StepKernels:
             return spec.from_env(flat), last, stacked, status
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
+        self.clean = jax.jit(clean, donate_argnums=(1,))
         self.compiled: dict = {}  # input signature -> `single` compiled ahead of time (sessions)
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
 

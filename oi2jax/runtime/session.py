@@ -39,6 +39,11 @@ CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
 
 
+def outcome_ready(flags) -> bool:
+    """Whether a dispatched step has finished (its guard flags can be read without waiting)."""
+    return flags.is_ready()
+
+
 class Session:
     def __init__(self, program, state=None):
         self.program = program
@@ -46,7 +51,7 @@ class Session:
         self._pending = None  # (status, step number) of a dispatched step whose status is unread
         self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
         self._fresh = None  # (inputs, outputs) of the last fast step, merged into _vals lazily
-        self._exe = None  # (kernels, AOT executable) of the fast step
+        self._exe = None  # (kernels, {clean?: AOT executable}) of the fast step
         self._fast: dict = {}  # input name -> (shape, dtype, type) accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._n_dynamic = len(program.defaults)
@@ -64,6 +69,9 @@ class Session:
             self._state = self._from_values(state, "state")
         else:
             self._state = state
+        # the guard flags known to hold no error (`is` the current ones: the next step needs no
+        # skip); a state handed in as a StepState is not known clean until a step says so
+        self._clean = None if isinstance(state, StepState) else self._flags
 
     # ------------------------------------------------------------------ state in / out
 
@@ -130,6 +138,7 @@ class Session:
         pending, self._pending = self._pending, None
         if pending is not None:
             self._raise_if_failed(np.asarray(pending[0]), pending[1])
+            self._clean = pending[0]
 
     def read(self, name: str) -> np.ndarray:
         """A variable's current value, widened like `--out` (bf16/f8 -> float32, packed -> int8)."""
@@ -183,6 +192,7 @@ class Session:
         with self.program.scope():
             self._state = dataclasses.replace(self._state, guards=type(self._state.guards)(
                 flags.at[:2].set(0)))
+        self._clean = self._flags
 
     # ------------------------------------------------------------------ inputs
 
@@ -243,20 +253,36 @@ class Session:
             self.check()
             return self._step_checked(dyn)
         full = dyn if len(dyn) == self._n_dynamic else {**prog.defaults, **dyn}
-        exe = self._exe
-        if exe is None or exe[0] is not prog.step_kernels:
-            exe = self._exe = (prog.step_kernels, self._compile_fast(full))
+        pending = self._pending
+        if pending is not None and outcome_ready(pending[0]):  # the last step is done: its outcome first
+            self._pending = None
+            status = np.asarray(pending[0])
+            if status[0]:
+                self._raise_if_failed(status, pending[1])  # nothing of this call was dispatched
+            self._clean = pending[0]
+        clean = self._clean is self._flags  # the state holds no error: the step needs no skip
+        exes = self._exe
+        if exes is None or exes[0] is not prog.step_kernels:
+            exes = self._exe = (prog.step_kernels, {})
+        exe = exes[1].get(clean)
+        if exe is None:
+            exe = exes[1][clean] = self._compile_fast(full, clean)
         try:
-            vars_, caches, flags, outputs = exe[1](prog.consts, self._user, self._flags, full)
+            if clean:
+                vars_, caches, flags, outputs = exe(prog.consts, self._user, full)
+            else:
+                vars_, caches, flags, outputs = exe(prog.consts, self._user, self._flags, full)
         except (TypeError, ValueError):  # arguments placed unlike the executable's: the jit path
             with prog.scope():
-                vars_, caches, flags, outputs = prog.step_kernels.single(prog.consts, self._user, self._flags, full)
+                kernels = prog.step_kernels
+                vars_, caches, flags, outputs = kernels.clean(prog.consts, self._user, full) if clean else \
+                    kernels.single(prog.consts, self._user, self._flags, full)
         self._user = (vars_, caches)
         self._flags = flags
         previous = self._pending
         self.steps += 1
         self._pending = (flags, self.steps)
-        if previous is not None:
+        if previous is not None:  # dispatched before the last step was done: read its outcome now
             prev_status = np.asarray(previous[0])
             if prev_status[0]:
                 self._pending = None  # this step did nothing: its state had the error
@@ -270,17 +296,21 @@ class Session:
             outputs = prog.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
 
-    def _compile_fast(self, full: dict):
+    def _compile_fast(self, full: dict, clean: bool):
         """The session kernel compiled ahead of time for this signature (no JAX config to enter
-        per call); a growth rebuilds the kernels and so this."""
+        per call): `clean` (the state is known to hold no error) or `single` (a step that may
+        follow an unreported error, which it must skip); a growth rebuilds the kernels and so
+        these. Each form is compiled on its first use."""
         prog = self.program
         kernels = prog.step_kernels
-        key = tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None)) for k, v in sorted(full.items()))
+        key = (clean,) + tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None))
+                               for k, v in sorted(full.items()))
         exe = kernels.compiled.get(key)
         if exe is None:  # shared by every session of the program (until a growth rebuilds kernels)
             with prog.scope():
-                exe = kernels.compiled[key] = kernels.single.lower(prog.consts, self._user, self._flags,
-                                                                   full).compile()
+                lowered = kernels.clean.lower(prog.consts, self._user, full) if clean else \
+                    kernels.single.lower(prog.consts, self._user, self._flags, full)
+                exe = kernels.compiled[key] = lowered.compile()
         return exe
 
     def _returned(self, outputs: dict) -> dict:
@@ -306,6 +336,7 @@ class Session:
         self._values.update(dyn)
         self._values.update(outputs)
         self._raise_if_failed(status, self.steps)
+        self._clean = self._flags
         return self._returned(prog.trim_outputs(outputs))
 
     # ------------------------------------------------------------------ many steps
@@ -413,6 +444,7 @@ class Session:
                 if progress is not None:
                     progress(base)
             self._set_values(last, per_dev, fixed_dev, base)
+        self._clean = self._flags  # the last status read said: no error, no growth pending
         result = self.values()
         for k in collect:
             if pieces[k]:
