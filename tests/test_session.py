@@ -418,3 +418,32 @@ def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready
     for name in ("acc", "count", "y"):
         np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
     np.testing.assert_array_equal(one.read("acc"), xs[0] + 2 * xs[1] + xs[3] + 3 * xs[4])
+
+
+def test_steps_without_runtime_guards_read_nothing_back(monkeypatch):
+    """A graph whose step has no runtime guard cannot fail: its session steps return no flags and
+    never look at a step's outcome; values equal the fused run bit for bit."""
+    import jax
+    from oi2jax.runtime import session
+
+    def never(flags):
+        raise AssertionError("a step without guards has no outcome to read")
+
+    prog = oi2jax.compile(EXAMPLES / "online_weight_update.oi", model=EXAMPLES / "online_weight_update.oinf")
+    rng = np.random.default_rng(5)
+    n = 12
+    xs = rng.standard_normal((n,) + np.shape(prog.defaults["x"])).astype(np.float32)
+    deltas = rng.standard_normal((n,) + np.shape(prog.defaults["delta"])).astype(np.float32)
+    with prog.scope():
+        dev = [(jax.device_put(xs[k]), jax.device_put(deltas[k])) for k in range(n)]
+    sess = prog.session()
+    monkeypatch.setattr(session, "outcome_ready", never)
+    for k in range(n):
+        sess.step(x=dev[k][0], delta=dev[k][1])
+    sess.check()
+    assert sess.steps == n
+    ref = prog.session()
+    ref.run({"x": xs, "delta": deltas})
+    for name in ("W", "w", "y", "x", "delta"):
+        np.testing.assert_array_equal(sess.read(name), ref.read(name), err_msg=name)
+    np.testing.assert_allclose(sess.read("W"), deltas.sum(0), rtol=1e-5, atol=1e-5)

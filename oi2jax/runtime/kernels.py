@@ -7,7 +7,8 @@
   exactly as the failing step left it.
 - `clean(consts, (vars, caches), dynamic) -> (vars, caches, flags, outputs)`: the same step for a
   state the session knows holds no error (it read the previous step's flags): no skip, the
-  incoming guards the constant zero. Bit for bit what `single` computes from zero flags.
+  incoming guards the constant zero. Bit for bit what `single` computes from zero flags. A step
+  without any runtime guard returns `None` for its flags: it cannot fail, nothing is read.
 - `multi(consts, state, per_step, fixed, base, n, collect) -> (state, last, stacked, status)`:
   up to `n` steps as ONE `lax.while_loop` (state donated), step i reading `per_step[base + i]`.
   The loop stops early after a step that recorded an error (that step is applied, its failing
@@ -75,8 +76,13 @@ class StepKernels:
             program.count_trace("session step")
             flags = jnp.zeros((2 + spec.n_grow,), jnp.int64)
             env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
+            sites = len(program.lowering.error_sites)
             flat, outputs = builder(consts, env, dynamic, extra=builder.all_names)
             new = spec.from_env(flat)
+            if len(program.lowering.error_sites) == sites and not growable:
+                # every runtime guard registers its site while it is traced: none here, so the
+                # step cannot record an error and there are no flags to return or read
+                return new.vars, new.caches, None, outputs
             return new.vars, new.caches, new.guards.flags, outputs
 
         def fused_steps(consts, state, per_step, fixed, base, n, collect, total):

@@ -278,10 +278,11 @@ class Session:
                 vars_, caches, flags, outputs = kernels.clean(prog.consts, self._user, full) if clean else \
                     kernels.single(prog.consts, self._user, self._flags, full)
         self._user = (vars_, caches)
-        self._flags = flags
-        previous = self._pending
         self.steps += 1
-        self._pending = (flags, self.steps)
+        previous = self._pending
+        if flags is not None:  # None: a step without runtime guards, which cannot fail
+            self._flags = flags
+            self._pending = (flags, self.steps)
         if previous is not None:  # dispatched before the last step was done: read its outcome now
             prev_status = np.asarray(previous[0])
             if prev_status[0]:
