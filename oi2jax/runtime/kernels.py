@@ -88,8 +88,9 @@ class StepKernels:
         def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
             program.count_trace("fused steps")
             env0 = spec.to_env(state)
-            # every variable's last value, the inputs included (no host-side indexing afterwards)
-            extra = tuple(dict.fromkeys(collect + builder.all_names + tuple(builder.dynamic)))
+            # every variable's last value; an input the graph does not write is taken after the
+            # loop from the last applied step's slice (no per-step copy of it)
+            extra = tuple(dict.fromkeys(collect + builder.all_names))
 
             def one(env, i):
                 dyn = dict(fixed)
@@ -116,6 +117,15 @@ class StepKernels:
 
             init = (jnp.int64(0), env0, last0, stacked0, jnp.bool_(False))
             i, flat, last, stacked, _ = lax.while_loop(cond_fn, body, init)
+            last = dict(last)
+            for name in builder.dynamic:
+                if name in last:
+                    continue
+                if name in per_step:  # the last applied step's value (unused when none applied)
+                    last[name] = lax.dynamic_index_in_dim(per_step[name], jnp.maximum(base + i - 1, 0),
+                                                          keepdims=False)
+                elif name in fixed:
+                    last[name] = fixed[name]
             status = status_vector(flat)
             status = jnp.concatenate([status[:2], i.reshape(1), status[2:]])
             return spec.from_env(flat), last, stacked, status
