@@ -48,14 +48,16 @@ class StepKernels:
         self.select_skip = select_skip = all(l.kind == "plain" for l in layouts.values()) and sum(
             dt.get(l.dtype).nbytes(math.prod(l.data_shape())) for l in layouts.values()) <= SELECT_SKIP_BYTES
 
-        def single(consts, user, flags, dynamic):
+        extra = builder.all_names  # every variable, so that a session can `read` any of them
+
+        def begin(consts, user, flags, dynamic):
+            """The step's env, and the step as a function of it (shared by both forms)."""
             program.count_trace("session step")
             env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
-            extra = builder.all_names  # every variable, so that a session can `read` any of them
+            return env, lambda e: builder(consts, e, dynamic, extra=extra)
 
-            def run(env):
-                return builder(consts, env, dynamic, extra=extra)
-
+        def single(consts, user, flags, dynamic):
+            env, run = begin(consts, user, flags, dynamic)
             if select_skip:  # small plain state: run, then keep the old values (cheaper than a cond)
                 flat, outputs = run(env)
                 failed = env[ERR] != 0
@@ -73,11 +75,9 @@ class StepKernels:
         def clean(consts, user, dynamic):
             """`single` for a state known to hold no error (the session read the last step's flags):
             no skip, and the incoming guards are the constant zero."""
-            program.count_trace("session step")
-            flags = jnp.zeros((2 + spec.n_grow,), jnp.int64)
-            env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
+            env, run = begin(consts, user, jnp.zeros((2 + spec.n_grow,), jnp.int64), dynamic)
             sites = len(program.lowering.error_sites)
-            flat, outputs = builder(consts, env, dynamic, extra=builder.all_names)
+            flat, outputs = run(env)
             new = spec.from_env(flat)
             if len(program.lowering.error_sites) == sites and not growable:
                 # every runtime guard registers its site while it is traced: none here, so the

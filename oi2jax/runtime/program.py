@@ -59,6 +59,7 @@ class Program:
         self.last_trace: list[dict] = []  # run(trace=True): one event per step (per kernel when driven)
         self._next_reason = "first call"
         self._count_lock = threading.Lock()
+        self._given_ok: set = set()  # input name sets known to leave no input without a value
         check_sizes(bound)
         self.driver = None
         if driver is not None:
@@ -82,10 +83,9 @@ class Program:
         """OiError unless every input the graph reads without a default of its own is in `names`
         (cached per set of names: a hot path)."""
         key = tuple(names)
-        ok = self.__dict__.setdefault("_given_ok", set())
-        if key not in ok:
+        if key not in self._given_ok:
             check_given_inputs(self.bound, key, self.zero_missing_inputs)
-            ok.add(key)
+            self._given_ok.add(key)
 
     @contextlib.contextmanager
     def scope(self):
