@@ -259,6 +259,7 @@ def main(argv=None) -> int:
     if profile != "tiny":
         out = Path(args.out)
         suffix = "" if profile == "full" else "-quick"
+        out.mkdir(parents=True, exist_ok=True)
         (out / f"decode{suffix}.md").write_text(report(results, meta))
         (out / f"decode{suffix}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     else:

@@ -205,6 +205,46 @@ def test_session_inputs_are_validated(kv):
         sess.run({"q": np.zeros((2, 3, d), np.float32)})
 
 
+def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):
+    """Session.step's hot path (the same complete set of device inputs as the last step) keeps
+    every check of the general path: values, a late error with its step, and the messages for a
+    device array of another shape or dtype."""
+    import jax
+    d = kv.bound.shape("q")[0]
+    zero = kv.bound.initial("zero")
+    qs = tokens(6, d, seed=3)
+    with kv.scope():
+        dev = [jax.device_put(q) for q in qs]
+        wrong_shape = jax.device_put(np.zeros(d + 1, np.float32))
+        inexact = jax.device_put(np.full(d, 0.1, np.float64))
+        exact = jax.device_put(np.full(d, 0.5, np.float64))
+    for fresh in range(2):  # the second session starts on the hot path the first one set up
+        sess = kv.session()
+        for k in range(4):
+            out = sess.step(q=dev[k])
+            want = np.zeros((4, d), np.float32)
+            want[:k + 1] = qs[:k + 1] + zero
+            np.testing.assert_array_equal(np.asarray(out["k_hist"]), want)
+            assert kv.step_kernels.hot is not None
+        sess.step(q=dev[4])  # overflows K
+        with pytest.raises(OiError, match=r"exceeds fixed size 4 \(index 4\) \(in step 5\)"):
+            sess.step(q=dev[5])
+        assert sess.steps == 5 and int(sess.read("t")) == 5
+        np.testing.assert_array_equal(sess.read("K"), qs[:4] + zero)
+    sess = kv.session()
+    sess.step(q=dev[0])
+    with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\], got \[{d + 1}\]"):
+        sess.step(q=wrong_shape)
+    with pytest.raises(OiError, match="not exactly representable in f32"):
+        sess.step(q=inexact)
+    with pytest.raises(OiError, match="unknown input qq"):
+        sess.step(qq=dev[1])
+    sess.step(q=exact)  # exact: converted
+    sess.step(q=qs[2])  # a host array: converted and placed
+    sess.step(q=dev[3])
+    np.testing.assert_array_equal(sess.read("K"), np.stack([qs[0], np.full(d, 0.5, np.float32), qs[2], qs[3]]) + zero)
+
+
 def test_pure_step_and_check(kv):
     d = kv.bound.shape("q")[0]
     state = kv.init_state()

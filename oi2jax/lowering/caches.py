@@ -49,6 +49,16 @@ class CacheLayout:
     def growable(self) -> bool:
         return any(s is not None for s in self.grow_slots)
 
+    @property
+    def static_size(self) -> bool:
+        """A table whose every dim is @fixed: its sizes are the fixed sizes, always, so the
+        step state carries no size buffer for it (one buffer less to pass, donate and return)."""
+        return self.kind == "table" and all(f is not None for f in self.fixed)
+
+    def fixed_sizes(self) -> np.ndarray:
+        """int64[k]: the sizes of a `static_size` table."""
+        return np.asarray(self.fixed, np.int64).reshape(len(self.fixed))
+
     def size_key(self) -> str:
         return f"{self.name}#size" if self.kind == "table" else f"{self.name}#count"
 

@@ -57,7 +57,7 @@ class CacheState:
     """One `@table` / `@auto_dim` variable: data at capacity, logical sizes, touched entries."""
 
     data: object
-    size: object  # int64[k]: table sizes, or auto_dim growth counts
+    size: object  # int64[k]: table sizes, or auto_dim growth counts; None: all dims @fixed (constant)
     present: object = None  # bool[capacity...] for growable tables, else None
 
 
@@ -116,7 +116,8 @@ class StateSpec:
         for name, cache in state.caches.items():
             layout = self.layouts[name]
             env[name] = cache.data
-            env[layout.size_key()] = cache.size
+            # a table of @fixed dims only: its sizes are a constant of the trace
+            env[layout.size_key()] = jnp.asarray(layout.fixed_sizes()) if cache.size is None else cache.size
             if cache.present is not None:
                 env[f"{name}#present"] = cache.present
         flags = state.guards.flags
@@ -134,13 +135,15 @@ class StateSpec:
             if layout.kind == "plain":
                 vars_[name] = env[name]
             else:
-                caches[name] = CacheState(env[name], env[layout.size_key()], env.get(f"{name}#present"))
+                size = None if layout.static_size else env[layout.size_key()]
+                caches[name] = CacheState(env[name], size, env.get(f"{name}#present"))
         return StepState(vars_, caches, Guards(flags))
 
     def place(self, host_env: dict, put) -> StepState:
         """A `StepState` from a flat host state: `put({key: host array}) -> {key: device array}`
         places every buffer (the guards as one vector under `#guards`, replicated when sharded)."""
-        host = {k: v for k, v in host_env.items() if k not in GUARD_KEYS}
+        static = {layout.size_key() for layout in self.layouts.values() if layout.static_size}
+        host = {k: v for k, v in host_env.items() if k not in GUARD_KEYS and k not in static}
         host["#guards"] = np.concatenate([np.asarray(host_env[ERR], np.int64).reshape(1),
                                           np.asarray(host_env[ERRVAL], np.int64).reshape(1),
                                           np.asarray(host_env[GROW], np.int64).reshape(-1)])
@@ -152,7 +155,7 @@ class StateSpec:
         keys = []
         for name, layout in self.layouts.items():
             keys.append(name)
-            if layout.kind != "plain":
+            if layout.kind != "plain" and not layout.static_size:
                 keys.append(layout.size_key())
             if layout.kind == "table" and layout.growable:
                 keys.append(f"{name}#present")

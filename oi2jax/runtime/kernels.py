@@ -133,6 +133,9 @@ class StepKernels:
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self.clean = jax.jit(clean, donate_argnums=(1,))
         self.compiled: dict = {}  # input signature -> `single` compiled ahead of time (sessions)
+        # (clean executable, ((input name, type), ...), all outputs returned?) of the last
+        # session step whose inputs were complete device arrays: `Session.step`'s hot path
+        self.hot = None
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),

@@ -443,7 +443,7 @@ class Program:
         for name, cache in state.caches.items():
             layout = self.lowering.caches[name]
             host[name] = self.to_host(cache.data)
-            host[layout.size_key()] = self.to_host(cache.size)
+            host[layout.size_key()] = layout.fixed_sizes() if cache.size is None else self.to_host(cache.size)
             if cache.present is not None:
                 host[f"{name}#present"] = self.to_host(cache.present)
         host[ERR], host[ERRVAL], host[GROW] = np.int32(flags[0]), np.int64(flags[1]), flags[2:]

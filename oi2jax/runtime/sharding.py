@@ -247,7 +247,7 @@ class ShardingPlacer(Placer):
         out = {}
         for layout in program.lowering.caches.values():
             out[layout.name] = self.sharding_for(layout.name, layout.data_shape())
-            if layout.kind != "plain":
+            if layout.kind != "plain" and not layout.static_size:
                 out[layout.size_key()] = NamedSharding(self.mesh, P())
             if layout.kind == "table" and layout.growable:
                 out[f"{layout.name}#present"] = NamedSharding(self.mesh, P())
