@@ -164,6 +164,29 @@ def test_fused_run_equals_steps_and_collects(kv):
     np.testing.assert_array_equal(kv.run({"q": qs}, steps=None)["K"], stepped.read("K"))
 
 
+def test_fused_loop_indexes_in_int64_past_two_to_the_31(kv):
+    """The fused loop counts in int32 while every index fits and in int64 beyond (a run of more
+    than 2**31 steps with the same inputs): both give the same steps."""
+    d = kv.bound.shape("q")[0]
+    q = np.arange(d, dtype=np.float32)
+    kernels = kv.step_kernels
+    results = []
+    for base in (0, 2**31 - 2):
+        sess = kv.session()
+        with kv.scope():
+            fixed = kv.dynamic_args(sess._inputs({"q": q}))
+            state, last, _, status = kernels.multi(kv.consts, sess.state, {}, fixed, base, 3)
+        assert list(np.asarray(status)[:3]) == [0, 0, 3]
+        results.append((kv.export_state(state), {k: np.asarray(v) for k, v in last.items()}))
+    (state32, last32), (state64, last64) = results
+    for name in state32:
+        np.testing.assert_array_equal(state32[name], state64[name], err_msg=name)
+    for name in last32:
+        np.testing.assert_array_equal(last32[name], last64[name], err_msg=name)
+    np.testing.assert_array_equal(state32["K"][:3], np.stack([q + kv.bound.initial("zero")] * 3))
+    assert int(state32["t"]) == 3
+
+
 def test_growth_under_fused_run_is_logarithmic(grow_prog):
     xs = tokens(200, D, seed=4)
     before = grow_prog.compiles

@@ -98,7 +98,7 @@ class StepKernels:
                     dyn[k] = lax.dynamic_index_in_dim(v, base + i, keepdims=False)
                 return builder(consts, env, dyn, extra=extra)
 
-            out_shapes = jax.eval_shape(lambda e: one(e, jnp.int64(0))[1], env0)
+            out_shapes = jax.eval_shape(lambda e: one(e, jnp.zeros((), n.dtype))[1], env0)
             last0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
             stacked0 = {k: jnp.zeros((total,) + out_shapes[k].shape, out_shapes[k].dtype) for k in collect}
 
@@ -115,7 +115,7 @@ class StepKernels:
                 stop = undone | (flat[ERR] != 0)
                 return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, stop
 
-            init = (jnp.int64(0), env0, last0, stacked0, jnp.bool_(False))
+            init = (jnp.zeros((), n.dtype), env0, last0, stacked0, jnp.bool_(False))
             i, flat, last, stacked, _ = lax.while_loop(cond_fn, body, init)
             last = dict(last)
             for name in builder.dynamic:
@@ -127,7 +127,7 @@ class StepKernels:
                 elif name in fixed:
                     last[name] = fixed[name]
             status = status_vector(flat)
-            status = jnp.concatenate([status[:2], i.reshape(1), status[2:]])
+            status = jnp.concatenate([status[:2], i.astype(jnp.int64).reshape(1), status[2:]])
             return spec.from_env(flat), last, stacked, status
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
@@ -136,10 +136,16 @@ class StepKernels:
         # (clean executable, ((input name, type), ...), all outputs returned?) of the last
         # session step whose inputs were complete device arrays: `Session.step`'s hot path
         self.hot = None
+        self.pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
               total: int = 0):
         """Up to `n` steps from global step `base`; `total`: length of the collected stacks."""
-        return self.multi_jit(consts, state, per_step, fixed, np.int64(base), np.int64(n), tuple(collect),
+        # the loop counts and indexes in int32 while every index fits (fewer bytes per iteration:
+        # XLA:CPU runs a while loop that touches under 1 KiB per iteration as one compiled
+        # function instead of one dispatch per fusion); int64 beyond (another trace)
+        lengths = [np.shape(v)[0] for v in per_step.values()] + ([int(total)] if collect else [])
+        index = np.int32 if max(lengths + [base + n]) < 2**31 else np.int64
+        return self.multi_jit(consts, state, per_step, fixed, index(base), index(n), tuple(collect),
                            int(total) if collect else 0)

@@ -453,10 +453,13 @@ class Session:
         with prog.scope():
             fixed_dev = {k: v for k, v in prog.dynamic_args(fixed_dev).items() if k not in per_dev}
             base = 0
-            # calls of about CALL_SECONDS each (the first 16 steps measure the pace), so that Ctrl-C,
-            # progress and growth are never more than a call away; the loop is traced once whatever n
+            # calls of about CALL_SECONDS each, so that Ctrl-C, progress and growth are never more
+            # than a call away; the loop is traced once whatever n. The pace (seconds per step) is
+            # the last call's, kept with the kernels; a program's first run measures it on 16 steps
             limit = steps if progress is None else max(1, -(-steps // 50))
-            chunk = min(16, limit)
+            kernels = prog.step_kernels
+            chunk = min(16, limit) if kernels.pace is None else \
+                max(1, min(limit, int(CALL_SECONDS / max(kernels.pace, 1e-9))))
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
@@ -466,7 +469,7 @@ class Session:
                 status = np.asarray(status)
                 applied = int(status[2])
                 if applied:
-                    pace = (time.perf_counter() - t0) / applied
+                    pace = prog.step_kernels.pace = (time.perf_counter() - t0) / applied
                     chunk = max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
                 if applied:
                     last = out
