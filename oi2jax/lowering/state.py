@@ -124,6 +124,11 @@ class StateSpec:
         env[ERR], env[ERRVAL], env[GROW] = flags[0].astype(jnp.int32), flags[1], flags[2:]
         return env
 
+    def constant_keys(self) -> frozenset:
+        """The env keys `to_env` fills with trace constants (the sizes of all-@fixed tables): a
+        loop over steps need not carry them."""
+        return frozenset(l.size_key() for l in self.layouts.values() if l.static_size)
+
     def from_env(self, env: dict) -> StepState:
         if isinstance(env[ERR], jax.sharding.Sharding):  # a tree of shardings (jit in/out_shardings)
             return self._assemble(env, env[ERR])

@@ -88,6 +88,8 @@ class StepKernels:
         def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
             program.count_trace("fused steps")
             env0 = spec.to_env(state)
+            # trace constants of the state (sizes of all-@fixed tables) are not loop-carried
+            constant = {k: env0.pop(k) for k in spec.constant_keys()}
             # every variable's last value; an input the graph does not write is taken after the
             # loop from the last applied step's slice (no per-step copy of it)
             extra = tuple(dict.fromkeys(collect + builder.all_names))
@@ -96,27 +98,31 @@ class StepKernels:
                 dyn = dict(fixed)
                 for k, v in per_step.items():
                     dyn[k] = lax.dynamic_index_in_dim(v, base + i, keepdims=False)
-                return builder(consts, env, dyn, extra=extra)
+                flat, outputs = builder(consts, {**env, **constant}, dyn, extra=extra)
+                return {k: v for k, v in flat.items() if k not in constant}, outputs
 
             out_shapes = jax.eval_shape(lambda e: one(e, jnp.zeros((), n.dtype))[1], env0)
             last0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
             stacked0 = {k: jnp.zeros((total,) + out_shapes[k].shape, out_shapes[k].dtype) for k in collect}
 
             def cond_fn(carry):
-                i, _, _, _, stop = carry
-                return (i < n) & ~stop
+                # stop after a step that recorded an error or was undone for growth (it asks for
+                # capacity): read from the carried state, no flag of its own to compute and carry
+                i, env, _, _ = carry
+                go = (i < n) & (env[ERR] == 0)
+                return go & ~jnp.any(env[GROW] > 0) if growable else go
 
             def body(carry):
-                i, env, _, stacked, _ = carry
+                i, env, _, stacked = carry
                 flat, outputs = one(env, i)
-                undone = jnp.any(flat[GROW] > 0) if growable else jnp.bool_(False)
                 stacked = {k: lax.dynamic_update_index_in_dim(v, outputs[k], base + i, 0)
                            for k, v in stacked.items()}
-                stop = undone | (flat[ERR] != 0)
-                return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, stop
+                if growable:  # an undone step is not counted: the host re-runs it after growing
+                    return i + jnp.where(jnp.any(flat[GROW] > 0), 0, 1).astype(i.dtype), flat, outputs, stacked
+                return i + 1, flat, outputs, stacked
 
-            init = (jnp.zeros((), n.dtype), env0, last0, stacked0, jnp.bool_(False))
-            i, flat, last, stacked, _ = lax.while_loop(cond_fn, body, init)
+            init = (jnp.zeros((), n.dtype), env0, last0, stacked0)
+            i, flat, last, stacked = lax.while_loop(cond_fn, body, init)
             last = dict(last)
             for name in builder.dynamic:
                 if name in last:
@@ -128,7 +134,7 @@ class StepKernels:
                     last[name] = fixed[name]
             status = status_vector(flat)
             status = jnp.concatenate([status[:2], i.astype(jnp.int64).reshape(1), status[2:]])
-            return spec.from_env(flat), last, stacked, status
+            return spec.from_env({**flat, **constant}), last, stacked, status
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self.clean = jax.jit(clean, donate_argnums=(1,))
