@@ -151,7 +151,7 @@ class StepKernels:
         # the loop counts and indexes in int32 while every index fits (fewer bytes per iteration:
         # XLA:CPU runs a while loop that touches under 1 KiB per iteration as one compiled
         # function instead of one dispatch per fusion); int64 beyond (another trace)
-        lengths = [np.shape(v)[0] for v in per_step.values()] + ([int(total)] if collect else [])
-        index = np.int32 if max(lengths + [base + n]) < 2**31 else np.int64
+        longest = max([v.shape[0] for v in per_step.values()] + [int(total) if collect else 0, base + n])
+        index = np.int32 if longest < 2**31 else np.int64
         return self.multi_jit(consts, state, per_step, fixed, index(base), index(n), tuple(collect),
                            int(total) if collect else 0)
