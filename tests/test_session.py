@@ -280,6 +280,40 @@ def test_pure_step_and_check(kv):
         kv.step(kv.init_state(), q=np.zeros(d + 1, np.float32))
 
 
+def test_pure_step_called_eagerly_again_takes_the_hot_path_with_the_same_checks(kv):
+    """`Program.step` called eagerly with device arrays runs, from its second call, an executable
+    compiled ahead of time: the same values, the same messages, and still a pure function
+    that composes with `jax.jit`."""
+    import jax
+    import jax.numpy as jnp
+    d = kv.bound.shape("q")[0]
+    zero = kv.bound.initial("zero")
+    qs = tokens(5, d, seed=7)
+    with kv.scope():
+        dev = [jax.device_put(q) for q in qs]
+        wrong = jax.device_put(np.zeros(d + 1, np.float32))
+    state = kv.init_state()
+    for k in range(4):
+        state, out = kv.step(state, q=dev[k])
+        want = np.zeros((4, d), np.float32)
+        want[:k + 1] = qs[:k + 1] + zero
+        np.testing.assert_array_equal(np.asarray(out["k_hist"]), want)
+    assert kv._step_hot is not None
+    kv.check(state)
+    with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\], got \[{d + 1}\]"):
+        kv.step(state, q=wrong)
+    new, _ = kv.step(state, q=dev[4])  # overflows K: recorded, not raised
+    with pytest.raises(OiError, match="this state was already used by a step"):
+        kv.step(state, q=dev[4])
+    with pytest.raises(OiError, match="exceeds fixed size 4"):
+        kv.check(new)
+    np.testing.assert_array_equal(kv.export_state(new)["K"], qs[:4] + zero)
+    # under jax.jit the inputs are traced: the general path, the same step
+    state = kv.init_state()
+    _, out = jax.jit(lambda s, q: kv.step(s, q=q))(state, jnp.asarray(qs[0]))
+    np.testing.assert_array_equal(np.asarray(out["k_hist"])[0], qs[0] + zero)
+
+
 def test_pure_step_of_growable_graph_says_to_use_a_session():
     grow_prog = oi2jax.compile(GROW_SOURCE, sizes={"D": D})  # fresh: capacity 4
     state = grow_prog.init_state()

@@ -60,6 +60,7 @@ class Program:
         self._next_reason = "first call"
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
+        self._step_hot = None  # (jit_step, its executable, input names, array type): `step`'s hot path
         check_sizes(bound)
         self.driver = None
         if driver is not None:
@@ -199,16 +200,45 @@ class Program:
         the first error wins) and **the caller must call `check(state)`** to see them. A step of
         a graph with growable caches that needs more capacity returns the old state with
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
-        dynamic = self.validate_inputs(dynamic)
+        hot = self._step_hot
+        if hot is not None and hot[0] is self.jit_step and len(dynamic) == len(hot[2]):
+            # called eagerly again with every input a device array, as the last call: the step
+            # compiled ahead of time, no JAX configuration entered. The executable refuses another
+            # shape, dtype or a traced value (then the general path below explains or traces)
+            for name in hot[2]:
+                if type(dynamic.get(name)) is not hot[3]:
+                    break
+            else:
+                try:
+                    return hot[1](self.consts, state, dynamic)
+                except (TypeError, ValueError):
+                    pass
+                except RuntimeError as exc:
+                    raise self._donated(exc) from None
+        checked = self.validate_inputs(dynamic)
         with self.scope():
+            full = self.dynamic_args(checked)
             try:
-                return self.jit_step(self.consts, state, self.dynamic_args(dynamic))
+                out = self.jit_step(self.consts, state, full)
             except (RuntimeError, ValueError) as exc:
-                if "deleted" in str(exc) or "donated" in str(exc):
-                    raise OiError("this state was already used by a step, which took over (donated) its "
-                                  "buffers: pass the state that step returned (`state, out = "
-                                  "prog.step(state, ...)`)") from None
-                raise
+                raise self._donated(exc) from None
+            array = type(out[0].guards.flags)  # a concrete jax.Array type, unless traced
+            if (hot is None or hot[0] is not self.jit_step) and len(checked) == len(full) and \
+                    not isinstance(out[0].guards.flags, jax.core.Tracer) and \
+                    all(type(v) is array for v in checked.values()):
+                # concrete device inputs, all given: compile this signature for the next call
+                self._step_hot = (self.jit_step, self.jit_step.lower(self.consts, out[0], full).compile(),
+                                  tuple(full), array)
+            return out
+
+    @staticmethod
+    def _donated(exc: Exception) -> Exception:
+        """An OiError for a state whose buffers an earlier step took over, else `exc` itself."""
+        if "deleted" in str(exc) or "donated" in str(exc):
+            return OiError("this state was already used by a step, which took over (donated) its "
+                           "buffers: pass the state that step returned (`state, out = "
+                           "prog.step(state, ...)`)")
+        return exc
 
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
