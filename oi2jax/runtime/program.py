@@ -24,7 +24,7 @@ from ..lowering import caches as cache_mod
 from ..lowering import locations
 from .kernels import StepKernels
 from .placement import Placer, resolve_device
-from ..lowering.state import ERR, ERRVAL, GROW, Guards, StateSpec, StepState
+from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
 from ..lowering.step import StepBuilder, build_lowering
 
 if TYPE_CHECKING:
@@ -453,7 +453,6 @@ class Program:
     def trim(self, name: str, value, outputs: dict):
         """A runtime-shaped variable's value cut to its logical shape (`outputs[#shape/name]`), on
         the host; any other value as it is."""
-        from ..lowering.context import SHAPE
         logical = outputs.get(SHAPE + name) if name in self.lowering.shaped else None
         if logical is None:
             return value
@@ -461,7 +460,6 @@ class Program:
 
     def trim_outputs(self, outputs: dict) -> dict:
         """Step outputs with runtime-shaped values cut to their logical shapes, `#shape/` keys dropped."""
-        from ..lowering.context import SHAPE
         if not self.lowering.shaped:
             return outputs
         return {k: self.trim(k, v, outputs) for k, v in outputs.items() if not k.startswith(SHAPE)}

@@ -151,11 +151,18 @@ class Session:
                           f"(variables: {', '.join(known) or '(none)'})")
         if decl.kind == ir.MemKind.PERSISTENT:
             return prog.export_state(self._state)[name]
-        value = self._values.get(name)
+        return self._current(decl, self._values)
+
+    def _current(self, decl, values: dict) -> np.ndarray:
+        """A dynamic or volatile variable's last value (else its default / initial value), on the
+        host, widened."""
+        prog = self.program
+        name = decl.name
+        value = values.get(name)
         if value is None:
             value = prog.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
         else:
-            value = prog.trim(name, value, self._values)  # a runtime-shaped value: its current shape
+            value = prog.trim(name, value, values)  # a runtime-shaped value: its current shape
         return convert_output(prog.to_host(value), prog.bound.dtype(name))
 
     def values(self) -> dict:
@@ -164,10 +171,11 @@ class Session:
         prog = self.program
         persistent = prog.export_state(self._state)  # one host transfer of the state
         out = {}
+        values = self._values
         for decl in prog.graph.vars:
             if decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
                 continue
-            out[decl.name] = persistent[decl.name] if decl.name in persistent else self.read(decl.name)
+            out[decl.name] = persistent[decl.name] if decl.name in persistent else self._current(decl, values)
         return out
 
     def save(self, path) -> None:
