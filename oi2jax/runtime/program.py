@@ -211,10 +211,9 @@ class Program:
             else:
                 try:
                     return hot[1](self.consts, state, dynamic)
-                except (TypeError, ValueError):
-                    pass
-                except RuntimeError as exc:
-                    raise self._donated(exc) from None
+                except Exception as exc:  # noqa: BLE001  (the general path explains or runs it)
+                    if self._donated(exc) is not exc:
+                        raise self._donated(exc) from None
         checked = self.validate_inputs(dynamic)
         with self.scope():
             full = self.dynamic_args(checked)

@@ -485,12 +485,11 @@ class Session:
                         pieces[k].append(stacked[k][base:base + applied])
                 base += applied
                 self.steps += applied
-                step_status = np.concatenate([status[:2], status[3:]])  # (err, errval, grow...)
                 if status[0]:
                     self._set_values(last, per_dev, fixed_dev, base)
-                    self._raise_if_failed(step_status, self.steps)
-                if np.any(status[3:] > 0):
-                    self._state = prog.grow(self._state, step_status)
+                    self._raise_if_failed(np.concatenate([status[:2], status[3:]]), self.steps)
+                if (status[3:] > 0).any():  # (err, errval, grow...) of the undone step: grow
+                    self._state = prog.grow(self._state, np.concatenate([status[:2], status[3:]]))
                 if progress is not None:
                     progress(base)
             self._set_values(last, per_dev, fixed_dev, base)
