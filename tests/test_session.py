@@ -62,6 +62,23 @@ def tokens(n: int, d: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
 
 
+def k_hist_after(qs: np.ndarray, k: int, zero: np.ndarray) -> np.ndarray:
+    """kv_cache_decode's `k_hist` after steps 0..k with queries `qs`: rows 0..k hold q + zero."""
+    want = np.zeros((4, qs.shape[1]), np.float32)
+    want[:k + 1] = qs[:k + 1] + zero
+    return want
+
+
+def kv_device_tokens(kv, n: int, seed: int, *extra):
+    """(d, zero, host queries [n, d], the same on the device, each of `extra` on the device)."""
+    import jax
+    d = kv.bound.shape("q")[0]
+    qs = tokens(n, d, seed=seed)
+    with kv.scope():
+        return (d, kv.bound.initial("zero"), qs, [jax.device_put(q) for q in qs],
+                [jax.device_put(e(d)) for e in extra])
+
+
 def test_kv_decode_steps_equal_numpy_and_overflow_raises(kv):
     d = kv.bound.shape("q")[0]
     zero = kv.bound.initial("zero")
@@ -69,8 +86,7 @@ def test_kv_decode_steps_equal_numpy_and_overflow_raises(kv):
     sess = kv.session()
     for k in range(4):
         out = sess.step(q=qs[k])
-        want = np.zeros((4, d), np.float32)
-        want[:k + 1] = qs[:k + 1] + zero
+        want = k_hist_after(qs, k, zero)
         np.testing.assert_array_equal(np.asarray(out["k_hist"]), want)
         np.testing.assert_array_equal(sess.read("K"), want)
         assert int(sess.read("t")) == k + 1
@@ -232,22 +248,14 @@ def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):
     """Session.step's hot path (the same complete set of device inputs as the last step) keeps
     every check of the general path: values, a late error with its step, and the messages for a
     device array of another shape or dtype."""
-    import jax
-    d = kv.bound.shape("q")[0]
-    zero = kv.bound.initial("zero")
-    qs = tokens(6, d, seed=3)
-    with kv.scope():
-        dev = [jax.device_put(q) for q in qs]
-        wrong_shape = jax.device_put(np.zeros(d + 1, np.float32))
-        inexact = jax.device_put(np.full(d, 0.1, np.float64))
-        exact = jax.device_put(np.full(d, 0.5, np.float64))
+    d, zero, qs, dev, (wrong_shape, inexact, exact) = kv_device_tokens(
+        kv, 6, 3, lambda d: np.zeros(d + 1, np.float32), lambda d: np.full(d, 0.1, np.float64),
+        lambda d: np.full(d, 0.5, np.float64))
     for fresh in range(2):  # the second session starts on the hot path the first one set up
         sess = kv.session()
         for k in range(4):
             out = sess.step(q=dev[k])
-            want = np.zeros((4, d), np.float32)
-            want[:k + 1] = qs[:k + 1] + zero
-            np.testing.assert_array_equal(np.asarray(out["k_hist"]), want)
+            np.testing.assert_array_equal(np.asarray(out["k_hist"]), k_hist_after(qs, k, zero))
             assert kv.step_kernels.hot is not None
         sess.step(q=dev[4])  # overflows K
         with pytest.raises(OiError, match=r"exceeds fixed size 4 \(index 4\) \(in step 5\)"):
@@ -286,18 +294,11 @@ def test_pure_step_called_eagerly_again_takes_the_hot_path_with_the_same_checks(
     that composes with `jax.jit`."""
     import jax
     import jax.numpy as jnp
-    d = kv.bound.shape("q")[0]
-    zero = kv.bound.initial("zero")
-    qs = tokens(5, d, seed=7)
-    with kv.scope():
-        dev = [jax.device_put(q) for q in qs]
-        wrong = jax.device_put(np.zeros(d + 1, np.float32))
+    d, zero, qs, dev, (wrong,) = kv_device_tokens(kv, 5, 7, lambda d: np.zeros(d + 1, np.float32))
     state = kv.init_state()
     for k in range(4):
         state, out = kv.step(state, q=dev[k])
-        want = np.zeros((4, d), np.float32)
-        want[:k + 1] = qs[:k + 1] + zero
-        np.testing.assert_array_equal(np.asarray(out["k_hist"]), want)
+        np.testing.assert_array_equal(np.asarray(out["k_hist"]), k_hist_after(qs, k, zero))
     assert kv._step_hot is not None
     kv.check(state)
     with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\], got \[{d + 1}\]"):
