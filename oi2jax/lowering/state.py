@@ -147,7 +147,7 @@ class StateSpec:
     def place(self, host_env: dict, put) -> StepState:
         """A `StepState` from a flat host state: `put({key: host array}) -> {key: device array}`
         places every buffer (the guards as one vector under `#guards`, replicated when sharded)."""
-        static = {layout.size_key() for layout in self.layouts.values() if layout.static_size}
+        static = self.constant_keys()
         host = {k: v for k, v in host_env.items() if k not in GUARD_KEYS and k not in static}
         host["#guards"] = np.concatenate([np.asarray(host_env[ERR], np.int64).reshape(1),
                                           np.asarray(host_env[ERRVAL], np.int64).reshape(1),

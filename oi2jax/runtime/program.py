@@ -212,8 +212,9 @@ class Program:
                 try:
                     return hot[1](self.consts, state, dynamic)
                 except Exception as exc:  # noqa: BLE001  (the general path explains or runs it)
-                    if self._donated(exc) is not exc:
-                        raise self._donated(exc) from None
+                    error = self._donated(exc)
+                    if error is not exc:
+                        raise error from None
         checked = self.validate_inputs(dynamic)
         with self.scope():
             full = self.dynamic_args(checked)

@@ -264,13 +264,8 @@ class Session:
                     break
             else:
                 if not self._sync:
-                    pending = self._pending
-                    if pending is not None and outcome_ready(pending[0]):
-                        self._pending = None
-                        status = np.asarray(pending[0])
-                        if status[0]:
-                            self._raise_if_failed(status, pending[1])  # nothing of this call was dispatched
-                        self._clean = pending[0]
+                    if self._pending is not None:
+                        self._settle_if_done()
                     if self._pending is None and self._clean is self._flags:
                         try:
                             vars_, caches, flags, outputs = hot[0](self.program.consts, self._user, inputs)
@@ -294,13 +289,8 @@ class Session:
             self.check()
             return self._step_checked(dyn)
         full = dyn if len(dyn) == self._n_dynamic else {**prog.defaults, **dyn}
-        pending = self._pending
-        if pending is not None and outcome_ready(pending[0]):  # the last step is done: its outcome first
-            self._pending = None
-            status = np.asarray(pending[0])
-            if status[0]:
-                self._raise_if_failed(status, pending[1])  # nothing of this call was dispatched
-            self._clean = pending[0]
+        if self._pending is not None:
+            self._settle_if_done()
         clean = self._clean is self._flags  # the state holds no error: the step needs no skip
         exes = self._exe
         if exes is None or exes[0] is not prog.step_kernels:
@@ -342,6 +332,17 @@ class Session:
         if self._shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
             outputs = prog.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
+
+    def _settle_if_done(self) -> None:
+        """If the last dispatched step has finished, take its outcome now: raise its error
+        (before anything of this call is dispatched), else the state is known clean."""
+        pending = self._pending
+        if outcome_ready(pending[0]):
+            self._pending = None
+            status = np.asarray(pending[0])
+            if status[0]:
+                self._raise_if_failed(status, pending[1])
+            self._clean = pending[0]
 
     def _compile_fast(self, full: dict, clean: bool):
         """The session kernel compiled ahead of time for this signature (no JAX config to enter
@@ -465,9 +466,12 @@ class Session:
             # than a call away; the loop is traced once whatever n. The pace (seconds per step) is
             # the last call's, kept with the kernels; a program's first run measures it on 16 steps
             limit = steps if progress is None else max(1, -(-steps // 50))
-            kernels = prog.step_kernels
-            chunk = min(16, limit) if kernels.pace is None else \
-                max(1, min(limit, int(CALL_SECONDS / max(kernels.pace, 1e-9))))
+
+            def steps_per_call(pace):
+                return max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
+
+            pace = prog.step_kernels.pace
+            chunk = min(16, limit) if pace is None else steps_per_call(pace)
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
@@ -478,7 +482,7 @@ class Session:
                 applied = int(status[2])
                 if applied:
                     pace = prog.step_kernels.pace = (time.perf_counter() - t0) / applied
-                    chunk = max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
+                    chunk = steps_per_call(pace)
                 if applied:
                     last = out
                     for k in collect:
