@@ -276,6 +276,57 @@ def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):
     np.testing.assert_array_equal(sess.read("K"), np.stack([qs[0], np.full(d, 0.5, np.float32), qs[2], qs[3]]) + zero)
 
 
+def test_fused_runs_with_device_inputs_reuse_their_checks(kv):
+    """`Session.run` remembers the validation of device inputs per signature (names, types,
+    shapes, dtypes, steps, collect): a later run with the same signature checks nothing again
+    and gives the same values; any other call still gets every check and message."""
+    import jax
+    d = kv.bound.shape("q")[0]
+    qs = tokens(3, d, seed=8)
+    zero = kv.bound.initial("zero")
+    with kv.scope():
+        dev = jax.device_put(qs)
+        inexact = jax.device_put(np.full((3, d), 0.1, np.float64))
+    first = kv.session().run({"q": dev}, collect="k_hist")
+    assert kv.run_plans
+    second = kv.session().run({"q": dev}, collect="k_hist")
+    assert first.keys() == second.keys()
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    np.testing.assert_array_equal(second["K"][:3], qs + zero)
+    np.testing.assert_array_equal(second["k_hist"][2], k_hist_after(qs, 2, zero))
+    sess = kv.session()
+    with pytest.raises(OiError, match="4 steps asked for, but the per-step inputs hold 3"):
+        sess.run({"q": dev}, steps=4, collect="k_hist")
+    with pytest.raises(OiError, match="collect: unknown variable k_hst"):
+        sess.run({"q": dev}, collect="k_hst")
+    with pytest.raises(OiError, match="unknown input qq"):
+        sess.run({"qq": dev}, collect="k_hist")
+    with pytest.raises(OiError, match=r"\[N, "):
+        sess.run({"q": dev[:, :2]}, collect="k_hist")
+    with pytest.raises(OiError, match="not exactly representable in f32"):
+        sess.run({"q": inexact}, collect="k_hist")
+    assert sess.steps == 0
+    third = sess.run({"q": dev}, steps=2, collect="k_hist")  # fewer steps than values: its own plan
+    np.testing.assert_array_equal(third["k_hist"], first["k_hist"][:2])
+
+
+def test_program_scope_restores_everything_after_an_error(kv):
+    import jax
+    from oi2jax.ops.numerical import MATMUL_PRECISION
+    token = MATMUL_PRECISION.set("default")
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with kv.scope():
+                assert jax.dtypes.canonicalize_dtype(np.int64) == np.int64
+                assert MATMUL_PRECISION.get() == kv.precision
+                raise RuntimeError("inside")
+        assert jax.dtypes.canonicalize_dtype(np.int64) == np.int32
+        assert MATMUL_PRECISION.get() == "default"
+    finally:
+        MATMUL_PRECISION.reset(token)
+
+
 def test_pure_step_and_check(kv):
     d = kv.bound.shape("q")[0]
     state = kv.init_state()

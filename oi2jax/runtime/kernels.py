@@ -144,6 +144,7 @@ class StepKernels:
         self.hot = None
         self.pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
+        self._scalars: dict = {}  # (index type, value) -> device scalar (`multi`'s base and n)
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
               total: int = 0):
@@ -153,5 +154,17 @@ class StepKernels:
         # function instead of one dispatch per fusion); int64 beyond (another trace)
         longest = max([v.shape[0] for v in per_step.values()] + [int(total) if collect else 0, base + n])
         index = np.int32 if longest < 2**31 else np.int64
-        return self.multi_jit(consts, state, per_step, fixed, index(base), index(n), tuple(collect),
-                           int(total) if collect else 0)
+        return self.multi_jit(consts, state, per_step, fixed, self._scalar(index, base), self._scalar(index, n),
+                              tuple(collect), int(total) if collect else 0)
+
+    def _scalar(self, index, value: int):
+        """`base` / `n` as a device scalar kept for reuse (a host scalar is put on the device at
+        every call, a few µs each; a decode loop passes the same few values again and again).
+        Called inside the program's scope: placed on its device."""
+        key = (index, int(value))
+        scalar = self._scalars.get(key)
+        if scalar is None:
+            if len(self._scalars) >= 256:
+                self._scalars.clear()
+            scalar = self._scalars[key] = jnp.asarray(index(value))
+        return scalar

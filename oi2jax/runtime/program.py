@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import contextlib
 import threading
 import json
 import math
@@ -25,6 +24,7 @@ from ..lowering import locations
 from .kernels import StepKernels
 from .placement import Placer, resolve_device
 from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
+from ..ops.numerical import MATMUL_PRECISION
 from ..lowering.step import StepBuilder, build_lowering
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ class Program:
         self._next_reason = "first call"
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
+        self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (Session._run_plan)
         self._step_hot = None  # (jit_step, its executable, input names, array type): `step`'s hot path
         check_sizes(bound)
         self.driver = None
@@ -88,19 +89,10 @@ class Program:
             check_given_inputs(self.bound, key, self.zero_missing_inputs)
             self._given_ok.add(key)
 
-    @contextlib.contextmanager
-    def scope(self):
-        from ..ops.numerical import MATMUL_PRECISION
-        token = MATMUL_PRECISION.set(self.precision)
-        try:
-            with jax.enable_x64(True):
-                if self.device is not None:
-                    with jax.default_device(self.device):
-                        yield
-                else:
-                    yield
-        finally:
-            MATMUL_PRECISION.reset(token)
+    def scope(self) -> "_Scope":
+        """The context every trace and dispatch of this program runs in: 64-bit types on, the
+        program's matmul precision and device (a plain class: entered on hot paths)."""
+        return _Scope(self)
 
     def _host_consts(self) -> dict:
         """Every constant (packed types packed), prefix-table family and non-uniform initial value."""
@@ -579,3 +571,41 @@ class Program:
             if kind == "optimized-hlo":
                 return lowered.compile().as_text()
         raise OiError(f"unknown --emit kind {kind}")
+
+
+class _Scope:
+    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the default device."""
+    __slots__ = ("program", "token", "x64", "dev")
+
+    def __init__(self, program):
+        self.program = program
+
+    def __enter__(self):
+        prog = self.program
+        self.token = MATMUL_PRECISION.set(prog.precision)
+        self.dev = None
+        try:
+            self.x64 = jax.enable_x64(True)
+            self.x64.__enter__()
+        except BaseException:
+            MATMUL_PRECISION.reset(self.token)
+            raise
+        if prog.device is not None:
+            try:
+                self.dev = jax.default_device(prog.device)
+                self.dev.__enter__()
+            except BaseException:
+                self.dev = None
+                self.__exit__(None, None, None)
+                raise
+
+    def __exit__(self, *exc):
+        try:
+            if self.dev is not None:
+                self.dev.__exit__(*exc)
+        finally:
+            try:
+                self.x64.__exit__(*exc)
+            finally:
+                MATMUL_PRECISION.reset(self.token)
+        return False

@@ -389,6 +389,33 @@ class Session:
 
     # ------------------------------------------------------------------ many steps
 
+    def _run_plan(self, inputs: dict, steps, collect):
+        """(per-step device inputs, fixed device inputs, steps, collect names) of a `run`, every
+        input validated. The outcome of validating device arrays of the declared dtype depends
+        only on their names, types, shapes and dtypes, `steps` and `collect`: remembered per
+        signature, so that a decode loop calling `run` again checks nothing twice (a hot path)."""
+        prog = self.program
+        try:
+            key = (tuple((k, type(v), v.shape, v.dtype) for k, v in inputs.items()), steps,
+                   (collect,) if isinstance(collect, str) else tuple(collect))
+            plan = prog.run_plans.get(key)
+        except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no plan
+            key = plan = None
+        if plan is not None:
+            per_names, steps, collect = plan
+            return ({k: inputs[k] for k in per_names}, {k: v for k, v in inputs.items() if k not in per_names},
+                    steps, collect)
+        per_step, fixed, steps = self._split_inputs(inputs, steps)
+        collect = self._collect_names(collect)
+        per_dev = self._inputs(per_step, steps=np.shape(next(iter(per_step.values())))[0]) if per_step else {}
+        fixed_dev = self._inputs(fixed)
+        prog.check_given(inputs)
+        if key is not None and all(v is per_dev.get(k, fixed_dev.get(k)) for k, v in inputs.items()):
+            if len(prog.run_plans) >= 64:
+                prog.run_plans.clear()
+            prog.run_plans[key] = (tuple(per_dev), steps, collect)  # nothing converted: reusable
+        return per_dev, fixed_dev, steps, collect
+
     def _split_inputs(self, inputs: dict, steps):
         """(per_step {name: [N, ...]}, fixed {name: value}, N)."""
         prog = self.program
@@ -452,12 +479,7 @@ class Session:
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        per_step, fixed, steps = self._split_inputs(inputs, steps)
-        collect = self._collect_names(collect)
-        per_dev = {k: v for k, v in self._inputs(per_step, steps=np.shape(next(iter(per_step.values())))[0]).items()} \
-            if per_step else {}
-        fixed_dev = self._inputs(fixed)
-        prog.check_given(inputs)
+        per_dev, fixed_dev, steps, collect = self._run_plan(inputs, steps, collect)
         pieces: dict = {k: [] for k in collect}
         with prog.scope():
             fixed_dev = {k: v for k, v in prog.dynamic_args(fixed_dev).items() if k not in per_dev}
@@ -478,12 +500,11 @@ class Session:
                 t0 = time.perf_counter()
                 self._state, out, stacked, status = prog.step_kernels.multi(
                     prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps)
-                status = np.asarray(status)
-                applied = int(status[2])
+                status = np.asarray(status).tolist()  # (err, errval, applied, grow...): Python ints
+                applied = status[2]
                 if applied:
                     pace = prog.step_kernels.pace = (time.perf_counter() - t0) / applied
                     chunk = steps_per_call(pace)
-                if applied:
                     last = out
                     for k in collect:
                         pieces[k].append(stacked[k][base:base + applied])
@@ -491,9 +512,9 @@ class Session:
                 self.steps += applied
                 if status[0]:
                     self._set_values(last, per_dev, fixed_dev, base)
-                    self._raise_if_failed(np.concatenate([status[:2], status[3:]]), self.steps)
-                if (status[3:] > 0).any():  # (err, errval, grow...) of the undone step: grow
-                    self._state = prog.grow(self._state, np.concatenate([status[:2], status[3:]]))
+                    self._raise_if_failed(status[:2] + status[3:], self.steps)
+                if any(g > 0 for g in status[3:]):  # (err, errval, grow...) of the undone step: grow
+                    self._state = prog.grow(self._state, np.asarray(status[:2] + status[3:], np.int64))
                 if progress is not None:
                     progress(base)
             self._set_values(last, per_dev, fixed_dev, base)
