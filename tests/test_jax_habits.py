@@ -95,6 +95,8 @@ def test_dump_dir_holds_every_kernel_of_the_driver(tmp_path, capsys):
         "kernel.entry.phase2.stablehlo.mlir", "kernel.reader.phase0.stablehlo.mlir",
         "kernel.writer.phase0.stablehlo.mlir", "x.mlir"])
     assert f'"{SP}":' in (tmp_path / "kernel.writer.phase0.stablehlo.mlir").read_text()
+    # the fused loop as a run executes it: int32 step counts while every index fits
+    assert 'tensor<i32> loc("n")' in (tmp_path / "kernel.fused_steps.stablehlo.mlir").read_text()
 
 
 def test_version_and_help_on_every_flag(capsys):

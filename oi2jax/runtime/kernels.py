@@ -149,13 +149,18 @@ class StepKernels:
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
               total: int = 0):
         """Up to `n` steps from global step `base`; `total`: length of the collected stacks."""
+        return self.multi_jit(*self.multi_args(consts, state, per_step, fixed, base, n, collect, total))
+
+    def multi_args(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
+                   total: int = 0) -> tuple:
+        """`multi_jit`'s arguments (also what `--dump-dir` lowers: the kernel a run executes)."""
         # the loop counts and indexes in int32 while every index fits (fewer bytes per iteration:
         # XLA:CPU runs a while loop that touches under 1 KiB per iteration as one compiled
         # function instead of one dispatch per fusion); int64 beyond (another trace)
         longest = max([v.shape[0] for v in per_step.values()] + [int(total) if collect else 0, base + n])
         index = np.int32 if longest < 2**31 else np.int64
-        return self.multi_jit(consts, state, per_step, fixed, self._scalar(index, base), self._scalar(index, n),
-                              tuple(collect), int(total) if collect else 0)
+        return (consts, state, per_step, fixed, self._scalar(index, base), self._scalar(index, n),
+                tuple(collect), int(total) if collect else 0)
 
     def _scalar(self, index, value: int):
         """`base` / `n` as a device scalar kept for reuse (a host scalar is put on the device at

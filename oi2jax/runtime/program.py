@@ -6,13 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import threading
-import json
 import math
 import time
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import dtypes as dt
@@ -20,7 +18,6 @@ from .. import ir
 from ..diagnostics import OiError
 from ..values import check_given_inputs, convert_input, convert_output
 from ..lowering import caches as cache_mod
-from ..lowering import locations
 from .kernels import StepKernels
 from .placement import Placer, resolve_device
 from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
@@ -508,70 +505,18 @@ class Program:
         result.update(self.export_state(state))
         return result
 
-    # ------------------------------------------------------------------ inspection
-
-    def dump(self, directory) -> list[str]:
-        """Write into `directory` the step program in every --emit form, each block's kernel and
-        every kernel a run executes (the session step, the fused multi-step loop; the driver
-        adds its per-phase and per-consumer kernels), StableHLO with `.oi` locations. Files are
-        written atomically."""
-        from pathlib import Path
-        from ..npz import write_text_atomic
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-
-        def write(name: str, text: str):
-            path = out / name
-            write_text_atomic(path, text)
-            written.append(str(path))
-
-        for kind, suffix in (("jaxpr", "jaxpr.txt"), ("stablehlo", "stablehlo.mlir"), ("hlo", "hlo.txt"),
-                             ("optimized-hlo", "optimized-hlo.txt")):
-            write(f"step.{suffix}", self.emit(kind))
-        with self.scope():
-            state = self.init_state()
-            dynamic = self.dynamic_args({})
-            env = self.builder.start_env(self.consts, self.state_spec.to_env(state), dynamic)
-            for block in self.graph.blocks:
-                kernel = jax.jit(self.builder.block_kernel(block.name))
-                write(f"block.{block.name}.stablehlo.mlir", self._located(kernel.lower(self.consts, env)))
-            for name, lowered in self.run_kernels(state, dynamic):
-                write(f"{name}.stablehlo.mlir", self._located(lowered))
-        return written
-
-    def _located(self, lowered) -> str:
-        return locations.stablehlo(lowered.as_text(debug_info=True), self.graph)
-
-    def run_kernels(self, state, dynamic):
-        """(file stem, Lowered) of every kernel a run of this program executes."""
-        k = self.step_kernels
-        yield "kernel.session_step", k.single.lower(self.consts, (state.vars, state.caches), state.guards.flags,
-                                                    dynamic)
-        yield "kernel.fused_steps", k.multi_jit.lower(self.consts, state, {}, dynamic, jnp.int64(0), jnp.int64(1),
-                                                      (), 0)
-        if self.driver is not None:
-            yield from self.driver.lowered_kernels(state, dynamic)
+    # ------------------------------------------------------------------ inspection (runtime/emit.py)
 
     def emit(self, kind: str = "stablehlo") -> str:
         """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
-        if kind == "graph-json":
-            from ..graph_json import to_json
-            return json.dumps(to_json(self.graph), indent=2)
-        with self.scope():
-            state = self.init_state()
-            dynamic = self.dynamic_args({})
-            if kind == "jaxpr":
-                return str(jax.make_jaxpr(self.builder)(self.consts, self.state_spec.to_env(state), dynamic))
-            lowered = self.jit_step.lower(self.consts, state, dynamic)
-            if kind == "stablehlo":  # named scopes (entry/3:matmul) with the node's .oi file:line:col
-                return locations.stablehlo(lowered.as_text(debug_info=True), self.graph)
-            if kind == "hlo":
-                return locations.hlo(lowered.as_text(dialect="hlo", debug_info=True), self.graph)
-            if kind == "optimized-hlo":
-                return lowered.compile().as_text()
-        raise OiError(f"unknown --emit kind {kind}")
+        from .emit import emit
+        return emit(self, kind)
 
+    def dump(self, directory) -> list[str]:
+        """Write into `directory` the step in every --emit form and every kernel a run executes
+        (runtime/emit.py); returns the paths written."""
+        from .emit import dump
+        return dump(self, directory)
 
 class _Scope:
     """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the default device."""

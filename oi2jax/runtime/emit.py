@@ -1,0 +1,75 @@
+"""What a program shows of itself: `--emit` texts of the step (jaxpr, StableHLO and HLO with
+`.oi` locations, optimized HLO, graph JSON) and `--dump-dir`, every kernel a run executes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+
+from ..diagnostics import OiError
+from ..lowering import locations
+
+
+def emit(program, kind: str = "stablehlo") -> str:
+    """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
+    if kind == "graph-json":
+        from ..graph_json import to_json
+        return json.dumps(to_json(program.graph), indent=2)
+    with program.scope():
+        state = program.init_state()
+        dynamic = program.dynamic_args({})
+        if kind == "jaxpr":
+            return str(jax.make_jaxpr(program.builder)(program.consts, program.state_spec.to_env(state), dynamic))
+        lowered = program.jit_step.lower(program.consts, state, dynamic)
+        if kind == "stablehlo":  # named scopes (entry/3:matmul) with the node's .oi file:line:col
+            return _located(program, lowered)
+        if kind == "hlo":
+            return locations.hlo(lowered.as_text(dialect="hlo", debug_info=True), program.graph)
+        if kind == "optimized-hlo":
+            return lowered.compile().as_text()
+    raise OiError(f"unknown --emit kind {kind}")
+
+
+def dump(program, directory) -> list[str]:
+    """Write into `directory` the step program in every --emit form, each block's kernel and
+    every kernel a run executes (the session step, the fused multi-step loop; the driver adds
+    its per-phase and per-consumer kernels), StableHLO with `.oi` locations. Files are written
+    atomically; returns their paths."""
+    from ..npz import write_text_atomic
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def write(name: str, text: str):
+        path = out / name
+        write_text_atomic(path, text)
+        written.append(str(path))
+
+    for kind, suffix in (("jaxpr", "jaxpr.txt"), ("stablehlo", "stablehlo.mlir"), ("hlo", "hlo.txt"),
+                         ("optimized-hlo", "optimized-hlo.txt")):
+        write(f"step.{suffix}", emit(program, kind))
+    with program.scope():
+        state = program.init_state()
+        dynamic = program.dynamic_args({})
+        env = program.builder.start_env(program.consts, program.state_spec.to_env(state), dynamic)
+        for block in program.graph.blocks:
+            kernel = jax.jit(program.builder.block_kernel(block.name))
+            write(f"block.{block.name}.stablehlo.mlir", _located(program, kernel.lower(program.consts, env)))
+        for name, lowered in run_kernels(program, state, dynamic):
+            write(f"{name}.stablehlo.mlir", _located(program, lowered))
+    return written
+
+
+def run_kernels(program, state, dynamic):
+    """(file stem, Lowered) of every kernel a run of this program executes."""
+    k = program.step_kernels
+    yield "kernel.session_step", k.single.lower(program.consts, (state.vars, state.caches), state.guards.flags,
+                                                dynamic)
+    yield "kernel.fused_steps", k.multi_jit.lower(*k.multi_args(program.consts, state, {}, dynamic, 0, 1))
+    if program.driver is not None:
+        yield from program.driver.lowered_kernels(state, dynamic)
+
+
+def _located(program, lowered) -> str:
+    return locations.stablehlo(lowered.as_text(debug_info=True), program.graph)
