@@ -139,9 +139,16 @@ def test_growth_is_transparent_under_session_step(grow_prog):
     assert grow_prog.compiles - before <= 7
 
 
-def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error():
+@pytest.mark.parametrize("placed", [False, True], ids=["host", "device"])
+def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
+    """Host inputs take the jitted loop; device inputs a validated plan and the loop compiled
+    ahead of time for it (recompiled after the growth): the same values either way."""
     prog = oi2jax.compile(GROW_AND_FAIL_SOURCE, sizes={"D": D})
     xs = tokens(12, D, seed=2)
+    if placed:
+        import jax
+        with prog.scope():
+            xs = jax.device_put(xs)
     one = prog.session()
     for k in range(5):
         one.step(x=xs[k])  # step 5 grows A (capacity 4 -> 8)
@@ -164,6 +171,38 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error():
         np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
     np.testing.assert_array_equal(fused.read("A"), xs)
     np.testing.assert_array_equal(fused.read("F"), xs[:5])
+    compiled = [p for p in prog.run_plans.values() if p.exes(prog.step_kernels)]
+    assert bool(compiled) == placed
+
+
+def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv, monkeypatch):
+    """A plan's loop compiled ahead of time that refuses its arguments (placed unlike them) is
+    dropped for the jitted loop: the same values, and the run is not lost."""
+    import jax
+    d = kv.bound.shape("q")[0]
+    qs = tokens(3, d, seed=9)
+    with kv.scope():
+        dev = jax.device_put(qs)
+    first = kv.session().run({"q": dev}, collect="k_hist")
+    plan = next(p for p in kv.run_plans.values() if p.exes(kv.step_kernels))
+    exes = plan.exes(kv.step_kernels)
+
+    class Refuses:
+        calls = 0
+
+        def __call__(self, *args):
+            Refuses.calls += 1
+            raise TypeError("placed elsewhere")
+
+    for index in exes:
+        exes[index] = Refuses()
+    second = kv.session().run({"q": dev}, collect="k_hist")
+    assert Refuses.calls == 1 and all(e is False for e in exes.values())
+    third = kv.session().run({"q": dev}, collect="k_hist")
+    assert Refuses.calls == 1
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+        np.testing.assert_array_equal(first[name], third[name], err_msg=name)
 
 
 def test_fused_run_equals_steps_and_collects(kv):

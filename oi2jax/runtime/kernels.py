@@ -147,9 +147,23 @@ class StepKernels:
         self._scalars: dict = {}  # (index type, value) -> device scalar (`multi`'s base and n)
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
-              total: int = 0):
-        """Up to `n` steps from global step `base`; `total`: length of the collected stacks."""
-        return self.multi_jit(*self.multi_args(consts, state, per_step, fixed, base, n, collect, total))
+              total: int = 0, exes: dict | None = None):
+        """Up to `n` steps from global step `base`; `total`: length of the collected stacks.
+        `exes`: the loops compiled ahead of time for one validated signature of arguments (a
+        `Session.run` plan), by index type: called without the jit's dispatch (a hot path)."""
+        args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total)
+        if exes is None:
+            return self.multi_jit(*args)
+        index = args[4].dtype
+        exe = exes.get(index)
+        if exe is None:
+            exe = exes[index] = self.multi_jit.lower(*args).compile()
+        if exe is not False:
+            try:
+                return exe(*args[:6])
+            except (TypeError, ValueError):  # placed unlike the executable: the jit from now on
+                exes[index] = False
+        return self.multi_jit(*args)
 
     def multi_args(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
                    total: int = 0) -> tuple:

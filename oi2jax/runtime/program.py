@@ -60,6 +60,9 @@ class Program:
         self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (Session._run_plan)
         self._step_hot = None  # (jit_step, its executable, input names, array type): `step`'s hot path
         check_sizes(bound)
+        # (declaration, dtype) of every variable a result holds (the `--out` layout), in order
+        self.result_vars = tuple((d, d.dtype) for d in self.graph.vars
+                                 if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
         self.driver = None
         if driver is not None:
             from .driver import Driver
@@ -467,10 +470,18 @@ class Program:
         return host
 
     def export_state(self, state: StepState) -> dict:
-        """Every persistent variable's user-visible value (widened like `--out`)."""
-        host = self.host_state(state)
-        return {name: convert_output(cache_mod.export(layout, host), layout.dtype)
-                for name, layout in self.lowering.caches.items()}
+        """Every persistent variable's user-visible value (widened like `--out`). Fetches only
+        the buffers the values need (not the guards, not `present`): the end of every `run`."""
+        fetch, out = self.to_host, {}
+        for name, layout in self.lowering.caches.items():
+            if layout.kind == "plain":
+                host = {name: fetch(state.vars[name])}
+            else:
+                cache = state.caches[name]
+                host = {name: fetch(cache.data),
+                        layout.size_key(): layout.fixed_sizes() if cache.size is None else fetch(cache.size)}
+            out[name] = convert_output(cache_mod.export(layout, host), layout.dtype)
+        return out
 
     def import_state(self, values: dict, source: str = "state") -> StepState:
         """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);

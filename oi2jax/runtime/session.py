@@ -166,16 +166,24 @@ class Session:
         return convert_output(prog.to_host(value), prog.bound.dtype(name))
 
     def values(self) -> dict:
-        """Every dynamic, volatile and persistent variable (the `--out` layout)."""
+        """Every dynamic, volatile and persistent variable (the `--out` layout). The end of
+        every `run`: kept to one host fetch and one widening per variable."""
         self.check()
         prog = self.program
         persistent = prog.export_state(self._state)  # one host transfer of the state
         out = {}
         values = self._values
-        for decl in prog.graph.vars:
-            if decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
+        fetch, shaped = prog.to_host, prog.shaped
+        for decl, dtype in prog.result_vars:
+            name = decl.name
+            if name in persistent:
+                out[name] = persistent[name]
                 continue
-            out[decl.name] = persistent[decl.name] if decl.name in persistent else self._current(decl, values)
+            value = values.get(name)
+            if value is None or name in shaped:
+                out[name] = self._current(decl, values)
+            else:
+                out[name] = convert_output(fetch(value), dtype)
         return out
 
     def save(self, path) -> None:
@@ -389,11 +397,12 @@ class Session:
 
     # ------------------------------------------------------------------ many steps
 
-    def _run_plan(self, inputs: dict, steps, collect):
-        """(per-step device inputs, fixed device inputs, steps, collect names) of a `run`, every
-        input validated. The outcome of validating device arrays of the declared dtype depends
-        only on their names, types, shapes and dtypes, `steps` and `collect`: remembered per
-        signature, so that a decode loop calling `run` again checks nothing twice (a hot path)."""
+    def _run_plan(self, inputs: dict, steps, collect) -> "_RunPlan":
+        """The validated plan of a `run`: which inputs carry a step axis, the steps, the collect
+        names, the defaults of the inputs not given. The outcome of validating device arrays of
+        the declared dtype depends only on their names, types, shapes and dtypes, `steps` and
+        `collect`: remembered per signature (with the loop compiled for it), so that a decode
+        loop calling `run` again checks nothing twice (a hot path)."""
         prog = self.program
         try:
             key = (tuple((k, type(v), v.shape, v.dtype) for k, v in inputs.items()), steps,
@@ -402,19 +411,20 @@ class Session:
         except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no plan
             key = plan = None
         if plan is not None:
-            per_names, steps, collect = plan
-            return ({k: inputs[k] for k in per_names}, {k: v for k, v in inputs.items() if k not in per_names},
-                    steps, collect)
+            return plan
         per_step, fixed, steps = self._split_inputs(inputs, steps)
         collect = self._collect_names(collect)
         per_dev = self._inputs(per_step, steps=np.shape(next(iter(per_step.values())))[0]) if per_step else {}
         fixed_dev = self._inputs(fixed)
         prog.check_given(inputs)
+        plan = _RunPlan(prog, tuple(per_dev), steps, collect)
         if key is not None and all(v is per_dev.get(k, fixed_dev.get(k)) for k, v in inputs.items()):
             if len(prog.run_plans) >= 64:
                 prog.run_plans.clear()
-            prog.run_plans[key] = (tuple(per_dev), steps, collect)  # nothing converted: reusable
-        return per_dev, fixed_dev, steps, collect
+            prog.run_plans[key] = plan  # nothing converted: reusable
+        else:  # converted inputs: this call's own
+            plan = plan.with_values({**per_dev, **fixed_dev})
+        return plan
 
     def _split_inputs(self, inputs: dict, steps):
         """(per_step {name: [N, ...]}, fixed {name: value}, N)."""
@@ -479,10 +489,11 @@ class Session:
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        per_dev, fixed_dev, steps, collect = self._run_plan(inputs, steps, collect)
+        plan = self._run_plan(inputs, steps, collect)
+        steps, collect = plan.steps, plan.collect
+        per_dev, fixed_dev = plan.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
         with prog.scope():
-            fixed_dev = {k: v for k, v in prog.dynamic_args(fixed_dev).items() if k not in per_dev}
             base = 0
             # calls of about CALL_SECONDS each, so that Ctrl-C, progress and growth are never more
             # than a call away; the loop is traced once whatever n. The pace (seconds per step) is
@@ -492,18 +503,21 @@ class Session:
             def steps_per_call(pace):
                 return max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
 
-            pace = prog.step_kernels.pace
+            kernels = prog.step_kernels
+            pace = kernels.pace
             chunk = min(16, limit) if pace is None else steps_per_call(pace)
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
                 t0 = time.perf_counter()
-                self._state, out, stacked, status = prog.step_kernels.multi(
-                    prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps)
+                if kernels is not prog.step_kernels:  # grown: new kernels (and executables)
+                    kernels = prog.step_kernels
+                self._state, out, stacked, status = kernels.multi(
+                    prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps, exes=plan.exes(kernels))
                 status = np.asarray(status).tolist()  # (err, errval, applied, grow...): Python ints
                 applied = status[2]
                 if applied:
-                    pace = prog.step_kernels.pace = (time.perf_counter() - t0) / applied
+                    pace = kernels.pace = (time.perf_counter() - t0) / applied
                     chunk = steps_per_call(pace)
                     last = out
                     for k in collect:
@@ -559,3 +573,41 @@ class Session:
         for k in collect:
             result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
         return result
+
+
+class _RunPlan:
+    """A validated `Session.run` call: the names of the inputs with a step axis, the steps, the
+    collect names, the default of every dynamic variable not given, and the fused loop compiled
+    ahead of time for these arguments (per kernels: a growth rebuilds them). Stored per input
+    signature in `Program.run_plans` when its inputs passed through unconverted."""
+
+    __slots__ = ("per_names", "steps", "collect", "defaults", "values", "_exes")
+
+    def __init__(self, prog, per_names: tuple, steps: int, collect: tuple):
+        self.per_names, self.steps, self.collect = per_names, steps, collect
+        self.defaults = {k: v for k, v in prog.defaults.items() if k not in per_names}
+        self.values = None  # this call's converted inputs (a plan that is not stored)
+        self._exes = (None, {})
+
+    def with_values(self, values: dict) -> "_RunPlan":
+        self.values = values
+        return self
+
+    def arguments(self, inputs: dict) -> tuple[dict, dict]:
+        """(per-step inputs, fixed inputs: the given ones over the defaults) of this call."""
+        given = self.values if self.values is not None else inputs
+        per_names = self.per_names
+        fixed = dict(self.defaults)
+        for k, v in given.items():
+            if k not in per_names:
+                fixed[k] = v
+        return {k: given[k] for k in per_names}, fixed
+
+    def exes(self, kernels) -> dict | None:
+        """The fused loops compiled for this plan on `kernels` (`StepKernels.multi` fills it);
+        None for a plan of converted inputs (one call's own: the jitted loop, no AOT compile)."""
+        if self.values is not None:
+            return None
+        if self._exes[0] is not kernels:
+            self._exes = (kernels, {})
+        return self._exes[1]
