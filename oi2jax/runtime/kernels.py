@@ -101,7 +101,11 @@ class StepKernels:
                 flat, outputs = builder(consts, {**env, **constant}, dyn, extra=extra)
                 return {k: v for k, v in flat.items() if k not in constant}, outputs
 
+            sites = len(program.lowering.error_sites)
             out_shapes = jax.eval_shape(lambda e: one(e, jnp.zeros((), n.dtype))[1], env0)
+            # a step without any runtime guard (none registered while it was traced) cannot
+            # record an error: without growth the loop then runs exactly n steps
+            guarded = len(program.lowering.error_sites) > sites or growable
             last0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
             stacked0 = {k: jnp.zeros((total,) + out_shapes[k].shape, out_shapes[k].dtype) for k in collect}
 
@@ -109,6 +113,8 @@ class StepKernels:
                 # stop after a step that recorded an error or was undone for growth (it asks for
                 # capacity): read from the carried state, no flag of its own to compute and carry
                 i, env, _, _ = carry
+                if not guarded:
+                    return i < n
                 go = (i < n) & (env[ERR] == 0)
                 return go & ~jnp.any(env[GROW] > 0) if growable else go
 
