@@ -635,3 +635,10 @@ def test_steps_without_runtime_guards_read_nothing_back(monkeypatch):
     for name in ("W", "w", "y", "x", "delta"):
         np.testing.assert_array_equal(sess.read(name), ref.read(name), err_msg=name)
     np.testing.assert_allclose(sess.read("W"), deltas.sum(0), rtol=1e-5, atol=1e-5)
+    # the fused loop of a guard-free graph runs exactly n steps and passes the guards through
+    before = ref.state.guards.flags
+    ref.run({"x": xs[:5], "delta": deltas[:5]})
+    assert ref.steps == n + 5
+    np.testing.assert_array_equal(np.asarray(ref.state.guards.flags), np.zeros(2, np.int64))
+    assert before.is_deleted()  # donated to the loop, which returned the same guards
+    np.testing.assert_allclose(ref.read("W"), deltas.sum(0) + deltas[:5].sum(0), rtol=1e-5, atol=1e-5)

@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes as dt
-from ..lowering.state import ERR, GROW, Guards, StepState, status_vector
+from ..lowering.state import ERR, GROW, Guards, StepState
 
 
 SELECT_SKIP_BYTES = 1 << 16
@@ -138,9 +138,12 @@ class StepKernels:
                                                           keepdims=False)
                 elif name in fixed:
                     last[name] = fixed[name]
-            status = status_vector(flat)
-            status = jnp.concatenate([status[:2], i.astype(jnp.int64).reshape(1), status[2:]])
-            return spec.from_env({**flat, **constant}), last, stacked, status
+            new = spec.from_env({**flat, **constant})
+            if not guarded:  # the guards cannot change: passed through (donated, no copy)
+                new = StepState(new.vars, new.caches, state.guards)
+            flags = new.guards.flags
+            status = jnp.concatenate([flags[:2], i.astype(jnp.int64).reshape(1), flags[2:]])
+            return new, last, stacked, status
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self.clean = jax.jit(clean, donate_argnums=(1,))
