@@ -50,6 +50,13 @@ class StepKernels:
 
         extra = builder.all_names  # every variable, so that a session can `read` any of them
 
+        def guarded_trace(trace):
+            """(trace(), whether tracing it registered a runtime guard): every guard registers
+            its site while it is traced; a step that registered none cannot record an error."""
+            sites = len(program.lowering.error_sites)
+            out = trace()
+            return out, len(program.lowering.error_sites) > sites
+
         def begin(consts, user, flags, dynamic):
             """The step's env, and the step as a function of it (shared by both forms)."""
             program.count_trace("session step")
@@ -76,12 +83,9 @@ class StepKernels:
             """`single` for a state known to hold no error (the session read the last step's flags):
             no skip, and the incoming guards are the constant zero."""
             env, run = begin(consts, user, jnp.zeros((2 + spec.n_grow,), jnp.int64), dynamic)
-            sites = len(program.lowering.error_sites)
-            flat, outputs = run(env)
+            (flat, outputs), guarded = guarded_trace(lambda: run(env))
             new = spec.from_env(flat)
-            if len(program.lowering.error_sites) == sites and not growable:
-                # every runtime guard registers its site while it is traced: none here, so the
-                # step cannot record an error and there are no flags to return or read
+            if not guarded and not growable:  # cannot fail: no flags to return or read
                 return new.vars, new.caches, None, outputs
             return new.vars, new.caches, new.guards.flags, outputs
 
@@ -101,11 +105,10 @@ class StepKernels:
                 flat, outputs = builder(consts, {**env, **constant}, dyn, extra=extra)
                 return {k: v for k, v in flat.items() if k not in constant}, outputs
 
-            sites = len(program.lowering.error_sites)
-            out_shapes = jax.eval_shape(lambda e: one(e, jnp.zeros((), n.dtype))[1], env0)
-            # a step without any runtime guard (none registered while it was traced) cannot
-            # record an error: without growth the loop then runs exactly n steps
-            guarded = len(program.lowering.error_sites) > sites or growable
+            out_shapes, guarded = guarded_trace(
+                lambda: jax.eval_shape(lambda e: one(e, jnp.zeros((), n.dtype))[1], env0))
+            # a step that cannot record an error, without growth, runs exactly n times
+            guarded = guarded or growable
             last0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
             stacked0 = {k: jnp.zeros((total,) + out_shapes[k].shape, out_shapes[k].dtype) for k in collect}
 

@@ -60,8 +60,8 @@ class Program:
         self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (Session._run_plan)
         self._step_hot = None  # (jit_step, its executable, input names, array type): `step`'s hot path
         check_sizes(bound)
-        # (declaration, dtype) of every variable a result holds (the `--out` layout), in order
-        self.result_vars = tuple((d, d.dtype) for d in self.graph.vars
+        # every variable a result holds (the `--out` layout), in order
+        self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
         self.driver = None
         if driver is not None:
@@ -461,9 +461,7 @@ class Program:
         flags = self.to_host(state.guards.flags)
         host = {k: self.to_host(v) for k, v in state.vars.items()}
         for name, cache in state.caches.items():
-            layout = self.lowering.caches[name]
-            host[name] = self.to_host(cache.data)
-            host[layout.size_key()] = layout.fixed_sizes() if cache.size is None else self.to_host(cache.size)
+            host.update(self._cache_host(self.lowering.caches[name], cache))
             if cache.present is not None:
                 host[f"{name}#present"] = self.to_host(cache.present)
         host[ERR], host[ERRVAL], host[GROW] = np.int32(flags[0]), np.int64(flags[1]), flags[2:]
@@ -472,16 +470,18 @@ class Program:
     def export_state(self, state: StepState) -> dict:
         """Every persistent variable's user-visible value (widened like `--out`). Fetches only
         the buffers the values need (not the guards, not `present`): the end of every `run`."""
-        fetch, out = self.to_host, {}
+        out = {}
         for name, layout in self.lowering.caches.items():
-            if layout.kind == "plain":
-                host = {name: fetch(state.vars[name])}
-            else:
-                cache = state.caches[name]
-                host = {name: fetch(cache.data),
-                        layout.size_key(): layout.fixed_sizes() if cache.size is None else fetch(cache.size)}
+            host = {name: self.to_host(state.vars[name])} if layout.kind == "plain" else \
+                self._cache_host(layout, state.caches[name])
             out[name] = convert_output(cache_mod.export(layout, host), layout.dtype)
         return out
+
+    def _cache_host(self, layout, cache) -> dict:
+        """A table's / auto_dim tensor's data and sizes on the host (the sizes of an all-@fixed
+        table are its fixed sizes: no buffer)."""
+        return {layout.name: self.to_host(cache.data),
+                layout.size_key(): layout.fixed_sizes() if cache.size is None else self.to_host(cache.size)}
 
     def import_state(self, values: dict, source: str = "state") -> StepState:
         """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);
@@ -528,6 +528,7 @@ class Program:
         (runtime/emit.py); returns the paths written."""
         from .emit import dump
         return dump(self, directory)
+
 
 class _Scope:
     """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the default device."""

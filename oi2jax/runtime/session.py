@@ -137,7 +137,9 @@ class Session:
         """Raise the runtime error of a step not yet reported, if any."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._raise_if_failed(np.asarray(pending[0]), pending[1])
+            status = np.asarray(pending[0])
+            if status[0]:
+                self._raise_if_failed(status, pending[1])
             self._clean = pending[0]
 
     def read(self, name: str) -> np.ndarray:
@@ -163,7 +165,7 @@ class Session:
             value = prog.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
         else:
             value = prog.trim(name, value, values)  # a runtime-shaped value: its current shape
-        return convert_output(prog.to_host(value), prog.bound.dtype(name))
+        return convert_output(prog.to_host(value), decl.dtype)
 
     def values(self) -> dict:
         """Every dynamic, volatile and persistent variable (the `--out` layout). The end of
@@ -173,17 +175,9 @@ class Session:
         persistent = prog.export_state(self._state)  # one host transfer of the state
         out = {}
         values = self._values
-        fetch, shaped = prog.to_host, prog.shaped
-        for decl, dtype in prog.result_vars:
+        for decl in prog.result_vars:
             name = decl.name
-            if name in persistent:
-                out[name] = persistent[name]
-                continue
-            value = values.get(name)
-            if value is None or name in shaped:
-                out[name] = self._current(decl, values)
-            else:
-                out[name] = convert_output(fetch(value), dtype)
+            out[name] = persistent[name] if name in persistent else self._current(decl, values)
         return out
 
     def save(self, path) -> None:
@@ -344,13 +338,8 @@ class Session:
     def _settle_if_done(self) -> None:
         """If the last dispatched step has finished, take its outcome now: raise its error
         (before anything of this call is dispatched), else the state is known clean."""
-        pending = self._pending
-        if outcome_ready(pending[0]):
-            self._pending = None
-            status = np.asarray(pending[0])
-            if status[0]:
-                self._raise_if_failed(status, pending[1])
-            self._clean = pending[0]
+        if outcome_ready(self._pending[0]):
+            self.check()
 
     def _compile_fast(self, full: dict, clean: bool):
         """The session kernel compiled ahead of time for this signature (no JAX config to enter
@@ -417,14 +406,14 @@ class Session:
         per_dev = self._inputs(per_step, steps=np.shape(next(iter(per_step.values())))[0]) if per_step else {}
         fixed_dev = self._inputs(fixed)
         prog.check_given(inputs)
-        plan = _RunPlan(prog, tuple(per_dev), steps, collect)
         if key is not None and all(v is per_dev.get(k, fixed_dev.get(k)) for k, v in inputs.items()):
+            plan = _RunPlan(prog, tuple(per_dev), steps, collect)
             if len(prog.run_plans) >= 64:
                 prog.run_plans.clear()
             prog.run_plans[key] = plan  # nothing converted: reusable
-        else:  # converted inputs: this call's own
-            plan = plan.with_values({**per_dev, **fixed_dev})
-        return plan
+            return plan
+        # converted inputs: a plan of this call's own
+        return _RunPlan(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev})
 
     def _split_inputs(self, inputs: dict, steps):
         """(per_step {name: [N, ...]}, fixed {name: value}, N)."""
@@ -503,15 +492,13 @@ class Session:
             def steps_per_call(pace):
                 return max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
 
-            kernels = prog.step_kernels
-            pace = kernels.pace
+            pace = prog.step_kernels.pace
             chunk = min(16, limit) if pace is None else steps_per_call(pace)
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
                 t0 = time.perf_counter()
-                if kernels is not prog.step_kernels:  # grown: new kernels (and executables)
-                    kernels = prog.step_kernels
+                kernels = prog.step_kernels  # new ones after a growth (and new executables)
                 self._state, out, stacked, status = kernels.multi(
                     prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps, exes=plan.exes(kernels))
                 status = np.asarray(status).tolist()  # (err, errval, applied, grow...): Python ints
@@ -583,15 +570,11 @@ class _RunPlan:
 
     __slots__ = ("per_names", "steps", "collect", "defaults", "values", "_exes")
 
-    def __init__(self, prog, per_names: tuple, steps: int, collect: tuple):
+    def __init__(self, prog, per_names: tuple, steps: int, collect: tuple, values: dict | None = None):
         self.per_names, self.steps, self.collect = per_names, steps, collect
         self.defaults = {k: v for k, v in prog.defaults.items() if k not in per_names}
-        self.values = None  # this call's converted inputs (a plan that is not stored)
+        self.values = values  # this call's converted inputs (a plan that is not stored), else None
         self._exes = (None, {})
-
-    def with_values(self, values: dict) -> "_RunPlan":
-        self.values = values
-        return self
 
     def arguments(self, inputs: dict) -> tuple[dict, dict]:
         """(per-step inputs, fixed inputs: the given ones over the defaults) of this call."""
