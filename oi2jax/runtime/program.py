@@ -57,7 +57,7 @@ class Program:
         self._next_reason = "first call"
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
-        self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (Session._run_plan)
+        self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (runtime/runplan.py)
         self._step_hot = None  # (jit_step, its executable, input names, array type): `step`'s hot path
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order

@@ -34,6 +34,7 @@ from .. import ir
 from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
 from ..values import convert_output
+from .runplan import collect_names, plan_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
@@ -386,86 +387,6 @@ class Session:
 
     # ------------------------------------------------------------------ many steps
 
-    def _run_plan(self, inputs: dict, steps, collect) -> "_RunPlan":
-        """The validated plan of a `run`: which inputs carry a step axis, the steps, the collect
-        names, the defaults of the inputs not given. The outcome of validating device arrays of
-        the declared dtype depends only on their names, types, shapes and dtypes, `steps` and
-        `collect`: remembered per signature (with the loop compiled for it), so that a decode
-        loop calling `run` again checks nothing twice (a hot path)."""
-        prog = self.program
-        try:
-            key = (tuple((k, type(v), v.shape, v.dtype) for k, v in inputs.items()), steps,
-                   (collect,) if isinstance(collect, str) else tuple(collect))
-            plan = prog.run_plans.get(key)
-        except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no plan
-            key = plan = None
-        if plan is not None:
-            return plan
-        per_step, fixed, steps = self._split_inputs(inputs, steps)
-        collect = self._collect_names(collect)
-        per_dev = self._inputs(per_step, steps=np.shape(next(iter(per_step.values())))[0]) if per_step else {}
-        fixed_dev = self._inputs(fixed)
-        prog.check_given(inputs)
-        if key is not None and all(v is per_dev.get(k, fixed_dev.get(k)) for k, v in inputs.items()):
-            plan = _RunPlan(prog, tuple(per_dev), steps, collect)
-            if len(prog.run_plans) >= 64:
-                prog.run_plans.clear()
-            prog.run_plans[key] = plan  # nothing converted: reusable
-            return plan
-        # converted inputs: a plan of this call's own
-        return _RunPlan(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev})
-
-    def _split_inputs(self, inputs: dict, steps):
-        """(per_step {name: [N, ...]}, fixed {name: value}, N)."""
-        prog = self.program
-        per_step, fixed, lengths = {}, {}, {}
-        for name, value in inputs.items():
-            if name not in prog.defaults:
-                raise prog.unknown_input(name)
-            shape = tuple(prog.bound.shape(name))
-            vshape = tuple(np.shape(value))
-            if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
-                per_step[name] = value
-                lengths[name] = vshape[0]
-            elif vshape == shape:
-                fixed[name] = value
-            else:
-                raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
-                              f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
-        if len(set(lengths.values())) > 1:
-            raise OiError("per-step inputs disagree on the number of steps: " +
-                          ", ".join(f"{k} has {v}" for k, v in lengths.items()))
-        n = next(iter(lengths.values())) if lengths else None
-        if steps is None:
-            steps = n if n is not None else 1
-        steps = int(steps)
-        if steps < 0:
-            raise OiError(f"steps must be >= 0, got {steps}")
-        if n is not None and steps > n:
-            raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
-                          f"({', '.join(lengths)})")
-        return per_step, fixed, steps
-
-    def _collect_names(self, collect) -> tuple:
-        prog = self.program
-        if isinstance(collect, str):
-            collect = (collect,)
-        names = []
-        for name in collect:
-            decl = prog.graph.var(name)
-            if decl is None or decl.kind == ir.MemKind.CONSTANT:
-                known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
-                raise OiError(f"collect: unknown variable {name}{suggest(name, known)} "
-                              f"(variables: {', '.join(known) or '(none)'})")
-            if name in prog.shaped:
-                raise OiError(f"collect: {name} takes the current shape of @auto_dim tensor {prog.shaped[name]}, "
-                              f"which changes from step to step; read it after each step (session.step)")
-            if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
-                raise OiError(f"collect: {name} is a cache table / auto_dim tensor, whose shape changes from "
-                              f"step to step; cache.read it into a volatile and collect that")
-            names.append(name)
-        return tuple(dict.fromkeys(names))
-
     def run(self, inputs: dict | None = None, steps: int | None = None, collect=(), progress=None) -> dict:
         """Run N steps as ONE compiled loop (`lax.while_loop`, state donated).
 
@@ -478,7 +399,7 @@ class Session:
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        plan = self._run_plan(inputs, steps, collect)
+        plan = plan_run(prog, inputs, steps, collect, self._inputs)
         steps, collect = plan.steps, plan.collect
         per_dev, fixed_dev = plan.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
@@ -542,8 +463,8 @@ class Session:
         self.check()
         prog = self.program
         prog.check_given(inputs or {})
-        per_step, fixed, steps = self._split_inputs(dict(inputs or {}), steps)
-        collect = self._collect_names(collect)
+        per_step, fixed, steps = split_inputs(prog, dict(inputs or {}), steps)
+        collect = collect_names(prog, collect)
         per_host = {k: prog.convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
         fixed_dev = self._inputs(fixed)
         stacks: dict = {k: [] for k in collect}
@@ -561,36 +482,3 @@ class Session:
             result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
         return result
 
-
-class _RunPlan:
-    """A validated `Session.run` call: the names of the inputs with a step axis, the steps, the
-    collect names, the default of every dynamic variable not given, and the fused loop compiled
-    ahead of time for these arguments (per kernels: a growth rebuilds them). Stored per input
-    signature in `Program.run_plans` when its inputs passed through unconverted."""
-
-    __slots__ = ("per_names", "steps", "collect", "defaults", "values", "_exes")
-
-    def __init__(self, prog, per_names: tuple, steps: int, collect: tuple, values: dict | None = None):
-        self.per_names, self.steps, self.collect = per_names, steps, collect
-        self.defaults = {k: v for k, v in prog.defaults.items() if k not in per_names}
-        self.values = values  # this call's converted inputs (a plan that is not stored), else None
-        self._exes = (None, {})
-
-    def arguments(self, inputs: dict) -> tuple[dict, dict]:
-        """(per-step inputs, fixed inputs: the given ones over the defaults) of this call."""
-        given = self.values if self.values is not None else inputs
-        per_names = self.per_names
-        fixed = dict(self.defaults)
-        for k, v in given.items():
-            if k not in per_names:
-                fixed[k] = v
-        return {k: given[k] for k in per_names}, fixed
-
-    def exes(self, kernels) -> dict | None:
-        """The fused loops compiled for this plan on `kernels` (`StepKernels.multi` fills it);
-        None for a plan of converted inputs (one call's own: the jitted loop, no AOT compile)."""
-        if self.values is not None:
-            return None
-        if self._exes[0] is not kernels:
-            self._exes = (kernels, {})
-        return self._exes[1]

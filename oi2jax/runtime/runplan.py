@@ -1,0 +1,127 @@
+"""What a fused `Session.run` is asked to do, validated once: which inputs carry a step axis
+`[N, ...]` and which are the same every step, how many steps, which variables to collect, the
+defaults of the inputs not given. Validating device arrays of their declared dtype depends only
+on their names, types, shapes and dtypes, `steps` and `collect`, so such a plan is remembered per
+signature (`Program.run_plans`) together with the fused loop compiled ahead of time for it: a
+decode loop calling `run` again checks nothing twice (a hot path)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ir
+from ..diagnostics import OiError, suggest
+
+MAX_PLANS = 64  # signatures remembered per program (then forgotten all at once)
+
+
+def plan_run(prog, inputs: dict, steps, collect, convert) -> "RunPlan":
+    """The validated plan of `run(inputs, steps, collect)`; `convert(inputs, steps=None)` is the
+    session's input check and conversion (it passes a valid device array through as it is)."""
+    try:
+        key = (tuple((k, type(v), v.shape, v.dtype) for k, v in inputs.items()), steps,
+               (collect,) if isinstance(collect, str) else tuple(collect))
+        plan = prog.run_plans.get(key)
+    except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no plan
+        key = plan = None
+    if plan is not None:
+        return plan
+    per_step, fixed, steps = split_inputs(prog, inputs, steps)
+    collect = collect_names(prog, collect)
+    per_dev = convert(per_step, steps=np.shape(next(iter(per_step.values())))[0]) if per_step else {}
+    fixed_dev = convert(fixed)
+    prog.check_given(inputs)
+    if key is not None and all(v is per_dev.get(k, fixed_dev.get(k)) for k, v in inputs.items()):
+        plan = RunPlan(prog, tuple(per_dev), steps, collect)
+        if len(prog.run_plans) >= MAX_PLANS:
+            prog.run_plans.clear()
+        prog.run_plans[key] = plan  # nothing converted: reusable
+        return plan
+    # converted inputs: a plan of this call's own
+    return RunPlan(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev})
+
+
+def split_inputs(prog, inputs: dict, steps):
+    """(per_step {name: [N, ...]}, fixed {name: value}, N)."""
+    per_step, fixed, lengths = {}, {}, {}
+    for name, value in inputs.items():
+        if name not in prog.defaults:
+            raise prog.unknown_input(name)
+        shape = tuple(prog.bound.shape(name))
+        vshape = tuple(np.shape(value))
+        if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
+            per_step[name] = value
+            lengths[name] = vshape[0]
+        elif vshape == shape:
+            fixed[name] = value
+        else:
+            raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
+                          f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
+    if len(set(lengths.values())) > 1:
+        raise OiError("per-step inputs disagree on the number of steps: " +
+                      ", ".join(f"{k} has {v}" for k, v in lengths.items()))
+    n = next(iter(lengths.values())) if lengths else None
+    if steps is None:
+        steps = n if n is not None else 1
+    steps = int(steps)
+    if steps < 0:
+        raise OiError(f"steps must be >= 0, got {steps}")
+    if n is not None and steps > n:
+        raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
+                      f"({', '.join(lengths)})")
+    return per_step, fixed, steps
+
+
+def collect_names(prog, collect) -> tuple:
+    """The variables `collect` names (one name or several), checked: each must keep its shape
+    from step to step."""
+    if isinstance(collect, str):
+        collect = (collect,)
+    names = []
+    for name in collect:
+        decl = prog.graph.var(name)
+        if decl is None or decl.kind == ir.MemKind.CONSTANT:
+            known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
+            raise OiError(f"collect: unknown variable {name}{suggest(name, known)} "
+                          f"(variables: {', '.join(known) or '(none)'})")
+        if name in prog.shaped:
+            raise OiError(f"collect: {name} takes the current shape of @auto_dim tensor {prog.shaped[name]}, "
+                          f"which changes from step to step; read it after each step (session.step)")
+        if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
+            raise OiError(f"collect: {name} is a cache table / auto_dim tensor, whose shape changes from "
+                          f"step to step; cache.read it into a volatile and collect that")
+        names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+class RunPlan:
+    """A validated `Session.run` call: the names of the inputs with a step axis, the steps, the
+    collect names, the default of every dynamic variable not given, and the fused loop compiled
+    ahead of time for these arguments (per kernels: a growth rebuilds them). Stored per input
+    signature in `Program.run_plans` when its inputs passed through unconverted."""
+
+    __slots__ = ("per_names", "steps", "collect", "defaults", "values", "_exes")
+
+    def __init__(self, prog, per_names: tuple, steps: int, collect: tuple, values: dict | None = None):
+        self.per_names, self.steps, self.collect = per_names, steps, collect
+        self.defaults = {k: v for k, v in prog.defaults.items() if k not in per_names}
+        self.values = values  # this call's converted inputs (a plan that is not stored), else None
+        self._exes = (None, {})
+
+    def arguments(self, inputs: dict) -> tuple[dict, dict]:
+        """(per-step inputs, fixed inputs: the given ones over the defaults) of this call."""
+        given = self.values if self.values is not None else inputs
+        per_names = self.per_names
+        fixed = dict(self.defaults)
+        for k, v in given.items():
+            if k not in per_names:
+                fixed[k] = v
+        return {k: given[k] for k in per_names}, fixed
+
+    def exes(self, kernels) -> dict | None:
+        """The fused loops compiled for this plan on `kernels` (`StepKernels.multi` fills it);
+        None for a plan of converted inputs (one call's own: the jitted loop, no AOT compile)."""
+        if self.values is not None:
+            return None
+        if self._exes[0] is not kernels:
+            self._exes = (kernels, {})
+        return self._exes[1]
