@@ -315,6 +315,34 @@ def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):
     np.testing.assert_array_equal(sess.read("K"), np.stack([qs[0], np.full(d, 0.5, np.float32), qs[2], qs[3]]) + zero)
 
 
+def test_hot_step_kernel_with_flat_state_equals_the_jitted_step(kv):
+    """`Session.step`'s hot path calls a kernel whose state is the tuple of its leaves (no
+    pytree of dataclasses to flatten per call). Its results equal the structured jitted
+    `clean` step bit for bit, and the session's state goes between leaves and tree unchanged
+    (a `state` read between hot steps, a session resumed from that StepState)."""
+    import jax
+    from oi2jax.runtime.kernels import FlatStep
+    _, zero, qs, dev, _ = kv_device_tokens(kv, 4, 11)
+    sess = kv.session()
+    sess.step(q=dev[0])
+    sess.step(q=dev[1])  # the second step with the same device inputs: the hot path
+    hot = kv.step_kernels.hot
+    assert isinstance(hot[0], FlatStep) and sess._leaves is not None and sess._user_tree is None
+    mid = sess.state  # the tree, made from the leaves
+    np.testing.assert_array_equal(np.asarray(mid.caches["K"].data)[:2], qs[:2] + zero)
+    with kv.scope():
+        user = jax.tree.map(lambda a: a.copy(), (mid.vars, mid.caches))
+        want = kv.step_kernels.clean(kv.consts, user, {"q": dev[2]})
+    sess.step(q=dev[2])
+    got = sess.state
+    for a, b in zip(jax.tree.leaves((want[0], want[1], want[2])), jax.tree.leaves((got.vars, got.caches, got.guards.flags))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    resumed = kv.session(state=got)
+    resumed.step(q=dev[3])
+    np.testing.assert_array_equal(resumed.read("K"), qs + zero)
+    assert int(resumed.read("t")) == 4
+
+
 def test_fused_runs_with_device_inputs_reuse_their_checks(kv):
     """`Session.run` remembers the validation of device inputs per signature (names, types,
     shapes, dtypes, steps, collect): a later run with the same signature checks nothing again

@@ -56,6 +56,7 @@ class Session:
         self._fast: dict = {}  # input name -> (shape, dtype, type) accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._n_dynamic = len(program.defaults)
+        self._user_tree = self._leaves = self._user_def = None  # see _user
         self._shaped = bool(program.shaped)
         # the yield/await driver runs a session's steps only where it places consumers on other
         # devices; otherwise the fused kernels run them (same results, one kernel per step)
@@ -75,6 +76,24 @@ class Session:
         self._clean = None if isinstance(state, StepState) else self._flags
 
     # ------------------------------------------------------------------ state in / out
+
+    # The user state (vars, caches) is held as a tree or as its leaves (what `Session.step`'s
+    # flat kernel takes and returns), each made from the other on demand.
+    @property
+    def _user(self):
+        if self._user_tree is None:
+            self._user_tree = self._user_def.unflatten(self._leaves)
+        return self._user_tree
+
+    @_user.setter
+    def _user(self, user) -> None:
+        self._user_tree, self._leaves = user, None
+
+    def _user_leaves(self) -> tuple:
+        if self._leaves is None:
+            leaves, self._user_def = jax.tree.flatten(self._user_tree)
+            self._leaves = tuple(leaves)
+        return self._leaves
 
     @property
     def _state(self):
@@ -254,8 +273,7 @@ class Session:
         """Run one step with these inputs (host or device arrays; a dynamic variable not given
         keeps its default). Returns the step's outputs as device arrays: every volatile and
         every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
-        kernels = self.program.step_kernels
-        hot = kernels.hot
+        hot = self.program.step_kernels.hot
         if hot is not None and len(inputs) == len(hot[1]):
             # the common decode step: the same complete set of device inputs as the last step,
             # the state known clean, the kernel already compiled. The same checks as below, in
@@ -266,22 +284,28 @@ class Session:
                 if type(inputs.get(name)) is not typ:
                     break
             else:
-                if not self._sync:
-                    if self._pending is not None:
-                        self._settle_if_done()
-                    if self._pending is None and self._clean is self._flags:
-                        try:
-                            vars_, caches, flags, outputs = hot[0](self.program.consts, self._user, inputs)
-                        except (TypeError, ValueError):  # placed unlike the executable: the general path
-                            pass
-                        else:
-                            self._user = (vars_, caches)
-                            self.steps += 1
-                            if flags is not None:
-                                self._flags = flags
-                                self._pending = (flags, self.steps)
-                            self._fresh = (inputs, outputs)  # complete inputs: nothing older to flush
-                            return outputs if hot[2] else self._returned(outputs)
+                pending = self._pending
+                if pending is not None and not self._sync and outcome_ready(pending[0]):
+                    self.check()  # the last step is done: its outcome now (raises its error)
+                    pending = None
+                if pending is None and self._clean is self._flags and not self._sync:
+                    flat = hot[0]
+                    leaves = self._leaves
+                    if leaves is None:
+                        leaves = self._user_leaves()
+                    try:
+                        out = flat.exe(self.program.consts, leaves, inputs)
+                    except (TypeError, ValueError):  # placed unlike the executable: the general path
+                        pass
+                    else:
+                        self._leaves, self._user_tree, self._user_def = out[0], None, flat.user_def
+                        self.steps += 1
+                        if flat.has_flags:
+                            self._flags = flags = out[1]
+                            self._pending = (flags, self.steps)
+                        outputs = out[-1]
+                        self._fresh = (inputs, outputs)  # complete inputs: nothing older to flush
+                        return outputs if hot[2] else self._returned(outputs)
         prog = self.program
         dyn = self._inputs(inputs)
         names = tuple(inputs)
@@ -302,10 +326,7 @@ class Session:
         if exe is None:
             exe = exes[1][clean] = self._compile_fast(full, clean)
         try:
-            if clean:
-                vars_, caches, flags, outputs = exe(prog.consts, self._user, full)
-            else:
-                vars_, caches, flags, outputs = exe(prog.consts, self._user, self._flags, full)
+            vars_, caches, flags, outputs = exe(prog.consts, self._user, None if clean else self._flags, full)
         except (TypeError, ValueError):  # arguments placed unlike the executable's: the jit path
             with prog.scope():
                 kernels = prog.step_kernels
@@ -343,10 +364,10 @@ class Session:
             self.check()
 
     def _compile_fast(self, full: dict, clean: bool):
-        """The session kernel compiled ahead of time for this signature (no JAX config to enter
-        per call): `clean` (the state is known to hold no error) or `single` (a step that may
-        follow an unreported error, which it must skip); a growth rebuilds the kernels and so
-        these. Each form is compiled on its first use."""
+        """The session kernel compiled ahead of time for this signature, flat (`FlatStep`: no
+        pytree to flatten nor JAX config to enter per call): `clean` (the state is known to hold
+        no error) or `single` (a step that may follow an unreported error, which it must skip);
+        a growth rebuilds the kernels and so these. Each form is compiled on its first use."""
         prog = self.program
         kernels = prog.step_kernels
         key = (clean,) + tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None))
@@ -354,9 +375,8 @@ class Session:
         exe = kernels.compiled.get(key)
         if exe is None:  # shared by every session of the program (until a growth rebuilds kernels)
             with prog.scope():
-                lowered = kernels.clean.lower(prog.consts, self._user, full) if clean else \
-                    kernels.single.lower(prog.consts, self._user, self._flags, full)
-                exe = kernels.compiled[key] = lowered.compile()
+                exe = kernels.compiled[key] = kernels.flat_step(
+                    clean, prog.consts, self._user, None if clean else self._flags, full)
         return exe
 
     def _returned(self, outputs: dict) -> dict:
