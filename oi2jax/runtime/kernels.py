@@ -152,7 +152,7 @@ class StepKernels:
         self.clean = jax.jit(clean, donate_argnums=(1,))
         self._forms = {True: clean, False: single}
         self.compiled: dict = {}  # (clean?, input signature) -> FlatStep (sessions)
-        # (FlatStep of `clean`, ((input name, type), ...) in its order, all outputs returned?) of
+        # (FlatStep of `clean`, ((input name, type), ...), all outputs returned?) of
         # the last session step whose inputs were complete device arrays: `Session.step`'s hot path
         self.hot = None
         self.pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)

@@ -364,8 +364,8 @@ class Session:
             self.check()
 
     def _compile_fast(self, full: dict, clean: bool):
-        """The session kernel compiled ahead of time for this signature, flat (`FlatStep`: no
-        pytree to flatten nor JAX config to enter per call): `clean` (the state is known to hold
+        """The session kernel compiled ahead of time for this signature, its state flat
+        (`FlatStep`: no JAX config to enter nor state dataclass to flatten per call): `clean` (the state is known to hold
         no error) or `single` (a step that may follow an unreported error, which it must skip);
         a growth rebuilds the kernels and so these. Each form is compiled on its first use."""
         prog = self.program
