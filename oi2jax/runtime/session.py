@@ -274,7 +274,7 @@ class Session:
         keeps its default). Returns the step's outputs as device arrays: every volatile and
         every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
         hot = self.program.step_kernels.hot
-        if hot is not None and len(inputs) == len(hot[1]):
+        if hot is not None and len(inputs) == len(hot[1]) and not self._sync:
             # the common decode step: the same complete set of device inputs as the last step,
             # the state known clean, the kernel already compiled. The same checks as below, in
             # fewer Python operations (a bare jitted call costs a few µs; this adds well under 1).
@@ -284,11 +284,9 @@ class Session:
                 if type(inputs.get(name)) is not typ:
                     break
             else:
-                pending = self._pending
-                if pending is not None and not self._sync and outcome_ready(pending[0]):
-                    self.check()  # the last step is done: its outcome now (raises its error)
-                    pending = None
-                if pending is None and self._clean is self._flags and not self._sync:
+                if self._pending is not None:
+                    self._settle_if_done()
+                if self._pending is None and self._clean is self._flags:
                     flat = hot[0]
                     leaves = self._leaves
                     if leaves is None:
@@ -365,9 +363,10 @@ class Session:
 
     def _compile_fast(self, full: dict, clean: bool):
         """The session kernel compiled ahead of time for this signature, its state flat
-        (`FlatStep`: no JAX config to enter nor state dataclass to flatten per call): `clean` (the state is known to hold
-        no error) or `single` (a step that may follow an unreported error, which it must skip);
-        a growth rebuilds the kernels and so these. Each form is compiled on its first use."""
+        (`FlatStep`: no JAX config to enter nor state dataclass to flatten per call): `clean`
+        (the state is known to hold no error) or `single` (a step that may follow an unreported
+        error, which it must skip); a growth rebuilds the kernels and so these. Each form is
+        compiled on its first use."""
         prog = self.program
         kernels = prog.step_kernels
         key = (clean,) + tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None))
@@ -452,14 +451,15 @@ class Session:
                         pieces[k].append(stacked[k][base:base + applied])
                 base += applied
                 self.steps += applied
+                step_status = status[:2] + status[3:]  # (err, errval, grow...)
                 if status[0]:
-                    self._set_values(last, per_dev, fixed_dev, base)
-                    self._raise_if_failed(status[:2] + status[3:], self.steps)
-                if any(g > 0 for g in status[3:]):  # (err, errval, grow...) of the undone step: grow
-                    self._state = prog.grow(self._state, np.asarray(status[:2] + status[3:], np.int64))
+                    self._set_values(last)
+                    self._raise_if_failed(step_status, self.steps)
+                if any(g > 0 for g in status[3:]):  # the undone step asks for capacity: grow
+                    self._state = prog.grow(self._state, np.asarray(step_status, np.int64))
                 if progress is not None:
                     progress(base)
-            self._set_values(last, per_dev, fixed_dev, base)
+            self._set_values(last)
         self._clean = self._flags  # the last status read said: no error, no growth pending
         result = self.values()
         for k in collect:
@@ -470,9 +470,10 @@ class Session:
                 result[k] = np.zeros((0,) + result[k].shape, result[k].dtype)
         return result
 
-    def _set_values(self, last, per_dev, fixed_dev, applied_total) -> None:
-        """The last applied step's values (the fused loop returns every variable, inputs too)."""
-        if applied_total > 0 and last is not None:
+    def _set_values(self, last) -> None:
+        """The last applied step's values (the fused loop returns every variable, inputs too);
+        `last` is None when no step was applied."""
+        if last is not None:
             self._values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
