@@ -116,8 +116,12 @@ def load_model(model):
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
             yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
             build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest",
-            zero_missing_inputs: bool = False):
+            zero_missing_inputs: bool = False, ops=None):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
+
+    `ops`: op sets besides OpenInfer's 47 ops (docs/ops.md): bundled set names (`"nn"`), `.py` or
+    `.json` op files, module names, entry points of the `oi2jax.ops` group, modules, decorated
+    functions, or an `oi2jax.ops.Registry`.
 
     `mesh` (a `jax.sharding.Mesh`, or 'data=4,model=2') with `shard` ({size variable: mesh axis})
     shards the program over the mesh (runtime/sharding.py, docs/scaling.md).
@@ -136,13 +140,13 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     A run without an input that the graph reads and that has no model tensor or `@init` is an
     error naming it; `zero_missing_inputs=True` asks for OpenInfer's zero-filled default."""
     program = _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement,
-                       cache_dir, build, schedule, precision)
+                       cache_dir, build, schedule, precision, ops)
     program.zero_missing_inputs = bool(zero_missing_inputs)
     return program
 
 
 def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement, cache_dir,
-             build, schedule, precision):
+             build, schedule, precision, ops=None):
     from .runtime.executor import check_build, check_schedule
     from .ops.numerical import PRECISIONS
     if precision not in PRECISIONS:
@@ -156,7 +160,7 @@ def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh
     if yield_mode not in YIELD_MODES:
         raise OiError(f"unknown yield_mode {yield_mode!r} (expected one of {', '.join(YIELD_MODES)})")
     from . import pipeline
-    bound = pipeline.bound(source_or_path, model, sizes)  # load -> check -> bind, shared with export and the CLI
+    bound = pipeline.bound(source_or_path, model, sizes, ops)  # load -> check -> bind, shared with export and the CLI
     graph = bound.graph
     if mode == "interpret":
         if precision != "highest":

@@ -9,6 +9,8 @@ sizes, unknown size names are accepted and shape checks that involve them are sk
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 import re
 
@@ -23,8 +25,9 @@ from .diagnostics import source_lines, Diagnostic, OiError
 from .ir import MemKind
 
 
-def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> list[Diagnostic]:
-    checker = _Checker(graph, model, sizes)
+def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> list[Diagnostic]:
+    """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`)."""
+    checker = _Checker(graph, model, sizes, ops)
     checker.run()
     return sorted(checker.diags, key=_sort_key)
 
@@ -39,6 +42,8 @@ class CheckedGraph:
     graph: ir.Graph
     warnings: tuple[Diagnostic, ...]
     op_sigs: dict  # id(op node) -> OpSig; the graph (held here) keeps the ids valid
+    ops: object  # the op registry the graph was checked against (oi2jax.ops.Registry)
+    runtime_shaped: Mapping[str, str]  # phases.runtime_shaped: variable -> the @auto_dim tensor its shape follows
 
     def op_sig(self, node: ir.Op):
         sig = self.op_sigs.get(id(node))
@@ -46,20 +51,21 @@ class CheckedGraph:
         return sig
 
 
-def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> CheckedGraph:
+def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> CheckedGraph:
     """The checked graph, or `OiError` with every error (THE check of the pipeline)."""
-    checker = _Checker(graph, model, sizes)
+    checker = _Checker(graph, model, sizes, ops)
     checker.run()
     diags = sorted(checker.diags, key=_sort_key)
     errors = [d for d in diags if d.severity == "error"]
     if errors:
         raise OiError(errors, source=graph.source)
-    return CheckedGraph(graph, tuple(diags), dict(checker.op_sigs))
+    return CheckedGraph(graph, tuple(diags), dict(checker.op_sigs), checker.registry,
+                        MappingProxyType(dict(checker.shaped)))
 
 
-def check_or_raise(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> list[Diagnostic]:
+def check_or_raise(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> list[Diagnostic]:
     """Raise `OiError` (all errors) when there are errors; otherwise return the warnings."""
-    return list(check_graph(graph, model, sizes).warnings)
+    return list(check_graph(graph, model, sizes, ops).warnings)
 
 
 def _sort_key(d: Diagnostic):
@@ -71,8 +77,11 @@ def _sort_key(d: Diagnostic):
 class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, RuntimeShapeRules):
     """Checker state, lookups and the node walk; the rule groups are the mixins in `oi2jax.checks`."""
 
-    def __init__(self, graph: ir.Graph, model, sizes):
+    def __init__(self, graph: ir.Graph, model, sizes, registry=None):
+        from .ops.registry import builtin_registry
         self.g = graph
+        self.registry = registry if registry is not None else builtin_registry()
+        self.shaped: dict[str, str] = {}
         self.model = model
         self.strict = model is not None or bool(sizes)
         self.sizes: dict[str, int] = dict(getattr(model, "sizevars", {}) or {}) if model is not None else {}

@@ -70,6 +70,18 @@ def _default_model(graph: str, model: str | None) -> str | None:
     return str(candidate) if candidate.exists() and Path(graph).suffix in (".oi", ".json") else None
 
 
+def _ops(args):
+    """The op registry of `--ops SPEC ...` (docs/ops.md); the built-in ops without it."""
+    from .pipeline import registry
+    return registry(args.ops or None)
+
+
+def _add_ops_flag(p) -> None:
+    p.add_argument("--ops", action="append", metavar="SPEC",
+                   help="load an op set (repeatable): a bundled set (nn), a .py or .json op file, a module, "
+                        "or an installed oi2jax.ops entry point (docs/ops.md)")
+
+
 def _load_graph(path: str):
     from .grammar.parse import parse_file
     if path.endswith(".json"):  # OpenInfer graph JSON (SPEC §8.1)
@@ -83,7 +95,7 @@ def cmd_check(args) -> int:
     from .model import open_model
     graph = _load_graph(args.graph)
     model = open_model(args.model) if args.model else None
-    diagnostics = check(graph, model=model, sizes=_sizes(args.size))
+    diagnostics = check(graph, model=model, sizes=_sizes(args.size), ops=_ops(args))
     for d in diagnostics:
         print(d.render(graph.source), file=sys.stderr)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
@@ -91,6 +103,7 @@ def cmd_check(args) -> int:
 
 def cmd_fmt(args) -> int:
     from .grammar.fmt import format_graph
+    _ops(args)  # an op file that does not load is reported (fmt itself formats any op)
     graph = _load_graph(args.graph)
     text = format_graph(graph)
     if args.check:
@@ -215,7 +228,7 @@ def cmd_run(args) -> int:
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
-                          zero_missing_inputs=args.zero_missing_inputs, **sharding)
+                          zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), **sharding)
     inputs = _load_inputs(args.input)
     if args.inputs_per_step:
         inputs.update(_per_step_inputs(args, program, inputs))
@@ -302,13 +315,14 @@ def cmd_export(args) -> int:
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=_default_model(args.graph, args.model),
-                             sizes=_sizes(args.size), symbolic=symbolic, platforms=platforms):
+                             sizes=_sizes(args.size), symbolic=symbolic, platforms=platforms, ops=_ops(args)):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
 def cmd_graph(args) -> int:
     from .cfg import format_for, render, to_dot
+    _ops(args)  # an op file that does not load is reported
     graph = _load_graph(args.graph)
     sizes = {}
     model = _default_model(args.graph, args.model)
@@ -339,10 +353,11 @@ def cmd_compile(args) -> int:
         import json
         from . import pipeline
         from .graph_json import to_json
-        graph = pipeline.checked(Path(args.graph), _default_model(args.graph, args.model), _sizes(args.size))[0].graph
+        graph = pipeline.checked(Path(args.graph), _default_model(args.graph, args.model), _sizes(args.size),
+                                 _ops(args))[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
-                          device=args.device, precision=args.precision, **_sharding_kwargs(args))
+                          device=args.device, precision=args.precision, ops=_ops(args), **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
@@ -390,12 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
     c.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
     c.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
+    _add_ops_flag(c)
     c.set_defaults(func=cmd_check)
 
     f = sub.add_parser("fmt", help="pretty-print a graph canonically")
     f.add_argument("graph", help="the .oi file")
     f.add_argument("--check", action="store_true", help="exit 1 if the file is not formatted")
     f.add_argument("-i", dest="in_place", action="store_true", help="rewrite the file in place")
+    _add_ops_flag(f)
     f.set_defaults(func=cmd_fmt)
 
     i = sub.add_parser("inspect", help="list a model's size variables, metadata and tensors")
@@ -436,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sharding_flags(r, distributed=True)
     _add_precision_flag(r)
     _add_cache_flag(r)
+    _add_ops_flag(r)
     r.set_defaults(func=cmd_run)
 
     k = sub.add_parser("compile", help="lower a graph and print jaxpr / StableHLO / HLO")
@@ -449,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sharding_flags(k, distributed=False)
     _add_precision_flag(k)
     _add_cache_flag(k)
+    _add_ops_flag(k)
     k.set_defaults(func=cmd_compile)
 
     e = sub.add_parser("export", help="write the step as a serialized jax.export artifact + manifest")
@@ -460,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--symbolic", action="append", metavar="SIZEVAR",
                    help="export with this size variable as a symbolic dimension (repeatable, or B,T)")
     e.add_argument("--platforms", metavar="cpu,cuda,...", help="lowering platforms (default: the current backend)")
+    _add_ops_flag(e)
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("graph", help="draw the control-flow graph (DOT; SVG/PNG with Graphviz)")
@@ -467,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
     g.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     g.add_argument("-o", dest="output", metavar="cfg.svg|cfg.png|cfg.dot", help="default: DOT on stdout")
+    _add_ops_flag(g)
     g.set_defaults(func=cmd_graph)
     return p
 

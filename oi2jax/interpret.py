@@ -98,8 +98,8 @@ class InterpretedProgram(CacheOps):
         assert g.entry is not None, CHECKED
         self._sizes: dict[str, int] = dict(getattr(bound, "sizes", None) or {})
         self._temps = g.temporaries
-        from .phases import runtime_shaped
-        self._shaped = runtime_shaped(g)  # take the current shape of an @auto_dim tensor (§0 item 12)
+        # take the current shape of an @auto_dim tensor (§0 item 12): what the checker computed
+        self._shaped = dict(bound.checked.runtime_shaped)
         self._consumer_cache: dict[tuple, list[str]] = {}
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
@@ -410,14 +410,16 @@ class InterpretedProgram(CacheOps):
                     v, _ = self._scalar(lit.value, st, node, f"attribute {name}")
                     attrs[name] = jnp.asarray(v)
             elif lit.kind == "int_list":
-                attrs[name] = tuple(lit.value)
+                attrs[name] = sig.int_lists[name]  # size names resolved by the checker
             else:
                 attrs[name] = lit.value
         t0 = time.perf_counter_ns()
         try:
-            result = ops.apply(node.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
+            result = ops.apply(sig.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
                                out_dtype=sig.out_dtype, mode=sig.mode)
             result = jax.block_until_ready(result)
+        except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
+            raise self._err(exc.message, node) from None
         except OiError as exc:
             if exc.diagnostics and exc.diagnostics[0].span is None:
                 raise self._err(exc.diagnostics[0].message, node) from None

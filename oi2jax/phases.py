@@ -296,20 +296,6 @@ def has_yield(graph: ir.Graph) -> bool:
     return entry is not None and any(isinstance(n, (ir.Yield, ir.Await)) for n in entry.walk())
 
 
-# ops whose result has the shape of their (runtime-shaped) operand: elementwise, every other
-# operand a scalar or of the same shape (SPEC.md §0 item 12, revised: reads of @auto_dim tensors)
-SHAPE_PRESERVING_CATEGORIES = frozenset({"arithmetic", "bitwise", "casting", "rounding", "comparison", "mutation",
-                                         "statistics"})
-SHAPE_PRESERVING_OPS = frozenset({"relu", "filter", "is_inf", "is_nan", "is_neg"})
-
-
-def takes_runtime_shape(op: str) -> bool:
-    """Whether `op` can take an operand whose shape is only known at run time."""
-    from .ops import REGISTRY
-    spec = REGISTRY.get(op)
-    return spec is not None and (spec.category in SHAPE_PRESERVING_CATEGORIES or op in SHAPE_PRESERVING_OPS)
-
-
 def runtime_shaped(graph: ir.Graph) -> dict[str, str]:
     """THE definition of the runtime-shaped variables (SPEC.md §0 item 12, revised): the
     destination of a `cache.read` of an `@auto_dim` tensor takes the tensor's current shape, and so

@@ -55,13 +55,13 @@ class OpRules:
                                  attr.span)
 
     def check_op(self, node: ir.Op, loops):
-        from .. import ops
         name_span = self.name_span(node.span, "op")
-        if node.op not in ops.REGISTRY:
+        if node.op not in self.registry:
             from ..diagnostics import suggest
-            self.error(f"unsupported op {node.op}{suggest(node.op, ops.REGISTRY)}", name_span)
+            self.error(f"unsupported op {node.op}{suggest(node.op, self.registry)}{self.ops_hint(node.op)}",
+                       name_span)
             return
-        spec = ops.REGISTRY[node.op]
+        spec = self.registry[node.op]
         ok = True
         for ref in node.inputs:
             if not self.check_source(ref, loops, "unknown input variable"):
@@ -80,7 +80,7 @@ class OpRules:
         self.warn_suffix_ranges(node)
         # variable-valued attributes
         for attr in node.attrs:
-            aname = "alpha" if (node.op, attr.name) == ("relu", "negative_slope") else attr.name
+            aname = spec.aliases.get(attr.name, attr.name)
             aspec = spec.attrs.get(aname)
             if attr.value.kind != "var" or aspec is None:
                 continue
@@ -90,7 +90,7 @@ class OpRules:
                     meta = (self.model.metadata or {}).get(var)
                     if meta is None or getattr(meta, "type", None) != "string":
                         self.error(f"unknown attribute string: {var}", attr.span)
-            elif aspec.kind == "scalar":
+            elif aspec.kind in ("scalar", "float", "int", "bool"):
                 if self.model is not None and getattr((self.model.metadata or {}).get(var), "type", None) == "string":
                     continue
                 if not self.known(var):
@@ -99,16 +99,18 @@ class OpRules:
                     self.error(f"attribute {var} must be scalar", attr.span)
         if not ok:
             return
+        from .. import ops
         in_dtypes = [self.dtype(r.name) for r in node.inputs]
         in_shapes = [self.shape(r.name) for r in node.inputs]
         in_names = [r.name if r.indices is None else str(r) for r in node.inputs]
         try:
-            sig = ops.infer(node.op, in_dtypes, in_shapes, node.attr_map, out_name=out, in_names=in_names)
+            sig = ops.infer(node.op, in_dtypes, in_shapes, node.attr_map, out_name=out, in_names=in_names,
+                            registry=self.registry, sizes=self.size_scope())
         except ops.OpTypeError as exc:
             span = name_span
             if exc.attr is not None:
                 for a in node.attrs:
-                    if a.name == exc.attr or (exc.attr == "alpha" and a.name == "negative_slope"):
+                    if a.name == exc.attr or spec.aliases.get(a.name) == exc.attr:
                         span = a.span
             elif exc.input is not None and 0 <= exc.input < len(node.inputs):
                 span = node.inputs[exc.input].span
@@ -130,6 +132,19 @@ class OpRules:
         if sig.out_shape is not None and out_shape is not None and tuple(sig.out_shape) != out_shape:
             self.error(messages.op_output_shape(node.op, out, out_shape, sig.out_shape), node.output_span)
 
+
+    def size_scope(self):
+        """The sizes an op's int-list attribute may name; unknown names are errors only when the
+        sizes are known (a model or --size given), as for declarations."""
+        return _Sizes(self.sizes, strict=self.strict)
+
+    def ops_hint(self, name: str) -> str:
+        """`; it is in the bundled op set nn (--ops nn)` for a known op of a set not loaded."""
+        from ..ops.loading import bundled_set_of
+        found = bundled_set_of(name)
+        if found is None or found in self.registry.sets:
+            return ""
+        return f"; it is in the bundled op set {found} (--ops {found}, or ops=[\"{found}\"])"
 
     def check_source(self, ref: ir.VarRef, loops, unknown_msg: str) -> bool:
         """A value read by an op, transfer or cache.write: known, and not persistent (§2.2)."""
@@ -159,3 +174,11 @@ class OpRules:
         if a is not None and b is not None and a != b:
             self.error(f"transfer shape mismatch: {node.src} is {shape_text(a)}, {dst.name} is {shape_text(b)}",
                        dst.span)
+
+
+class _Sizes(dict):
+    """Size variables for `ops.infer`, with whether an unknown name is an error."""
+
+    def __init__(self, sizes, strict: bool):
+        super().__init__(sizes)
+        self.strict = strict

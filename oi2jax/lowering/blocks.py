@@ -24,8 +24,10 @@ def _dtype_of(tr: Tracer, name: str) -> str:
 
 
 def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
-    """Literal attrs as Python values; variable attrs as metadata strings, static constants or 0-d arrays."""
+    """Literal attrs as Python values (int lists with their size names resolved by the checker);
+    variable attrs as metadata strings, static constants or 0-d arrays."""
     values = {}
+    int_lists = tr.bound.op_sig(node).int_lists
     for attr in node.attrs:
         lit = attr.value
         if lit.kind == "var":
@@ -41,7 +43,8 @@ def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
                 assert name in env, CHECKED
                 values[attr.name] = env[name].reshape(())
         elif lit.kind == "int_list":
-            values[attr.name] = tuple(lit.value)
+            assert attr.name in int_lists, CHECKED  # checks/ops.check_op resolved it
+            values[attr.name] = int_lists[attr.name]
         else:
             values[attr.name] = lit.value
     return values
@@ -55,8 +58,11 @@ def _op(node: ir.Op, env, frame, tr):
         inputs.append(value)
     in_dtypes = [_dtype_of(tr, ref.name) for ref in node.inputs]
     sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
-    out = ops.apply(node.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
-                    out_dtype=sig.out_dtype, mode=sig.mode)
+    try:
+        out = ops.apply(sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
+                        out_dtype=sig.out_dtype, mode=sig.mode)
+    except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
+        raise OiError(exc.message, node.span, source=tr.graph.source) from None
     if node.output in tr.lowering.shaped:  # runtime-shaped (phases.runtime_shaped)
         return _shaped_op_output(node, env, tr, out)
     want = tr.bound.shape(node.output)

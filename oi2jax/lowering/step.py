@@ -23,11 +23,10 @@ from .state import GROW, GUARD_KEYS, NEW, OLD, commit, merge_guards, pending
 
 
 def build_lowering(bound) -> Lowering:
-    from ..phases import runtime_shaped
     rules.load()  # every construct module's rules registered
     grow_slots: list = []
     layouts = build_layouts(bound, grow_slots)
-    return Lowering(bound=bound, caches=layouts, growable=grow_slots, shaped=runtime_shaped(bound.graph))
+    return Lowering(bound=bound, caches=layouts, growable=grow_slots, shaped=dict(bound.checked.runtime_shaped))
 
 
 def uniform_value(array: np.ndarray):
