@@ -108,7 +108,8 @@ def module_ops(module: ModuleType) -> list[OpDef]:
 
 
 @functools.lru_cache(maxsize=64)
-def _import_cached(path: str, mtime: float, size: int) -> ModuleType:
+def _import_cached(path: str, stamp: tuple) -> ModuleType:
+    """`path` imported once per (mtime, size) stamp: an edited file is imported again."""
     digest = hashlib.sha1(path.encode()).hexdigest()[:10]
     name = f"oi2jax_user_ops_{Path(path).stem}_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -143,7 +144,7 @@ def _import_file(path: str) -> ModuleType:
         st = os.stat(full)
     except OSError:
         raise OiError(f"--ops {path}: file not found") from None
-    return _import_cached(full, st.st_mtime, st.st_size)
+    return _import_cached(full, (st.st_mtime_ns, st.st_size))
 
 
 def _resolve_kernel(ref: str, schema_path: str, where: str):
