@@ -110,6 +110,7 @@ def module_ops(module: ModuleType) -> list[OpDef]:
 @functools.lru_cache(maxsize=64)
 def _import_cached(path: str, stamp: tuple) -> ModuleType:
     """`path` imported once per (mtime, size) stamp: an edited file is imported again."""
+    del stamp  # part of the cache key only
     digest = hashlib.sha1(path.encode()).hexdigest()[:10]
     name = f"oi2jax_user_ops_{Path(path).stem}_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
