@@ -415,9 +415,19 @@ class InterpretedProgram(CacheOps):
                 attrs[name] = lit.value
         t0 = time.perf_counter_ns()
         try:
-            result = ops.apply(sig.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
-                               out_dtype=sig.out_dtype, mode=sig.mode)
+            guards: list = []
+            if sig.op.reference is not None and not sig.op.builtin:  # an added op: its NumPy reference
+                result = ops.reference(sig.op, [np.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
+                                       out_dtype=sig.out_dtype, mode=sig.mode, guards=guards)
+            else:
+                if not sig.op.builtin:
+                    _note_no_reference(sig.op)
+                result = ops.apply(sig.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
+                                   out_dtype=sig.out_dtype, mode=sig.mode, guards=guards)
             result = jax.block_until_ready(result)
+            for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
+                if bool(np.any(np.asarray(cond))):
+                    raise self._err(message.format(value=int(np.asarray(value))), node)
         except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
             raise self._err(exc.message, node) from None
         except OiError as exc:
@@ -490,3 +500,17 @@ _RULES = {
     ir.CacheDecrement: InterpretedProgram._cache_step_node,
     ir.CacheReset: InterpretedProgram._cache_reset_node,
 }
+
+
+_NOTED: set = set()
+
+
+def _note_no_reference(op_def) -> None:
+    """Said once per op and process: an added op without a NumPy reference is interpreted by
+    running its JAX kernel (the interpreter is then not independent of it)."""
+    if op_def.source in _NOTED:
+        return
+    _NOTED.add(op_def.source)
+    import sys
+    print(f"note: {op_def.where()} has no NumPy reference; the interpreter runs its JAX kernel",
+          file=sys.stderr)

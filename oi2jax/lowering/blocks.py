@@ -58,11 +58,14 @@ def _op(node: ir.Op, env, frame, tr):
         inputs.append(value)
     in_dtypes = [_dtype_of(tr, ref.name) for ref in node.inputs]
     sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
+    guards: list = []
     try:
         out = ops.apply(sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
-                        out_dtype=sig.out_dtype, mode=sig.mode)
+                        out_dtype=sig.out_dtype, mode=sig.mode, guards=guards)
     except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
         raise OiError(exc.message, node.span, source=tr.graph.source) from None
+    for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
+        env = tr.fail_if(env, jnp.any(cond), tr.lowering.site(message, node.span), value)
     if node.output in tr.lowering.shaped:  # runtime-shaped (phases.runtime_shaped)
         return _shaped_op_output(node, env, tr, out)
     want = tr.bound.shape(node.output)

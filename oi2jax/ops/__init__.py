@@ -14,7 +14,7 @@ from .registry import (DTYPE_GROUPS, DYNAMIC, ROUNDING_MODES, AttrSpec, Ctx, Inp
                        builtin_registry)
 from .typing import OpSig, canonical_attrs, cast_allowed, infer
 
-_LAZY = {"apply": ("dispatch", "apply"), "op": ("define", "op"), "load": ("loading", "load"),
+_LAZY = {"apply": ("dispatch", "apply"), "reference": ("dispatch", "reference"), "Attr": ("define", "Attr"), "op": ("define", "op"), "load": ("loading", "load"),
          "load_schema": ("define", "load_schema"), "REGISTRY": None}
 
 

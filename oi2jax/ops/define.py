@@ -168,9 +168,13 @@ def _kernel_caller(fn: Callable) -> Callable:
 def _reference_caller(ref: Callable | None) -> Callable | None:
     if ref is None:
         return None
+    try:
+        wants_ctx = "ctx" in inspect.signature(ref).parameters
+    except (TypeError, ValueError):
+        wants_ctx = False
 
     def reference(inputs, attrs, ctx):
-        return ref(*inputs, **attrs)
+        return ref(*inputs, **attrs, **({"ctx": ctx} if wants_ctx else {}))
     reference.__wrapped__ = ref
     return reference
 

@@ -29,12 +29,13 @@ def _full_attrs(spec: OpDef, attrs: dict, first: str) -> dict:
     return full
 
 
-def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str):
+def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guards: list | None = None):
     """The op's result in `out_dtype`'s representation. Works eagerly and under jit.
 
     `op`: an `OpDef` (what the checker typed the node against: `OpSig.op`), or a built-in's name.
     `attrs`: Python scalars / tuples / str (static) or 0-d arrays (variable-valued).
-    Absent attributes take their defaults (dtype-dependent where §6.4 says so)."""
+    Absent attributes take their defaults (dtype-dependent where §6.4 says so). `guards`: a list
+    receiving the kernel's runtime checks `(cond, message, value)` (`Ctx.fail_if`)."""
     if not isinstance(op, OpDef):
         from .registry import builtin_registry
         spec = builtin_registry().get(op)
@@ -46,7 +47,7 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str):
     if mode == "acc_rule":  # acc=[A, O] (SPEC-2026-03 §2)
         from . import accumulate
         return accumulate.apply(spec, list(inputs), full, in_dtypes, out_dtype)
-    ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode)
+    ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards)
     if spec.builtin:
         return spec.kernel(list(inputs), full, ctx)
     try:
@@ -56,6 +57,27 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str):
     except Exception as exc:  # user code: reported at the node, never a traceback
         raise OpTypeError(f"{spec.where()}: its kernel raised {type(exc).__name__}: {exc}") from None
     _check_result(spec, out, out_dtype, None)
+    return out
+
+
+def reference(spec: OpDef, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str,
+              guards: list | None = None):
+    """An added op's value from its NumPy reference (the interpreter's oracle), rounded once to
+    `out_dtype`'s representation and checked like a kernel's result."""
+    full = _full_attrs(spec, attrs, in_dtypes[0])
+    full = {k: (np.asarray(v) if hasattr(v, "shape") else v) for k, v in full.items()}
+    ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards)
+    try:
+        out = np.asarray(spec.reference(list(inputs), full, ctx))
+    except Exception as exc:  # user code
+        raise OpTypeError(f"{spec.where()}: its reference raised {type(exc).__name__}: {exc}") from None
+    want = D.get(out_dtype)
+    if want.is_float:
+        from .. import numerics as HN
+        out = out.astype(np.float64)
+        out = HN.f8_encode(out.astype(np.float32)) if out_dtype == "f8" else out.astype(want.np_dtype)
+    elif out.dtype != want.np_dtype:
+        out = out.astype(want.np_dtype)
     return out
 
 

@@ -76,16 +76,26 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class Ctx:
-    """What a kernel knows besides inputs and attrs."""
+    """What a kernel knows besides inputs and attrs.
+
+    `fail_if(cond, message, value=0)`: a runtime error of this op node where `cond` (a traced bool)
+    holds, e.g. an embedding id out of range: the compiled step records it as a guard (reported
+    with the node's location and step, no write after it lost, docs/decode.md) and the interpreter
+    raises it at once. `message` may contain `{value}`, replaced by `value` (an integer)."""
 
     op: str
     in_dtypes: tuple[str, ...]
     out_dtype: str
     mode: str  # normal | inplace | accumulate
+    guards: list | None = field(default=None, compare=False, repr=False)
 
     @property
     def dtype(self) -> str:
         return self.in_dtypes[0]
+
+    def fail_if(self, cond, message: str, value=0) -> None:
+        if self.guards is not None:  # None: traced for its shape only (jax.eval_shape)
+            self.guards.append((cond, message, value))
 
 
 @dataclass(frozen=True)
