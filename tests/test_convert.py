@@ -430,7 +430,7 @@ def test_a_failing_conversion_keeps_the_existing_file(tmp_path):
     out = tmp_path / "m.oinf"
     convert_hf(d, out)
     before = out.read_bytes()
-    # fails while writing (the last tensor cannot be read): the old file stays whole
+    # a truncated checkpoint (failing while writing: test_narrowing_overflow_...): the old file stays whole
     (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-64])
     with pytest.raises(OiError, match="model.safetensors"):
         convert_hf(d, out, dtype="bf16")
@@ -617,3 +617,20 @@ def test_llama_ref_rotary_is_a_rotation_of_half_split_pairs():
         got = x * cos[0] + rotate_half(x) * sin[0]
         z = (x[:HD // 2] + 1j * x[HD // 2:]) * np.exp(1j * pos * theta ** (-np.arange(0, HD, 2) / HD))
         np.testing.assert_allclose(got, np.concatenate([z.real, z.imag]), rtol=1e-12, atol=1e-12)
+
+
+def test_cli_progress_bar_wiring(tmp_path, capsys, monkeypatch):
+    """The CLI asks progress_for for a MiB bar (terminal only, outputs of 64 MiB or more, not --quiet)."""
+    import oi2jax.progress as progress
+    d = ex.write_random_llama(tmp_path / "ck", **SIZES)
+    calls, tty = [], io.StringIO()
+
+    def fake(total, quiet=False, min_steps=100, **options):
+        calls.append((total, quiet, min_steps, options))
+        return ProgressBar(total, stream=tty, interval=0.0, **options)
+    monkeypatch.setattr(progress, "progress_for", fake)
+    assert run_cli(capsys, "convert-hf", d, "-o", tmp_path / "m.oinf")[0] == 0
+    assert run_cli(capsys, "convert-hf", d, "-o", tmp_path / "m.oinf", "--quiet")[0] == 0
+    assert calls == [(1, False, 64, {"label": "MiB", "unit": "MiB"}), (1, True, 64, {"label": "MiB", "unit": "MiB"})]
+    text = tty.getvalue()  # the fake ignores quiet: two bars, each closed at 1/1
+    assert text.count("\n") == 2 and text.count("MiB 1/1 [" + "#" * 30 + "] 100.0%") >= 2

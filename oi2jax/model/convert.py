@@ -260,6 +260,8 @@ class _Source:
 
     def __init__(self, directory: Path, stack: contextlib.ExitStack):
         self.directory = directory
+        self._index: dict | None = None  # a sharded checkpoint's weight_map
+        self.notes: list[str] = []
         self.files = self._files()
         self.entries: dict[str, _Entry] = {}
         self._handles = {}
@@ -295,8 +297,6 @@ class _Source:
     def _files(self) -> list[str]:
         single = self.directory / "model.safetensors"
         index_path = self.directory / "model.safetensors.index.json"
-        self._index = None
-        self.notes = []
         if single.is_file():  # what transformers loads first
             if index_path.is_file():
                 self.notes.append("both model.safetensors and model.safetensors.index.json exist: reading "
