@@ -1,4 +1,4 @@
-"""`oi2jax` command line: check, fmt, inspect, run, compile.
+"""`oi2jax` command line: check, fmt, inspect, run, compile, export, graph, convert-hf.
 
 Exit codes: 0 success, 1 user error (diagnostics printed), 2 usage error. Never a traceback
 (set OI2JAX_DEBUG=1 to see one for an internal error).
@@ -364,6 +364,25 @@ def cmd_compile(args) -> int:
     return _write_output(args.output, program.emit(args.emit))
 
 
+def cmd_convert_hf(args) -> int:
+    from .model.convert import convert_hf
+    from .progress import progress_for
+    if args.max_positions is not None and args.max_positions <= 0:
+        raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
+    summary = convert_hf(args.directory, args.output, dtype=args.dtype, max_positions=args.max_positions,
+                         progress=lambda total_mib: progress_for(total_mib, quiet=args.quiet, min_steps=64,
+                                                                 label="MiB", unit="MiB"))
+    for note in summary.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if not args.quiet:
+        sizes = " ".join(f"{k}={v}" for k, v in summary.sizevars.items())
+        dtypes = ", ".join(sorted(set(summary.tensors.values())))
+        n = summary.nbytes
+        size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}", file=sys.stderr)
+    return 0
+
+
 def _write_output(output: str | None, text: str) -> int:
     if output:
         from .npz import write_text_atomic
@@ -489,6 +508,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", dest="output", metavar="cfg.svg|cfg.png|cfg.dot", help="default: DOT on stdout")
     _add_ops_flag(g)
     g.set_defaults(func=cmd_graph)
+
+    h = sub.add_parser("convert-hf", help="convert a Hugging Face Llama checkpoint directory to a .oinf model")
+    h.add_argument("directory", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
+                   "(or model-*.safetensors with model.safetensors.index.json)")
+    h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
+    h.add_argument("--dtype", choices=("f32", "bf16", "f16"),
+                   help="store every tensor in this dtype (default: keep the checkpoint's; narrowing rounds to "
+                        "nearest even)")
+    h.add_argument("--max-positions", type=int, metavar="N",
+                   help="the size variable T (default: the config's max_position_embeddings)")
+    h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
+    h.set_defaults(func=cmd_convert_hf)
     return p
 
 
