@@ -35,7 +35,7 @@ ex = _load_example()
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NP = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BF16}
 SIZES = dict(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, max_positions=96)
-EXPECT_SIZEVARS = {"V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 48, "T": 96}
+EXPECT_SIZEVARS = {"V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 48, "T": 96, "QD": 32, "KVD": 16, "G": 2}
 
 
 def _checkpoint_tensors(directory) -> dict[str, np.ndarray]:
@@ -241,9 +241,6 @@ UNSUPPORTED = [
     (_set(hidden_act="gelu"), "hidden_act is 'gelu': only 'silu' (the Llama SwiGLU MLP) is supported"),
     (_set(quantization_config={"quant_method": "gptq", "bits": 4}),
      "quantization_config is set: quantized checkpoints are not supported (convert a floating-point checkpoint)"),
-    (_set(head_dim=16),
-     "head_dim 16 * num_attention_heads 4 = 64 is not hidden_size 32: only head_dim = hidden_size / "
-     "num_attention_heads is supported"),
     (_set(num_key_value_heads=3), "num_key_value_heads 3 does not divide num_attention_heads 4"),
     (_set(head_dim=_DELETE, num_attention_heads=5, num_key_value_heads=5),
      "hidden_size 32 is not a multiple of num_attention_heads 5 (and no head_dim is given)"),
@@ -264,6 +261,18 @@ def test_unsupported_config_is_rejected_by_key(tmp_path, edit, message):
         convert_hf(d, out)
     assert _msg(e) == f"{d / 'config.json'}: {message}"
     assert not out.exists() and _no_temp_files(tmp_path)
+
+
+def test_explicit_head_dim_need_not_divide_hidden_size(tmp_path):
+    """transformers allows head_dim * H != D (q_proj [H*HD, D]); QD and KVD name those widths, and a
+    checkpoint whose tensors do not follow the config is refused by tensor name."""
+    d = _custom(tmp_path, _set(head_dim=16))
+    with pytest.raises(OiError) as e:
+        convert_hf(d, tmp_path / "m.oinf")
+    assert "tensor model.layers.0.self_attn.k_proj.weight has shape [16, 32], expected [32, 32] " \
+           "(num_key_value_heads*head_dim, hidden_size)" in _msg(e)
+    cfg = read_llama_config(dict(json.loads((d / "config.json").read_text())))
+    assert (cfg.sizevars["HD"], cfg.sizevars["QD"], cfg.sizevars["KVD"], cfg.sizevars["G"]) == (16, 64, 32, 2)
 
 
 def test_max_positions_replaces_max_position_embeddings(tmp_path):
@@ -518,11 +527,12 @@ def test_cli_convert_hf_end_to_end(tmp_path, capsys):
     out = tmp_path / "m.oinf"
     code, stdout, stderr = run_cli(capsys, "convert-hf", d, "-o", out, "--dtype", "f32", "--max-positions", "64")
     assert code == 0 and stdout == ""
-    assert stderr == (f"wrote {out}: 21 tensors (f32, 76.6 KiB); V=64 D=32 L=2 H=4 KVH=2 HD=8 F=48 T=64\n")
+    assert stderr == (f"wrote {out}: 21 tensors (f32, 76.6 KiB); V=64 D=32 L=2 H=4 KVH=2 HD=8 F=48 T=64 QD=32 KVD=16 G=2\n")
     m = open_model(out)
     assert dict(m.sizevars) == dict(EXPECT_SIZEVARS, T=64)
     assert {k: v.value for k, v in m.metadata.items()} == {
-        "architecture": "LlamaForCausalLM", "rms_norm_eps": np.float32(1e-5), "rope_theta": np.float32(1e4)}
+        "architecture": "LlamaForCausalLM", "rms_norm_eps": np.float32(1e-5), "rope_theta": np.float32(1e4),
+        "attn_scale": np.float32(8 ** -0.5)}
     assert {t.dtype for t in m.tensors.values()} == {"f32"}
     np.testing.assert_array_equal(m.load("lm_head.weight"), m.load("model.embed_tokens.weight"))
     code, stdout, _ = run_cli(capsys, "inspect", out)
@@ -560,7 +570,7 @@ def test_example_script_writes_a_default_checkpoint(tmp_path):
     assert ex.main([str(tmp_path / "tiny")]) == 0  # rewritten as one file: no stale shards left
     assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == ["config.json", "model.safetensors"]
     assert convert_hf(tmp_path / "tiny", tmp_path / "m.oinf").sizevars == {
-        "V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 64, "T": 128}
+        "V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 64, "T": 128, "QD": 32, "KVD": 16, "G": 2}
 
 
 # -------------------------------------------------------------------- tests/llama_ref.py itself

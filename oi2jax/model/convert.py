@@ -78,14 +78,19 @@ class LlamaConfig:
 
     @property
     def sizevars(self) -> dict[str, int]:
+        # QD, KVD, G: the projection widths and the query heads per kv head, which a DSL graph
+        # needs as dims (a dim is a number or a size name, never an expression)
         return {"V": self.vocab_size, "D": self.hidden_size, "L": self.num_hidden_layers,
                 "H": self.num_attention_heads, "KVH": self.num_key_value_heads, "HD": self.head_dim,
-                "F": self.intermediate_size, "T": self.max_positions}
+                "F": self.intermediate_size, "T": self.max_positions,
+                "QD": self.num_attention_heads * self.head_dim, "KVD": self.num_key_value_heads * self.head_dim,
+                "G": self.num_attention_heads // self.num_key_value_heads}
 
     @property
     def metadata(self) -> dict[str, object]:
+        # attn_scale: transformers' `scaling = head_dim ** -0.5`, the factor of the attention scores
         return {"rms_norm_eps": float(self.rms_norm_eps), "rope_theta": float(self.rope_theta),
-                "architecture": self.architecture}
+                "attn_scale": float(self.head_dim) ** -0.5, "architecture": self.architecture}
 
 
 def _fail(where: str, message: str):
@@ -200,9 +205,6 @@ def read_llama_config(config: dict, where: str = "config.json", max_positions: i
             _fail(where, f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
                          f"(and no head_dim is given)")
         head_dim = hidden // heads
-    elif head_dim * heads != hidden:
-        _fail(where, f"head_dim {head_dim} * num_attention_heads {heads} = {head_dim * heads} is not "
-                     f"hidden_size {hidden}: only head_dim = hidden_size / num_attention_heads is supported")
     if head_dim % 2:
         _fail(where, f"head_dim {head_dim} is odd: the rotary embedding rotates pairs of dimensions")
     if "rms_norm_eps" not in config or config["rms_norm_eps"] is None:
