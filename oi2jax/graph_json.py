@@ -251,7 +251,7 @@ def from_json(data: dict, path: str = "<json>") -> ir.Graph:
             name=v["name"], kind=ir.MemKind(v["kind"].lower()), dtype=dtype, dims=tuple(_dim(x) for x in v["dims"]),
             span=span, init=scalar_from_json(dtype, v.get("init")), ref=v.get("ref_name"), pattern=v.get("pattern"),
             index_params=tuple(v.get("table_indices", ())), table=bool(v.get("table")),
-            auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, int(n)) for k, n in v.get("fixed", ()))))
+            auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, n if isinstance(n, str) else int(n)) for k, n in v.get("fixed", ()))))
     blocks = [ir.Block(b["name"], tuple(_node_back(n, span) for n in b["nodes"]), span)
               for b in data["blocks"].values()]
     return ir.Graph(tuple(vars_), tuple(blocks), path=path)

@@ -148,7 +148,7 @@ class InterpretedProgram(CacheOps):
                 continue
             if decl.kind == ir.MemKind.PERSISTENT:
                 if decl.is_table:
-                    fixed_map = decl.fixed_map
+                    fixed_map = decl.fixed_sizes(self._sizes)
                     fixed = [fixed_map.get(p) for p in decl.table_indices]
                     st.tables[decl.name] = Table([f if f is not None else 0 for f in fixed], fixed)
                 elif decl.is_auto_dim:

@@ -181,7 +181,7 @@ class CacheOps:
         names = decl.auto_dim
         assert len(names) == len(decl.dims) and len(access.indices) <= len(names), CHECKED
         counts = st.counts[decl.name]
-        fixed = decl.fixed_map
+        fixed = decl.fixed_sizes(self._sizes)
         new = list(counts)
         for j, sel in enumerate(access.indices):
             assert isinstance(sel, ir.Single), CHECKED

@@ -119,7 +119,7 @@ class VarDecl:
     index_params: tuple[str, ...] = ()
     table: bool = False
     auto_dim: tuple[str, ...] = ()
-    fixed: tuple[tuple[str, int], ...] = ()
+    fixed: tuple[tuple[str, int | str], ...] = ()  # index name -> size: an int or a size variable
     # spans of the attributes, by attribute name ("init", "ref", ...), for diagnostics
     attr_spans: tuple[tuple[str, Span], ...] = ()
 
@@ -146,9 +146,10 @@ class VarDecl:
         """Index params minus the auto_dim names (§4)."""
         return tuple(p for p in self.index_params if p not in self.auto_dim)
 
-    @property
-    def fixed_map(self) -> dict[str, int]:
-        return dict(self.fixed)
+    def fixed_sizes(self, sizes) -> dict[str, int]:
+        """`@fixed` sizes by index name, a size variable (`@fixed(i=T)`) resolved in `sizes`;
+        KeyError(name) for an unknown size variable (the checker reports it first)."""
+        return {k: v if isinstance(v, int) else int(sizes[v]) for k, v in self.fixed}
 
     def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
         """Resolved (base) shape; KeyError(name) for an unknown size variable."""

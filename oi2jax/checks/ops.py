@@ -78,6 +78,14 @@ class OpRules:
             self.error(f"persistent cache {out} must be written via cache.write", node.output_span)
             out_ok = False
         self.warn_suffix_ranges(node)
+        # size names in int lists (`shape=[H, HD]`): a variable there is a mistake, not a size
+        for attr in node.attrs:
+            if attr.value.kind == "int_list":
+                for v in attr.value.value:
+                    if isinstance(v, str) and self.known(v.lstrip("-")):
+                        self.error(f"op {node.op} setting {attr.name}: {v.lstrip('-')} is a variable; a list takes "
+                                   f"integers and size names", attr.span)
+                        ok = False
         # variable-valued attributes
         for attr in node.attrs:
             aname = spec.aliases.get(attr.name, attr.name)

@@ -89,7 +89,7 @@ def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
         if decl.kind != ir.MemKind.PERSISTENT:
             continue
         shape = bound.shape(decl.name)
-        fixed = decl.fixed_map
+        fixed = decl.fixed_sizes(bound.sizes)
         if decl.is_table:
             dims = decl.table_indices
             kind = "table"

@@ -384,17 +384,26 @@ def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> No
 
 
 def size_names(graph: ir.Graph) -> set[str]:
-    """Every name the graph may use as a size: identifiers in declared dims, loop bounds and
-    cache indices (a superset: some of those are variables)."""
+    """Every name the graph may use as a size: identifiers in declared dims, `@fixed` sizes, loop
+    bounds, op int-list attributes and cache indices (a superset: some of those are variables)."""
     names: set[str] = set()
     for decl in graph.vars:
         for d in decl.dims:
             names.update(d.names)
+        names.update(v for _, v in decl.fixed if isinstance(v, str))
     for block in graph.blocks:
         for node in block.walk():
             if isinstance(node, ir.Loop):
                 names.update(v for v in (node.start, node.end) if isinstance(v, str))
+            elif isinstance(node, ir.Op):
+                names.update(_int_list_names(node))
     return names
+
+
+def _int_list_names(node: ir.Op):
+    for attr in node.attrs:
+        if attr.value.kind == "int_list":
+            yield from (v.lstrip("-") for v in attr.value.value if isinstance(v, str))
 
 
 def unknown_sizes(graph: ir.Graph, model: Model | None, sizes: dict | None) -> list[str]:
@@ -430,6 +439,16 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundG
 
     for decl in graph.vars:
         resolve(decl.name, decl.dims, decl.span)
+        for index, size in decl.fixed:
+            if isinstance(size, str) and size not in all_sizes:
+                problems.append(Diagnostic(f"@fixed({index}={size}) of {decl.name}: unknown size: {size}",
+                                           decl.attr_span("fixed")))
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Op):
+                for size in _int_list_names(node):
+                    if size not in all_sizes:
+                        problems.append(Diagnostic(f"op {node.op}: unknown size: {size}", node.span))
     for name, node in graph.temporaries.items():
         if name not in shapes and graph.var(name) is None:
             resolve(name, node.dims, node.span)
