@@ -84,8 +84,11 @@ def _first_extreme_index(g, is_max: bool, select_first: bool, floating: bool):
         m = (jnp.max if is_max else jnp.min)(g, axis=-1, keepdims=True)
         hit = g == m
     k = g.shape[-1]
-    first = jnp.argmax(hit, axis=-1)
-    last = k - 1 - jnp.argmax(hit[..., ::-1], axis=-1)
+    # lax.argmax with an explicit int32 index (positions along one axis): jnp.argmax's index dtype
+    # follows the x64 flag when lowered, which breaks the pure step under a user's jit without x64
+    hit32 = hit.astype(jnp.int32)
+    first = lax.argmax(hit32, hit.ndim - 1, jnp.int32)
+    last = jnp.int32(k - 1) - lax.argmax(hit32[..., ::-1], hit.ndim - 1, jnp.int32)
     idx = first if select_first else last
     if floating:
         idx = jnp.where(jnp.isnan(g[..., 0]) | ~jnp.any(hit, axis=-1), 0, idx)

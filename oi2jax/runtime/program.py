@@ -284,6 +284,11 @@ class Program:
             elif isinstance(value, jax.core.Tracer):
                 if tuple(shape) != tuple(want.shape):
                     raise OiError(f"input {name}: expected shape {list(want.shape)}, got {list(shape)}")
+                if np.dtype(want.dtype).itemsize == 8 and np.dtype(dtype).itemsize == 4 and \
+                        not jax.config.jax_enable_x64:
+                    raise OiError(f"input {name} is {self.bound.dtype(name)}: a traced value under jax.jit without "
+                                  f"jax_enable_x64 cannot be 64-bit (it is {dtype}); pass a concrete array (converted "
+                                  f"exactly) or enable x64 (jax.config.update('jax_enable_x64', True))")
                 raise OiError(f"input {name}: expected dtype {want.dtype} ({self.bound.dtype(name)}), got "
                               f"{dtype}; cast it before the step (traced values are not converted)")
             else:
