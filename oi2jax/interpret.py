@@ -418,12 +418,13 @@ class InterpretedProgram(CacheOps):
             guards: list = []
             if sig.op.reference is not None and not sig.op.builtin:  # an added op: its NumPy reference
                 result = ops.reference(sig.op, [np.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
-                                       out_dtype=sig.out_dtype, mode=sig.mode, guards=guards)
+                                       out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
+                                       out_shape=None if node.output in self._shaped else sig.out_shape)
             else:
                 if not sig.op.builtin:
                     _note_no_reference(sig.op)
                 result = ops.apply(sig.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
-                                   out_dtype=sig.out_dtype, mode=sig.mode, guards=guards)
+                                   out_dtype=sig.out_dtype, mode=sig.mode, guards=guards, out_shape=None if node.output in self._shaped else sig.out_shape)
             result = jax.block_until_ready(result)
             for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
                 if bool(np.any(np.asarray(cond))):

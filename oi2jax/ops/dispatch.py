@@ -29,13 +29,15 @@ def _full_attrs(spec: OpDef, attrs: dict, first: str) -> dict:
     return full
 
 
-def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guards: list | None = None):
+def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guards: list | None = None,
+          out_shape=None):
     """The op's result in `out_dtype`'s representation. Works eagerly and under jit.
 
     `op`: an `OpDef` (what the checker typed the node against: `OpSig.op`), or a built-in's name.
     `attrs`: Python scalars / tuples / str (static) or 0-d arrays (variable-valued).
     Absent attributes take their defaults (dtype-dependent where §6.4 says so). `guards`: a list
-    receiving the kernel's runtime checks `(cond, message, value)` (`Ctx.fail_if`)."""
+    receiving the kernel's runtime checks `(cond, message, value)` (`Ctx.fail_if`). `out_shape`:
+    the shape the checker typed, which an added op's kernel must return."""
     if not isinstance(op, OpDef):
         from .registry import builtin_registry
         spec = builtin_registry().get(op)
@@ -56,12 +58,12 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guar
         raise
     except Exception as exc:  # user code: reported at the node, never a traceback
         raise OpTypeError(f"{spec.where()}: its kernel raised {type(exc).__name__}: {exc}") from None
-    _check_result(spec, out, out_dtype, None)
+    _check_result(spec, out, out_dtype, out_shape)
     return out
 
 
 def reference(spec: OpDef, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str,
-              guards: list | None = None):
+              guards: list | None = None, out_shape=None):
     """An added op's value from its NumPy reference (the interpreter's oracle), rounded once to
     `out_dtype`'s representation and checked like a kernel's result."""
     full = _full_attrs(spec, attrs, in_dtypes[0])
@@ -71,6 +73,9 @@ def reference(spec: OpDef, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mo
         out = np.asarray(spec.reference(list(inputs), full, ctx))
     except Exception as exc:  # user code
         raise OpTypeError(f"{spec.where()}: its reference raised {type(exc).__name__}: {exc}") from None
+    if out_shape is not None and tuple(out.shape) != tuple(out_shape):
+        raise OpTypeError(f"{spec.where()}: its reference returned shape {list(out.shape)}, expected "
+                          f"{list(out_shape)}")
     want = D.get(out_dtype)
     if want.is_float:
         from .. import numerics as HN

@@ -132,7 +132,7 @@ class OpDef:
     reference: Callable | None = None
     samples: Callable | None = None
     doc: str = ""
-    source: str = "OpenInfer ops.json"  # where it is defined: "FILE:LINE" for added ops
+    source: str = "the built-in ops (OpenInfer's ops.json)"  # where it is defined: "FILE:LINE" for added ops
     op_set: str = "builtin"
 
     @property
