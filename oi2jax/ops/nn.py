@@ -111,35 +111,35 @@ _SPECIAL = (np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0)
 # ====================================================================== elementwise
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(np.exp),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(np.exp),
     samples=_unary_samples(_SPECIAL + (11.1, 88.5, 89.0, 710.0, -104.0, -750.0, 0.5)))
 def exp(x, *, ctx):
     """e^x elementwise: overflow gives +inf, exp(-inf) = 0, NaN stays NaN."""
     return _map(jnp.exp, x, ctx)
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(np.log),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(np.log),
     samples=_unary_samples(_SPECIAL + (1e-30, 65504.0, 2.0, 1e-3, 0.5), positive=True))
 def log(x, *, ctx):
     """Natural logarithm elementwise: log(±0) = -inf, log(x < 0) = NaN, log(+inf) = +inf."""
     return _map(jnp.log, x, ctx)
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(np.sqrt),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(np.sqrt),
     samples=_unary_samples(_SPECIAL + (4.0, 1e-30, 2.0, 65504.0), positive=True))
 def sqrt(x, *, ctx):
     """Square root elementwise: sqrt(-0) = -0, sqrt(x < 0) = NaN, sqrt(+inf) = +inf."""
     return _map(jnp.sqrt, x, ctx)
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(lambda x: 1.0 / np.sqrt(x)),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(lambda x: 1.0 / np.sqrt(x)),
     samples=_unary_samples(_SPECIAL + (4.0, 1e-30, 2.0, 65504.0), positive=True))
 def rsqrt(x, *, ctx):
     """1 / sqrt(x) elementwise: rsqrt(+0) = +inf, rsqrt(-0) = -inf, rsqrt(x < 0) = NaN, rsqrt(+inf) = 0."""
     return _map(lambda v: jnp.reciprocal(jnp.sqrt(v)), x, ctx)
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(np.tanh),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(np.tanh),
     samples=_unary_samples(_SPECIAL + (20.0, -20.0, 1e-3, 0.5)))
 def tanh(x, *, ctx):
     """Hyperbolic tangent elementwise: tanh(±inf) = ±1."""
@@ -150,14 +150,14 @@ def _sigmoid_ref(x):
     return np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x))))
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(_sigmoid_ref),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(_sigmoid_ref),
     samples=_unary_samples(_SPECIAL + (100.0, -100.0, 20.0, -20.0)))
 def sigmoid(x, *, ctx):
     """The logistic function 1 / (1 + e^-x) elementwise: sigmoid(+inf) = 1, sigmoid(-inf) = 0."""
     return _map(jax.nn.sigmoid, x, ctx)
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(lambda x: x * _sigmoid_ref(x)),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(lambda x: x * _sigmoid_ref(x)),
     samples=_unary_samples(_SPECIAL + (100.0, -100.0, 20.0, -20.0)))
 def silu(x, *, ctx):
     """x * sigmoid(x) elementwise (SiLU / swish): silu(+inf) = +inf, silu(-inf) = NaN (-inf * 0)."""
@@ -182,7 +182,7 @@ def _gelu_samples(rng, d):
             ((_floats(rng, d, (5,), 2.0),), {"approximate": np.array(False)})]
 
 
-@op(inputs={"x": "float"}, attrs={"approximate": False}, elementwise=True, category="nn",
+@op(inputs={"x": "float"}, attrs={"approximate": False}, elementwise=True, category="nn", op_set="nn",
     reference=lambda x, approximate=False: _ref1(lambda v: _gelu_ref(v, approximate))(x), samples=_gelu_samples)
 def gelu(x, *, approximate=False, ctx):
     """The Gaussian error linear unit x * Phi(x) elementwise; `approximate=true`: its tanh form.
@@ -204,14 +204,14 @@ def gelu(x, *, approximate=False, ctx):
     return _map(lambda v: jnp.where(flag, tanh_form(v), exact(v)), x, ctx)
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(np.sin),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(np.sin),
     samples=_unary_samples(_SPECIAL + (3.140625, 100.0, -1000.0, 1e-3), scale=4.0))
 def sin(x, *, ctx):
     """Sine (radians) elementwise: sin(±inf) = NaN."""
     return _map(jnp.sin, x, ctx)
 
 
-@op(inputs={"x": "float"}, elementwise=True, category="nn", reference=_ref1(np.cos),
+@op(inputs={"x": "float"}, elementwise=True, category="nn", op_set="nn", reference=_ref1(np.cos),
     samples=_unary_samples(_SPECIAL + (1.5703125, 100.0, -1000.0, 1e-3), scale=4.0))
 def cos(x, *, ctx):
     """Cosine (radians) elementwise: cos(±inf) = NaN."""
@@ -259,6 +259,8 @@ def _softmax_ref(x, axis=-1, valid=None, ctx=None):
     n = x.shape[ax]
     k = n
     if valid is not None:
+        if np.asarray(valid).dtype.kind not in "iub":
+            raise OpTypeError(f"op softmax: valid must be an integer, got {np.asarray(valid).dtype}", attr="valid")
         v = int(np.asarray(valid))
         if not 1 <= v <= n and ctx is not None:
             ctx.fail_if(np.bool_(True), _valid_message(n), v)
@@ -284,11 +286,10 @@ def _softmax_samples(rng, d):
             ((_floats(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)})]  # a runtime error
 
 
-@op(inputs={"x": "float"}, attrs={"axis": -1, "valid": Attr("int")}, shape=_softmax_shape, category="nn",
+@op(inputs={"x": "float"}, attrs={"axis": -1, "valid": Attr("int")}, shape=_softmax_shape, category="nn", op_set="nn",
     reference=_softmax_ref, samples=_softmax_samples)
 def softmax(x, *, axis=-1, valid=None, ctx):
-    """Softmax over `axis`; with `valid=n` only positions 0..n-1 along the axis take part and the
-    others are exactly 0.
+    """Softmax over `axis`; with `valid=n` only the first n positions take part, the others are exactly 0.
 
     Max-subtracted: exp(x - max) / sum(exp(x - max)), exp and sum in f32 for f16/bf16 (f64 for f64),
     rounded once. The positions past `valid` are masked with the compute type's most negative finite
@@ -348,7 +349,7 @@ def _rms_norm_ref(x, weight, eps=1e-6):
 
 
 @op(inputs={"x": "float", "weight": "same"}, attrs={"eps": 1e-6}, shape=_norm_shape("rms_norm", ("weight",)),
-    category="nn", reference=_rms_norm_ref, samples=_norm_samples(False))
+    category="nn", op_set="nn", reference=_rms_norm_ref, samples=_norm_samples(False))
 def rms_norm(x, weight, *, eps=1e-6, ctx):
     """RMS normalization over the last axis: x * rsqrt(mean(x^2) + eps) * weight.
 
@@ -371,7 +372,7 @@ def _layer_norm_ref(x, weight, bias, eps=1e-5):
 
 
 @op(inputs={"x": "float", "weight": "same", "bias": "same"}, attrs={"eps": 1e-5},
-    shape=_norm_shape("layer_norm", ("weight", "bias")), category="nn", reference=_layer_norm_ref,
+    shape=_norm_shape("layer_norm", ("weight", "bias")), category="nn", op_set="nn", reference=_layer_norm_ref,
     samples=_norm_samples(True))
 def layer_norm(x, weight, bias, *, eps=1e-5, ctx):
     """Layer normalization over the last axis: (x - mean) * rsqrt(var + eps) * weight + bias.
@@ -428,7 +429,7 @@ def _rope_samples(rng, d):
             ((_floats(rng, d, (4, 6), 1.0), np.array(37, np.uint16)), {"theta": np.array(10000.0, np.float32)})]
 
 
-@op(inputs={"x": "float", "pos": "index"}, attrs={"theta": 10000.0}, shape=_rope_shape, category="nn",
+@op(inputs={"x": "float", "pos": "index"}, attrs={"theta": 10000.0}, shape=_rope_shape, category="nn", op_set="nn",
     reference=_rope_ref, samples=_rope_samples)
 def rope(x, pos, *, theta=10000.0, ctx):
     """Rotary position embedding of x [..., HD] at the integer position `pos` (shape []), in Hugging Face Llama's form.
@@ -487,8 +488,8 @@ def _embedding_samples(rng, d):
             ((table, np.array([1, 9, -2, 9], np.int32)), {})]  # a runtime error: id 9
 
 
-@op(inputs={"table": "any", "ids": "index"}, shape=_embedding_shape, category="nn", reference=_embedding_ref,
-    samples=_embedding_samples)
+@op(inputs={"table": "any", "ids": "index"}, shape=_embedding_shape, category="nn", op_set="nn",
+    reference=_embedding_ref, samples=_embedding_samples)
 def embedding(table, ids, *, ctx):
     """Rows of `table` [V, D...] picked by the integer `ids` (any shape S): the result has shape S + [D...].
 
@@ -518,8 +519,8 @@ def _perm_shape(shapes, attrs):
 def _layout_samples(kind: str):
     def samples(rng, d):
         if kind == "transpose":
-            return [((_values(rng, d, (2, 3, 4)),), {"perm": (2, 0, 1)}), ((_values(rng, d, (3, 5)),), {"perm": (1, 0)}),
-                    ((_values(rng, d, (4,)),), {"perm": (0,)})]
+            return [((_values(rng, d, (2, 3, 4)),), {"perm": (2, 0, 1)}),
+                    ((_values(rng, d, (3, 5)),), {"perm": (1, 0)}), ((_values(rng, d, (4,)),), {"perm": (0,)})]
         if kind == "reshape":
             return [((_values(rng, d, (2, 3, 4)),), {"shape": (4, -1)}), ((_values(rng, d, (6,)),), {"shape": (2, 3)}),
                     ((_values(rng, d, (1, 4)),), {"shape": (4, 1, 1)}), ((_values(rng, d, (1, 1)),), {"shape": ()})]
@@ -529,7 +530,7 @@ def _layout_samples(kind: str):
     return samples
 
 
-@op(inputs={"x": "any"}, attrs={"perm": Attr("int_list", required=True)}, shape=_perm_shape, category="nn",
+@op(inputs={"x": "any"}, attrs={"perm": Attr("int_list", required=True)}, shape=_perm_shape, category="nn", op_set="nn",
     reference=lambda x, perm: np.transpose(np.asarray(x), perm), samples=_layout_samples("transpose"))
 def transpose(x, *, perm):
     """Permute the axes of x: output axis i is input axis perm[i] (a permutation of 0..rank-1)."""
@@ -558,7 +559,7 @@ def _reshape_target(x, shape) -> tuple[int, ...]:
 
 
 @op(inputs={"x": "any"}, attrs={"shape": Attr("int_list", required=True)},
-    shape=lambda shapes, attrs: _reshape_target(shapes[0], attrs["shape"]), category="nn",
+    shape=lambda shapes, attrs: _reshape_target(shapes[0], attrs["shape"]), category="nn", op_set="nn",
     reference=lambda x, shape: np.reshape(np.asarray(x), _reshape_target(np.shape(x), shape)),
     samples=_layout_samples("reshape"))
 def reshape(x, *, shape):
@@ -576,7 +577,7 @@ def _concat_shape(shapes, attrs):
     return a[:ax] + (a[ax] + b[ax],) + a[ax + 1:]
 
 
-@op(inputs={"a": "any", "b": "same"}, attrs={"axis": 0}, shape=_concat_shape, category="nn",
+@op(inputs={"a": "any", "b": "same"}, attrs={"axis": 0}, shape=_concat_shape, category="nn", op_set="nn",
     reference=lambda a, b, axis=0: np.concatenate([np.asarray(a), np.asarray(b)], axis=axis),
     samples=_layout_samples("concat"))
 def concat(a, b, *, axis=0):
@@ -610,7 +611,7 @@ def _matmul_samples(kind: str):
     return samples
 
 
-@op(inputs={"x": "float", "weight": "same"}, shape=_linear_shape, category="nn",
+@op(inputs={"x": "float", "weight": "same"}, shape=_linear_shape, category="nn", op_set="nn",
     reference=lambda x, weight: _f64(x) @ _f64(weight).T, samples=_matmul_samples("linear"))
 def linear(x, weight, *, ctx):
     """x @ weight^T with weight [out, in] (the torch / Hugging Face layout): x [..., in] -> [..., out].
@@ -636,7 +637,7 @@ def _matmul_t_shape(shapes, attrs):
     return batch + (a[-2], b[-2])
 
 
-@op(inputs={"a": "float", "b": "same"}, shape=_matmul_t_shape, category="nn",
+@op(inputs={"a": "float", "b": "same"}, shape=_matmul_t_shape, category="nn", op_set="nn",
     reference=lambda a, b: np.matmul(_f64(a), np.swapaxes(_f64(b), -1, -2)), samples=_matmul_samples("matmul_t"))
 def matmul_t(a, b, *, ctx):
     """a @ swapaxes(b, -1, -2): a [..., M, K], b [..., N, K] -> [..., M, N], batch dimensions broadcast (e.g. q @ k^T).
@@ -685,7 +686,8 @@ def _einsum_shape(shapes, attrs):
 
 
 @op(inputs={"a": "float", "b": "same"}, attrs={"spec": Attr("string", required=True)}, shape=_einsum_shape,
-    category="nn", reference=lambda a, b, spec: np.einsum(spec, _f64(a), _f64(b)), samples=_matmul_samples("einsum"))
+    category="nn", op_set="nn", reference=lambda a, b, spec: np.einsum(spec, _f64(a), _f64(b)),
+    samples=_matmul_samples("einsum"))
 def einsum(a, b, *, spec, ctx):
     """Two-operand Einstein summation given by `spec` ("kgd,tkd->kgt"): letters only, an explicit output.
 
@@ -727,7 +729,7 @@ def _argmax_samples(rng, d):
     return [((a,), {}), ((_values(rng, d, (4, 3)),), {"axis": 0}), ((_values(rng, d, (6,)),), {"axis": 0})]
 
 
-@op(inputs={"x": "numeric"}, attrs={"axis": -1}, out_dtype="i32", shape=_argmax_shape, category="nn",
+@op(inputs={"x": "numeric"}, attrs={"axis": -1}, out_dtype="i32", shape=_argmax_shape, category="nn", op_set="nn",
     reference=_argmax_ref, samples=_argmax_samples)
 def argmax(x, *, axis=-1):
     """The index (i32) of the first maximum of x along `axis`, which is removed from the shape.
