@@ -286,7 +286,7 @@ def _softmax_samples(rng, d):
             ((_floats(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)})]  # a runtime error
 
 
-@op(inputs={"x": "float"}, attrs={"axis": -1, "valid": Attr("int")}, shape=_softmax_shape, category="nn", op_set="nn",
+@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int")}, shape=_softmax_shape, category="nn", op_set="nn",
     reference=_softmax_ref, samples=_softmax_samples)
 def softmax(x, *, axis=-1, valid=None, ctx):
     """Softmax over `axis`; with `valid=n` only the first n positions take part, the others are exactly 0.
@@ -500,7 +500,7 @@ def embedding(table, ids, *, ctx):
     ids = jnp.asarray(ids)
     bad = (ids < 0) | (ids >= v)
     if ids.size:
-        ctx.fail_if(bad, _embedding_message(v), ids.reshape(-1)[jnp.argmax(bad.reshape(-1))])
+        ctx.fail_if(bad, _embedding_message(v), ids.reshape(-1)[lax.argmax(bad.reshape(-1).astype(jnp.int32), 0, jnp.int32)])
     return jnp.take(table, jnp.clip(ids, 0, v - 1), axis=0, mode="clip")
 
 
@@ -577,7 +577,7 @@ def _concat_shape(shapes, attrs):
     return a[:ax] + (a[ax] + b[ax],) + a[ax + 1:]
 
 
-@op(inputs={"a": "any", "b": "same"}, attrs={"axis": 0}, shape=_concat_shape, category="nn", op_set="nn",
+@op(inputs={"a": "any", "b": "same"}, attrs={"axis": Attr("int", 0, static=True)}, shape=_concat_shape, category="nn", op_set="nn",
     reference=lambda a, b, axis=0: np.concatenate([np.asarray(a), np.asarray(b)], axis=axis),
     samples=_layout_samples("concat"))
 def concat(a, b, *, axis=0):
@@ -729,11 +729,13 @@ def _argmax_samples(rng, d):
     return [((a,), {}), ((_values(rng, d, (4, 3)),), {"axis": 0}), ((_values(rng, d, (6,)),), {"axis": 0})]
 
 
-@op(inputs={"x": "numeric"}, attrs={"axis": -1}, out_dtype="i32", shape=_argmax_shape, category="nn", op_set="nn",
+@op(inputs={"x": "numeric"}, attrs={"axis": Attr("int", -1, static=True)}, out_dtype="i32", shape=_argmax_shape, category="nn", op_set="nn",
     reference=_argmax_ref, samples=_argmax_samples)
 def argmax(x, *, axis=-1):
     """The index (i32) of the first maximum of x along `axis`, which is removed from the shape.
 
     Ties give the first index; a NaN counts as larger than every number (the first NaN wins, as
     jnp.argmax and np.argmax); -0.0 and +0.0 tie."""
-    return jnp.argmax(x, axis=_axis("argmax", axis, x.ndim)).astype(jnp.int32)
+    # lax.argmax with an explicit int32 index: jnp.argmax's index dtype follows the x64 flag when
+    # lowered, which breaks the pure step under a user's jit without x64 (tests/test_user_jit.py)
+    return lax.argmax(x, _axis("argmax", axis, x.ndim), jnp.int32)
