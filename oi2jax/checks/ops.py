@@ -1,6 +1,7 @@
 """Op, transfer and variable-use rules: inputs, outputs, attributes and op typing via `oi2jax.ops.infer`."""
 from __future__ import annotations
 
+from .. import dtypes as D
 from .. import ir
 from .. import messages
 from ..ir import MemKind
@@ -98,6 +99,10 @@ class OpRules:
                     meta = (self.model.metadata or {}).get(var)
                     if meta is None or getattr(meta, "type", None) != "string":
                         self.error(f"unknown attribute string: {var}", attr.span)
+            elif aspec.static:
+                self.error(f"op {node.op} setting {attr.name} must be a literal (it fixes the output's shape), "
+                           f"not the variable {var}", attr.span)
+                ok = False
             elif aspec.kind in ("scalar", "float", "int", "bool"):
                 if self.model is not None and getattr((self.model.metadata or {}).get(var), "type", None) == "string":
                     continue
@@ -105,6 +110,9 @@ class OpRules:
                     self.error(f"unknown attribute variable {var}{self.near(var)}", attr.span)
                 elif not self.is_scalar(var):
                     self.error(f"attribute {var} must be scalar", attr.span)
+                elif not _VAR_KIND_OK[aspec.kind](self.dtype(var)):
+                    self.error(f"op {node.op} setting {attr.name} is {_KIND_WORD[aspec.kind]}, but {var} is "
+                               f"{self.dtype(var)}", attr.span)
         if not ok:
             return
         from .. import ops
@@ -182,6 +190,16 @@ class OpRules:
         if a is not None and b is not None and a != b:
             self.error(f"transfer shape mismatch: {node.src} is {shape_text(a)}, {dst.name} is {shape_text(b)}",
                        dst.span)
+
+
+# the dtypes a scalar variable may have when it gives an added op's typed attribute
+_VAR_KIND_OK = {
+    "scalar": lambda d: True,
+    "float": lambda d: d is not None and (D.get(d).is_float or D.get(d).family in (D.SIGNED, D.UNSIGNED)),
+    "int": lambda d: d is not None and D.get(d).family in (D.SIGNED, D.UNSIGNED),
+    "bool": lambda d: d == "bool",
+}
+_KIND_WORD = {"float": "a number", "int": "an integer", "bool": "a bool"}
 
 
 class _Sizes(dict):

@@ -41,6 +41,7 @@ class Attr:
     default: object = None
     required: bool = False
     doc: str = ""
+    static: bool = False  # a literal only (it fixes the output's shape): a variable is a check error
 
 
 def _attr_from(name: str, value, where: str) -> AttrSpec:
@@ -65,7 +66,7 @@ def _attr_from(name: str, value, where: str) -> AttrSpec:
     if a.kind not in ATTR_KINDS:
         raise OpTypeError(f"{where}: attribute {name}: unknown kind {a.kind!r} (expected one of "
                           f"{', '.join(ATTR_KINDS)})")
-    return AttrSpec(name, a.kind, a.default, a.required and a.default is None, None, (), a.doc)
+    return AttrSpec(name, a.kind, a.default, a.required and a.default is None, None, (), a.doc, a.static)
 
 
 def _inputs_from(inputs, where: str) -> tuple[InputSpec, ...]:
@@ -119,15 +120,22 @@ def _shape_rule(shape, elementwise: bool, name: str, where: str) -> Callable | N
         return lambda shapes, attrs: None if shapes[0] is None else tuple(shapes[0])
     if callable(shape):
         def user_rule(shapes, attrs):
-            if any(s is None for s in shapes) or any(v is DYNAMIC for v in attrs.values()):
+            # an attribute given as a variable reaches the rule as oi2jax.ops.DYNAMIC: a rule that
+            # needs its value may fail on it, and the shape is then left to run time
+            if any(s is None for s in shapes):
                 return None
+            dynamic = any(v is DYNAMIC for v in attrs.values())
             try:
                 out = shape([tuple(s) for s in shapes], dict(attrs))
             except OpTypeError:
                 raise
             except Exception as exc:
+                if dynamic:
+                    return None
                 raise OpTypeError(f"op {name} (defined in {where}): its shape rule raised "
                                   f"{type(exc).__name__}: {exc}") from None
+            if out is None:
+                return None
             try:
                 return tuple(int(d) for d in out)
             except (TypeError, ValueError):
@@ -180,8 +188,8 @@ def _reference_caller(ref: Callable | None) -> Callable | None:
 
 
 def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None, out_dtype="same", shape=None,
-            elementwise: bool = False, reference=None, samples=None, category: str = "user", doc: str | None = None,
-            op_set: str = "user", source: str | None = None) -> OpDef:
+            elementwise: bool = False, inplace: bool = True, reference=None, samples=None, category: str = "user",
+            doc: str | None = None, op_set: str = "user", source: str | None = None) -> OpDef:
     name = name or fn.__name__
     where = source or _source_of(fn)
     if not name or name[0].isdigit() or any(c not in _NAME_OK for c in name):
@@ -194,7 +202,7 @@ def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None,
         shape=_shape_rule(shape, elementwise, name, where),
         type_rule=MappingProxyType({"kind": "oi2jax", "out_dtype": out_dtype if isinstance(out_dtype, str)
                                     else "function"}),
-        broadcast=elementwise and len(inputs_t) > 1, elementwise=elementwise,
+        broadcast=elementwise and len(inputs_t) > 1, elementwise=elementwise, inplace=inplace,
         reference=_reference_caller(reference), samples=samples,
         doc=(doc if doc is not None else inspect.getdoc(fn) or "").strip(), source=where, op_set=op_set)
 
@@ -208,9 +216,13 @@ def op(name: str | None = None, **declaration):
     attrs: `{name: default}` (kind from the default's type), `{name: kind}` (required), or
       `{name: Attr(kind, default, required)}`.
     out_dtype: 'same' | a dtype | 'attr:NAME' | 'input:N' | fn(in_dtypes, attrs) -> dtype.
-    shape: None (from the kernel, by `jax.eval_shape`) | 'same' | 'broadcast' | fn(in_shapes, attrs).
+    shape: None (from the kernel, by `jax.eval_shape`) | 'same' | 'broadcast' | fn(in_shapes, attrs)
+      (an attribute given as a variable reaches it as `oi2jax.ops.DYNAMIC`; return None when the
+      shape depends on it).
     elementwise: the output has the broadcast shape of the inputs, and it may take a runtime-shaped
       (`@auto_dim`) operand.
+    inplace: the output may be one of the inputs (`op rope(q, p) >> q;`; default true: a result is a
+      new value either way, docs/semantics.md; ops.json-form ops keep their schema's flag).
     reference: a NumPy function with the kernel's signature (tests; the interpreter runs it).
     samples: fn(rng, dtype) -> [(inputs, attrs), ...]: cases for the generated tests.
     """
@@ -314,11 +326,11 @@ def from_schema(entry: dict, kernel: Callable, *, reference=None, samples=None, 
     inputs = {input_names[0]: normal, **{n: "same" for n in input_names[1:]}}
     elementwise = entry.get("broadcast", "deny") == "allow"
     op_def = make_op(kernel, name, inputs=inputs, attrs=attrs, out_dtype=out_dtype,
-                     shape="broadcast" if elementwise else None, elementwise=False, reference=reference,
+                     shape="broadcast" if elementwise else None, elementwise=False,
+                     inplace=entry.get("inplace", "deny") == "allow", reference=reference,
                      samples=samples, category=str(entry.get("category", "user")), op_set=op_set, source=where)
     import dataclasses
-    return dataclasses.replace(op_def, broadcast=elementwise, inplace=entry.get("inplace", "deny") == "allow",
-                               type_rule=MappingProxyType(dict(rule)))
+    return dataclasses.replace(op_def, broadcast=elementwise, type_rule=MappingProxyType(dict(rule)))
 
 
 del np

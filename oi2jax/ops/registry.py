@@ -60,6 +60,7 @@ class AttrSpec:
     value_rule: str | None = None
     scalar_kinds: tuple[str, ...] = ()
     doc: str = ""
+    static: bool = False  # a literal only: the value fixes a shape (an axis), a variable is an error
 
     def default_for(self, dtype: str | None):
         return self.default(dtype) if callable(self.default) else self.default
