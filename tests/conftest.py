@@ -15,6 +15,9 @@ SHARED = Path(os.environ.get("OI2JAX_SHARED", REPO.parent / "shared" / "openinfe
 MODELS = SHARED / "models"
 BASELINE = SHARED / "baseline"
 EXAMPLES = REPO / "examples"
+# the example programs of the OpenInfer SPEC (each with its model beside it); examples/llama_decode*.oi
+# need `ops=["nn"]` and a converted checkpoint (tests/test_llama.py)
+SPEC_EXAMPLE_NAMES = sorted(p.stem for p in EXAMPLES.glob("*.oi") if p.with_suffix(".oinf").exists())
 # `make test` runs the default profile (under 5 minutes on an idle 2-core machine); `make
 # test-nightly` (OI2JAX_PROFILE=nightly) adds the long variants: the random differential test in
 # driver mode too, the 100-run concurrency stress test

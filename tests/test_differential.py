@@ -351,7 +351,7 @@ def test_regressions(path):
     differential(text, seed)
 
 
-EXAMPLE_NAMES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.oi"))
+from conftest import SPEC_EXAMPLE_NAMES as EXAMPLE_NAMES  # noqa: E402
 
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
