@@ -325,7 +325,8 @@ class Program:
 
     def _traced_run(self, session, inputs, steps: int | None, collect=()) -> dict:
         events = []
-        device = str(self.device or jax.devices()[0])
+        from .placement import device_name
+        device = device_name(self.device or jax.devices()[0])  # the device's own name (cpu:0, gpu:0)
 
         def timed(step_fn):
             def one_step(*args):
