@@ -230,7 +230,8 @@ def test_fused_loop_indexes_in_int64_past_two_to_the_31(kv):
         sess = kv.session()
         with kv.scope():
             fixed = kv.dynamic_args(sess._inputs({"q": q}))
-            state, last, _, status = kernels.multi(kv.consts, sess.state, {}, fixed, base, 3)
+            res = kernels.multi(kv.consts, sess.state, {}, fixed, base, 3)
+            state, last, status = res.state, res.last, res.status
         assert list(np.asarray(status)[:3]) == [0, 0, 3]
         results.append((kv.export_state(state), {k: np.asarray(v) for k, v in last.items()}))
     (state32, last32), (state64, last64) = results

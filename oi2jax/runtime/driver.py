@@ -453,7 +453,8 @@ class Driver:
 
     # ------------------------------------------------------------------ public API
 
-    def run(self, session, inputs: dict, steps: int | None, trace: bool | None, progress, collect) -> dict:
+    def run(self, session, inputs: dict, steps: int | None, trace: bool | None, progress, collect,
+            feedback: dict | None = None) -> dict:
         """`Program.run` of a driven program: each step run by this driver (per-phase and
         per-consumer kernels); `trace=True` records `last_trace` (per kernel call, waited for)."""
         previous = self.trace_enabled
@@ -462,7 +463,8 @@ class Driver:
         self.program.last_trace = []
         self._step_no = 0
         try:
-            return session.run_stepwise(inputs, steps=steps, collect=collect, progress=progress, driver=True)
+            return session.run_stepwise(inputs, steps=steps, collect=collect, progress=progress, driver=True,
+                                        feedback=feedback)
         finally:
             self.trace_enabled = previous
 

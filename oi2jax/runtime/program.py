@@ -306,7 +306,7 @@ class Program:
         return out
 
     def run(self, inputs: dict | None = None, steps: int | None = None, progress=None, trace: bool = False,
-            collect=(), session=None) -> dict:
+            collect=(), session=None, feedback: dict | None = None) -> dict:
         """Run `steps` steps from the program's initial state (or `session`'s state); every
         dynamic, volatile and persistent variable after the last step (widened like `--out`).
 
@@ -314,16 +314,18 @@ class Program:
         `[N, ...]` gives one value per step (`steps=None`, the default: N, else 1). The steps run
         as ONE compiled loop
         (`Session.run`). `collect=("y", ...)`: those names hold every step's value, stacked
-        `[N, ...]`, instead of the last one.
+        `[N, ...]`, instead of the last one. `feedback={"token": "next"}`: once `token`'s per-step
+        values run out, each step takes it from the step before's `next` (inside the one loop;
+        `Session.run`).
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
         if self.driver is not None:
-            return self.driver.run(session, inputs or {}, steps, trace, progress, collect)
+            return self.driver.run(session, inputs or {}, steps, trace, progress, collect, feedback)
         if trace:
-            return self._traced_run(session, inputs, steps, collect)
-        return session.run(inputs or {}, steps=steps, collect=collect, progress=progress)
+            return self._traced_run(session, inputs, steps, collect, feedback)
+        return session.run(inputs or {}, steps=steps, collect=collect, progress=progress, feedback=feedback)
 
-    def _traced_run(self, session, inputs, steps: int | None, collect=()) -> dict:
+    def _traced_run(self, session, inputs, steps: int | None, collect=(), feedback=None) -> dict:
         events = []
         from .placement import device_name
         device = device_name(self.device or jax.devices()[0])  # the device's own name (cpu:0, gpu:0)
@@ -342,7 +344,7 @@ class Program:
             return one_step
 
         self.last_trace = events
-        return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect)
+        return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect, feedback=feedback)
 
     def trace_text(self, events: list[dict] | None = None) -> str:
         """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""

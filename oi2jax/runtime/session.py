@@ -34,7 +34,7 @@ from .. import ir
 from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
 from ..values import convert_output
-from .runplan import collect_names, plan_run, split_inputs
+from .runplan import collect_names, feedback_pairs, plan_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
@@ -406,21 +406,26 @@ class Session:
 
     # ------------------------------------------------------------------ many steps
 
-    def run(self, inputs: dict | None = None, steps: int | None = None, collect=(), progress=None) -> dict:
+    def run(self, inputs: dict | None = None, steps: int | None = None, collect=(), progress=None,
+            feedback: dict | None = None) -> dict:
         """Run N steps as ONE compiled loop (`lax.while_loop`, state donated).
 
         An input of its declared shape is the same every step; one with a leading step axis
         `[N, ...]` gives step i the value `[i]` (`steps=None`: N; else at most N). Returns every
         dynamic, volatile and persistent variable after the last step (widened like `--out`);
         each name in `collect` holds instead every step's value stacked `[steps, ...]`.
+        `feedback={IN: OUT}`: once IN's per-step values run out (after its first step, when it
+        is given once or not at all), step i takes IN from step i-1's OUT, inside the loop
+        (generation: a prompt teacher-forced, then each token fed back); `steps` may exceed the
+        per-step values only of inputs with feedback.
         Errors raise from the step that failed (with its number); growth re-runs the step that
         needed it after doubling the capacity; the result equals `steps` calls of `step`."""
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        plan = plan_run(prog, inputs, steps, collect, self._inputs)
+        plan = plan_run(prog, inputs, steps, collect, self._inputs, feedback)
         steps, collect = plan.steps, plan.collect
-        per_dev, fixed_dev = plan.arguments(inputs)
+        per_dev, fixed_dev, fed = plan.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
         with prog.scope():
             base = 0
@@ -439,16 +444,17 @@ class Session:
                 n = min(chunk, steps - base)
                 t0 = time.perf_counter()
                 kernels = prog.step_kernels  # new ones after a growth (and new executables)
-                self._state, out, stacked, status = kernels.multi(
-                    prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps, exes=plan.exes(kernels))
-                status = np.asarray(status).tolist()  # (err, errval, applied, grow...): Python ints
+                res = kernels.multi(prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
+                                    exes=plan.exes(kernels), feedback=plan.feedback, fed=fed)
+                self._state, fed = res.state, res.fed
+                status = np.asarray(res.status).tolist()  # (err, errval, applied, grow...): Python ints
                 applied = status[2]
                 if applied:
                     pace = kernels.pace = (time.perf_counter() - t0) / applied
                     chunk = steps_per_call(pace)
-                    last = out
+                    last = res.last
                     for k in collect:
-                        pieces[k].append(stacked[k][base:base + applied])
+                        pieces[k].append(res.stacked[k][base:base + applied])
                 base += applied
                 self.steps += applied
                 step_status = status[:2] + status[3:]  # (err, errval, grow...)
@@ -477,22 +483,27 @@ class Session:
             self._values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
-                     progress=None, driver: bool = False) -> dict:
+                     progress=None, driver: bool = False, feedback: dict | None = None) -> dict:
         """`run` as one checked step at a time (the yield/await driver, traced runs): same inputs,
         same result. `wrap(step_fn)` may wrap each kernel call (timing); `driver=True` runs each
-        step with the program's yield/await driver."""
+        step with the program's yield/await driver. `feedback` as in `run`, through the host."""
         self.check()
         prog = self.program
         prog.check_given(inputs or {})
-        per_step, fixed, steps = split_inputs(prog, dict(inputs or {}), steps)
+        pairs = feedback_pairs(prog, feedback)
+        per_step, fixed, steps = split_inputs(prog, dict(inputs or {}), steps, pairs)
         collect = collect_names(prog, collect)
         per_host = {k: prog.convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
         fixed_dev = self._inputs(fixed)
         stacks: dict = {k: [] for k in collect}
         for i in range(steps):
             dyn = dict(fixed_dev)
-            if per_host:
-                dyn.update(self._inputs({k: v[i] for k, v in per_host.items()}))
+            given = {k: v[i] for k, v in per_host.items() if i < len(v)}
+            for name, source in pairs:  # past its given values: what its source held after the last step
+                if name not in given and (name in per_host or i > 0):
+                    given[name] = self.read(source)  # widened, and converted back exactly
+            if given:
+                dyn.update(self._inputs(given))
             self._step_checked(dyn, wrap=wrap, driver=driver)
             for k in collect:
                 stacks[k].append(self.read(k))
@@ -502,4 +513,3 @@ class Session:
         for k in collect:
             result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
         return result
-
