@@ -111,11 +111,10 @@ def test_feedback_sources_and_first_values(graph):
     np.testing.assert_array_equal(got["h"][0], h0)
     np.testing.assert_array_equal(got["h"][1:], got["acc"][:-1])  # step i's h: step i-1's acc
     sess = prog.session()
-    acc = None
-    for i in range(5):
-        sess.step(token=tokens[0] if i == 0 else out["next"], h=h0 if i == 0 else acc)
-        out = {"next": sess.read("next").astype(np.int64)}
-        acc = sess.read("acc")
+    token, h = tokens[0], h0
+    for _ in range(5):
+        sess.step(token=token, h=h)
+        token, h = sess.read("next").astype(np.int64), sess.read("acc")
     assert_same(prog.session().run({"token": tokens[0], "h": h0}, steps=5, feedback={"token": "next", "h": "acc"}),
                 sess.values())
     got = prog.run({"token": tokens}, feedback={"token": "next"}, collect="token")  # steps: the prompt's

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
@@ -165,19 +166,35 @@ class StepKernels:
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self.clean = jax.jit(clean, donate_argnums=(1,))
-        self._forms = {True: clean, False: single}
-        self.compiled: dict = {}  # (clean?, input signature) -> FlatStep (sessions)
-        # (FlatStep of `clean`, ((input name, type), ...), all outputs returned?) of
-        # the last session step whose inputs were complete device arrays: `Session.step`'s hot path
-        self.hot = None
+        self._form_fns = {True: clean, False: single}
+        self.generation = program.generation  # the program's cache capacities these kernels are for
+        self._forms: dict = {}  # input signature -> StepForms (the session step compiled ahead of time)
         self.pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(7, 8, 9))
         self._scalars: dict = {}  # (index type, value) -> device scalar (`multi`'s base and n)
 
-    def flat_step(self, clean: bool, consts, user, flags, dynamic) -> "FlatStep":
-        """`clean` (or `single`) compiled ahead of time for these arguments, its state flat (see
-        FlatStep); `flags`: None for `clean`."""
-        return FlatStep(self._forms[clean], consts, user, flags, dynamic)
+    def session_forms(self, dynamic: dict) -> "StepForms":
+        """The session step's compiled forms for this input signature (names, shapes, dtypes,
+        placement of `dynamic`), shared by every session of the program until a growth
+        replaces these kernels; each form is compiled on its first use (`StepForms.get`)."""
+        key = tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None)) for k, v in sorted(dynamic.items()))
+        forms = self._forms.get(key)
+        if forms is None:
+            forms = self._forms[key] = StepForms(self, self.generation)
+        return forms
+
+    def call_session_step(self, flat: "FlatStep", clean: bool, consts, leaves: tuple, flags, dynamic) -> tuple:
+        """One session step: `flat` (a form compiled ahead of time, its state as leaves), or the
+        jitted form when the executable refuses its arguments (placed unlike them: TypeError /
+        ValueError, raised before anything ran). `(leaves, flags or None, outputs)`."""
+        try:
+            return flat.call(consts, leaves, flags, dynamic)
+        except (TypeError, ValueError):
+            user = flat.user_def.unflatten(leaves)
+            with self.program.scope():
+                vars_, caches, flags, outputs = self.clean(consts, user, dynamic) if clean else \
+                    self.single(consts, user, flags, dynamic)
+            return tuple(jax.tree.leaves((vars_, caches))), flags, outputs
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
               total: int = 0, exes: dict | None = None, feedback: tuple = (), fed: dict | None = None) -> "FusedRun":
@@ -225,6 +242,28 @@ class StepKernels:
         return scalar
 
 
+@dataclass(eq=False)
+class StepForms:
+    """A session step compiled ahead of time for one input signature and one generation of
+    cache capacities (`StepKernels.session_forms`): `clean` for a state known to hold no error,
+    `single` for one that may follow unchecked steps (it skips a step whose incoming state holds
+    an error). `Session.step`'s hot path calls them directly."""
+
+    kernels: StepKernels
+    generation: int
+    clean: "FlatStep | None" = None
+    single: "FlatStep | None" = None
+
+    def compile(self, clean: bool, consts, user, flags, dynamic) -> "FlatStep":
+        """Compile the form `clean` (else `single`) for these arguments (`flags`: None for `clean`)."""
+        flat = FlatStep(self.kernels._form_fns[clean], consts, user, None if clean else flags, dynamic)
+        if clean:
+            self.clean = flat
+        else:
+            self.single = flat
+        return flat
+
+
 class FusedRun(NamedTuple):
     """What one call of the fused loop returns (`StepKernels.multi`)."""
 
@@ -242,8 +281,7 @@ class FlatStep:
     results at every call of an executable; dicts it does in C++, but the state's dataclasses
     (a `CacheState` per table) call back into Python: about 0.7 µs per step of a one-table
     decode step on CPU. `Session.step` keeps its state as these leaves between steps.
-    `__call__` is the same step with the structured arguments and results of
-    `StepKernels.single` / `clean`."""
+    `call` takes and returns the leaves, the flags and the outputs."""
 
     def __init__(self, fn, consts, user, flags, dynamic):
         leaves, self.user_def = jax.tree.flatten(user)
@@ -262,9 +300,7 @@ class FlatStep:
             consts, tuple(leaves), *((flags,) if takes_flags else ()), dynamic).compile()
         self.has_flags = traced["flags"]
 
-    def __call__(self, consts, user, flags, dynamic) -> tuple:
-        """(vars, caches, flags, outputs), as `clean` / `single` return them."""
-        leaves = tuple(jax.tree.leaves(user))
+    def call(self, consts, leaves: tuple, flags, dynamic) -> tuple:
+        """`(leaves, flags or None, outputs)`; `flags` is passed only to a form that takes them."""
         out = self.exe(consts, leaves, flags, dynamic) if self.takes_flags else self.exe(consts, leaves, dynamic)
-        vars_, caches = self.user_def.unflatten(out[0])
-        return (vars_, caches, out[1], out[2]) if self.has_flags else (vars_, caches, None, out[1])
+        return out if self.has_flags else (out[0], None, out[1])

@@ -121,8 +121,11 @@ class Program:
             self.compiles += 1
             self.compile_log.append(f"compile #{self.compiles}: {self._next_reason} ({what})")
 
+    generation = 0  # bumped whenever the cache capacities change (the kernels are rebuilt for them)
+
     def _make_kernels(self):
         """The jitted kernels for the current cache capacities (rebuilt after growth)."""
+        self.generation += 1
         self.jit_step = self._make_jit()
         self.step_kernels = StepKernels(self)
 
@@ -252,12 +255,14 @@ class Program:
             return None
         return self.lowering.error_for(code, int(status[1]), step=step)
 
-    def session(self, state=None) -> "Session":
+    def session(self, state=None, max_unchecked: int | None = None) -> "Session":
         """A decode-loop session owning the state: `step(**inputs)`, `run(...)`, `read`, `save`.
         `state`: None (program start), a `StepState`, a `{name: array}` dict or an `.npz` path
-        written by `Session.save` / `--out` / `--state-out` (docs/decode.md)."""
+        written by `Session.save` / `--out` / `--state-out`. `max_unchecked` (K, default 8):
+        how many dispatched steps `step` may leave unchecked before it waits for the oldest;
+        1 raises step k's error by call k+1 at the latest (docs/decode.md)."""
         from .session import Session
-        return Session(self, state)
+        return Session(self, state, max_unchecked)
 
     def lower(self, state: StepState | None = None, **dynamic):
         """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
