@@ -315,9 +315,8 @@ class Driver:
             if exe is not None:
                 try:
                     return exe(*args)
-                except TypeError as exc:  # argument avals differ from the AOT signature: jit instead
-                    if "differ from the types" not in str(exc) and "sharding" not in str(exc).lower():
-                        raise
+                except TypeError:  # refused: avals or shardings differ from the AOT signature (raised
+                    # before anything ran); the jit runs it, or raises a genuine error itself
                     self.program.compile_log.append(f"kernel {kern.name}: AOT executable rejected its arguments; "
                                             f"jit recompiles it")
                     kern.compiled = None

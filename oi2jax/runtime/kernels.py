@@ -169,9 +169,19 @@ class StepKernels:
         self._form_fns = {True: clean, False: single}
         self.generation = program.generation  # the program's cache capacities these kernels are for
         self._forms: dict = {}  # input signature -> StepForms (the session step compiled ahead of time)
-        self.pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
+        self._pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(7, 8, 9))
         self._scalars: dict = {}  # (index type, value) -> device scalar (`multi`'s base and n)
+
+    @property
+    def pace(self) -> float | None:
+        """Seconds per step of the last fused call on these kernels (None before the first)."""
+        return self._pace
+
+    def timed(self, seconds: float, steps: int) -> float:
+        """Note that a fused call ran `steps` steps in `seconds`; returns the pace."""
+        self._pace = seconds / steps
+        return self._pace
 
     def session_forms(self, dynamic: dict) -> "StepForms":
         """The session step's compiled forms for this input signature (names, shapes, dtypes,
@@ -208,14 +218,14 @@ class StepKernels:
         if exes is None:
             return self.multi_jit(*args)
         index = args[5].dtype
-        exe = exes.get(index)
-        if exe is None:
-            exe = exes[index] = self.multi_jit.lower(*args).compile()
-        if exe is not False:
+        if index not in exes:
+            exes[index] = self.multi_jit.lower(*args).compile()
+        exe = exes[index]
+        if exe is not None:
             try:
                 return exe(*args[:7])
-            except (TypeError, ValueError):  # placed unlike the executable: the jit from now on
-                exes[index] = False
+            except (TypeError, ValueError):  # placed unlike the executable (refused before running): the jit
+                exes[index] = None  # from now on
         return self.multi_jit(*args)
 
     def multi_args(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import threading
 import math
+from dataclasses import dataclass
 import time
 import warnings
 
@@ -58,7 +59,7 @@ class Program:
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
         self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (runtime/runplan.py)
-        self._step_hot = None  # (jit_step, its executable, input names, array type): `step`'s hot path
+        self._step_hot: PureStepHot | None = None  # `step`'s hot path
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
@@ -196,44 +197,44 @@ class Program:
         a graph with growable caches that needs more capacity returns the old state with
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
         hot = self._step_hot
-        if hot is not None and hot[0] is self.jit_step and len(dynamic) == len(hot[2]):
+        if hot is not None and hot.generation == self.generation and len(dynamic) == len(hot.names):
             # called eagerly again with every input a device array, as the last call: the step
             # compiled ahead of time, no JAX configuration entered. The executable refuses another
-            # shape, dtype or a traced value (then the general path below explains or traces)
-            for name in hot[2]:
-                if type(dynamic.get(name)) is not hot[3]:
+            # shape, dtype or a traced value (TypeError), or a used state's buffers (ValueError):
+            # then the general path below explains, traces or runs it
+            for name in hot.names:
+                if type(dynamic.get(name)) is not hot.array_type:
                     break
             else:
                 try:
-                    return hot[1](self.consts, state, dynamic)
-                except Exception as exc:  # noqa: BLE001  (the general path explains or runs it)
-                    error = self._donated(exc)
-                    if error is not exc:
-                        raise error from None
+                    return hot.exe(self.consts, state, dynamic)
+                except (TypeError, ValueError):
+                    self._refuse_used(state)
         checked = self.validate_inputs(dynamic)
         with self.scope():
             full = self.dynamic_args(checked)
             try:
                 out = self.jit_step(self.consts, state, full)
-            except (RuntimeError, ValueError) as exc:
-                raise self._donated(exc) from None
+            except (RuntimeError, ValueError):
+                self._refuse_used(state)
+                raise
             array = type(out[0].guards.flags)  # a concrete jax.Array type, unless traced
-            if (hot is None or hot[0] is not self.jit_step) and len(checked) == len(full) and \
+            if (hot is None or hot.generation != self.generation) and len(checked) == len(full) and \
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
                     all(type(v) is array for v in checked.values()):
                 # concrete device inputs, all given: compile this signature for the next call
-                self._step_hot = (self.jit_step, self.jit_step.lower(self.consts, out[0], full).compile(),
-                                  tuple(full), array)
+                self._step_hot = PureStepHot(self.generation, self.jit_step.lower(self.consts, out[0], full).compile(),
+                                             tuple(full), array)
             return out
 
     @staticmethod
-    def _donated(exc: Exception) -> Exception:
-        """An OiError for a state whose buffers an earlier step took over, else `exc` itself."""
-        if "deleted" in str(exc) or "donated" in str(exc):
-            return OiError("this state was already used by a step, which took over (donated) its "
-                           "buffers: pass the state that step returned (`state, out = "
-                           "prog.step(state, ...)`)")
-        return exc
+    def _refuse_used(state) -> None:
+        """OiError when `state` holds buffers an earlier step took over (donated)."""
+        if any(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.is_deleted()
+               for a in jax.tree.leaves(state)):
+            raise OiError("this state was already used by a step, which took over (donated) its "
+                          "buffers: pass the state that step returned (`state, out = "
+                          "prog.step(state, ...)`)") from None
 
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
@@ -536,6 +537,17 @@ class Program:
         (runtime/emit.py); returns the paths written."""
         from .emit import dump
         return dump(self, directory)
+
+
+@dataclass(eq=False)
+class PureStepHot:
+    """`Program.step`'s hot path: the jitted step compiled ahead of time for the signature of an
+    eager call whose inputs were all given as device arrays of one type."""
+
+    generation: int  # `Program.generation` it was compiled for (a growth makes it stale)
+    exe: object  # the compiled executable: (consts, state, dynamic) -> (state, outputs)
+    names: tuple  # the input names (every dynamic variable)
+    array_type: type  # the inputs' concrete array type (checked per call; the executable checks the rest)
 
 
 class _Scope:

@@ -150,7 +150,8 @@ class RunPlan:
     fused loop compiled ahead of time for these arguments (per kernels: a growth rebuilds them).
     Stored per input signature in `Program.run_plans` when its inputs passed through unconverted."""
 
-    __slots__ = ("per_names", "steps", "collect", "feedback", "defaults", "all_defaults", "values", "_exes")
+    __slots__ = ("per_names", "steps", "collect", "feedback", "defaults", "all_defaults", "values", "_exes",
+                 "_generation")
 
     def __init__(self, prog, per_names: tuple, steps: int, collect: tuple, values: dict | None = None,
                  feedback: tuple = ()):
@@ -158,7 +159,8 @@ class RunPlan:
         self.defaults = {k: v for k, v in prog.defaults.items() if k not in per_names}
         self.all_defaults = prog.defaults
         self.values = values  # this call's converted inputs (a plan that is not stored), else None
-        self._exes = (None, {})
+        self._exes: dict = {}  # index dtype -> the fused loop compiled for this plan (or None: use the jit)
+        self._generation = None  # the kernels' generation `_exes` were compiled for
 
     def arguments(self, inputs: dict) -> tuple[dict, dict, dict]:
         """(per-step inputs, fixed inputs: the given ones over the defaults, the first fed-back
@@ -185,6 +187,6 @@ class RunPlan:
         None for a plan of converted inputs (one call's own: the jitted loop, no AOT compile)."""
         if self.values is not None:
             return None
-        if self._exes[0] is not kernels:
-            self._exes = (kernels, {})
-        return self._exes[1]
+        if self._generation != kernels.generation:  # a growth: new kernels, new executables
+            self._exes, self._generation = {}, kernels.generation
+        return self._exes

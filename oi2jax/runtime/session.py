@@ -545,7 +545,7 @@ class Session:
                 status = np.asarray(res.status).tolist()  # (err, errval, applied, grow...): Python ints
                 applied = status[2]
                 if applied:
-                    pace = kernels.pace = (time.perf_counter() - t0) / applied
+                    pace = kernels.timed(time.perf_counter() - t0, applied)
                     chunk = steps_per_call(pace)
                     last = res.last
                     for k in collect:
