@@ -212,7 +212,17 @@ def cmd_run(args) -> int:
     if args.steps is not None and args.steps < 0:
         raise UsageError("--steps must be >= 0")
     session_flags = [f for f, v in (("--inputs-per-step", args.inputs_per_step), ("--collect", args.collect),
-                                    ("--state-in", args.state_in), ("--state-out", args.state_out)) if v]
+                                    ("--feedback", args.feedback), ("--state-in", args.state_in),
+                                    ("--state-out", args.state_out)) if v]
+    feedback = {}
+    for item in args.feedback or []:
+        for pair in (p.strip() for p in item.split(",") if p.strip()):
+            name, eq, source = (x.strip() for x in pair.partition("="))
+            if not (eq and name and source):
+                raise UsageError(f"--feedback expects INPUT=OUTPUT (e.g. token=next), got {pair!r}")
+            if name in feedback:
+                raise UsageError(f"--feedback {name}: given twice ({name}={feedback[name]}, {pair})")
+            feedback[name] = source
     if args.interpret and session_flags:
         raise UsageError(f"{session_flags[0]} needs a compiled run (not --interpret)")
     sharding = _sharding_kwargs(args)
@@ -254,8 +264,11 @@ def cmd_run(args) -> int:
         run_kwargs["session"] = session
         if args.collect:
             run_kwargs["collect"] = tuple(n.strip() for item in args.collect for n in item.split(",") if n.strip())
-        if steps is None:  # --inputs-per-step without --steps: its length
-            steps = len(next(iter(inputs.values()))) if inputs else 1
+        if feedback:
+            run_kwargs["feedback"] = feedback
+        if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
+            from .runtime.runplan import feedback_pairs, split_inputs
+            steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
     bar = progress_for(steps, quiet=args.quiet)
     if bar is not None:
         run_kwargs["progress"] = bar
@@ -450,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one value per step: arrays with a leading step axis [N, ...] (steps fused in one loop)")
     r.add_argument("--collect", action="append", metavar="NAME[,NAME...]",
                    help="write every step's value of these variables to --out, stacked [steps, ...]")
+    r.add_argument("--feedback", action="append", metavar="INPUT=OUTPUT",
+                   help="once INPUT's per-step values run out, each step takes INPUT from the previous step's "
+                        "OUTPUT, inside the fused loop (generation: --feedback token=next; repeatable)")
     r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
     r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
     r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")

@@ -94,6 +94,24 @@ def _symbolic_bound(bound, symbolic: tuple[str, ...]):
 EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
+def export_platforms(platforms=None) -> tuple[str, ...]:
+    """The lowering platforms to export for (`runtime.placement.lowering_platform`: `gpu`,
+    JAX's name of any GPU device or backend, becomes `cuda` or `rocm`); default: the platform
+    of JAX's default backend. Unknown names are an OiError."""
+    import jax
+    from .runtime.placement import lowering_platform
+    if platforms is None:
+        return (lowering_platform(jax.default_backend()),)
+    out = []
+    for platform in platforms:
+        if platform not in EXPORT_PLATFORMS and platform != "gpu":
+            from .diagnostics import suggest
+            raise OiError(f"unknown platform {platform!r}{suggest(platform, EXPORT_PLATFORMS)} "
+                          f"(jax.export platforms: {', '.join(EXPORT_PLATFORMS)})")
+        out.append(lowering_platform(platform))
+    return tuple(dict.fromkeys(out))
+
+
 def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None, ops=None):
     """(exported, manifest, npz_arrays) for the graph; nothing written."""
     import jax
@@ -102,11 +120,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     from .phases import has_yield
 
     symbolic = tuple(symbolic or ())
-    for platform in platforms or ():
-        if platform not in EXPORT_PLATFORMS:
-            from .diagnostics import suggest
-            raise OiError(f"unknown platform {platform!r}{suggest(platform, EXPORT_PLATFORMS)} "
-                          f"(jax.export platforms: {', '.join(EXPORT_PLATFORMS)})")
+    platforms = export_platforms(platforms)
     from . import pipeline
     bound = pipeline.bound(source_or_path, model, sizes, ops)  # the checker already refuses deadlocks
     graph = bound.graph
@@ -143,10 +157,8 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
 
         state_spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in state0.items()}
         dyn_spec = {n: jax.ShapeDtypeStruct(dyn_shapes[n], defaults[n].dtype) for n in builder.dynamic}
-        if platforms is None:
-            platforms = (jax.default_backend(),)
         try:
-            exported = jax.export.export(jax.jit(step), platforms=tuple(platforms))(state_spec, dyn_spec)
+            exported = jax.export.export(jax.jit(step), platforms=platforms)(state_spec, dyn_spec)
         except OiError:
             raise
         except Exception as exc:

@@ -315,9 +315,8 @@ class Driver:
             if exe is not None:
                 try:
                     return exe(*args)
-                except TypeError as exc:  # argument avals differ from the AOT signature: jit instead
-                    if "differ from the types" not in str(exc) and "sharding" not in str(exc).lower():
-                        raise
+                except TypeError:  # refused: avals or shardings differ from the AOT signature (raised
+                    # before anything ran); the jit runs it, or raises a genuine error itself
                     self.program.compile_log.append(f"kernel {kern.name}: AOT executable rejected its arguments; "
                                             f"jit recompiles it")
                     kern.compiled = None
@@ -453,7 +452,8 @@ class Driver:
 
     # ------------------------------------------------------------------ public API
 
-    def run(self, session, inputs: dict, steps: int | None, trace: bool | None, progress, collect) -> dict:
+    def run(self, session, inputs: dict, steps: int | None, trace: bool | None, progress, collect,
+            feedback: dict | None = None) -> dict:
         """`Program.run` of a driven program: each step run by this driver (per-phase and
         per-consumer kernels); `trace=True` records `last_trace` (per kernel call, waited for)."""
         previous = self.trace_enabled
@@ -462,7 +462,8 @@ class Driver:
         self.program.last_trace = []
         self._step_no = 0
         try:
-            return session.run_stepwise(inputs, steps=steps, collect=collect, progress=progress, driver=True)
+            return session.run_stepwise(inputs, steps=steps, collect=collect, progress=progress, driver=True,
+                                        feedback=feedback)
         finally:
             self.trace_enabled = previous
 
