@@ -15,7 +15,8 @@ Exactly the math of examples/llama_decode.oi (and tests/llama_ref.py), written a
 Weights stay in Hugging Face's `[out, in]` layout (`lax.dot_general` contracting the input axis:
 no transpose is materialised). f32 matmuls run at `precision` (default HIGHEST, oi2jax's default
 `--precision highest`); 16-bit weights are computed as the `nn` ops do: every op in f32 (matmuls
-accumulate in f32) and rounded once to the weights' dtype.
+accumulate in f32) and rounded once to the weights' dtype, the attention scores scaled and
+soft-maxed in f32 and `logits` widened to f32 (examples/llama_decode_bf16.oi).
 
 Two layer forms: `layers="unrolled"` (a Python loop over the layers: XLA sees L copies of the
 layer; the faster form on GPU) and `layers="scan"` (a `lax.scan` over weights stacked `[L, ...]`,
@@ -140,7 +141,7 @@ def _attend(cfg: Config, q, kc, vc, n, precision, dt):
     """q [H, HD] (rotated), kc/vc [T, KVH, HD]; slots 0..n-1 read."""
     qg = q.reshape(cfg.KVH, cfg.G, cfg.HD)
     scores = jnp.einsum("kgd,tkd->kgt", qg, kc, precision=precision, preferred_element_type=jnp.float32)
-    scores = _f32((scores.astype(dt) * jnp.asarray(cfg.attn_scale, dt)))  # the graph's `mul` (in dt)
+    scores = _f32(scores.astype(dt)) * jnp.float32(cfg.attn_scale)  # scaled and soft-maxed in f32
     keep = lax.broadcasted_iota(jnp.int32, scores.shape, 2) < n
     scores = jnp.where(keep, scores, jnp.finfo(jnp.float32).min)
     e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
@@ -248,8 +249,8 @@ class LlamaJax:
 
     def init_cache(self):
         c = self.cfg
-        z = np.zeros((c.L, c.T, c.KVH, c.HD), _np_dtype(c.dtype))
-        return self.put((z, z.copy()))
+        shape, dt = (c.L, c.T, c.KVH, c.HD), _np_dtype(c.dtype)
+        return tuple(jnp.zeros(shape, dt, device=self.device) for _ in range(2))
 
     def weight_bytes(self) -> int:
         """Bytes of the weights a decode step reads (every layer, the final norm, lm_head and one
