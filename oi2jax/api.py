@@ -55,17 +55,13 @@ def _validate_json_graph(graph, path: str) -> None:
 def load_graph(source_or_path):
     """A path to a `.oi` file or a `.json` graph (SPEC §8.1), a graph-JSON dict, or the program text."""
     from .grammar.parse import parse, parse_file
+    from .pipeline import graph_path
     if isinstance(source_or_path, dict):
         return load_graph_json(source_or_path)
-    if isinstance(source_or_path, (str, os.PathLike)) and os.fspath(source_or_path).endswith(".json") \
-            and "\n" not in os.fspath(source_or_path):
-        return load_graph_json(source_or_path)
-    if isinstance(source_or_path, os.PathLike):
-        return parse_file(os.fspath(source_or_path))
-    text = str(source_or_path)
-    if "\n" not in text and "{" not in text and (text.endswith(".oi") or Path(text).exists()):
-        return parse_file(text)
-    return parse(text)
+    path = graph_path(source_or_path)  # the one rule for "a path, not program text" (also the model's)
+    if path is None:
+        return parse(str(source_or_path))
+    return load_graph_json(path) if path.endswith(".json") else parse_file(path)
 
 
 def default_cache_dir() -> Path:
@@ -108,7 +104,7 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
 
 def load_model(model):
     from .model import Model, open_model
-    if model is None or isinstance(model, Model):
+    if model is None or model is False or isinstance(model, Model):
         return model
     return open_model(os.fspath(model))
 
@@ -133,16 +129,18 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     OpenInfer's exact f32 numerics; "high"/"default" allow XLA's faster TF32/bf16 paths on GPU and
     TPU (results then differ from OpenInfer in the low bits; docs/semantics.md). The reference
     interpreter always computes exactly.
-    A run without an input that the graph reads and that has no model tensor or `@init` is an
-    error naming it; `zero_missing_inputs=True` asks for OpenInfer's zero-filled default."""
-    program = _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement,
-                       cache_dir, build, schedule, precision)
-    program.zero_missing_inputs = bool(zero_missing_inputs)
-    return program
+    `model`: a `.oinf` path or an open `Model`; None (default): the graph's `.oinf` beside it when
+    the graph is given as a path and that file exists (`pipeline.choose_model`; `program.model_path`
+    says which file was used); False: no model.
+    A run without an input that the graph reads and that has no model tensor or `@init`, and a
+    constant with no model tensor and no `@init`, are errors naming them; `zero_missing_inputs=True`
+    asks for OpenInfer's zero-filled default."""
+    return _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement,
+                    cache_dir, build, schedule, precision, bool(zero_missing_inputs))
 
 
 def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement, cache_dir,
-             build, schedule, precision):
+             build, schedule, precision, zero_missing_inputs):
     from .runtime.executor import check_build, check_schedule
     from .ops.numerical import PRECISIONS
     if precision not in PRECISIONS:
@@ -156,7 +154,8 @@ def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh
     if yield_mode not in YIELD_MODES:
         raise OiError(f"unknown yield_mode {yield_mode!r} (expected one of {', '.join(YIELD_MODES)})")
     from . import pipeline
-    bound = pipeline.bound(source_or_path, model, sizes)  # load -> check -> bind, shared with export and the CLI
+    # load -> check -> bind, shared with export and the CLI
+    bound = pipeline.bound(source_or_path, model, sizes, zero_missing_inputs=zero_missing_inputs)
     graph = bound.graph
     if mode == "interpret":
         if precision != "highest":

@@ -23,8 +23,11 @@ from .diagnostics import source_lines, Diagnostic, OiError
 from .ir import MemKind
 
 
-def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> list[Diagnostic]:
-    checker = _Checker(graph, model, sizes)
+def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, no_model: str | None = None
+          ) -> list[Diagnostic]:
+    """Every diagnostic, sorted; `no_model`: why there is no model, for the messages that need it
+    (pipeline.ModelChoice.no_model_reason)."""
+    checker = _Checker(graph, model, sizes, no_model)
     checker.run()
     return sorted(checker.diags, key=_sort_key)
 
@@ -46,9 +49,10 @@ class CheckedGraph:
         return sig
 
 
-def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None) -> CheckedGraph:
+def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None,
+                no_model: str | None = None) -> CheckedGraph:
     """The checked graph, or `OiError` with every error (THE check of the pipeline)."""
-    checker = _Checker(graph, model, sizes)
+    checker = _Checker(graph, model, sizes, no_model)
     checker.run()
     diags = sorted(checker.diags, key=_sort_key)
     errors = [d for d in diags if d.severity == "error"]
@@ -71,9 +75,10 @@ def _sort_key(d: Diagnostic):
 class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, RuntimeShapeRules):
     """Checker state, lookups and the node walk; the rule groups are the mixins in `oi2jax.checks`."""
 
-    def __init__(self, graph: ir.Graph, model, sizes):
+    def __init__(self, graph: ir.Graph, model, sizes, no_model: str | None = None):
         self.g = graph
         self.model = model
+        self.no_model = no_model  # why there is no model (messages.unknown_size)
         self.strict = model is not None or bool(sizes)
         self.sizes: dict[str, int] = dict(getattr(model, "sizevars", {}) or {}) if model is not None else {}
         self.sizes.update(sizes or {})

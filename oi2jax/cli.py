@@ -62,12 +62,19 @@ def _refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
                 raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
 
 
-def _default_model(graph: str, model: str | None) -> str | None:
-    """`--model` defaults to `<graph>.oinf` next to the graph when that file exists."""
-    if model is not None:
-        return model
-    candidate = Path(graph).with_suffix(".oinf")
-    return str(candidate) if candidate.exists() and Path(graph).suffix in (".oi", ".json") else None
+def _model(args):
+    """This command's model (`pipeline.choose_model`, the one rule: `--model`, else GRAPH.oinf beside
+    the graph when it exists, none with `--no-model`), as a `ModelChoice` to pass on; a note says
+    which file when it was found beside the graph (not with --quiet)."""
+    choice = getattr(args, "model_choice", None)
+    if choice is None:
+        from .pipeline import NO_MODEL, choose_model
+        if args.no_model and args.model:
+            raise UsageError("give either --model or --no-model, not both")
+        choice = args.model_choice = choose_model(Path(args.graph), NO_MODEL if args.no_model else args.model)
+        if choice.beside and not getattr(args, "quiet", False):
+            print(f"note: using model {choice.path} (beside the graph)", file=sys.stderr)
+    return choice
 
 
 def _load_graph(path: str):
@@ -81,9 +88,11 @@ def _load_graph(path: str):
 def cmd_check(args) -> int:
     from .check import check
     from .model import open_model
+    sizes = _sizes(args.size)
+    choice = _model(args)
     graph = _load_graph(args.graph)
-    model = open_model(args.model) if args.model else None
-    diagnostics = check(graph, model=model, sizes=_sizes(args.size))
+    model = open_model(choice.model) if choice.model else None
+    diagnostics = check(graph, model=model, sizes=sizes, no_model=choice.no_model_reason())
     for d in diagnostics:
         print(d.render(graph.source), file=sys.stderr)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
@@ -191,7 +200,7 @@ def _per_step_inputs(args, program, inputs: dict) -> dict:
 
 def cmd_run(args) -> int:
     from . import api
-    ins = {"graph": args.graph, "model": _default_model(args.graph, args.model), "--state-in file": args.state_in,
+    ins = {"graph": args.graph, "model": _model(args).path, "--state-in file": args.state_in,
            "--inputs-per-step file": args.inputs_per_step}
     ins.update({f"--input file of {p.partition('=')[0]}": p.partition("=")[2] for p in args.input or []})
     _refuse_inputs_as_outputs({"--out": args.out, "--state-out": args.state_out, "--trace-json": args.trace_json},
@@ -212,7 +221,7 @@ def cmd_run(args) -> int:
     if tracing and args.interpret:
         from .trace import Trace
         node_trace = Trace()
-    program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
+    program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
                           zero_missing_inputs=args.zero_missing_inputs, **sharding)
@@ -296,13 +305,13 @@ def _report_trace(args, program, node_trace) -> None:
 
 def cmd_export(args) -> int:
     from .export import write_export
-    model = _default_model(args.graph, args.model)
+    model = _model(args)
     for suffix in ("", ".json", ".init.npz"):
-        _refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model})
+        _refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model.path})
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
-    for path in write_export(args.graph, args.output, model=_default_model(args.graph, args.model),
-                             sizes=_sizes(args.size), symbolic=symbolic, platforms=platforms):
+    for path in write_export(args.graph, args.output, model=model, sizes=_sizes(args.size), symbolic=symbolic,
+                             platforms=platforms, zero_missing_inputs=args.zero_missing_inputs):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -311,7 +320,7 @@ def cmd_graph(args) -> int:
     from .cfg import format_for, render, to_dot
     graph = _load_graph(args.graph)
     sizes = {}
-    model = _default_model(args.graph, args.model)
+    model = _model(args).model
     if model:
         from .model import open_model
         sizes.update(open_model(model).sizevars)
@@ -332,17 +341,18 @@ def cmd_compile(args) -> int:
     from . import api
     api.enable_compilation_cache(args.cache_dir)
     _refuse_inputs_as_outputs({"-o": args.output, "--dump-dir": args.dump_dir},
-                              {"graph": args.graph, "model": _default_model(args.graph, args.model)})
+                              {"graph": args.graph, "model": _model(args).path})
     if args.emit == "graph-json" and not args.dump_dir and not _sharding_kwargs(args):
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
         # graph (against the model when there is one) and write it; nothing to compile
         import json
         from . import pipeline
         from .graph_json import to_json
-        graph = pipeline.checked(Path(args.graph), _default_model(args.graph, args.model), _sizes(args.size))[0].graph
+        graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size))[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
-    program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
-                          device=args.device, precision=args.precision, **_sharding_kwargs(args))
+    program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
+                          precision=args.precision, zero_missing_inputs=args.zero_missing_inputs,
+                          **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
@@ -380,6 +390,19 @@ def _add_cache_flag(p) -> None:
                         "'none' disables it")
 
 
+def _add_model_flags(p) -> None:
+    p.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf beside the graph, when it exists)")
+    p.add_argument("--no-model", action="store_true", help="use no model, even when GRAPH.oinf exists")
+
+
+def _add_zero_flag(p, run: bool = False) -> None:
+    p.add_argument("--zero-missing-inputs", action="store_true",
+                   help=("run even if an input the graph reads is not given and has no model tensor or @init, or a "
+                         "constant has no model tensor or @init" if run else
+                         "let a constant with no model tensor and no @init be zeros") +
+                        " (OpenInfer's zero-filled default); without it that is an error")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = _Parser(prog="oi2jax", description="Compile OpenInfer graphs (.oi) to JAX.")
@@ -388,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate a graph (and its model)")
     c.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    c.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(c)
     c.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     c.set_defaults(func=cmd_check)
 
@@ -404,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a graph for N steps")
     r.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    r.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(r)
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="a dynamic variable's value, the same every step (repeatable)")
     r.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
@@ -417,9 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
     r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
     r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")
-    r.add_argument("--zero-missing-inputs", action="store_true",
-                   help="run even if an input the graph reads is not given and has no model tensor or @init "
-                        "(OpenInfer's zero-filled default); without it that is an error")
+    _add_zero_flag(r, run=True)
     r.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="where to run (default: JAX's default)")
     r.add_argument("--interpret", action="store_true", help="use the reference interpreter")
     r.add_argument("--trace", action="store_true", help="print a trace (per node interpreted, per kernel compiled)")
@@ -440,12 +461,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("compile", help="lower a graph and print jaxpr / StableHLO / HLO")
     k.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    k.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(k)
     k.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     k.add_argument("--emit", choices=EMIT_KINDS, default="stablehlo", help="what to print (default: stablehlo)")
     k.add_argument("-o", dest="output", help="write to this file instead of stdout")
     k.add_argument("--dump-dir", help="also write the step program and each block's kernel here")
     k.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="the platform to compile for")
+    _add_zero_flag(k)
     _add_sharding_flags(k, distributed=False)
     _add_precision_flag(k)
     _add_cache_flag(k)
@@ -453,18 +475,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write the step as a serialized jax.export artifact + manifest")
     e.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    e.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(e)
     e.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     e.add_argument("-o", dest="output", required=True, metavar="STEP.jaxexport",
                    help="the artifact to write (plus STEP.jaxexport.json and .init.npz beside it)")
     e.add_argument("--symbolic", action="append", metavar="SIZEVAR",
                    help="export with this size variable as a symbolic dimension (repeatable, or B,T)")
     e.add_argument("--platforms", metavar="cpu,cuda,...", help="lowering platforms (default: the current backend)")
+    _add_zero_flag(e)
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("graph", help="draw the control-flow graph (DOT; SVG/PNG with Graphviz)")
     g.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    g.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(g)
     g.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     g.add_argument("-o", dest="output", metavar="cfg.svg|cfg.png|cfg.dot", help="default: DOT on stdout")
     g.set_defaults(func=cmd_graph)

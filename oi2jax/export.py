@@ -94,8 +94,9 @@ def _symbolic_bound(bound, symbolic: tuple[str, ...]):
 EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
-def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None):
-    """(exported, manifest, npz_arrays) for the graph; nothing written."""
+def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None, zero_missing_inputs=False):
+    """(exported, manifest, npz_arrays) for the graph; nothing written. `model`: as `oi2jax.compile`
+    (default: the `.oinf` beside a graph path, pipeline.choose_model; False: none)."""
     import jax
     from .runtime.program import Program
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
@@ -108,7 +109,8 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
             raise OiError(f"unknown platform {platform!r}{suggest(platform, EXPORT_PLATFORMS)} "
                           f"(jax.export platforms: {', '.join(EXPORT_PLATFORMS)})")
     from . import pipeline
-    bound = pipeline.bound(source_or_path, model, sizes)  # the checker already refuses deadlocks
+    bound = pipeline.bound(source_or_path, model, sizes,  # the checker already refuses deadlocks
+                           zero_missing_inputs=zero_missing_inputs)
     graph = bound.graph
     unknown = [s for s in symbolic if s not in bound.sizes]
     if unknown:
@@ -221,12 +223,13 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     return exported, manifest, npz
 
 
-def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None) -> list[str]:
+def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None,
+                 zero_missing_inputs=False) -> list[str]:
     """Write the artifact, its manifest and the initial-state npz; returns the paths written."""
     import jax
     with jax.enable_x64(True):
         exported, manifest, npz = build_export(source_or_path, model=model, sizes=sizes, symbolic=symbolic,
-                                               platforms=platforms)
+                                               platforms=platforms, zero_missing_inputs=zero_missing_inputs)
         try:
             blob = exported.serialize()
         except ImportError as exc:  # jax.export serialization needs the optional `flatbuffers`

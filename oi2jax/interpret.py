@@ -93,6 +93,7 @@ class InterpretedProgram(CacheOps):
 
         self.bound = bound
         self.graph: ir.Graph = bound.graph
+        self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
         self.trace = trace if trace is not None else Trace.from_env()
         g = self.graph
         assert g.entry is not None, CHECKED
@@ -105,6 +106,11 @@ class InterpretedProgram(CacheOps):
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
         self.state = self._initial_state()
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file this program was bound to (as `Program.model_path`)."""
+        return self.bound.model_path
 
     # ------------------------------------------------------------------ declarations / values
 

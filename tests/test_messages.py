@@ -28,7 +28,8 @@ def test_unknown_op_and_setting_suggest_the_closest(capsys, tmp_path):
 def test_unknown_input_suggests(capsys, tmp_path):
     np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
     code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input", f"xx={tmp_path / 'x.npy'}")
-    assert code == 1 and err.strip() == ("error: unknown input xx (did you mean x?): the graph's dynamic "
+    assert code == 1 and err.strip() == (f"note: using model {EXAMPLES / 'mlp_regression.oinf'} (beside the graph)\n"
+                                         "error: unknown input xx (did you mean x?): the graph's dynamic "
                                          "variables are x")
 
 
@@ -40,6 +41,7 @@ def test_model_given_as_graph_and_graph_given_as_input(capsys):
     code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input",
                            f"x={EXAMPLES / 'mlp_regression.oi'}")
     assert code == 1 and err.strip() == (
+        f"note: using model {EXAMPLES / 'mlp_regression.oinf'} (beside the graph)\n"
         f"error: cannot read input x from {EXAMPLES / 'mlp_regression.oi'}: not a .npy file (save arrays "
         f"with numpy.save; for one value per step use --inputs-per-step FILE.npz)")
 
@@ -219,7 +221,8 @@ def test_outputs_never_overwrite_inputs_and_platforms_are_checked(capsys, tmp_pa
     shutil.copy(EXAMPLES / "mlp_regression.oinf", model)
     before = g.read_bytes(), model.read_bytes()
     code, _, err = run_cli(capsys, "compile", g, "-o", g)
-    assert code == 1 and err.strip() == f"error: -o {g} is the graph: writing it would destroy the input; " \
+    assert code == 1 and err.strip() == f"note: using model {model} (beside the graph)\n" \
+                                        f"error: -o {g} is the graph: writing it would destroy the input; " \
                                         f"choose another path"
     code, _, err = run_cli(capsys, "export", g, "-o", model)
     assert code == 1 and f"error: -o {model} is the model" in err
@@ -228,7 +231,8 @@ def test_outputs_never_overwrite_inputs_and_platforms_are_checked(capsys, tmp_pa
     assert code == 1 and f"error: --out {tmp_path / 'x.npy'} is the --input file of x" in err
     assert (g.read_bytes(), model.read_bytes()) == before
     code, _, err = run_cli(capsys, "export", g, "-o", tmp_path / "s.jaxexport", "--platforms", "cpu,junk")
-    assert code == 1 and err.strip() == ("error: unknown platform 'junk' (jax.export platforms: cpu, cuda, "
+    assert code == 1 and err.strip() == (f"note: using model {model} (beside the graph)\n"
+                                         "error: unknown platform 'junk' (jax.export platforms: cpu, cuda, "
                                          "rocm, tpu)")
     assert not (tmp_path / "s.jaxexport").exists()
 
@@ -547,3 +551,29 @@ def test_bf16_and_f8_inputs_are_converted_only_when_exact():
         convert_input("x", np.array([0.1]), "f8", (1,))
     assert float(convert_input("x", np.array([0.5]), "bf16", (1,))[0]) == 0.5
     assert float(convert_input("x", np.array([-1.5]), "f8", (1,))[0]) == -1.5
+
+
+def test_compile_finds_the_model_beside_the_graph_as_the_cli_does(tmp_path):
+    """Issue 34 item 2: `oi2jax.compile("examples/kv_cache_decode.oi")`, as docs/decode.md shows it,
+    failed with `unknown size: D`: the Python API never looked beside the graph. One rule
+    (pipeline.choose_model) for the API, export and the CLI; `program.model_path` says which file."""
+    graph, model = EXAMPLES / "kv_cache_decode.oi", EXAMPLES / "kv_cache_decode.oinf"
+    prog = oi2jax.compile(str(graph))  # as docs/decode.md
+    assert prog.model_path == str(model)
+    assert oi2jax.compile(graph, mode="interpret").model_path == str(model)  # a PathLike too
+    q = np.arange(16, dtype=np.float32)
+    np.testing.assert_array_equal(prog.session().step(q=q)["k_hist"][0], q)
+    assert oi2jax.compile(str(graph), model=model).model_path == str(model)
+    with pytest.raises(OiError) as info:  # model=False: no model, even with one beside the graph
+        oi2jax.compile(str(graph), model=False)
+    assert str(info.value).startswith(f"{graph}:5:5: error: invalid dims for q: unknown size: D (no model "
+                                      f"(--no-model / model=False))\n        q: f32[D];\n        ^")
+    with pytest.raises(OiError) as info:  # program text has no "beside"
+        oi2jax.compile(graph.read_text())
+    assert str(info.value).startswith("<string>:5:5: error: invalid dims for q: unknown size: D (no model given)\n")
+    g = tmp_path / "g.oi"
+    g.write_text(graph.read_text())
+    with pytest.raises(OiError) as info:
+        oi2jax.compile(str(g))
+    assert f"unknown size: D (no model given and none found at {tmp_path / 'g.oinf'})" in str(info.value)
+    assert oi2jax.compile(str(g), sizes={"D": 2}, zero_missing_inputs=True).model_path is None
