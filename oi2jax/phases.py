@@ -44,20 +44,22 @@ def node_writes(node: ir.Node) -> tuple[str, ...]:
 
 
 def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
-    """Variables a block (and the blocks it calls) may write."""
+    """Variables a block (and the blocks it calls) may write. Each block is visited once, with an
+    explicit stack (a chain of thousands of blocks is no RecursionError)."""
     seen = set() if seen is None else seen
-    if block.name in seen:
-        return set()
-    seen.add(block.name)
     out: set[str] = set()
-    for node in block.walk():
-        out.update(node_writes(node))
-        if isinstance(node, ir.CacheRead):
-            out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
-        elif isinstance(node, ir.Branch):
-            for target in (node.then_block, node.else_block):
-                if target and graph.block(target):
-                    out |= written_names(graph, graph.block(target), seen)
+    stack = [block]
+    while stack:
+        b = stack.pop()
+        if b.name in seen:
+            continue
+        seen.add(b.name)
+        for node in b.walk():
+            out.update(node_writes(node))
+            if isinstance(node, ir.CacheRead):
+                out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
+            elif isinstance(node, ir.Branch):
+                stack.extend(graph.block(t) for t in (node.then_block, node.else_block) if t and graph.block(t))
     return out
 
 
@@ -122,34 +124,55 @@ def node_defines(node: ir.Node) -> set[str]:
 def read_before_written(graph: ir.Graph) -> set[str]:
     """Variables a step may read before it writes them (what the host must provide, or what keeps
     its initial value): entry walked in order; a loop body or a branch target may not run, so its
-    writes do not count; a consumer block starts from entry's state at its yield."""
+    writes do not count; a consumer block starts from entry's state at its yield.
+
+    Linear in the graph: what each block (with the blocks it calls and the consumers its yields
+    start) reads before writing it is computed once, from nothing written, and a caller takes it
+    minus what it has written by then (the same set as walking every path, which is 2^k paths
+    for k conditionals whose arms share a block). Blocks are visited in post-order with an
+    explicit stack; one met again while in progress (recursion, refused by the checker) adds
+    nothing, as a path that already passed it."""
     entry = graph.entry
     if entry is None:
         return set()
-    needed: set[str] = set()
     consumers = consumer_blocks(graph)
+    awaited = {b.name: {v for n in b.walk() if isinstance(n, ir.Await) for v in n.vars} for b in consumers}
 
-    def walk(nodes, written: set, seen: tuple) -> set:
+    def started(node: ir.Node) -> list[str]:
+        """The blocks a node runs: branch targets, the consumers of a yield."""
+        if isinstance(node, ir.Branch):
+            return [t for t in (node.then_block, node.else_block) if t and graph.block(t) is not None]
+        if isinstance(node, ir.Yield):
+            return [c.name for c in consumers if awaited[c.name] & set(node.vars)]
+        return []
+
+    reads: dict[str, set[str]] = {}  # block -> what it reads before writing it, from nothing written
+
+    def walk(nodes, written: set) -> set:
+        needed: set[str] = set()
         written = set(written)
         for node in nodes:
-            needed.update(node_reads(node) - written)
+            needed |= node_reads(node) - written
             if isinstance(node, ir.Loop):
-                walk(node.body, written, seen)
-            elif isinstance(node, ir.Branch):
-                for target in (node.then_block, node.else_block):
-                    block = graph.block(target) if target else None
-                    if block is not None and target not in seen:
-                        walk(block.nodes, written, seen + (target,))
-            elif isinstance(node, ir.Yield):
-                for block in consumers:
-                    if block.name not in seen and any(isinstance(n, ir.Await) and set(n.vars) & set(node.vars)
-                                                      for n in block.walk()):
-                        walk(block.nodes, written, seen + (block.name,))
+                needed |= walk(node.body, written)
+            for name in started(node):
+                needed |= reads.get(name, set()) - written
             written |= node_defines(node)
-        return written
+        return needed
 
-    walk(entry.nodes, set(), ("entry",))
-    return needed
+    state = {"entry": 1}  # 1: in progress, 2: done
+    stack = [("entry", iter([t for n in entry.walk() for t in started(n)]))]
+    while stack:
+        name, todo = stack[-1]
+        nxt = next(todo, None)
+        if nxt is None:
+            stack.pop()
+            reads[name] = walk(graph.block(name).nodes, set())
+            state[name] = 2
+        elif nxt not in state:
+            state[nxt] = 1
+            stack.append((nxt, iter([t for n in graph.block(nxt).walk() for t in started(n)])))
+    return reads["entry"]
 
 
 @dataclass

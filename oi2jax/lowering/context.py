@@ -44,7 +44,7 @@ class Lowering:
     # current shape they take. Each is held at that tensor's capacity shape, with its logical
     # shape in env[SHAPE + name] (int64[rank]); the host trims it (Program.trim_outputs)
     shaped: dict = field(default_factory=dict)
-    inline_costs: dict | None = None  # machine.py: each block's cost inlined (computed on first need)
+    call_facts: object = None  # machine.CallFacts: each block's inlined cost, call depth (on first need)
 
     @property
     def graph(self) -> ir.Graph:

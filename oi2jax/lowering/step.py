@@ -62,7 +62,8 @@ class StepBuilder:
         self.temps = [name for name in graph.temporaries if graph.var(name) is None]
         # step outputs: every volatile, and the dynamic inputs the graph writes (an unwritten input
         # would only be copied out again; Program.run reports it from the input itself)
-        written = set().union(*(written_names(graph, b) for b in graph.blocks)) if graph.blocks else set()
+        seen: set = set()  # shared: each block walked once (linear in the blocks)
+        written = set().union(*(written_names(graph, b, seen) for b in graph.blocks)) if graph.blocks else set()
         self.output_names = tuple(n for n in self.dynamic if n in written) + tuple(self.volatile)
         # what a step returns: the names of entry's top-level `return a, b;`, else output_names
         returned = next((n.vars for n in graph.entry.nodes if isinstance(n, ir.Return)), None) \
