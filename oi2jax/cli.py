@@ -37,6 +37,8 @@ def _sizes(pairs: list[str] | None) -> dict[str, int]:
         try:
             sizes[name] = int(value)
         except ValueError:
+            if value.strip().isdigit():  # more digits than Python converts (4300): no size is that large
+                raise UsageError(f"--size {name}: a number of {len(value.strip())} digits is too large") from None
             raise UsageError(f"--size {name}: '{value}' is not an integer") from None
         if sizes[name] < 0:
             raise UsageError(f"--size {name}: size must be non-negative, got {value}")

@@ -645,3 +645,52 @@ def test_compile_finds_the_model_beside_the_graph_as_the_cli_does(tmp_path):
         oi2jax.compile(str(g))
     assert f"unknown size: D (no model given and none found at {tmp_path / 'g.oinf'})" in str(info.value)
     assert oi2jax.compile(str(g), sizes={"D": 2}, zero_missing_inputs=True).model_path is None
+
+
+def test_literals_of_thousands_of_digits_and_arrays_of_65_dimensions_are_diagnostics(capsys, tmp_path):
+    """Issue 34 item 4: a size literal with thousands of digits (Python refuses int() of more than
+    4300) and a model metadata array with more than 64 dimensions (NumPy's limit) were internal
+    errors. Every integer literal is refused before conversion when it is past 64 bits, and quoted
+    by its ends; the model reader names the array."""
+    import struct
+    from oi2jax.model import Tensor, save
+    big = "9" * 5000
+    shown = "99999999999999999999...99999999 (5000 characters)"
+    cases = [("dynamic { x: f32[" + big + "]; }\nblock entry { return; }\n", "1:18"),
+             ("dynamic { x: f32[2]; }\nblock entry { loop l (i in 0.." + big + ") { op add(x, x) >> x; } }\n", "2:31"),
+             ("persistent { T(i): f32 @table @fixed(i=" + big + "); }\nblock entry { return; }\n", "1:40"),
+             ("dynamic { x: f32[2]; }\nblock entry { op fill(x, value=" + big + ") >> x; }\n", "2:32"),
+             ("persistent { T(i): f32[2] @table; }\ndynamic { x: f32[2]; }\nblock entry { cache.write x >> T["
+              + big + "]; }\n", "3:34")]
+    for src, where in cases:
+        with pytest.raises(OiError) as info:
+            oi2jax.compile(src, zero_missing_inputs=True)
+        assert str(info.value).startswith(f"<string>:{where}: error: integer literal {shown} is out of the 64-bit "
+                                          f"range\n"), str(info.value)[:300]
+    with pytest.raises(OiError, match=r"<string>:1:25: error: integer literal -99999999999999999999\.\.\.99999999 "
+                                      r"\(5000 characters\) is out of the 64-bit range"):
+        oi2jax.compile("dynamic { x: i32 @init(-" + big + "); }\nblock entry { return; }\n")
+    with pytest.raises(OiError, match=r"integer literal 0xffffffffffffffffff\.\.\.ffffffff \(5002 characters\) is out"):
+        oi2jax.compile("dynamic { x: i64[2]; }\nblock entry { op fill(x, value=0x" + "f" * 5000 + ") >> x; }\n")
+    with pytest.raises(OiError, match=r"float literal 99999999999999999999\.\.\.999999\.0 \(5002 characters\) overflows"):
+        oi2jax.compile("dynamic { x: f32[2]; }\nblock entry { op fill(x, value=" + big + ".0) >> x; }\n")
+    zeros = oi2jax.compile("dynamic { x: i32[2]; }\nblock entry { op fill(x, value=" + "0" * 5000 + "7) >> x; }\n",
+                           zero_missing_inputs=True)  # 5001 digits, value 7: fine
+    assert zeros.run({})["x"].tolist() == [7, 7]
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32[B]; }\nblock entry { return; }\n")
+    code, _, err = run_cli(capsys, "check", g, "--size", f"B={big}")
+    assert code == 2 and err.strip().endswith("error: --size B: a number of 5000 digits is too large")
+    # a metadata array of 65 dimensions: written as 64 (NumPy's most), its rank patched to 65 (the
+    # 65th dim reads the f64 zero that was the data: 0 elements, the same payload size)
+    save(tmp_path / "m.oinf", metadata={"a": np.zeros((1,) * 64, np.float64)})
+    raw = bytearray((tmp_path / "m.oinf").read_bytes())
+    at = raw.find(struct.pack("<I", 64) + struct.pack("<Q", 1) * 64)
+    raw[at:at + 4] = struct.pack("<I", 65)
+    (tmp_path / "m.oinf").write_bytes(bytes(raw))
+    code, _, err = run_cli(capsys, "inspect", tmp_path / "m.oinf")
+    assert code == 1 and err.strip() == f"error: {tmp_path / 'm.oinf'}: metadata a: ndarray has 65 dimensions; " \
+                                        f"the limit is 64"
+    save(tmp_path / "t.oinf", tensors={"w": Tensor("f32", None, (1,) * 65)})  # a tensor too (no data to load)
+    code, _, err = run_cli(capsys, "check", g, "--model", tmp_path / "t.oinf")
+    assert code == 1 and err.strip() == f"error: {tmp_path / 't.oinf'}: tensor w has 65 dimensions; the limit is 64"
