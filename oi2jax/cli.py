@@ -228,6 +228,12 @@ def cmd_run(args) -> int:
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
                           zero_missing_inputs=args.zero_missing_inputs, **sharding)
     inputs = _load_inputs(args.input)
+    from .ir import MemKind
+    from .values import check_every_step_input
+    for name, value in inputs.items():
+        decl = program.graph.var(name)
+        if decl is not None and decl.kind == MemKind.DYNAMIC:  # others: the run names them
+            check_every_step_input(name, value, program.bound.shape(name))
     if args.inputs_per_step:
         inputs.update(_per_step_inputs(args, program, inputs))
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)

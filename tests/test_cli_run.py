@@ -225,3 +225,47 @@ def _npy(tmp_path, array):
     path = tmp_path / f"in{len(list(tmp_path.glob('in*.npy')))}.npy"
     np.save(path, array)
     return path
+
+
+def test_inputs_are_never_reshaped_or_broadcast(capsys, tmp_path):
+    """Issue 34 item 4: an array of shape [1] for a scalar input and a 0-d array for a [4, 16]
+    input: every way in is an error naming the input, the expected and the given shape (`--input`
+    is the value of every step: a [1] array for a scalar was run as one value per step)."""
+    import oi2jax
+    from oi2jax.diagnostics import OiError
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { s: f32; x: f32[4, 16]; }\nvolatile { y: f32[4, 16]; }\n"
+                 "block entry { op mul(x, s) >> y; return; }\n")
+    s1, x0 = _npy(tmp_path, np.ones(1, np.float32)), _npy(tmp_path, np.float32(1))
+    s, x = _npy(tmp_path, np.float32(2)), _npy(tmp_path, np.ones((4, 16), np.float32))
+    for extra in ([], ["--interpret"]):
+        code, _, err = run_cli(capsys, "run", g, "--input", f"s={s1}", "--input", f"x={x}", "--quiet", *extra)
+        assert code == 1 and err.strip() == ("error: input s: expected shape [], got [1] (--input gives the value of "
+                                             "every step; one value per step goes in --inputs-per-step FILE.npz)")
+        code, _, err = run_cli(capsys, "run", g, "--input", f"s={s}", "--input", f"x={x0}", "--quiet", *extra)
+        assert code == 1 and err.strip().startswith("error: input x: expected shape [4, 16], got []")
+    code, _, err = run_cli(capsys, "run", g, "--input", f"s={s}", "--input", f"x={x}", "--quiet")
+    assert code == 0, err
+    # the Python ways in: a step's value is exactly the declared shape
+    good = {"s": np.float32(2), "x": np.ones((4, 16), np.float32)}
+    bad = {"[1] for a scalar": ({"s": np.ones(1, np.float32)}, "input s: expected shape [], got [1]"),
+           "0-d for [4, 16]": ({"x": np.float32(1)}, "input x: expected shape [4, 16], got []")}
+    prog, interp = oi2jax.compile(str(g)), oi2jax.compile(str(g), mode="interpret")
+    for what, (change, message) in bad.items():
+        ins = {**good, **change}
+        ways = {"Session.step": lambda: prog.session().step(**ins), "Program.step": lambda: prog.step(None, **ins),
+                "interpreted run": lambda: interp.run(ins)}
+        for way, call in ways.items():
+            with pytest.raises(OiError) as info:
+                call()
+            assert str(info.value).startswith(f"error: {message}"), (what, way, str(info.value))
+    # Program.run / Session.run: [N, ...] is one value per step, [] never
+    ins = {**good, "x": np.float32(1)}
+    for call in (lambda: prog.run(ins), lambda: prog.session().run(ins, steps=1)):
+        with pytest.raises(OiError) as info:
+            call()
+        assert str(info.value) == ("error: input x: expected shape [4, 16] (the same every step) or [N, 4, 16] "
+                                   "(one value per step), got []")
+    # in a session's run, [N] for a scalar is N values, one per step (docs/decode.md), never a reshape
+    out = prog.session().run({"s": np.array([2.0, 3.0], np.float32), "x": good["x"]}, collect=("y",))
+    assert out["y"].shape == (2, 4, 16) and out["y"][1, 0, 0] == 3.0
