@@ -99,6 +99,8 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from .xla_cache import watch
+    watch(str(path))  # a damaged entry: one `warning:` line, compiled again and replaced (xla_cache.py)
     return str(path)
 
 
