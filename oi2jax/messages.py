@@ -31,8 +31,10 @@ def negative_index(table: str, what: str, value) -> str:
 
 
 def exceeds_fixed(table: str, dim: int, fixed: int, what: str, value) -> str:
-    """A table access past a `@fixed` size (`what`: "index" for a single index, "slice end")."""
-    return f"cache table {table} index {dim} exceeds fixed size {fixed} ({what} {value})"
+    """A table access past a `@fixed` size (`what`: "index" for a single index, "slice end"). The
+    dimension is named as such: OpenInfer's "cache table K index 0 exceeds fixed size 4 (index 4)"
+    read as if the index were 0."""
+    return f"dimension {dim} of {table}: {what} {value} is past its fixed size {fixed}"
 
 
 def slice_end_underflow(table: str, size) -> str:

@@ -269,3 +269,16 @@ def test_inputs_are_never_reshaped_or_broadcast(capsys, tmp_path):
     # in a session's run, [N] for a scalar is N values, one per step (docs/decode.md), never a reshape
     out = prog.session().run({"s": np.array([2.0, 3.0], np.float32), "x": good["x"]}, collect=("y",))
     assert out["y"].shape == (2, 4, 16) and out["y"][1, 0, 0] == 3.0
+
+
+def test_interpret_takes_fixed_inputs_only_and_says_so(capsys, tmp_path, graph):
+    """Issue 34 item 5: `--interpret` with `--inputs-per-step` is refused (the interpreter runs
+    every step on the same inputs); docs/cli.md now says so."""
+    from conftest import REPO
+    np.savez(tmp_path / "per.npz", x=np.ones((2, 2), np.float32))
+    for flag, value in (("--inputs-per-step", tmp_path / "per.npz"), ("--collect", "y"),
+                        ("--state-in", tmp_path / "per.npz"), ("--state-out", tmp_path / "s.npz")):
+        code, _, err = run_cli(capsys, "run", graph, "--interpret", flag, value, "--quiet")
+        assert code == 2 and err.strip() == f"error: {flag} needs a compiled run (not --interpret)"
+    assert ("`--interpret` runs the reference interpreter instead of the compiled program, with the same "
+            "inputs every step") in " ".join((REPO / "docs" / "cli.md").read_text().split())
