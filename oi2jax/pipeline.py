@@ -50,10 +50,9 @@ class ModelChoice:
     @property
     def path(self) -> str | None:
         """The model file used (None without a model)."""
-        if self.model is None:
-            return None
-        return getattr(self.model, "path", None) if not isinstance(self.model, (str, os.PathLike)) \
-            else os.fspath(self.model)
+        if isinstance(self.model, (str, os.PathLike)):
+            return os.fspath(self.model)
+        return getattr(self.model, "path", None)  # an open Model, or None
 
     def no_model_reason(self) -> str:
         """Why there is no model, for messages that need one (`unknown size: B (...)`)."""
