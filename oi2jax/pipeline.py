@@ -80,18 +80,14 @@ def choose_model(source_or_path, model=None) -> ModelChoice:
     return ModelChoice(None, looked=candidate)
 
 
-def _load(source_or_path, model):
-    from .api import load_graph, load_model
-    choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
-    graph = load_graph(source_or_path)
-    return graph, load_model(choice.model), choice
-
-
 def checked(source_or_path, model=None, sizes=None):
     """(CheckedGraph, model object): the graph loaded and checked (against the model chosen by
     `choose_model`); OiError with every error otherwise. `model` may also be a `ModelChoice`."""
+    from .api import load_graph, load_model
     from .check import check_graph
-    graph, model_obj, choice = _load(source_or_path, model)
+    choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
+    graph = load_graph(source_or_path)
+    model_obj = load_model(choice.model)
     return check_graph(graph, model=model_obj, sizes=sizes, no_model=choice.no_model_reason()), model_obj
 
 
@@ -99,10 +95,9 @@ def bound(source_or_path, model=None, sizes=None, zero_missing_inputs: bool = Fa
     """load -> check -> bind: the `BoundGraph` every backend (compiled, interpreted, exported) starts
     from. `zero_missing_inputs`: constants with no value (no model tensor, no `@init`) read as zeros
     instead of being an error (model/bind.py)."""
-    from .check import check_graph
     from .model.bind import bind
-    graph, model_obj, choice = _load(source_or_path, model)
-    checked_graph = check_graph(graph, model=model_obj, sizes=sizes, no_model=choice.no_model_reason())
+    choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
+    checked_graph, model_obj = checked(source_or_path, choice, sizes)
     return bind(checked_graph, model_obj, sizes, zero_missing_inputs=zero_missing_inputs,
                 no_model=choice.no_model_reason())
 
