@@ -105,8 +105,11 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
 
 
 def load_model(model):
+    """An open `Model` from a path (a `Model` as it is); None for None or False (no model)."""
     from .model import Model, open_model
-    if model is None or model is False or isinstance(model, Model):
+    if model is None or model is False:
+        return None
+    if isinstance(model, Model):
         return model
     return open_model(os.fspath(model))
 
