@@ -3,18 +3,16 @@
 `plan(node, trips, tr)` decides for one `loop` node from its static trip count n (None when a
 bound is read at run time), its body's cost c (IR nodes one iteration traces, nested loops and
 inlined branch targets included), whether its body reads a prefix-table member indexed by the
-loop variable (`W[l]`: per-iteration constants, a *layer loop*), the bytes of those members and of
-the other values of the body, and the `LoopPolicy` in force: the per-graph `unroll` option and
-the platform the program runs on.
+loop variable (`W[l]`: per-iteration constants, a *layer loop*) and the `LoopPolicy` in force:
+the per-graph `unroll` option and the platform the program runs on.
 
 - `unroll="none"`: `lax.fori_loop`. `"full"`: every loop with a static trip count is a Python
   loop with a static index. An int k: `fori_loop(..., unroll=k)` (k >= n: full).
-- `"auto"`: a trip count read at run time, or a body without per-iteration constants: a loop.
-  A layer loop on GPU/TPU: full unroll when n x c <= UNROLL_BUDGET, else `unroll=k` with the
-  largest k <= n such that k x c <= UNROLL_BUDGET (k >= 2), else a loop. On CPU: full unroll only
-  when the layer loop is weight-bandwidth bound (per-iteration member bytes >= CPU_MIN_BYTES and
-  >= CPU_WEIGHT_RATIO x the other values' bytes) and n x c <= UNROLL_BUDGET, else a loop
-  (partial unrolling measured slower on CPU).
+- `"auto"`: on CPU every loop stays a loop (unrolling measured faster there only for some
+  shapes, partial unrolling slower: docs/loops.md). On GPU/TPU a trip count read at run time, or
+  a body without per-iteration constants, is a loop; a layer loop is fully unrolled when
+  n x c <= UNROLL_BUDGET, else `unroll=k` with the largest k <= n such that k x c <= UNROLL_BUDGET
+  (k >= 2), else a loop.
 
 An unrolled loop's index is a Python int, so `W[l]` is static; a family every read of which is
 static is held member by member (`split_families`: `W[0]`, `W[1]`, ... are separate buffers), so
@@ -37,12 +35,6 @@ from ..diagnostics import OiError
 MODES = ("auto", "none", "full")
 ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")  # jax platform names that get the accelerator rule
 UNROLL_BUDGET = 1024  # auto: IR nodes an unrolled loop may trace (n x body cost): bounds compile time
-# auto on CPU (measured, docs/loops.md): unroll a layer loop only when it is weight-bandwidth bound --
-# its per-iteration constants at least CPU_WEIGHT_RATIO times the bytes of the values it works on
-# (a matrix-vector decode layer: ~1.5-2.5x faster unrolled) and at least CPU_MIN_BYTES (below,
-# the per-iteration copy is noise and a loop compiles faster)
-CPU_WEIGHT_RATIO = 64
-CPU_MIN_BYTES = 64 * 1024
 
 
 def check_unroll(value) -> "str | int":
@@ -161,35 +153,6 @@ def reads_per_iteration(node: ir.Loop) -> bool:
                for r, inner in _walk_refs(node.body))
 
 
-def iteration_bytes(node: ir.Loop, tr) -> tuple[int, int]:
-    """(bytes of the prefix-table members one iteration reads by the loop variable, bytes of the
-    other variables its body reads or writes): a layer loop is weight-bandwidth bound when the
-    first dwarfs the second (a matrix-vector product per weight)."""
-    from .. import dtypes as dt
-    weights, values = {}, {}
-    for r, inner in _walk_refs(node.body):
-        decl = tr.graph.var(r.name)
-        if decl is not None and decl.kind == ir.MemKind.CONSTANT and r.indices is None:
-            continue  # a whole constant: loop-invariant, read in place
-        try:
-            nbytes = dt.get(tr.bound.dtype(r.name)).nbytes(_numel(tr.bound.shape(r.name)))
-        except OiError:
-            continue
-        if r.indices is not None:
-            if node.var in r.indices and node.var not in inner:
-                weights[r.name] = nbytes
-        else:
-            values[r.name] = nbytes
-    return sum(weights.values()), sum(values.values())
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def body_cost(nodes, tr, policy: LoopPolicy) -> int:
     """IR nodes one pass over `nodes` traces: nested loops by their own plan (n x cost when
     unrolled), branches with the blocks they inline."""
@@ -202,7 +165,7 @@ def body_cost(nodes, tr, policy: LoopPolicy) -> int:
         total += 1
         if isinstance(n, ir.Loop):
             inner = body_cost(n.body, tr, policy)
-            p = _decide(n, static_trips(n, tr), inner, policy, tr)
+            p = _decide(n, static_trips(n, tr), inner, policy)
             total += inner * (static_trips(n, tr) if p.unroll else max(p.factor, 1))
         elif isinstance(n, ir.Branch):
             total += sum(costs.get(t, 0) for t in (n.then_block, n.else_block) if t)
@@ -215,10 +178,10 @@ def plan(node: ir.Loop, trips: int | None, tr, policy: LoopPolicy | None = None)
     policy = current() if policy is None else policy
     if trips is None:
         return Plan(False, 1, "trip count read at run time")
-    return _decide(node, trips, body_cost(node.body, tr, policy), policy, tr)
+    return _decide(node, trips, body_cost(node.body, tr, policy), policy)
 
 
-def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy, tr) -> Plan:
+def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy) -> Plan:
     mode = policy.unroll
     if trips is None:
         return Plan(False, 1, "trip count read at run time")
@@ -232,17 +195,11 @@ def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy, tr)
         return Plan(False, mode, f"unroll={mode}")
     # auto
     where = f"auto on {policy.platform}"
+    if not policy.accelerator:  # CPU: unrolling measured faster only for some shapes (docs/loops.md)
+        return Plan(False, 1, f"{where}: a loop")
     if not reads_per_iteration(node):
         return Plan(False, 1, f"{where}: no per-iteration constant")
     size = trips * max(cost, 1)
-    if not policy.accelerator:
-        weights, values = iteration_bytes(node, tr)
-        if weights < CPU_MIN_BYTES or weights < CPU_WEIGHT_RATIO * values:
-            return Plan(False, 1, f"{where}: layer loop not weight-bound ({weights} B of weights, "
-                                  f"{values} B of values per iteration)")
-        if size > UNROLL_BUDGET:
-            return Plan(False, 1, f"{where}: weight-bound layer loop over budget ({trips} x {cost} nodes)")
-        return Plan(True, trips, f"{where}: weight-bound layer loop, {trips} x {cost} nodes")
     if size <= UNROLL_BUDGET:
         return Plan(True, trips, f"{where}: layer loop, {trips} x {cost} nodes")
     k = min(trips, UNROLL_BUDGET // max(cost, 1))
