@@ -238,7 +238,8 @@ def cmd_run(args) -> int:
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
-                          zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), **sharding)
+                          zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
+                          **sharding)
     inputs = _load_inputs(args.input)
     if args.inputs_per_step:
         inputs.update(_per_step_inputs(args, program, inputs))
@@ -328,7 +329,8 @@ def cmd_export(args) -> int:
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=_default_model(args.graph, args.model),
-                             sizes=_sizes(args.size), symbolic=symbolic, platforms=platforms, ops=_ops(args)):
+                             sizes=_sizes(args.size), symbolic=symbolic, platforms=platforms, ops=_ops(args),
+                             unroll=args.unroll):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -370,7 +372,8 @@ def cmd_compile(args) -> int:
                                  _ops(args))[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
-                          device=args.device, precision=args.precision, ops=_ops(args), **_sharding_kwargs(args))
+                          device=args.device, precision=args.precision, ops=_ops(args), unroll=args.unroll,
+                          **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
@@ -419,6 +422,22 @@ def _add_precision_flag(p) -> None:
     p.add_argument("--precision", choices=("highest", "high", "default"), default="highest",
                    help="float matmul precision: highest (default) keeps OpenInfer's exact f32 numerics; "
                         "high/default allow faster TF32/bf16 paths on GPU/TPU")
+
+
+def _unroll_arg(text: str):
+    """`--unroll auto|none|full|K`: a bad value is a usage error (exit 2)."""
+    from .lowering.loops import check_unroll
+    try:
+        return check_unroll(text)
+    except OiError as exc:
+        raise argparse.ArgumentTypeError(exc.diagnostics[0].message) from None
+
+
+def _add_unroll_flag(p) -> None:
+    p.add_argument("--unroll", type=_unroll_arg, default="auto", metavar="auto|none|full|K",
+                   help="how loops lower (docs/loops.md): auto (default: layer loops unrolled on GPU/TPU within a "
+                        "size budget, loops kept on CPU), none (always a loop), full (every loop with a static trip "
+                        "count unrolled), K (partial unroll by K)")
 
 
 def _add_cache_flag(p) -> None:
@@ -487,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report every compilation of the step and why it happened")
     _add_sharding_flags(r, distributed=True)
     _add_precision_flag(r)
+    _add_unroll_flag(r)
     _add_cache_flag(r)
     _add_ops_flag(r)
     r.set_defaults(func=cmd_run)
@@ -501,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="the platform to compile for")
     _add_sharding_flags(k, distributed=False)
     _add_precision_flag(k)
+    _add_unroll_flag(k)
     _add_cache_flag(k)
     _add_ops_flag(k)
     k.set_defaults(func=cmd_compile)
@@ -514,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--symbolic", action="append", metavar="SIZEVAR",
                    help="export with this size variable as a symbolic dimension (repeatable, or B,T)")
     e.add_argument("--platforms", metavar="cpu,cuda,...", help="lowering platforms (default: the current backend)")
+    _add_unroll_flag(e)
     _add_ops_flag(e)
     e.set_defaults(func=cmd_export)
 

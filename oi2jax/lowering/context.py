@@ -183,14 +183,17 @@ class Tracer:
     def read_member(self, ref: ir.VarRef, env: dict, frame: Frame):
         """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index.
         An index outside the family is an error naming the missing tensor: at compile time when
-        the index (or its loop's range) is static, else a runtime guard."""
+        the index (or its loop's range) is static, else a runtime guard. A family held member by
+        member (loops.split_families) is read as its member's own buffer."""
         decl = self.graph.var(ref.name)
-        value = self.consts[ref.name]
+        value = self.consts.get(ref.name)  # None: held member by member
+        counts = value.shape if value is not None else self.bound.family_counts(ref.name)
+        indices = []
         for pos, raw in enumerate(ref.indices):
             idx = self.index_value(raw, frame, env)
-            extent = self.consts[ref.name].shape[pos]
-            if isinstance(idx, int):
-                static_bad = None if 0 <= idx < extent else idx
+            extent = counts[pos]
+            if isinstance(idx, int):  # a literal, a size, or the index of an unrolled loop (the
+                static_bad = None if 0 <= idx < extent else idx  # first missing member, as interpreted)
             else:
                 static_range = frame.loop_vars.get(raw, (None, None))[1] if isinstance(raw, str) else None
                 static_bad = None
@@ -209,12 +212,27 @@ class Tracer:
             if static_bad is not None:
                 missing = self.bound.member_name(decl, self._placeholder(ref, pos, static_bad))
                 raise OiError(messages.prefix_member_missing(ref.name, missing), ref.span, source=self.graph.source)
-            if isinstance(idx, int):
-                value = value[idx]
+            indices.append((idx, extent))
+        if value is None:
+            from .loops import member_key
+            if all(isinstance(i, int) for i, _ in indices):
+                return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
+            value = self._stacked(ref.name, tuple(counts))  # a traced read after all: correct, slower
+        for idx, extent in indices:
+            if isinstance(idx, int):  # a static slice (a literal, a size, an unrolled loop's index)
+                value = jax.lax.index_in_dim(value, idx, axis=0, keepdims=False)
             else:
                 value = jax.lax.dynamic_index_in_dim(value, jnp.clip(idx, 0, extent - 1).astype(jnp.int32),
                                                      axis=0, keepdims=False)
         return env, value
+
+    def _stacked(self, name: str, counts: tuple[int, ...]):
+        """A family held member by member, stacked in the kernel (only when the policy that split it
+        is not the one tracing: Program.unroll changed after construction)."""
+        from .loops import member_key
+        members = [self.consts[member_key(name, idx)] for idx in np.ndindex(*counts)]
+        stacked = jnp.stack(members)
+        return stacked.reshape(tuple(counts) + tuple(stacked.shape[1:]))
 
     def _placeholder(self, ref: ir.VarRef, pos: int, value: int) -> tuple[int, ...]:
         values = [0] * len(ref.indices)

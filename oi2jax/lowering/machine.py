@@ -72,11 +72,16 @@ def reachable(graph: ir.Graph, roots) -> list[str]:
     return sorted(order)
 
 
+def inline_costs(tr: Tracer) -> dict[str, int]:
+    """Each block's nodes traced when it is inlined with every block it calls (computed once)."""
+    if tr.lowering.inline_costs is None:
+        tr.lowering.inline_costs = _costs(tr.graph)
+    return tr.lowering.inline_costs
+
+
 def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
     graph = tr.graph
-    if tr.lowering.inline_costs is None:
-        tr.lowering.inline_costs = _costs(graph)
-    costs = tr.lowering.inline_costs
+    costs = inline_costs(tr)
     roots = _targets(graph, node)
     inlined = sum(costs[t] for t in roots)
     unique = sum(_own_size(graph.block(b).nodes) for b in reachable(graph, roots))
