@@ -99,7 +99,6 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     import jax
     from .runtime.program import Program
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
-    from .phases import has_yield
 
     symbolic = tuple(symbolic or ())
     for platform in platforms or ():
@@ -116,7 +115,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                       f"(known: {', '.join(sorted(bound.sizes)) or '(none)'})")
     if symbolic:
         _check_symbolic(graph, symbolic)
-    fused = has_yield(graph)
+    fused = bound.checked.yield_plan.has_yield
     program = Program(bound, yield_mode="fused")
     builder = program.builder
     with program.scope():

@@ -100,7 +100,7 @@ class InterpretedProgram(CacheOps):
         self._temps = g.temporaries
         # take the current shape of an @auto_dim tensor (§0 item 12): what the checker computed
         self._shaped = dict(bound.checked.runtime_shaped)
-        self._consumer_cache: dict[tuple, list[str]] = {}
+        self._plan = bound.checked.yield_plan  # the consumers of each yield (phases.yield_plan)
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
@@ -453,18 +453,11 @@ class InterpretedProgram(CacheOps):
 
     # ------------------------------------------------------------------------------ yield/await
 
-    def _consumers(self, names: tuple[str, ...]) -> list[str]:
-        found = self._consumer_cache.get(tuple(names))
-        if found is None:
-            from .phases import consumers_of  # the one definition (the interpreter only executes)
-            found = self._consumer_cache[tuple(names)] = [b.name for b in consumers_of(self.graph, names)]
-        return found
-
     def _yield(self, node: ir.Yield, st: State, ctx: Ctx) -> None:
-        assert ctx.pending is None, CHECKED  # an await between two yields (phases.pairing)
+        assert ctx.pending is None, CHECKED  # an await between two yields (phases.yield_plan)
         snapshot = st.copy()
         results = []
-        for name in self._consumers(node.vars):
+        for name in self._plan.consumers_of(node.vars):
             cst = snapshot.copy()
             cctx = Ctx(consumer=True, written=set())
             self._execute(cst, [Frame(name, self.graph.block(name).nodes)], cctx)

@@ -67,14 +67,18 @@ class BoundGraph:
         self._cache: dict[str, np.ndarray] = {}
         self._families: dict[str, np.ndarray] = {}
 
-    def op_sig(self, node: ir.Op):
-        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
-        re-infer it."""
+    def _checked(self):
+        """The CheckedGraph; a TypeError for a graph bound without checking."""
         if self.checked is None:
             raise TypeError("this graph was bound without checking: compiled and interpreted programs start "
                             "from a checked graph (oi2jax.compile, oi2jax.pipeline.bound, or "
                             "bind(oi2jax.check.check_graph(graph, ...)))")
-        return self.checked.op_sig(node)
+        return self.checked
+
+    def op_sig(self, node: ir.Op):
+        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
+        re-infer it."""
+        return self._checked().op_sig(node)
 
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
@@ -156,10 +160,7 @@ class BoundGraph:
         """Dynamic variables a step may read before writing them (phases.read_before_written) that
         are not in `given` and have no default of their own (a model tensor or `@init`): running
         without them would silently compute from zeros."""
-        from ..phases import read_before_written
-        reads = self._cache.get("#reads")
-        if reads is None:
-            reads = self._cache["#reads"] = read_before_written(self.graph)
+        reads = self._checked().read_before_written
         return [v.name for v in self.graph.vars_of(ir.MemKind.DYNAMIC)
                 if v.name not in given and v.name in reads and not self.has_default(v.name)]
 
