@@ -46,7 +46,7 @@ from .diagnostics import OiError
 from . import messages
 from .interpret_caches import CacheOps, State, Table
 from .messages import CHECKED
-from .numerics import fill_value
+from .numerics import state_fill
 from .limits import check_sizes
 from .values import convert_input, convert_output
 
@@ -135,7 +135,7 @@ class InterpretedProgram(CacheOps):
     def _initial(self, name: str) -> np.ndarray:
         decl = self.graph.var(name)
         if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
-            return fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
+            return state_fill(decl, decl.shape(self._sizes))
         if decl is None:  # temporary: zeros
             temp = self._temps[name]
             return np.zeros(self._decl_shape(name), dtype=dt.get(temp.dtype).np_dtype)
@@ -151,12 +151,10 @@ class InterpretedProgram(CacheOps):
                     fixed_map = decl.fixed_sizes(self._sizes)
                     fixed = [fixed_map.get(p) for p in decl.table_indices]
                     st.tables[decl.name] = Table([f if f is not None else 0 for f in fixed], fixed)
-                elif decl.is_auto_dim:
-                    # the cache paths create auto_dim tensors as zeros; @init only after a reset (§4.6)
-                    st.values[decl.name] = np.zeros(decl.shape(self._sizes), dtype=dt.get(decl.dtype).np_dtype)
-                    st.counts[decl.name] = [0] * len(decl.auto_dim)
-                else:
+                else:  # plain values and auto_dim tensors (numerics.state_fill: the one rule)
                     st.values[decl.name] = self._initial(decl.name)
+                    if decl.is_auto_dim:
+                        st.counts[decl.name] = [0] * len(decl.auto_dim)
             elif decl.kind == ir.MemKind.CONSTANT:
                 st.values[decl.name] = self._initial(decl.name)
         return st
