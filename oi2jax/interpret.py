@@ -48,6 +48,7 @@ from .interpret_caches import CacheOps, State, Table
 from .messages import CHECKED
 from .numerics import state_fill
 from .limits import check_sizes
+from .model.bind import AttrVar
 from .values import convert_input, convert_output
 
 MAX_DEPTH = 2_000  # frame stack depth (unbounded recursion through `branch`)
@@ -396,21 +397,12 @@ class InterpretedProgram(CacheOps):
 
         inputs = [self._read_ref(r, frames, st, node) for r in node.inputs]
         in_dtypes = [self._ref_dtype(r) for r in node.inputs]
-        lits = node.attr_map
         sig = self.bound.op_sig(node)  # typed by the checker (check.CheckedGraph), not re-inferred
-        attrs: dict[str, object] = {}
-        for name, lit in lits.items():
-            if lit.kind == "var":
-                text = self._metadata_string(lit.value)
-                if text is not None:
-                    attrs[name] = text
-                else:
-                    v, _ = self._scalar(lit.value, st, node, f"attribute {name}")
-                    attrs[name] = jnp.asarray(v)
-            elif lit.kind == "int_list":
-                attrs[name] = sig.int_lists[name]  # size names resolved by the checker
-            else:
-                attrs[name] = lit.value
+        attrs = self.bound.op_attrs(node)  # the one preparation; a variable is read from the state
+        for name, value in attrs.items():
+            if isinstance(value, AttrVar):
+                v, _ = self._scalar(value.name, st, node, f"attribute {name}")
+                attrs[name] = jnp.asarray(v)
         t0 = time.perf_counter_ns()
         try:
             guards: list = []
@@ -442,12 +434,6 @@ class InterpretedProgram(CacheOps):
         st.values[node.output] = result
         ctx.wrote(node.output)
         return ns
-
-    def _metadata_string(self, name: str) -> str | None:
-        try:
-            return self.bound.metadata_string(name)
-        except Exception:
-            return None
 
     # ------------------------------------------------------------------------------ yield/await
 
