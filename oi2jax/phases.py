@@ -271,8 +271,13 @@ def _pair(entry: ir.Block, end: ir.Return | None, consumers) -> tuple[list[Windo
     windows: list[Window] = []
     diags: list[Diagnostic] = []
     pending: ir.Yield | None = None
-    pending_live = True
-    live = True
+    pending_live = live = True
+
+    def close(await_node: ir.Await | None):
+        if await_node is None or (pending_live and not live):
+            diags.append(Diagnostic(f"yield {', '.join(pending.vars)} has no matching await", pending.span))
+        windows.append(Window(len(windows), pending, await_node, consumers[frozenset(pending.vars)]))
+
     for node in entry.walk():
         if isinstance(node, ir.Yield):
             if pending is not None:
@@ -284,15 +289,12 @@ def _pair(entry: ir.Block, end: ir.Return | None, consumers) -> tuple[list[Windo
             if pending is None:
                 diags.append(Diagnostic(f"await {', '.join(node.vars)} has no matching yield", node.span))
             else:
-                if pending_live and not live:
-                    diags.append(Diagnostic(f"yield {', '.join(pending.vars)} has no matching await", pending.span))
-                windows.append(Window(len(windows), pending, node, consumers[frozenset(pending.vars)]))
+                close(node)
                 pending = None
         if node is end:
             live = False
     if pending is not None:
-        diags.append(Diagnostic(f"yield {', '.join(pending.vars)} has no matching await", pending.span))
-        windows.append(Window(len(windows), pending, None, consumers[frozenset(pending.vars)]))
+        close(None)
     return windows, diags
 
 

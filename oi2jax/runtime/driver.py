@@ -2,9 +2,10 @@
 
 The checker's yield plan (`CheckedGraph.yield_plan`, `phases.yield_plan`) splits `entry` into
 phases at its top-level `yield` / `await` nodes and names each yield's consumers (§0 item 3);
-the checker already refused pairing errors and deadlocks. A `Program` built with `driver=` owns a `Driver`, which compiles every
-entry phase and every consumer block into its own jitted kernel (traced by the lowering:
-`StepBuilder.phase_kernel`, `StepBuilder.block_kernel`) and runs them from the host:
+the checker already refused pairing errors and deadlocks. A `Program` built with `driver=` owns
+a `Driver`, which compiles every entry phase and every consumer block into its own jitted kernel
+(traced by the lowering: `StepBuilder.phase_kernel`, `StepBuilder.block_kernel`) and runs them
+from the host:
 
     phase 0 -> [yield: dispatch consumers, no blocking] -> phase 1 (the window) -> [await: merge]
             -> phase 2 ... -> last phase (also commits the state / undoes a step that must grow)
@@ -13,8 +14,8 @@ Each kernel takes flat tuples: (the constants it uses, the env values it reads b
 replace, the env values it replaces — donated). Which values a kernel reads and writes is found
 once (per cache capacity) by tracing it abstractly and inspecting the jaxpr. Consumers start
 from a snapshot (a host dict copy) of entry's env at the yield; at the await their written
-variables (`CheckedGraph.writes`, `lowering.sync.merged_keys`: as the fused lowering) are merged as host
-dict updates and their guards (#err/#errval/#grow) are merged in the next phase kernel, so
+variables (`CheckedGraph.writes`, `lowering.sync.merged_keys`: as the fused lowering) are merged
+as host dict updates and their guards (#err/#errval/#grow) are merged in the next phase kernel, so
 both modes agree bit for bit. A consumer may be placed on another device: only what it reads
 goes there and only what it writes comes back.
 """
