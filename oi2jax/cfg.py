@@ -23,6 +23,7 @@ import subprocess
 from . import ir
 from .diagnostics import OiError
 from .grammar.fmt import describe
+from .phases import awaited, yield_plan
 
 FORMATS = ("dot", "svg", "png")
 
@@ -186,14 +187,14 @@ class _Dot(ir.NodeVisitor):
                                   f"fontcolor=blue];")
         started = {name for _, vars_ in self.yields for name in self.plan.consumers_of(vars_)}
         for name in sorted(started):  # the consumers of entry's yields (the plan's), by name
-            awaited = {v for n in self.graph.block(name).walk() if isinstance(n, ir.Await) for v in n.vars}
+            waits = set(awaited(self.graph.block(name)))
             for nid, vars_ in self.yields:
                 if name in self.plan.consumers_of(vars_):
-                    shared = [v for v in vars_ if v in awaited]
+                    shared = [v for v in vars_ if v in waits]
                     self.edges.append(f"  {nid} -> {_id('block', name)} [label={_q('yield ' + ', '.join(shared))}, "
                                       "style=\"bold,dashed\", color=darkgreen, fontcolor=darkgreen];")
             for nid, vars_ in self.awaits:
-                shared = [v for v in vars_ if v in awaited]
+                shared = [v for v in vars_ if v in waits]
                 if shared:
                     self.edges.append(f"  {self.last_of[name]} -> {nid} "
                                       f"[label={_q('await ' + ', '.join(shared))}, style=\"bold,dashed\", "
@@ -209,7 +210,6 @@ def to_dot(graph, sizes: dict | None = None) -> str:
     """The control-flow graph in Graphviz DOT (see the module docstring) of a `CheckedGraph`
     (its yield plan drawn), or of a bare `ir.Graph`, errors and all (its plan computed here)."""
     if isinstance(graph, ir.Graph):
-        from .phases import yield_plan
         return _Dot(graph, sizes, yield_plan(graph)).build()
     return _Dot(graph.graph, sizes, graph.yield_plan).build()
 

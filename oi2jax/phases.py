@@ -185,6 +185,11 @@ def block_writes(graph: ir.Graph) -> Mapping[str, frozenset[str]]:
 # ------------------------------------------------------------------------ yield / await
 
 
+def awaited(block: ir.Block) -> tuple[str, ...]:
+    """The variables a block awaits (anywhere in it), in order of first appearance."""
+    return tuple(dict.fromkeys(v for n in block.walk() if isinstance(n, ir.Await) for v in n.vars))
+
+
 def _consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
     """Non-entry, non-branch-target blocks that await something (§0 item 3), by name."""
     targets = set()
@@ -194,8 +199,7 @@ def _consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
                 targets.add(node.then_block)
                 if node.else_block:
                     targets.add(node.else_block)
-    found = [b for b in graph.blocks
-             if b.name != "entry" and b.name not in targets and any(isinstance(n, ir.Await) for n in b.walk())]
+    found = [b for b in graph.blocks if b.name != "entry" and b.name not in targets and awaited(b)]
     return sorted(found, key=lambda b: b.name)
 
 
@@ -203,15 +207,14 @@ def _consumers(graph: ir.Graph) -> dict[frozenset, tuple[str, ...]]:
     """THE consumers of a `yield` of some variables (checker, fused lowering, driver, interpreter,
     cfg all read them from `YieldPlan.consumers_of`): the consumer blocks that await any of them,
     by name. One entry per distinct set of yielded variables in the graph."""
-    candidates = [(b.name, {v for n in b.walk() if isinstance(n, ir.Await) for v in n.vars})
-                  for b in _consumer_blocks(graph)]
+    candidates = [(b.name, set(awaited(b))) for b in _consumer_blocks(graph)]
     out: dict[frozenset, tuple[str, ...]] = {}
     for block in graph.blocks:
         for node in block.walk():
             if isinstance(node, ir.Yield):
                 key = frozenset(node.vars)
                 if key not in out:
-                    out[key] = tuple(name for name, awaited in candidates if awaited & key)
+                    out[key] = tuple(name for name, waits in candidates if waits & key)
     return out
 
 

@@ -5,7 +5,7 @@ The pairing of entry's yields and awaits, its errors and the deadlock errors are
 from __future__ import annotations
 
 from .. import ir
-from ..phases import node_writes, yield_plan
+from ..phases import awaited, node_writes, yield_plan
 
 
 class PhaseRules:
@@ -20,21 +20,17 @@ class PhaseRules:
         for b in self.g.blocks:
             if b.name == "entry":
                 continue
-            awaited: list[str] = []
-            yielded: set[str] = set()
-            first_await = None
-            for node in b.walk():
-                if isinstance(node, ir.Await):
-                    awaited += [v for v in node.vars if v not in awaited]
-                    first_await = first_await or node
-                elif isinstance(node, ir.Yield):
-                    yielded.update(node.vars)
-            if awaited and not yielded:
-                self.error(f"block {b.name} awaits [{', '.join(awaited)}] but never yields them", first_await.span)
-            elif awaited:
-                for v in awaited:
-                    if v not in yielded:
-                        self.error(f"block {b.name} awaits {v} but does not yield it", first_await.span)
+            waits = awaited(b)
+            if not waits:
+                continue
+            yielded = {v for n in b.walk() if isinstance(n, ir.Yield) for v in n.vars}
+            first_await = next(n for n in b.walk() if isinstance(n, ir.Await))
+            if not yielded:
+                self.error(f"block {b.name} awaits [{', '.join(waits)}] but never yields them", first_await.span)
+                continue
+            for v in waits:
+                if v not in yielded:
+                    self.error(f"block {b.name} awaits {v} but does not yield it", first_await.span)
         for w in plan.windows:
             if w.await_node is not None:
                 self.check_window(w.yield_node, self.window_nodes(w), w.consumers)
