@@ -120,7 +120,6 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     unroll = loops.check_unroll(unroll)
     from .runtime.program import Program
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
-    from .phases import has_yield
 
     symbolic = tuple(symbolic or ())
     platforms = export_platforms(platforms)
@@ -133,7 +132,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                       f"(known: {', '.join(sorted(bound.sizes)) or '(none)'})")
     if symbolic:
         _check_symbolic(graph, symbolic)
-    fused = has_yield(graph)
+    fused = bound.checked.yield_plan.has_yield
     program = Program(bound, yield_mode="fused", unroll=unroll)
     builder = program.builder
     with program.scope():

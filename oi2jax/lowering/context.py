@@ -39,7 +39,6 @@ class Lowering:
     caches: dict  # name -> caches.CacheLayout
     error_sites: list[ErrorSite] = field(default_factory=list)
     growable: list[tuple[str, int]] = field(default_factory=list)  # (cache, dim) per GROW slot
-    consumers: dict = field(default_factory=dict)  # block name -> consumer info (sync.py)
     # runtime-shaped variables (phases.runtime_shaped): name -> the @auto_dim tensor whose
     # current shape they take. Each is held at that tensor's capacity shape, with its logical
     # shape in env[SHAPE + name] (int64[rank]); the host trims it (Program.trim_outputs)
@@ -76,9 +75,6 @@ class Frame:
         loops[var] = (value, static_range)
         return Frame(self.block, loops)
 
-    def in_block(self, block: str) -> "Frame":
-        return Frame(block, {})
-
 
 class Tracer:
     """Binds the Lowering facts to the traced constants of one jit trace."""
@@ -111,13 +107,7 @@ class Tracer:
 
     def static_scalar(self, name: str):
         """A Python value for a constant scalar known at compile time, else None."""
-        decl = self.graph.var(name)
-        if decl is None or decl.kind != ir.MemKind.CONSTANT:
-            return None
-        value = self.bound.initial(name)
-        if value.size != 1:
-            return None
-        return value.reshape(()).item()
+        return self.bound.static_scalar(name)
 
     def index_value(self, value: ir.IndexValue, frame: Frame, env: dict):
         """A cache / prefix-table index: literal, loop index, sizevar or persistent scalar."""
@@ -134,15 +124,6 @@ class Tracer:
         if static is not None:
             return int(static)
         raise OiError(f"unknown cache index {value}")
-
-    def static_index(self, value: ir.IndexValue, frame: Frame) -> int | None:
-        if isinstance(value, int):
-            return value
-        if value in frame.loop_vars:
-            return None
-        if value in self.bound.sizes:
-            return int(self.bound.sizes[value])
-        return None
 
     def capacity_shape(self, name: str) -> tuple[int, ...]:
         """The array shape that holds runtime-shaped variable `name`: its tensor's capacity, or its
@@ -240,11 +221,3 @@ class Tracer:
             values[j] = raw if isinstance(raw, int) else 0
         values[pos] = value
         return tuple(values)
-
-
-def zeros_like_decl(shape, dtype: str):
-    return jnp.zeros(shape, dt.get(dtype).np_dtype)
-
-
-def full_host(shape, dtype: str, value) -> np.ndarray:
-    return np.full(shape, value, dtype=dt.get(dtype).np_dtype)

@@ -10,16 +10,18 @@ Values are in the representation of docs/architecture.md (dtypes.py).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import Diagnostic, OiError
+from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
 from .reader import MetaValue, Model
 
-__all__ = ["bind", "BoundGraph", "fill_value", "pattern_regex"]
+__all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -49,6 +51,15 @@ def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
     return re.compile("".join(parts) + r"\Z"), groups
 
 
+@dataclass(frozen=True)
+class AttrVar:
+    """An op attribute given as a variable (`BoundGraph.op_attrs`): read when the op runs.
+    `static`: its value when it is a constant scalar (known at bind time), else None."""
+
+    name: str
+    static: object = None
+
+
 class BoundGraph:
     """A graph bound to its model and sizes. Read-only: every answer is derived, cached where costly.
 
@@ -67,14 +78,47 @@ class BoundGraph:
         self._cache: dict[str, np.ndarray] = {}
         self._families: dict[str, np.ndarray] = {}
 
-    def op_sig(self, node: ir.Op):
-        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
-        re-infer it."""
+    def _checked(self):
+        """The CheckedGraph; a TypeError for a graph bound without checking."""
         if self.checked is None:
             raise TypeError("this graph was bound without checking: compiled and interpreted programs start "
                             "from a checked graph (oi2jax.compile, oi2jax.pipeline.bound, or "
                             "bind(oi2jax.check.check_graph(graph, ...)))")
-        return self.checked.op_sig(node)
+        return self.checked
+
+    def op_sig(self, node: ir.Op):
+        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
+        re-infer it."""
+        return self._checked().op_sig(node)
+
+    def op_attrs(self, node: ir.Op) -> dict:
+        """THE values of an op node's attributes, for `ops.apply` (the lowering and the interpreter
+        both start from these): a literal's value; an int list with its size names resolved (by
+        the checker); a variable naming a model metadata string: that string; any other variable:
+        an `AttrVar`, read when the op runs (its `static` value when it is a constant scalar)."""
+        values = {}
+        int_lists = self.op_sig(node).int_lists
+        for attr in node.attrs:
+            lit = attr.value
+            if lit.kind == "var":
+                text = self.metadata_string(lit.value)
+                values[attr.name] = text if text is not None else AttrVar(lit.value, self.static_scalar(lit.value))
+            elif lit.kind == "int_list":
+                assert attr.name in int_lists, CHECKED  # checks/ops.check_op resolved it
+                values[attr.name] = int_lists[attr.name]
+            else:
+                values[attr.name] = lit.value
+        return values
+
+    def static_scalar(self, name: str):
+        """A Python value for a constant scalar known at bind time, else None."""
+        decl = self.graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.CONSTANT:
+            return None
+        value = self.initial(name)
+        if value.size != 1:
+            return None
+        return value.reshape(()).item()
 
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
@@ -156,10 +200,7 @@ class BoundGraph:
         """Dynamic variables a step may read before writing them (phases.read_before_written) that
         are not in `given` and have no default of their own (a model tensor or `@init`): running
         without them would silently compute from zeros."""
-        from ..phases import read_before_written
-        reads = self._cache.get("#reads")
-        if reads is None:
-            reads = self._cache["#reads"] = read_before_written(self.graph)
+        reads = self._checked().read_before_written
         return [v.name for v in self.graph.vars_of(ir.MemKind.DYNAMIC)
                 if v.name not in given and v.name in reads and not self.has_default(v.name)]
 
