@@ -1,8 +1,11 @@
-"""`make demo`: compile examples/mlp_regression.oi with its model and run it.
+"""`make demo`: compile examples/mlp_regression.oi with its model and run it, then generate
+with the DSL Llama decoder from a small random Hugging Face checkpoint.
 
 Builds examples/mlp_regression.oinf first when it is missing (examples/models.py),
 runs one step on a fixed input, prints the outputs, then times the compiled step
-function (median of several steps after warm-up).
+function (median of several steps after warm-up). Then writes a tiny random Llama checkpoint
+directory (examples/llama_checkpoint.py), converts it (`convert_hf`, as `oi2jax convert-hf`),
+and runs examples/llama_decode.oi greedily from a prompt inside one fused loop.
 """
 from __future__ import annotations
 
@@ -64,7 +67,27 @@ def main() -> int:
         times.append(time.perf_counter() - t)
     print(f"step time: median {statistics.median(times) * 1e6:.1f} us over {len(times)} steps "
           f"(min {min(times) * 1e6:.1f} us)")
+    llama_demo()
     return 0
+
+
+def llama_demo() -> None:
+    import tempfile
+    import llama_checkpoint
+    from oi2jax.model.convert import convert_hf
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = llama_checkpoint.write_random_llama(Path(tmp) / "tiny-llama-hf", vocab=256, hidden=64, layers=2,
+                                                 heads=4, kv_heads=2, intermediate=128, max_positions=64)
+        model = Path(tmp) / "tiny-llama.oinf"
+        summary = convert_hf(ck, model)
+        print(f"\nconverted a random Llama checkpoint: "
+              f"{' '.join(f'{k}={v}' for k, v in summary.sizevars.items())}")
+        t0 = time.perf_counter()
+        prog = oi2jax.compile(str(HERE / "llama_decode.oi"), model=str(model), ops=["nn"])
+        prompt = np.array([1, 42, 7, 99], np.int32)
+        res = prog.session().run({"token": prompt}, steps=24, feedback={"token": "next"}, collect=("next",))
+        print(f"examples/llama_decode.oi: prompt {prompt.tolist()} -> greedy tokens {res['next'].tolist()[3:]} "
+              f"({(time.perf_counter() - t0) * 1e3:.0f} ms with compilation)")
 
 
 if __name__ == "__main__":

@@ -117,8 +117,12 @@ def load_model(model):
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
             yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
             build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest",
-            zero_missing_inputs: bool = False):
+            zero_missing_inputs: bool = False, ops=None, unroll="auto"):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
+
+    `ops`: op sets besides OpenInfer's 47 ops (docs/ops.md): bundled set names (`"nn"`), `.py` or
+    `.json` op files, module names, entry points of the `oi2jax.ops` group, modules, decorated
+    functions, or an `oi2jax.ops.Registry`.
 
     `mesh` (a `jax.sharding.Mesh`, or 'data=4,model=2') with `shard` ({size variable: mesh axis})
     shards the program over the mesh (runtime/sharding.py, docs/scaling.md).
@@ -134,18 +138,27 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     OpenInfer's exact f32 numerics; "high"/"default" allow XLA's faster TF32/bf16 paths on GPU and
     TPU (results then differ from OpenInfer in the low bits; docs/semantics.md). The reference
     interpreter always computes exactly.
+    `unroll` ("auto" | "none" | "full" | an int k): how `loop` lowers (docs/loops.md). "auto"
+    (default) unrolls layer loops (a body reading `W[l]`) on GPU/TPU within a size budget and
+    keeps every loop on CPU; "none" always a `lax.fori_loop`; "full" every loop with a static trip
+    count unrolled (static slices of the stacked weights); k: `fori_loop(..., unroll=k)`. The
+    values are the same bit for bit whichever is chosen; a trip count read at run time is a loop.
     `model`: a `.oinf` path or an open `Model`; None (default): the graph's `.oinf` beside it when
     the graph is given as a path and that file exists (`pipeline.choose_model`; `program.model_path`
     says which file was used); False: no model.
     A run without an input that the graph reads and that has no model tensor or `@init`, and a
     constant with no model tensor and no `@init`, are errors naming them; `zero_missing_inputs=True`
     asks for OpenInfer's zero-filled default."""
+    from .lowering.loops import check_unroll
+    unroll = check_unroll(unroll)
+    if mode == "interpret" and unroll != "auto":
+        raise OiError(f"unroll={unroll!r} applies to compiled programs; the interpreter runs loops as written")
     return _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement,
-                    cache_dir, build, schedule, precision, bool(zero_missing_inputs))
+                    cache_dir, build, schedule, precision, ops, unroll, bool(zero_missing_inputs))
 
 
 def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement, cache_dir,
-             build, schedule, precision, zero_missing_inputs):
+             build, schedule, precision, ops=None, unroll="auto", zero_missing_inputs=False):
     from .runtime.executor import check_build, check_schedule
     from .ops.numerical import PRECISIONS
     if precision not in PRECISIONS:
@@ -160,7 +173,7 @@ def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh
         raise OiError(f"unknown yield_mode {yield_mode!r} (expected one of {', '.join(YIELD_MODES)})")
     from . import pipeline
     # load -> check -> bind, shared with export and the CLI
-    bound = pipeline.bound(source_or_path, model, sizes, zero_missing_inputs=zero_missing_inputs)
+    bound = pipeline.bound(source_or_path, model, sizes, ops, zero_missing_inputs=zero_missing_inputs)
     graph = bound.graph
     if mode == "interpret":
         if precision != "highest":
@@ -176,18 +189,18 @@ def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh
         if placement:
             raise OiError("placement= cannot be combined with mesh= (a sharded program is one jit)")
         from .runtime.sharding import compile_sharded
-        program = compile_sharded(bound, mesh, shard, yield_mode=yield_mode)
+        program = compile_sharded(bound, mesh, shard, yield_mode=yield_mode, unroll=unroll)
         program.precision = precision
         return program
     from .runtime.program import Program
     from .phases import has_yield
     if has_yield(graph) and yield_mode == "driver":
         program = Program(bound, device=device, yield_mode="driver",
-                          driver={"placement": placement, "build": build, "schedule": schedule})
+                          driver={"placement": placement, "build": build, "schedule": schedule}, unroll=unroll)
     elif placement:
         raise OiError("placement needs a graph with yield/await run with yield_mode=\"driver\"")
     else:
-        program = Program(bound, device=device, yield_mode=yield_mode)
+        program = Program(bound, device=device, yield_mode=yield_mode, unroll=unroll)
     program.precision = precision
     return program
 

@@ -1,4 +1,4 @@
-"""`oi2jax` command line: check, fmt, inspect, run, compile.
+"""`oi2jax` command line: check, fmt, inspect, run, compile, export, graph, convert-hf.
 
 Exit codes: 0 success, 1 user error (diagnostics printed), 2 usage error. Never a traceback
 (set OI2JAX_DEBUG=1 to see one for an internal error).
@@ -79,6 +79,18 @@ def _model(args):
     return choice
 
 
+def _ops(args):
+    """The op registry of `--ops SPEC ...` (docs/ops.md); the built-in ops without it."""
+    from .pipeline import registry
+    return registry(args.ops or None)
+
+
+def _add_ops_flag(p) -> None:
+    p.add_argument("--ops", action="append", metavar="SPEC",
+                   help="load an op set (repeatable): a bundled set (nn), a .py or .json op file, a module, "
+                        "or an installed oi2jax.ops entry point (docs/ops.md)")
+
+
 def _load_graph(path: str):
     from .grammar.parse import parse_file
     if path.endswith(".json"):  # OpenInfer graph JSON (SPEC §8.1)
@@ -90,11 +102,11 @@ def _load_graph(path: str):
 def cmd_check(args) -> int:
     from .check import check
     from .model import open_model
-    sizes = _sizes(args.size)
+    sizes, ops = _sizes(args.size), _ops(args)  # the flags first: an error in them before any note
     choice = _model(args)
     graph = _load_graph(args.graph)
     model = open_model(choice.model) if choice.model else None
-    diagnostics = check(graph, model=model, sizes=sizes, no_model=choice.no_model_reason())
+    diagnostics = check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason())
     for d in diagnostics:
         print(d.render(graph.source), file=sys.stderr)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
@@ -102,6 +114,7 @@ def cmd_check(args) -> int:
 
 def cmd_fmt(args) -> int:
     from .grammar.fmt import format_graph
+    _ops(args)  # an op file that does not load is reported (fmt itself formats any op)
     graph = _load_graph(args.graph)
     text = format_graph(graph)
     if args.check:
@@ -210,7 +223,17 @@ def cmd_run(args) -> int:
     if args.steps is not None and args.steps < 0:
         raise UsageError("--steps must be >= 0")
     session_flags = [f for f, v in (("--inputs-per-step", args.inputs_per_step), ("--collect", args.collect),
-                                    ("--state-in", args.state_in), ("--state-out", args.state_out)) if v]
+                                    ("--feedback", args.feedback), ("--state-in", args.state_in),
+                                    ("--state-out", args.state_out)) if v]
+    feedback = {}
+    for item in args.feedback or []:
+        for pair in (p.strip() for p in item.split(",") if p.strip()):
+            name, eq, source = (x.strip() for x in pair.partition("="))
+            if not (eq and name and source):
+                raise UsageError(f"--feedback expects INPUT=OUTPUT (e.g. token=next), got {pair!r}")
+            if name in feedback:
+                raise UsageError(f"--feedback {name}: given twice ({name}={feedback[name]}, {pair})")
+            feedback[name] = source
     if args.interpret and session_flags:
         raise UsageError(f"{session_flags[0]} needs a compiled run (not --interpret)")
     sharding = _sharding_kwargs(args)
@@ -226,7 +249,8 @@ def cmd_run(args) -> int:
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
-                          zero_missing_inputs=args.zero_missing_inputs, **sharding)
+                          zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
+                          **sharding)
     inputs = _load_inputs(args.input)
     from .ir import MemKind
     from .values import check_every_step_input
@@ -258,8 +282,11 @@ def cmd_run(args) -> int:
         run_kwargs["session"] = session
         if args.collect:
             run_kwargs["collect"] = tuple(n.strip() for item in args.collect for n in item.split(",") if n.strip())
-        if steps is None:  # --inputs-per-step without --steps: its length
-            steps = len(next(iter(inputs.values()))) if inputs else 1
+        if feedback:
+            run_kwargs["feedback"] = feedback
+        if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
+            from .runtime.runplan import feedback_pairs, split_inputs
+            steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
     bar = progress_for(steps, quiet=args.quiet)
     if bar is not None:
         run_kwargs["progress"] = bar
@@ -319,13 +346,15 @@ def cmd_export(args) -> int:
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=model, sizes=_sizes(args.size), symbolic=symbolic,
-                             platforms=platforms, zero_missing_inputs=args.zero_missing_inputs):
+                             platforms=platforms, ops=_ops(args), unroll=args.unroll,
+                             zero_missing_inputs=args.zero_missing_inputs):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
 def cmd_graph(args) -> int:
     from .cfg import format_for, render, to_dot
+    _ops(args)  # an op file that does not load is reported
     graph = _load_graph(args.graph)
     sizes = {}
     model = _model(args).model
@@ -356,15 +385,35 @@ def cmd_compile(args) -> int:
         import json
         from . import pipeline
         from .graph_json import to_json
-        graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size))[0].graph
+        graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size), _ops(args))[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
-                          precision=args.precision, zero_missing_inputs=args.zero_missing_inputs,
+                          precision=args.precision, zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args),
+                          unroll=args.unroll,
                           **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
     return _write_output(args.output, program.emit(args.emit))
+
+
+def cmd_convert_hf(args) -> int:
+    from .model.convert import convert_hf
+    from .progress import progress_for
+    if args.max_positions is not None and args.max_positions <= 0:
+        raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
+    summary = convert_hf(args.directory, args.output, dtype=args.dtype, max_positions=args.max_positions,
+                         progress=lambda total_mib: progress_for(total_mib, quiet=args.quiet, min_steps=64,
+                                                                 label="MiB", unit="MiB"))
+    for note in summary.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if not args.quiet:
+        sizes = " ".join(f"{k}={v}" for k, v in summary.sizevars.items())
+        dtypes = ", ".join(sorted(set(summary.tensors.values())))
+        n = summary.nbytes
+        size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}", file=sys.stderr)
+    return 0
 
 
 def _write_output(output: str | None, text: str) -> int:
@@ -390,6 +439,22 @@ def _add_precision_flag(p) -> None:
     p.add_argument("--precision", choices=("highest", "high", "default"), default="highest",
                    help="float matmul precision: highest (default) keeps OpenInfer's exact f32 numerics; "
                         "high/default allow faster TF32/bf16 paths on GPU/TPU")
+
+
+def _unroll_arg(text: str):
+    """`--unroll auto|none|full|K`: a bad value is a usage error (exit 2)."""
+    from .lowering.loops import check_unroll
+    try:
+        return check_unroll(text)
+    except OiError as exc:
+        raise argparse.ArgumentTypeError(exc.diagnostics[0].message) from None
+
+
+def _add_unroll_flag(p) -> None:
+    p.add_argument("--unroll", type=_unroll_arg, default="auto", metavar="auto|none|full|K",
+                   help="how loops lower (docs/loops.md): auto (default: layer loops unrolled on GPU/TPU within a "
+                        "size budget, loops kept on CPU), none (always a loop), full (every loop with a static trip "
+                        "count unrolled), K (partial unroll by K)")
 
 
 def _add_cache_flag(p) -> None:
@@ -421,12 +486,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
     _add_model_flags(c)
     c.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
+    _add_ops_flag(c)
     c.set_defaults(func=cmd_check)
 
     f = sub.add_parser("fmt", help="pretty-print a graph canonically")
     f.add_argument("graph", help="the .oi file")
     f.add_argument("--check", action="store_true", help="exit 1 if the file is not formatted")
     f.add_argument("-i", dest="in_place", action="store_true", help="rewrite the file in place")
+    _add_ops_flag(f)
     f.set_defaults(func=cmd_fmt)
 
     i = sub.add_parser("inspect", help="list a model's size variables, metadata and tensors")
@@ -445,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one value per step: arrays with a leading step axis [N, ...] (steps fused in one loop)")
     r.add_argument("--collect", action="append", metavar="NAME[,NAME...]",
                    help="write every step's value of these variables to --out, stacked [steps, ...]")
+    r.add_argument("--feedback", action="append", metavar="INPUT=OUTPUT",
+                   help="once INPUT's per-step values run out, each step takes INPUT from the previous step's "
+                        "OUTPUT, inside the fused loop (generation: --feedback token=next; repeatable)")
     r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
     r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
     r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")
@@ -464,7 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report every compilation of the step and why it happened")
     _add_sharding_flags(r, distributed=True)
     _add_precision_flag(r)
+    _add_unroll_flag(r)
     _add_cache_flag(r)
+    _add_ops_flag(r)
     r.set_defaults(func=cmd_run)
 
     k = sub.add_parser("compile", help="lower a graph and print jaxpr / StableHLO / HLO")
@@ -478,7 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_zero_flag(k)
     _add_sharding_flags(k, distributed=False)
     _add_precision_flag(k)
+    _add_unroll_flag(k)
     _add_cache_flag(k)
+    _add_ops_flag(k)
     k.set_defaults(func=cmd_compile)
 
     e = sub.add_parser("export", help="write the step as a serialized jax.export artifact + manifest")
@@ -491,6 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export with this size variable as a symbolic dimension (repeatable, or B,T)")
     e.add_argument("--platforms", metavar="cpu,cuda,...", help="lowering platforms (default: the current backend)")
     _add_zero_flag(e)
+    _add_unroll_flag(e)
+    _add_ops_flag(e)
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("graph", help="draw the control-flow graph (DOT; SVG/PNG with Graphviz)")
@@ -498,7 +574,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(g)
     g.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     g.add_argument("-o", dest="output", metavar="cfg.svg|cfg.png|cfg.dot", help="default: DOT on stdout")
+    _add_ops_flag(g)
     g.set_defaults(func=cmd_graph)
+
+    h = sub.add_parser("convert-hf", help="convert a Hugging Face Llama checkpoint directory to a .oinf model")
+    h.add_argument("directory", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
+                   "(or model-*.safetensors with model.safetensors.index.json)")
+    h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
+    h.add_argument("--dtype", choices=("f32", "bf16", "f16"),
+                   help="store every tensor in this dtype (default: keep the checkpoint's; narrowing rounds to "
+                        "nearest even)")
+    h.add_argument("--max-positions", type=int, metavar="N",
+                   help="the size variable T (default: the config's max_position_embeddings)")
+    h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
+    h.set_defaults(func=cmd_convert_hf)
     return p
 
 

@@ -46,8 +46,9 @@ from .diagnostics import OiError
 from . import messages
 from .interpret_caches import CacheOps, State, Table
 from .messages import CHECKED
-from .numerics import fill_value
+from .numerics import state_fill
 from .limits import check_sizes
+from .model.bind import AttrVar
 from .values import convert_input, convert_output
 
 MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
@@ -101,9 +102,9 @@ class InterpretedProgram(CacheOps):
         assert g.entry is not None, CHECKED
         self._sizes: dict[str, int] = dict(getattr(bound, "sizes", None) or {})
         self._temps = g.temporaries
-        from .phases import runtime_shaped
-        self._shaped = runtime_shaped(g)  # take the current shape of an @auto_dim tensor (§0 item 12)
-        self._consumer_cache: dict[tuple, list[str]] = {}
+        # take the current shape of an @auto_dim tensor (§0 item 12): what the checker computed
+        self._shaped = dict(bound.checked.runtime_shaped)
+        self._plan = bound.checked.yield_plan  # the consumers of each yield (phases.yield_plan)
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
@@ -143,7 +144,7 @@ class InterpretedProgram(CacheOps):
     def _initial(self, name: str) -> np.ndarray:
         decl = self.graph.var(name)
         if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
-            return fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
+            return state_fill(decl, decl.shape(self._sizes))
         if decl is None:  # temporary: zeros
             temp = self._temps[name]
             return np.zeros(self._decl_shape(name), dtype=dt.get(temp.dtype).np_dtype)
@@ -156,15 +157,13 @@ class InterpretedProgram(CacheOps):
                 continue
             if decl.kind == ir.MemKind.PERSISTENT:
                 if decl.is_table:
-                    fixed_map = decl.fixed_map
+                    fixed_map = decl.fixed_sizes(self._sizes)
                     fixed = [fixed_map.get(p) for p in decl.table_indices]
                     st.tables[decl.name] = Table([f if f is not None else 0 for f in fixed], fixed)
-                elif decl.is_auto_dim:
-                    # the cache paths create auto_dim tensors as zeros; @init only after a reset (§4.6)
-                    st.values[decl.name] = np.zeros(decl.shape(self._sizes), dtype=dt.get(decl.dtype).np_dtype)
-                    st.counts[decl.name] = [0] * len(decl.auto_dim)
-                else:
+                else:  # plain values and auto_dim tensors (numerics.state_fill: the one rule)
                     st.values[decl.name] = self._initial(decl.name)
+                    if decl.is_auto_dim:
+                        st.counts[decl.name] = [0] * len(decl.auto_dim)
             elif decl.kind == ir.MemKind.CONSTANT:
                 st.values[decl.name] = self._initial(decl.name)
         return st
@@ -406,26 +405,30 @@ class InterpretedProgram(CacheOps):
 
         inputs = [self._read_ref(r, frames, st, node) for r in node.inputs]
         in_dtypes = [self._ref_dtype(r) for r in node.inputs]
-        lits = node.attr_map
         sig = self.bound.op_sig(node)  # typed by the checker (check.CheckedGraph), not re-inferred
-        attrs: dict[str, object] = {}
-        for name, lit in lits.items():
-            if lit.kind == "var":
-                text = self._metadata_string(lit.value)
-                if text is not None:
-                    attrs[name] = text
-                else:
-                    v, _ = self._scalar(lit.value, st, node, f"attribute {name}")
-                    attrs[name] = jnp.asarray(v)
-            elif lit.kind == "int_list":
-                attrs[name] = tuple(lit.value)
-            else:
-                attrs[name] = lit.value
+        attrs = self.bound.op_attrs(node)  # the one preparation; a variable is read from the state
+        for name, value in attrs.items():
+            if isinstance(value, AttrVar):
+                v, _ = self._scalar(value.name, st, node, f"attribute {name}")
+                attrs[name] = jnp.asarray(v)
         t0 = time.perf_counter_ns()
         try:
-            result = ops.apply(node.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
-                               out_dtype=sig.out_dtype, mode=sig.mode)
+            guards: list = []
+            if sig.op.reference is not None and not sig.op.builtin:  # an added op: its NumPy reference
+                result = ops.reference(sig.op, [np.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
+                                       out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
+                                       out_shape=None if node.output in self._shaped else sig.out_shape)
+            else:
+                if not sig.op.builtin:
+                    _note_no_reference(sig.op)
+                result = ops.apply(sig.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
+                                   out_dtype=sig.out_dtype, mode=sig.mode, guards=guards, out_shape=None if node.output in self._shaped else sig.out_shape)
             result = jax.block_until_ready(result)
+            for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
+                if bool(np.any(np.asarray(cond))):
+                    raise self._err(message.format(value=int(np.asarray(value))), node)
+        except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
+            raise self._err(exc.message, node) from None
         except OiError as exc:
             if exc.diagnostics and exc.diagnostics[0].span is None:
                 raise self._err(exc.diagnostics[0].message, node) from None
@@ -440,26 +443,13 @@ class InterpretedProgram(CacheOps):
         ctx.wrote(node.output)
         return ns
 
-    def _metadata_string(self, name: str) -> str | None:
-        try:
-            return self.bound.metadata_string(name)
-        except Exception:
-            return None
-
     # ------------------------------------------------------------------------------ yield/await
 
-    def _consumers(self, names: tuple[str, ...]) -> list[str]:
-        found = self._consumer_cache.get(tuple(names))
-        if found is None:
-            from .phases import consumers_of  # the one definition (the interpreter only executes)
-            found = self._consumer_cache[tuple(names)] = [b.name for b in consumers_of(self.graph, names)]
-        return found
-
     def _yield(self, node: ir.Yield, st: State, ctx: Ctx) -> None:
-        assert ctx.pending is None, CHECKED  # an await between two yields (phases.pairing)
+        assert ctx.pending is None, CHECKED  # an await between two yields (phases.yield_plan)
         snapshot = st.copy()
         results = []
-        for name in self._consumers(node.vars):
+        for name in self._plan.consumers_of(node.vars):
             cst = snapshot.copy()
             cctx = Ctx(consumer=True, written=set())
             self._execute(cst, [Frame(name, self.graph.block(name).nodes)], cctx)
@@ -496,3 +486,17 @@ _RULES = {
     ir.CacheDecrement: InterpretedProgram._cache_step_node,
     ir.CacheReset: InterpretedProgram._cache_reset_node,
 }
+
+
+_NOTED: set = set()
+
+
+def _note_no_reference(op_def) -> None:
+    """Said once per op and process: an added op without a NumPy reference is interpreted by
+    running its JAX kernel (the interpreter is then not independent of it)."""
+    if op_def.source in _NOTED:
+        return
+    _NOTED.add(op_def.source)
+    import sys
+    print(f"note: {op_def.where()} has no NumPy reference; the interpreter runs its JAX kernel",
+          file=sys.stderr)

@@ -118,7 +118,7 @@ class VarDecl:
     index_params: tuple[str, ...] = ()
     table: bool = False
     auto_dim: tuple[str, ...] = ()
-    fixed: tuple[tuple[str, int], ...] = ()
+    fixed: tuple[tuple[str, int | str], ...] = ()  # index name -> size: an int or a size variable
     # spans of the attributes, by attribute name ("init", "ref", ...), for diagnostics
     attr_spans: tuple[tuple[str, Span], ...] = ()
 
@@ -145,9 +145,10 @@ class VarDecl:
         """Index params minus the auto_dim names (§4)."""
         return tuple(p for p in self.index_params if p not in self.auto_dim)
 
-    @property
-    def fixed_map(self) -> dict[str, int]:
-        return dict(self.fixed)
+    def fixed_sizes(self, sizes) -> dict[str, int]:
+        """`@fixed` sizes by index name, a size variable (`@fixed(i=T)`) resolved in `sizes`;
+        KeyError(name) for an unknown size variable (the checker reports it first)."""
+        return {k: v if isinstance(v, int) else int(sizes[v]) for k, v in self.fixed}
 
     def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
         """Resolved (base) shape; KeyError(name) for an unknown size variable."""
@@ -314,6 +315,44 @@ class Transfer(Node):
 @dataclass(frozen=True, kw_only=True)
 class Return(Node):
     vars: tuple[str, ...] = ()  # empty: bare `return;`
+
+
+NODE_TYPES: tuple[type, ...] = (Assign, Op, CacheRead, CacheWrite, CacheIncrement, CacheDecrement, CacheReset,
+                                Branch, Barrier, Dep, Loop, Yield, Await, Transfer, Return)
+"""Every node type (THE list: the visitors below and tests/test_node_tables.py read it)."""
+
+
+class NodeVisitor:
+    """Dispatch on a node's type: `visit(node, *args)` calls `self.visit_<Type>(node, *args)`.
+
+    Every `visit_<Type>` of this base raises `NotImplementedError`, so a pass that subclasses it
+    and forgets a node type fails loudly on that type instead of passing it silently;
+    tests/test_node_tables.py checks that every subclass overrides every one. A pass that treats
+    several types alike says so by naming each (`visit_Barrier = visit_Dep = _nothing`)."""
+
+    __slots__ = ()
+
+    def visit(self, node: Node, *args, **kwargs):
+        name = _VISIT.get(type(node))
+        if name is None:
+            raise NotImplementedError(f"{type(node).__name__} not handled by {type(self).__name__} "
+                                      f"(not in ir.NODE_TYPES)")
+        return getattr(self, name)(node, *args, **kwargs)
+
+    @classmethod
+    def unhandled(cls) -> list[str]:
+        """The node types this visitor class leaves to the base (each raises): [] when complete."""
+        return [t.__name__ for t in NODE_TYPES if getattr(cls, _VISIT[t]) is getattr(NodeVisitor, _VISIT[t])]
+
+
+def _unhandled(self, node: Node, *args, **kwargs):
+    raise NotImplementedError(f"{type(node).__name__} not handled by {type(self).__name__}")
+
+
+_VISIT = {t: f"visit_{t.__name__}" for t in NODE_TYPES}
+for _name in _VISIT.values():
+    setattr(NodeVisitor, _name, _unhandled)
+del _name
 
 
 # ---------------------------------------------------------------- graph

@@ -43,7 +43,7 @@ def check_sizes(bound) -> None:
         count = math.prod(shape)
         if decl is not None and (decl.is_table or decl.auto_dim):  # a table holds capacity x entries
             dims = decl.table_indices if decl.is_table else decl.auto_dim
-            fixed = decl.fixed_map
+            fixed = decl.fixed_sizes(bound.sizes)
             caps = [fixed.get(d, INITIAL_CAPACITY) for d in dims]
             count *= math.prod(caps)
             what = f"{'table' if decl.is_table else 'auto_dim'} capacity {caps} x {list(shape)}"

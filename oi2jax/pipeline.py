@@ -80,31 +80,45 @@ def choose_model(source_or_path, model=None) -> ModelChoice:
     return ModelChoice(None, looked=candidate)
 
 
-def checked(source_or_path, model=None, sizes=None):
+def registry(ops=None):
+    """The op registry for `ops` (None: the built-in ops; a Registry as it is; else
+    `oi2jax.ops.load(ops)`: set names, .py/.json paths, modules, decorated functions)."""
+    from .ops.registry import Registry, builtin_registry
+    if ops is None:
+        return builtin_registry()
+    if isinstance(ops, Registry):
+        return ops
+    from .ops.loading import load
+    return load(ops)
+
+
+def checked(source_or_path, model=None, sizes=None, ops=None):
     """(CheckedGraph, model object): the graph loaded and checked (against the model chosen by
-    `choose_model`); OiError with every error otherwise. `model` may also be a `ModelChoice`."""
+    `choose_model`, with the op registry of `ops`); OiError with every error otherwise. `model` may
+    also be a `ModelChoice`."""
     from .api import load_graph, load_model
     from .check import check_graph
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
+    reg = registry(ops)
     graph = load_graph(source_or_path)
     model_obj = load_model(choice.model)
-    return check_graph(graph, model=model_obj, sizes=sizes, no_model=choice.no_model_reason()), model_obj
+    return check_graph(graph, model=model_obj, sizes=sizes, ops=reg, no_model=choice.no_model_reason()), model_obj
 
 
-def bound(source_or_path, model=None, sizes=None, zero_missing_inputs: bool = False):
+def bound(source_or_path, model=None, sizes=None, ops=None, zero_missing_inputs: bool = False):
     """load -> check -> bind: the `BoundGraph` every backend (compiled, interpreted, exported) starts
     from. `zero_missing_inputs`: constants with no value (no model tensor, no `@init`) read as zeros
     instead of being an error (model/bind.py)."""
     from .model.bind import bind
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
-    checked_graph, model_obj = checked(source_or_path, choice, sizes)
+    checked_graph, model_obj = checked(source_or_path, choice, sizes, ops)
     return bind(checked_graph, model_obj, sizes, zero_missing_inputs=zero_missing_inputs,
                 no_model=choice.no_model_reason())
 
 
 def rebound(bound_graph, sizes):
-    """The same graph and model checked and bound at other sizes (a chunked run's tail)."""
+    """The same graph, model and op registry checked and bound at other sizes (a chunked run's tail)."""
     from .check import check_graph
     from .model.bind import bind
-    return bind(check_graph(bound_graph.graph, bound_graph.model, sizes), bound_graph.model, sizes,
-                zero_missing_inputs=bound_graph.zero_missing_inputs)
+    return bind(check_graph(bound_graph.graph, bound_graph.model, sizes, ops=bound_graph.checked.ops),
+                bound_graph.model, sizes, zero_missing_inputs=bound_graph.zero_missing_inputs)

@@ -1,4 +1,4 @@
-"""A dependency-free progress bar for `oi2jax run --steps N` (stderr, terminals only).
+"""A dependency-free progress bar for `oi2jax run --steps N` and `oi2jax convert-hf` (stderr, terminals only).
 
 `ProgressBar(total, stream=sys.stderr)` is a callable `bar(done)` (steps finished so far);
 it redraws at most every `interval` seconds with a bar, `done/total`, steps per second and an
@@ -22,12 +22,13 @@ def _fmt_time(seconds: float) -> str:
 
 class ProgressBar:
     def __init__(self, total: int, stream=None, width: int = 30, interval: float = 0.1, label: str = "step",
-                 clock=time.monotonic):
+                 clock=time.monotonic, unit: str = "steps"):
         self.total = max(0, int(total))
         self.stream = sys.stderr if stream is None else stream
         self.width = width
         self.interval = interval
         self.label = label
+        self.unit = unit  # the rate's unit: "steps/s", "MiB/s"
         self.clock = clock
         self.start = clock()
         self._last_draw = None
@@ -43,7 +44,7 @@ class ProgressBar:
         bar = "#" * filled + "-" * (self.width - filled)
         eta = (self.total - done) / rate if rate > 0 else 0.0
         return (f"{self.label} {done}/{self.total} [{bar}] {100 * frac:5.1f}% "
-                f"{rate:,.1f} steps/s elapsed {_fmt_time(elapsed)} eta {_fmt_time(eta)}")
+                f"{rate:,.1f} {self.unit}/s elapsed {_fmt_time(elapsed)} eta {_fmt_time(eta)}")
 
     def __call__(self, done: int) -> None:
         self.done = done
@@ -62,8 +63,10 @@ class ProgressBar:
         self.stream.flush()
 
 
-def progress_for(total: int, quiet: bool = False, stream=None, min_steps: int = MIN_STEPS) -> ProgressBar | None:
-    """A bar for `total` steps on `stream` (stderr) when it is a terminal, not `quiet`, and total is large."""
+def progress_for(total: int, quiet: bool = False, stream=None, min_steps: int = MIN_STEPS,
+                 **bar_options) -> ProgressBar | None:
+    """A bar for `total` steps on `stream` (stderr) when it is a terminal, not `quiet`, and total is large.
+    `bar_options`: ProgressBar's label / unit (e.g. `label="MiB", unit="MiB"` for bytes written)."""
     stream = sys.stderr if stream is None else stream
     if quiet or total < min_steps:
         return None
@@ -72,4 +75,4 @@ def progress_for(total: int, quiet: bool = False, stream=None, min_steps: int = 
             return None
     except (AttributeError, ValueError):
         return None
-    return ProgressBar(total, stream=stream)
+    return ProgressBar(total, stream=stream, **bar_options)

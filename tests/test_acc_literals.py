@@ -166,7 +166,7 @@ def test_acc_list_errors(tmp_path, capsys, body, message):
     ("acc=[i2, i32]", "expected dtype (e.g. i32, f32), got i2"),
     ("acc=[I32]", "expected dtype (e.g. i32, f32), got I32"),
     ("acc=1", "acc must be a dtype list"),
-    ("axes=[a]", "expected dtype (e.g. i32, f32), got a"),
+    ("axes=[a]", "op sum_axis setting axes: a is a variable; a list takes integers and size names"),
     ("axes=[i32]", "DTypeList only supported for acc attribute"),
 ])
 def test_dtype_list_syntax_errors(tmp_path, capsys, setting, message):

@@ -9,6 +9,15 @@ from oi2jax.cli import main
 from conftest import MODELS
 
 
+def _device() -> str:
+    import jax
+    from oi2jax.runtime.placement import device_name
+    return device_name(jax.devices()[0])
+
+
+DEVICE = _device()  # the default device's name in traces (cpu:0 here, gpu:0 on a GPU)
+
+
 def run_cli(capsys, *argv):
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()
@@ -164,6 +173,17 @@ def test_run_trace_compiled_is_per_kernel(capsys, tmp_path):
         assert mine[0] == f"step {step} phase 0 entry:0"
         assert sorted(mine[1:]) == sorted([f"step {step} phase 0 reader", f"step {step} phase 0 writer",
                                            f"step {step} phase 1 entry:1"])
+    assert all(f" on {DEVICE}: " in line for line in lines[1:])  # the device's own name
+
+
+def test_run_trace_fused_names_the_device(capsys):
+    """A trace names the device a kernel ran on as the device says (`cpu:0`, `gpu:0`), not a literal."""
+    code, out, err = run_cli(capsys, "run", "examples/mlp_regression.oi", "--zero-missing-inputs", "--trace",
+                             "--quiet", "--steps", "2")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3, err
+    assert all(line.startswith(f"step {i} phase 0 step (whole graph") and f" on {DEVICE}: " in line
+               for i, line in enumerate(lines[1:]))
 
 
 @pytest.mark.parametrize("argv", [["run", "examples/quantized_linear.oi", "--quiet", "--out"],

@@ -13,9 +13,7 @@ from oi2jax import dtypes as dt
 from oi2jax.diagnostics import OiError
 from oi2jax.runtime import executor
 
-from conftest import EXAMPLES, MODELS
-
-NAMES = sorted(p.stem for p in EXAMPLES.glob("*.oi"))
+from conftest import EXAMPLES, MODELS, SPEC_EXAMPLE_NAMES as NAMES
 
 
 def same(a: dict, b: dict):

@@ -183,6 +183,58 @@ def test_export_cli_usage(capsys):
     assert REPO.is_dir()
 
 
+def test_platform_names_are_lowering_platforms(monkeypatch):
+    """JAX names every GPU device and backend `gpu`; jax.export records and checks `cuda` /
+    `rocm`, so an artifact exported for `gpu` is refused where it runs (issue 32). One mapping,
+    `placement.lowering_platform`, simulated here on a CPU machine."""
+    import jax
+    from oi2jax.export import export_platforms
+    from oi2jax.runtime.placement import lowering_platform
+    assert lowering_platform(jax.devices()[0]) == jax.export.default_export_platform()
+    assert export_platforms() == (jax.export.default_export_platform(),)
+    assert [lowering_platform(p) for p in ("cpu", "cuda", "rocm", "tpu")] == ["cpu", "cuda", "rocm", "tpu"]
+    if jax.default_backend() == "cpu":
+        with pytest.raises(OiError, match="platform gpu: no GPU is present.*cuda or rocm"):
+            lowering_platform("gpu")
+    real = jax.devices
+
+    def with_gpu(kind):  # a machine with one CUDA device
+        def devices(backend=None):
+            if backend == kind:
+                return ["fake-gpu"]
+            if backend in ("cuda", "rocm"):
+                raise RuntimeError(f"Unknown backend {backend}")
+            return real(backend)
+        return devices
+
+    for kind in ("cuda", "rocm"):
+        monkeypatch.setattr(jax, "devices", with_gpu(kind))
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        assert lowering_platform("gpu") == kind
+        assert export_platforms() == (kind,)  # the default: the backend's lowering platform
+        assert export_platforms(["cpu", "gpu", kind]) == ("cpu", kind)
+
+
+def test_export_for_cpu_and_cuda(tmp_path):
+    """JAX lowers for CUDA on a machine without a GPU: one artifact holds both lowerings, the
+    manifest names them as jax.export does, and it runs here (CPU) like oi2jax."""
+    import jax
+    graph, model = EXAMPLES / "mlp_regression.oi", EXAMPLES / "mlp_regression.oinf"
+    art = tmp_path / "step.jaxexport"
+    write_export(graph, art, model=model, platforms=("cpu", "cuda"))
+    man = json.load(open(str(art) + ".json"))
+    assert man["platforms"] == ["cpu", "cuda"]
+    with jax.enable_x64(True):
+        exp = jax.export.deserialize(bytearray(art.read_bytes()))
+        assert exp.platforms == ("cpu", "cuda")
+        npz = np.load(tmp_path / man["init_npz"])
+        state = {s["name"]: npz[s["npz_key"]] for s in man["state"]}
+        x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+        _, outputs = exp.call(state, {"x": x})
+        expected = api.compile(graph, model=model).run({"x": x})
+        assert_same({k: np.asarray(v) for k, v in outputs.items()}, {k: expected[k] for k in outputs})
+
+
 def test_export_uses_the_model_beside_the_graph_and_the_users_umask(tmp_path, capsys):
     """Issue 34 items 2 and 5: export finds the model beside the graph (the one rule of
     pipeline.choose_model), and its files were written -rw------- (a temporary file's mode): they

@@ -75,7 +75,7 @@ def test_spec_example_declarations():
     assert v["acc"].init == ir.Literal("float", 0.0) and v["acc"].kind == ir.MemKind.VOLATILE
     assert v["cursor"].init == ir.Literal("int", 0) and v["cursor"].kind == ir.MemKind.PERSISTENT
     assert v["Hist"].is_table and v["Hist"].fixed == (("slot", 8),)
-    assert v["Grow"].auto_dim == ("r", "c") and v["Grow"].is_auto_dim and v["Grow"].fixed_map == {"r": 6}
+    assert v["Grow"].auto_dim == ("r", "c") and v["Grow"].is_auto_dim and v["Grow"].fixed_sizes({}) == {"r": 6}
     assert v["tokens"].span == ir.Span("ex.oi", 1, 13)
     assert v["Hist"].attr_span("fixed") == ir.Span("ex.oi", 6, 31)
 

@@ -83,7 +83,7 @@ def test_kv_decode_steps_equal_numpy_and_overflow_raises(kv):
     d = kv.bound.shape("q")[0]
     zero = kv.bound.initial("zero")
     qs = tokens(6, d)
-    sess = kv.session()
+    sess = kv.session(max_unchecked=1)  # K=1: step k's error raises at the latest from call k+1
     for k in range(4):
         out = sess.step(q=qs[k])
         want = k_hist_after(qs, k, zero)
@@ -197,7 +197,7 @@ def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv, mo
     for index in exes:
         exes[index] = Refuses()
     second = kv.session().run({"q": dev}, collect="k_hist")
-    assert Refuses.calls == 1 and all(e is False for e in exes.values())
+    assert Refuses.calls == 1 and all(e is None for e in exes.values())
     third = kv.session().run({"q": dev}, collect="k_hist")
     assert Refuses.calls == 1
     for name in first:
@@ -230,7 +230,8 @@ def test_fused_loop_indexes_in_int64_past_two_to_the_31(kv):
         sess = kv.session()
         with kv.scope():
             fixed = kv.dynamic_args(sess._inputs({"q": q}))
-            state, last, _, status = kernels.multi(kv.consts, sess.state, {}, fixed, base, 3)
+            res = kernels.multi(kv.consts, sess.state, {}, fixed, base, 3)
+            state, last, status = res.state, res.last, res.status
         assert list(np.asarray(status)[:3]) == [0, 0, 3]
         results.append((kv.export_state(state), {k: np.asarray(v) for k, v in last.items()}))
     (state32, last32), (state64, last64) = results
@@ -290,12 +291,12 @@ def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):
     d, zero, qs, dev, (wrong_shape, inexact, exact) = kv_device_tokens(
         kv, 6, 3, lambda d: np.zeros(d + 1, np.float32), lambda d: np.full(d, 0.1, np.float64),
         lambda d: np.full(d, 0.5, np.float64))
-    for fresh in range(2):  # the second session starts on the hot path the first one set up
-        sess = kv.session()
+    for fresh in range(2):  # the second session compiles nothing: the forms are the program's
+        sess = kv.session(max_unchecked=1)  # K=1: step k's error raises at the latest from call k+1
         for k in range(4):
             out = sess.step(q=dev[k])
             np.testing.assert_array_equal(np.asarray(out["k_hist"]), k_hist_after(qs, k, zero))
-            assert kv.step_kernels.hot is not None
+            assert sess._hot is not None
         sess.step(q=dev[4])  # overflows K
         with pytest.raises(OiError, match=r"index 4 is past its fixed size 4 \(in step 5\)"):
             sess.step(q=dev[5])
@@ -326,8 +327,7 @@ def test_hot_step_kernel_with_flat_state_equals_the_jitted_step(kv):
     sess = kv.session()
     sess.step(q=dev[0])
     sess.step(q=dev[1])  # the second step with the same device inputs: the hot path
-    hot = kv.step_kernels.hot
-    assert isinstance(hot[0], FlatStep) and sess._leaves is not None and sess._user_tree is None
+    assert isinstance(sess._hot.forms.clean, FlatStep) and sess._leaves is not None and sess._user_tree is None
     mid = sess.state  # the tree, made from the leaves
     np.testing.assert_array_equal(np.asarray(mid.caches["K"].data)[:2], qs[:2] + zero)
     with kv.scope():
@@ -614,7 +614,7 @@ def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready
     assert prog.step_kernels.select_skip is not cond
     ns = np.array([1, 2, np.inf, 1, 3], np.float32)
     xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
-    one = prog.session()
+    one = prog.session(max_unchecked=1)  # K=1: step k's error raises at the latest from call k+1
     one.step(n=ns[0], x=xs[0])
     one.step(n=ns[1], x=xs[1])
     one.step(n=ns[2], x=xs[2])  # fails; reported by the next call, which must do nothing

@@ -87,7 +87,10 @@ class CacheRules:
             return entry
         if not d.is_table:
             return None  # auto_dim: grows at run time
-        fixed = d.fixed_map
+        try:
+            fixed = d.fixed_sizes(self.sizes)
+        except KeyError:  # an unknown size variable: checks/decls reports it
+            return None
         lead = []
         for j, name in enumerate(d.table_indices):
             item = info[j] if j < len(info) else ("slice", True, None, True, None)

@@ -36,9 +36,13 @@ class DeclRules:
             self.error(f"persistent table {d.name} missing table indices", d.attr_span("table"))
         if d.is_table and dtypes.get(d.dtype).packed:
             self.error("cache table packed dtypes not supported", d.span)
-        for name, _ in d.fixed:
+        for name, size in d.fixed:
             if name not in d.index_params:
                 self.error(f"@fixed names {name}, which is not an index parameter of {d.name}", d.attr_span("fixed"))
+            elif isinstance(size, str) and size not in self.sizes and self.strict:
+                from ..diagnostics import suggest
+                self.error(f"@fixed({name}={size}) of {d.name}: unknown size: {size}{suggest(size, self.sizes)}",
+                           d.attr_span("fixed"))
         for name in d.auto_dim:
             if name not in d.index_params:
                 self.error(f"@auto_dim names {name}, which is not an index parameter of {d.name}",

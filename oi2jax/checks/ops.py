@@ -1,6 +1,7 @@
 """Op, transfer and variable-use rules: inputs, outputs, attributes and op typing via `oi2jax.ops.infer`."""
 from __future__ import annotations
 
+from .. import dtypes as D
 from .. import ir
 from .. import messages
 from ..ir import MemKind
@@ -55,13 +56,13 @@ class OpRules:
                                  attr.span)
 
     def check_op(self, node: ir.Op, loops):
-        from .. import ops
         name_span = self.name_span(node.span, "op")
-        if node.op not in ops.REGISTRY:
+        if node.op not in self.registry:
             from ..diagnostics import suggest
-            self.error(f"unsupported op {node.op}{suggest(node.op, ops.REGISTRY)}", name_span)
+            self.error(f"unsupported op {node.op}{suggest(node.op, self.registry)}{self.ops_hint(node.op)}",
+                       name_span)
             return
-        spec = ops.REGISTRY[node.op]
+        spec = self.registry[node.op]
         ok = True
         for ref in node.inputs:
             if not self.check_source(ref, loops, "unknown input variable"):
@@ -78,9 +79,17 @@ class OpRules:
             self.error(f"persistent cache {out} must be written via cache.write", node.output_span)
             out_ok = False
         self.warn_suffix_ranges(node)
+        # size names in int lists (`shape=[H, HD]`): a variable there is a mistake, not a size
+        for attr in node.attrs:
+            if attr.value.kind == "int_list":
+                for v in attr.value.value:
+                    if isinstance(v, str) and self.known(v.lstrip("-")):
+                        self.error(f"op {node.op} setting {attr.name}: {v.lstrip('-')} is a variable; a list takes "
+                                   f"integers and size names", attr.span)
+                        ok = False
         # variable-valued attributes
         for attr in node.attrs:
-            aname = "alpha" if (node.op, attr.name) == ("relu", "negative_slope") else attr.name
+            aname = spec.aliases.get(attr.name, attr.name)
             aspec = spec.attrs.get(aname)
             if attr.value.kind != "var" or aspec is None:
                 continue
@@ -90,25 +99,34 @@ class OpRules:
                     meta = (self.model.metadata or {}).get(var)
                     if meta is None or getattr(meta, "type", None) != "string":
                         self.error(f"unknown attribute string: {var}", attr.span)
-            elif aspec.kind == "scalar":
+            elif aspec.static:
+                self.error(f"op {node.op} setting {attr.name} must be a literal (it fixes the output's shape), "
+                           f"not the variable {var}", attr.span)
+                ok = False
+            elif aspec.kind in ("scalar", "float", "int", "bool"):
                 if self.model is not None and getattr((self.model.metadata or {}).get(var), "type", None) == "string":
                     continue
                 if not self.known(var):
                     self.error(f"unknown attribute variable {var}{self.near(var)}", attr.span)
                 elif not self.is_scalar(var):
                     self.error(f"attribute {var} must be scalar", attr.span)
+                elif not _VAR_KIND_OK[aspec.kind](self.dtype(var)):
+                    self.error(f"op {node.op} setting {attr.name} is {_KIND_WORD[aspec.kind]}, but {var} is "
+                               f"{self.dtype(var)}", attr.span)
         if not ok:
             return
+        from .. import ops
         in_dtypes = [self.dtype(r.name) for r in node.inputs]
         in_shapes = [self.shape(r.name) for r in node.inputs]
         in_names = [r.name if r.indices is None else str(r) for r in node.inputs]
         try:
-            sig = ops.infer(node.op, in_dtypes, in_shapes, node.attr_map, out_name=out, in_names=in_names)
+            sig = ops.infer(node.op, in_dtypes, in_shapes, node.attr_map, out_name=out, in_names=in_names,
+                            registry=self.registry, sizes=self.size_scope())
         except ops.OpTypeError as exc:
             span = name_span
             if exc.attr is not None:
                 for a in node.attrs:
-                    if a.name == exc.attr or (exc.attr == "alpha" and a.name == "negative_slope"):
+                    if a.name == exc.attr or spec.aliases.get(a.name) == exc.attr:
                         span = a.span
             elif exc.input is not None and 0 <= exc.input < len(node.inputs):
                 span = node.inputs[exc.input].span
@@ -116,7 +134,7 @@ class OpRules:
             return
         self.op_sigs[id(node)] = sig  # the CheckedGraph's signature: the backends do not re-infer it
         for attr in node.attrs:  # SPEC-2026-03 D3: the 1fc5207 form 0/1 of a bool setting
-            if attr.name in ops.typing.BOOL_ATTRS and attr.value.kind == "int":
+            if ops.typing.bool_only(spec, attr.name) and attr.value.kind == "int":
                 self.warning(f"{attr.name}={attr.value.value}: current OpenInfer accepts only true/false here; "
                              f"read as {'true' if attr.value.value else 'false'}", attr.span)
         if not out_ok:
@@ -130,6 +148,19 @@ class OpRules:
         if sig.out_shape is not None and out_shape is not None and tuple(sig.out_shape) != out_shape:
             self.error(messages.op_output_shape(node.op, out, out_shape, sig.out_shape), node.output_span)
 
+
+    def size_scope(self):
+        """The sizes an op's int-list attribute may name; unknown names are errors only when the
+        sizes are known (a model or --size given), as for declarations."""
+        return _Sizes(self.sizes, strict=self.strict)
+
+    def ops_hint(self, name: str) -> str:
+        """`; it is in the bundled op set nn (--ops nn)` for a known op of a set not loaded."""
+        from ..ops.loading import bundled_set_of
+        found = bundled_set_of(name)
+        if found is None or found in self.registry.sets:
+            return ""
+        return f"; it is in the bundled op set {found} (--ops {found}, or ops=[\"{found}\"])"
 
     def check_source(self, ref: ir.VarRef, loops, unknown_msg: str) -> bool:
         """A value read by an op, transfer or cache.write: known, and not persistent (§2.2)."""
@@ -159,3 +190,21 @@ class OpRules:
         if a is not None and b is not None and a != b:
             self.error(f"transfer shape mismatch: {node.src} is {shape_text(a)}, {dst.name} is {shape_text(b)}",
                        dst.span)
+
+
+# the dtypes a scalar variable may have when it gives an added op's typed attribute
+_VAR_KIND_OK = {
+    "scalar": lambda d: True,
+    "float": lambda d: d is not None and (D.get(d).is_float or D.get(d).family in (D.SIGNED, D.UNSIGNED)),
+    "int": lambda d: d is not None and D.get(d).family in (D.SIGNED, D.UNSIGNED),
+    "bool": lambda d: d == "bool",
+}
+_KIND_WORD = {"float": "a number", "int": "an integer", "bool": "a bool"}
+
+
+class _Sizes(dict):
+    """Size variables for `ops.infer`, with whether an unknown name is an error."""
+
+    def __init__(self, sizes, strict: bool):
+        super().__init__(sizes)
+        self.strict = strict

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from .. import ir
 from ..ir import MemKind
-from ..phases import node_reads, runtime_shaped, takes_runtime_shape
+from ..phases import node_reads, runtime_shaped
 
 
 class RuntimeShapeRules:
     def check_runtime_shapes(self):
-        shaped = runtime_shaped(self.g)
+        shaped = self.shaped = runtime_shaped(self.g)  # computed once: the CheckedGraph carries it
         if not shaped:
             return
         first_write: dict[str, ir.Node] = {}
@@ -61,7 +61,8 @@ class RuntimeShapeRules:
                                attr.span)
             if not moving:
                 return
-            if not takes_runtime_shape(node.op):
+            spec = self.registry.get(node.op)
+            if spec is None or not spec.elementwise:
                 self.error(f"op {node.op} cannot take a runtime-shaped operand: {named(moving[0])}", node.span)
                 return
             for r in node.inputs:

@@ -164,7 +164,9 @@ class Builder(Transformer):
         return ("fixed", items, self.span(meta))
 
     def fixed_item(self, meta, children):
-        return (self.name(children[0]), self.int_of(children[1]))
+        """`i=4` or `i=T`: a size given by a size variable (the model's or --size), resolved by bind."""
+        value = children[1]
+        return (self.name(children[0]), self.name(value) if value.type == "NAME" else self.int_of(value))
 
     # ---- literals
     def int_of(self, tok, negative: bool = False) -> int:
@@ -254,26 +256,41 @@ class Builder(Transformer):
     def scalar_value(self, meta, children):
         return self.literal(children[0], children[1])
 
-    def int_list(self, meta, children):
-        return ir.Literal("int_list", tuple(c for c in children if c is not None))
+    def list_value(self, meta, children):
+        """`[i32, i64]` (a dtype list: `acc=[A, O]`) or an int list of integers and size names
+        (`[H, -1, 4]`). A list that starts with a dtype is a dtype list, as before."""
+        items = [c for c in children if c is not None]
+        if items and items[0][1].type == "DTYPE":
+            names = []
+            for minus, tok in items:
+                if minus is not None or str(tok) not in dtypes.ACC_DTYPES:
+                    raise self.err(f"expected dtype (e.g. i32, f32), got {'-' if minus else ''}{tok}", tok)
+                names.append(str(tok))
+            return ir.Literal("dtype_list", tuple(names))
+        values = []
+        for minus, tok in items:
+            if tok.type == "INT":
+                values.append(self.int_of(tok, negative=minus is not None))
+            elif tok.type == "NAME":
+                values.append(("-" if minus is not None else "") + self.name(tok))
+            else:
+                raise self.err(f"expected an integer or a size name, got dtype {tok}", tok)
+        out = ir.Literal("int_list", tuple(values))
+        if items and all(tok.type == "NAME" for _, tok in items):  # `acc=[I32]`: located in `setting`
+            self.__dict__.setdefault("_name_lists", {})[id(out)] = items
+        return out
 
-    def int_item(self, meta, children):
+    def list_item(self, meta, children):
         minus, tok = children
-        return self.int_of(tok, negative=minus is not None)
-
-    def dtype_list(self, meta, children):
-        names = []
-        for tok in children:
-            if tok is None:
-                continue
-            if str(tok) not in dtypes.ACC_DTYPES:
-                raise self.err(f"expected dtype (e.g. i32, f32), got {tok}", tok)
-            names.append(str(tok))
-        return ir.Literal("dtype_list", tuple(names))
+        return (minus, tok)
 
     def setting(self, meta, children):
         name_tok, value = children
         name = str(name_tok)
+        names = self.__dict__.get("_name_lists", {}).get(id(value))
+        if name == "acc" and names:  # a list of names that are not dtypes: `acc=[I32]`
+            bad = next(tok for _, tok in names if str(tok) not in dtypes.ACC_DTYPES)
+            raise self.err(f"expected dtype (e.g. i32, f32), got {bad}", bad)
         if value.kind == "dtype_list" and name != "acc":  # SPEC-2026-03 §1.4 texts
             raise self.err("to must be a dtype identifier" if name == "to" else
                            f"DTypeList only supported for acc attribute (setting {name})", meta)

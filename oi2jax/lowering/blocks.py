@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from .. import ir, messages, ops
 from ..messages import CHECKED
 from ..diagnostics import OiError
+from ..model.bind import AttrVar
 from .context import Tracer
 from .rules import rule
 
@@ -24,26 +25,16 @@ def _dtype_of(tr: Tracer, name: str) -> str:
 
 
 def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
-    """Literal attrs as Python values; variable attrs as metadata strings, static constants or 0-d arrays."""
-    values = {}
-    for attr in node.attrs:
-        lit = attr.value
-        if lit.kind == "var":
-            name = lit.value
-            text = tr.bound.metadata_string(name)
-            if text is not None:
-                values[attr.name] = text
-                continue
-            static = tr.static_scalar(name)
-            if static is not None:
-                values[attr.name] = static
+    """The op's attributes (`BoundGraph.op_attrs`, the one preparation) with each variable read:
+    a constant scalar as its static value, any other as a 0-d array of the trace."""
+    values = tr.bound.op_attrs(node)
+    for name, value in values.items():
+        if isinstance(value, AttrVar):
+            if value.static is not None:
+                values[name] = value.static
             else:
-                assert name in env, CHECKED
-                values[attr.name] = env[name].reshape(())
-        elif lit.kind == "int_list":
-            values[attr.name] = tuple(lit.value)
-        else:
-            values[attr.name] = lit.value
+                assert value.name in env, CHECKED
+                values[name] = env[value.name].reshape(())
     return values
 
 
@@ -55,8 +46,15 @@ def _op(node: ir.Op, env, frame, tr):
         inputs.append(value)
     in_dtypes = [_dtype_of(tr, ref.name) for ref in node.inputs]
     sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
-    out = ops.apply(node.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
-                    out_dtype=sig.out_dtype, mode=sig.mode)
+    guards: list = []
+    try:
+        out = ops.apply(sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
+                        out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
+                        out_shape=None if node.output in tr.lowering.shaped else sig.out_shape)
+    except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
+        raise OiError(exc.message, node.span, source=tr.graph.source) from None
+    for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
+        env = tr.fail_if(env, jnp.any(cond), tr.lowering.site(message, node.span), value)
     if node.output in tr.lowering.shaped:  # runtime-shaped (phases.runtime_shaped)
         return _shaped_op_output(node, env, tr, out)
     want = tr.bound.shape(node.output)

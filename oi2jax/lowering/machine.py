@@ -33,15 +33,11 @@ INLINE_COND_DEPTH = 64
 
 
 def _own_size(nodes) -> int:
-    return sum(1 + (_own_size(n.body) if isinstance(n, ir.Loop) else 0) for n in nodes)
+    return sum(1 for _ in ir.walk(nodes))
 
 
 def _branches(nodes):
-    for node in nodes:
-        if isinstance(node, ir.Branch):
-            yield node
-        elif isinstance(node, ir.Loop):
-            yield from _branches(node.body)
+    return (node for node in ir.walk(nodes) if isinstance(node, ir.Branch))
 
 
 def _targets(graph: ir.Graph, node: ir.Branch):
@@ -113,9 +109,15 @@ def reachable(graph: ir.Graph, roots) -> list[str]:
 
 
 def facts(tr: Tracer) -> CallFacts:
+    """The call graph's facts of this lowering (computed once)."""
     if tr.lowering.call_facts is None:
         tr.lowering.call_facts = call_facts(tr.graph)
     return tr.lowering.call_facts
+
+
+def inline_costs(tr: Tracer) -> dict[str, int]:
+    """Each block's nodes traced when it is inlined with every block it calls (computed once)."""
+    return facts(tr).cost
 
 
 def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
@@ -131,15 +133,40 @@ def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
     return inlined > INLINE_FACTOR * unique + INLINE_SLACK
 
 
+_INSIDE, _CALL, _END = "inside", "call", "end"
+
+
+class _Cut(ir.NodeVisitor):
+    """Where a block's top-level node puts it in the machine's segments: a `branch` ends a
+    segment (a call), a top-level `return` ends the block, every other node runs inside one."""
+
+    def visit_Branch(self, node):
+        return _CALL
+
+    def visit_Return(self, node):
+        return _END
+
+    def _inside(self, node):
+        return _INSIDE
+
+    visit_Assign = visit_Op = visit_CacheRead = visit_CacheWrite = visit_CacheIncrement = visit_CacheDecrement = \
+        visit_CacheReset = visit_Barrier = visit_Dep = visit_Loop = visit_Yield = visit_Await = visit_Transfer = \
+        _inside
+
+
+_CUT = _Cut()
+
+
 def _segments(block: ir.Block):
     """[(nodes, terminator)]: cut at top-level branches; terminator is a Branch or None (the block
     ends, or a top-level `return` ends it)."""
     out, cur = [], []
     for node in block.nodes:
-        if isinstance(node, ir.Branch):
+        cut = _CUT.visit(node)
+        if cut == _CALL:
             out.append((tuple(cur), node))
             cur = []
-        elif isinstance(node, ir.Return):
+        elif cut == _END:
             out.append((tuple(cur), None))
             return out
         else:

@@ -10,16 +10,18 @@ Values are in the representation of docs/architecture.md (dtypes.py).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes as dt
 from .. import ir, messages
 from ..diagnostics import Diagnostic, OiError
+from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
 from .reader import MetaValue, Model
 
-__all__ = ["bind", "BoundGraph", "fill_value", "pattern_regex"]
+__all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -49,6 +51,15 @@ def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
     return re.compile("".join(parts) + r"\Z"), groups
 
 
+@dataclass(frozen=True)
+class AttrVar:
+    """An op attribute given as a variable (`BoundGraph.op_attrs`): read when the op runs.
+    `static`: its value when it is a constant scalar (known at bind time), else None."""
+
+    name: str
+    static: object = None
+
+
 class BoundGraph:
     """A graph bound to its model and sizes. Read-only: every answer is derived, cached where costly.
 
@@ -70,14 +81,47 @@ class BoundGraph:
         self._cache: dict[str, np.ndarray] = {}
         self._families: dict[str, np.ndarray] = {}
 
-    def op_sig(self, node: ir.Op):
-        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
-        re-infer it."""
+    def _checked(self):
+        """The CheckedGraph; a TypeError for a graph bound without checking."""
         if self.checked is None:
             raise TypeError("this graph was bound without checking: compiled and interpreted programs start "
                             "from a checked graph (oi2jax.compile, oi2jax.pipeline.bound, or "
                             "bind(oi2jax.check.check_graph(graph, ...)))")
-        return self.checked.op_sig(node)
+        return self.checked
+
+    def op_sig(self, node: ir.Op):
+        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
+        re-infer it."""
+        return self._checked().op_sig(node)
+
+    def op_attrs(self, node: ir.Op) -> dict:
+        """THE values of an op node's attributes, for `ops.apply` (the lowering and the interpreter
+        both start from these): a literal's value; an int list with its size names resolved (by
+        the checker); a variable naming a model metadata string: that string; any other variable:
+        an `AttrVar`, read when the op runs (its `static` value when it is a constant scalar)."""
+        values = {}
+        int_lists = self.op_sig(node).int_lists
+        for attr in node.attrs:
+            lit = attr.value
+            if lit.kind == "var":
+                text = self.metadata_string(lit.value)
+                values[attr.name] = text if text is not None else AttrVar(lit.value, self.static_scalar(lit.value))
+            elif lit.kind == "int_list":
+                assert attr.name in int_lists, CHECKED  # checks/ops.check_op resolved it
+                values[attr.name] = int_lists[attr.name]
+            else:
+                values[attr.name] = lit.value
+        return values
+
+    def static_scalar(self, name: str):
+        """A Python value for a constant scalar known at bind time, else None."""
+        decl = self.graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.CONSTANT:
+            return None
+        value = self.initial(name)
+        if value.size != 1:
+            return None
+        return value.reshape(()).item()
 
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
@@ -164,10 +208,7 @@ class BoundGraph:
         """Dynamic variables a step may read before writing them (phases.read_before_written) that
         are not in `given` and have no default of their own (a model tensor or `@init`): running
         without them would silently compute from zeros."""
-        from ..phases import read_before_written
-        reads = self._cache.get("#reads")
-        if reads is None:
-            reads = self._cache["#reads"] = read_before_written(self.graph)
+        reads = self._checked().read_before_written
         return [v.name for v in self.graph.vars_of(ir.MemKind.DYNAMIC)
                 if v.name not in given and v.name in reads and not self.has_default(v.name)]
 
@@ -392,17 +433,26 @@ def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> No
 
 
 def size_names(graph: ir.Graph) -> set[str]:
-    """Every name the graph may use as a size: identifiers in declared dims, loop bounds and
-    cache indices (a superset: some of those are variables)."""
+    """Every name the graph may use as a size: identifiers in declared dims, `@fixed` sizes, loop
+    bounds, op int-list attributes and cache indices (a superset: some of those are variables)."""
     names: set[str] = set()
     for decl in graph.vars:
         for d in decl.dims:
             names.update(d.names)
+        names.update(v for _, v in decl.fixed if isinstance(v, str))
     for block in graph.blocks:
         for node in block.walk():
             if isinstance(node, ir.Loop):
                 names.update(v for v in (node.start, node.end) if isinstance(v, str))
+            elif isinstance(node, ir.Op):
+                names.update(_int_list_names(node))
     return names
+
+
+def _int_list_names(node: ir.Op):
+    for attr in node.attrs:
+        if attr.value.kind == "int_list":
+            yield from (v.lstrip("-") for v in attr.value.value if isinstance(v, str))
 
 
 def unknown_sizes(graph: ir.Graph, model: Model | None, sizes: dict | None) -> list[str]:
@@ -442,6 +492,16 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
 
     for decl in graph.vars:
         resolve(decl.name, decl.dims, decl.span)
+        for index, size in decl.fixed:
+            if isinstance(size, str) and size not in all_sizes:
+                problems.append(Diagnostic(f"@fixed({index}={size}) of {decl.name}: unknown size: {size}",
+                                           decl.attr_span("fixed")))
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Op):
+                for size in _int_list_names(node):
+                    if size not in all_sizes:
+                        problems.append(Diagnostic(f"op {node.op}: unknown size: {size}", node.span))
     for name, node in graph.temporaries.items():
         if name not in shapes and graph.var(name) is None:
             resolve(name, node.dims, node.span)

@@ -13,7 +13,10 @@ order, each padded to 8. Reading a file and saving its contents back reproduces 
 Tensors: NumPy / ml_dtypes arrays (dtype inferred: float32 -> f32, bfloat16 -> bf16,
 float8_e5m2 -> f8, int4 -> i4, uint4 -> u4, int2 -> i2, uint2 -> u2, bool, ...) or
 `Tensor(dtype, data)` with an explicit OpenInfer dtype (packed values given as ints, e.g. int8;
-`data=None` with `shape=` writes a tensor without data).
+`data=None` with `shape=` writes a tensor without data), or `LazyTensor(dtype, shape, load)`:
+values produced by `load()` only when the writer reaches that tensor, written and dropped before
+the next one, so a model larger than memory (a converted checkpoint) is written with about one
+tensor in memory at a time. The file is streamed into a temporary file renamed over the target.
 Metadata: int -> smallest fitting u8..u64 / i8..i64, float -> f32, str -> string, bool -> bool,
 NumPy scalar -> its dtype, np.ndarray -> ndarray, or `Meta(type, value, elem=None)` explicitly.
 """
@@ -32,7 +35,7 @@ from .quant import QuantParams
 from .reader import (ALIGN, DEFAULT_VERSION, HEADER_PADDED, MAGIC, NAME_RE, VERSIONS, HEADER, Meta, MetaValue,
                      ModelError)
 
-__all__ = ["save", "Tensor", "Meta", "QuantParams", "encode", "dtype_of_array"]
+__all__ = ["save", "Tensor", "LazyTensor", "Meta", "QuantParams", "encode", "dtype_of_array"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,18 @@ class Tensor:
     data: object = None
     shape: tuple[int, ...] | None = None
     quant: QuantParams | None = None
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor whose values `save` asks for only when it writes them: `load()` returns an array of
+    exactly `shape` that `encode` can store as `dtype` (e.g. already in `dtype`'s representation).
+    `save` calls each `load` once, in name order, after the tables are laid out from `dtype` and
+    `shape`, and drops the values before the next tensor: peak memory is about one tensor."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    load: object  # () -> array
 
 
 _NP_TO_OI = {
@@ -132,6 +147,15 @@ def encode(dtype: str, data, path: str = "<model>", what: str = "tensor") -> byt
 def _tensor_spec(path: str, name: str, value) -> tuple[str, tuple[int, ...], bytes | None, bytes | None]:
     """(dtype, shape, data payload or None, quant payload or None) of one tensor."""
     what = f"tensor {name}"
+    if isinstance(value, LazyTensor):
+        if not dt.is_dtype(value.dtype):
+            raise ModelError(path, f"{what}: unknown dtype {value.dtype!r}")
+        shape = tuple(int(s) for s in value.shape)
+        if any(s < 0 for s in shape):
+            raise ModelError(path, f"{what}: negative dimension in {list(shape)}")
+        if not callable(value.load):
+            raise ModelError(path, f"{what}: LazyTensor.load must be callable")
+        return value.dtype, shape, _Deferred(name, value), None
     if isinstance(value, Tensor):
         if not dt.is_dtype(value.dtype):
             raise ModelError(path, f"{what}: unknown dtype {value.dtype!r}")
@@ -165,6 +189,45 @@ def _tensor_spec(path: str, name: str, value) -> tuple[str, tuple[int, ...], byt
         raise ModelError(path, f"{what}: NumPy dtype {value.dtype} has no OpenInfer dtype "
                                f"(use Tensor(dtype, data))")
     return dtype, value.shape, encode(dtype, value, path, what), None
+
+
+def _stored_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    numel = 1
+    for n in shape:
+        numel *= n
+    d = dt.get(dtype)
+    return packing.packed_nbytes(numel, d.bits) if d.packed else numel * (d.bits // 8)
+
+
+class _Deferred:
+    """A LazyTensor's payload: its size is known from dtype and shape; its bytes come at write time."""
+
+    def __init__(self, name: str, lazy: LazyTensor):
+        self.name, self.lazy = name, lazy
+        self.nbytes = _stored_nbytes(lazy.dtype, tuple(int(s) for s in lazy.shape))
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def write(self, f, path: str) -> None:
+        what = f"tensor {self.name}"
+        lazy = self.lazy
+        arr = np.asarray(lazy.load())
+        shape = tuple(int(s) for s in lazy.shape)
+        if arr.shape != shape:
+            raise ModelError(path, f"{what}: load() gave shape {list(arr.shape)}, declared {list(shape)}")
+        d = dt.get(lazy.dtype)
+        if not d.packed and d.name != "bool" and arr.dtype == d.np_dtype:
+            # already stored as is: write the array's own bytes (no second copy of the tensor)
+            buf = np.ascontiguousarray(arr.astype(d.np_dtype.newbyteorder("<"), copy=False)).reshape(-1)
+            buf = buf.view(np.uint8)
+        else:
+            buf = encode(lazy.dtype, arr, path, what)
+        if len(buf) != self.nbytes:  # cannot happen for a well-formed shape; never write a corrupt file
+            raise ModelError(path, f"{what}: {len(buf)} bytes of data, expected {self.nbytes}")
+        del arr
+        f.write(buf)
+        f.write(b"\x00" * (_pad8(self.nbytes) - self.nbytes))
 
 
 def _smallest_int(v: int) -> str:
@@ -280,12 +343,21 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
     tensor_table_len = sum(len(n) + 12 + 8 * len(shape) + entry_tail for n, _, shape, _, _ in specs)
     off_data = _pad8(off_t + tensor_table_len)
 
-    data = bytearray()
+    # the data section as pieces: bytes (as stored) or a _Deferred (written padded when reached)
+    pieces: list = []
+    data_len = 0
+
+    def add(piece) -> int:
+        nonlocal data_len
+        offset = off_data + data_len
+        pieces.append(piece)
+        data_len += _pad8(len(piece)) if isinstance(piece, _Deferred) else len(piece)
+        return offset
+
     meta_table = bytearray()
     for keyb, code, payload in metas:
-        offset = off_data + len(data)
         padded = _padded(payload)
-        data += padded
+        offset = add(padded)
         # scalars record their exact size; string / bitset / ndarray their padded size (§7.4)
         nbytes = len(padded) if code in (dt.CODE_STRING, dt.CODE_NDARRAY, dt.get("bitset").code) else len(payload)
         meta_table += keyb + struct.pack("<IIQQ", code, 0, nbytes, offset)
@@ -293,28 +365,39 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
     for nameb, dtype, shape, payload, quant in specs:
         nbytes = offset = flags = q_nbytes = q_offset = 0
         if payload is not None:
-            offset = off_data + len(data)
             nbytes, flags = len(payload), 1
-            data += _padded(payload)
+            offset = add(payload if isinstance(payload, _Deferred) else _padded(payload))
         if quant is not None:  # right after the tensor's own data (D5)
-            q_offset, q_nbytes = off_data + len(data), len(quant)
+            q_nbytes = len(quant)
+            q_offset = add(quant)
             flags |= 2
-            data += quant
         tail = struct.pack("<QQ", nbytes, offset) + (struct.pack("<QQ", q_nbytes, q_offset) if version == 2 else b"")
         tensor_table += nameb + struct.pack(f"<III{len(shape)}Q", dt.get(dtype).code, len(shape), flags,
                                             *shape) + tail
-    file_size = off_data + len(data)
+    file_size = off_data + data_len
 
     header = HEADER.pack(MAGIC, version, 0, len(sizevars), len(metas), len(specs), 0,
                           off_sv, off_meta, off_t, off_data, file_size)
-    out = bytearray(header)
-    for off, section in ((off_sv, sv_table), (off_meta, meta_table), (off_t, tensor_table), (off_data, data)):
-        out += b"\x00" * (off - len(out))
-        out += section
-    assert len(out) == file_size
+    head = bytearray(header)
+    for off, section in ((off_sv, sv_table), (off_meta, meta_table), (off_t, tensor_table)):
+        head += b"\x00" * (off - len(head))
+        head += section
+    head += b"\x00" * (off_data - len(head))
+
+    def write(f):
+        f.write(head)
+        for piece in pieces:
+            if isinstance(piece, _Deferred):
+                piece.write(f, path_s)
+            else:
+                f.write(piece)
+        if f.tell() != file_size:  # a LazyTensor's load misbehaved; never keep a corrupt file
+            raise ModelError(path_s, f"internal error: wrote {f.tell()} bytes, expected {file_size}")
+
     try:  # a temporary file renamed over the target: a reader that has the old file open keeps
-        # reading the old bytes, and an interrupted write never leaves a half-written model
+        # reading the old bytes, and an interrupted (or failing lazy) write never leaves a
+        # half-written model nor damages the file already there
         from ..npz import write_atomic
-        write_atomic(path_s, lambda f: f.write(out))
+        write_atomic(path_s, write)
     except OSError as exc:
         raise ModelError(path_s, f"cannot write model file: {exc}") from None

@@ -13,22 +13,11 @@ gives the same values whatever wider container XLA accumulates in.
 """
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 
 from .. import dtypes as D
 from . import numerics as N
 from .errors import OpTypeError
-
-_SUM_RULES = (("i32", "i32"), ("i64", "i64"), ("u32", "u32"), ("u64", "u64"), ("f32", "f32"), ("f64", "f64"))
-RULES: dict[str, tuple[tuple[str, str], ...]] = {
-    "matmul": (("i32", "i32"), ("i32", "i64"), ("i64", "i64"), ("u32", "u32"), ("u32", "u64"), ("u64", "u64"),
-               ("f32", "f32"), ("f32", "f64"), ("f64", "f64")),
-    "sum_axis": _SUM_RULES,
-    "prod_axis": _SUM_RULES,
-    "mean_axis": (("f32", "f32"), ("f64", "f64"), ("i32", "f32"), ("i64", "f64"), ("u32", "f32"), ("u64", "f64")),
-}
 
 # Rust `Debug` names, for the upstream message texts (SPEC-2026-03 §5.2)
 _DEBUG = {"bf16": "BF16", "bool": "Bool"}
@@ -42,10 +31,11 @@ def _list(rule) -> str:
     return "[" + ", ".join(debug_name(d) for d in rule) + "]"
 
 
-def check(op: str, rule: tuple[str, ...], in_dtype: str, normal_dtypes) -> str:
+def check(spec, rule: tuple[str, ...], in_dtype: str) -> str:
     """The output dtype O of `op(..., acc=rule)` with inputs of `in_dtype`; OpTypeError (the
-    upstream texts, §5.2) when the rule is not one of the op's, or D2.1's float-into-integer case."""
-    rules = RULES.get(op)
+    upstream texts, §5.2) when the rule is not one of the op's (`OpDef.acc_rules`), or D2.1's
+    float-into-integer case."""
+    op, rules, normal_dtypes = spec.name, spec.acc_rules, spec.normal_dtypes
     if not rules:
         raise OpTypeError(f"op {op}: acc is not supported (no accumulation rules)", attr="acc")
     if tuple(rule) not in rules:
@@ -62,7 +52,7 @@ def check(op: str, rule: tuple[str, ...], in_dtype: str, normal_dtypes) -> str:
     return o
 
 
-def _to(x, src: str, dst: str):
+def to_dtype(x, src: str, dst: str):
     """One value from dtype `src`'s representation to `dst` (D2.2 / D2.4 conversions)."""
     if D.get(src).is_float:
         x = N.to_compute(x, src)  # f8/bf16/f16 -> f32 exactly; f32/f64 as they are
@@ -71,18 +61,22 @@ def _to(x, src: str, dst: str):
     return x.astype(D.get(dst).np_dtype)  # ints wrap modulo 2^bits; to float: nearest even
 
 
-def apply(op: str, inputs, attrs: dict, in_dtypes, out_dtype: str):
-    """The value of `op(inputs, acc=[A, O])` (O = out_dtype), through the ops' normal-mode rules in A."""
-    from .registry import REGISTRY, Ctx
+def apply(spec, inputs, attrs: dict, in_dtypes, out_dtype: str):
+    """The value of `op(inputs, acc=[A, O])` (O = out_dtype), through the op's normal-mode kernel
+    in A (or its own `acc_kernel`, mean_axis's: sum in A, to O, divide by the count in O)."""
+    from .registry import Ctx
     a, o = attrs["acc"]
     assert o == out_dtype, (o, out_dtype)
-    xs = [_to(jnp.asarray(x), d, a) for x, d in zip(inputs, in_dtypes)]
+    xs = [to_dtype(jnp.asarray(x), d, a) for x, d in zip(inputs, in_dtypes)]
     rest = {k: v for k, v in attrs.items() if k != "acc"}
-    if op == "mean_axis":
-        from .reduction import reduced_axes
-        count = math.prod(xs[0].shape[i] for i in reduced_axes("mean_axis", rest, xs[0]))
-        total = REGISTRY["sum_axis"].impl(xs, rest, Ctx("sum_axis", (a,), a, "normal"))
-        total = _to(total, a, o)
-        return N.ieee_div(total, jnp.asarray(count, total.dtype))
-    y = REGISTRY[op].impl(xs, rest, Ctx(op, (a,) * len(xs), a, "normal"))
-    return _to(y, a, o)
+    if spec.acc_kernel is not None:
+        return spec.acc_kernel(xs, rest, a, o)
+    y = spec.kernel(xs, rest, Ctx(spec.name, (a,) * len(xs), a, "normal"))
+    return to_dtype(y, a, o)
+
+
+def __getattr__(name):  # RULES: op -> its acc=[A, O] rules, a view of the built-in declarations
+    if name == "RULES":
+        from .registry import builtin_registry
+        return {d.name: d.acc_rules for d in builtin_registry().values() if d.acc_rules}
+    raise AttributeError(name)

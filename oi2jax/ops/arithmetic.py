@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .builtin import Builtin
 from .. import dtypes as D
 from . import numerics as N
 from ._common import acc_inputs, float_nary, is_float
@@ -106,15 +107,17 @@ def _recip(inputs, attrs, ctx):
     return N.store(jnp.where(x == 0, mask, N.ieee_div(jnp.ones_like(x), x)), d)
 
 
-IMPLS = {
-    "add": _ring(lambda a, b: a + b, jnp.logical_or),
-    "sub": _ring(lambda a, b: a - b),
-    "mul": _ring(lambda a, b: N.no_contract(a * b), jnp.logical_and),
-    "div": _div,
-    "floor_div": _floor_div,
-    "rem": _rem,
-    "fma": _fma,
-    "neg": _neg,
-    "abs": _abs,
-    "recip": _recip,
+_MASK = {"div_by_zero_mask": "dtype"}  # §6.3: the mask's kind follows the first input's dtype
+
+OPS = {
+    "add": Builtin(_ring(lambda a, b: a + b, jnp.logical_or)),
+    "sub": Builtin(_ring(lambda a, b: a - b)),
+    "mul": Builtin(_ring(lambda a, b: N.no_contract(a * b), jnp.logical_and)),
+    "div": Builtin(_div, value_rules=_MASK),
+    "floor_div": Builtin(_floor_div, value_rules=_MASK),
+    "rem": Builtin(_rem),
+    "fma": Builtin(_fma),
+    "neg": Builtin(_neg),
+    "abs": Builtin(_abs),
+    "recip": Builtin(_recip, value_rules=_MASK),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .builtin import Builtin
 from .. import dtypes as D
 from . import numerics as N
 
@@ -55,12 +56,12 @@ def _popcount(inputs, attrs, ctx):
     return lax.population_count(x).astype(jnp.uint8)
 
 
-IMPLS = {
-    "and": _logic(jnp.bitwise_and, jnp.logical_and),
-    "or": _logic(jnp.bitwise_or, jnp.logical_or),
-    "xor": _logic(jnp.bitwise_xor, jnp.logical_xor),
-    "not": _logic(jnp.bitwise_not, jnp.logical_not),
-    "shl": _shift(True),
-    "shr": _shift(False),
-    "popcount": _popcount,
+OPS = {
+    "and": Builtin(_logic(jnp.bitwise_and, jnp.logical_and)),
+    "or": Builtin(_logic(jnp.bitwise_or, jnp.logical_or)),
+    "xor": Builtin(_logic(jnp.bitwise_xor, jnp.logical_xor)),
+    "not": Builtin(_logic(jnp.bitwise_not, jnp.logical_not)),
+    "shl": Builtin(_shift(True), required=("bits",), value_rules={"bits": "int"}),
+    "shr": Builtin(_shift(False), required=("bits",), value_rules={"bits": "int"}),
+    "popcount": Builtin(_popcount),
 }

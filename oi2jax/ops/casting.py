@@ -4,6 +4,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .. import dtypes as D
+from .builtin import Builtin
+from .errors import OpTypeError
 from . import numerics as N
 from ._common import static_bool
 from .rounding import round_half_away
@@ -74,4 +76,29 @@ def _cast(inputs, attrs, ctx):
     return x.astype(d.np_dtype)  # widening int -> int: value preserved
 
 
-IMPLS = {"cast": _cast}
+def cast_allowed(src: str, dst: str) -> bool:
+    """§6.4 cast pairs."""
+    SI, UI = D.SIGNED_INTS, D.UNSIGNED_INTS
+    if dst not in D.FLOATS + SI + UI:
+        return False
+    if src in D.FLOATS:
+        return True
+    if dst in D.FLOATS:
+        return src in SI + UI + D.PACKED_SIGNED + D.PACKED_UNSIGNED
+    if src in SI:
+        return dst in SI and D.get(dst).bits > D.get(src).bits
+    if src in UI:
+        return dst in UI and D.get(dst).bits > D.get(src).bits
+    if src in D.PACKED_SIGNED:
+        return dst in SI
+    if src in D.PACKED_UNSIGNED:
+        return dst in UI
+    return False
+
+
+def _check_cast(in_dtypes, out_dtype, attrs, op_def) -> None:
+    if op_def.output_dtypes and out_dtype not in op_def.output_dtypes or not cast_allowed(in_dtypes[0], out_dtype):
+        raise OpTypeError(f"unsupported cast from {in_dtypes[0]} to {out_dtype}", attr="to")
+
+
+OPS = {"cast": Builtin(_cast, required=("to",), check=_check_cast)}

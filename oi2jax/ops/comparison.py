@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .builtin import Builtin
 from . import numerics as N
 from ._common import is_float
 
@@ -16,7 +17,7 @@ def _cmp(fn):
     return impl
 
 
-IMPLS = {name: _cmp(fn) for name, fn in {
+OPS = {name: Builtin(_cmp(fn)) for name, fn in {
     "eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
     "gt": jnp.greater, "ge": jnp.greater_equal,
 }.items()}

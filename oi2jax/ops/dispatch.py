@@ -1,32 +1,125 @@
-"""`apply`: run one op on JAX values (value representation of docs/architecture.md)."""
+"""`apply`: run one op on JAX values (value representation of docs/architecture.md), and
+`trace_shape`: an added op's output shape and dtype from its kernel (`jax.eval_shape`).
+
+An added op's kernel is user code: an exception it raises, or a result of another shape or dtype
+than the checker typed, is an `OpTypeError` naming the op and where it is defined (the caller
+locates it at the node), never a traceback."""
 from __future__ import annotations
 
-from .registry import REGISTRY, Ctx, default_for
-from .typing import OpTypeError, canonical_attrs
+import numpy as np
+
+from .. import dtypes as D
+from .errors import OpTypeError
+from .registry import Ctx, OpDef
+from .typing import DYNAMIC, canonical_attrs
 
 
-def apply(op: str, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str):
-    """The op's result in `out_dtype`'s representation. Works eagerly and under jit.
-
-    `attrs`: Python scalars / tuples / str (static) or 0-d arrays (variable-valued).
-    Absent attributes take their defaults (dtype-dependent where §6.4 says so).
-    """
-    spec = REGISTRY.get(op)
-    if spec is None:
-        raise OpTypeError(f"unsupported op {op}")
-    if spec.impl is None:
-        raise NotImplementedError(f"op {op} has no implementation")
-    attrs = canonical_attrs(op, attrs)
+def _full_attrs(spec: OpDef, attrs: dict, first: str) -> dict:
+    attrs = canonical_attrs(spec, attrs)
     full = {}
-    for name in spec.attrs:
+    for name, a in spec.attrs.items():
         if name in attrs and attrs[name] is not None:
             full[name] = attrs[name]
         else:
-            d = default_for(op, name, in_dtypes[0])
+            d = a.default_for(first)
             if d is not None:
                 full[name] = d
+    if "acc" in attrs and "acc" not in full:
+        full["acc"] = attrs["acc"]
+    return full
+
+
+def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guards: list | None = None,
+          out_shape=None):
+    """The op's result in `out_dtype`'s representation. Works eagerly and under jit.
+
+    `op`: an `OpDef` (what the checker typed the node against: `OpSig.op`), or a built-in's name.
+    `attrs`: Python scalars / tuples / str (static) or 0-d arrays (variable-valued).
+    Absent attributes take their defaults (dtype-dependent where §6.4 says so). `guards`: a list
+    receiving the kernel's runtime checks `(cond, message, value)` (`Ctx.fail_if`). `out_shape`:
+    the shape the checker typed, which an added op's kernel must return."""
+    if not isinstance(op, OpDef):
+        from .registry import builtin_registry
+        spec = builtin_registry().get(op)
+        if spec is None:
+            raise OpTypeError(f"unsupported op {op}")
+    else:
+        spec = op
+    full = _full_attrs(spec, attrs, in_dtypes[0])
     if mode == "acc_rule":  # acc=[A, O] (SPEC-2026-03 §2)
         from . import accumulate
-        return accumulate.apply(op, list(inputs), full, in_dtypes, out_dtype)
-    ctx = Ctx(op, tuple(in_dtypes), out_dtype, mode)
-    return spec.impl(list(inputs), full, ctx)
+        return accumulate.apply(spec, list(inputs), full, in_dtypes, out_dtype)
+    ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards)
+    if spec.builtin:
+        return spec.kernel(list(inputs), full, ctx)
+    try:
+        out = spec.kernel(list(inputs), full, ctx)
+    except OpTypeError:
+        raise
+    except Exception as exc:  # user code: reported at the node, never a traceback
+        raise OpTypeError(f"{spec.where()}: its kernel raised {type(exc).__name__}: {exc}") from None
+    _check_result(spec, out, out_dtype, out_shape)
+    return out
+
+
+def reference(spec: OpDef, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str,
+              guards: list | None = None, out_shape=None):
+    """An added op's value from its NumPy reference (the interpreter's oracle), rounded once to
+    `out_dtype`'s representation and checked like a kernel's result."""
+    full = _full_attrs(spec, attrs, in_dtypes[0])
+    full = {k: (np.asarray(v) if hasattr(v, "shape") else v) for k, v in full.items()}
+    ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards)
+    try:
+        out = np.asarray(spec.reference(list(inputs), full, ctx))
+    except Exception as exc:  # user code
+        raise OpTypeError(f"{spec.where()}: its reference raised {type(exc).__name__}: {exc}") from None
+    if out_shape is not None and tuple(out.shape) != tuple(out_shape):
+        raise OpTypeError(f"{spec.where()}: its reference returned shape {list(out.shape)}, expected "
+                          f"{list(out_shape)}")
+    want = D.get(out_dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # rounding to f16/bf16 may overflow to inf: IEEE
+        if want.is_float:
+            from .. import numerics as HN
+            out = out.astype(np.float64)
+            out = HN.f8_encode(out.astype(np.float32)) if out_dtype == "f8" else out.astype(want.np_dtype)
+        elif out.dtype != want.np_dtype:
+            out = out.astype(want.np_dtype)
+    return out
+
+
+def _check_result(spec: OpDef, out, out_dtype: str, want_shape) -> None:
+    want = D.get(out_dtype).np_dtype
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is None or dtype is None:
+        raise OpTypeError(f"{spec.where()}: its kernel returned {type(out).__name__}, not an array")
+    if np.dtype(dtype) != want:
+        raise OpTypeError(f"{spec.where()}: its kernel returned dtype {np.dtype(dtype)}, but the op's dtype rule "
+                          f"gives {out_dtype} (held as {want})")
+    if want_shape is not None and tuple(shape) != tuple(want_shape):
+        raise OpTypeError(f"{spec.where()}: its kernel returned shape {list(shape)}, expected {list(want_shape)}")
+
+
+_VAR_DTYPES = {"float": np.float32, "int": np.int32, "bool": np.bool_, "scalar": np.float32}
+
+
+def trace_shape(spec: OpDef, in_dtypes, shapes, attrs: dict, out_dtype: str, mode: str) -> tuple[int, ...]:
+    """The output shape of an added op whose declaration leaves it to the kernel: the kernel traced
+    abstractly (`jax.eval_shape`, no computation) on inputs of these shapes and dtypes."""
+    import jax
+    static = {k: v for k, v in attrs.items() if v is not DYNAMIC}
+    dynamic = {k: jax.ShapeDtypeStruct((), _VAR_DTYPES.get(spec.attrs[k].kind, np.float32))
+               for k, v in attrs.items() if v is DYNAMIC}
+    args = [jax.ShapeDtypeStruct(tuple(s), D.get(d).np_dtype) for s, d in zip(shapes, in_dtypes)]
+
+    def run(xs, dyn):
+        return spec.kernel(list(xs), {**static, **dyn}, Ctx(spec.name, tuple(in_dtypes), out_dtype, mode))
+
+    try:
+        with jax.enable_x64(True):
+            out = jax.eval_shape(run, args, dynamic)
+    except OpTypeError:
+        raise
+    except Exception as exc:  # user code
+        raise OpTypeError(f"{spec.where()}: its kernel raised {type(exc).__name__} while tracing: {exc}") from None
+    _check_result(spec, out, out_dtype, None)
+    return tuple(int(d) for d in out.shape)

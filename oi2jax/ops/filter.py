@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .builtin import Builtin
 from . import numerics as N
 from ._common import is_float
 
@@ -47,4 +48,10 @@ def _is_finite(inputs, attrs, ctx):
     return jnp.all(jnp.isfinite(N.to_compute(inputs[0], ctx.dtype)))
 
 
-IMPLS = {"filter": _filter, "is_nan": _is_nan, "is_inf": _is_inf, "is_neg": _is_neg, "is_finite": _is_finite}
+OPS = {
+    "filter": Builtin(_filter, runtime_shape=True),
+    "is_nan": Builtin(_is_nan, runtime_shape=True),
+    "is_inf": Builtin(_is_inf, runtime_shape=True),
+    "is_neg": Builtin(_is_neg, runtime_shape=True),
+    "is_finite": Builtin(_is_finite, shape="scalar"),  # one bool: every element finite
+}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .builtin import Builtin
 from .. import dtypes as D
 from . import numerics as N
 
@@ -27,4 +28,4 @@ def _fill(inputs, attrs, ctx):
     return jnp.broadcast_to(v, x.shape).astype(x.dtype)
 
 
-IMPLS = {"fill": _fill}
+OPS = {"fill": Builtin(_fill, required=("value",), value_rules={"value": "dtype"})}

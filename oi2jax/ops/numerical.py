@@ -6,6 +6,7 @@ import contextvars
 import jax.numpy as jnp
 from jax import lax
 
+from .builtin import Builtin
 from .. import dtypes as D
 from . import numerics as N
 from ._common import is_float
@@ -69,4 +70,10 @@ def _matmul(inputs, attrs, ctx):
     return N.wrap(y, out)
 
 
-IMPLS = {"relu": _relu, "matmul": _matmul}
+OPS = {
+    "relu": Builtin(_relu, runtime_shape=True, value_rules={"alpha": "dtype", "clamp_max": "dtype"},
+                    aliases={"negative_slope": "alpha"}),  # §0 item 8
+    "matmul": Builtin(_matmul, shape="matmul", acc_rules=(
+        ("i32", "i32"), ("i32", "i64"), ("i64", "i64"), ("u32", "u32"), ("u32", "u64"), ("u64", "u64"),
+        ("f32", "f32"), ("f32", "f64"), ("f64", "f64"))),
+}

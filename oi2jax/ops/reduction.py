@@ -6,6 +6,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from .builtin import Builtin
 from .. import dtypes as D
 from . import numerics as N
 from ._common import is_float, static_bool, static_int
@@ -83,8 +84,11 @@ def _first_extreme_index(g, is_max: bool, select_first: bool, floating: bool):
         m = (jnp.max if is_max else jnp.min)(g, axis=-1, keepdims=True)
         hit = g == m
     k = g.shape[-1]
-    first = jnp.argmax(hit, axis=-1)
-    last = k - 1 - jnp.argmax(hit[..., ::-1], axis=-1)
+    # lax.argmax with an explicit int32 index (positions along one axis): jnp.argmax's index dtype
+    # follows the x64 flag when lowered, which breaks the pure step under a user's jit without x64
+    hit32 = hit.astype(jnp.int32)
+    first = lax.argmax(hit32, hit.ndim - 1, jnp.int32)
+    last = jnp.int32(k - 1) - lax.argmax(hit32[..., ::-1], hit.ndim - 1, jnp.int32)
     idx = first if select_first else last
     if floating:
         idx = jnp.where(jnp.isnan(g[..., 0]) | ~jnp.any(hit, axis=-1), 0, idx)
@@ -128,12 +132,27 @@ def _arg(is_max):
     return impl
 
 
-IMPLS = {
-    "sum_axis": _sum_like("sum"),
-    "mean_axis": _sum_like("mean"),
-    "prod_axis": _sum_like("prod"),
-    "max_axis": _extreme(True),
-    "min_axis": _extreme(False),
-    "argmax_axis": _arg(True),
-    "argmin_axis": _arg(False),
+def _mean_acc(xs, attrs, a: str, o: str):
+    """mean_axis with acc=[A, O] (D2): the sum in A, converted to O, divided by the count in O."""
+    from .accumulate import to_dtype
+    from .registry import Ctx
+    count = math.prod(xs[0].shape[i] for i in reduced_axes("mean_axis", attrs, xs[0]))
+    total = to_dtype(_sum_like("sum")(xs, attrs, Ctx("sum_axis", (a,), a, "normal")), a, o)
+    return N.ieee_div(total, jnp.asarray(count, total.dtype))
+
+
+# acc=[A, O] rules (SPEC-2026-03 §2.2)
+_SUM_RULES = (("i32", "i32"), ("i64", "i64"), ("u32", "u32"), ("u64", "u64"), ("f32", "f32"), ("f64", "f64"))
+_MEAN_RULES = (("f32", "f32"), ("f64", "f64"), ("i32", "f32"), ("i64", "f64"), ("u32", "f32"), ("u64", "f64"))
+_AXES = dict(shape="reduce", required=("axes",))
+_AXIS = dict(shape="reduce", required=("axis",), value_rules={"axis": "int"})
+
+OPS = {
+    "sum_axis": Builtin(_sum_like("sum"), acc_rules=_SUM_RULES, **_AXES),
+    "mean_axis": Builtin(_sum_like("mean"), acc_rules=_MEAN_RULES, acc_kernel=_mean_acc, **_AXES),
+    "prod_axis": Builtin(_sum_like("prod"), acc_rules=_SUM_RULES, **_AXES),
+    "max_axis": Builtin(_extreme(True), **_AXES),
+    "min_axis": Builtin(_extreme(False), **_AXES),
+    "argmax_axis": Builtin(_arg(True), **_AXIS),
+    "argmin_axis": Builtin(_arg(False), **_AXIS),
 }

@@ -1,146 +1,256 @@
-"""The op registry: op name -> OpSpec, built from the package's own optable.json.
+"""THE op registry: every op, built-in or added, is one `OpDef`, and a `Registry` is a value.
 
-`optable.json` is generated from OpenInfer's ops.json by tools/gen_optable.py. Each
-category module (arithmetic, numerical, ...) exports `IMPLS: dict[op name, impl]`;
-an impl is `impl(inputs, attrs, ctx) -> jax.Array` (see `Ctx`).
+An `OpDef` carries everything the checker, the lowering, the interpreter, fmt, graph JSON, the
+docs and the tests need: the OpenInfer schema fields (arity, attributes, broadcast / inplace /
+accumulate, type rule, dtype support), per-input dtype rules, attribute kinds with defaults and
+which are required, an output dtype rule, an output shape rule *or* "from the kernel"
+(`jax.eval_shape`), the JAX kernel and an optional NumPy reference. No op name appears in an `if`
+anywhere else: the rules that differ between ops are fields here.
+
+The 47 built-in ops are generated from OpenInfer's ops.json (`optable.json`, tools/gen_optable.py)
+joined with each category module's `OPS` table (kernel and oi2jax's part of the declaration:
+ops/builtin.py). Added ops (the bundled `nn` set, user files, installed packages) are declared
+with `@oi2jax.ops.op(...)` (ops/define.py) and loaded into a registry by `ops.load(...)`
+(ops/loading.py). A registry is passed through compilation (`oi2jax.compile(..., ops=...)`);
+nothing mutates a global one.
 """
 from __future__ import annotations
 
 import functools
-import json
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from .. import dtypes as D
+from .errors import OpTypeError
 
-_TABLE_PATH = Path(__file__).with_name("optable.json")
-
-# dtype-valued, scalar, int-list and string attributes (SPEC §6 intro)
-STATIC_ATTRS = frozenset({"axes", "axis", "keepdims", "to", "acc", "rounding_mode", "select_first", "saturate"})
 ROUNDING_MODES = ("trunc", "floor", "ceil", "nearest")
-ALIASES = {"relu": {"negative_slope": "alpha"}}  # §0 item 8
+
+# attribute kinds: OpenInfer's four (SPEC §6 intro) and the typed kinds of added ops
+ATTR_KINDS = ("dtype", "scalar", "int_list", "string", "float", "int", "bool")
+
+# named dtype groups an added op may use for an input's dtypes
+DTYPE_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "float": ("f16", "bf16", "f32", "f64"),
+    "float8": ("f8", "f16", "bf16", "f32", "f64"),
+    "signed": D.SIGNED_INTS,
+    "unsigned": D.UNSIGNED_INTS,
+    "int": D.SIGNED_INTS + D.UNSIGNED_INTS,
+    "index": D.SIGNED_INTS + D.UNSIGNED_INTS,
+    "bool": ("bool",),
+    "numeric": ("f16", "bf16", "f32", "f64") + D.SIGNED_INTS + D.UNSIGNED_INTS,
+    "any": tuple(D.DTYPES),
+})
 
 
 @dataclass(frozen=True)
 class AttrSpec:
-    """One attribute of one op. kind: 'dtype' | 'scalar' | 'int_list' | 'string'."""
+    """One attribute of one op.
+
+    kind: 'dtype' | 'scalar' (OpenInfer's: float/int/uint/bool, literal or a variable) | 'int_list'
+    (literal ints or size variables) | 'string' | 'float' | 'int' | 'bool' (added ops: a literal or a
+    scalar variable of that kind). `default`: a value, or `callable(first input dtype) -> value`;
+    None with `required=False` means "absent" (the kernel sees no entry). `value_rule`: SPEC §6.3's
+    consumers: 'dtype' (the value's kind follows the first input's dtype) or 'int' (integers only)."""
 
     name: str
     kind: str
-    scalar_kinds: tuple[str, ...] = ()
-    default: object = None  # None: no default (required, or dtype-dependent: see `defaults`)
+    default: object = None
     required: bool = False
+    value_rule: str | None = None
+    scalar_kinds: tuple[str, ...] = ()
+    doc: str = ""
+    static: bool = False  # a literal only: the value fixes a shape (an axis), a variable is an error
+
+    def default_for(self, dtype: str | None):
+        return self.default(dtype) if callable(self.default) else self.default
 
 
 @dataclass(frozen=True)
-class OpSpec:
+class InputSpec:
+    """One input. `dtypes`: the dtypes it accepts; None: exactly the first input's dtype
+    (OpenInfer's rule for every built-in op's inputs after the first)."""
+
     name: str
-    category: str
-    arity: int
-    attrs: Mapping[str, AttrSpec]
-    broadcast: bool
-    inplace: bool
-    accumulate: bool
-    type_rule: Mapping[str, object]  # {"kind": "same_as_input"|"fixed"|"acc_from_attr", ...}
-    normal_dtypes: frozenset[str]
-    accumulate_pairs: frozenset[tuple[str, str]]
-    output_dtypes: frozenset[str] = frozenset()  # cast: allowed targets
-
-    @property
-    def impl(self) -> Callable | None:
-        """The JAX implementation, imported on first use (typing and checking need no JAX)."""
-        return _impls().get(self.name)
-
-    def attr_default(self, name: str, dtype: str | None = None):
-        """The value an absent attribute takes (dtype-dependent for a few)."""
-        return default_for(self.name, name, dtype)
+    dtypes: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
 class Ctx:
-    """What an impl knows besides inputs and attrs."""
+    """What a kernel knows besides inputs and attrs.
+
+    `fail_if(cond, message, value=0)`: a runtime error of this op node where `cond` (a traced bool)
+    holds, e.g. an embedding id out of range: the compiled step records it as a guard (reported
+    with the node's location and step, no write after it lost, docs/decode.md) and the interpreter
+    raises it at once. `message` may contain `{value}`, replaced by `value` (an integer)."""
 
     op: str
     in_dtypes: tuple[str, ...]
     out_dtype: str
     mode: str  # normal | inplace | accumulate
+    guards: list | None = field(default=None, compare=False, repr=False)
 
     @property
     def dtype(self) -> str:
         return self.in_dtypes[0]
 
-
-_REQUIRED = {
-    ("shl", "bits"), ("shr", "bits"), ("fill", "value"), ("cast", "to"),
-    ("sum_axis", "axes"), ("mean_axis", "axes"), ("prod_axis", "axes"),
-    ("max_axis", "axes"), ("min_axis", "axes"),
-    ("argmax_axis", "axis"), ("argmin_axis", "axis"),
-}
-
-_I64_MIN, _I64_MAX, _U64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
-_F64_MAX = 1.7976931348623157e308
+    def fail_if(self, cond, message: str, value=0) -> None:
+        if self.guards is not None:  # None: traced for its shape only (jax.eval_shape)
+            self.guards.append((cond, message, value))
 
 
-def default_for(op: str, attr: str, dtype: str | None = None):
-    """Default value of `attr` for `op` on first-input dtype `dtype` (None if required)."""
-    is_float = dtype is not None and D.get(dtype).is_float
-    unsigned = dtype is not None and D.get(dtype).family in (D.UNSIGNED, D.BITSET)
-    if attr == "div_by_zero_mask":
-        return float("nan") if is_float else 0
-    if attr == "alpha":
-        return 0.0 if is_float else 0
-    if attr == "clamp_max":
-        return float("inf") if is_float else _I64_MAX
-    if attr == "min":
-        return -_F64_MAX if is_float else (0 if unsigned else _I64_MIN)
-    if attr == "max":
-        return _F64_MAX if is_float else (_U64_MAX if unsigned else _I64_MAX)
-    if attr == "keepdims":
-        return False
-    if attr == "select_first":
-        return True
-    if attr == "saturate":
-        return True
-    if attr == "rounding_mode":
-        return "trunc"
-    return None
+@dataclass(frozen=True)
+class OpDef:
+    """One op: its whole contract (see the module docstring).
+
+    kernel(inputs: list[jax.Array], attrs: dict, ctx: Ctx) -> jax.Array, in the value
+    representation of docs/architecture.md; attrs hold every attribute with a value (defaults
+    applied). out_dtype(in_dtypes, attrs) -> str (attrs: name -> ir.Literal or Python value).
+    shape(in_shapes, attrs) -> tuple (attrs: static Python values) raising OpTypeError, or None:
+    the output shape comes from the kernel (`jax.eval_shape`). `check(in_dtypes, out_dtype, attrs)`:
+    an extra rule (cast's pairs). `reference(inputs, attrs, ctx)`: a NumPy formulation for the tests
+    (and the interpreter of an added op); `samples(rng, dtype) -> [(inputs, attrs)]`: test cases."""
+
+    name: str
+    category: str
+    inputs: tuple[InputSpec, ...]
+    attrs: Mapping[str, AttrSpec]
+    kernel: Callable
+    out_dtype: Callable
+    shape: Callable | None
+    type_rule: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({"kind": "same_as_input",
+                                                                                      "index": 0}))
+    broadcast: bool = False
+    inplace: bool = False
+    accumulate: bool = False
+    accumulate_pairs: frozenset[tuple[str, str]] = frozenset()
+    acc_rules: tuple[tuple[str, str], ...] = ()  # acc=[A, O] (SPEC-2026-03 §2.2)
+    acc_kernel: Callable | None = None  # acc=[A, O] computed otherwise than "kernel in A, then to O"
+    output_dtypes: frozenset[str] = frozenset()
+    elementwise: bool = False  # the output takes its operand's (runtime) shape (phases.runtime_shaped)
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    check: Callable | None = None
+    reference: Callable | None = None
+    samples: Callable | None = None
+    doc: str = ""
+    source: str = "the built-in ops (OpenInfer's ops.json)"  # where it is defined: "FILE:LINE" for added ops
+    op_set: str = "builtin"
+
+    @property
+    def arity(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def normal_dtypes(self) -> frozenset[str]:
+        return self.inputs[0].dtypes
+
+    @property
+    def builtin(self) -> bool:
+        return self.op_set == "builtin"
+
+    @property
+    def impl(self) -> Callable:  # the kernel; name kept for the accumulate rules and older callers
+        return self.kernel
+
+    def attr_default(self, name: str, dtype: str | None = None):
+        return self.attrs[name].default_for(dtype)
+
+    def where(self) -> str:
+        """`op NAME (defined in FILE:LINE)` for an added op's messages; `op NAME` for a built-in."""
+        return f"op {self.name}" if self.builtin else f"op {self.name} (defined in {self.source})"
 
 
-def _load() -> dict:
-    return json.loads(_TABLE_PATH.read_text())
+OpSpec = OpDef  # the former name
+
+
+class _Dynamic:
+    """An attribute whose value is only known at run time (a variable), as a shape rule sees it."""
+
+    def __repr__(self) -> str:
+        return "DYNAMIC"
+
+
+DYNAMIC = _Dynamic()
+
+
+class Registry(Mapping[str, OpDef]):
+    """An immutable name -> OpDef mapping. `extend(defs)` returns a new registry; a name defined
+    twice is an error naming both definitions."""
+
+    def __init__(self, defs: Iterable[OpDef] = (), sets: tuple[str, ...] = ()):
+        table: dict[str, OpDef] = {}
+        for d in defs:
+            _add(table, d)
+        self._table = MappingProxyType(table)
+        self.sets = tuple(sets)  # the op sets loaded besides the built-ins, in order
+
+    def __getitem__(self, name: str) -> OpDef:
+        return self._table[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __hash__(self) -> int:
+        return hash(tuple((n, id(d)) for n, d in self._table.items()))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Registry) and dict(self._table) == dict(other._table)
+
+    def extend(self, defs: Iterable[OpDef], set_name: str | None = None) -> "Registry":
+        table = dict(self._table)
+        for d in defs:
+            _add(table, d)
+        sets = self.sets + ((set_name,) if set_name and set_name not in self.sets else ())
+        out = Registry.__new__(Registry)
+        out._table = MappingProxyType(table)
+        out.sets = sets
+        return out
+
+    def added(self) -> list[OpDef]:
+        """The ops that are not built in, in load order."""
+        return [d for d in self._table.values() if not d.builtin]
+
+    def __repr__(self) -> str:
+        return f"Registry({len(self)} ops; sets: {', '.join(('builtin',) + self.sets)})"
+
+
+def _add(table: dict, d: OpDef) -> None:
+    old = table.get(d.name)
+    if old is not None and old is not d:
+        raise OpTypeError(f"op {d.name} is defined twice: in {old.source} and in {d.source}")
+    table[d.name] = d
+
+
+def dtype_set(spec, what: str) -> frozenset[str] | None:
+    """An input's dtypes from a declaration: a group name ('float', 'int', ...), a dtype name, an
+    iterable of either, 'same' / None (the first input's dtype)."""
+    if spec is None or spec == "same":
+        return None
+    items = (spec,) if isinstance(spec, str) else tuple(spec)
+    out: list[str] = []
+    for item in items:
+        if item in DTYPE_GROUPS:
+            out.extend(DTYPE_GROUPS[item])
+        elif D.is_dtype(item):
+            out.append(item)
+        else:
+            from ..diagnostics import suggest
+            raise OpTypeError(f"{what}: unknown dtype or dtype group {item!r}"
+                              f"{suggest(item, list(DTYPE_GROUPS) + list(D.DTYPES))}")
+    return frozenset(out)
 
 
 @functools.lru_cache(maxsize=None)
-def _impls() -> dict[str, Callable]:
-    from . import (arithmetic, bitwise, casting, comparison, filter, mutation, numerical,
-                   reduction, rounding, statistics)
-    out: dict[str, Callable] = {}
-    for mod in (arithmetic, numerical, statistics, rounding, bitwise, comparison, filter,
-                mutation, reduction, casting):
-        out.update(mod.IMPLS)
-    return out
+def builtin_registry() -> Registry:
+    """The 47 built-in ops (OpenInfer's), the base of every registry."""
+    from .builtin import builtins
+    return Registry(builtins())
 
 
-def _build() -> dict[str, OpSpec]:
-    table = _load()
-    defs = table["attr_defs"]
-    reg: dict[str, OpSpec] = {}
-    for name, e in table["ops"].items():
-        attrs = {}
-        for a in e["attrs"]:
-            d = defs[a]
-            attrs[a] = AttrSpec(a, d["kind"], tuple(d.get("scalar_kinds", ())),
-                                default_for(name, a), (name, a) in _REQUIRED)
-        reg[name] = OpSpec(
-            name=name, category=e["category"], arity=e["arity"], attrs=MappingProxyType(attrs),
-            broadcast=e["broadcast"], inplace=e["inplace"], accumulate=e["accumulate"],
-            type_rule=MappingProxyType(dict(e["type_rule"])), normal_dtypes=frozenset(e["normal"]),
-            accumulate_pairs=frozenset(tuple(p) for p in e["accumulate_pairs"]),
-            output_dtypes=frozenset(e.get("output_dtypes", ())),
-        )
-    return reg
-
-
-REGISTRY: dict[str, OpSpec] = _build()
+def __getattr__(name):  # REGISTRY: the built-in registry, built on first use
+    if name == "REGISTRY":
+        return builtin_registry()
+    raise AttributeError(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from .builtin import Builtin
 from .. import dtypes as D
 from . import numerics as N
 from ._common import float_unary, is_float
@@ -34,11 +35,11 @@ def _clamp(inputs, attrs, ctx):
     return N.wrap(y, d)
 
 
-IMPLS = {
-    "clamp": _clamp,
-    "floor": float_unary(jnp.floor),
-    "ceil": float_unary(jnp.ceil),
-    "trunc": float_unary(jnp.trunc),
-    "round": float_unary(round_half_away),
+OPS = {
+    "clamp": Builtin(_clamp, value_rules={"min": "dtype", "max": "dtype"}),
+    "floor": Builtin(float_unary(jnp.floor)),
+    "ceil": Builtin(float_unary(jnp.ceil)),
+    "trunc": Builtin(float_unary(jnp.trunc)),
+    "round": Builtin(float_unary(round_half_away)),
 }
 del np

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .builtin import Builtin
 from . import numerics as N
 from ._common import float_nary, is_float
 
@@ -22,8 +23,8 @@ def _sign(inputs, attrs, ctx):
     return jnp.where(x > zero, jnp.int8(1), jnp.where(x < zero, jnp.int8(-1), jnp.int8(0)))
 
 
-IMPLS = {
-    "min": _minmax(jnp.fmin, jnp.minimum),
-    "max": _minmax(jnp.fmax, jnp.maximum),
-    "sign": _sign,
+OPS = {
+    "min": Builtin(_minmax(jnp.fmin, jnp.minimum)),
+    "max": Builtin(_minmax(jnp.fmax, jnp.maximum)),
+    "sign": Builtin(_sign),
 }

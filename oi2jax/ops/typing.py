@@ -1,19 +1,23 @@
-"""Static op typing: `infer(...)` checks one op node and computes its mode, dtype and shape.
+"""Static op typing: `infer(...)` checks one op node against its `OpDef` and computes its mode,
+dtype and shape. Every rule that differs between ops is a field of the op's declaration.
 
 Messages use the SPEC §3.10 wording where the reference has one; the stricter checks of
 §0 item 12 (input dtypes, shapes, attribute values §6.3) use plain DSL words.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 from .. import dtypes as D
 from ..ir import Literal
+from .casting import cast_allowed
 from .errors import OpTypeError, broadcast_shapes, normalize_axes
-from .registry import ALIASES, REGISTRY, ROUNDING_MODES, OpSpec
+from .registry import DYNAMIC, ROUNDING_MODES, OpDef, Registry
 
-SI, UI = D.SIGNED_INTS, D.UNSIGNED_INTS
-PS, PU = D.PACKED_SIGNED, D.PACKED_UNSIGNED
+__all__ = ["OpSig", "infer", "cast_allowed", "canonical_attrs", "broadcast_shapes", "normalize_axes", "DYNAMIC",
+           "bool_only"]
 
 
 @dataclass(frozen=True)
@@ -21,49 +25,23 @@ class OpSig:
     mode: str  # normal | inplace | accumulate (acc=DTYPE, SPEC §6.2) | acc_rule (acc=[A, O], SPEC-2026-03 §2)
     out_dtype: str
     out_shape: tuple[int, ...] | None
+    op: OpDef | None = field(default=None, compare=False, repr=False)  # the declaration it was typed against
+    # int-list attributes with their size names resolved (`reshape(x, shape=[H, HD])`)
+    int_lists: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}), compare=False,
+                                                     repr=False)
 
 
-def cast_allowed(src: str, dst: str) -> bool:
-    """§6.4 cast pairs."""
-    if dst not in D.FLOATS + SI + UI:
-        return False
-    fam = D.get(src).family
-    if src in D.FLOATS:
-        return True
-    if dst in D.FLOATS:
-        return src in SI + UI + PS + PU
-    if src in SI:
-        return dst in SI and D.get(dst).bits > D.get(src).bits
-    if src in UI:
-        return dst in UI and D.get(dst).bits > D.get(src).bits
-    if src in PS:
-        return dst in SI
-    if src in PU:
-        return dst in UI
-    del fam
-    return False
-
-
-def canonical_attrs(op: str, attrs: dict) -> dict:
-    """Apply attribute aliases (relu negative_slope -> alpha)."""
-    alias = ALIASES.get(op)
-    if not alias:
+def canonical_attrs(spec: OpDef, attrs: dict) -> dict:
+    """Apply the op's attribute aliases (relu negative_slope -> alpha)."""
+    if not spec.aliases:
         return dict(attrs)
     out = {}
     for name, value in attrs.items():
-        real = alias.get(name, name)
+        real = spec.aliases.get(name, name)
         if real in out:
             raise OpTypeError(f"duplicate setting: {real}", attr=name)
         out[real] = value
     return out
-
-
-# attribute consumers whose value kind depends on the first input's dtype (§6.3)
-_DTYPE_CONSUMERS = {
-    ("div", "div_by_zero_mask"), ("floor_div", "div_by_zero_mask"), ("recip", "div_by_zero_mask"),
-    ("relu", "alpha"), ("relu", "clamp_max"), ("clamp", "min"), ("clamp", "max"), ("fill", "value"),
-}
-_INT_CONSUMERS = {("shl", "bits"), ("shr", "bits"), ("argmax_axis", "axis"), ("argmin_axis", "axis")}
 
 
 def _lit_value(lit) -> object:
@@ -83,46 +61,77 @@ def _lit_kind(lit) -> str:
     if isinstance(v, str):
         return "str"
     if isinstance(v, (tuple, list)):
-        return "dtype_list" if v and all(isinstance(x, str) for x in v) else "int_list"
+        return "dtype_list" if v and all(isinstance(x, str) and D.is_dtype(x) for x in v) else "int_list"
     return "var"
 
 
-BOOL_ATTRS = ("keepdims", "select_first", "saturate")  # declared "bool" (SPEC-2026-03 §2.5)
+def bool_only(spec: OpDef, name: str) -> bool:
+    """A setting declared true/false only (`scalar_kinds: ["bool"]`: keepdims, select_first and
+    saturate, SPEC-2026-03 §2.5)."""
+    a = spec.attrs.get(spec.aliases.get(name, name))
+    return a is not None and a.kind == "scalar" and tuple(a.scalar_kinds) == ("bool",)
 
 
-def _check_attr_kind(spec: OpSpec, name: str, lit) -> None:
+def _scalar_kind_ok(a, kind: str, value) -> bool:
+    """A literal of `kind` is one of the setting's declared `scalar_kinds` (none declared: any)."""
+    kinds = a.scalar_kinds
+    return not kinds or kind not in ("float", "int", "bool") or kind in kinds or \
+        (kind == "int" and value >= 0 and "uint" in kinds)
+
+
+_KIND_OK = {
+    "dtype": lambda kind, v: kind == "dtype" or (kind in ("var", "str") and D.is_dtype(str(v))),
+    # keepdims/select_first/saturate: validation accepts any scalar kind (§11 item 30)
+    "scalar": lambda kind, v: kind in ("float", "int", "bool", "var"),
+    "int_list": lambda kind, v: kind == "int_list",
+    "string": lambda kind, v: kind in ("str", "var"),
+    "float": lambda kind, v: kind in ("float", "int", "var"),
+    "int": lambda kind, v: kind in ("int", "var"),
+    "bool": lambda kind, v: kind in ("bool", "var"),
+}
+
+
+def _check_attr_kind(spec: OpDef, name: str, lit) -> None:
     a = spec.attrs[name]
-    kind = _lit_kind(lit)
-    ok = {
-        "dtype": kind == "dtype" or (kind in ("var", "str") and D.is_dtype(str(_lit_value(lit)))),
-        # keepdims/select_first/saturate: validation accepts any scalar kind (§11 item 30)
-        "scalar": kind in ("float", "int", "bool", "var"),
-        "int_list": kind == "int_list",
-        "string": kind in ("str", "var"),
-    }[a.kind]
-    if not ok:
+    kind, value = _lit_kind(lit), _lit_value(lit)
+    if not _KIND_OK[a.kind](kind, value):
+        if a.kind in ("float", "int", "bool"):
+            raise OpTypeError(f"op {spec.name} setting {name} must be {_KIND_WORDS[a.kind]}, got {_shown(lit)}",
+                              attr=name)
         raise OpTypeError(f"unsupported {spec.name} setting type: {name}", attr=name)
-    if name in BOOL_ATTRS and kind not in ("bool", "var") and not (kind == "int" and _lit_value(lit) in (0, 1)):
-        # current OpenInfer takes only true/false (SPEC-2026-03 §2.5); 0/1 stay accepted (D3)
-        raise OpTypeError(f"op {spec.name} setting {name} must be true or false, got {_lit_value(lit)!r}",
+    if bool_only(spec, name):
+        if kind not in ("bool", "var") and not (spec.builtin and kind == "int" and value in (0, 1)):
+            # current OpenInfer takes only true/false (SPEC-2026-03 §2.5); 0/1 stay accepted (D3)
+            raise OpTypeError(f"op {spec.name} setting {name} must be true or false, got {value!r}", attr=name)
+    elif a.kind == "scalar" and not _scalar_kind_ok(a, kind, value):
+        raise OpTypeError(f"op {spec.name} setting {name} must be {' or '.join(a.scalar_kinds)}, got {_shown(lit)}",
                           attr=name)
-    if a.kind == "dtype" and not D.is_dtype(str(_lit_value(lit))):
-        raise OpTypeError(f"unknown dtype {_lit_value(lit)}", attr=name)
+    if a.kind == "dtype" and not D.is_dtype(str(value)):
+        raise OpTypeError(f"unknown dtype {value}", attr=name)
 
 
-def _check_attr_value(spec: OpSpec, name: str, lit, dtype: str) -> None:
+_KIND_WORDS = {"float": "a number", "int": "an integer", "bool": "true or false"}
+
+
+def _shown(lit) -> str:
+    kind, value = _lit_kind(lit), _lit_value(lit)
+    return f"{kind} {value!r}" if kind in ("float", "int", "bool", "str") else repr(value)
+
+
+def _check_attr_value(spec: OpDef, name: str, lit, dtype: str) -> None:
     """§6.3 value rules for literal (not variable-valued) scalar attributes."""
     kind, value = _lit_kind(lit), _lit_value(lit)
     if kind == "var":
         return
     op = spec.name
-    dt = D.get(dtype)
-    if (op, name) in _INT_CONSUMERS:
+    rule = spec.attrs[name].value_rule
+    if rule == "int":
         if kind == "float":
             raise OpTypeError(f"op {op} setting {name} must be an integer, got float {value!r}", attr=name)
         return
-    if (op, name) not in _DTYPE_CONSUMERS:
+    if rule != "dtype":
         return
+    dt = D.get(dtype)
     if dt.is_float:
         return  # float-ish consumer: float/int/uint/bool all fine
     if kind == "float":
@@ -133,68 +142,62 @@ def _check_attr_value(spec: OpSpec, name: str, lit, dtype: str) -> None:
                           attr=name)
 
 
-def _out_shape(spec: OpSpec, shapes: list, attrs: dict) -> tuple[int, ...] | None:
-    op = spec.name
-    if op == "is_finite":
-        return ()
-    if any(s is None for s in shapes):
-        return None
-    shapes = [tuple(s) for s in shapes]
-    if op == "matmul":
-        a, b = shapes
-        if len(a) < 2 or len(b) < 2:
-            raise OpTypeError("matmul expects inputs with rank >= 2", input=0 if len(a) < 2 else 1)
-        if a[-1] != b[-2]:
-            raise OpTypeError(f"matmul inner dim mismatch: {a[-1]} vs {b[-2]}", input=1)
-        return broadcast_shapes(a[:-2], b[:-2]) + (a[-2], b[-1])
-    if spec.category == "reduction":
-        shape = shapes[0]
-        keep = attrs.get("keepdims")
-        if keep is not None and _lit_kind(keep) == "var":
-            keepdims = None
-        else:
-            keepdims = bool(_lit_value(keep)) if keep is not None else False
-        if op in ("argmax_axis", "argmin_axis"):
-            axis = attrs["axis"]
-            if _lit_kind(axis) == "var":
+def resolve_int_list(op: str, name: str, values, sizes) -> tuple[int, ...] | None:
+    """An int-list attribute's values with size names replaced by their values; None when a size is
+    not known yet (checking without sizes)."""
+    out = []
+    for v in values:
+        if isinstance(v, str):
+            neg = v.startswith("-")
+            key = v[1:] if neg else v
+            if sizes is None or key not in sizes:
+                if sizes is not None and getattr(sizes, "strict", True):
+                    from ..diagnostics import suggest
+                    raise OpTypeError(f"op {op} setting {name}: unknown size {key}{suggest(key, sizes)}", attr=name)
                 return None
-            axes = normalize_axes(op, [int(_lit_value(axis))], len(shape))
+            out.append(-int(sizes[key]) if neg else int(sizes[key]))
         else:
-            axes = normalize_axes(op, _lit_value(attrs["axes"]), len(shape))
-        if keepdims is None:
-            return None
-        if keepdims:
-            return tuple(1 if i in axes else d for i, d in enumerate(shape))
-        return tuple(d for i, d in enumerate(shape) if i not in axes)
-    if len(shapes) == 1:
-        return shapes[0]
-    if spec.broadcast:
-        out = shapes[0]
-        for s in shapes[1:]:
-            out = broadcast_shapes(out, s)
-        return out
-    if any(s != shapes[0] for s in shapes[1:]):
-        raise OpTypeError(f"op {op} does not allow broadcast inputs",
-                          input=next(i for i, s in enumerate(shapes) if s != shapes[0]))
-    return shapes[0]
+            out.append(int(v))
+    return tuple(out)
+
+
+def _static_attrs(spec: OpDef, attrs: dict, int_lists: dict, first: str) -> dict:
+    """What a shape rule sees: literal values, resolved int lists, DYNAMIC for variables, defaults."""
+    out = {}
+    for name, a in spec.attrs.items():
+        if name in attrs:
+            lit = attrs[name]
+            if a.kind == "int_list":
+                out[name] = int_lists.get(name, DYNAMIC)
+            elif _lit_kind(lit) == "var" and a.kind not in ("dtype", "string"):
+                out[name] = DYNAMIC
+            else:
+                out[name] = _lit_value(lit)
+        else:
+            d = a.default_for(first)
+            if d is not None:
+                out[name] = d
+    return out
 
 
 def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name: str | None = None,
-          in_names: list[str] | None = None) -> OpSig:
-    """Type one op node. `attrs` maps names to ir.Literal (plain Python values also accepted)."""
-    spec = REGISTRY.get(op)
+          in_names: list[str] | None = None, registry: Registry | None = None, sizes=None) -> OpSig:
+    """Type one op node against `registry` (default: the built-in ops). `attrs` maps names to
+    ir.Literal (plain Python values also accepted); `sizes` resolves size names in int lists."""
+    from .registry import builtin_registry
+    reg = registry if registry is not None else builtin_registry()
+    spec = reg.get(op)
     if spec is None:
         from ..diagnostics import suggest
-        raise OpTypeError(f"unsupported op {op}{suggest(op, REGISTRY)}")
+        raise OpTypeError(f"unsupported op {op}{suggest(op, reg)}")
     if len(in_dtypes) != spec.arity:
         raise OpTypeError(f"op {op} expects Fixed({spec.arity}) inputs, got {len(in_dtypes)}")
-    attrs = canonical_attrs(op, attrs)
+    attrs = canonical_attrs(spec, attrs)
     rule = None
     if "acc" in attrs and _lit_kind(attrs["acc"]) == "dtype_list":  # acc=[A, O]
         rule = tuple(_lit_value(attrs["acc"]))
         attrs = {k: v for k, v in attrs.items() if k != "acc"}
-        from . import accumulate
-        if op not in accumulate.RULES:
+        if not spec.acc_rules:
             raise OpTypeError(f"op {op}: acc is not supported (no accumulation rules)", attr="acc")
     if "acc" in attrs and not spec.accumulate:
         raise OpTypeError(f"op {op} does not support accumulation", attr="acc")
@@ -212,13 +215,19 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     if rule is not None:
         mode = "acc_rule"
 
-    # required attributes
+    # required attributes and attribute values
     for name, a in spec.attrs.items():
         if a.required and name not in attrs:
-            what = {"axes": "axes", "axis": "axis", "bits": "bits", "value": "value", "to": "to"}[name]
-            raise OpTypeError(f"{op} requires {what} attribute", attr=name)
-    if "axes" in attrs and len(_lit_value(attrs["axes"])) == 0:
-        raise OpTypeError(f"{op} requires a non-empty axes list", attr="axes")
+            raise OpTypeError(f"{op} requires {name} attribute", attr=name)
+    int_lists = {}
+    for name, lit in attrs.items():
+        if spec.attrs[name].kind != "int_list":
+            continue
+        if name == "axes" and len(_lit_value(lit)) == 0:
+            raise OpTypeError(f"{op} requires a non-empty axes list", attr="axes")
+        resolved = resolve_int_list(op, name, _lit_value(lit), sizes)
+        if resolved is not None:
+            int_lists[name] = resolved
     if "rounding_mode" in attrs and _lit_kind(attrs["rounding_mode"]) == "str":
         rm = _lit_value(attrs["rounding_mode"])
         if rm not in ROUNDING_MODES:
@@ -227,33 +236,53 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
 
     # dtypes
     first = in_dtypes[0]
-    acc_rule, rule = rule, spec.type_rule
     if mode == "acc_rule":
         from . import accumulate
-        out_dtype = accumulate.check(op, acc_rule, first, spec.normal_dtypes)
+        out_dtype = accumulate.check(spec, rule, first)
     elif mode == "accumulate":
         out_dtype = str(_lit_value(attrs["acc"]))
-    elif rule["kind"] == "fixed":
-        out_dtype = rule["dtype"]
-    elif rule["kind"] == "acc_from_attr":
-        out_dtype = str(_lit_value(attrs[rule["attr"]]))
     else:
-        out_dtype = in_dtypes[rule.get("index", 0)]
+        out_dtype = spec.out_dtype(list(in_dtypes), attrs)
     if mode == "accumulate":
         if (first, out_dtype) not in spec.accumulate_pairs:
             raise OpTypeError(f"op {op} does not support {first} -> {out_dtype} for mode {mode}", attr="acc")
     elif mode != "acc_rule" and first not in spec.normal_dtypes:
-        raise OpTypeError(f"op {op} does not support {first} -> {out_dtype} for mode {mode}", input=0)
+        if spec.builtin:
+            raise OpTypeError(f"op {op} does not support {first} -> {out_dtype} for mode {mode}", input=0)
+        raise OpTypeError(f"{spec.where()} input 0 ({spec.inputs[0].name}) has dtype {first}, expected one of "
+                          f"{_dtype_list(spec.normal_dtypes)}", input=0)
     for i, d in enumerate(in_dtypes[1:], start=1):
-        if d != first:
+        allowed = spec.inputs[i].dtypes
+        if allowed is None and d != first:
             raise OpTypeError(f"op {op} input {i} has dtype {d}, expected {first} (all inputs must match the first)",
                               input=i)
-    if op == "cast":
-        if spec.output_dtypes and out_dtype not in spec.output_dtypes or not cast_allowed(first, out_dtype):
-            raise OpTypeError(f"unsupported cast from {first} to {out_dtype}", attr="to")
+        if allowed is not None and d not in allowed:
+            raise OpTypeError(f"{spec.where()} input {i} ({spec.inputs[i].name}) has dtype {d}, expected one of "
+                              f"{_dtype_list(allowed)}", input=i)
+    if not D.is_dtype(out_dtype):
+        raise OpTypeError(f"{spec.where()}: its output dtype rule gave {out_dtype!r}, not a dtype")
+    if spec.check is not None:
+        spec.check(list(in_dtypes), out_dtype, attrs, spec)
     for name, lit in attrs.items():
         if spec.attrs[name].kind == "scalar":
             _check_attr_value(spec, name, lit, first)
 
-    out_shape = _out_shape(spec, list(in_shapes) if in_shapes is not None else [None] * spec.arity, attrs)
-    return OpSig(mode, out_dtype, out_shape)
+    shapes = list(in_shapes) if in_shapes is not None else [None] * spec.arity
+    static = _static_attrs(spec, attrs, int_lists, first)
+    if spec.shape is not None:
+        out_shape = spec.shape(shapes, static)
+    else:
+        out_shape = _kernel_shape(spec, list(in_dtypes), shapes, static, out_dtype, mode)
+    return OpSig(mode, out_dtype, None if out_shape is None else tuple(out_shape), spec, MappingProxyType(int_lists))
+
+
+def _dtype_list(dtypes) -> str:
+    return ", ".join(d for d in D.DTYPES if d in dtypes)
+
+
+def _kernel_shape(spec: OpDef, in_dtypes, shapes, attrs: dict, out_dtype: str, mode: str):
+    """An added op's output shape from its kernel (`jax.eval_shape`), checking the kernel's dtype."""
+    if any(s is None for s in shapes):
+        return None
+    from .dispatch import trace_shape
+    return trace_shape(spec, in_dtypes, shapes, attrs, out_dtype, mode)

@@ -9,8 +9,10 @@
   state the session knows holds no error (it read the previous step's flags): no skip, the
   incoming guards the constant zero. Bit for bit what `single` computes from zero flags. A step
   without any runtime guard returns `None` for its flags: it cannot fail, nothing is read.
-- `multi(consts, state, per_step, fixed, base, n, collect) -> (state, last, stacked, status)`:
-  up to `n` steps as ONE `lax.while_loop` (state donated), step i reading `per_step[base + i]`.
+- `multi(consts, state, per_step, fixed, base, n, collect, feedback=...) -> FusedRun(state, last,
+  stacked, status, fed)`: up to `n` steps as ONE `lax.while_loop` (state donated), step i reading
+  `per_step[base + i]` (an input with feedback, once its per-step values run out, the value its
+  source had after the step before: carried in the loop, no host round trip).
   The loop stops early after a step that recorded an error (that step is applied, its failing
   write skipped) or that needs more cache capacity (that step is undone); `status` is
   `(err, errval, applied, grow...)`. So N fused steps equal N `single` calls bit for bit, and
@@ -19,6 +21,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -89,24 +93,33 @@ class StepKernels:
                 return new.vars, new.caches, None, outputs
             return new.vars, new.caches, new.guards.flags, outputs
 
-        def fused_steps(consts, state, per_step, fixed, base, n, collect, total):
+        def fused_steps(consts, state, per_step, fixed, fed, base, n, collect, total, feedback):
             program.count_trace("fused steps")
             env0 = spec.to_env(state)
             # trace constants of the state (sizes of all-@fixed tables) are not loop-carried
             constant = {k: env0.pop(k) for k in spec.constant_keys()}
             # every variable's last value; an input the graph does not write is taken after the
-            # loop from the last applied step's slice (no per-step copy of it)
-            extra = tuple(dict.fromkeys(collect + builder.all_names))
+            # loop from the last applied step's slice (no per-step copy of it). An input with
+            # feedback and its source are outputs of every step (the value it took, the value fed)
+            extra = tuple(dict.fromkeys(collect + builder.all_names + tuple(x for pair in feedback for x in pair)))
 
-            def one(env, i):
+            def one(env, fb, i):
                 dyn = dict(fixed)
                 for k, v in per_step.items():
-                    dyn[k] = lax.dynamic_index_in_dim(v, base + i, keepdims=False)
+                    if k not in fb:
+                        dyn[k] = lax.dynamic_index_in_dim(v, base + i, keepdims=False)
+                for k, v in fb.items():  # step g takes its given value while there is one, else the fed one
+                    if k in per_step:
+                        given = per_step[k]
+                        g = base + i
+                        row = lax.dynamic_index_in_dim(given, jnp.minimum(g, given.shape[0] - 1), keepdims=False)
+                        v = jnp.where(g < given.shape[0], row, v)
+                    dyn[k] = v
                 flat, outputs = builder(consts, {**env, **constant}, dyn, extra=extra)
                 return {k: v for k, v in flat.items() if k not in constant}, outputs
 
             out_shapes, guarded = guarded_trace(
-                lambda: jax.eval_shape(lambda e: one(e, jnp.zeros((), n.dtype))[1], env0))
+                lambda: jax.eval_shape(lambda e, f: one(e, f, jnp.zeros((), n.dtype))[1], env0, fed))
             # a step that cannot record an error, without growth, runs exactly n times
             guarded = guarded or growable
             last0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
@@ -115,23 +128,26 @@ class StepKernels:
             def cond_fn(carry):
                 # stop after a step that recorded an error or was undone for growth (it asks for
                 # capacity): read from the carried state, no flag of its own to compute and carry
-                i, env, _, _ = carry
+                i, env = carry[0], carry[1]
                 if not guarded:
                     return i < n
                 go = (i < n) & (env[ERR] == 0)
                 return go & ~jnp.any(env[GROW] > 0) if growable else go
 
             def body(carry):
-                i, env, _, stacked = carry
-                flat, outputs = one(env, i)
+                i, env, _, stacked, fb = carry
+                flat, outputs = one(env, fb, i)
                 stacked = {k: lax.dynamic_update_index_in_dim(v, outputs[k], base + i, 0)
                            for k, v in stacked.items()}
+                new_fb = {k: outputs[source] for k, source in feedback}
                 if growable:  # an undone step is not counted: the host re-runs it after growing
-                    return i + jnp.where(jnp.any(flat[GROW] > 0), 0, 1).astype(i.dtype), flat, outputs, stacked
-                return i + 1, flat, outputs, stacked
+                    undone = jnp.any(flat[GROW] > 0)
+                    new_fb = {k: jnp.where(undone, fb[k], v) for k, v in new_fb.items()}  # nor fed back
+                    return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, new_fb
+                return i + 1, flat, outputs, stacked, new_fb
 
-            init = (jnp.zeros((), n.dtype), env0, last0, stacked0)
-            i, flat, last, stacked = lax.while_loop(cond_fn, body, init)
+            init = (jnp.zeros((), n.dtype), env0, last0, stacked0, fed)
+            i, flat, last, stacked, fb = lax.while_loop(cond_fn, body, init)
             last = dict(last)
             for name in builder.dynamic:
                 if name in last:
@@ -146,53 +162,82 @@ class StepKernels:
                 new = StepState(new.vars, new.caches, state.guards)
             flags = new.guards.flags
             status = jnp.concatenate([flags[:2], i.astype(jnp.int64).reshape(1), flags[2:]])
-            return new, last, stacked, status
+            return FusedRun(new, last, stacked, status, fb)
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self.clean = jax.jit(clean, donate_argnums=(1,))
-        self._forms = {True: clean, False: single}
-        self.compiled: dict = {}  # (clean?, input signature) -> FlatStep (sessions)
-        # (FlatStep of `clean`, ((input name, type), ...), all outputs returned?) of
-        # the last session step whose inputs were complete device arrays: `Session.step`'s hot path
-        self.hot = None
-        self.pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
-        self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(6, 7))
+        self._form_fns = {True: clean, False: single}
+        self.generation = program.generation  # the program's cache capacities these kernels are for
+        self._forms: dict = {}  # input signature -> StepForms (the session step compiled ahead of time)
+        self._pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
+        self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(7, 8, 9))
         self._scalars: dict = {}  # (index type, value) -> device scalar (`multi`'s base and n)
 
-    def flat_step(self, clean: bool, consts, user, flags, dynamic) -> "FlatStep":
-        """`clean` (or `single`) compiled ahead of time for these arguments, its state flat (see
-        FlatStep); `flags`: None for `clean`."""
-        return FlatStep(self._forms[clean], consts, user, flags, dynamic)
+    @property
+    def pace(self) -> float | None:
+        """Seconds per step of the last fused call on these kernels (None before the first)."""
+        return self._pace
+
+    def timed(self, seconds: float, steps: int) -> float:
+        """Note that a fused call ran `steps` steps in `seconds`; returns the pace."""
+        self._pace = seconds / steps
+        return self._pace
+
+    def session_forms(self, dynamic: dict) -> "StepForms":
+        """The session step's compiled forms for this input signature (names, shapes, dtypes,
+        placement of `dynamic`), shared by every session of the program until a growth
+        replaces these kernels; each form is compiled on its first use (`StepForms.get`)."""
+        key = tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None)) for k, v in sorted(dynamic.items()))
+        forms = self._forms.get(key)
+        if forms is None:
+            forms = self._forms[key] = StepForms(self, self.generation)
+        return forms
+
+    def call_session_step(self, flat: "FlatStep", clean: bool, consts, leaves: tuple, flags, dynamic) -> tuple:
+        """One session step: `flat` (a form compiled ahead of time, its state as leaves), or the
+        jitted form when the executable refuses its arguments (placed unlike them: TypeError /
+        ValueError, raised before anything ran). `(leaves, flags or None, outputs)`."""
+        try:
+            return flat.call(consts, leaves, flags, dynamic)
+        except (TypeError, ValueError):
+            user = flat.user_def.unflatten(leaves)
+            with self.program.scope():
+                vars_, caches, flags, outputs = self.clean(consts, user, dynamic) if clean else \
+                    self.single(consts, user, flags, dynamic)
+            return tuple(jax.tree.leaves((vars_, caches))), flags, outputs
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
-              total: int = 0, exes: dict | None = None):
+              total: int = 0, exes: dict | None = None, feedback: tuple = (), fed: dict | None = None) -> "FusedRun":
         """Up to `n` steps from global step `base`; `total`: length of the collected stacks.
+        `feedback`: ((input, source), ...): from the step where its per-step values run out (or
+        its second step, for an input not given per step), the input takes the value its source
+        had after the step before; `fed`: each such input's fed-back value before this call.
         `exes`: the loops compiled ahead of time for one validated signature of arguments (a
         `Session.run` plan), by index type: called without the jit's dispatch (a hot path)."""
-        args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total)
+        args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total, feedback, fed)
         if exes is None:
             return self.multi_jit(*args)
-        index = args[4].dtype
-        exe = exes.get(index)
-        if exe is None:
-            exe = exes[index] = self.multi_jit.lower(*args).compile()
-        if exe is not False:
+        index = args[5].dtype
+        if index not in exes:
+            exes[index] = self.multi_jit.lower(*args).compile()
+        exe = exes[index]
+        if exe is not None:
             try:
-                return exe(*args[:6])
-            except (TypeError, ValueError):  # placed unlike the executable: the jit from now on
-                exes[index] = False
+                return exe(*args[:7])
+            except (TypeError, ValueError):  # placed unlike the executable (refused before running): the jit
+                exes[index] = None  # from now on
         return self.multi_jit(*args)
 
     def multi_args(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
-                   total: int = 0) -> tuple:
+                   total: int = 0, feedback: tuple = (), fed: dict | None = None) -> tuple:
         """`multi_jit`'s arguments (also what `--dump-dir` lowers: the kernel a run executes)."""
         # the loop counts and indexes in int32 while every index fits (fewer bytes per iteration:
         # XLA:CPU runs a while loop that touches under 1 KiB per iteration as one compiled
         # function instead of one dispatch per fusion); int64 beyond (another trace)
         longest = max([v.shape[0] for v in per_step.values()] + [int(total) if collect else 0, base + n])
         index = np.int32 if longest < 2**31 else np.int64
-        return (consts, state, per_step, fixed, self._scalar(index, base), self._scalar(index, n),
-                tuple(collect), int(total) if collect else 0)
+        return (consts, state, per_step, fixed, dict(fed or {}), self._scalar(index, base), self._scalar(index, n),
+                tuple(collect), int(total) if collect else 0, tuple(feedback))
 
     def _scalar(self, index, value: int):
         """`base` / `n` as a device scalar kept for reuse (a host scalar is put on the device at
@@ -207,6 +252,38 @@ class StepKernels:
         return scalar
 
 
+@dataclass(eq=False)
+class StepForms:
+    """A session step compiled ahead of time for one input signature and one generation of
+    cache capacities (`StepKernels.session_forms`): `clean` for a state known to hold no error,
+    `single` for one that may follow unchecked steps (it skips a step whose incoming state holds
+    an error). `Session.step`'s hot path calls them directly."""
+
+    kernels: StepKernels
+    generation: int
+    clean: "FlatStep | None" = None
+    single: "FlatStep | None" = None
+
+    def compile(self, clean: bool, consts, user, flags, dynamic) -> "FlatStep":
+        """Compile the form `clean` (else `single`) for these arguments (`flags`: None for `clean`)."""
+        flat = FlatStep(self.kernels._form_fns[clean], consts, user, None if clean else flags, dynamic)
+        if clean:
+            self.clean = flat
+        else:
+            self.single = flat
+        return flat
+
+
+class FusedRun(NamedTuple):
+    """What one call of the fused loop returns (`StepKernels.multi`)."""
+
+    state: StepState  # after the last applied step
+    last: dict  # every variable's value at the last step run (of an undone one: never shown)
+    stacked: dict  # collect name -> [total, ...] (rows base .. base + applied - 1 written)
+    status: object  # int64 (err, errval, applied, grow...)
+    fed: dict  # input with feedback -> the value its next step takes when fed back
+
+
 class FlatStep:
     """A session step (`clean` or `single`) compiled ahead of time, its state FLAT: called as
     `exe(consts, leaves, [flags,] dynamic) -> (leaves, [flags,] outputs)`, where `leaves` is
@@ -214,8 +291,7 @@ class FlatStep:
     results at every call of an executable; dicts it does in C++, but the state's dataclasses
     (a `CacheState` per table) call back into Python: about 0.7 µs per step of a one-table
     decode step on CPU. `Session.step` keeps its state as these leaves between steps.
-    `__call__` is the same step with the structured arguments and results of
-    `StepKernels.single` / `clean`."""
+    `call` takes and returns the leaves, the flags and the outputs."""
 
     def __init__(self, fn, consts, user, flags, dynamic):
         leaves, self.user_def = jax.tree.flatten(user)
@@ -234,9 +310,7 @@ class FlatStep:
             consts, tuple(leaves), *((flags,) if takes_flags else ()), dynamic).compile()
         self.has_flags = traced["flags"]
 
-    def __call__(self, consts, user, flags, dynamic) -> tuple:
-        """(vars, caches, flags, outputs), as `clean` / `single` return them."""
-        leaves = tuple(jax.tree.leaves(user))
+    def call(self, consts, leaves: tuple, flags, dynamic) -> tuple:
+        """`(leaves, flags or None, outputs)`; `flags` is passed only to a form that takes them."""
         out = self.exe(consts, leaves, flags, dynamic) if self.takes_flags else self.exe(consts, leaves, dynamic)
-        vars_, caches = self.user_def.unflatten(out[0])
-        return (vars_, caches, out[1], out[2]) if self.has_flags else (vars_, caches, None, out[1])
+        return out if self.has_flags else (out[0], None, out[1])

@@ -50,7 +50,31 @@ class Placer:
 
 
 def device_name(device) -> str:
+    """How traces and messages name a device: its own platform and id (`cpu:0`, `gpu:1`)."""
     return f"{device.platform}:{device.id}" if device is not None else "default"
+
+
+GPU_PLATFORMS = ("cuda", "rocm")  # what JAX's device platform "gpu" stands for when lowering
+
+
+def lowering_platform(platform) -> str:
+    """The platform name JAX lowers and exports for (`cpu`, `cuda`, `rocm`, `tpu`), from a
+    device, a backend name or a device platform name. The one mapping: JAX names every GPU
+    device and backend `gpu` (`jax.devices()[0].platform`, `jax.default_backend()`), while
+    `jax.export` records and checks the lowering platform (`cuda` or `rocm`); an artifact
+    exported for `gpu` is refused where it runs ("exported for platforms ('gpu',) but it is
+    used on ('cuda',)"). `gpu` becomes the GPU platform present here."""
+    name = platform.platform if isinstance(platform, jax.Device) else str(platform)
+    if name != "gpu":
+        return name
+    for candidate in GPU_PLATFORMS:
+        try:
+            if jax.devices(candidate):
+                return candidate
+        except RuntimeError:  # that backend is not present
+            continue
+    raise OiError(f"platform gpu: no GPU is present to tell which one; name the lowering platform "
+                  f"({' or '.join(GPU_PLATFORMS)})")
 
 
 def parse_device(spec):

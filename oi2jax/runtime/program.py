@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import threading
 import math
+from dataclasses import dataclass
 import time
 import warnings
 
@@ -22,6 +23,8 @@ from .kernels import StepKernels
 from .placement import Placer, resolve_device
 from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
 from ..ops.numerical import MATMUL_PRECISION
+from ..lowering import loops
+from ..lowering.loops import LoopPolicy
 from ..lowering.step import StepBuilder, build_lowering
 
 if TYPE_CHECKING:
@@ -42,10 +45,12 @@ class Program:
       `jax.export`; its caller must call `check(state)` to see runtime errors."""
 
     def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None,
-                 driver: dict | None = None):
+                 driver: dict | None = None, unroll="auto"):
         """`placer`: where values live (placement.Placer; sharding.ShardingPlacer over a mesh).
         `driver`: run each step with the yield/await host driver (driver.Driver) with these
-        options (`placement`, `build`, `schedule`); None: the fused step."""
+        options (`placement`, `build`, `schedule`); None: the fused step. `unroll`: the loop
+        policy's option (lowering/loops.py; it also decides which families are held member by member)."""
+        self.unroll = loops.check_unroll(unroll)
         self.bound = bound
         self.graph: ir.Graph = bound.graph
         self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
@@ -59,7 +64,7 @@ class Program:
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
         self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (runtime/runplan.py)
-        self._step_hot = None  # (jit_step, its executable, input names, array type): `step`'s hot path
+        self._step_hot: PureStepHot | None = None  # `step`'s hot path
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
@@ -80,6 +85,7 @@ class Program:
     # ------------------------------------------------------------------ plumbing
 
     precision = "highest"  # float matmul precision while tracing (api.compile(precision=...))
+    unroll = "auto"  # how `loop` lowers while tracing (api.compile(unroll=...); lowering/loops.py)
     zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
 
     @property
@@ -96,16 +102,37 @@ class Program:
             check_given_inputs(self.bound, key, self.zero_missing_inputs)
             self._given_ok.add(key)
 
+    def loop_policy(self) -> LoopPolicy:
+        """The loop lowering policy in force while tracing (lowering/loops.py): `unroll` and the
+        platform the step runs on (the device's, the mesh's, else JAX's default backend)."""
+        cached = self.__dict__.get("_loop_policy")
+        if cached is None or cached.unroll != self.unroll:
+            mesh = getattr(self.placer, "mesh", None)
+            device = self.device if self.device is not None else \
+                (mesh.devices.flat[0] if mesh is not None else None)
+            platform = device.platform if device is not None else jax.default_backend()
+            cached = self.__dict__["_loop_policy"] = LoopPolicy(self.unroll, platform)
+        return cached
+
     def scope(self) -> "_Scope":
         """The context every trace and dispatch of this program runs in: 64-bit types on, the
         program's matmul precision and device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
     def _host_consts(self) -> dict:
-        """Every constant (packed types packed), prefix-table family and non-uniform initial value."""
+        """Every constant (packed types packed), prefix-table family and non-uniform initial value.
+        A family whose every read is at a static index under the loop policy is held member by
+        member (`W[0]`, `W[1]`, ...: lowering/loops.split_families), else stacked."""
+        from ..lowering.context import Tracer
+        split = loops.split_families(Tracer(self.lowering, {}), self.loop_policy())
         consts = {}
         for decl in self.graph.vars:
-            if decl.is_prefix_table:
+            if decl.is_prefix_table and decl.name in split:
+                family = self.bound.family(decl.name)
+                k = len(decl.index_params)
+                for index in np.ndindex(*family.shape[:k]):
+                    consts[loops.member_key(decl.name, index)] = family[index]
+            elif decl.is_prefix_table:
                 consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
                 consts[decl.name] = self._const_value(decl)
@@ -128,8 +155,11 @@ class Program:
             self.compiles += 1
             self.compile_log.append(f"compile #{self.compiles}: {self._next_reason} ({what})")
 
+    generation = 0  # bumped whenever the cache capacities change (the kernels are rebuilt for them)
+
     def _make_kernels(self):
         """The jitted kernels for the current cache capacities (rebuilt after growth)."""
+        self.generation += 1
         self.jit_step = self._make_jit()
         self.step_kernels = StepKernels(self)
 
@@ -200,44 +230,44 @@ class Program:
         a graph with growable caches that needs more capacity returns the old state with
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
         hot = self._step_hot
-        if hot is not None and hot[0] is self.jit_step and len(dynamic) == len(hot[2]):
+        if hot is not None and hot.generation == self.generation and len(dynamic) == len(hot.names):
             # called eagerly again with every input a device array, as the last call: the step
             # compiled ahead of time, no JAX configuration entered. The executable refuses another
-            # shape, dtype or a traced value (then the general path below explains or traces)
-            for name in hot[2]:
-                if type(dynamic.get(name)) is not hot[3]:
+            # shape, dtype or a traced value (TypeError), or a used state's buffers (ValueError):
+            # then the general path below explains, traces or runs it
+            for name in hot.names:
+                if type(dynamic.get(name)) is not hot.array_type:
                     break
             else:
                 try:
-                    return hot[1](self.consts, state, dynamic)
-                except Exception as exc:  # noqa: BLE001  (the general path explains or runs it)
-                    error = self._donated(exc)
-                    if error is not exc:
-                        raise error from None
+                    return hot.exe(self.consts, state, dynamic)
+                except (TypeError, ValueError):
+                    self._refuse_used(state)
         checked = self.validate_inputs(dynamic)
         with self.scope():
             full = self.dynamic_args(checked)
             try:
                 out = self.jit_step(self.consts, state, full)
-            except (RuntimeError, ValueError) as exc:
-                raise self._donated(exc) from None
+            except (RuntimeError, ValueError):
+                self._refuse_used(state)
+                raise
             array = type(out[0].guards.flags)  # a concrete jax.Array type, unless traced
-            if (hot is None or hot[0] is not self.jit_step) and len(checked) == len(full) and \
+            if (hot is None or hot.generation != self.generation) and len(checked) == len(full) and \
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
                     all(type(v) is array for v in checked.values()):
                 # concrete device inputs, all given: compile this signature for the next call
-                self._step_hot = (self.jit_step, self.jit_step.lower(self.consts, out[0], full).compile(),
-                                  tuple(full), array)
+                self._step_hot = PureStepHot(self.generation, self.jit_step.lower(self.consts, out[0], full).compile(),
+                                             tuple(full), array)
             return out
 
     @staticmethod
-    def _donated(exc: Exception) -> Exception:
-        """An OiError for a state whose buffers an earlier step took over, else `exc` itself."""
-        if "deleted" in str(exc) or "donated" in str(exc):
-            return OiError("this state was already used by a step, which took over (donated) its "
-                           "buffers: pass the state that step returned (`state, out = "
-                           "prog.step(state, ...)`)")
-        return exc
+    def _refuse_used(state) -> None:
+        """OiError when `state` holds buffers an earlier step took over (donated)."""
+        if any(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.is_deleted()
+               for a in jax.tree.leaves(state)):
+            raise OiError("this state was already used by a step, which took over (donated) its "
+                          "buffers: pass the state that step returned (`state, out = "
+                          "prog.step(state, ...)`)") from None
 
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
@@ -259,12 +289,14 @@ class Program:
             return None
         return self.lowering.error_for(code, int(status[1]), step=step)
 
-    def session(self, state=None) -> "Session":
+    def session(self, state=None, max_unchecked: int | None = None) -> "Session":
         """A decode-loop session owning the state: `step(**inputs)`, `run(...)`, `read`, `save`.
         `state`: None (program start), a `StepState`, a `{name: array}` dict or an `.npz` path
-        written by `Session.save` / `--out` / `--state-out` (docs/decode.md)."""
+        written by `Session.save` / `--out` / `--state-out`. `max_unchecked` (K, default 8):
+        how many dispatched steps `step` may leave unchecked before it waits for the oldest;
+        1 raises step k's error by call k+1 at the latest (docs/decode.md)."""
         from .session import Session
-        return Session(self, state)
+        return Session(self, state, max_unchecked)
 
     def lower(self, state: StepState | None = None, **dynamic):
         """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
@@ -291,6 +323,11 @@ class Program:
             elif isinstance(value, jax.core.Tracer):
                 if tuple(shape) != tuple(want.shape):
                     raise OiError(f"input {name}: expected shape {list(want.shape)}, got {list(shape)}")
+                if np.dtype(want.dtype).itemsize == 8 and np.dtype(dtype).itemsize == 4 and \
+                        not jax.config.jax_enable_x64:
+                    raise OiError(f"input {name} is {self.bound.dtype(name)}: a traced value under jax.jit without "
+                                  f"jax_enable_x64 cannot be 64-bit (it is {dtype}); pass a concrete array (converted "
+                                  f"exactly) or enable x64 (jax.config.update('jax_enable_x64', True))")
                 raise OiError(f"input {name}: expected dtype {want.dtype} ({self.bound.dtype(name)}), got "
                               f"{dtype}; cast it before the step (traced values are not converted)")
             else:
@@ -313,7 +350,7 @@ class Program:
         return out
 
     def run(self, inputs: dict | None = None, steps: int | None = None, progress=None, trace: bool = False,
-            collect=(), session=None) -> dict:
+            collect=(), session=None, feedback: dict | None = None) -> dict:
         """Run `steps` steps from the program's initial state (or `session`'s state); every
         dynamic, volatile and persistent variable after the last step (widened like `--out`).
 
@@ -321,18 +358,21 @@ class Program:
         `[N, ...]` gives one value per step (`steps=None`, the default: N, else 1). The steps run
         as ONE compiled loop
         (`Session.run`). `collect=("y", ...)`: those names hold every step's value, stacked
-        `[N, ...]`, instead of the last one.
+        `[N, ...]`, instead of the last one. `feedback={"token": "next"}`: once `token`'s per-step
+        values run out, each step takes it from the step before's `next` (inside the one loop;
+        `Session.run`).
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
         if self.driver is not None:
-            return self.driver.run(session, inputs or {}, steps, trace, progress, collect)
+            return self.driver.run(session, inputs or {}, steps, trace, progress, collect, feedback)
         if trace:
-            return self._traced_run(session, inputs, steps, collect)
-        return session.run(inputs or {}, steps=steps, collect=collect, progress=progress)
+            return self._traced_run(session, inputs, steps, collect, feedback)
+        return session.run(inputs or {}, steps=steps, collect=collect, progress=progress, feedback=feedback)
 
-    def _traced_run(self, session, inputs, steps: int | None, collect=()) -> dict:
+    def _traced_run(self, session, inputs, steps: int | None, collect=(), feedback=None) -> dict:
         events = []
-        device = str(self.device or jax.devices()[0])
+        from .placement import device_name
+        device = device_name(self.device or jax.devices()[0])  # the device's own name (cpu:0, gpu:0)
 
         def timed(step_fn):
             def one_step(*args):
@@ -348,7 +388,7 @@ class Program:
             return one_step
 
         self.last_trace = events
-        return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect)
+        return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect, feedback=feedback)
 
     def trace_text(self, events: list[dict] | None = None) -> str:
         """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""
@@ -537,9 +577,20 @@ class Program:
         return dump(self, directory)
 
 
+@dataclass(eq=False)
+class PureStepHot:
+    """`Program.step`'s hot path: the jitted step compiled ahead of time for the signature of an
+    eager call whose inputs were all given as device arrays of one type."""
+
+    generation: int  # `Program.generation` it was compiled for (a growth makes it stale)
+    exe: object  # the compiled executable: (consts, state, dynamic) -> (state, outputs)
+    names: tuple  # the input names (every dynamic variable)
+    array_type: type  # the inputs' concrete array type (checked per call; the executable checks the rest)
+
+
 class _Scope:
-    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the default device."""
-    __slots__ = ("program", "token", "x64", "dev")
+    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the loop policy, the default device."""
+    __slots__ = ("program", "token", "loops", "x64", "dev")
 
     def __init__(self, program):
         self.program = program
@@ -547,11 +598,13 @@ class _Scope:
     def __enter__(self):
         prog = self.program
         self.token = MATMUL_PRECISION.set(prog.precision)
+        self.loops = loops.set_policy(prog.loop_policy())
         self.dev = None
         try:
             self.x64 = jax.enable_x64(True)
             self.x64.__enter__()
         except BaseException:
+            loops.reset(self.loops)
             MATMUL_PRECISION.reset(self.token)
             raise
         if prog.device is not None:
@@ -571,5 +624,6 @@ class _Scope:
             try:
                 self.x64.__exit__(*exc)
             finally:
+                loops.reset(self.loops)
                 MATMUL_PRECISION.reset(self.token)
         return False

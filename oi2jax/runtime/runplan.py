@@ -14,35 +14,82 @@ from ..diagnostics import OiError, suggest
 MAX_PLANS = 64  # signatures remembered per program (then forgotten all at once)
 
 
-def plan_run(prog, inputs: dict, steps, collect, convert) -> "RunPlan":
-    """The validated plan of `run(inputs, steps, collect)`; `convert(inputs, steps=None)` is the
-    session's input check and conversion (it passes a valid device array through as it is)."""
+def plan_run(prog, inputs: dict, steps, collect, convert, feedback=None) -> "RunPlan":
+    """The validated plan of `run(inputs, steps, collect, feedback)`; `convert(inputs, steps=None)`
+    is the session's input check and conversion (it passes a valid device array through as it is)."""
     try:
         key = (tuple((k, type(v), v.shape, v.dtype) for k, v in inputs.items()), steps,
-               (collect,) if isinstance(collect, str) else tuple(collect))
+               (collect,) if isinstance(collect, str) else tuple(collect),
+               tuple(feedback.items()) if feedback else ())
         plan = prog.run_plans.get(key)
     except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no plan
         key = plan = None
     if plan is not None:
         return plan
-    per_step, fixed, steps = split_inputs(prog, inputs, steps)
+    pairs = feedback_pairs(prog, feedback)
+    per_step, fixed, steps = split_inputs(prog, inputs, steps, pairs)
     collect = collect_names(prog, collect)
-    per_dev = convert(per_step, steps=np.shape(next(iter(per_step.values())))[0]) if per_step else {}
+    per_dev = {}
+    for length in dict.fromkeys(np.shape(v)[0] for v in per_step.values()):  # per length (feedback: its own)
+        per_dev.update(convert({k: v for k, v in per_step.items() if np.shape(v)[0] == length}, steps=length))
+    per_dev = {k: per_dev[k] for k in per_step}
     fixed_dev = convert(fixed)
     prog.check_given(inputs)
     if key is not None and all(v is per_dev.get(k, fixed_dev.get(k)) for k, v in inputs.items()):
-        plan = RunPlan(prog, tuple(per_dev), steps, collect)
+        plan = RunPlan(prog, tuple(per_dev), steps, collect, feedback=pairs)
         if len(prog.run_plans) >= MAX_PLANS:
             prog.run_plans.clear()
         prog.run_plans[key] = plan  # nothing converted: reusable
         return plan
     # converted inputs: a plan of this call's own
-    return RunPlan(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev})
+    return RunPlan(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev}, feedback=pairs)
 
 
-def split_inputs(prog, inputs: dict, steps):
-    """(per_step {name: [N, ...]}, fixed {name: value}, N)."""
-    per_step, fixed, lengths = {}, {}, {}
+def feedback_pairs(prog, feedback) -> tuple:
+    """`feedback={IN: OUT, ...}` checked: ((IN, OUT), ...). IN is an input (dynamic variable);
+    OUT a variable whose value a step leaves (dynamic, volatile or plain persistent, never a
+    table or one whose shape changes from step to step) of IN's shape and dtype."""
+    if not feedback:
+        return ()
+    if not isinstance(feedback, dict):
+        raise OiError(f"feedback: expected a dict {{input: output}}, got {type(feedback).__name__}")
+    graph, bound = prog.graph, prog.bound
+    pairs = []
+    for name, source in feedback.items():
+        what = f"feedback {name}={source}"
+        if name not in prog.defaults:
+            decl = graph.var(name)
+            inputs = list(prog.defaults)
+            kind = f"{decl.kind.value} variable" if decl is not None else "not a variable of the graph"
+            raise OiError(f"{what}: {name} is {'a ' + kind if decl is not None else kind}, not an input "
+                          f"(dynamic variable){suggest(name, inputs)} (inputs: {', '.join(inputs) or '(none)'})")
+        decl = graph.var(source)
+        if decl is None or decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
+            known = [v.name for v in graph.vars if v.kind != ir.MemKind.CONSTANT and not v.is_prefix_table]
+            raise OiError(f"{what}: {source} is not a variable a step leaves a value in{suggest(source, known)} "
+                          f"(variables: {', '.join(known) or '(none)'})")
+        if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
+            raise OiError(f"{what}: {source} is a cache table / auto_dim tensor, whose shape changes from step "
+                          f"to step; cache.read what to feed back into a volatile and feed that back")
+        if source in prog.shaped:
+            raise OiError(f"{what}: {source} takes the current shape of @auto_dim tensor {prog.shaped[source]}, "
+                          f"which changes from step to step")
+        have = (bound.dtype(source), tuple(bound.shape(source)))
+        want = (bound.dtype(name), tuple(bound.shape(name)))
+        if have != want:
+            def show(t):
+                return f"{t[0]}[{', '.join(map(str, t[1]))}]"
+            raise OiError(f"{what}: {source} is {show(have)} but input {name} is {show(want)}; a value fed back "
+                          f"must have the input's dtype and shape")
+        pairs.append((name, source))
+    return tuple(pairs)
+
+
+def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
+    """(per_step {name: [N, ...]}, fixed {name: value}, N). An input with `feedback` may hold
+    fewer per-step values than the run has steps (the later steps take the fed-back value)."""
+    fed = {name for name, _ in feedback}
+    per_step, fixed, lengths, fed_lengths = {}, {}, {}, {}
     for name, value in inputs.items():
         if name not in prog.defaults:
             raise prog.unknown_input(name)
@@ -50,7 +97,7 @@ def split_inputs(prog, inputs: dict, steps):
         vshape = tuple(np.shape(value))
         if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
             per_step[name] = value
-            lengths[name] = vshape[0]
+            (fed_lengths if name in fed else lengths)[name] = vshape[0]
         elif vshape == shape:
             fixed[name] = value
         else:
@@ -61,13 +108,17 @@ def split_inputs(prog, inputs: dict, steps):
                       ", ".join(f"{k} has {v}" for k, v in lengths.items()))
     n = next(iter(lengths.values())) if lengths else None
     if steps is None:
-        steps = n if n is not None else 1
+        steps = n if n is not None else max(fed_lengths.values(), default=1)
     steps = int(steps)
     if steps < 0:
         raise OiError(f"steps must be >= 0, got {steps}")
     if n is not None and steps > n:
         raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
-                      f"({', '.join(lengths)})")
+                      f"({', '.join(lengths)})" + ("; only inputs with feedback may hold fewer" if fed else ""))
+    empty = [k for k, v in fed_lengths.items() if v == 0]
+    if empty and steps > 0:
+        raise OiError(f"feedback input {empty[0]}: its per-step values hold no step; give at least the first "
+                      f"step's value (or one value of its declared shape)")
     return per_step, fixed, steps
 
 
@@ -95,33 +146,47 @@ def collect_names(prog, collect) -> tuple:
 
 class RunPlan:
     """A validated `Session.run` call: the names of the inputs with a step axis, the steps, the
-    collect names, the default of every dynamic variable not given, and the fused loop compiled
-    ahead of time for these arguments (per kernels: a growth rebuilds them). Stored per input
-    signature in `Program.run_plans` when its inputs passed through unconverted."""
+    collect names, the feedback pairs, the default of every dynamic variable not given, and the
+    fused loop compiled ahead of time for these arguments (per kernels: a growth rebuilds them).
+    Stored per input signature in `Program.run_plans` when its inputs passed through unconverted."""
 
-    __slots__ = ("per_names", "steps", "collect", "defaults", "values", "_exes")
+    __slots__ = ("per_names", "steps", "collect", "feedback", "defaults", "all_defaults", "values", "_exes",
+                 "_generation")
 
-    def __init__(self, prog, per_names: tuple, steps: int, collect: tuple, values: dict | None = None):
-        self.per_names, self.steps, self.collect = per_names, steps, collect
+    def __init__(self, prog, per_names: tuple, steps: int, collect: tuple, values: dict | None = None,
+                 feedback: tuple = ()):
+        self.per_names, self.steps, self.collect, self.feedback = per_names, steps, collect, feedback
         self.defaults = {k: v for k, v in prog.defaults.items() if k not in per_names}
+        self.all_defaults = prog.defaults
         self.values = values  # this call's converted inputs (a plan that is not stored), else None
-        self._exes = (None, {})
+        self._exes: dict = {}  # index dtype -> the fused loop compiled for this plan (or None: use the jit)
+        self._generation = None  # the kernels' generation `_exes` were compiled for
 
-    def arguments(self, inputs: dict) -> tuple[dict, dict]:
-        """(per-step inputs, fixed inputs: the given ones over the defaults) of this call."""
+    def arguments(self, inputs: dict) -> tuple[dict, dict, dict]:
+        """(per-step inputs, fixed inputs: the given ones over the defaults, the first fed-back
+        value of each input with feedback) of this call. An input with feedback given one value
+        per step starts from its first (its fed-back value is first read after them); one given
+        once, or not at all, is its first step's value."""
         given = self.values if self.values is not None else inputs
         per_names = self.per_names
         fixed = dict(self.defaults)
         for k, v in given.items():
             if k not in per_names:
                 fixed[k] = v
-        return {k: given[k] for k in per_names}, fixed
+        per = {k: given[k] for k in per_names}
+        fed = {}
+        for name, _ in self.feedback:
+            if name not in per:
+                fed[name] = fixed.pop(name)
+            else:  # never read before the per-step values run out (none: steps=0, nothing runs)
+                fed[name] = per[name][0] if per[name].shape[0] else self.all_defaults[name]
+        return per, fixed, fed
 
     def exes(self, kernels) -> dict | None:
         """The fused loops compiled for this plan on `kernels` (`StepKernels.multi` fills it);
         None for a plan of converted inputs (one call's own: the jitted loop, no AOT compile)."""
         if self.values is not None:
             return None
-        if self._exes[0] is not kernels:
-            self._exes = (kernels, {})
-        return self._exes[1]
+        if self._generation != kernels.generation:  # a growth: new kernels, new executables
+            self._exes, self._generation = {}, kernels.generation
+        return self._exes

@@ -11,11 +11,14 @@ raises `OiError` naming the guard's message, its DSL location and "in step k":
 - `run` raises before it returns, from the step that failed (later steps did not run);
 - `step` on a graph with growable caches, or run by the yield/await driver, raises from step k's
   own call (those steps are checked before they return);
-- `step` otherwise raises at the latest at the next call on the session (`step`, `run`, `read`,
-  `save`, `state`, `check`): step k+1 is dispatched before step k's flag is read, so the host
-  never waits for the device between steps. When call k+1 raises step k's error, step k+1 did
-  nothing (the kernel skips a step whose incoming state holds an error), so the state is
-  exactly what step k left: the failing write skipped, every other write of step k applied.
+- `step` otherwise never waits for the device between steps: step k's error raises at the next
+  point where the session hands data to the host (`read`, `state`, `save`, `values`, `check`,
+  `run`, `close`), at the first call that finds step k finished (without waiting), and at the
+  latest at call k + K, when more than K = `max_unchecked` steps would be unchecked (K=1: at
+  call k+1). The steps dispatched after step k did nothing (the kernel skips a step whose
+  incoming state holds an error): the state is exactly what step k left (the failing write
+  skipped, every other write of step k applied), `steps == k`, and their inputs were not applied
+  (give them again); the outputs those calls returned are not meaningful.
 After raising, the error is cleared and the session can go on. No error is ever dropped.
 
 No lost write: a step that needs more capacity in a growable table or auto_dim tensor is undone
@@ -34,10 +37,14 @@ from .. import ir
 from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
 from ..values import convert_output
-from .runplan import collect_names, plan_run, split_inputs
+from .runplan import collect_names, feedback_pairs, plan_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
+
+
+MAX_UNCHECKED = 8  # default K: steps `Session.step` may leave unchecked (docs/decode.md, "When errors surface")
+RECENT = 32  # values of this many steps are kept apart before they are merged (see `_values`)
 
 
 def outcome_ready(flags) -> bool:
@@ -45,16 +52,38 @@ def outcome_ready(flags) -> bool:
     return flags.is_ready()
 
 
+def read_flags(flags) -> np.ndarray:
+    """A dispatched step's guard flags `(err, errval, grow...)` on the host: waits for the step."""
+    return np.asarray(flags)
+
+
+class HotStep:
+    """`Session.step`'s hot path: the compiled forms for the signature of the last step, which
+    gave every input as a device array of its declared shape and dtype (`types`: each input's
+    name and array type, checked per call; the executable checks shapes and dtypes itself)."""
+
+    __slots__ = ("forms", "types")
+
+    def __init__(self, forms, types: tuple):
+        self.forms, self.types = forms, types
+
+
 class Session:
-    def __init__(self, program, state=None):
+    def __init__(self, program, state=None, max_unchecked: int | None = None):
         self.program = program
+        if max_unchecked is None:
+            max_unchecked = MAX_UNCHECKED
+        if isinstance(max_unchecked, bool) or not isinstance(max_unchecked, int) or max_unchecked < 1:
+            raise OiError(f"max_unchecked must be an integer >= 1, got {max_unchecked!r}")
+        self.max_unchecked = max_unchecked  # K: dispatched steps whose outcome may stay unread
         self.steps = 0  # steps applied so far (a resumed session goes on counting)
-        self._pending = None  # (status, step number) of a dispatched step whose status is unread
+        self._pending: list = []  # (flags, step number) of dispatched steps whose outcome is unread, oldest first
         self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
-        self._fresh = None  # (inputs, outputs) of the last fast step, merged into _vals lazily
-        self._exe = None  # (kernels, {clean?: AOT executable}) of the fast step
+        self._recent: list = []  # (step number, inputs, outputs, all inputs given?) of steps not merged into _vals
+        self._hot: HotStep | None = None  # Session.step's hot path (see step)
         self._fast: dict = {}  # input name -> (shape, dtype, type) accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
+        self._closed = False
         self._n_dynamic = len(program.defaults)
         self._user_tree = self._leaves = self._user_def = None  # see _user
         self._shaped = bool(program.shaped)
@@ -71,9 +100,9 @@ class Session:
             self._state = self._from_values(state, "state")
         else:
             self._state = state
-        # the guard flags known to hold no error (`is` the current ones: the next step needs no
-        # skip); a state handed in as a StepState is not known clean until a step says so
-        self._clean = None if isinstance(state, StepState) else self._flags
+        # whether the state's guard flags are known to hold no error (every dispatched step's
+        # outcome read): the next step needs no skip. A StepState handed in is not known clean.
+        self._clean = not isinstance(state, StepState)
 
     # ------------------------------------------------------------------ state in / out
 
@@ -105,12 +134,29 @@ class Session:
 
     @property
     def _values(self) -> dict:
-        if self._fresh is not None:
-            dyn, outputs = self._fresh
-            self._fresh = None
-            self._vals.update(dyn)
-            self._vals.update(outputs)
+        """Every dynamic / volatile variable's last value (device or host arrays). Steps leave
+        theirs in `_recent`, merged here in order; read only when no step is unchecked (a step
+        found failing drops the entries of the steps after it, which did nothing)."""
+        if self._recent:
+            self._merge(self.steps)
         return self._vals
+
+    def _merge(self, through: int) -> None:
+        """Merge the values of the steps up to number `through` into `_vals` (from the last step
+        given every input: its inputs and outputs hold every variable, superseding older ones)."""
+        recent = self._recent
+        start = n = 0
+        for i, entry in enumerate(recent):
+            if entry[0] > through:
+                break
+            n = i + 1
+            if entry[3]:
+                start = i
+        vals = self._vals
+        for _, dyn, outputs, _ in recent[start:n]:
+            vals.update(dyn)
+            vals.update(outputs)  # outputs hold every variable a step writes
+        del recent[:n]
 
     def _load(self, path: str):
         try:
@@ -154,13 +200,77 @@ class Session:
         return self._state
 
     def check(self) -> None:
-        """Raise the runtime error of a step not yet reported, if any."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            status = np.asarray(pending[0])
-            if status[0]:
-                self._raise_if_failed(status, pending[1])
-            self._clean = pending[0]
+        """Raise the runtime error of a step not yet reported, if any (waits for the last
+        dispatched step: a point where the session hands data to the host)."""
+        if self._closed:
+            raise OiError("this session is closed")
+        if self._pending:
+            self._confirm(len(self._pending) - 1)
+
+    def close(self) -> None:
+        """Raise the error of a step not yet reported, if any, and let the state go; the
+        session cannot be used after. `with prog.session() as sess:` closes it at the end (an
+        exception leaving the block is not masked by a pending error)."""
+        if self._closed:
+            return
+        try:
+            self.check()
+        finally:
+            self._closed, self._hot, self._pending, self._recent = True, None, [], []
+            self._user_tree = self._leaves = self._flags = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> bool:
+        if exc_type is None:
+            self.close()
+        else:
+            self._pending = []
+            self.close()
+        return False
+
+    # ------------------------------------------------------------------ outcomes of dispatched steps
+
+    def _poll(self) -> None:
+        """Take the outcome of the dispatched steps found finished, without waiting: one read, of
+        the newest finished one (a step's flags carry any earlier unreported error: the steps
+        after a failing one skip, passing its error on). Raises a step's error."""
+        pending = self._pending
+        if not outcome_ready(pending[0][0]):  # in dispatch order: the oldest not finished, none is
+            return
+        done, n = 0, len(pending)
+        while done + 1 < n and outcome_ready(pending[done + 1][0]):
+            done += 1
+        self._confirm(done)
+
+    def _confirm(self, i: int) -> None:
+        """Read the outcome of unchecked step `_pending[i]` (waiting for it): no error -> it and
+        every step before it are checked; an error -> raised for the first step that has it."""
+        pending = self._pending
+        status = read_flags(pending[i][0])
+        if status[0]:
+            # the steps after a failing one carry its error: the failing step starts that run
+            while i > 0:
+                earlier = read_flags(pending[i - 1][0])
+                if not earlier[0]:
+                    break
+                i, status = i - 1, earlier
+            self._fail(status, pending[i][1])
+        through = pending[i][1]
+        del pending[:i + 1]
+        if not pending:
+            self._clean = True
+        if len(self._recent) > RECENT:
+            self._merge(through)
+
+    def _fail(self, status, step: int) -> None:
+        """Step `step` failed: the steps dispatched after it did nothing (skipped in the kernel):
+        forget them, so that the session is exactly where step `step` left it; raise its error."""
+        self._pending = []
+        self.steps = step
+        self._recent = [r for r in self._recent if r[0] <= step]  # the steps after it did nothing
+        self._raise_if_failed(status, step)
 
     def read(self, name: str) -> np.ndarray:
         """A variable's current value, widened like `--out` (bf16/f8 -> float32, packed -> int8)."""
@@ -222,7 +332,7 @@ class Session:
         with self.program.scope():
             self._state = dataclasses.replace(self._state, guards=type(self._state.guards)(
                 flags.at[:2].set(0)))
-        self._clean = self._flags
+        self._clean = True
 
     # ------------------------------------------------------------------ inputs
 
@@ -273,37 +383,42 @@ class Session:
         """Run one step with these inputs (host or device arrays; a dynamic variable not given
         keeps its default). Returns the step's outputs as device arrays: every volatile and
         every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
-        hot = self.program.step_kernels.hot
-        if hot is not None and len(inputs) == len(hot[1]) and not self._sync:
-            # the common decode step: the same complete set of device inputs as the last step,
-            # the state known clean, the kernel already compiled. The same checks as below, in
-            # fewer Python operations (a bare jitted call costs a few µs; this adds well under 1).
-            # The executable itself refuses a device array of another shape or dtype (TypeError:
-            # then the general path below explains what is wrong); host values never come here.
-            for name, typ in hot[1]:
+        hot = self._hot
+        if hot is not None and len(inputs) == len(hot.types) and hot.forms.generation == self.program.generation:
+            # the common decode step: the same complete set of device inputs as the step that set
+            # `_hot`, its kernel compiled. The same checks as the general path, in fewer Python
+            # operations (a bare jitted call costs a few µs; this adds well under 1). The
+            # executable itself refuses a device array of another shape or dtype (TypeError: then
+            # the general path explains what is wrong); host values never come here.
+            for name, typ in hot.types:
                 if type(inputs.get(name)) is not typ:
                     break
             else:
-                if self._pending is not None:
-                    self._settle_if_done()
-                if self._pending is None and self._clean is self._flags:
-                    flat = hot[0]
+                if self._pending:
+                    self._poll()
+                clean = self._clean
+                flat = hot.forms.clean if clean else hot.forms.single
+                if flat is not None:
                     leaves = self._leaves
                     if leaves is None:
                         leaves = self._user_leaves()
                     try:
-                        out = flat.exe(self.program.consts, leaves, inputs)
+                        out = flat.exe(self.program.consts, leaves, inputs) if clean else \
+                            flat.exe(self.program.consts, leaves, self._flags, inputs)
                     except (TypeError, ValueError):  # placed unlike the executable: the general path
                         pass
                     else:
                         self._leaves, self._user_tree, self._user_def = out[0], None, flat.user_def
-                        self.steps += 1
-                        if flat.has_flags:
-                            self._flags = flags = out[1]
-                            self._pending = (flags, self.steps)
                         outputs = out[-1]
-                        self._fresh = (inputs, outputs)  # complete inputs: nothing older to flush
-                        return outputs if hot[2] else self._returned(outputs)
+                        self._dispatched(inputs, out[1] if flat.has_flags else None, outputs)
+                        return outputs if self._all_returned else self._returned(outputs)
+        return self._step_general(inputs)
+
+    def _step_general(self, inputs: dict) -> dict:
+        """`step` for anything the hot path does not take: validates and converts the inputs,
+        compiles the kernel form for their signature, and sets up the hot path."""
+        if self._closed:
+            raise OiError("this session is closed")
         prog = self.program
         dyn = self._inputs(inputs)
         names = tuple(inputs)
@@ -314,69 +429,49 @@ class Session:
             self.check()
             return self._step_checked(dyn)
         full = dyn if len(dyn) == self._n_dynamic else {**prog.defaults, **dyn}
-        if self._pending is not None:
-            self._settle_if_done()
-        clean = self._clean is self._flags  # the state holds no error: the step needs no skip
-        exes = self._exe
-        if exes is None or exes[0] is not prog.step_kernels:
-            exes = self._exe = (prog.step_kernels, {})
-        exe = exes[1].get(clean)
-        if exe is None:
-            exe = exes[1][clean] = self._compile_fast(full, clean)
-        try:
-            vars_, caches, flags, outputs = exe(prog.consts, self._user, None if clean else self._flags, full)
-        except (TypeError, ValueError):  # arguments placed unlike the executable's: the jit path
+        if self._pending:
+            self._poll()
+        clean = self._clean  # the state holds no error: the step needs no skip
+        kernels = prog.step_kernels
+        forms = kernels.session_forms(full)
+        flat = forms.clean if clean else forms.single
+        if flat is None:  # each form compiled on its first use
             with prog.scope():
-                kernels = prog.step_kernels
-                vars_, caches, flags, outputs = kernels.clean(prog.consts, self._user, full) if clean else \
-                    kernels.single(prog.consts, self._user, self._flags, full)
-        self._user = (vars_, caches)
-        self.steps += 1
-        previous = self._pending
-        if flags is not None:  # None: a step without runtime guards, which cannot fail
-            self._flags = flags
-            self._pending = (flags, self.steps)
-        if previous is not None:  # dispatched before the last step was done: read its outcome now
-            prev_status = np.asarray(previous[0])
-            if prev_status[0]:
-                self._pending = None  # this step did nothing: its state had the error
-                self.steps = previous[1]
-                self._raise_if_failed(prev_status, previous[1])
-        fresh = self._fresh
-        if fresh is not None and not fresh[0].keys() <= dyn.keys():
-            self._values  # noqa: B018  (flush: an input given last step but not now keeps its value)
-        self._fresh = (dyn, outputs)  # outputs hold every variable: they supersede the last ones
-        if clean and dyn is inputs and full is dyn and not self._shaped and previous is None:
+                flat = forms.compile(clean, prog.consts, self._user, self._flags, full)
+        leaves, flags, outputs = kernels.call_session_step(flat, clean, prog.consts, self._user_leaves(),
+                                                           self._flags, full)
+        self._leaves, self._user_tree, self._user_def = leaves, None, flat.user_def
+        if dyn is inputs and full is dyn and not self._shaped:
             # every input a device array of its declared shape and dtype (`_inputs` passed them
             # through as given) and all of them given: the next such step takes the hot path
             fast = self._fast
-            exes[0].hot = (exe, tuple((name, fast[name][2]) for name in inputs), self._all_returned)
+            self._hot = HotStep(forms, tuple((name, fast[name][2]) for name in inputs))
+        self._dispatched(dyn, flags, outputs)
         if self._shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
             outputs = prog.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
 
-    def _settle_if_done(self) -> None:
-        """If the last dispatched step has finished, take its outcome now: raise its error
-        (before anything of this call is dispatched), else the state is known clean."""
-        if outcome_ready(self._pending[0]):
-            self.check()
-
-    def _compile_fast(self, full: dict, clean: bool):
-        """The session kernel compiled ahead of time for this signature, its state flat
-        (`FlatStep`: no JAX config to enter nor state dataclass to flatten per call): `clean`
-        (the state is known to hold no error) or `single` (a step that may follow an unreported
-        error, which it must skip); a growth rebuilds the kernels and so these. Each form is
-        compiled on its first use."""
-        prog = self.program
-        kernels = prog.step_kernels
-        key = (clean,) + tuple((k, v.shape, str(v.dtype), getattr(v, "committed", None))
-                               for k, v in sorted(full.items()))
-        exe = kernels.compiled.get(key)
-        if exe is None:  # shared by every session of the program (until a growth rebuilds kernels)
-            with prog.scope():
-                exe = kernels.compiled[key] = kernels.flat_step(
-                    clean, prog.consts, self._user, None if clean else self._flags, full)
-        return exe
+    def _dispatched(self, dyn: dict, flags, outputs: dict) -> None:
+        """Account for a step just dispatched: its values, its outcome to read later (`flags`;
+        None: a step without runtime guards, which cannot fail). More than `max_unchecked`
+        unchecked steps: wait for the oldest ones (raises the error of a failed one; this step
+        then did nothing and its outputs are never returned)."""
+        self.steps += 1
+        entry = (self.steps, dyn, outputs, len(dyn) == self._n_dynamic)
+        if entry[3] and not self._pending:  # every input given, every earlier step checked: supersedes them
+            self._recent = [entry]
+        else:
+            self._recent.append(entry)
+            if len(self._recent) > RECENT and not self._pending:
+                self._merge(self.steps)
+        if flags is None:
+            return
+        self._flags = flags
+        self._clean = False
+        pending = self._pending
+        pending.append((flags, self.steps))
+        if len(pending) > self.max_unchecked:
+            self._confirm(len(pending) - self.max_unchecked - 1)
 
     def _returned(self, outputs: dict) -> dict:
         return {k: outputs[k] for k in self.program.builder.step_outputs if k in outputs}
@@ -401,26 +496,31 @@ class Session:
         self._values.update(dyn)
         self._values.update(outputs)
         self._raise_if_failed(status, self.steps)
-        self._clean = self._flags
+        self._clean = True
         return self._returned(prog.trim_outputs(outputs))
 
     # ------------------------------------------------------------------ many steps
 
-    def run(self, inputs: dict | None = None, steps: int | None = None, collect=(), progress=None) -> dict:
+    def run(self, inputs: dict | None = None, steps: int | None = None, collect=(), progress=None,
+            feedback: dict | None = None) -> dict:
         """Run N steps as ONE compiled loop (`lax.while_loop`, state donated).
 
         An input of its declared shape is the same every step; one with a leading step axis
         `[N, ...]` gives step i the value `[i]` (`steps=None`: N; else at most N). Returns every
         dynamic, volatile and persistent variable after the last step (widened like `--out`);
         each name in `collect` holds instead every step's value stacked `[steps, ...]`.
+        `feedback={IN: OUT}`: once IN's per-step values run out (after its first step, when it
+        is given once or not at all), step i takes IN from step i-1's OUT, inside the loop
+        (generation: a prompt teacher-forced, then each token fed back); `steps` may exceed the
+        per-step values only of inputs with feedback.
         Errors raise from the step that failed (with its number); growth re-runs the step that
         needed it after doubling the capacity; the result equals `steps` calls of `step`."""
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        plan = plan_run(prog, inputs, steps, collect, self._inputs)
+        plan = plan_run(prog, inputs, steps, collect, self._inputs, feedback)
         steps, collect = plan.steps, plan.collect
-        per_dev, fixed_dev = plan.arguments(inputs)
+        per_dev, fixed_dev, fed = plan.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
         with prog.scope():
             base = 0
@@ -439,16 +539,17 @@ class Session:
                 n = min(chunk, steps - base)
                 t0 = time.perf_counter()
                 kernels = prog.step_kernels  # new ones after a growth (and new executables)
-                self._state, out, stacked, status = kernels.multi(
-                    prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps, exes=plan.exes(kernels))
-                status = np.asarray(status).tolist()  # (err, errval, applied, grow...): Python ints
+                res = kernels.multi(prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
+                                    exes=plan.exes(kernels), feedback=plan.feedback, fed=fed)
+                self._state, fed = res.state, res.fed
+                status = np.asarray(res.status).tolist()  # (err, errval, applied, grow...): Python ints
                 applied = status[2]
                 if applied:
-                    pace = kernels.pace = (time.perf_counter() - t0) / applied
+                    pace = kernels.timed(time.perf_counter() - t0, applied)
                     chunk = steps_per_call(pace)
-                    last = out
+                    last = res.last
                     for k in collect:
-                        pieces[k].append(stacked[k][base:base + applied])
+                        pieces[k].append(res.stacked[k][base:base + applied])
                 base += applied
                 self.steps += applied
                 step_status = status[:2] + status[3:]  # (err, errval, grow...)
@@ -460,7 +561,7 @@ class Session:
                 if progress is not None:
                     progress(base)
             self._set_values(last)
-        self._clean = self._flags  # the last status read said: no error, no growth pending
+        self._clean = True  # the last status read said: no error, no growth pending
         result = self.values()
         for k in collect:
             if pieces[k]:
@@ -477,22 +578,27 @@ class Session:
             self._values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
-                     progress=None, driver: bool = False) -> dict:
+                     progress=None, driver: bool = False, feedback: dict | None = None) -> dict:
         """`run` as one checked step at a time (the yield/await driver, traced runs): same inputs,
         same result. `wrap(step_fn)` may wrap each kernel call (timing); `driver=True` runs each
-        step with the program's yield/await driver."""
+        step with the program's yield/await driver. `feedback` as in `run`, through the host."""
         self.check()
         prog = self.program
         prog.check_given(inputs or {})
-        per_step, fixed, steps = split_inputs(prog, dict(inputs or {}), steps)
+        pairs = feedback_pairs(prog, feedback)
+        per_step, fixed, steps = split_inputs(prog, dict(inputs or {}), steps, pairs)
         collect = collect_names(prog, collect)
         per_host = {k: prog.convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
         fixed_dev = self._inputs(fixed)
         stacks: dict = {k: [] for k in collect}
         for i in range(steps):
             dyn = dict(fixed_dev)
-            if per_host:
-                dyn.update(self._inputs({k: v[i] for k, v in per_host.items()}))
+            given = {k: v[i] for k, v in per_host.items() if i < len(v)}
+            for name, source in pairs:  # past its given values: what its source held after the last step
+                if name not in given and (name in per_host or i > 0):
+                    given[name] = self.read(source)  # widened, and converted back exactly
+            if given:
+                dyn.update(self._inputs(given))
             self._step_checked(dyn, wrap=wrap, driver=driver)
             for k in collect:
                 stacks[k].append(self.read(k))
@@ -502,4 +608,3 @@ class Session:
         for k in collect:
             result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
         return result
-

@@ -1,0 +1,336 @@
+"""`@oi2jax.ops.op(...)`: declare an op from its JAX kernel (docs/ops.md), and `from_schema`: an op
+from an OpenInfer `ops.json`-format entry.
+
+    import jax.numpy as jnp
+    from oi2jax.ops import op
+
+    @op(inputs={"x": "float"}, attrs={"scale": 1.0}, elementwise=True,
+        reference=lambda x, scale: np.tanh(x) * scale)
+    def scaled_tanh(x, *, scale):
+        return jnp.tanh(x) * scale
+
+The decorator returns the function unchanged, with its `OpDef` as `fn.oi2jax_op`; nothing is
+registered anywhere: loading a module (`oi2jax.ops.load`, `--ops FILE.py`, `ops=[...]`) collects
+the ops it declares into a registry value.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .. import dtypes as D
+from .errors import OpTypeError, broadcast_shapes
+from .registry import DYNAMIC, AttrSpec, InputSpec, OpDef, dtype_set
+
+_NAME_OK = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attribute of an added op: kind 'float' | 'int' | 'bool' | 'string' | 'dtype' | 'int_list'
+    (ints or size names) | 'scalar' (OpenInfer's: any number or bool); `default` None and
+    `required=False`: optional, absent from the kernel's keywords when not given."""
+
+    kind: str
+    default: object = None
+    required: bool = False
+    doc: str = ""
+    static: bool = False  # a literal only (it fixes the output's shape): a variable is a check error
+
+
+def _attr_from(name: str, value, where: str) -> AttrSpec:
+    if isinstance(value, AttrSpec):
+        return value
+    if isinstance(value, Attr):
+        a = value
+    elif isinstance(value, str) and value in ("float", "int", "bool", "string", "dtype", "int_list", "scalar"):
+        a = Attr(value, required=True)
+    elif isinstance(value, bool):
+        a = Attr("bool", value)
+    elif isinstance(value, int):
+        a = Attr("int", value)
+    elif isinstance(value, float):
+        a = Attr("float", value)
+    elif isinstance(value, (tuple, list)):
+        a = Attr("int_list", tuple(value))
+    else:
+        raise OpTypeError(f"{where}: attribute {name}: give a default value or a kind (float, int, bool, string, "
+                          f"dtype, int_list, scalar) or oi2jax.ops.Attr(...), not {value!r}")
+    from .registry import ATTR_KINDS
+    if a.kind not in ATTR_KINDS:
+        raise OpTypeError(f"{where}: attribute {name}: unknown kind {a.kind!r} (expected one of "
+                          f"{', '.join(ATTR_KINDS)})")
+    return AttrSpec(name, a.kind, a.default, a.required and a.default is None, None, (), a.doc, a.static)
+
+
+def _inputs_from(inputs, where: str) -> tuple[InputSpec, ...]:
+    if isinstance(inputs, Mapping):
+        items = list(inputs.items())
+    else:
+        items = [(n, None) for n in inputs]
+    if not items:
+        raise OpTypeError(f"{where}: an op needs at least one input")
+    out = []
+    for i, (name, dtypes) in enumerate(items):
+        if i == 0 and dtypes in (None, "same"):
+            dtypes = "float"  # the default: a float op
+        out.append(InputSpec(str(name), dtype_set(dtypes, f"{where}: input {name}")))
+    return tuple(out)
+
+
+def _out_dtype_rule(rule, attrs: Mapping[str, AttrSpec], where: str) -> Callable:
+    if callable(rule):
+        return lambda in_dtypes, attr_lits: rule(list(in_dtypes), {k: getattr(v, "value", v)
+                                                                    for k, v in attr_lits.items()})
+    if rule in (None, "same"):
+        return lambda in_dtypes, attr_lits: in_dtypes[0]
+    if isinstance(rule, str) and rule.startswith("attr:"):
+        name = rule[5:]
+        if name not in attrs or attrs[name].kind != "dtype":
+            raise OpTypeError(f"{where}: out_dtype {rule!r} names no dtype attribute")
+        return lambda in_dtypes, attr_lits: str(getattr(attr_lits[name], "value", attr_lits[name])) \
+            if name in attr_lits else attrs[name].default_for(in_dtypes[0])
+    if isinstance(rule, str) and rule.startswith("input:"):
+        index = int(rule[6:])
+        return lambda in_dtypes, attr_lits: in_dtypes[index]
+    if isinstance(rule, str) and D.is_dtype(rule):
+        return lambda in_dtypes, attr_lits: rule
+    raise OpTypeError(f"{where}: out_dtype must be 'same', a dtype, 'attr:NAME', 'input:N' or a function, not {rule!r}")
+
+
+def _shape_rule(shape, elementwise: bool, name: str, where: str) -> Callable | None:
+    if shape is None and not elementwise:
+        return None  # from the kernel (jax.eval_shape)
+    if shape in ("broadcast", None):
+        def broadcast(shapes, attrs):
+            if any(s is None for s in shapes):
+                return None
+            out = tuple(shapes[0])
+            for s in shapes[1:]:
+                out = broadcast_shapes(out, tuple(s))
+            return out
+        return broadcast
+    if shape == "same":
+        return lambda shapes, attrs: None if shapes[0] is None else tuple(shapes[0])
+    if callable(shape):
+        def user_rule(shapes, attrs):
+            # an attribute given as a variable reaches the rule as oi2jax.ops.DYNAMIC: a rule that
+            # needs its value may fail on it, and the shape is then left to run time
+            if any(s is None for s in shapes):
+                return None
+            dynamic = any(v is DYNAMIC for v in attrs.values())
+            try:
+                out = shape([tuple(s) for s in shapes], dict(attrs))
+            except OpTypeError:
+                raise
+            except Exception as exc:
+                if dynamic:
+                    return None
+                raise OpTypeError(f"op {name} (defined in {where}): its shape rule raised "
+                                  f"{type(exc).__name__}: {exc}") from None
+            if out is None:
+                return None
+            try:
+                return tuple(int(d) for d in out)
+            except (TypeError, ValueError):
+                raise OpTypeError(f"op {name} (defined in {where}): its shape rule returned {out!r}, "
+                                  f"not a tuple of ints") from None
+        return user_rule
+    raise OpTypeError(f"{where}: shape must be None (from the kernel), 'same', 'broadcast' or a function, "
+                      f"not {shape!r}")
+
+
+def _source_of(fn) -> str:
+    try:
+        path = inspect.getsourcefile(fn) or "<unknown>"
+        line = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return getattr(fn, "__module__", "<unknown>")
+    return f"{path}:{line}"
+
+
+def _kernel_caller(fn: Callable) -> Callable:
+    """The registry's kernel form `(inputs, attrs, ctx)` of a user kernel `fn(*inputs, **attrs)`
+    (`ctx=` passed too when the function takes it)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    wants_ctx = "ctx" in params
+
+    def kernel(inputs, attrs, ctx):
+        kw = {k: v for k, v in attrs.items()}
+        if wants_ctx:
+            kw["ctx"] = ctx
+        return fn(*inputs, **kw)
+    kernel.__wrapped__ = fn
+    return kernel
+
+
+def _reference_caller(ref: Callable | None) -> Callable | None:
+    if ref is None:
+        return None
+    try:
+        wants_ctx = "ctx" in inspect.signature(ref).parameters
+    except (TypeError, ValueError):
+        wants_ctx = False
+
+    def reference(inputs, attrs, ctx):
+        return ref(*inputs, **attrs, **({"ctx": ctx} if wants_ctx else {}))
+    reference.__wrapped__ = ref
+    return reference
+
+
+def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None, out_dtype="same", shape=None,
+            elementwise: bool = False, inplace: bool = True, reference=None, samples=None, category: str = "user",
+            doc: str | None = None, op_set: str = "user", source: str | None = None) -> OpDef:
+    name = name or fn.__name__
+    where = source or _source_of(fn)
+    if not name or name[0].isdigit() or any(c not in _NAME_OK for c in name):
+        raise OpTypeError(f"{where}: op name {name!r} is not a DSL identifier (lower-case letters, digits, _)")
+    attr_specs = {k: _attr_from(k, v, where) for k, v in (attrs or {}).items()}
+    inputs_t = _inputs_from(inputs, where)
+    return OpDef(
+        name=name, category=category, inputs=inputs_t, attrs=MappingProxyType(attr_specs),
+        kernel=_kernel_caller(fn), out_dtype=_out_dtype_rule(out_dtype, attr_specs, where),
+        shape=_shape_rule(shape, elementwise, name, where),
+        type_rule=MappingProxyType({"kind": "oi2jax", "out_dtype": out_dtype if isinstance(out_dtype, str)
+                                    else "function"}),
+        broadcast=elementwise and len(inputs_t) > 1, elementwise=elementwise, inplace=inplace,
+        reference=_reference_caller(reference), samples=samples,
+        doc=(doc if doc is not None else inspect.getdoc(fn) or "").strip(), source=where, op_set=op_set)
+
+
+def op(name: str | None = None, **declaration):
+    """Declare an op; the decorated function is its JAX kernel `fn(*inputs, **attrs)`.
+
+    inputs: names (`["x", "w"]`: the first a float, the others of its dtype) or `{name: dtypes}`
+      where dtypes is a group ('float', 'int', 'index', 'signed', 'unsigned', 'bool', 'numeric',
+      'any'), a dtype, a list of those, or 'same' (the first input's dtype).
+    attrs: `{name: default}` (kind from the default's type), `{name: kind}` (required), or
+      `{name: Attr(kind, default, required)}`.
+    out_dtype: 'same' | a dtype | 'attr:NAME' | 'input:N' | fn(in_dtypes, attrs) -> dtype.
+    shape: None (from the kernel, by `jax.eval_shape`) | 'same' | 'broadcast' | fn(in_shapes, attrs)
+      (an attribute given as a variable reaches it as `oi2jax.ops.DYNAMIC`; return None when the
+      shape depends on it).
+    elementwise: the output has the broadcast shape of the inputs, and it may take a runtime-shaped
+      (`@auto_dim`) operand.
+    inplace: the output may be one of the inputs (`op rope(q, p) >> q;`; default true: a result is a
+      new value either way, docs/semantics.md; ops.json-form ops keep their schema's flag).
+    reference: a NumPy function with the kernel's signature (tests; the interpreter runs it).
+    samples: fn(rng, dtype) -> [(inputs, attrs), ...]: cases for the generated tests.
+    """
+    if callable(name) and not declaration:  # bare @op
+        return op()(name)
+
+    def decorate(fn):
+        fn.oi2jax_op = make_op(fn, name, **declaration)
+        return fn
+    return decorate
+
+
+# --------------------------------------------------------------------- OpenInfer ops.json form
+
+def load_schema(path) -> dict[str, dict]:
+    """The op entries of an OpenInfer `ops.json`-format file, by name, each with its file's
+    `attr_defs` and `dtype_sets` attached (`_attr_defs`, `_dtype_sets`, `_path`)."""
+    path = os.fspath(path)
+    try:
+        data = json.loads(open(path, encoding="utf-8").read())
+    except FileNotFoundError:
+        raise OpTypeError(f"op schema file not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise OpTypeError(f"{path}: cannot read the op schema: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
+        raise OpTypeError(f"{path}: not an OpenInfer ops.json schema (expected an object with an \"ops\" list)")
+    out = {}
+    for i, entry in enumerate(data["ops"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise OpTypeError(f"{path}: ops[{i}]: an op entry needs a \"name\"")
+        out[entry["name"]] = dict(entry, _attr_defs=data.get("attr_defs", {}), _dtype_sets=data.get("dtype_sets", {}),
+                                  _path=path, _index=i)
+    return out
+
+
+_SCHEMA_KINDS = {"dtype": "dtype", "scalar": "scalar", "int_list": "int_list", "string": "string"}
+
+
+def from_schema(entry: dict, kernel: Callable, *, reference=None, samples=None, op_set: str = "user",
+                source: str | None = None) -> OpDef:
+    """An op from an OpenInfer ops.json-format entry (SPEC §6: arity, attrs by `attr_defs` kind,
+    broadcast/inplace allow|deny, `type_rule` same_as_input|fixed|acc_from_attr, the `normal`
+    dtypes of the first input from `dtype_support_ref`) and its JAX kernel `fn(*inputs, **attrs)`."""
+    path = entry.get("_path", "<schema>")
+    where = source or f"{path}: ops[{entry.get('_index', '?')}] ({entry.get('name', '?')})"
+
+    def need(key, kinds):
+        if key not in entry:
+            raise OpTypeError(f"{where}: missing \"{key}\"")
+        if not isinstance(entry[key], kinds):
+            raise OpTypeError(f"{where}: \"{key}\" must be {getattr(kinds, '__name__', kinds)}")
+        return entry[key]
+
+    name = need("name", str)
+    ins = need("inputs", dict)
+    if ins.get("arity") != "fixed" or not isinstance(ins.get("count"), int) or ins["count"] < 1:
+        raise OpTypeError(f"{where}: inputs must be {{\"arity\": \"fixed\", \"count\": N >= 1}}, got {ins}")
+    outs = entry.get("outputs", {"arity": "fixed", "count": 1})
+    if outs != {"arity": "fixed", "count": 1} and outs.get("count") != 1:
+        raise OpTypeError(f"{where}: an op has exactly one output (outputs count {outs.get('count')})")
+    attr_defs = entry.get("_attr_defs", {})
+    attrs = {}
+    for a in need("attrs", list) if "attrs" in entry else []:
+        d = attr_defs.get(a)
+        if not isinstance(d, dict) or d.get("kind") not in _SCHEMA_KINDS:
+            raise OpTypeError(f"{where}: attribute {a} has no attr_defs entry with a kind "
+                              f"(dtype, scalar, int_list, string)")
+        attrs[a] = AttrSpec(a, _SCHEMA_KINDS[d["kind"]], d.get("default"), bool(d.get("required", False)),
+                            None, tuple(d.get("scalar_kinds", ())))
+    for flag in ("broadcast", "inplace"):
+        if entry.get(flag, "deny") not in ("allow", "deny"):
+            raise OpTypeError(f"{where}: \"{flag}\" must be \"allow\" or \"deny\"")
+    if entry.get("accumulate", "deny") != "deny":
+        raise OpTypeError(f"{where}: accumulate is not supported for added ops (use acc in the kernel)")
+    rule = need("type_rule", dict)
+    kind = rule.get("kind")
+    if kind == "same_as_input":
+        index = rule.get("index", 0)
+        if not isinstance(index, int) or not 0 <= index < ins["count"]:
+            raise OpTypeError(f"{where}: type_rule index {index!r} is not an input")
+        out_dtype = f"input:{index}"
+    elif kind == "fixed":
+        if not D.is_dtype(str(rule.get("dtype"))):
+            raise OpTypeError(f"{where}: type_rule fixed dtype {rule.get('dtype')!r} is not a dtype")
+        out_dtype = rule["dtype"]
+    elif kind == "acc_from_attr":
+        if rule.get("attr") not in attrs:
+            raise OpTypeError(f"{where}: type_rule attr {rule.get('attr')!r} is not one of its attrs")
+        out_dtype = f"attr:{rule['attr']}"
+    else:
+        raise OpTypeError(f"{where}: type_rule kind {kind!r} (expected same_as_input, fixed or acc_from_attr)")
+    ref = entry.get("dtype_support_ref")
+    sets = entry.get("_dtype_sets", {})
+    if ref is not None:
+        if ref not in sets or not isinstance(sets[ref].get("normal"), list):
+            raise OpTypeError(f"{where}: dtype_support_ref {ref!r} is not in dtype_sets (with a \"normal\" list)")
+        normal = sets[ref]["normal"]
+    else:
+        normal = entry.get("dtypes", "float")
+    input_names = [f"x{i}" for i in range(ins["count"])]
+    inputs = {input_names[0]: normal, **{n: "same" for n in input_names[1:]}}
+    elementwise = entry.get("broadcast", "deny") == "allow"
+    op_def = make_op(kernel, name, inputs=inputs, attrs=attrs, out_dtype=out_dtype,
+                     shape="broadcast" if elementwise else None, elementwise=False,
+                     inplace=entry.get("inplace", "deny") == "allow", reference=reference,
+                     samples=samples, category=str(entry.get("category", "user")), op_set=op_set, source=where)
+    import dataclasses
+    return dataclasses.replace(op_def, broadcast=elementwise, type_rule=MappingProxyType(dict(rule)))
+
+
+del np

@@ -1,0 +1,182 @@
+"""Generation on the device (issue 31 item 3): `run(..., feedback={"token": "next"})` and
+`oi2jax run --feedback token=next` feed a step's output back as the next step's input inside the
+one fused loop; bit for bit what a host loop of `Session.step` calls feeding back by hand gives."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.diagnostics import OiError
+
+from conftest import assert_same, run_cli
+
+# A toy decoder: `next` depends on the token and on a hidden vector `h` (fed back as `y`), every
+# token is appended to a growable table H (4 rows, then doubled: growth inside a generation).
+SOURCE = """
+dynamic { token: i64[1] @init(0); h: f32[1, D] @init(0.5); scale: f32 @init(1.0); }
+constant { w: f32[D, D]; b: f32[D]; m: i64[1]; inc: i64[1]; }
+volatile { y: f32[1, D]; a: f32[1, D]; next: i64[1]; wide: f32[1, V]; }
+persistent { t: i32 @init(0); acc: f32[1, D] @init(0.0); H(i): i64[1] @table; }
+block entry {
+    op matmul(h, w) >> y;
+    op add(y, b) >> y;
+    op mul(y, scale) >> y;
+    op clamp(y, min=-3.0, max=3.0) >> y;
+    cache.read acc >> a;
+    op add(a, y) >> a;
+    cache.write a >> acc;
+    op argmax_axis(y, axis=1) >> next;
+    op add(next, token) >> next;
+    op add(next, inc) >> next;
+    op rem(next, m) >> next;
+    cache.write token >> H[t];
+    cache.increment t;
+    return;
+}
+"""
+D, V = 8, 3
+STEPS = 21
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    from oi2jax.model import save
+    tmp = tmp_path_factory.mktemp("feedback")
+    rng = np.random.default_rng(5)
+    save(tmp / "g.oinf", sizevars={"D": D, "V": V},
+         tensors={"w": (rng.standard_normal((D, D)) * 0.7).astype(np.float32),
+                  "b": rng.standard_normal(D).astype(np.float32),
+                  "m": np.array([7], np.int64), "inc": np.array([5], np.int64)})
+    (tmp / "g.oi").write_text(SOURCE)
+    return tmp / "g.oi", tmp / "g.oinf"
+
+
+def _prompt():
+    rng = np.random.default_rng(9)
+    return (np.array([[3], [1], [4]], np.int64), rng.standard_normal((1, D)).astype(np.float32),
+            np.linspace(0.5, 1.5, STEPS).astype(np.float32))
+
+
+def host_loop(prog, steps: int = STEPS) -> dict:
+    """Feedback by hand: `session.step` per step, `token` from the prompt then from `next`,
+    `h` once then from `y`; every step's `next`, `token` and `y`, and the state after."""
+    tokens, h0, scales = _prompt()
+    sess = prog.session()
+    token, h = None, h0
+    seen = {"next": [], "token": [], "y": []}
+    for i in range(steps):
+        token = tokens[i] if i < len(tokens) else token
+        out = sess.step(token=token, h=h, scale=scales[i])
+        seen["token"].append(np.asarray(token))
+        token, h = out["next"], out["y"]
+        seen["next"].append(np.asarray(out["next"]))
+        seen["y"].append(np.asarray(out["y"]))
+    result = sess.values()
+    result.update({k: np.stack(v) for k, v in seen.items()})
+    return result
+
+
+@pytest.mark.parametrize("way", ["fused", "fused-one-step-calls", "stepwise"])
+def test_feedback_run_equals_a_host_loop(graph, monkeypatch, way):
+    """The fused loop feeds `next` back as `token` (after a 3-token prompt) and `y` back as `h`
+    (given once) inside the loop, across growth of H (4 -> 8 -> 16 -> 32 rows: an undone step is
+    not fed back) and across calls of the loop (`fused-one-step-calls`: the fed-back values are
+    carried from call to call); `stepwise` (a traced run) feeds back through the host. All equal
+    a hand-written loop of `Session.step` bit for bit."""
+    from oi2jax.runtime import session as session_mod
+    if way == "fused-one-step-calls":
+        monkeypatch.setattr(session_mod, "CALL_SECONDS", 1e-12)
+    g, m = graph
+    expected = host_loop(oi2jax.compile(g, model=m))
+    tokens, h0, scales = _prompt()
+    prog = oi2jax.compile(g, model=m)
+    got = prog.run({"token": tokens, "h": h0, "scale": scales}, steps=STEPS, feedback={"token": "next", "h": "y"},
+                   collect=("next", "token", "y"), trace=way == "stepwise")
+    assert_same(got, expected, way)
+    assert got["H"].shape == (STEPS, 1) and list(got["H"][:4, 0]) == [3, 1, 4, int(got["next"][2, 0])]
+    assert len(set(got["token"][:, 0].tolist())) > 3  # generated, not the prompt repeated
+
+
+def test_feedback_sources_and_first_values(graph):
+    """A fed-back input given once (or not at all: its default) is its first step's value; a
+    persistent plain variable can be the source (`acc` has `h`'s shape and dtype); `steps`
+    defaults to the per-step values' length."""
+    g, m = graph
+    prog = oi2jax.compile(g, model=m)
+    tokens, h0, _ = _prompt()
+    got = prog.run({"token": tokens[0], "h": h0}, steps=5, feedback={"token": "next", "h": "acc"},
+                   collect=("token", "h", "acc"))
+    np.testing.assert_array_equal(got["token"][0], tokens[0])
+    np.testing.assert_array_equal(got["h"][0], h0)
+    np.testing.assert_array_equal(got["h"][1:], got["acc"][:-1])  # step i's h: step i-1's acc
+    sess = prog.session()
+    token, h = tokens[0], h0
+    for _ in range(5):
+        sess.step(token=token, h=h)
+        token, h = sess.read("next").astype(np.int64), sess.read("acc")
+    assert_same(prog.session().run({"token": tokens[0], "h": h0}, steps=5, feedback={"token": "next", "h": "acc"}),
+                sess.values())
+    got = prog.run({"token": tokens}, feedback={"token": "next"}, collect="token")  # steps: the prompt's
+    np.testing.assert_array_equal(got["token"], tokens)
+    got = prog.run({}, steps=3, feedback={"token": "next"}, collect="token")  # first: the default (0)
+    assert got["token"][0, 0] == 0
+
+
+def test_feedback_errors(graph):
+    g, m = graph
+    prog = oi2jax.compile(g, model=m)
+    tokens, h0, scales = _prompt()
+    cases = [
+        ({"y": "next"}, "feedback y=next: y is a volatile variable, not an input (dynamic variable)"),
+        ({"tokn": "next"}, "feedback tokn=next: tokn is not a variable of the graph, not an input (dynamic "
+                           "variable) (did you mean token?)"),
+        ({"token": "nxt"}, "feedback token=nxt: nxt is not a variable a step leaves a value in (did you mean next?)"),
+        ({"token": "w"}, "feedback token=w: w is not a variable a step leaves a value in"),
+        ({"token": "H"}, "feedback token=H: H is a cache table / auto_dim tensor"),
+        ({"token": "y"}, "feedback token=y: y is f32[1, 8] but input token is i64[1]; a value fed back must "
+                         "have the input's dtype and shape"),
+        ({"h": "wide"}, "feedback h=wide: wide is f32[1, 3] but input h is f32[1, 8]"),
+        ({"scale": "t"}, "feedback scale=t: t is i32[] but input scale is f32[]"),
+    ]
+    for feedback, message in cases:
+        for run in (lambda: prog.run({"token": tokens}, feedback=feedback),
+                    lambda: prog.run({"token": tokens}, feedback=feedback, trace=True)):
+            with pytest.raises(OiError) as info:
+                run()
+            assert message in str(info.value), (feedback, str(info.value))
+    with pytest.raises(OiError, match="only inputs with feedback may hold fewer"):
+        prog.run({"token": tokens, "scale": scales[:3]}, steps=5, feedback={"token": "next"})
+    with pytest.raises(OiError, match="3 steps asked for, but the per-step inputs hold 2 values"):
+        prog.run({"token": tokens[:2]}, steps=3)  # without feedback: as before
+    with pytest.raises(OiError, match="feedback input token: its per-step values hold no step"):
+        prog.run({"token": tokens[:0]}, steps=2, feedback={"token": "next"})
+
+
+def test_cli_feedback_generates(graph, capsys, tmp_path):
+    """`oi2jax run G --inputs-per-step prompt.npz --feedback token=next --steps N --collect next`:
+    the prompt teacher-forced, then greedy generation, as `Program.run(feedback=...)`."""
+    g, m = graph
+    tokens, h0, scales = _prompt()
+    np.savez(tmp_path / "prompt.npz", token=tokens, scale=scales)
+    np.save(tmp_path / "h.npy", h0)
+    code, _, err = run_cli(capsys, "run", g, "--model", m, "--inputs-per-step", tmp_path / "prompt.npz",
+                           "--input", f"h={tmp_path / 'h.npy'}", "--feedback", "token=next", "--feedback", "h=y",
+                           "--steps", STEPS, "--collect", "next,token", "--out", tmp_path / "gen.npz", "--quiet")
+    assert code == 0, err
+    expected = oi2jax.compile(g, model=m).run({"token": tokens, "h": h0, "scale": scales}, steps=STEPS,
+                                              feedback={"token": "next", "h": "y"}, collect=("next", "token"))
+    with np.load(tmp_path / "gen.npz") as got:
+        assert_same(dict(got), expected)
+    # without --steps: the run's own count (the non-fed per-step inputs' length)
+    code, _, err = run_cli(capsys, "run", g, "--model", m, "--inputs-per-step", tmp_path / "prompt.npz",
+                           "--feedback", "token=next", "--collect", "token", "--out", tmp_path / "g2.npz", "--quiet")
+    assert code == 0, err
+    with np.load(tmp_path / "g2.npz") as got:
+        assert got["token"].shape == (STEPS, 1)
+    code, _, err = run_cli(capsys, "run", g, "--model", m, "--feedback", "token", "--quiet")
+    assert code == 2 and "--feedback expects INPUT=OUTPUT (e.g. token=next), got 'token'" in err
+    code, _, err = run_cli(capsys, "run", g, "--model", m, "--feedback", "token=next", "--interpret", "--quiet")
+    assert code == 2 and "--feedback needs a compiled run (not --interpret)" in err
+    code, _, err = run_cli(capsys, "run", g, "--model", m, "--feedback", "token=y", "--quiet")
+    assert code == 1 and err.strip().startswith("error: feedback token=y: y is f32[1, 8] but input token is i64[1]")

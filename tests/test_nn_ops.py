@@ -1,0 +1,403 @@
+"""The bundled `nn` op set (oi2jax/ops/nn.py, docs/ops.md): every op against its NumPy reference.
+
+Generated from the registry, like tests/test_ops.py: for every op of `ops.load(["nn"])` that is
+not built in, every dtype it accepts among f16, bf16, f32, f64 (and, for ops taking any / integer /
+numeric values, a representative set of i32, i8, u8, bool) and every case of its `samples(rng,
+dtype)`, the kernel (`ops.apply`, all of an op's cases in one `jax.jit`) is held to the reference
+(`ops.reference`: float64 NumPy, rounded once to the output dtype, what the interpreter runs):
+
+- the output dtype and shape the checker infers (`ops.infer`, the op's shape rule) are the
+  kernel's and the reference's;
+- the runtime errors (`ctx.fail_if`) the kernel records are the ones the reference records, same
+  message and value; a case with an error compares nothing else;
+- values within TOLERANCE (below) by output dtype and op kind; EXACT ops (data movement, lookup,
+  argmax) bit for bit for every dtype (NaN = NaN, the sign of zero counts).
+
+Adding an op to nn.py adds its cases. Then a few graphs through the DSL: compiled against the
+interpreter (which runs the references), the runtime error located at the node, check-time shape
+errors with the caret on the attribute.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax import dtypes as D
+from oi2jax import ops
+from oi2jax.diagnostics import OiError
+
+NN = ops.load(["nn"])
+NN_OPS = {d.name: d for d in NN.added()}
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "ops.md"
+
+FLOATS = ("f16", "bf16", "f32", "f64")
+REPRESENTATIVE = ("i32", "i8", "u8", "bool")  # besides the floats, for the any / index / numeric ops
+
+# Data movement, lookup and argmax: bit for bit, every dtype.
+EXACT = {"transpose", "reshape", "concat", "embedding", "argmax"}
+# Ops whose result sums many terms (or, rope, mixes two products of a cos / sin): the "reduction" row.
+REDUCTION = {"softmax", "rms_norm", "layer_norm", "rope", "linear", "matmul_t", "einsum"}
+
+# (rtol, atol) by output dtype and op kind: |got - want| <= atol + rtol * max(|got|, |want|).
+# f64: computed in f64 as the reference, to ~1e-15; f32: XLA's transcendentals are within a few ulp
+# (2^-23 = 1.2e-7), sums of f32 terms within ~1e-6 of the f64 sum; f16 and bf16 are computed in f32
+# and rounded once, so they may differ from the once-rounded float64 reference by one ulp
+# (2^-10 = 9.8e-4, 2^-7 = 7.8e-3; atol: f16's smallest subnormal step, and cancellation in sums).
+TOLERANCE = {
+    "f64": {"elementwise": (1e-12, 1e-300), "reduction": (1e-12, 1e-12)},
+    "f32": {"elementwise": (2e-6, 1e-7), "reduction": (1e-5, 1e-6)},
+    "f16": {"elementwise": (1e-3, 6e-8), "reduction": (1e-3, 1e-4)},
+    "bf16": {"elementwise": (7.9e-3, 1e-38), "reduction": (7.9e-3, 1e-3)},
+}
+RNG_SEED = 31
+
+
+def dtypes_for(op_def) -> list[str]:
+    """The dtypes an op is tested with: its floats, and the representative others it accepts."""
+    accepted = op_def.inputs[0].dtypes
+    return [d for d in FLOATS + REPRESENTATIVE if d in accepted]
+
+
+def dtype_name(array) -> str:
+    np_dtype = np.asarray(array).dtype
+    return next(name for name, dt in D.DTYPES.items() if np.dtype(dt.np_dtype) == np_dtype)
+
+
+def is_variable(value) -> bool:
+    """A sample's attribute given as a 0-d array stands for a variable (traced in the kernel)."""
+    return isinstance(value, np.ndarray)
+
+
+def cases_for(op_def) -> list[dict]:
+    out = []
+    for d in dtypes_for(op_def):
+        rng = np.random.default_rng(RNG_SEED + sum(map(ord, op_def.name + d)))
+        for inputs, attrs in op_def.samples(rng, d):
+            in_dtypes = [d] + [d if spec.dtypes is None else dtype_name(x)
+                               for spec, x in zip(op_def.inputs[1:], inputs[1:])]
+            sig = ops.infer(op_def.name, in_dtypes, [np.shape(x) for x in inputs], dict(attrs), registry=NN)
+            out.append(dict(dtype=d, in_dtypes=in_dtypes, inputs=list(inputs), attrs=dict(attrs), sig=sig,
+                            static={k: v for k, v in attrs.items() if not is_variable(v)},
+                            dynamic={k: v for k, v in attrs.items() if is_variable(v)}))
+    return out
+
+
+def run_cases(op_def, cases):
+    """All of an op's cases in one jitted function: (outputs, fired guards per case)."""
+    messages: list[list[str]] = [[] for _ in cases]
+
+    def many(all_inputs, all_dynamic):
+        outs, flags = [], []
+        for i, (c, xs, dyn) in enumerate(zip(cases, all_inputs, all_dynamic)):
+            guards: list = []
+            outs.append(ops.apply(op_def, xs, {**c["static"], **dyn}, in_dtypes=c["in_dtypes"],
+                                  out_dtype=c["sig"].out_dtype, mode="normal", guards=guards))
+            messages[i] = [m for _, m, _ in guards]
+            flags.append([(jnp.any(cond), jnp.asarray(value).astype(jnp.int64)) for cond, _, value in guards])
+        return outs, flags
+
+    with jax.enable_x64(True):
+        outs, flags = jax.jit(many)([[jnp.asarray(x) for x in c["inputs"]] for c in cases],
+                                    [{k: jnp.asarray(v) for k, v in c["dynamic"].items()} for c in cases])
+        outs = [np.asarray(o) for o in outs]
+        fired = [[m.format(value=int(v)) for m, (f, v) in zip(ms, fl) if bool(f)] for ms, fl in zip(messages, flags)]
+    return outs, fired
+
+
+def out_shape(op_def, c):
+    """The shape the checker infers. A variable-valued attribute makes the registry skip the shape
+    rule (the attribute is DYNAMIC to it): then the rule is asked without the variables, which no
+    nn shape depends on."""
+    if c["sig"].out_shape is not None or not c["dynamic"]:
+        return c["sig"].out_shape
+    return ops.infer(op_def.name, c["in_dtypes"], [np.shape(x) for x in c["inputs"]], c["static"],
+                     registry=NN).out_shape
+
+
+def reference_of(op_def, c):
+    guards: list = []
+    with np.errstate(over="ignore"):  # dispatch.reference rounds float64 to the dtype: overflow gives inf
+        want = ops.reference(op_def, c["inputs"], c["attrs"], in_dtypes=c["in_dtypes"], out_dtype=c["sig"].out_dtype,
+                             mode="normal", guards=guards)
+    return want, [m.format(value=int(np.asarray(v))) for cond, m, v in guards if bool(np.any(cond))]
+
+
+def assert_close(got, want, op_name: str, out_dtype: str, what: str) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype == D.get(out_dtype).np_dtype, (what, got.dtype, want.dtype)
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    if not D.get(out_dtype).is_float:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    ok = ((g == w) & (np.signbit(g) == np.signbit(w))) | (np.isnan(g) & np.isnan(w))
+    if op_name not in EXACT:
+        rtol, atol = TOLERANCE[out_dtype]["reduction" if op_name in REDUCTION else "elementwise"]
+        with np.errstate(invalid="ignore"):
+            ok |= np.abs(g - w) <= atol + rtol * np.maximum(np.abs(g), np.abs(w))
+        ok |= (g == w)  # infinities of the same sign; 0 vs -0 from a cancelling sum
+    bad = ~ok
+    assert not bad.any(), f"{what}: got {g[bad][:6]} want {w[bad][:6]} at {np.argwhere(bad)[:4].tolist()}"
+
+
+@pytest.mark.parametrize("name", sorted(NN_OPS))
+def test_nn_op_against_reference(name):
+    op_def = NN_OPS[name]
+    cases = cases_for(op_def)
+    got, fired = run_cases(op_def, cases)
+    for c, g, errs in zip(cases, got, fired):
+        what = f"{name}[{c['in_dtypes']} {c['attrs']}]"
+        want, want_errs = reference_of(op_def, c)
+        assert errs == want_errs, f"{what}: runtime errors {errs} vs the reference's {want_errs}"
+        assert tuple(g.shape) == tuple(out_shape(op_def, c)), f"{what}: shape rule, kernel {g.shape}"
+        if errs:
+            continue
+        assert_close(g, want, name, c["sig"].out_dtype, what)
+
+
+def test_every_nn_op_is_declared_documented_and_sampled():
+    docs = DOCS.read_text(encoding="utf-8")
+    assert "## The bundled nn set" in docs
+    assert len(NN_OPS) >= 22
+    for name, op_def in NN_OPS.items():
+        assert op_def.category == "nn" and op_def.op_set == "nn" and not op_def.builtin, name
+        assert op_def.reference is not None, f"{name}: no NumPy reference"
+        assert op_def.samples is not None, f"{name}: no samples"
+        first = op_def.doc.splitlines()[0] if op_def.doc else ""
+        assert first.endswith((".", ")")) and len(first) > 15, f"{name}: docstring's first line {first!r}"
+        assert f"| `{name}(" in docs, f"{name}: no row in docs/ops.md's table"
+        assert op_def.shape is not None, f"{name}: no shape rule"
+        cases = cases_for(op_def)
+        assert {c["dtype"] for c in cases} == set(dtypes_for(op_def)) != set(), name
+        for d in dtypes_for(op_def):
+            assert 2 <= sum(c["dtype"] == d for c in cases) <= 5, (name, d)
+        if set(FLOATS) & op_def.inputs[0].dtypes:
+            assert set(FLOATS) <= op_def.inputs[0].dtypes, f"{name}: a float op takes f16, bf16, f32 and f64"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, d in NN_OPS.items() if len(d.inputs[0].dtypes) > 4))
+def test_samples_type_check_for_every_accepted_dtype(name):
+    """The any / index / numeric ops' samples hold for every dtype they accept (typing only, no run)."""
+    op_def = NN_OPS[name]
+    for d in sorted(op_def.inputs[0].dtypes):
+        for inputs, attrs in op_def.samples(np.random.default_rng(0), d):
+            assert dtype_name(inputs[0]) == d or D.get(d).packed or d in ("bitset", "t1", "t2"), (name, d)
+            in_dtypes = [d] + [d if s.dtypes is None else dtype_name(x) for s, x in zip(op_def.inputs[1:], inputs[1:])]
+            sig = ops.infer(name, in_dtypes, [np.shape(x) for x in inputs], dict(attrs), registry=NN)
+            assert sig.out_shape is not None
+
+
+# ------------------------------------------------------------------ traced attributes, precision
+
+def test_kernels_accept_variable_attributes_without_x64():
+    """eps, theta, valid, approximate as traced 0-d values of other dtypes, x64 off (32-bit containers)."""
+    x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
+    w = np.ones(4, np.float32)
+
+    def f(eps, theta, valid, approx, pos):
+        def run(name, inputs, attrs, dtypes):
+            return ops.apply(NN[name], inputs, attrs, in_dtypes=dtypes, out_dtype="f32", mode="normal", guards=[])
+        return (run("rms_norm", [x, w], {"eps": eps}, ["f32", "f32"]),
+                run("rope", [x, pos], {"theta": theta}, ["f32", "i32"]),
+                run("softmax", [x], {"valid": valid}, ["f32"]),
+                run("gelu", [x], {"approximate": approx}, ["f32"]))
+    with jax.enable_x64(False):
+        got = jax.jit(f)(jnp.bfloat16(1e-3), jnp.float16(10000.0), jnp.uint8(2), jnp.int32(1), jnp.int32(3))
+    want = (NN["rms_norm"].reference([x, w], {"eps": jnp.bfloat16(1e-3)}, None),
+            NN["rope"].reference([x, np.int32(3)], {"theta": 10000.0}, None),
+            NN["softmax"].reference([x], {"valid": 2, "axis": -1}, None),
+            NN["gelu"].reference([x], {"approximate": True}, None))
+    for g, w_ in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w_, rtol=1e-5, atol=1e-6)
+    assert np.asarray(got[2])[:, 2:].tolist() == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_softmax_masks_with_a_finite_value_not_minus_inf():
+    """Past `valid`: masked with finfo(f32).min (-inf appears only as the max reduction's identity),
+    results exactly 0."""
+    x = np.array([[1.0, 2.0, -np.inf, 4.0]], np.float32)
+    lowered = jax.jit(lambda v: ops.apply(NN["softmax"], [v], {"valid": 2}, in_dtypes=["f32"], out_dtype="f32",
+                                          mode="normal")).lower(x).as_text()
+    assert "constant dense<-3.40282347E+38>" in lowered  # jnp.finfo(f32).min
+    assert lowered.count("0xFF800000") == lowered.count("applies stablehlo.maximum")  # -inf: only max's identity
+    y = np.asarray(ops.apply(NN["softmax"], [x], {"valid": 2}, in_dtypes=["f32"], out_dtype="f32", mode="normal"))
+    assert y[0, 2:].tolist() == [0.0, 0.0] and abs(y[0, :2].sum() - 1) < 1e-6
+
+
+def test_matmul_family_follows_the_program_precision():
+    from oi2jax.ops.numerical import MATMUL_PRECISION
+    a = np.ones((2, 4), np.float32)
+    for name, inputs, attrs in (("linear", [a, a], {}), ("matmul_t", [a, a], {}),
+                                ("einsum", [a, a], {"spec": "ij,kj->ik"})):
+        texts = {}
+        for p in ("highest", "default"):
+            token = MATMUL_PRECISION.set(p)
+            try:
+                texts[p] = jax.jit(lambda x, y: ops.apply(NN[name], [x, y], attrs, in_dtypes=["f32", "f32"],
+                                                          out_dtype="f32", mode="normal")).lower(*inputs).as_text()
+            finally:
+                MATMUL_PRECISION.reset(token)
+        assert "HIGHEST" in texts["highest"] and "HIGHEST" not in texts["default"], name
+
+
+# ------------------------------------------------------------------ through the DSL
+
+def compile_both(source, sizes=None):
+    return (oi2jax.compile(source, sizes=sizes, ops=["nn"]),
+            oi2jax.compile(source, sizes=sizes, ops=["nn"], mode="interpret"))
+
+
+def check_errors(source, sizes=None) -> str:
+    with pytest.raises(OiError) as info:
+        oi2jax.compile(source, sizes=sizes, ops=["nn"])
+    return info.value.render()
+
+
+ATTENTION = """
+dynamic { s: f32[T]; }
+volatile { p: f32[T]; }
+persistent { n: i32 @init(0); }
+block entry {
+    cache.increment n;
+    op softmax(s, valid=n) >> p;
+    return;
+}
+"""
+
+
+def test_softmax_valid_from_a_persistent_scalar():
+    """Attention over a fixed-capacity cache: step k reads only the first k scores."""
+    s = np.array([0.5, -1.0, 2.0, 0.25, 3.0, 1.0], np.float32)
+    compiled, interpreted = compile_both(ATTENTION, {"T": 6})
+    for steps in (1, 3, 6):
+        got = compiled.run({"s": s}, steps=steps)["p"]
+        ref = interpreted.run({"s": s}, steps=steps)["p"]
+        e = np.exp(s[:steps] - s[:steps].max())
+        np.testing.assert_allclose(got, np.concatenate([e / e.sum(), np.zeros(6 - steps)]), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+        assert (got[steps:] == 0).all()
+    with pytest.raises(OiError) as info:
+        compiled.run({"s": s}, steps=7)
+    assert "softmax: valid length 7 is not in 1..6 (in step 7)" in info.value.render()
+
+
+EMBED = """dynamic { ids: i32[S]; }
+constant { table: f32[V, D]; }
+volatile { h: f32[S, D]; }
+block entry {
+    op embedding(table, ids) >> h;
+    return;
+}
+"""
+
+
+def test_embedding_lookup_and_its_runtime_error_at_the_node(tmp_path):
+    from conftest import run_both
+    from oi2jax.model import Tensor, save
+    table = np.arange(24, dtype=np.float32).reshape(8, 3)
+    save(tmp_path / "m.oinf", sizevars={"V": 8, "D": 3, "S": 4}, tensors={"table": Tensor("f32", table)})
+    graph = tmp_path / "graph.oi"
+    graph.write_text(EMBED)
+    out = run_both(graph, {"ids": np.array([7, 0, 3, 3], np.int32)}, model=tmp_path / "m.oinf", ops=["nn"])
+    np.testing.assert_array_equal(out["h"], table[[7, 0, 3, 3]])
+    with pytest.raises(OiError) as info:
+        run_both(graph, {"ids": np.array([1, 9, 2, -1], np.int32)}, model=tmp_path / "m.oinf", ops=["nn"])
+    assert info.value.render().splitlines()[0] == \
+        f"{graph}:5:5: error: embedding: id 9 is outside 0..7 (in step 1)"
+
+
+def test_rope_at_position_zero_is_the_identity():
+    from conftest import run_both
+    source = """dynamic { q: f32[H, HD]; t: i32; }
+volatile { r: f32[H, HD]; }
+block entry {
+    op rope(q, t) >> r;
+    return;
+}
+"""
+    q = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)
+    out = run_both(source, {"q": q, "t": np.int32(0)}, sizes={"H": 2, "HD": 8}, ops=["nn"])
+    np.testing.assert_array_equal(out["r"], q)
+    moved = run_both(source, {"q": q, "t": np.int32(3)}, sizes={"H": 2, "HD": 8}, ops=["nn"],
+                     ways=("driver", "fused"))["r"]
+    np.testing.assert_allclose(np.linalg.norm(moved[:, [0, 4]], axis=1), np.linalg.norm(q[:, [0, 4]], axis=1),
+                               rtol=1e-6)  # a rotation of each (i, i + HD/2) pair
+
+
+def test_rms_norm_of_bf16_input():
+    import ml_dtypes
+    source = """dynamic { x: bf16[B, D]; w: bf16[D]; }
+volatile { y: bf16[B, D]; }
+block entry {
+    op rms_norm(x, w, eps=1e-5) >> y;
+    return;
+}
+"""
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(3, 16)) * 4).astype(ml_dtypes.bfloat16)
+    w = (1 + rng.normal(size=16) * 0.1).astype(ml_dtypes.bfloat16)
+    compiled, interpreted = compile_both(source, {"B": 3, "D": 16})
+    got = compiled.run({"x": x, "w": w})["y"]
+    ref = interpreted.run({"x": x, "w": w})["y"]
+    assert (got.astype(ml_dtypes.bfloat16).astype(got.dtype) == got).all()  # bf16 values (run() gives them as f32)
+    xf = x.astype(np.float64)
+    want = (xf / np.sqrt((xf * xf).mean(-1, keepdims=True) + 1e-5) * w.astype(np.float64))
+    for y in (got, ref):
+        np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 ** -7)
+
+
+def test_argmax_gives_i32():
+    from conftest import run_both
+    source = """dynamic { logits: f32[B, V]; }
+volatile { tok: i32[B]; }
+block entry {
+    op argmax(logits) >> tok;
+    return;
+}
+"""
+    logits = np.array([[0.0, 3.0, 3.0, -1.0], [np.nan, 1.0, 2.0, 0.0]], np.float32)
+    out = run_both(source, {"logits": logits}, sizes={"B": 2, "V": 4}, ops=["nn"])
+    assert out["tok"].dtype == np.int32 and out["tok"].tolist() == [1, 0]
+    assert "op argmax output dtype mismatch for tok: expected i64, got i32" in \
+        check_errors(source.replace("tok: i32", "tok: i64"), {"B": 2, "V": 4})
+
+
+def test_shape_errors_at_check_time_point_at_the_attribute():
+    source = """dynamic { x: f32[2, 3]; }
+volatile { y: f32[4, 2]; z: f32[3, 2]; p: f32[2, 3]; }
+block entry {
+    op reshape(x, shape=[4, 2]) >> y;
+    op transpose(x, perm=[1, 1]) >> z;
+    op softmax(x, valid=4) >> p;
+    op einsum(x, x, spec="ij,jk->iz") >> z;
+    op concat(x, y) >> z;
+    return;
+}
+"""
+    text = check_errors(source)
+    assert """<string>:4:19: error: op reshape: cannot reshape [2, 3] (6 elements) to [4, 2]
+        op reshape(x, shape=[4, 2]) >> y;
+                      ^
+<string>:5:21: error: op transpose: perm [1, 1] is not a permutation of 0..1 (x has rank 2)
+        op transpose(x, perm=[1, 1]) >> z;
+                        ^
+<string>:6:19: error: op softmax: valid length 4 is not in 1..3
+        op softmax(x, valid=4) >> p;
+                      ^
+<string>:7:21: error: op einsum: spec 'ij,jk->iz': output letter 'z' is in no operand
+        op einsum(x, x, spec="ij,jk->iz") >> z;
+                        ^
+<string>:8:18: error: op concat: shapes [2, 3] and [4, 2] differ outside axis 0
+        op concat(x, y) >> z;
+                     ^""" in text
+
+
+def test_an_nn_op_without_the_set_is_pointed_at_it():
+    with pytest.raises(OiError) as info:
+        oi2jax.compile("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry {\n  op silu(x) >> y;\n}\n")
+    assert 'unsupported op silu; it is in the bundled op set nn (--ops nn, or ops=["nn"])' in info.value.render()

@@ -1,0 +1,308 @@
+"""User-defined ops end to end (issue: ops the OpenInfer way, but open): a test-local `.py` op
+file and an ops.json-form schema file, checked exactly like a built-in (each message pinned),
+compiled == interpreted, the yield/await driver, sessions, export without the module, HLO
+names, fmt and graph JSON, an entry point of the `oi2jax.ops` group."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax import ops
+from oi2jax.cli import main
+from oi2jax.diagnostics import OiError
+from oi2jax.graph_json import from_json, to_json
+from oi2jax.grammar.fmt import format_graph
+from oi2jax.grammar.parse import parse
+
+from conftest import run_cli
+
+HERE = Path(__file__).resolve().parent / "user_ops"
+SCALED = str(HERE / "scaled.py")
+BROKEN = str(HERE / "broken.py")
+
+GRAPH = """\
+dynamic { x: f32[4]; b: f32[3]; }
+volatile { y: f32[4]; o: f32[4, 3]; s: f32[4]; }
+block entry {
+    op scaled_tanh(x, scale=2.0) >> y;
+    op outer(y, b) >> o;
+    op leaky_softplus(x, slope=0.25) >> s;
+    return;
+}
+"""
+INPUTS = {"x": np.array([-2.0, -0.5, 0.25, 3.0], np.float32), "b": np.array([1.0, -1.0, 0.5], np.float32)}
+
+
+def _line(text: str, what: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if what in line)
+
+
+def _src_line(path: str, what: str) -> int:
+    return _line(Path(path).read_text(), what)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return ops.load([SCALED, str(HERE / "schema_ops.json")])
+
+
+def test_loaded_ops_carry_their_declaration(registry):
+    d = registry["scaled_tanh"]
+    assert d.source == f"{SCALED}:{_src_line(SCALED, 'def scaled_tanh') - 2}" and not d.builtin
+    assert d.arity == 1 and d.attrs["scale"].kind == "float" and d.attrs["scale"].default == 1.0
+    assert d.doc == "tanh(x) * scale." and d.elementwise
+    s = registry["leaky_softplus"]
+    assert s.inplace and s.attrs["slope"].default == 0.5 and s.normal_dtypes == {"f16", "bf16", "f32", "f64"}
+    assert len(registry) == 47 + 3 and registry.sets[-1].endswith("schema_ops.json")
+
+
+def test_compiled_equals_interpreted_and_numpy(registry):
+    outs = {}
+    for mode in ("compiled", "interpret"):
+        outs[mode] = oi2jax.compile(GRAPH, ops=registry, mode=mode).run(INPUTS)
+    y = np.tanh(INPUTS["x"].astype(np.float64)) * 2
+    for mode in outs:  # the compiled kernel (f32 tanh) and the interpreter's NumPy reference (f64, rounded)
+        np.testing.assert_allclose(outs[mode]["y"], y, rtol=1e-6)
+        np.testing.assert_allclose(outs[mode]["o"], np.outer(outs[mode]["y"], INPUTS["b"]), rtol=1e-6)
+    xs = INPUTS["x"].astype(np.float64)
+    np.testing.assert_allclose(outs["compiled"]["s"], np.logaddexp(xs, 0) + 0.25 * np.minimum(xs, 0), rtol=1e-6)
+    # leaky_softplus has no reference: the interpreter runs its kernel, bit for bit
+    np.testing.assert_array_equal(outs["compiled"]["s"], outs["interpret"]["s"])
+
+
+def test_interpreter_says_once_that_it_runs_a_kernel(registry, capsys):
+    from oi2jax import interpret
+    interpret._NOTED.discard(registry["outer"].source)
+    prog = oi2jax.compile(GRAPH, ops=registry, mode="interpret")
+    prog.run(INPUTS)
+    prog.run(INPUTS)
+    err = capsys.readouterr().err
+    assert err.count(f"note: op outer (defined in {registry['outer'].source}) has no NumPy reference; "
+                     f"the interpreter runs its JAX kernel") == 1
+
+
+PIPELINE = """dynamic { x: f32[4]; }
+volatile { y: f32[4]; z: f32[4]; }
+persistent { acc: f32[4] @init(0.0); }
+block entry {
+    op scaled_tanh(x, scale=0.5) >> y;
+    yield y;
+    cache.read acc >> z;
+    op add(z, y) >> z;
+    cache.write z >> acc;
+    await y;
+    return;
+}
+block consumer {
+    await y;
+    op leaky_softplus(y, slope=0.5) >> y;
+    yield y;
+}
+"""
+
+
+def test_yield_await_driver_fused_interpreted_and_sessions(registry):
+    steps = np.stack([np.full(4, v, np.float32) for v in (0.5, -1.0, 2.0)])
+    runs = {}
+    for name, kw in (("driver", {"yield_mode": "driver"}), ("fused", {"yield_mode": "fused"})):
+        prog = oi2jax.compile(PIPELINE, ops=registry, **kw)
+        sess = prog.session()
+        for x in steps:
+            sess.step(x=x)
+        runs[name] = {"acc": sess.read("acc"), "y": sess.read("y")}
+        fused_run = prog.session().run({"x": steps}, collect=("y",))
+        np.testing.assert_array_equal(fused_run["acc"], runs[name]["acc"])
+    interp = oi2jax.compile(PIPELINE, ops=registry, mode="interpret")
+    out = interp.run({"x": steps[0]})
+    np.testing.assert_array_equal(runs["driver"]["acc"], runs["fused"]["acc"])
+    np.testing.assert_array_equal(runs["driver"]["y"], runs["fused"]["y"])
+    first = oi2jax.compile(PIPELINE, ops=registry).run({"x": steps[0]})
+    np.testing.assert_allclose(first["acc"], out["acc"], rtol=1e-6)
+    np.testing.assert_allclose(first["y"], out["y"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("body,line_has,message", [
+    ("op scaled_tanh(x, x) >> y;", "op scaled_tanh", "op scaled_tanh expects Fixed(1) inputs, got 2"),
+    ("op scaled_tanh(x, scale=x) >> y;", "scale=", "attribute x must be scalar"),
+    ("op scaled_tanh(x, scal=2.0) >> y;", "scal=", "unsupported scaled_tanh setting: scal (did you mean scale?)"),
+    ("op scaled_tanh(x, scale=true) >> y;", "scale=", "op scaled_tanh setting scale must be a number, got bool True"),
+    ("op scaled_tanh(n) >> y;", "(n)", None),  # the dtype message names the file: below
+    ("op scaled_tanhh(x) >> y;", "op scaled_tanhh", "unsupported op scaled_tanhh (did you mean scaled_tanh?)"),
+    ("op outer(x, n) >> o;", "n) >> o", None),
+])
+def test_check_errors_are_located_and_pinned(tmp_path, capsys, body, line_has, message):
+    g = tmp_path / "g.oi"
+    text = f"dynamic {{ x: f32[4]; n: i32[4]; }}\nvolatile {{ y: f32[4]; o: f32[4, 4]; }}\nblock entry {{\n    {body}\n" \
+           f"    return;\n}}\n"
+    g.write_text(text)
+    code, _, err = run_cli(capsys, "check", str(g), "--ops", SCALED)
+    where = f"{SCALED}:{_src_line(SCALED, 'def scaled_tanh') - 2}"
+    if message is None and "outer" in body:
+        message = "op outer input 1 has dtype i32, expected f32 (all inputs must match the first)"
+    elif message is None:
+        message = f"op scaled_tanh (defined in {where}) input 0 (x) has dtype i32, expected one of f16, f32, f64, bf16"
+    line = text.splitlines()[3]
+    col = line.index(line_has) + 1 + (1 if line_has.startswith("(") else 0)
+    if line_has.startswith("op "):
+        col += 3  # the caret points at the op's name
+    assert code == 1 and f"{g}:4:{col}: error: {message}" in err, err
+
+
+def test_declared_scalar_kinds_are_enforced(registry):
+    """Issue 33: an attribute's `scalar_kinds` (OpenInfer's schema field) is checked, not just
+    stored: schema_ops.json declares leaky_softplus's slope float or int, so true is refused."""
+    from oi2jax.check import check
+    for value, ok in (("0.25", True), ("2", True), ("true", False)):
+        src = f"dynamic {{ x: f32[4]; }}\nvolatile {{ s: f32[4]; }}\nblock entry {{\n" \
+              f"    op leaky_softplus(x, slope={value}) >> s;\n}}\n"
+        errors = [d.message for d in check(parse(src), ops=registry) if d.severity == "error"]
+        assert errors == ([] if ok else ["op leaky_softplus setting slope must be float or int, got bool True"])
+
+
+@pytest.mark.parametrize("name,message", [
+    ("raises", "op raises (defined in {f}:{l}): its kernel raised ValueError while tracing: boom"),
+    ("wrong_dtype", "op wrong_dtype (defined in {f}:{l}): its kernel returned dtype int32, but the op's dtype "
+                    "rule gives f32 (held as float32)"),
+    ("wrong_shape", "op wrong_shape (defined in {f}:{l}): its kernel returned shape [8], expected [4]"),
+])
+def test_a_kernel_that_breaks_its_declaration_is_a_located_error(tmp_path, capsys, name, message):
+    g = tmp_path / "g.oi"
+    g.write_text(f"dynamic {{ x: f32[4]; }}\nvolatile {{ y: f32[4]; }}\nblock entry {{\n    op {name}(x) >> y;\n"
+                 f"    return;\n}}\n")
+    code, _, err = run_cli(capsys, "run", str(g), "--ops", BROKEN, "--zero-missing-inputs", "--quiet")
+    line = _src_line(BROKEN, f"def {name}") - 1
+    col = 5 if name == "wrong_shape" else 8  # found lowering the node / checking it (the op's name)
+    assert code == 1 and f"{g}:4:{col}: error: {message.format(f=BROKEN, l=line)}" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_name_clash_names_both_definitions(capsys):
+    clash = str(HERE / "clash.py")
+    with pytest.raises(OiError) as e:
+        ops.load([clash])
+    line = _src_line(clash, "def add") - 1
+    assert str(e.value) == (f"error: op add is defined twice: in the built-in ops (OpenInfer's ops.json) and in "
+                            f"{clash}:{line}")
+    with pytest.raises(OiError) as e:
+        ops.load([SCALED, str(HERE / "clash2.py")])
+    assert str(e.value) == (f"error: op scaled_tanh is defined twice: in {SCALED}:"
+                            f"{_src_line(SCALED, 'def scaled_tanh') - 2} and in {HERE / 'clash2.py'}:"
+                            f"{_src_line(str(HERE / 'clash2.py'), 'def scaled_tanh') - 1}")
+
+
+def test_malformed_schema_and_bad_specs_are_errors(tmp_path, capsys):
+    bad = HERE / "bad_schema.json"
+    with pytest.raises(OiError, match=r'bad_schema.json: ops\[0\] \(nope\): missing "type_rule"'):
+        ops.load([str(bad)])
+    no_kernel = tmp_path / "k.json"
+    schema = json.loads((HERE / "schema_ops.json").read_text())
+    del schema["ops"][0]["devices"]
+    no_kernel.write_text(json.dumps(schema))
+    with pytest.raises(OiError, match=r'ops\[0\] \(leaky_softplus\): no JAX kernel \(add "devices": '):
+        ops.load([str(no_kernel)])
+    with pytest.raises(OiError, match=r"unknown op set nnn \(did you mean nn\?\)"):
+        ops.load(["nnn"])
+    syntax = tmp_path / "syn.py"
+    syntax.write_text("from oi2jax.ops import op\n\nraise RuntimeError('no')\n")
+    with pytest.raises(OiError, match=rf"--ops {syntax}: importing it raised RuntimeError: no \(at {syntax}:3\)"):
+        ops.load([str(syntax)])
+    code, _, err = run_cli(capsys, "check", str(HERE.parent.parent / "examples" / "mlp_regression.oi"),
+                           "--ops", str(syntax))
+    assert code == 1 and err.startswith("error: --ops") and "Traceback" not in err
+
+
+def test_hlo_names_and_locations(registry):
+    prog = oi2jax.compile(GRAPH, ops=registry)
+    text = prog.emit("stablehlo")
+    assert "entry/0:scaled_tanh" in text and "entry/2:leaky_softplus" in text
+    assert "<string>:4:" in text or ":4:5" in text
+
+
+def test_fmt_and_graph_json_round_trip(registry):
+    g = parse(GRAPH)
+    assert format_graph(parse(format_graph(g))) == format_graph(g)
+    back = from_json(json.loads(json.dumps(to_json(g))), "<json>")
+    assert format_graph(back) == format_graph(g)
+    a = oi2jax.compile(to_json(g), ops=registry).run(INPUTS)
+    b = oi2jax.compile(GRAPH, ops=registry).run(INPUTS)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_export_runs_without_the_op_module(tmp_path, registry):
+    from test_export import LOADER
+    graph = tmp_path / "g.oi"
+    graph.write_text(GRAPH)
+    art = tmp_path / "out" / "step.jaxexport"
+    assert main(["export", str(graph), "-o", str(art), "--ops", SCALED, "--ops", str(HERE / "schema_ops.json")]) == 0
+    inp = tmp_path / "inputs.npz"
+    np.savez(inp, **INPUTS)
+    job = {"artifact": str(art), "steps": 1, "inputs": str(inp), "result": str(tmp_path / "res.npz")}
+    loader = LOADER.replace('sys.modules["oi2jax"] = None', 'sys.modules["oi2jax"] = None\n'
+                            'for m in [m for m in list(sys.modules) if "scaled" in m or "schema_kernels" in m]:\n'
+                            '    sys.modules[m] = None')
+    proc = subprocess.run([sys.executable, "-c", loader, json.dumps([job])], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = np.load(job["result"])
+    want = oi2jax.compile(GRAPH, ops=registry).run(INPUTS)
+    for k in ("y", "o", "s"):
+        np.testing.assert_array_equal(res["out." + k], want[k])
+
+
+def test_pure_step_vmap_and_grad(registry):
+    import jax
+    import jax.numpy as jnp
+    prog = oi2jax.compile(GRAPH, ops=registry)
+    state = prog.init_state()
+    xs = jnp.stack([INPUTS["x"], INPUTS["x"] * 2])
+    ys = jax.vmap(lambda x: prog.step(state, x=x, b=INPUTS["b"])[1]["y"])(xs)
+    np.testing.assert_allclose(np.asarray(ys[1]), np.tanh(INPUTS["x"] * 2) * 2, rtol=1e-6)
+    state = prog.init_state()  # the step donates the state it is given: a fresh one
+    g = jax.grad(lambda x: jnp.sum(prog.step(state, x=x, b=INPUTS["b"])[1]["y"]))(jnp.asarray(INPUTS["x"]))
+    np.testing.assert_allclose(np.asarray(g), 2 * (1 - np.tanh(INPUTS["x"].astype(np.float64)) ** 2), atol=1e-6)
+
+
+def test_an_entry_point_package(tmp_path, monkeypatch):
+    """An installed package's op set, found through the `oi2jax.ops` entry-point group (simulated
+    with importlib.metadata: a module on sys.path and its EntryPoint)."""
+    pkg = tmp_path / "myorg_ops"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(Path(SCALED).read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ep = importlib.metadata.EntryPoint(name="myorg", value="myorg_ops", group="oi2jax.ops")
+    from oi2jax.ops import loading
+    monkeypatch.setattr(loading, "_entry_points_cached", lambda: (ep,))
+    reg = ops.load(["myorg"])
+    assert "scaled_tanh" in reg and reg.sets == ("myorg",)
+    out = oi2jax.compile("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry {\n"
+                         "    op scaled_tanh(x) >> y;\n    return;\n}\n", ops=["myorg"]).run(
+        {"x": np.array([0.5, -1.0], np.float32)})
+    np.testing.assert_allclose(out["y"], np.tanh([0.5, -1.0]), rtol=1e-6)
+
+
+def test_runtime_check_of_an_op_is_a_located_error_both_ways(tmp_path):
+    (tmp_path / "take.py").write_text(
+        "import jax.numpy as jnp\nfrom oi2jax.ops import op\n\n"
+        "@op(inputs={'table': 'float', 'ids': 'index'}, shape=lambda s, a: s[1] + s[0][1:])\n"
+        "def take_rows(table, ids, *, ctx):\n"
+        "    n = table.shape[0]\n"
+        "    bad = (ids < 0) | (ids >= n)\n"
+        "    ctx.fail_if(bad, 'take_rows: id {value} is outside the rows', jnp.max(jnp.where(bad, ids, -1)))\n"
+        "    return table[jnp.clip(ids, 0, n - 1)]\n")
+    src = ("dynamic { ids: i32[2]; tab: f32[4, 3]; }\nvolatile { y: f32[2, 3]; }\n"
+           "block entry {\n    op take_rows(tab, ids) >> y;\n    return;\n}\n")
+    tab = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for mode in ("compiled", "interpret"):
+        prog = oi2jax.compile(src, ops=[str(tmp_path / "take.py")], mode=mode)
+        np.testing.assert_array_equal(prog.run({"ids": np.array([3, 1], np.int32), "tab": tab})["y"], tab[[3, 1]])
+        with pytest.raises(OiError) as e:
+            prog.run({"ids": np.array([2, 9], np.int32), "tab": tab})
+        assert "<string>:4:5: error: take_rows: id 9 is outside the rows (in step 1)" in e.value.render()
