@@ -24,6 +24,7 @@ class Case:
     size: int = 0                  # x of the chart
     yield_mode: str = "fused"
     seed: int = 0
+    ops: tuple = ()                # op sets the graph needs (oi2jax.compile(..., ops=))
 
     def source(self) -> str:
         text = (EXAMPLES / f"{self.example}.oi").read_text()
@@ -46,6 +47,7 @@ class Case:
         s = self.sizes
         f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
         return {
+            "attention_decode": lambda: {"x": f32(s["D"])},
             "cache_window_slice": lambda: {"x": f32(s["D"])},
             "kv_cache_decode": lambda: {"q": f32(s["D"])},
             "linear_attention": lambda: {"x": f32(s["B"], s["D"])},
@@ -78,6 +80,10 @@ def _quantized(rng, s, st):
 
 
 TENSORS = {
+    "attention_decode": lambda rng, s, st: {
+        "norm_w": (1 + 0.1 * rng.standard_normal(s["D"])).astype(np.float32),
+        **{n: _dense(rng, s["D"], s["D"]) for n in ("Wq", "Wk", "Wv", "Wo")},
+        "scale": np.float32(1 / np.sqrt(s["D"]))},
     "cache_window_slice": lambda rng, s, st: {"limit": np.array(st["rows"], np.int32), "zero": np.array(0, np.int32)},
     "kv_cache_decode": lambda rng, s, st: {"zero": np.zeros(s["D"], np.float32)},
     "linear_attention": lambda rng, s, st: {
@@ -118,6 +124,7 @@ def cases(profile: str) -> list[Case]:
             Case("streaming_pipeline", "streaming_pipeline", {"B": 2, "D": 8}),
             Case("kv_cache_decode T=8", "kv_cache_decode", {"D": 4}, static={"rows": 8}, steps=8),
             Case("cache_window_slice", "cache_window_slice", {"D": 4}, static={"rows": 8, "width": 2}, steps=6),
+            Case("attention_decode T=8", "attention_decode", {"D": 8, "T": 8}, steps=8, ops=("nn",)),
         ]
     quick = profile == "quick"
     widths = (64, 256, 1024) if quick else (64, 256, 1024, 2048, 4096)
@@ -140,6 +147,8 @@ def cases(profile: str) -> list[Case]:
         Case(f"kv_cache_decode T={rows} D=128", "kv_cache_decode", {"D": 128}, static={"rows": rows}, steps=rows),
         Case(f"cache_window_slice rows={rows * 2} W=64 D=256", "cache_window_slice", {"D": 256},
              static={"rows": rows * 2, "width": 64}, steps=rows),
+        Case(f"attention_decode T={rows} D=256 (nn ops)", "attention_decode", {"D": 256, "T": rows}, steps=rows,
+             ops=("nn",)),
     ]
     return out
 

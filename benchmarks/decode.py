@@ -65,7 +65,9 @@ def decode_cases(profile: str) -> list[tuple[Case, bool]]:
             (Case("kv_cache_decode T=1024 D=16", "kv_cache_decode", {"D": 16}, static={"rows": 1024},
                   steps=1024), True),
             (Case("cache_window_slice rows=2048 W=4 D=16", "cache_window_slice", {"D": 16},
-                  static={"rows": 2048, "width": 4}, steps=1024), True)]
+                  static={"rows": 2048, "width": 4}, steps=1024), True),
+            (Case("attention_decode T=1024 D=64 (nn ops)", "attention_decode", {"D": 64, "T": 1024},
+                  steps=1024, ops=("nn",)), True)]
     if profile == "tiny":
         return tiny[:2]
     out = tiny + [(shipped_case(e), True) for e in SHIPPED]
@@ -122,7 +124,7 @@ def bench(case: Case, tiny: bool, workdir: Path, device, reps: int) -> dict:
     oinf_path = workdir / "g.oinf"
     oi_path.write_text(case.source())
     save(str(oinf_path), sizevars=case.sizes, metadata={}, tensors=case.tensors())
-    prog = oi2jax.compile(str(oi_path), model=str(oinf_path), device=device)
+    prog = oi2jax.compile(str(oi_path), model=str(oinf_path), device=device, ops=list(case.ops) or None)
     hw = handwritten.make(case.example, open_model(str(oinf_path)), device=device, **case.static)
     inputs = case.inputs()
     dev_inputs = hw.put(inputs)

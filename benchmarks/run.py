@@ -142,7 +142,8 @@ def bench_case(case: Case, workdir: Path, device, prof: dict, do_slow: bool = Tr
 
     # (e) time to first result: everything from the files on disk to the first step's values
     t0 = time.perf_counter()
-    prog = oi2jax.compile(str(oi_path), model=str(oinf_path), device=device, yield_mode=case.yield_mode)
+    ops = list(case.ops) or None
+    prog = oi2jax.compile(str(oi_path), model=str(oinf_path), device=device, yield_mode=case.yield_mode, ops=ops)
     t_build = time.perf_counter() - t0
     state, out = prog.step(prog.init_state(), **inputs)
     block((state, out))
@@ -185,7 +186,7 @@ def bench_case(case: Case, workdir: Path, device, prof: dict, do_slow: bool = Tr
     res["compiles"] = prog.compiles
 
     if do_slow:
-        ip = oi2jax.compile(str(oi_path), model=str(oinf_path), mode="interpret")
+        ip = oi2jax.compile(str(oi_path), model=str(oinf_path), mode="interpret", ops=ops)
         c = single(lambda k: _timed_interp(ip, inputs, k), min(case.steps, 8), prof["slow_budget"], prof["min_reps"])
         res["c_s"] = c["median"]
         d = Timed(hw.eager, hw.init_state, dev_inputs, case.steps)
@@ -194,7 +195,7 @@ def bench_case(case: Case, workdir: Path, device, prof: dict, do_slow: bool = Tr
         res["reps_k"].update(c=(c["reps"], c["k"]), d=(dd["reps"], dd["k"]))
 
     if case.example == "streaming_pipeline":  # (f) the yield/await driver against fused mode
-        progs = {m: oi2jax.compile(str(oi_path), model=str(oinf_path), device=device, yield_mode=m)
+        progs = {m: oi2jax.compile(str(oi_path), model=str(oinf_path), device=device, yield_mode=m, ops=ops)
                  for m in ("driver", "fused")}
         res["driver_max_abs_diff"] = max_diff(progs["driver"].run(inputs, check_steps),
                                               progs["fused"].run(inputs, check_steps))

@@ -12,6 +12,7 @@
   `yield x`) and from the consumer's end back to entry's matching await (`await x`);
 * cache nodes are filled: reads blue (`[R]`), writes orange (`[W]`), increment/decrement/reset
   yellow (`[cache]`).
+Every node type is drawn by two visitors (`_Style`: its attributes; `_Dot`: the edges it adds).
 `render(dot_text, fmt)` runs Graphviz `dot -T<fmt>`; without it an `OiError` names the package.
 """
 from __future__ import annotations
@@ -22,15 +23,49 @@ import subprocess
 from . import ir
 from .diagnostics import OiError
 from .grammar.fmt import describe
+from .phases import awaited, yield_plan
 
 FORMATS = ("dot", "svg", "png")
-_CACHE_STYLE = {
-    ir.CacheRead: ("lightblue", "[R] "),
-    ir.CacheWrite: ("orange", "[W] "),
-    ir.CacheIncrement: ("lightyellow", "[cache] "),
-    ir.CacheDecrement: ("lightyellow", "[cache] "),
-    ir.CacheReset: ("lightyellow", "[cache] "),
-}
+
+
+def _filled(color: str, tag: str):
+    """The style of a cache node: filled with `color`, its label tagged."""
+    def style(self, n, label):
+        return {"style": "filled", "fillcolor": color, "label": tag + label}
+    return style
+
+
+class _Style(ir.NodeVisitor):
+    """A node's Graphviz attributes by its type, `label` (its trace description) last: cache nodes
+    filled (reads blue `[R]`, writes orange `[W]`, increment/decrement/reset yellow `[cache]`),
+    branch a diamond, loop a hexagon with its bounds, yield/await green, return rounded."""
+
+    def __init__(self, bound):
+        self.bound = bound  # value -> text of a loop bound
+
+    visit_CacheRead = _filled("lightblue", "[R] ")
+    visit_CacheWrite = _filled("orange", "[W] ")
+    visit_CacheIncrement = visit_CacheDecrement = visit_CacheReset = _filled("lightyellow", "[cache] ")
+
+    def visit_Branch(self, n, label):
+        return {"shape": "diamond", "label": label}
+
+    def visit_Loop(self, n: ir.Loop, label):
+        return {"shape": "hexagon",
+                "label": f"{n.index}: loop {n.name} ({n.var} in {self.bound(n.start)}..{self.bound(n.end)})"}
+
+    def visit_Yield(self, n, label):
+        return {"shape": "cds", "style": "filled", "fillcolor": "palegreen", "label": label}
+
+    visit_Await = visit_Yield
+
+    def visit_Return(self, n, label):
+        return {"shape": "box", "style": "rounded", "label": label}
+
+    def _plain(self, n, label):
+        return {"label": label}
+
+    visit_Assign = visit_Op = visit_Barrier = visit_Dep = visit_Transfer = _plain
 
 
 def _q(text: str) -> str:
@@ -41,10 +76,16 @@ def _id(*parts) -> str:
     return _q("_".join(str(p) for p in parts))
 
 
-class _Dot:
-    def __init__(self, graph: ir.Graph, sizes: dict | None):
+class _Dot(ir.NodeVisitor):
+    """The DOT text of one graph: `sequence` draws a run of nodes, visiting each for the edges
+    and clusters its type adds (a branch's calls and returns, a loop's body, entry's yields and
+    awaits); `build` adds the yield/await edges of the plan's consumers."""
+
+    def __init__(self, graph: ir.Graph, sizes: dict | None, plan):
         self.graph = graph
+        self.plan = plan
         self.sizes = dict(sizes or {})
+        self.style = _Style(self.bound)
         self.lines: list[str] = []
         self.edges: list[str] = []
         self.block_names = {b.name for b in graph.blocks}
@@ -60,26 +101,7 @@ class _Dot:
 
     def node(self, block: str, n: ir.Node, indent: str) -> str:
         nid = _id(block, n.index)
-        label = f"{n.index}: {describe(n)}"
-        attrs = {}
-        style = _CACHE_STYLE.get(type(n))
-        if style is not None:
-            attrs["style"] = "filled"
-            attrs["fillcolor"] = style[0]
-            label = style[1] + label
-        if isinstance(n, ir.Branch):
-            attrs["shape"] = "diamond"
-        elif isinstance(n, ir.Loop):
-            attrs["shape"] = "hexagon"
-            label = f"{n.index}: loop {n.name} ({n.var} in {self.bound(n.start)}..{self.bound(n.end)})"
-        elif isinstance(n, (ir.Yield, ir.Await)):
-            attrs["shape"] = "cds"
-            attrs["style"] = "filled"
-            attrs["fillcolor"] = "palegreen"
-        elif isinstance(n, ir.Return):
-            attrs["shape"] = "box"
-            attrs["style"] = "rounded"
-        attrs["label"] = label
+        attrs = self.style.visit(n, f"{n.index}: {describe(n)}")
         text = ", ".join(f"{k}={_q(v)}" for k, v in attrs.items())
         self.lines.append(f"{indent}{nid} [{text}];")
         return nid
@@ -92,36 +114,53 @@ class _Dot:
                 self.edges.append(f"  {prev} -> {nid};")
             for target, label in pending_return:
                 self.returns.append((target, nid, label))
-            pending_return = []
-            if isinstance(n, ir.Branch):
-                if n.cond is None:
-                    self.branch_edge(nid, n.then_block, "call")
-                    pending_return.append((n.then_block, "return"))
-                else:
-                    self.branch_edge(nid, n.then_block, n.cond)
-                    pending_return.append((n.then_block, "return"))
-                    if n.else_block:
-                        self.branch_edge(nid, n.else_block, f"not {n.cond}")
-                        pending_return.append((n.else_block, "return"))
-            elif isinstance(n, ir.Loop):
-                cluster = _id("cluster", block, "loop", n.index)
-                self.lines.append(f"{indent}subgraph {cluster} {{")
-                self.lines.append(f"{indent}  label={_q(f'loop {n.name}: {n.var} in {self.bound(n.start)}..{self.bound(n.end)}')};")
-                self.lines.append(f"{indent}  style=dashed;")
-                last = self.sequence(block, n.body, indent + "  ", None)
-                self.lines.append(f"{indent}}}")
-                if n.body:
-                    first_id = _id(block, n.body[0].index)
-                    self.edges.append(f"  {nid} -> {first_id} [label=\"iterate\"];")
-                    self.edges.append(f"  {last} -> {nid} [label={_q('next ' + n.var)}, style=dashed];")
-            elif isinstance(n, ir.Yield) and block == "entry":
-                self.yields.append((nid, n.vars))
-            elif isinstance(n, ir.Await) and block == "entry":
-                self.awaits.append((nid, n.vars))
+            pending_return = self.visit(n, block, nid, indent)
             prev = nid
         for target, label in pending_return:  # a branch at the very end returns to the block's end
             self.returns.append((target, None, label))
         return prev
+
+    # each visit_<Type>: the edges and clusters after the node; returns its pending returns
+
+    def visit_Branch(self, n: ir.Branch, block: str, nid: str, indent: str):
+        if n.cond is None:
+            self.branch_edge(nid, n.then_block, "call")
+            return [(n.then_block, "return")]
+        self.branch_edge(nid, n.then_block, n.cond)
+        pending = [(n.then_block, "return")]
+        if n.else_block:
+            self.branch_edge(nid, n.else_block, f"not {n.cond}")
+            pending.append((n.else_block, "return"))
+        return pending
+
+    def visit_Loop(self, n: ir.Loop, block: str, nid: str, indent: str):
+        cluster = _id("cluster", block, "loop", n.index)
+        self.lines.append(f"{indent}subgraph {cluster} {{")
+        self.lines.append(f"{indent}  label={_q(f'loop {n.name}: {n.var} in {self.bound(n.start)}..{self.bound(n.end)}')};")
+        self.lines.append(f"{indent}  style=dashed;")
+        last = self.sequence(block, n.body, indent + "  ", None)
+        self.lines.append(f"{indent}}}")
+        if n.body:
+            first_id = _id(block, n.body[0].index)
+            self.edges.append(f"  {nid} -> {first_id} [label=\"iterate\"];")
+            self.edges.append(f"  {last} -> {nid} [label={_q('next ' + n.var)}, style=dashed];")
+        return []
+
+    def visit_Yield(self, n: ir.Yield, block: str, nid: str, indent: str):
+        if block == "entry":
+            self.yields.append((nid, n.vars))
+        return []
+
+    def visit_Await(self, n: ir.Await, block: str, nid: str, indent: str):
+        if block == "entry":
+            self.awaits.append((nid, n.vars))
+        return []
+
+    def _no_edges(self, n, block: str, nid: str, indent: str):
+        return []
+
+    visit_Assign = visit_Op = visit_CacheRead = visit_CacheWrite = visit_CacheIncrement = visit_CacheDecrement = \
+        visit_CacheReset = visit_Barrier = visit_Dep = visit_Transfer = visit_Return = _no_edges
 
     def branch_edge(self, src: str, target: str, label: str) -> None:
         if target in self.block_names:
@@ -133,7 +172,6 @@ class _Dot:
             self.edges.append(f"  {src} -> {missing} [label={_q(label)}, color=red];")
 
     def build(self) -> str:
-        from .phases import consumer_blocks
         for block in self.graph.blocks:
             self.lines.append(f"  subgraph {_id('cluster', block.name)} {{")
             self.lines.append(f"    label={_q('block ' + block.name)};")
@@ -147,21 +185,18 @@ class _Dot:
             if src is not None and nid is not None:
                 self.edges.append(f"  {src} -> {nid} [label={_q(label)}, style=dashed, color=blue, "
                                   f"fontcolor=blue];")
-        consumers = consumer_blocks(self.graph)
-        for consumer in consumers:
-            awaited = set()
-            for n in consumer.walk():
-                if isinstance(n, ir.Await):
-                    awaited |= set(n.vars)
+        started = {name for _, vars_ in self.yields for name in self.plan.consumers_of(vars_)}
+        for name in sorted(started):  # the consumers of entry's yields (the plan's), by name
+            waits = set(awaited(self.graph.block(name)))
             for nid, vars_ in self.yields:
-                shared = [v for v in vars_ if v in awaited]
-                if shared:
-                    self.edges.append(f"  {nid} -> {_id('block', consumer.name)} [label={_q('yield ' + ', '.join(shared))}, "
+                if name in self.plan.consumers_of(vars_):
+                    shared = [v for v in vars_ if v in waits]
+                    self.edges.append(f"  {nid} -> {_id('block', name)} [label={_q('yield ' + ', '.join(shared))}, "
                                       "style=\"bold,dashed\", color=darkgreen, fontcolor=darkgreen];")
             for nid, vars_ in self.awaits:
-                shared = [v for v in vars_ if v in awaited]
+                shared = [v for v in vars_ if v in waits]
                 if shared:
-                    self.edges.append(f"  {self.last_of[consumer.name]} -> {nid} "
+                    self.edges.append(f"  {self.last_of[name]} -> {nid} "
                                       f"[label={_q('await ' + ', '.join(shared))}, style=\"bold,dashed\", "
                                       "color=darkgreen, fontcolor=darkgreen];")
         name = (self.graph.path or "graph").rsplit("/", 1)[-1]
@@ -171,9 +206,12 @@ class _Dot:
         return "\n".join(head + self.lines + self.edges + ["}"]) + "\n"
 
 
-def to_dot(graph: ir.Graph, sizes: dict | None = None) -> str:
-    """The control-flow graph in Graphviz DOT (see the module docstring)."""
-    return _Dot(graph, sizes).build()
+def to_dot(graph, sizes: dict | None = None) -> str:
+    """The control-flow graph in Graphviz DOT (see the module docstring) of a `CheckedGraph`
+    (its yield plan drawn), or of a bare `ir.Graph`, errors and all (its plan computed here)."""
+    if isinstance(graph, ir.Graph):
+        return _Dot(graph, sizes, yield_plan(graph)).build()
+    return _Dot(graph.graph, sizes, graph.yield_plan).build()
 
 
 def render(dot_text: str, fmt: str) -> bytes:

@@ -23,27 +23,34 @@ from .checks.shapes import RuntimeShapeRules
 from .checks.yield_await import PhaseRules
 from .diagnostics import source_lines, Diagnostic, OiError
 from .ir import MemKind
+from .phases import YieldPlan, block_writes, read_before_written
 
 
-def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> list[Diagnostic]:
-    """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`)."""
-    checker = _Checker(graph, model, sizes, ops)
+def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
+          no_model: str | None = None) -> list[Diagnostic]:
+    """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`);
+    `no_model`: why there is no model, for the messages that need it (pipeline.ModelChoice)."""
+    checker = _Checker(graph, model, sizes, ops, no_model)
     checker.run()
     return sorted(checker.diags, key=_sort_key)
 
 
 @dataclass(frozen=True, eq=False)
 class CheckedGraph:
-    """What `check` decided, for the backends (bind, lowering, interpreter, export) to consume:
-    the graph, its warnings and every op node's signature (`ops.OpSig`: mode, output dtype and
-    shape as typed by `ops.infer`). Only `check_graph` makes one, and only for a graph without
-    errors; nothing downstream re-infers an op's type or re-raises a checker message."""
+    """What `check` decided, for the backends (bind, lowering, driver, interpreter, export, cfg)
+    to consume: the graph, its warnings, every op node's signature (`ops.OpSig`: mode, output
+    dtype and shape as typed by `ops.infer`) and the analyses of `phases` every backend needs,
+    each computed once. Only `check_graph` makes one, and only for a graph without errors;
+    nothing downstream re-infers an op's type, re-runs an analysis or re-raises a checker message."""
 
     graph: ir.Graph
     warnings: tuple[Diagnostic, ...]
     op_sigs: dict  # id(op node) -> OpSig; the graph (held here) keeps the ids valid
     ops: object  # the op registry the graph was checked against (oi2jax.ops.Registry)
     runtime_shaped: Mapping[str, str]  # phases.runtime_shaped: variable -> the @auto_dim tensor its shape follows
+    yield_plan: YieldPlan  # phases.yield_plan: windows, phases, consumers of each yield (no errors)
+    writes: Mapping[str, frozenset]  # phases.block_writes: block -> what it (and the blocks it calls) may write
+    read_before_written: frozenset  # phases.read_before_written: what a step may read before writing it
 
     def op_sig(self, node: ir.Op):
         sig = self.op_sigs.get(id(node))
@@ -51,16 +58,19 @@ class CheckedGraph:
         return sig
 
 
-def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> CheckedGraph:
+def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
+                no_model: str | None = None) -> CheckedGraph:
     """The checked graph, or `OiError` with every error (THE check of the pipeline)."""
-    checker = _Checker(graph, model, sizes, ops)
+    checker = _Checker(graph, model, sizes, ops, no_model)
     checker.run()
     diags = sorted(checker.diags, key=_sort_key)
     errors = [d for d in diags if d.severity == "error"]
     if errors:
         raise OiError(errors, source=graph.source)
+    plan = checker.yield_plan
     return CheckedGraph(graph, tuple(diags), dict(checker.op_sigs), checker.registry,
-                        MappingProxyType(dict(checker.shaped)))
+                        MappingProxyType(dict(checker.shaped)), plan, block_writes(graph),
+                        read_before_written(graph, plan))
 
 
 def check_or_raise(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> list[Diagnostic]:
@@ -77,12 +87,13 @@ def _sort_key(d: Diagnostic):
 class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, RuntimeShapeRules):
     """Checker state, lookups and the node walk; the rule groups are the mixins in `oi2jax.checks`."""
 
-    def __init__(self, graph: ir.Graph, model, sizes, registry=None):
+    def __init__(self, graph: ir.Graph, model, sizes, registry=None, no_model: str | None = None):
         from .ops.registry import builtin_registry
         self.g = graph
         self.registry = registry if registry is not None else builtin_registry()
         self.shaped: dict[str, str] = {}
         self.model = model
+        self.no_model = no_model  # why there is no model (messages.unknown_size)
         self.strict = model is not None or bool(sizes)
         self.sizes: dict[str, int] = dict(getattr(model, "sizevars", {}) or {}) if model is not None else {}
         self.sizes.update(sizes or {})
@@ -172,12 +183,12 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
 
     # ---------------------------------------------------------------- node walk
     def check_nodes(self, block: ir.Block, nodes, loops: tuple[str, ...], top: bool):
-        """Check each node with its rule (`_NODE_RULES`: node type -> method); assign, barrier and
-        dep have nothing to check here."""
+        """Check each node with its rule (`_NODE_RULES`: node type -> method, every node type)."""
         for pos, node in enumerate(nodes):
-            rule = _NODE_RULES.get(type(node))
-            if rule is not None:
-                rule(self, node, _At(block, nodes, pos, loops, top))
+            _NODE_RULES[type(node)](self, node, _At(block, nodes, pos, loops, top))
+
+    def _no_rule(self, node, at: "_At"):
+        pass  # assign (collect_temps), barrier and dep: nothing to check per node
 
     def _op_rule(self, node: ir.Op, at: "_At"):
         self.check_op(node, at.loops)
@@ -241,6 +252,9 @@ class _At:
 
 
 _NODE_RULES = {
+    ir.Assign: _Checker._no_rule,
+    ir.Barrier: _Checker._no_rule,
+    ir.Dep: _Checker._no_rule,
     ir.Op: _Checker._op_rule,
     ir.CacheRead: _Checker._cache_read_rule,
     ir.CacheWrite: _Checker._cache_write_rule,

@@ -112,17 +112,22 @@ def export_platforms(platforms=None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None, ops=None):
-    """(exported, manifest, npz_arrays) for the graph; nothing written."""
+def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None, ops=None, unroll="auto",
+                 zero_missing_inputs=False):
+    """(exported, manifest, npz_arrays) for the graph; nothing written. `model`: as `oi2jax.compile`
+    (default: the `.oinf` beside a graph path, pipeline.choose_model; False: none). `unroll`: the
+    loop policy (docs/loops.md) for the export platforms (an accelerator's when any is one)."""
     import jax
+    from .lowering import loops
+    unroll = loops.check_unroll(unroll)
     from .runtime.program import Program
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
-    from .phases import has_yield
 
     symbolic = tuple(symbolic or ())
     platforms = export_platforms(platforms)
     from . import pipeline
-    bound = pipeline.bound(source_or_path, model, sizes, ops)  # the checker already refuses deadlocks
+    bound = pipeline.bound(source_or_path, model, sizes, ops,  # the checker already refuses deadlocks
+                           zero_missing_inputs=zero_missing_inputs)
     graph = bound.graph
     unknown = [s for s in symbolic if s not in bound.sizes]
     if unknown:
@@ -130,8 +135,8 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                       f"(known: {', '.join(sorted(bound.sizes)) or '(none)'})")
     if symbolic:
         _check_symbolic(graph, symbolic)
-    fused = has_yield(graph)
-    program = Program(bound, yield_mode="fused")
+    fused = bound.checked.yield_plan.has_yield
+    program = Program(bound, yield_mode="fused", unroll=unroll)
     builder = program.builder
     with program.scope():
         state0 = program.initial_host_state()
@@ -157,8 +162,10 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
 
         state_spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in state0.items()}
         dyn_spec = {n: jax.ShapeDtypeStruct(dyn_shapes[n], defaults[n].dtype) for n in builder.dynamic}
+        policy = loops.LoopPolicy(unroll, loops.platform_of(platforms))
         try:
-            exported = jax.export.export(jax.jit(step), platforms=platforms)(state_spec, dyn_spec)
+            with loops.using(policy):
+                exported = jax.export.export(jax.jit(step), platforms=tuple(platforms))(state_spec, dyn_spec)
         except OiError:
             raise
         except Exception as exc:
@@ -215,6 +222,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                     "before deserializing/calling",
         "constants": "baked",
         "yield_mode": "fused" if fused else "none",
+        "unroll": unroll,
         "sizes": {k: ("symbolic" if k in symbolic else int(v)) for k, v in sorted(bound.sizes.items())},
         "symbolic": list(symbolic),
         "init_npz": None,  # filled in by write_export
@@ -233,12 +241,14 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     return exported, manifest, npz
 
 
-def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None) -> list[str]:
+def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None,
+                 unroll="auto", zero_missing_inputs=False) -> list[str]:
     """Write the artifact, its manifest and the initial-state npz; returns the paths written."""
     import jax
     with jax.enable_x64(True):
         exported, manifest, npz = build_export(source_or_path, model=model, sizes=sizes, symbolic=symbolic,
-                                               platforms=platforms, ops=ops)
+                                               platforms=platforms, ops=ops, unroll=unroll,
+                                               zero_missing_inputs=zero_missing_inputs)
         try:
             blob = exported.serialize()
         except ImportError as exc:  # jax.export serialization needs the optional `flatbuffers`

@@ -78,42 +78,60 @@ def scalar_to_json(dtype: str, lit: ir.Literal | None):
     return {name: float(v) if dt.is_float else int(v)}
 
 
-def _node(n: ir.Node) -> dict:
-    if isinstance(n, ir.Barrier):
-        kind = "Barrier"
-    elif isinstance(n, ir.Return):
-        kind = {"Return": {"vars": list(n.vars)}} if n.vars else "Return"
-    elif isinstance(n, ir.Assign):
-        kind = {"Assign": {"name": n.name, "dtype": _dt(n.dtype), "dims": [str(d) for d in n.dims]}}
-    elif isinstance(n, ir.Op):
-        kind = {"Op": {"op": n.op, "attrs": {"items": [{"name": a.name, "value": _attr(a.value)} for a in n.attrs]},
+class _ToJson(ir.NodeVisitor):
+    """A node's serde `kind` (its variant is named after the IR node type: `_FROM_JSON` reads it)."""
+
+    def visit_Barrier(self, n):
+        return "Barrier"
+
+    def visit_Return(self, n: ir.Return):
+        return {"Return": {"vars": list(n.vars)}} if n.vars else "Return"
+
+    def visit_Assign(self, n: ir.Assign):
+        return {"Assign": {"name": n.name, "dtype": _dt(n.dtype), "dims": [str(d) for d in n.dims]}}
+
+    def visit_Op(self, n: ir.Op):
+        return {"Op": {"op": n.op, "attrs": {"items": [{"name": a.name, "value": _attr(a.value)} for a in n.attrs]},
                        "inputs": [_ref(r) for r in n.inputs], "output": n.output}}
-    elif isinstance(n, ir.Branch):
-        kind = {"Branch": {"cond": n.cond, "then_block": n.then_block, "else_block": n.else_block}}
-    elif isinstance(n, ir.Dep):
-        kind = {"Dep": {"after": n.after, "before": n.before}}
-    elif isinstance(n, ir.Transfer):
-        kind = {"Transfer": {"src": _ref(n.src), "dst": _ref(n.dst)}}
-    elif isinstance(n, ir.CacheRead):
-        kind = {"CacheRead": {"src": _access(n.src), "dst": _ref(n.dst)}}
-    elif isinstance(n, ir.CacheWrite):
-        kind = {"CacheWrite": {"src": _ref(n.src), "dst": _access(n.dst)}}
-    elif isinstance(n, ir.CacheIncrement):
-        kind = {"CacheIncrement": {"target": n.target, "amount": n.amount}}
-    elif isinstance(n, ir.CacheDecrement):
-        kind = {"CacheDecrement": {"target": n.target, "amount": n.amount}}
-    elif isinstance(n, ir.CacheReset):
-        kind = {"CacheReset": {"target": _access(n.target)}}
-    elif isinstance(n, ir.Yield):
-        kind = {"Yield": {"vars": list(n.vars)}}
-    elif isinstance(n, ir.Await):
-        kind = {"Await": {"vars": list(n.vars)}}
-    elif isinstance(n, ir.Loop):
-        kind = {"Loop": {"name": n.name, "index": n.var, "start": str(n.start), "end": str(n.end),
+
+    def visit_Branch(self, n: ir.Branch):
+        return {"Branch": {"cond": n.cond, "then_block": n.then_block, "else_block": n.else_block}}
+
+    def visit_Dep(self, n: ir.Dep):
+        return {"Dep": {"after": n.after, "before": n.before}}
+
+    def visit_Transfer(self, n: ir.Transfer):
+        return {"Transfer": {"src": _ref(n.src), "dst": _ref(n.dst)}}
+
+    def visit_CacheRead(self, n: ir.CacheRead):
+        return {"CacheRead": {"src": _access(n.src), "dst": _ref(n.dst)}}
+
+    def visit_CacheWrite(self, n: ir.CacheWrite):
+        return {"CacheWrite": {"src": _ref(n.src), "dst": _access(n.dst)}}
+
+    def visit_CacheIncrement(self, n):
+        return {type(n).__name__: {"target": n.target, "amount": n.amount}}
+
+    visit_CacheDecrement = visit_CacheIncrement
+
+    def visit_CacheReset(self, n: ir.CacheReset):
+        return {"CacheReset": {"target": _access(n.target)}}
+
+    def visit_Yield(self, n):
+        return {type(n).__name__: {"vars": list(n.vars)}}
+
+    visit_Await = visit_Yield
+
+    def visit_Loop(self, n: ir.Loop):
+        return {"Loop": {"name": n.name, "index": n.var, "start": str(n.start), "end": str(n.end),
                          "body": [_node(b) for b in n.body]}}
-    else:
-        raise TypeError(type(n).__name__)
-    return {"index": n.index, "uuid": node_uuid(n.index), "kind": kind}
+
+
+_TO_JSON = _ToJson()
+
+
+def _node(n: ir.Node) -> dict:
+    return {"index": n.index, "uuid": node_uuid(n.index), "kind": _TO_JSON.visit(n)}
 
 
 def to_json(graph: ir.Graph) -> dict:
@@ -199,47 +217,51 @@ def scalar_from_json(dtype: str, v) -> ir.Literal | None:
     return ir.Literal("float", float(x)) if dt.is_float else ir.Literal("int", int(x))
 
 
-def _node_back(d: dict, span) -> ir.Node:
-    i = d["index"]
-    kind = d["kind"]
-    if kind == "Barrier":
-        return ir.Barrier(index=i, span=span)
-    if kind == "Return":
-        return ir.Return(index=i, span=span)
-    (k, v), = kind.items()
-    if k == "Return":
-        return ir.Return(index=i, span=span, vars=tuple(v["vars"]))
-    if k == "Assign":
-        return ir.Assign(index=i, span=span, name=v["name"], dtype=_dt_back(v["dtype"]),
-                         dims=tuple(_dim(x) for x in v["dims"]))
-    if k == "Op":
-        return ir.Op(index=i, span=span, op=v["op"], inputs=tuple(_ref_back(x, span) for x in v["inputs"]),
-                     attrs=tuple(ir.Attr(a["name"], _attr_back(a["value"]), span) for a in v["attrs"]["items"]),
-                     output=v["output"], output_span=span)
-    if k == "Branch":
-        return ir.Branch(index=i, span=span, cond=v["cond"], then_block=v["then_block"], else_block=v["else_block"])
-    if k == "Dep":
-        return ir.Dep(index=i, span=span, after=v["after"], before=v["before"])
-    if k == "Transfer":
-        return ir.Transfer(index=i, span=span, src=_ref_back(v["src"], span), dst=_ref_back(v["dst"], span))
-    if k == "CacheRead":
-        return ir.CacheRead(index=i, span=span, src=_access_back(v["src"], span), dst=_ref_back(v["dst"], span))
-    if k == "CacheWrite":
-        return ir.CacheWrite(index=i, span=span, src=_ref_back(v["src"], span), dst=_access_back(v["dst"], span))
-    if k in ("CacheIncrement", "CacheDecrement"):
-        cls = ir.CacheIncrement if k == "CacheIncrement" else ir.CacheDecrement
+def _amount(cls):
+    def back(i, span, v):
         return cls(index=i, span=span, target=v["target"], amount=int(v["amount"]),
                    explicit_amount=int(v["amount"]) != 1)
-    if k == "CacheReset":
-        return ir.CacheReset(index=i, span=span, target=_access_back(v["target"], span))
-    if k == "Yield":
-        return ir.Yield(index=i, span=span, vars=tuple(v["vars"]))
-    if k == "Await":
-        return ir.Await(index=i, span=span, vars=tuple(v["vars"]))
-    if k == "Loop":
-        return ir.Loop(index=i, span=span, name=v["name"], var=v["index"], start=_atom(v["start"]),
-                       end=_atom(v["end"]), body=tuple(_node_back(b, span) for b in v["body"]))
-    raise ValueError(f"unknown node kind {k}")
+    return back
+
+
+_FROM_JSON = {  # serde variant (= the IR node type's name) -> (index, span, fields) -> node
+    "Barrier": lambda i, span, v: ir.Barrier(index=i, span=span),
+    "Return": lambda i, span, v: ir.Return(index=i, span=span, vars=tuple(v["vars"]) if v else ()),
+    "Assign": lambda i, span, v: ir.Assign(index=i, span=span, name=v["name"], dtype=_dt_back(v["dtype"]),
+                                           dims=tuple(_dim(x) for x in v["dims"])),
+    "Op": lambda i, span, v: ir.Op(
+        index=i, span=span, op=v["op"], inputs=tuple(_ref_back(x, span) for x in v["inputs"]),
+        attrs=tuple(ir.Attr(a["name"], _attr_back(a["value"]), span) for a in v["attrs"]["items"]),
+        output=v["output"], output_span=span),
+    "Branch": lambda i, span, v: ir.Branch(index=i, span=span, cond=v["cond"], then_block=v["then_block"],
+                                           else_block=v["else_block"]),
+    "Dep": lambda i, span, v: ir.Dep(index=i, span=span, after=v["after"], before=v["before"]),
+    "Transfer": lambda i, span, v: ir.Transfer(index=i, span=span, src=_ref_back(v["src"], span),
+                                               dst=_ref_back(v["dst"], span)),
+    "CacheRead": lambda i, span, v: ir.CacheRead(index=i, span=span, src=_access_back(v["src"], span),
+                                                 dst=_ref_back(v["dst"], span)),
+    "CacheWrite": lambda i, span, v: ir.CacheWrite(index=i, span=span, src=_ref_back(v["src"], span),
+                                                   dst=_access_back(v["dst"], span)),
+    "CacheIncrement": _amount(ir.CacheIncrement),
+    "CacheDecrement": _amount(ir.CacheDecrement),
+    "CacheReset": lambda i, span, v: ir.CacheReset(index=i, span=span, target=_access_back(v["target"], span)),
+    "Yield": lambda i, span, v: ir.Yield(index=i, span=span, vars=tuple(v["vars"])),
+    "Await": lambda i, span, v: ir.Await(index=i, span=span, vars=tuple(v["vars"])),
+    "Loop": lambda i, span, v: ir.Loop(index=i, span=span, name=v["name"], var=v["index"], start=_atom(v["start"]),
+                                       end=_atom(v["end"]), body=tuple(_node_back(b, span) for b in v["body"])),
+}
+
+
+def _node_back(d: dict, span) -> ir.Node:
+    kind = d["kind"]
+    if kind in ("Barrier", "Return"):  # the unit variants
+        k, v = kind, None
+    else:
+        (k, v), = kind.items()
+    back = _FROM_JSON.get(k)
+    if back is None:
+        raise ValueError(f"unknown node kind {k}")
+    return back(d["index"], span, v)
 
 
 def from_json(data: dict, path: str = "<json>") -> ir.Graph:

@@ -46,11 +46,12 @@ from .diagnostics import OiError
 from . import messages
 from .interpret_caches import CacheOps, State, Table
 from .messages import CHECKED
-from .numerics import fill_value
+from .numerics import state_fill
 from .limits import check_sizes
+from .model.bind import AttrVar
 from .values import convert_input, convert_output
 
-MAX_DEPTH = 2_000  # frame stack depth (unbounded recursion through `branch`)
+MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
 
 
@@ -93,6 +94,9 @@ class InterpretedProgram(CacheOps):
 
         self.bound = bound
         self.graph: ir.Graph = bound.graph
+        self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
+        # a call chain visits each block at most once (no recursion), each with its loops' frames
+        self._max_depth = MAX_DEPTH + len(bound.graph.blocks) * (ir.MAX_LOOP_DEPTH + 1)
         self.trace = trace if trace is not None else Trace.from_env()
         g = self.graph
         assert g.entry is not None, CHECKED
@@ -100,11 +104,16 @@ class InterpretedProgram(CacheOps):
         self._temps = g.temporaries
         # take the current shape of an @auto_dim tensor (§0 item 12): what the checker computed
         self._shaped = dict(bound.checked.runtime_shaped)
-        self._consumer_cache: dict[tuple, list[str]] = {}
+        self._plan = bound.checked.yield_plan  # the consumers of each yield (phases.yield_plan)
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
         self.state = self._initial_state()
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file this program was bound to (as `Program.model_path`)."""
+        return self.bound.model_path
 
     # ------------------------------------------------------------------ declarations / values
 
@@ -135,7 +144,7 @@ class InterpretedProgram(CacheOps):
     def _initial(self, name: str) -> np.ndarray:
         decl = self.graph.var(name)
         if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
-            return fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
+            return state_fill(decl, decl.shape(self._sizes))
         if decl is None:  # temporary: zeros
             temp = self._temps[name]
             return np.zeros(self._decl_shape(name), dtype=dt.get(temp.dtype).np_dtype)
@@ -151,12 +160,10 @@ class InterpretedProgram(CacheOps):
                     fixed_map = decl.fixed_sizes(self._sizes)
                     fixed = [fixed_map.get(p) for p in decl.table_indices]
                     st.tables[decl.name] = Table([f if f is not None else 0 for f in fixed], fixed)
-                elif decl.is_auto_dim:
-                    # the cache paths create auto_dim tensors as zeros; @init only after a reset (§4.6)
-                    st.values[decl.name] = np.zeros(decl.shape(self._sizes), dtype=dt.get(decl.dtype).np_dtype)
-                    st.counts[decl.name] = [0] * len(decl.auto_dim)
-                else:
+                else:  # plain values and auto_dim tensors (numerics.state_fill: the one rule)
                     st.values[decl.name] = self._initial(decl.name)
+                    if decl.is_auto_dim:
+                        st.counts[decl.name] = [0] * len(decl.auto_dim)
             elif decl.kind == ir.MemKind.CONSTANT:
                 st.values[decl.name] = self._initial(decl.name)
         return st
@@ -343,16 +350,16 @@ class InterpretedProgram(CacheOps):
             target = node.then_block if taken else node.else_block
         blk = self.graph.block(target)
         assert blk is not None, CHECKED
-        if len(frames) >= MAX_DEPTH:
-            raise self._err(f"branch to {target}: call depth exceeds {MAX_DEPTH} (unbounded recursion?)", node)
+        if len(frames) >= self._max_depth:
+            raise self._err(f"branch to {target}: call depth exceeds {self._max_depth} (unbounded recursion?)", node)
         frames.append(Frame(target, blk.nodes))
 
     def _loop(self, node: ir.Loop, f, frames, st: State, ctx) -> None:
         start = self._bound(node.start, frames, st, node)
         end = self._bound(node.end, frames, st, node)
         if start < end:
-            if len(frames) >= MAX_DEPTH:
-                raise self._err(f"loop {node.name}: frame depth exceeds {MAX_DEPTH}", node)
+            if len(frames) >= self._max_depth:
+                raise self._err(f"loop {node.name}: frame depth exceeds {self._max_depth}", node)
             frames.append(Frame(f.block, node.body, 0, node, start, end))
 
     def _return(self, node, f, frames, st, ctx) -> None:
@@ -398,21 +405,12 @@ class InterpretedProgram(CacheOps):
 
         inputs = [self._read_ref(r, frames, st, node) for r in node.inputs]
         in_dtypes = [self._ref_dtype(r) for r in node.inputs]
-        lits = node.attr_map
         sig = self.bound.op_sig(node)  # typed by the checker (check.CheckedGraph), not re-inferred
-        attrs: dict[str, object] = {}
-        for name, lit in lits.items():
-            if lit.kind == "var":
-                text = self._metadata_string(lit.value)
-                if text is not None:
-                    attrs[name] = text
-                else:
-                    v, _ = self._scalar(lit.value, st, node, f"attribute {name}")
-                    attrs[name] = jnp.asarray(v)
-            elif lit.kind == "int_list":
-                attrs[name] = sig.int_lists[name]  # size names resolved by the checker
-            else:
-                attrs[name] = lit.value
+        attrs = self.bound.op_attrs(node)  # the one preparation; a variable is read from the state
+        for name, value in attrs.items():
+            if isinstance(value, AttrVar):
+                v, _ = self._scalar(value.name, st, node, f"attribute {name}")
+                attrs[name] = jnp.asarray(v)
         t0 = time.perf_counter_ns()
         try:
             guards: list = []
@@ -445,26 +443,13 @@ class InterpretedProgram(CacheOps):
         ctx.wrote(node.output)
         return ns
 
-    def _metadata_string(self, name: str) -> str | None:
-        try:
-            return self.bound.metadata_string(name)
-        except Exception:
-            return None
-
     # ------------------------------------------------------------------------------ yield/await
 
-    def _consumers(self, names: tuple[str, ...]) -> list[str]:
-        found = self._consumer_cache.get(tuple(names))
-        if found is None:
-            from .phases import consumers_of  # the one definition (the interpreter only executes)
-            found = self._consumer_cache[tuple(names)] = [b.name for b in consumers_of(self.graph, names)]
-        return found
-
     def _yield(self, node: ir.Yield, st: State, ctx: Ctx) -> None:
-        assert ctx.pending is None, CHECKED  # an await between two yields (phases.pairing)
+        assert ctx.pending is None, CHECKED  # an await between two yields (phases.yield_plan)
         snapshot = st.copy()
         results = []
-        for name in self._consumers(node.vars):
+        for name in self._plan.consumers_of(node.vars):
             cst = snapshot.copy()
             cctx = Ctx(consumer=True, written=set())
             self._execute(cst, [Frame(name, self.graph.block(name).nodes)], cctx)

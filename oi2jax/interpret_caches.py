@@ -9,7 +9,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ir
-from .numerics import f8_encode, fill_value  # noqa: F401  (fill_value: the one @init rule)
+from .numerics import f8_encode, state_fill
 from . import messages
 from .messages import CHECKED
 
@@ -106,7 +106,7 @@ class CacheOps:
 
     def _table_array(self, decl: ir.VarDecl, t: Table) -> np.ndarray:
         entry = decl.shape(self._sizes)
-        arr = np.broadcast_to(fill_value(decl.dtype, entry, decl.init), tuple(t.sizes) + entry).copy()
+        arr = np.broadcast_to(state_fill(decl, entry), tuple(t.sizes) + entry).copy()
         for k, v in t.entries.items():
             if all(i < s for i, s in zip(k, t.sizes)):
                 arr[k] = v
@@ -165,7 +165,7 @@ class CacheOps:
             ranges.append(range(start, end))
             out_dims.append(end - start)
         entry = decl.shape(self._sizes)
-        fill = fill_value(decl.dtype, entry, decl.init)
+        fill = state_fill(decl, entry)
         values = []
         for combo in itertools.product(*ranges):
             if combo not in t.entries:
@@ -195,7 +195,7 @@ class CacheOps:
             value = st.values[decl.name]
             target = tuple(b + c for b, c in zip(base, new))
             pad = [(0, t - s) for t, s in zip(target, value.shape)]
-            st.values[decl.name] = np.pad(value, pad)
+            st.values[decl.name] = np.pad(value, pad, constant_values=state_fill(decl))
             st.counts[decl.name] = new
             ctx.wrote(decl.name)
 
@@ -297,7 +297,7 @@ class CacheOps:
             t.reset_sizes()
         elif decl.is_auto_dim:
             st.counts[decl.name] = [0] * len(decl.auto_dim)
-            st.values[decl.name] = fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
+            st.values[decl.name] = state_fill(decl, decl.shape(self._sizes), reset=True)
         else:
-            st.values[decl.name] = fill_value(decl.dtype, decl.shape(self._sizes), decl.init)
+            st.values[decl.name] = state_fill(decl, decl.shape(self._sizes), reset=True)
         ctx.wrote(decl.name)

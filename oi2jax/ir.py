@@ -15,7 +15,6 @@ from typing import Iterator, Union
 
 # nesting limits (one definition: the parser, the checker and the lowering read them)
 MAX_LOOP_DEPTH = 32  # loops inside loops
-MAX_CALL_DEPTH = 64  # blocks calling blocks through `branch`
 MAX_RANK = 64  # dimensions of one value (NumPy's limit)
 
 
@@ -316,6 +315,44 @@ class Transfer(Node):
 @dataclass(frozen=True, kw_only=True)
 class Return(Node):
     vars: tuple[str, ...] = ()  # empty: bare `return;`
+
+
+NODE_TYPES: tuple[type, ...] = (Assign, Op, CacheRead, CacheWrite, CacheIncrement, CacheDecrement, CacheReset,
+                                Branch, Barrier, Dep, Loop, Yield, Await, Transfer, Return)
+"""Every node type (THE list: the visitors below and tests/test_node_tables.py read it)."""
+
+
+class NodeVisitor:
+    """Dispatch on a node's type: `visit(node, *args)` calls `self.visit_<Type>(node, *args)`.
+
+    Every `visit_<Type>` of this base raises `NotImplementedError`, so a pass that subclasses it
+    and forgets a node type fails loudly on that type instead of passing it silently;
+    tests/test_node_tables.py checks that every subclass overrides every one. A pass that treats
+    several types alike says so by naming each (`visit_Barrier = visit_Dep = _nothing`)."""
+
+    __slots__ = ()
+
+    def visit(self, node: Node, *args, **kwargs):
+        name = _VISIT.get(type(node))
+        if name is None:
+            raise NotImplementedError(f"{type(node).__name__} not handled by {type(self).__name__} "
+                                      f"(not in ir.NODE_TYPES)")
+        return getattr(self, name)(node, *args, **kwargs)
+
+    @classmethod
+    def unhandled(cls) -> list[str]:
+        """The node types this visitor class leaves to the base (each raises): [] when complete."""
+        return [t.__name__ for t in NODE_TYPES if getattr(cls, _VISIT[t]) is getattr(NodeVisitor, _VISIT[t])]
+
+
+def _unhandled(self, node: Node, *args, **kwargs):
+    raise NotImplementedError(f"{type(node).__name__} not handled by {type(self).__name__}")
+
+
+_VISIT = {t: f"visit_{t.__name__}" for t in NODE_TYPES}
+for _name in _VISIT.values():
+    setattr(NodeVisitor, _name, _unhandled)
+del _name
 
 
 # ---------------------------------------------------------------- graph

@@ -80,3 +80,14 @@ def init_scalar(dtype: str, init) -> np.ndarray:
 def fill_value(dtype: str, shape: tuple[int, ...], init) -> np.ndarray:
     """An array of `shape` holding the `@init` fill (`init_scalar`) in `dtype`'s representation."""
     return np.full(shape, init_scalar(dtype, init))
+
+
+def state_fill(decl, shape: tuple[int, ...] = (), reset: bool = False) -> np.ndarray:
+    """THE fill of persistent state (SPEC §4.6), an array of `shape` (0-d by default): what a
+    persistent variable (`ir.VarDecl`) holds where nothing was written -- at program start, in
+    capacity added by growth or by an imported state, and after `cache.reset` (`reset=True`).
+    That is its `@init` fill (`init_scalar`), except in an `@auto_dim` tensor, which is zeros until
+    a reset fills its base region with `@init`. One definition for the lowering (its layouts, host
+    state and in-kernel reset) and the interpreter, which each execute it their own way."""
+    init = None if decl.is_auto_dim and not reset else decl.init
+    return np.full(shape, init_scalar(decl.dtype, init))

@@ -1,18 +1,210 @@
-"""yield/await structure of a graph, on the IR alone (no JAX): consumers, windows, phases.
+"""The structure of a graph on the IR alone (no JAX): what each node reads, writes and defines,
+the yield/await plan, read-before-written and the runtime-shaped variables.
 
-Shared by the checker (pairing and deadlock diagnostics), the fused lowering (lowering/sync.py)
-and the driver (runtime/driver.py). Consumers follow SPEC §0 item 3: the non-entry,
+THE definitions, each written once. The checker computes them once (`check.CheckedGraph` carries
+`yield_plan`, `writes`, `read_before_written`, `runtime_shaped`); the lowering, the driver, the
+interpreter, export and cfg read what it carries. Consumers follow SPEC §0 item 3: the non-entry,
 non-branch-target blocks that `await` at least one yielded variable, in name order.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 from . import ir
 from .diagnostics import Diagnostic, OiError
 
 
-def consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
+# ------------------------------------------------------------------------ what one node does
+
+
+class _Writes(ir.NodeVisitor):
+    """The variables one node certainly writes (see `node_writes`)."""
+
+    def visit_Op(self, node: ir.Op):
+        return (node.output,)
+
+    def visit_Transfer(self, node):
+        return (node.dst.name,)
+
+    visit_CacheRead = visit_Transfer
+
+    def visit_CacheWrite(self, node: ir.CacheWrite):
+        return (node.dst.base,)
+
+    def visit_CacheReset(self, node: ir.CacheReset):
+        return (node.target.base,)
+
+    def visit_CacheIncrement(self, node):
+        return (node.target,)
+
+    visit_CacheDecrement = visit_CacheIncrement
+
+    def _none(self, node):
+        return ()
+
+    # an assign creates a temporary at step start (§3.9); a loop's body and a branch's blocks are
+    # walked by the callers; the rest writes nothing
+    visit_Assign = visit_Branch = visit_Barrier = visit_Dep = visit_Loop = visit_Yield = visit_Await = \
+        visit_Return = _none
+
+
+class _Reads(ir.NodeVisitor):
+    """Names one node may read (see `node_reads`), added to `out`."""
+
+    @staticmethod
+    def _index(v, out: set):
+        if isinstance(v, str):
+            out.add(v)
+
+    def _access(self, acc: ir.CacheAccess, out: set):
+        for pos in acc.indices:
+            if isinstance(pos, ir.Single):
+                self._index(pos.value, out)
+            else:
+                self._index(pos.start, out)
+                self._index(pos.end, out)
+
+    def _ref(self, r: ir.VarRef, out: set):
+        out.add(r.name)
+        for v in r.indices or ():
+            self._index(v, out)
+
+    def visit_Op(self, node: ir.Op, out: set):
+        for r in node.inputs:
+            self._ref(r, out)
+        for attr in node.attrs:
+            if attr.value.kind == "var":  # a variable-valued setting reads that variable
+                out.add(attr.value.value)
+
+    def visit_Transfer(self, node: ir.Transfer, out: set):
+        self._ref(node.src, out)
+
+    def visit_CacheWrite(self, node: ir.CacheWrite, out: set):
+        self._ref(node.src, out)
+        self._access(node.dst, out)
+
+    def visit_CacheRead(self, node: ir.CacheRead, out: set):
+        self._access(node.src, out)
+
+    def visit_CacheReset(self, node: ir.CacheReset, out: set):
+        self._access(node.target, out)
+
+    def visit_Branch(self, node: ir.Branch, out: set):
+        if node.cond:
+            out.add(node.cond)
+
+    def visit_Loop(self, node: ir.Loop, out: set):
+        self._index(node.start, out)
+        self._index(node.end, out)
+
+    def visit_Yield(self, node, out: set):
+        out.update(node.vars)
+
+    visit_Return = visit_Yield
+
+    def _none(self, node, out: set):
+        pass
+
+    # an increment reads its own target, which it also writes (node_writes); an await makes
+    # yielded values visible; the rest reads nothing
+    visit_Assign = visit_CacheIncrement = visit_CacheDecrement = visit_Barrier = visit_Dep = visit_Await = _none
+
+
+class _Defines(ir.NodeVisitor):
+    """Variables one node gives a whole new value (see `node_defines`)."""
+
+    def visit_Op(self, node: ir.Op):
+        return {node.output}
+
+    def visit_Transfer(self, node):
+        return {node.dst.name}
+
+    visit_CacheRead = visit_Transfer
+
+    def _none(self, node):
+        return set()
+
+    # cache updates change a value in part (or a table's entries); the rest defines nothing
+    visit_Assign = visit_CacheWrite = visit_CacheIncrement = visit_CacheDecrement = visit_CacheReset = \
+        visit_Branch = visit_Barrier = visit_Dep = visit_Loop = visit_Yield = visit_Await = visit_Return = _none
+
+
+_WRITES, _READS, _DEFINES = _Writes(), _Reads(), _Defines()
+
+
+def node_writes(node: ir.Node) -> tuple[str, ...]:
+    """The variables one node certainly writes (THE definition, used by the window checks and
+    `block_writes`): an op's output, a transfer's or cache read's destination, and the persistent
+    variable of cache.write / reset / increment / decrement. NotImplementedError for a node type
+    this does not know."""
+    return _WRITES.visit(node)
+
+
+def node_reads(node: ir.Node) -> set[str]:
+    """Names one node may read (not its loop body or called blocks): op inputs (and identifiers
+    given as attribute values), copy and cache-write sources, branch conditions, loop bounds, cache
+    and prefix-table indices, yielded and returned variables. A superset (some are sizes).
+    NotImplementedError for a node type this does not know."""
+    out: set[str] = set()
+    _READS.visit(node, out)
+    return out
+
+
+def node_defines(node: ir.Node) -> set[str]:
+    """Variables one node gives a whole new value (not cache updates): what `read_before_written`
+    counts as defined."""
+    return _DEFINES.visit(node)
+
+
+def block_writes(graph: ir.Graph) -> Mapping[str, frozenset[str]]:
+    """THE variables each block (and the blocks it calls) may write, by name (what
+    `CheckedGraph.writes` carries): its nodes' `node_writes` and the tables and `@auto_dim` tensors
+    it reads (a read may grow them), with those of the blocks it calls, computed once per block
+    after its callees (linear in the blocks: a chain of thousands is not walked once per block)."""
+    own: dict[str, frozenset[str]] = {}
+    calls: dict[str, list[str]] = {}
+    for b in graph.blocks:
+        out: set[str] = set()
+        calls[b.name] = []
+        for node in b.walk():
+            out.update(node_writes(node))
+            if isinstance(node, ir.CacheRead):
+                out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
+            elif isinstance(node, ir.Branch):
+                calls[b.name] += [t for t in (node.then_block, node.else_block) if t and graph.block(t)]
+        own[b.name] = frozenset(out)
+    writes: dict[str, frozenset[str]] = {}
+    for b in graph.blocks:
+        if b.name in writes:
+            continue
+        # post-order from b; a block met again while in progress (recursion, refused by the
+        # checker before this runs) adds its own writes
+        state = {b.name: 1}
+        stack = [(b.name, iter(calls[b.name]))]
+        while stack:
+            name, todo = stack[-1]
+            nxt = next(todo, None)
+            if nxt is None:
+                stack.pop()
+                writes[name] = own[name].union(*(writes.get(t, own[t]) for t in calls[name]))
+                state[name] = 2
+            elif nxt not in state and nxt not in writes:
+                state[nxt] = 1
+                stack.append((nxt, iter(calls[nxt])))
+    return MappingProxyType({b.name: writes[b.name] for b in graph.blocks})
+
+
+# ------------------------------------------------------------------------ yield / await
+
+
+def awaited(block: ir.Block) -> tuple[str, ...]:
+    """The variables a block awaits (anywhere in it), in order of first appearance."""
+    return tuple(dict.fromkeys(v for n in block.walk() if isinstance(n, ir.Await) for v in n.vars))
+
+
+def _consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
     """Non-entry, non-branch-target blocks that await something (§0 item 3), by name."""
     targets = set()
     for block in graph.blocks:
@@ -21,210 +213,113 @@ def consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
                 targets.add(node.then_block)
                 if node.else_block:
                     targets.add(node.else_block)
-    found = [b for b in graph.blocks
-             if b.name != "entry" and b.name not in targets and any(isinstance(n, ir.Await) for n in b.walk())]
+    found = [b for b in graph.blocks if b.name != "entry" and b.name not in targets and awaited(b)]
     return sorted(found, key=lambda b: b.name)
 
 
-def node_writes(node: ir.Node) -> tuple[str, ...]:
-    """The variables one node certainly writes (THE definition, used by the window checks and
-    `written_names`): an op's output, a transfer's or cache read's destination, and the persistent
-    variable of cache.write / reset / increment / decrement."""
-    if isinstance(node, ir.Op):
-        return (node.output,)
-    if isinstance(node, (ir.Transfer, ir.CacheRead)):
-        return (node.dst.name,)
-    if isinstance(node, ir.CacheWrite):
-        return (node.dst.base,)
-    if isinstance(node, ir.CacheReset):
-        return (node.target.base,)
-    if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-        return (node.target,)
-    return ()
-
-
-def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
-    """Variables a block (and the blocks it calls) may write."""
-    seen = set() if seen is None else seen
-    if block.name in seen:
-        return set()
-    seen.add(block.name)
-    out: set[str] = set()
-    for node in block.walk():
-        out.update(node_writes(node))
-        if isinstance(node, ir.CacheRead):
-            out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
-        elif isinstance(node, ir.Branch):
-            for target in (node.then_block, node.else_block):
-                if target and graph.block(target):
-                    out |= written_names(graph, graph.block(target), seen)
+def _consumers(graph: ir.Graph) -> dict[frozenset, tuple[str, ...]]:
+    """THE consumers of a `yield` of some variables (checker, fused lowering, driver, interpreter,
+    cfg all read them from `YieldPlan.consumers_of`): the consumer blocks that await any of them,
+    by name. One entry per distinct set of yielded variables in the graph."""
+    candidates = [(b.name, set(awaited(b))) for b in _consumer_blocks(graph)]
+    out: dict[frozenset, tuple[str, ...]] = {}
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Yield):
+                key = frozenset(node.vars)
+                if key not in out:
+                    out[key] = tuple(name for name, waits in candidates if waits & key)
     return out
 
 
-def node_reads(node: ir.Node) -> set[str]:
-    """Names one node may read (not its loop body or called blocks): op inputs (and identifiers
-    given as attribute values), copy and cache-write sources, branch conditions, loop bounds, cache
-    and prefix-table indices, yielded and returned variables. A superset (some are sizes)."""
-    out: set[str] = set()
-
-    def index(v):
-        if isinstance(v, str):
-            out.add(v)
-
-    def access(acc: ir.CacheAccess):
-        for pos in acc.indices:
-            if isinstance(pos, ir.Single):
-                index(pos.value)
-            else:
-                index(pos.start)
-                index(pos.end)
-
-    def ref(r: ir.VarRef):
-        out.add(r.name)
-        for v in r.indices or ():
-            index(v)
-
-    if isinstance(node, ir.Op):
-        for r in node.inputs:
-            ref(r)
-        for attr in node.attrs:
-            if attr.value.kind == "var":  # a variable-valued setting reads that variable
-                out.add(attr.value.value)
-    elif isinstance(node, (ir.Transfer, ir.CacheWrite)):
-        ref(node.src)
-        if isinstance(node, ir.CacheWrite):
-            access(node.dst)
-    elif isinstance(node, ir.CacheRead):
-        access(node.src)
-    elif isinstance(node, ir.CacheReset):
-        access(node.target)
-    elif isinstance(node, ir.Branch):
-        if node.cond:
-            out.add(node.cond)
-    elif isinstance(node, ir.Loop):
-        index(node.start)
-        index(node.end)
-    elif isinstance(node, (ir.Yield, ir.Return)):
-        out.update(node.vars)
-    return out
-
-
-def node_defines(node: ir.Node) -> set[str]:
-    """Variables one node gives a whole new value (not cache updates): what `read_before_written`
-    counts as defined."""
-    if isinstance(node, ir.Op):
-        return {node.output}
-    if isinstance(node, (ir.Transfer, ir.CacheRead)):
-        return {node.dst.name}
-    return set()
-
-
-def read_before_written(graph: ir.Graph) -> set[str]:
-    """Variables a step may read before it writes them (what the host must provide, or what keeps
-    its initial value): entry walked in order; a loop body or a branch target may not run, so its
-    writes do not count; a consumer block starts from entry's state at its yield."""
-    entry = graph.entry
-    if entry is None:
-        return set()
-    needed: set[str] = set()
-    consumers = consumer_blocks(graph)
-
-    def walk(nodes, written: set, seen: tuple) -> set:
-        written = set(written)
-        for node in nodes:
-            needed.update(node_reads(node) - written)
-            if isinstance(node, ir.Loop):
-                walk(node.body, written, seen)
-            elif isinstance(node, ir.Branch):
-                for target in (node.then_block, node.else_block):
-                    block = graph.block(target) if target else None
-                    if block is not None and target not in seen:
-                        walk(block.nodes, written, seen + (target,))
-            elif isinstance(node, ir.Yield):
-                for block in consumers:
-                    if block.name not in seen and any(isinstance(n, ir.Await) and set(n.vars) & set(node.vars)
-                                                      for n in block.walk()):
-                        walk(block.nodes, written, seen + (block.name,))
-            written |= node_defines(node)
-        return written
-
-    walk(entry.nodes, set(), ("entry",))
-    return needed
-
-
-@dataclass
+@dataclass(frozen=True)
 class Window:
-    """One yield..await pair of entry (top level)."""
+    """One yield..await pair of entry (in walk order, loop bodies included)."""
 
     index: int
     yield_node: ir.Yield
     await_node: ir.Await | None
-    consumers: list[str]
+    consumers: tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Phase:
+    """A run of entry's top-level nodes between two yield/await nodes (the driver's kernels)."""
+
     index: int
     nodes: tuple[ir.Node, ...]
     merges: int | None = None  # window whose consumers are merged at this phase's start (its await)
     launches: int | None = None  # window whose consumers are dispatched after this phase (its yield)
 
 
-@dataclass
-class Analysis:
-    phases: list[Phase]
-    windows: list[Window]
+@dataclass(frozen=True)
+class YieldPlan:
+    """The yield/await plan of a graph, computed once (`yield_plan`; `CheckedGraph.yield_plan`):
+    entry's windows and phases, the consumers of every yield, and the pairing and deadlock
+    errors (the checker reports them; a checked graph has none)."""
+
+    windows: tuple[Window, ...]
+    phases: tuple[Phase, ...]
+    consumers: Mapping[frozenset, tuple[str, ...]]  # frozenset(yielded vars) -> consumer blocks
+    diagnostics: tuple[Diagnostic, ...] = ()
     fused_fallback: bool = False  # yield/await nested in entry loops: one phase, fused rules
     outputs: tuple[str, ...] | None = None  # `return a, b;` in entry
+    has_yield: bool = False  # entry yields or awaits (anywhere): the driver runs it by default
+
+    def consumers_of(self, names) -> tuple[str, ...]:
+        """The consumer blocks a `yield` of `names` starts (§0 item 3), by name."""
+        return self.consumers[frozenset(names)]
 
 
-def consumers_of(graph: ir.Graph, names) -> list[ir.Block]:
-    """THE consumers of a `yield` of `names` (one definition: checker, fused lowering, driver,
-    interpreter): the consumer blocks (`consumer_blocks`) that await any of them, by name."""
-    wanted = set(names)
-    return [b for b in consumer_blocks(graph)
-            if any(isinstance(n, ir.Await) and wanted & set(n.vars) for n in b.walk())]
+def _live(entry: ir.Block) -> tuple[tuple[ir.Node, ...], ir.Return | None]:
+    """Entry's top-level nodes up to its first top-level `return` (which ends the step: later
+    nodes are dead), and that return."""
+    nodes: list[ir.Node] = []
+    for node in entry.nodes:
+        nodes.append(node)
+        if isinstance(node, ir.Return):
+            return tuple(nodes), node
+    return tuple(nodes), None
 
 
-def _consumers(graph: ir.Graph, names) -> list[str]:
-    return [b.name for b in consumers_of(graph, names)]
-
-
-def _windows(graph: ir.Graph, nodes) -> tuple[list[Window], list[Diagnostic]]:
-    """Pair entry's yields and awaits (in walk order); pairing diagnostics as check.py words them."""
+def _pair(entry: ir.Block, end: ir.Return | None, consumers) -> tuple[list[Window], list[Diagnostic]]:
+    """Pair entry's yields and awaits in walk order, with THE pairing diagnostics. A yield whose
+    await lies after entry's top-level `return` has no await that runs."""
     windows: list[Window] = []
     diags: list[Diagnostic] = []
-    pending: Window | None = None
-    for node in ir.walk(nodes):
+    pending: ir.Yield | None = None
+    pending_live = live = True
+
+    def close(await_node: ir.Await | None):
+        if await_node is None or (pending_live and not live):
+            diags.append(Diagnostic(f"yield {', '.join(pending.vars)} has no matching await", pending.span))
+        windows.append(Window(len(windows), pending, await_node, consumers[frozenset(pending.vars)]))
+
+    for node in entry.walk():
         if isinstance(node, ir.Yield):
             if pending is not None:
                 diags.append(Diagnostic("await required before next yield", node.span, "error",
-                                        (("previous yield here", pending.yield_node.span),)))
-                continue
-            pending = Window(len(windows), node, None, _consumers(graph, node.vars))
-            windows.append(pending)
+                                        (("previous yield here", pending.span),)))
+            else:
+                pending, pending_live = node, live
         elif isinstance(node, ir.Await):
             if pending is None:
                 diags.append(Diagnostic(f"await {', '.join(node.vars)} has no matching yield", node.span))
-                continue
-            pending.await_node = node
-            pending = None
+            else:
+                close(node)
+                pending = None
+        if node is end:
+            live = False
     if pending is not None:
-        diags.append(Diagnostic(f"yield {', '.join(pending.yield_node.vars)} has no matching await",
-                                pending.yield_node.span))
+        close(None)
     return windows, diags
 
 
-def deadlock_diagnostics(graph: ir.Graph, windows: list[Window] | None = None) -> list[Diagnostic]:
+def _deadlocks(graph: ir.Graph, windows: list[Window]) -> list[Diagnostic]:
     """A consumer started at window i that awaits a variable v which entry yields only in a later
     window j > i (and not at or before i) would wait for v while entry's await of window i waits
     for it: a cycle. One error per (consumer, variable), at the consumer's await, with the later
     yield (and entry's await) as related locations."""
-    entry = graph.entry
-    if entry is None:
-        return []
-    if windows is None:
-        windows, _ = _windows(graph, entry.nodes)
     diags: list[Diagnostic] = []
     reported: set[tuple[str, str]] = set()
     for w in windows:
@@ -251,49 +346,114 @@ def deadlock_diagnostics(graph: ir.Graph, windows: list[Window] | None = None) -
     return diags
 
 
-def analyze(graph: ir.Graph) -> Analysis:
-    """Phases and windows of `entry`; raises OiError (all diagnostics) on pairing errors / deadlocks."""
-    entry = graph.entry
-    if entry is None:
-        raise OiError("graph has no entry block")
-    nodes: list[ir.Node] = []
-    outputs = None
-    for node in entry.nodes:  # a top-level return ends the step: later nodes are dead
-        nodes.append(node)
-        if isinstance(node, ir.Return):
-            outputs = node.vars or None
-            break
-    windows, diags = _windows(graph, tuple(nodes))
-    diags += deadlock_diagnostics(graph, windows)
-    if diags:
-        raise OiError(diags, source=graph.source)
-    nested = any(isinstance(n, (ir.Yield, ir.Await)) for top in nodes if isinstance(top, ir.Loop)
-                 for n in ir.walk(top.body))
-    if nested:
-        return Analysis([Phase(0, tuple(nodes))], [], fused_fallback=True, outputs=outputs)
-    phases = [Phase(0, ())]
+def _phases(nodes: tuple[ir.Node, ...]) -> tuple[Phase, ...]:
+    """Entry's live top-level nodes cut at each yield (its window's consumers launch after the
+    phase) and each await (the next phase merges them first)."""
+    phases: list[Phase] = []
     current: list[ir.Node] = []
+    merges = None
     w = 0
     for node in nodes:
-        if isinstance(node, (ir.Yield, ir.Await)):
-            phases[-1].nodes = tuple(current)
-            current = []
-            nxt = Phase(len(phases), ())
-            if isinstance(node, ir.Yield):
-                phases[-1].launches = w
-            else:
-                nxt.merges = w
-                w += 1
-            phases.append(nxt)
+        if isinstance(node, ir.Yield):
+            phases.append(Phase(len(phases), tuple(current), merges, launches=w))
+            current, merges = [], None
+        elif isinstance(node, ir.Await):
+            phases.append(Phase(len(phases), tuple(current), merges))
+            current, merges = [], w
+            w += 1
         else:
             current.append(node)
-    phases[-1].nodes = tuple(current)
-    return Analysis(phases, windows, outputs=outputs)
+    phases.append(Phase(len(phases), tuple(current), merges))
+    return tuple(phases)
+
+
+def yield_plan(graph: ir.Graph) -> YieldPlan:
+    """THE yield/await analysis (never raises: errors are the plan's `diagnostics`)."""
+    consumers = _consumers(graph)
+    entry = graph.entry
+    if entry is None:
+        return YieldPlan((), (), MappingProxyType(consumers))
+    nodes, end = _live(entry)
+    windows, diags = _pair(entry, end, consumers)
+    diags += _deadlocks(graph, windows)
+    outputs = (end.vars or None) if end is not None else None
+    nested = any(isinstance(n, (ir.Yield, ir.Await)) for top in nodes if isinstance(top, ir.Loop)
+                 for n in ir.walk(top.body))
+    phases = (Phase(0, nodes),) if nested else _phases(nodes)
+    return YieldPlan(tuple(windows), phases, MappingProxyType(consumers), tuple(diags), nested, outputs,
+                     has_yield(graph))
+
+
+def analyze(graph: ir.Graph) -> YieldPlan:
+    """The yield plan of a graph that was not checked: OiError with its pairing and deadlock
+    errors (a checked graph carries its plan: `CheckedGraph.yield_plan`)."""
+    if graph.entry is None:
+        raise OiError("graph has no entry block")
+    plan = yield_plan(graph)
+    if plan.diagnostics:
+        raise OiError(list(plan.diagnostics), source=graph.source)
+    return plan
 
 
 def has_yield(graph: ir.Graph) -> bool:
+    """Whether entry yields or awaits (`YieldPlan.has_yield`; this for a graph that was not checked)."""
     entry = graph.entry
     return entry is not None and any(isinstance(n, (ir.Yield, ir.Await)) for n in entry.walk())
+
+
+# ------------------------------------------------------------------------ whole-step facts
+
+
+def read_before_written(graph: ir.Graph, plan: YieldPlan) -> frozenset[str]:
+    """Variables a step may read before it writes them (what the host must provide, or what keeps
+    its initial value): entry walked in order; a loop body or a branch target may not run, so its
+    writes do not count; a consumer block starts from entry's state at its yield.
+
+    Linear in the graph: what each block (with the blocks it calls and the consumers its yields
+    start) reads before writing it is computed once, from nothing written, and a caller takes it
+    minus what it has written by then (the same set as walking every path, which is 2^k paths
+    for k conditionals whose arms share a block). Blocks are visited in post-order with an
+    explicit stack; one met again while in progress (recursion, refused by the checker) adds
+    nothing, as a path that already passed it."""
+    entry = graph.entry
+    if entry is None:
+        return frozenset()
+
+    def started(node: ir.Node) -> list[str]:
+        """The blocks a node runs: branch targets, the consumers of a yield."""
+        if isinstance(node, ir.Branch):
+            return [t for t in (node.then_block, node.else_block) if t and graph.block(t) is not None]
+        if isinstance(node, ir.Yield):
+            return list(plan.consumers_of(node.vars))
+        return []
+
+    reads: dict[str, set[str]] = {}  # block -> what it reads before writing it, from nothing written
+
+    def walk(nodes, written: set) -> set:
+        needed: set[str] = set()
+        written = set(written)
+        for node in nodes:
+            needed |= node_reads(node) - written
+            if isinstance(node, ir.Loop):
+                needed |= walk(node.body, written)
+            for name in started(node):
+                needed |= reads.get(name, set()) - written
+            written |= node_defines(node)
+        return needed
+
+    state = {"entry": 1}  # 1: in progress, 2: done
+    stack = [("entry", iter([t for n in entry.walk() for t in started(n)]))]
+    while stack:
+        name, todo = stack[-1]
+        nxt = next(todo, None)
+        if nxt is None:
+            stack.pop()
+            reads[name] = walk(graph.block(name).nodes, set())
+            state[name] = 2
+        elif nxt not in state:
+            state[nxt] = 1
+            stack.append((nxt, iter([t for n in graph.block(nxt).walk() for t in started(n)])))
+    return frozenset(reads["entry"])
 
 
 def runtime_shaped(graph: ir.Graph) -> dict[str, str]:

@@ -276,6 +276,29 @@ def test_rule_yield_without_await():
     assert where(d.span) == loc(src, "yield x;")
 
 
+def test_rule_yield_whose_await_follows_the_return_every_way():
+    """Issue 33: one yield plan for every way. An await after entry's top-level return never runs:
+    the driver refused this graph while fused runs dropped the consumer's writes and the
+    interpreter merged them at the step's end; now the checker refuses it for all of them."""
+    src = HEAD + "block entry {\n    yield x;\n    return;\n    await x;\n}\n" \
+                 "block c { await x; op neg(x) >> r; yield x; }\n"
+    for kw in ({}, {"yield_mode": "fused"}, {"mode": "interpret"}):
+        with pytest.raises(OiError) as info:
+            oi2jax.compile(src, **kw)
+        d = error_with(info.value, "yield x has no matching await")
+        assert where(d.span) == loc(src, "yield x;")
+
+
+def test_a_consumers_write_merges_the_same_fused_and_driven():
+    """Issue 33: one rule for the keys an await takes from a consumer. The fused lowering skipped
+    variables whose names start with `__` (the driver and the interpreter merged them)."""
+    src = "dynamic { x: f32[2]; }\nvolatile { __v: f32[2]; }\nblock entry {\n    yield x;\n    await x;\n" \
+          "    return;\n}\nblock c { await x; op neg(x) >> __v; yield x; }\n"
+    out, _ = both(src, {"x": X})
+    np.testing.assert_array_equal(out["__v"], -X)
+    np.testing.assert_array_equal(oi2jax.compile(src, mode="interpret").run({"x": X})["__v"], -X)
+
+
 def test_rule_one_mutating_consumer_per_variable():
     src = HEAD + "block entry {\n    yield x;\n    await x;\n}\n" \
                  "block c1 { await x; op neg(x) >> x; yield x; }\n" \

@@ -71,6 +71,7 @@ block side {
 
 def test_every_node_type_is_in_every_dispatch_table():
     from oi2jax.check import _NODE_RULES
+    from oi2jax.graph_json import _FROM_JSON
     from oi2jax.interpret import _RULES as INTERPRET
     from oi2jax.lowering.rules import load
     LOWERING = load()
@@ -78,11 +79,107 @@ def test_every_node_type_is_in_every_dispatch_table():
     assert NODE_TYPES == {ir.Assign, ir.Op, ir.CacheRead, ir.CacheWrite, ir.CacheIncrement, ir.CacheDecrement,
                           ir.CacheReset, ir.Branch, ir.Barrier, ir.Dep, ir.Loop, ir.Yield, ir.Await, ir.Transfer,
                           ir.Return}
+    assert set(ir.NODE_TYPES) == NODE_TYPES and len(ir.NODE_TYPES) == len(NODE_TYPES)  # the one list
     assert set(LOWERING) | {ir.Return} == NODE_TYPES  # `return` ends the walk itself (lower_nodes)
     assert set(INTERPRET) | {ir.Op} == NODE_TYPES  # ops are dispatched before the table (timed)
     assert set(KINDS) == NODE_TYPES
-    # the checker: assign, barrier and dep have nothing to check (documented in check.py)
-    assert set(_NODE_RULES) | {ir.Assign, ir.Barrier, ir.Dep} == NODE_TYPES
+    assert set(_NODE_RULES) == NODE_TYPES  # the checker (assign, barrier, dep: a rule that checks nothing)
+    assert set(_FROM_JSON) == {t.__name__ for t in NODE_TYPES}  # graph JSON back to the IR
+
+
+def _visitors() -> set[type]:
+    """Every `ir.NodeVisitor` subclass of the package (its modules imported first)."""
+    import importlib
+    import pkgutil
+    import oi2jax as package
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if not info.name.endswith(("__main__", "_signals")):
+            importlib.import_module(info.name)
+    found, todo = set(), [ir.NodeVisitor]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__module__.startswith("oi2jax.") and sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return found
+
+
+def test_every_visitor_handles_every_node_type():
+    """Every pass that dispatches on node type is an `ir.NodeVisitor` (a method per type; the
+    base's raises) and names every node type: adding a node type cannot half-work."""
+    visitors = _visitors()
+    names = {f"{v.__module__}.{v.__name__}" for v in visitors}
+    assert {"oi2jax.phases._Writes", "oi2jax.phases._Reads", "oi2jax.phases._Defines",
+            "oi2jax.grammar.fmt._Text", "oi2jax.graph_json._ToJson",
+            "oi2jax.cfg._Style", "oi2jax.cfg._Dot", "oi2jax.lowering.machine._Cut"} <= names, names
+    missing = {f"{v.__module__}.{v.__name__}": v.unhandled() for v in visitors if v.unhandled()}
+    assert missing == {}
+
+
+def test_an_unknown_node_type_is_refused_not_skipped():
+    """phases.node_reads / node_writes (and every visitor) raise for a node type they do not
+    know, instead of answering "nothing"."""
+    from dataclasses import dataclass
+    from oi2jax.grammar.fmt import describe, format_node
+    from oi2jax.phases import node_defines, node_reads, node_writes
+
+    @dataclass(frozen=True, kw_only=True)
+    class Teleport(ir.Node):
+        target: str
+
+    node = Teleport(index=0, span=ir.NO_SPAN, target="x")
+    for fn in (node_reads, node_writes, node_defines, describe, format_node):
+        with pytest.raises(NotImplementedError, match="Teleport not handled by"):
+            fn(node)
+
+    class Partial(ir.NodeVisitor):
+        def visit_Op(self, node):
+            return "op"
+
+    assert "Yield" in Partial.unhandled() and "Op" not in Partial.unhandled()
+    with pytest.raises(NotImplementedError, match="Yield not handled by Partial"):
+        Partial().visit(ir.Yield(index=0, span=ir.NO_SPAN, vars=("x",)))
+
+
+def test_the_checked_graph_carries_the_yield_plan_and_the_backends_read_it(monkeypatch):
+    """Issue 33: the yield/await plan (pairs, consumers, phases, deadlocks), the written names and
+    read-before-written are computed once, by the checker; compiling (fused and driver) and
+    interpreting do not analyse the graph again."""
+    from oi2jax import phases, pipeline
+    src = ("dynamic { x: f32[2]; y: f32[2]; }\nvolatile { r: f32[2]; s: f32[2]; }\n"
+           "block entry {\n    op neg(y) >> s;\n    yield x;\n    await x;\n    return;\n}\n"
+           "block c { await x; op add(x, y) >> r; yield x; }\n")
+    bound = pipeline.bound(src)
+    checked = bound.checked
+    plan = checked.yield_plan
+    assert [(w.yield_node.vars, w.await_node.vars, w.consumers) for w in plan.windows] == [(("x",), ("x",), ("c",))]
+    assert [(p.merges, p.launches, len(p.nodes)) for p in plan.phases] == [(None, 0, 1), (None, None, 0),
+                                                                              (0, None, 1)]
+    assert plan.consumers_of(("x",)) == ("c",) and plan.has_yield and plan.diagnostics == ()
+    assert checked.writes["c"] == {"r"} and checked.writes["entry"] == {"s"}
+    assert checked.read_before_written == {"x", "y"}
+    calls = []
+
+    def counted(name, real):
+        def fn(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return fn
+
+    from oi2jax import check
+    for name in ("_consumers", "_pair", "_deadlocks", "_phases", "block_writes", "read_before_written"):
+        monkeypatch.setattr(phases, name, counted(name, getattr(phases, name)))
+        if hasattr(check, name):  # imported by name into the checker
+            monkeypatch.setattr(check, name, getattr(phases, name))
+    inputs = {"x": np.ones(2, np.float32), "y": np.full(2, 2.0, np.float32)}
+    for kw in ({"mode": "interpret"}, {"yield_mode": "driver"}, {"yield_mode": "fused"}):
+        calls.clear()
+        out = oi2jax.compile(src, **kw).run(inputs, steps=2)
+        np.testing.assert_array_equal(out["r"], [3.0, 3.0])
+        # the checker's analyses, once each (the written names of every block in one pass, issue 34
+        # item 4: linear in the blocks), nothing after it
+        assert sorted(calls) == ["_consumers", "_deadlocks", "_pair", "_phases", "block_writes",
+                                 "read_before_written"], (kw, calls)
 
 
 def test_a_program_with_every_node_type_goes_through_every_stage(tmp_path):

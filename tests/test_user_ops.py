@@ -155,6 +155,17 @@ def test_check_errors_are_located_and_pinned(tmp_path, capsys, body, line_has, m
     assert code == 1 and f"{g}:4:{col}: error: {message}" in err, err
 
 
+def test_declared_scalar_kinds_are_enforced(registry):
+    """Issue 33: an attribute's `scalar_kinds` (OpenInfer's schema field) is checked, not just
+    stored: schema_ops.json declares leaky_softplus's slope float or int, so true is refused."""
+    from oi2jax.check import check
+    for value, ok in (("0.25", True), ("2", True), ("true", False)):
+        src = f"dynamic {{ x: f32[4]; }}\nvolatile {{ s: f32[4]; }}\nblock entry {{\n" \
+              f"    op leaky_softplus(x, slope={value}) >> s;\n}}\n"
+        errors = [d.message for d in check(parse(src), ops=registry) if d.severity == "error"]
+        assert errors == ([] if ok else ["op leaky_softplus setting slope must be float or int, got bool True"])
+
+
 @pytest.mark.parametrize("name,message", [
     ("raises", "op raises (defined in {f}:{l}): its kernel raised ValueError while tracing: boom"),
     ("wrong_dtype", "op wrong_dtype (defined in {f}:{l}): its kernel returned dtype int32, but the op's dtype "

@@ -17,7 +17,7 @@ import importlib
 import jax
 import numpy as np
 
-NAMES = ("cache_window_slice", "kv_cache_decode", "linear_attention", "mlp_regression", "moe_routing",
+NAMES = ("attention_decode", "cache_window_slice", "kv_cache_decode", "linear_attention", "mlp_regression", "moe_routing",
          "online_weight_update", "quantized_linear", "residual_mlp_stack", "stability_guard",
          "streaming_pipeline")
 

@@ -134,7 +134,7 @@ class OpRules:
             return
         self.op_sigs[id(node)] = sig  # the CheckedGraph's signature: the backends do not re-infer it
         for attr in node.attrs:  # SPEC-2026-03 D3: the 1fc5207 form 0/1 of a bool setting
-            if attr.name in ops.typing.BOOL_ATTRS and attr.value.kind == "int":
+            if ops.typing.bool_only(spec, attr.name) and attr.value.kind == "int":
                 self.warning(f"{attr.name}={attr.value.value}: current OpenInfer accepts only true/false here; "
                              f"read as {'true' if attr.value.value else 'false'}", attr.span)
         if not out_ok:

@@ -1,78 +1,61 @@
-"""Yield/await rules (§3.6): block await/yield consistency, entry yield..await windows, dead blocks."""
+"""Yield/await rules (§3.6): block await/yield consistency, entry yield..await windows, dead blocks.
+
+The pairing of entry's yields and awaits, its errors and the deadlock errors are the yield plan's
+(`phases.yield_plan`, computed here once and carried by the `CheckedGraph`)."""
 from __future__ import annotations
 
 from .. import ir
-from ..phases import consumers_of, deadlock_diagnostics, node_writes
+from ..phases import awaited, node_writes, yield_plan
 
 
 class PhaseRules:
     """Whole-graph rules on yield/await pairing and the writes inside each yield..await window."""
 
     def check_yield_await(self):
-        self.diags.extend(deadlock_diagnostics(self.g))  # consumers waiting on a later yield
-        blocks = self.g.block_map
+        plan = self.yield_plan = yield_plan(self.g)  # computed once: the CheckedGraph carries it
+        self.diags.extend(plan.diagnostics)  # pairing, and consumers waiting on a later yield
         targets = {t for brs in self.branch_targets().values() for br in brs
                    for t in (br.then_block, br.else_block) if t is not None}
         # non-entry blocks: await/yield consistency (§3.6)
         for b in self.g.blocks:
             if b.name == "entry":
                 continue
-            awaited: list[str] = []
-            yielded: set[str] = set()
-            first_await = None
-            for node in b.walk():
-                if isinstance(node, ir.Await):
-                    awaited += [v for v in node.vars if v not in awaited]
-                    first_await = first_await or node
-                elif isinstance(node, ir.Yield):
-                    yielded.update(node.vars)
-            if awaited and not yielded:
-                self.error(f"block {b.name} awaits [{', '.join(awaited)}] but never yields them", first_await.span)
-            elif awaited:
-                for v in awaited:
-                    if v not in yielded:
-                        self.error(f"block {b.name} awaits {v} but does not yield it", first_await.span)
-        entry = blocks.get("entry")
-        all_yielded: set[str] = set()
-        if entry is not None:
-            all_yielded = self.check_entry_windows(entry, targets)
-        # dead blocks
-        for b in self.g.blocks:
-            if b.name == "entry" or b.name in targets:
+            waits = awaited(b)
+            if not waits:
                 continue
-            awaits = {v for n in b.walk() if isinstance(n, ir.Await) for v in n.vars}
-            if not (awaits & all_yielded):
+            yielded = {v for n in b.walk() if isinstance(n, ir.Yield) for v in n.vars}
+            first_await = next(n for n in b.walk() if isinstance(n, ir.Await))
+            if not yielded:
+                self.error(f"block {b.name} awaits [{', '.join(waits)}] but never yields them", first_await.span)
+                continue
+            for v in waits:
+                if v not in yielded:
+                    self.error(f"block {b.name} awaits {v} but does not yield it", first_await.span)
+        for w in plan.windows:
+            if w.await_node is not None:
+                self.check_window(w.yield_node, self.window_nodes(w), w.consumers)
+        # dead blocks: neither a branch target nor started by a yield of entry
+        entry = self.g.entry
+        started = {name for n in (entry.walk() if entry is not None else ()) if isinstance(n, ir.Yield)
+                   for name in plan.consumers_of(n.vars)}
+        for b in self.g.blocks:
+            if b.name != "entry" and b.name not in targets and b.name not in started:
                 self.warning(f"block {b.name} is never run: no branch targets it and it awaits no variable "
                              f"that entry yields", b.span)
 
-    def consumers(self, yielded: tuple[str, ...], targets: set[str]) -> list[ir.Block]:
-        return consumers_of(self.g, yielded)  # the one definition (phases.py)
+    def window_nodes(self, w) -> list[ir.Node]:
+        """Entry's nodes strictly between a window's yield and its await (walk order)."""
+        out: list[ir.Node] = []
+        inside = False
+        for node in self.g.entry.walk():
+            if node is w.await_node:
+                return out
+            if inside:
+                out.append(node)
+            inside = inside or node is w.yield_node
+        return out
 
-    def check_entry_windows(self, entry: ir.Block, targets: set[str]) -> set[str]:
-        all_yielded: set[str] = set()
-        pending: ir.Yield | None = None
-        window: list[ir.Node] = []
-        for node in entry.walk():
-            if isinstance(node, ir.Yield):
-                all_yielded.update(node.vars)
-                if pending is not None:
-                    self.error("await required before next yield", node.span,
-                               [("previous yield here", pending.span)])
-                    continue
-                pending, window = node, []
-            elif isinstance(node, ir.Await):
-                if pending is None:
-                    self.error(f"await {', '.join(node.vars)} has no matching yield", node.span)
-                    continue
-                self.check_window(pending, window, targets)
-                pending = None
-            elif pending is not None:
-                window.append(node)
-        if pending is not None:
-            self.error(f"yield {', '.join(pending.vars)} has no matching await", pending.span)
-        return all_yielded
-
-    def check_window(self, y: ir.Yield, window: list[ir.Node], targets: set[str]):
+    def check_window(self, y: ir.Yield, window: list[ir.Node], consumers: tuple[str, ...]):
         writers: dict[str, tuple[str, ir.Span]] = {}
         for node, var in ((n, v) for n in window for v in node_writes(n)):
             if var in y.vars:
@@ -80,7 +63,8 @@ class PhaseRules:
                            [("yielded here", y.span)])
                 continue
             writers.setdefault(var, ("entry", node.span))
-        for b in self.consumers(y.vars, targets):
+        for name in consumers:
+            b = self.g.block(name)
             seen: set[str] = set()
             for node, var in ((n, v) for n in b.walk() for v in node_writes(n)):
                 if var in seen:

@@ -222,13 +222,6 @@ def _node_lines(nodes, depth: int, out: list, close_of) -> None:
             out.append((pad + format_node(node), line, "stmt"))
 
 
-def _section(decls: list[ir.VarDecl]) -> str:
-    lines = [f"{decls[0].kind.value} {{"]
-    lines += [INDENT + format_decl(d) for d in decls]
-    lines.append("}")
-    return "\n".join(lines)
-
-
 def format_decl(d: ir.VarDecl) -> str:
     head = d.name + (f"({', '.join(d.index_params)})" if d.index_params else "")
     text = f"{head}: {d.dtype}{_dims(d.dims)}"
@@ -308,88 +301,84 @@ def format_access(a: ir.CacheAccess, sep: str = ", ", full: str = "..") -> str:
     return f"{a.base}[{sep.join(_entry(e, full) for e in a.indices)}]"
 
 
+class _Text(ir.NodeVisitor):
+    """A node as text: its canonical DSL (`format_node`; a loop: its header line only, without
+    `{`), or OpenInfer's trace description (`describe`, SPEC §8.2: no `;`, `,` between indices
+    and inputs, an open slice end left empty, and no attributes, types, explicit amounts of 1 or
+    returned names)."""
+
+    def __init__(self, trace: bool):
+        self.trace = trace
+        self.sep, self.full, self.end = (",", "", "") if trace else (", ", "..", ";")
+
+    def _ref(self, r: ir.VarRef) -> str:
+        return format_ref(r, self.sep)
+
+    def _access(self, a: ir.CacheAccess) -> str:
+        return format_access(a, self.sep, self.full)
+
+    def visit_Assign(self, node: ir.Assign):
+        return f"assign {node.name}" if self.trace else f"assign {node.name}: {node.dtype}{_dims(node.dims)};"
+
+    def visit_Op(self, node: ir.Op):
+        args = [self._ref(r) for r in node.inputs]
+        if not self.trace:
+            args += [f"{a.name}={format_literal(a.value)}" for a in node.attrs]
+        return f"op {node.op}({self.sep.join(args)}) >> {node.output}{self.end}"
+
+    def visit_CacheRead(self, node: ir.CacheRead):
+        return f"cache.read {self._access(node.src)} >> {self._ref(node.dst)}{self.end}"
+
+    def visit_CacheWrite(self, node: ir.CacheWrite):
+        return f"cache.write {self._ref(node.src)} >> {self._access(node.dst)}{self.end}"
+
+    def visit_CacheIncrement(self, node, word: str = "increment"):
+        shown = node.amount != 1 if self.trace else node.explicit_amount
+        return f"cache.{word} {f'{node.amount} ' if shown else ''}{node.target}{self.end}"
+
+    def visit_CacheDecrement(self, node):
+        return self.visit_CacheIncrement(node, "decrement")
+
+    def visit_CacheReset(self, node: ir.CacheReset):
+        return f"cache.reset {self._access(node.target)}{self.end}"
+
+    def visit_Branch(self, node: ir.Branch):
+        if node.cond is None:
+            return f"branch {node.then_block}{self.end}"
+        return f"branch {node.cond} {node.then_block} {node.else_block}{self.end}"
+
+    def visit_Barrier(self, node):
+        return f"barrier{self.end}"
+
+    def visit_Dep(self, node: ir.Dep):
+        return f"dep after({node.after}) before({node.before}){self.end}"
+
+    def visit_Loop(self, node: ir.Loop):
+        return f"loop {node.name} ({node.var} in {node.start}..{node.end})"
+
+    def visit_Yield(self, node):
+        return f"{type(node).__name__.lower()} {', '.join(node.vars)}{self.end}"
+
+    visit_Await = visit_Yield
+
+    def visit_Transfer(self, node: ir.Transfer):
+        return f"transfer {self._ref(node.src)} >> {self._ref(node.dst)}{self.end}"
+
+    def visit_Return(self, node: ir.Return):
+        return f"return {', '.join(node.vars)};" if node.vars and not self.trace else f"return{self.end}"
+
+
+_FORMAT, _DESCRIBE = _Text(trace=False), _Text(trace=True)
+
+
 def format_node(node: ir.Node) -> str:
     """One node as canonical text (a loop: its header line only, without `{`)."""
-    if isinstance(node, ir.Assign):
-        return f"assign {node.name}: {node.dtype}{_dims(node.dims)};"
-    if isinstance(node, ir.Op):
-        args = [format_ref(r) for r in node.inputs] + [f"{a.name}={format_literal(a.value)}" for a in node.attrs]
-        return f"op {node.op}({', '.join(args)}) >> {node.output};"
-    if isinstance(node, ir.CacheRead):
-        return f"cache.read {format_access(node.src)} >> {format_ref(node.dst)};"
-    if isinstance(node, ir.CacheWrite):
-        return f"cache.write {format_ref(node.src)} >> {format_access(node.dst)};"
-    if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-        word = "increment" if isinstance(node, ir.CacheIncrement) else "decrement"
-        amount = f"{node.amount} " if node.explicit_amount else ""
-        return f"cache.{word} {amount}{node.target};"
-    if isinstance(node, ir.CacheReset):
-        return f"cache.reset {format_access(node.target)};"
-    if isinstance(node, ir.Branch):
-        if node.cond is None:
-            return f"branch {node.then_block};"
-        return f"branch {node.cond} {node.then_block} {node.else_block};"
-    if isinstance(node, ir.Barrier):
-        return "barrier;"
-    if isinstance(node, ir.Dep):
-        return f"dep after({node.after}) before({node.before});"
-    if isinstance(node, ir.Loop):
-        return f"loop {node.name} ({node.var} in {node.start}..{node.end})"
-    if isinstance(node, ir.Yield):
-        return f"yield {', '.join(node.vars)};"
-    if isinstance(node, ir.Await):
-        return f"await {', '.join(node.vars)};"
-    if isinstance(node, ir.Transfer):
-        return f"transfer {format_ref(node.src)} >> {format_ref(node.dst)};"
-    if isinstance(node, ir.Return):
-        return f"return {', '.join(node.vars)};" if node.vars else "return;"
-    raise TypeError(f"unknown node {type(node).__name__}")
-
-
-def _nodes(nodes, depth: int, lines: list[str]) -> None:
-    pad = INDENT * depth
-    for node in nodes:
-        if isinstance(node, ir.Loop):
-            lines.append(pad + format_node(node) + " {")
-            _nodes(node.body, depth + 1, lines)
-            lines.append(pad + "}")
-        else:
-            lines.append(pad + format_node(node))
+    return _FORMAT.visit(node)
 
 
 def describe(node: ir.Node) -> str:
     """OpenInfer's trace description of a node (SPEC §8.2); attributes are never shown."""
-    if isinstance(node, ir.Assign):
-        return f"assign {node.name}"
-    if isinstance(node, ir.Op):
-        return f"op {node.op}({','.join(format_ref(r, ',') for r in node.inputs)}) >> {node.output}"
-    if isinstance(node, ir.CacheRead):
-        return f"cache.read {format_access(node.src, ',', '')} >> {format_ref(node.dst, ',')}"
-    if isinstance(node, ir.CacheWrite):
-        return f"cache.write {format_ref(node.src, ',')} >> {format_access(node.dst, ',', '')}"
-    if isinstance(node, (ir.CacheIncrement, ir.CacheDecrement)):
-        word = "increment" if isinstance(node, ir.CacheIncrement) else "decrement"
-        return f"cache.{word} {node.target}" if node.amount == 1 else f"cache.{word} {node.amount} {node.target}"
-    if isinstance(node, ir.CacheReset):
-        return f"cache.reset {format_access(node.target, ',', '')}"
-    if isinstance(node, ir.Branch):
-        return f"branch {node.then_block}" if node.cond is None else \
-            f"branch {node.cond} {node.then_block} {node.else_block}"
-    if isinstance(node, ir.Barrier):
-        return "barrier"
-    if isinstance(node, ir.Dep):
-        return f"dep after({node.after}) before({node.before})"
-    if isinstance(node, ir.Loop):
-        return f"loop {node.name} ({node.var} in {node.start}..{node.end})"
-    if isinstance(node, ir.Yield):
-        return f"yield {', '.join(node.vars)}"
-    if isinstance(node, ir.Await):
-        return f"await {', '.join(node.vars)}"
-    if isinstance(node, ir.Transfer):
-        return f"transfer {format_ref(node.src, ',')} >> {format_ref(node.dst, ',')}"
-    if isinstance(node, ir.Return):
-        return "return"
-    raise TypeError(f"unknown node {type(node).__name__}")
+    return _DESCRIBE.visit(node)
 
 
 def strip_spans(obj):

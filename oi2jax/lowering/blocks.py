@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from .. import ir, messages, ops
 from ..messages import CHECKED
 from ..diagnostics import OiError
+from ..model.bind import AttrVar
 from .context import Tracer
 from .rules import rule
 
@@ -24,29 +25,16 @@ def _dtype_of(tr: Tracer, name: str) -> str:
 
 
 def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
-    """Literal attrs as Python values (int lists with their size names resolved by the checker);
-    variable attrs as metadata strings, static constants or 0-d arrays."""
-    values = {}
-    int_lists = tr.bound.op_sig(node).int_lists
-    for attr in node.attrs:
-        lit = attr.value
-        if lit.kind == "var":
-            name = lit.value
-            text = tr.bound.metadata_string(name)
-            if text is not None:
-                values[attr.name] = text
-                continue
-            static = tr.static_scalar(name)
-            if static is not None:
-                values[attr.name] = static
+    """The op's attributes (`BoundGraph.op_attrs`, the one preparation) with each variable read:
+    a constant scalar as its static value, any other as a 0-d array of the trace."""
+    values = tr.bound.op_attrs(node)
+    for name, value in values.items():
+        if isinstance(value, AttrVar):
+            if value.static is not None:
+                values[name] = value.static
             else:
-                assert name in env, CHECKED
-                values[attr.name] = env[name].reshape(())
-        elif lit.kind == "int_list":
-            assert attr.name in int_lists, CHECKED  # checks/ops.check_op resolved it
-            values[attr.name] = int_lists[attr.name]
-        else:
-            values[attr.name] = lit.value
+                assert value.name in env, CHECKED
+                values[name] = env[value.name].reshape(())
     return values
 
 

@@ -23,6 +23,7 @@ from .. import ir
 from ..diagnostics import OiError
 from .. import messages
 from ..messages import CHECKED
+from ..numerics import state_fill
 from .context import Frame, Tracer
 from .packing import pack, unpack
 from .rules import rule
@@ -39,7 +40,8 @@ class CacheLayout:
     fixed: tuple[int | None, ...] = ()  # per table dim / per auto dim: @fixed size (max)
     capacity: tuple[int, ...] = ()
     grow_slots: tuple[int | None, ...] = ()
-    fill: object = 0
+    fill: object = 0  # numerics.state_fill: what unwritten space holds (start, growth, import)
+    reset_fill: object = 0  # numerics.state_fill(reset=True): what `cache.reset` writes
 
     @property
     def packed(self) -> bool:
@@ -75,11 +77,10 @@ def _fill(shape, fill, dtype):
     return fill_array(shape, dtype, fill)
 
 
-def init_fill(decl: ir.VarDecl):
-    """The `@init` fill as a 0-d array in the dtype's representation (numerics.init_scalar: the
-    one rule), so that every np.full / jnp.full below keeps its exact bits."""
-    from ..numerics import init_scalar
-    return init_scalar(decl.dtype, decl.init)
+def _fills(decl: ir.VarDecl) -> dict:
+    """The layout's fills (numerics.state_fill, the one rule) as 0-d arrays in the dtype's
+    representation, so that every np.full / jnp.full below keeps their exact bits."""
+    return {"fill": state_fill(decl), "reset_fill": state_fill(decl, reset=True)}
 
 
 def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
@@ -100,7 +101,7 @@ def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
                 raise OiError(f"auto_dim requires {len(shape)} dims, got {len(dims)}", decl.span,
                               source=bound.graph.source)
         else:
-            layouts[decl.name] = CacheLayout(decl.name, "plain", decl.dtype, shape, fill=init_fill(decl))
+            layouts[decl.name] = CacheLayout(decl.name, "plain", decl.dtype, shape, **_fills(decl))
             continue
         fixed_sizes, caps, slots = [], [], []
         for j, dim_name in enumerate(dims):
@@ -114,7 +115,7 @@ def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
                 slots.append(len(grow_slots))
                 grow_slots.append((decl.name, j))
         layouts[decl.name] = CacheLayout(decl.name, kind, decl.dtype, shape, tuple(fixed_sizes), tuple(caps),
-                                         tuple(slots), fill=init_fill(decl))
+                                         tuple(slots), **_fills(decl))
     return layouts
 
 
@@ -134,19 +135,18 @@ def initial_state(layout: CacheLayout) -> dict[str, np.ndarray]:
         if layout.growable:
             state[f"{layout.name}#present"] = np.zeros(layout.capacity, dtype=bool)
         return state
-    return {layout.name: np.zeros(layout.data_shape(), dtype=np_dtype),
+    return {layout.name: np.full(layout.data_shape(), layout.fill, dtype=np_dtype),
             layout.size_key(): np.zeros(len(layout.capacity), dtype=np.int64)}
 
 
 def grow(layout: CacheLayout, state: dict, new_capacity: tuple[int, ...]) -> tuple[CacheLayout, dict]:
-    """Pad a cache's host/device state to `new_capacity` (tables: @init fill; auto_dim: zeros)."""
+    """Pad a cache's host/device state to `new_capacity` with its fill (numerics.state_fill)."""
     new = replace(layout, capacity=tuple(new_capacity))
     out = dict(state)
     pads = [(0, n - o) for o, n in zip(layout.capacity, new_capacity)]
     data = np.asarray(state[layout.name])
     extra = [(0, 0)] * (data.ndim - len(pads))
-    fill = layout.fill if layout.kind == "table" else 0
-    out[layout.name] = np.pad(data, pads + extra, constant_values=np.asarray(fill, dtype=data.dtype))
+    out[layout.name] = np.pad(data, pads + extra, constant_values=np.asarray(layout.fill, dtype=data.dtype))
     if layout.kind == "table" and layout.growable:
         out[f"{layout.name}#present"] = np.pad(np.asarray(state[f"{layout.name}#present"]), pads)
     return new, out
@@ -186,8 +186,7 @@ def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state") 
     new = replace(layout, capacity=tuple(caps)) if tuple(caps) != layout.capacity else layout
     arr = convert_input(f"{source}: {name}", value, layout.dtype, shape)
     np_dtype = dt.get(layout.dtype).np_dtype
-    fill = layout.fill if layout.kind == "table" else 0
-    data = np.full(new.data_shape(), fill, dtype=np_dtype)
+    data = np.full(new.data_shape(), layout.fill, dtype=np_dtype)
     data[tuple(slice(0, n) for n in shape)] = arr
     arrays = {name: data, new.size_key(): np.asarray(sizes, dtype=np.int64).reshape(k)}
     if layout.kind == "table" and layout.growable:
@@ -498,19 +497,19 @@ class CacheRules:
         np_dtype = dt.get(layout.dtype).np_dtype
         data = env[layout.name]
         if layout.kind == "plain":
-            fill = _fill(layout.shape, layout.fill, np_dtype)
+            fill = _fill(layout.shape, layout.reset_fill, np_dtype)
             env[layout.name] = pack(fill, layout.dtype) if layout.packed else fill
             return env
         if layout.kind == "auto_dim":
-            base = jnp.zeros(data.shape, np_dtype)
-            region = _fill(layout.shape, layout.fill, np_dtype)
+            base = jnp.full(data.shape, layout.fill, np_dtype)
+            region = _fill(layout.shape, layout.reset_fill, np_dtype)
             env[layout.name] = jax.lax.dynamic_update_slice(base, region, [0] * data.ndim)
             env[layout.size_key()] = jnp.zeros_like(env[layout.size_key()])
             return env
         assert access.bracketed, CHECKED
         k = len(layout.capacity)
         if not access.indices:
-            env[layout.name] = _fill(data.shape, layout.fill, np_dtype)
+            env[layout.name] = _fill(data.shape, layout.reset_fill, np_dtype)
             env[layout.size_key()] = jnp.asarray([f or 0 for f in layout.fixed], jnp.int64)
             if f"{layout.name}#present" in env:
                 env[f"{layout.name}#present"] = jnp.zeros_like(env[f"{layout.name}#present"])
@@ -524,7 +523,7 @@ class CacheRules:
             starts.append(v)
         p = len(starts)
         in_range = jnp.all(jnp.stack([(s < c) for s, c in zip(starts, layout.capacity)]))
-        block = _fill((1,) * p + tuple(layout.capacity[p:]) + layout.shape, layout.fill, np_dtype)
+        block = _fill((1,) * p + tuple(layout.capacity[p:]) + layout.shape, layout.reset_fill, np_dtype)
         idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
         updated = jax.lax.dynamic_update_slice(data, block, idx + [jnp.int32(0)] * (data.ndim - p))
         env[layout.name] = jnp.where(in_range, updated, data)

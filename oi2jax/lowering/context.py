@@ -39,12 +39,11 @@ class Lowering:
     caches: dict  # name -> caches.CacheLayout
     error_sites: list[ErrorSite] = field(default_factory=list)
     growable: list[tuple[str, int]] = field(default_factory=list)  # (cache, dim) per GROW slot
-    consumers: dict = field(default_factory=dict)  # block name -> consumer info (sync.py)
     # runtime-shaped variables (phases.runtime_shaped): name -> the @auto_dim tensor whose
     # current shape they take. Each is held at that tensor's capacity shape, with its logical
     # shape in env[SHAPE + name] (int64[rank]); the host trims it (Program.trim_outputs)
     shaped: dict = field(default_factory=dict)
-    inline_costs: dict | None = None  # machine.py: each block's cost inlined (computed on first need)
+    call_facts: object = None  # machine.CallFacts: each block's inlined cost, call depth (on first need)
 
     @property
     def graph(self) -> ir.Graph:
@@ -75,9 +74,6 @@ class Frame:
         loops = dict(self.loop_vars)
         loops[var] = (value, static_range)
         return Frame(self.block, loops)
-
-    def in_block(self, block: str) -> "Frame":
-        return Frame(block, {})
 
 
 class Tracer:
@@ -111,13 +107,7 @@ class Tracer:
 
     def static_scalar(self, name: str):
         """A Python value for a constant scalar known at compile time, else None."""
-        decl = self.graph.var(name)
-        if decl is None or decl.kind != ir.MemKind.CONSTANT:
-            return None
-        value = self.bound.initial(name)
-        if value.size != 1:
-            return None
-        return value.reshape(()).item()
+        return self.bound.static_scalar(name)
 
     def index_value(self, value: ir.IndexValue, frame: Frame, env: dict):
         """A cache / prefix-table index: literal, loop index, sizevar or persistent scalar."""
@@ -134,15 +124,6 @@ class Tracer:
         if static is not None:
             return int(static)
         raise OiError(f"unknown cache index {value}")
-
-    def static_index(self, value: ir.IndexValue, frame: Frame) -> int | None:
-        if isinstance(value, int):
-            return value
-        if value in frame.loop_vars:
-            return None
-        if value in self.bound.sizes:
-            return int(self.bound.sizes[value])
-        return None
 
     def capacity_shape(self, name: str) -> tuple[int, ...]:
         """The array shape that holds runtime-shaped variable `name`: its tensor's capacity, or its
@@ -183,14 +164,17 @@ class Tracer:
     def read_member(self, ref: ir.VarRef, env: dict, frame: Frame):
         """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index.
         An index outside the family is an error naming the missing tensor: at compile time when
-        the index (or its loop's range) is static, else a runtime guard."""
+        the index (or its loop's range) is static, else a runtime guard. A family held member by
+        member (loops.split_families) is read as its member's own buffer."""
         decl = self.graph.var(ref.name)
-        value = self.consts[ref.name]
+        value = self.consts.get(ref.name)  # None: held member by member
+        counts = value.shape if value is not None else self.bound.family_counts(ref.name)
+        indices = []
         for pos, raw in enumerate(ref.indices):
             idx = self.index_value(raw, frame, env)
-            extent = self.consts[ref.name].shape[pos]
-            if isinstance(idx, int):
-                static_bad = None if 0 <= idx < extent else idx
+            extent = counts[pos]
+            if isinstance(idx, int):  # a literal, a size, or the index of an unrolled loop (the
+                static_bad = None if 0 <= idx < extent else idx  # first missing member, as interpreted)
             else:
                 static_range = frame.loop_vars.get(raw, (None, None))[1] if isinstance(raw, str) else None
                 static_bad = None
@@ -209,12 +193,27 @@ class Tracer:
             if static_bad is not None:
                 missing = self.bound.member_name(decl, self._placeholder(ref, pos, static_bad))
                 raise OiError(messages.prefix_member_missing(ref.name, missing), ref.span, source=self.graph.source)
-            if isinstance(idx, int):
-                value = value[idx]
+            indices.append((idx, extent))
+        if value is None:
+            from .loops import member_key
+            if all(isinstance(i, int) for i, _ in indices):
+                return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
+            value = self._stacked(ref.name, tuple(counts))  # a traced read after all: correct, slower
+        for idx, extent in indices:
+            if isinstance(idx, int):  # a static slice (a literal, a size, an unrolled loop's index)
+                value = jax.lax.index_in_dim(value, idx, axis=0, keepdims=False)
             else:
                 value = jax.lax.dynamic_index_in_dim(value, jnp.clip(idx, 0, extent - 1).astype(jnp.int32),
                                                      axis=0, keepdims=False)
         return env, value
+
+    def _stacked(self, name: str, counts: tuple[int, ...]):
+        """A family held member by member, stacked in the kernel (only when the policy that split it
+        is not the one tracing: Program.unroll changed after construction)."""
+        from .loops import member_key
+        members = [self.consts[member_key(name, idx)] for idx in np.ndindex(*counts)]
+        stacked = jnp.stack(members)
+        return stacked.reshape(tuple(counts) + tuple(stacked.shape[1:]))
 
     def _placeholder(self, ref: ir.VarRef, pos: int, value: int) -> tuple[int, ...]:
         values = [0] * len(ref.indices)
@@ -222,11 +221,3 @@ class Tracer:
             values[j] = raw if isinstance(raw, int) else 0
         values[pos] = value
         return tuple(values)
-
-
-def zeros_like_decl(shape, dtype: str):
-    return jnp.zeros(shape, dt.get(dtype).np_dtype)
-
-
-def full_host(shape, dtype: str, value) -> np.ndarray:
-    return np.full(shape, value, dtype=dt.get(dtype).np_dtype)

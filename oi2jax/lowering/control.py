@@ -1,4 +1,5 @@
-"""Control flow: `branch` -> lax.cond (call and return, §3.2); `loop` -> lax.fori_loop (§3.3)."""
+"""Control flow: `branch` -> lax.cond (call and return, §3.2); `loop` -> lax.fori_loop, or unrolled
+by the loop policy (§3.3, lowering/loops.py)."""
 from __future__ import annotations
 
 import jax
@@ -8,6 +9,7 @@ from .. import dtypes as dt
 from .. import ir
 from .. import messages
 from ..messages import CHECKED
+from . import loops
 from .rules import lower_block, lower_nodes, rule
 from .context import Frame, Tracer
 
@@ -85,9 +87,9 @@ def _loop(node: ir.Loop, env, frame: Frame, tr: Tracer):
     static_range = (lo, hi) if isinstance(lo, int) and isinstance(hi, int) else None
     body, returns = _until_return(node.body)
 
-    def body_fn(i, e):
+    def body_fn(i, e, scope=f"loop_{node.name}"):
         inner = frame.enter_loop(node.var, i, static_range)
-        with jax.named_scope(f"loop_{node.name}"):
+        with jax.named_scope(scope):
             e, _ = lower_nodes(body, e, inner, tr)
         return e
 
@@ -97,5 +99,11 @@ def _loop(node: ir.Loop, env, frame: Frame, tr: Tracer):
         return jax.lax.cond(lo < hi, lambda e: body_fn(jnp.asarray(lo, jnp.int64), e), lambda e: e, env)
     if static_range is not None and lo >= hi:
         return env
-    lo_t = lo if isinstance(lo, int) else lo
-    return jax.lax.fori_loop(lo_t, hi, body_fn, env)
+    how = loops.plan(node, hi - lo if static_range is not None else None, tr)
+    if how.unroll:  # a static index: every W[l] a static slice (lowering/loops.py)
+        for i in range(lo, hi):
+            env = body_fn(i, env, f"loop_{node.name}.{i}")
+        return env
+    if how.factor > 1:
+        return jax.lax.fori_loop(lo, hi, body_fn, env, unroll=how.factor)
+    return jax.lax.fori_loop(lo, hi, body_fn, env)

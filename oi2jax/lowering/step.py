@@ -14,7 +14,6 @@ import numpy as np
 
 from .. import ir
 from ..ops.numerics import opaque
-from ..phases import written_names
 from . import rules
 from .rules import lower_nodes
 from .caches import build_layouts
@@ -61,7 +60,7 @@ class StepBuilder:
         self.temps = [name for name in graph.temporaries if graph.var(name) is None]
         # step outputs: every volatile, and the dynamic inputs the graph writes (an unwritten input
         # would only be copied out again; Program.run reports it from the input itself)
-        written = set().union(*(written_names(graph, b) for b in graph.blocks)) if graph.blocks else set()
+        written = set().union(*bound.checked.writes.values())
         self.output_names = tuple(n for n in self.dynamic if n in written) + tuple(self.volatile)
         # what a step returns: the names of entry's top-level `return a, b;`, else output_names
         returned = next((n.vars for n in graph.entry.nodes if isinstance(n, ir.Return)), None) \

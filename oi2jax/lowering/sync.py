@@ -4,13 +4,11 @@ their writes merge at `await`."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from .. import ir
 from .rules import lower_block, rule
-from ..phases import consumers_of, written_names
 from .context import ERR, ERRVAL, GROW, Frame, Tracer
-from .state import key_owner
+from .state import key_owner, merge_guards
 
 
 @rule(ir.Barrier)
@@ -27,18 +25,23 @@ def _dep(node: ir.Dep, env, frame, tr):
     return env  # op names / dotted names: recorded in the IR, no effect (§0 item 6)
 
 
-def _consumers_of(tr: Tracer, names: tuple[str, ...]) -> list[ir.Block]:
-    return consumers_of(tr.graph, names)
+def merged_keys(keys, writes) -> list[str]:
+    """THE env keys an `await` takes from a consumer (fused here and in the driver): those of the
+    variables the consumer may write (`CheckedGraph.writes`), i.e. a value, a cache's size, count
+    and present keys and a runtime-shaped value's logical shape (`state.key_owner`); never the
+    guards, which `state.merge_guards` folds in (first error wins)."""
+    return [k for k in keys if key_owner(k) in writes]
 
 
 @rule(ir.Yield)
 def _yield(node: ir.Yield, env, frame: Frame, tr: Tracer):
     """Entry's yield: run every consumer from the snapshot now; merge at the await."""
+    checked = tr.bound.checked
     snapshot = dict(env)
     pending = []
-    for block in _consumers_of(tr, node.vars):
-        result = lower_block(block.name, dict(snapshot), tr)
-        pending.append((result, written_names(tr.graph, block)))
+    for name in checked.yield_plan.consumers_of(node.vars):
+        result = lower_block(name, dict(snapshot), tr)
+        pending.append((result, checked.writes[name]))
     tr.pending = getattr(tr, "pending", []) + pending
     return env
 
@@ -50,11 +53,7 @@ def _await(node: ir.Await, env, frame: Frame, tr: Tracer):
     pending, tr.pending = getattr(tr, "pending", []), []
     env = dict(env)
     for result, writes in pending:
-        for key in result:
-            if key_owner(key) in writes and not key.startswith("__"):
-                env[key] = result[key]
-        first = (env[ERR] == 0) & (result[ERR] != 0)
-        env[ERR] = jnp.where(first, result[ERR], env[ERR])
-        env[ERRVAL] = jnp.where(first, result[ERRVAL], env[ERRVAL])
-        env[GROW] = jnp.maximum(env[GROW], result[GROW])
+        for key in merged_keys(result, writes):
+            env[key] = result[key]
+        env = merge_guards(env, result[ERR], result[ERRVAL], result[GROW])
     return env

@@ -10,16 +10,18 @@ Values are in the representation of docs/architecture.md (dtypes.py).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes as dt
-from .. import ir
+from .. import ir, messages
 from ..diagnostics import Diagnostic, OiError
+from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
 from .reader import MetaValue, Model
 
-__all__ = ["bind", "BoundGraph", "fill_value", "pattern_regex"]
+__all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -49,39 +51,89 @@ def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
     return re.compile("".join(parts) + r"\Z"), groups
 
 
+@dataclass(frozen=True)
+class AttrVar:
+    """An op attribute given as a variable (`BoundGraph.op_attrs`): read when the op runs.
+    `static`: its value when it is a constant scalar (known at bind time), else None."""
+
+    name: str
+    static: object = None
+
+
 class BoundGraph:
     """A graph bound to its model and sizes. Read-only: every answer is derived, cached where costly.
 
     Arrays returned by `initial`, `family`, `const_value` are shared (read-only); copy before mutating.
     """
 
-    __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families")
+    __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families", "zero_missing_inputs")
 
     def __init__(self, graph: ir.Graph, model: Model | None, sizes: dict[str, int],
-                 shapes: dict[str, tuple[int, ...]], checked=None):
+                 shapes: dict[str, tuple[int, ...]], checked=None, zero_missing_inputs: bool = False):
         self.graph = graph
         self.checked = checked  # the CheckedGraph this was bound from (None: bound unchecked)
         self.model = model
+        # OpenInfer's zero-filled default asked for: inputs and constants without a value read as
+        # zeros (else `bind` refuses such constants and a run such inputs)
+        self.zero_missing_inputs = bool(zero_missing_inputs)
         self.sizes = dict(sizes)
         self._shapes = shapes
         self._cache: dict[str, np.ndarray] = {}
         self._families: dict[str, np.ndarray] = {}
 
-    def op_sig(self, node: ir.Op):
-        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
-        re-infer it."""
+    def _checked(self):
+        """The CheckedGraph; a TypeError for a graph bound without checking."""
         if self.checked is None:
             raise TypeError("this graph was bound without checking: compiled and interpreted programs start "
                             "from a checked graph (oi2jax.compile, oi2jax.pipeline.bound, or "
                             "bind(oi2jax.check.check_graph(graph, ...)))")
-        return self.checked.op_sig(node)
+        return self.checked
+
+    def op_sig(self, node: ir.Op):
+        """The op's signature as the checker typed it (check.CheckedGraph): the backends never
+        re-infer it."""
+        return self._checked().op_sig(node)
+
+    def op_attrs(self, node: ir.Op) -> dict:
+        """THE values of an op node's attributes, for `ops.apply` (the lowering and the interpreter
+        both start from these): a literal's value; an int list with its size names resolved (by
+        the checker); a variable naming a model metadata string: that string; any other variable:
+        an `AttrVar`, read when the op runs (its `static` value when it is a constant scalar)."""
+        values = {}
+        int_lists = self.op_sig(node).int_lists
+        for attr in node.attrs:
+            lit = attr.value
+            if lit.kind == "var":
+                text = self.metadata_string(lit.value)
+                values[attr.name] = text if text is not None else AttrVar(lit.value, self.static_scalar(lit.value))
+            elif lit.kind == "int_list":
+                assert attr.name in int_lists, CHECKED  # checks/ops.check_op resolved it
+                values[attr.name] = int_lists[attr.name]
+            else:
+                values[attr.name] = lit.value
+        return values
+
+    def static_scalar(self, name: str):
+        """A Python value for a constant scalar known at bind time, else None."""
+        decl = self.graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.CONSTANT:
+            return None
+        value = self.initial(name)
+        if value.size != 1:
+            return None
+        return value.reshape(()).item()
 
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
-        return BoundGraph(self.graph, self.model, sizes, shapes, self.checked)
+        return BoundGraph(self.graph, self.model, sizes, shapes, self.checked, self.zero_missing_inputs)
 
     def __repr__(self) -> str:
-        return f"BoundGraph({self.graph.path!r}, model={getattr(self.model, 'path', None)!r}, sizes={self.sizes})"
+        return f"BoundGraph({self.graph.path!r}, model={self.model_path!r}, sizes={self.sizes})"
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file bound (given, or found beside the graph: pipeline.choose_model); None without one."""
+        return getattr(self.model, "path", None)
 
     # ------------------------------------------------------------ names, shapes, dtypes
 
@@ -156,10 +208,7 @@ class BoundGraph:
         """Dynamic variables a step may read before writing them (phases.read_before_written) that
         are not in `given` and have no default of their own (a model tensor or `@init`): running
         without them would silently compute from zeros."""
-        from ..phases import read_before_written
-        reads = self._cache.get("#reads")
-        if reads is None:
-            reads = self._cache["#reads"] = read_before_written(self.graph)
+        reads = self._checked().read_before_written
         return [v.name for v in self.graph.vars_of(ir.MemKind.DYNAMIC)
                 if v.name not in given and v.name in reads and not self.has_default(v.name)]
 
@@ -418,10 +467,14 @@ def unknown_sizes(graph: ir.Graph, model: Model | None, sizes: dict | None) -> l
     return out
 
 
-def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundGraph:
+def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_missing_inputs: bool = False,
+         no_model: str | None = None) -> BoundGraph:
     """Bind `graph` (a `check.CheckedGraph`, or a bare `ir.Graph` for the model-binding queries
     alone: programs need the checked one) to `model` with size overrides; OiError listing every
-    binding problem."""
+    binding problem, each located at its declaration. Without a model, a constant with no `@init`
+    has no value: an error naming it unless `zero_missing_inputs` asks for OpenInfer's zeros.
+    `no_model` says why there is no model (pipeline.ModelChoice: where the default was looked for),
+    in the messages that need one."""
     checked = None
     if not isinstance(graph, ir.Graph):
         checked, graph = graph, graph.graph
@@ -435,7 +488,7 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundG
         try:
             shapes[name] = tuple(d.resolve(all_sizes) for d in dims)
         except KeyError as exc:
-            problems.append(Diagnostic(f"invalid dims for {name}: unknown size: {exc.args[0]}", span))
+            problems.append(Diagnostic(messages.unknown_size(name, exc.args[0], model, no_model), span))
 
     for decl in graph.vars:
         resolve(decl.name, decl.dims, decl.span)
@@ -461,9 +514,23 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundG
                 _bind_decl(decl, model, shapes[decl.name])
             except OiError as exc:
                 problems.extend(exc.diagnostics)
+    elif not zero_missing_inputs:
+        problems.extend(_valueless_constants(graph, shapes, no_model or "no model given"))
     if problems:
-        raise OiError(problems)
-    return BoundGraph(graph, model, all_sizes, shapes, checked)
+        raise OiError(sorted(problems, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0)),
+                      source=graph.source or None)
+    return BoundGraph(graph, model, all_sizes, shapes, checked, zero_missing_inputs)
+
+
+def _valueless_constants(graph: ir.Graph, shapes, no_model: str) -> list[Diagnostic]:
+    """Without a model, each constant that has no `@init` (and a known shape) has no value:
+    OpenInfer would read it as zeros without a word; oi2jax says so, at its declaration, unless
+    zeros are asked for (docs/semantics.md). With a model, a constant it lacks is the checker's
+    error (§0 item 11)."""
+    return [Diagnostic(f"constant {decl.name} has no value ({no_model}, and no @init); give a model, or ask "
+                       f"for OpenInfer's zeros with --zero-missing-inputs (zero_missing_inputs=True)", decl.span)
+            for decl in graph.vars_of(ir.MemKind.CONSTANT)
+            if not decl.is_prefix_table and decl.init is None and decl.name in shapes]
 
 
 def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:

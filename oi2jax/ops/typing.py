@@ -17,7 +17,7 @@ from .errors import OpTypeError, broadcast_shapes, normalize_axes
 from .registry import DYNAMIC, ROUNDING_MODES, OpDef, Registry
 
 __all__ = ["OpSig", "infer", "cast_allowed", "canonical_attrs", "broadcast_shapes", "normalize_axes", "DYNAMIC",
-           "BOOL_ATTRS"]
+           "bool_only"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,19 @@ def _lit_kind(lit) -> str:
     return "var"
 
 
-BOOL_ATTRS = ("keepdims", "select_first", "saturate")  # declared "bool" (SPEC-2026-03 §2.5)
+def bool_only(spec: OpDef, name: str) -> bool:
+    """A setting declared true/false only (`scalar_kinds: ["bool"]`: keepdims, select_first and
+    saturate, SPEC-2026-03 §2.5)."""
+    a = spec.attrs.get(spec.aliases.get(name, name))
+    return a is not None and a.kind == "scalar" and tuple(a.scalar_kinds) == ("bool",)
+
+
+def _scalar_kind_ok(a, kind: str, value) -> bool:
+    """A literal of `kind` is one of the setting's declared `scalar_kinds` (none declared: any)."""
+    kinds = a.scalar_kinds
+    return not kinds or kind not in ("float", "int", "bool") or kind in kinds or \
+        (kind == "int" and value >= 0 and "uint" in kinds)
+
 
 _KIND_OK = {
     "dtype": lambda kind, v: kind == "dtype" or (kind in ("var", "str") and D.is_dtype(str(v))),
@@ -87,9 +99,13 @@ def _check_attr_kind(spec: OpDef, name: str, lit) -> None:
             raise OpTypeError(f"op {spec.name} setting {name} must be {_KIND_WORDS[a.kind]}, got {_shown(lit)}",
                               attr=name)
         raise OpTypeError(f"unsupported {spec.name} setting type: {name}", attr=name)
-    if name in BOOL_ATTRS and spec.builtin and kind not in ("bool", "var") and not (kind == "int" and value in (0, 1)):
-        # current OpenInfer takes only true/false (SPEC-2026-03 §2.5); 0/1 stay accepted (D3)
-        raise OpTypeError(f"op {spec.name} setting {name} must be true or false, got {value!r}", attr=name)
+    if bool_only(spec, name):
+        if kind not in ("bool", "var") and not (spec.builtin and kind == "int" and value in (0, 1)):
+            # current OpenInfer takes only true/false (SPEC-2026-03 §2.5); 0/1 stay accepted (D3)
+            raise OpTypeError(f"op {spec.name} setting {name} must be true or false, got {value!r}", attr=name)
+    elif a.kind == "scalar" and not _scalar_kind_ok(a, kind, value):
+        raise OpTypeError(f"op {spec.name} setting {name} must be {' or '.join(a.scalar_kinds)}, got {_shown(lit)}",
+                          attr=name)
     if a.kind == "dtype" and not D.is_dtype(str(value)):
         raise OpTypeError(f"unknown dtype {value}", attr=name)
 

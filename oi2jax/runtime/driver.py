@@ -1,10 +1,11 @@
 """yield/await as a host driver over separately jitted kernels (SPEC §3.6, docs/yield_await.md).
 
-`analyze(graph)` splits `entry` into phases at its top-level `yield` / `await` nodes and finds
-each yield's consumers (§0 item 3, `phases.consumers_of`); the checker already refused pairing
-errors and deadlocks. A `Program` built with `driver=` owns a `Driver`, which compiles every
-entry phase and every consumer block into its own jitted kernel (traced by the lowering:
-`StepBuilder.phase_kernel`, `StepBuilder.block_kernel`) and runs them from the host:
+The checker's yield plan (`CheckedGraph.yield_plan`, `phases.yield_plan`) splits `entry` into
+phases at its top-level `yield` / `await` nodes and names each yield's consumers (§0 item 3);
+the checker already refused pairing errors and deadlocks. A `Program` built with `driver=` owns
+a `Driver`, which compiles every entry phase and every consumer block into its own jitted kernel
+(traced by the lowering: `StepBuilder.phase_kernel`, `StepBuilder.block_kernel`) and runs them
+from the host:
 
     phase 0 -> [yield: dispatch consumers, no blocking] -> phase 1 (the window) -> [await: merge]
             -> phase 2 ... -> last phase (also commits the state / undoes a step that must grow)
@@ -13,8 +14,8 @@ Each kernel takes flat tuples: (the constants it uses, the env values it reads b
 replace, the env values it replaces — donated). Which values a kernel reads and writes is found
 once (per cache capacity) by tracing it abstractly and inspecting the jaxpr. Consumers start
 from a snapshot (a host dict copy) of entry's env at the yield; at the await their written
-variables (static `phases.written_names`, exactly like the fused lowering) are merged as host
-dict updates and their guards (#err/#errval/#grow) are merged in the next phase kernel, so
+variables (`CheckedGraph.writes`, `lowering.sync.merged_keys`: as the fused lowering) are merged
+as host dict updates and their guards (#err/#errval/#grow) are merged in the next phase kernel, so
 both modes agree bit for bit. A consumer may be placed on another device: only what it reads
 goes there and only what it writes comes back.
 """
@@ -28,8 +29,9 @@ import jax.numpy as jnp
 from jax.extend.core import Var
 
 from ..diagnostics import OiError
-from ..phases import Phase, analyze, written_names
-from ..lowering.state import GUARD_KEYS, NEW, OLD, SHAPE, ERR, ERRVAL, is_transient, key_owner, pending
+from ..phases import Phase
+from ..lowering.sync import merged_keys
+from ..lowering.state import GUARD_KEYS, NEW, OLD, SHAPE, ERR, ERRVAL, is_transient, pending
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     kernel_error, run_tasks
 from .placement import Placer, device_name, parse_device
@@ -161,7 +163,7 @@ class Driver:
     def __init__(self, program, placement=None, build: str = DEFAULT_BUILD, schedule: str = DEFAULT_SCHEDULE):
         graph = program.graph
         self.program = program
-        self.analysis = analyze(graph)
+        self.analysis = program.bound.checked.yield_plan  # computed once, by the checker
         self.placement = {name: parse_device(dev) for name, dev in (placement or {}).items()}
         for name in self.placement:
             if graph.block(name) is None or name == "entry":
@@ -287,9 +289,7 @@ class Driver:
                     ck.plan(const_avals, dict(snap), set(), set(snap), self._count)
                     vals = tuple(self.program.consts[k] for k in ck.const_keys)
                     ck.const_vals = tuple(jax.device_put(v, dev) for v in vals) if placed else vals
-                    writes = written_names(self.program.graph, self.program.graph.block(name))
-                    merged = tuple(k for k in snap if key_owner(k) in writes
-                                   and (not k.startswith("#") or k.startswith(SHAPE)))
+                    merged = tuple(merged_keys(snap, self.program.bound.checked.writes[name]))
                     ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARD_KEYS)
                     ck.span = self.program.graph.block(name).span
                     self._submit(ck)
@@ -419,7 +419,7 @@ class Driver:
 
         # the linear (topological) order: phase, its yield's consumers (name order), next phase, ...
         # A consumer depends on the phase whose yield completes the variables it awaits (every
-        # consumer of window w awaits a variable yielded there, and deadlock_diagnostics rejects
+        # consumer of window w awaits a variable yielded there, and the checker rejects
         # awaiting one yielded later); a phase depends on the previous phase and, at an await, on
         # every consumer of that window.
         tasks: list[Task] = []

@@ -23,6 +23,8 @@ from .kernels import StepKernels
 from .placement import Placer, resolve_device
 from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
 from ..ops.numerical import MATMUL_PRECISION
+from ..lowering import loops
+from ..lowering.loops import LoopPolicy
 from ..lowering.step import StepBuilder, build_lowering
 
 if TYPE_CHECKING:
@@ -43,12 +45,15 @@ class Program:
       `jax.export`; its caller must call `check(state)` to see runtime errors."""
 
     def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None,
-                 driver: dict | None = None):
+                 driver: dict | None = None, unroll="auto"):
         """`placer`: where values live (placement.Placer; sharding.ShardingPlacer over a mesh).
         `driver`: run each step with the yield/await host driver (driver.Driver) with these
-        options (`placement`, `build`, `schedule`); None: the fused step."""
+        options (`placement`, `build`, `schedule`); None: the fused step. `unroll`: the loop
+        policy's option (lowering/loops.py; it also decides which families are held member by member)."""
+        self.unroll = loops.check_unroll(unroll)
         self.bound = bound
         self.graph: ir.Graph = bound.graph
+        self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
         self.device = resolve_device(device)
         self.placer = placer if placer is not None else Placer(self.device)
         self.yield_mode = yield_mode
@@ -80,7 +85,14 @@ class Program:
     # ------------------------------------------------------------------ plumbing
 
     precision = "highest"  # float matmul precision while tracing (api.compile(precision=...))
+    unroll = "auto"  # how `loop` lowers while tracing (api.compile(unroll=...); lowering/loops.py)
     zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file this program was bound to: the one given, or the `.oinf` found beside the
+        graph (pipeline.choose_model); None without a model."""
+        return self.bound.model_path
 
     def check_given(self, names) -> None:
         """OiError unless every input the graph reads without a default of its own is in `names`
@@ -90,16 +102,37 @@ class Program:
             check_given_inputs(self.bound, key, self.zero_missing_inputs)
             self._given_ok.add(key)
 
+    def loop_policy(self) -> LoopPolicy:
+        """The loop lowering policy in force while tracing (lowering/loops.py): `unroll` and the
+        platform the step runs on (the device's, the mesh's, else JAX's default backend)."""
+        cached = self.__dict__.get("_loop_policy")
+        if cached is None or cached.unroll != self.unroll:
+            mesh = getattr(self.placer, "mesh", None)
+            device = self.device if self.device is not None else \
+                (mesh.devices.flat[0] if mesh is not None else None)
+            platform = device.platform if device is not None else jax.default_backend()
+            cached = self.__dict__["_loop_policy"] = LoopPolicy(self.unroll, platform)
+        return cached
+
     def scope(self) -> "_Scope":
         """The context every trace and dispatch of this program runs in: 64-bit types on, the
         program's matmul precision and device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
     def _host_consts(self) -> dict:
-        """Every constant (packed types packed), prefix-table family and non-uniform initial value."""
+        """Every constant (packed types packed), prefix-table family and non-uniform initial value.
+        A family whose every read is at a static index under the loop policy is held member by
+        member (`W[0]`, `W[1]`, ...: lowering/loops.split_families), else stacked."""
+        from ..lowering.context import Tracer
+        split = loops.split_families(Tracer(self.lowering, {}), self.loop_policy())
         consts = {}
         for decl in self.graph.vars:
-            if decl.is_prefix_table:
+            if decl.is_prefix_table and decl.name in split:
+                family = self.bound.family(decl.name)
+                k = len(decl.index_params)
+                for index in np.ndindex(*family.shape[:k]):
+                    consts[loops.member_key(decl.name, index)] = family[index]
+            elif decl.is_prefix_table:
                 consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
                 consts[decl.name] = self._const_value(decl)
@@ -556,8 +589,8 @@ class PureStepHot:
 
 
 class _Scope:
-    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the default device."""
-    __slots__ = ("program", "token", "x64", "dev")
+    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the loop policy, the default device."""
+    __slots__ = ("program", "token", "loops", "x64", "dev")
 
     def __init__(self, program):
         self.program = program
@@ -565,11 +598,13 @@ class _Scope:
     def __enter__(self):
         prog = self.program
         self.token = MATMUL_PRECISION.set(prog.precision)
+        self.loops = loops.set_policy(prog.loop_policy())
         self.dev = None
         try:
             self.x64 = jax.enable_x64(True)
             self.x64.__enter__()
         except BaseException:
+            loops.reset(self.loops)
             MATMUL_PRECISION.reset(self.token)
             raise
         if prog.device is not None:
@@ -589,5 +624,6 @@ class _Scope:
             try:
                 self.x64.__exit__(*exc)
             finally:
+                loops.reset(self.loops)
                 MATMUL_PRECISION.reset(self.token)
         return False

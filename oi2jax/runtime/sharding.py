@@ -25,6 +25,7 @@ from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
 from ..lowering.context import ERR, ERRVAL, GROW
+from ..lowering.loops import member_base
 from .placement import Placer
 from .program import Program
 
@@ -168,7 +169,7 @@ class ShardingPlacer(Placer):
 
     def spec_for(self, key: str, shape: tuple[int, ...]) -> P:
         """PartitionSpec for a value named `key` (state / const / dynamic key) of `shape`."""
-        name = key[len(INIT_PREFIX):] if key.startswith(INIT_PREFIX) else key
+        name = key[len(INIT_PREFIX):] if key.startswith(INIT_PREFIX) else member_base(key)  # W[3]: as W's member
         if "#" in name:  # bookkeeping (sizes, present masks, guards): replicated
             return P()
         decl = self.graph.var(name)
@@ -277,9 +278,9 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
                                process_id=process_id)
 
 
-def compile_sharded(bound, mesh, shard, yield_mode: str = "fused") -> Program:
+def compile_sharded(bound, mesh, shard, yield_mode: str = "fused", unroll="auto") -> Program:
     """A `Program` whose values live on `mesh` (a `ShardingPlacer`): constants loaded shard by
     shard, results gathered on the host."""
     if isinstance(mesh, (str, dict)):
         mesh = make_mesh(mesh)
-    return Program(bound, placer=ShardingPlacer(bound, mesh, shard or {}), yield_mode=yield_mode)
+    return Program(bound, placer=ShardingPlacer(bound, mesh, shard or {}), yield_mode=yield_mode, unroll=unroll)

@@ -1,0 +1,261 @@
+"""How a `loop` lowers: unrolled, partly unrolled or a loop -- the one policy (docs/loops.md).
+
+`plan(node, trips, tr)` decides for one `loop` node from its static trip count n (None when a
+bound is read at run time), its body's cost c (IR nodes one iteration traces, nested loops and
+inlined branch targets included), whether its body reads a prefix-table member indexed by the
+loop variable (`W[l]`: per-iteration constants, a *layer loop*) and the `LoopPolicy` in force:
+the per-graph `unroll` option and the platform the program runs on.
+
+- `unroll="none"`: `lax.fori_loop`. `"full"`: every loop with a static trip count is a Python
+  loop with a static index. An int k: `fori_loop(..., unroll=k)` (k >= n: full).
+- `"auto"`: on CPU every loop stays a loop (unrolling measured faster there only for some
+  shapes, partial unrolling slower: docs/loops.md). On GPU/TPU a trip count read at run time, or
+  a body without per-iteration constants, is a loop; a layer loop is fully unrolled when
+  n x c <= UNROLL_BUDGET, else `unroll=k` with the largest k <= n such that k x c <= UNROLL_BUDGET
+  (k >= 2), else a loop.
+
+An unrolled loop's index is a Python int, so `W[l]` is static; a family every read of which is
+static is held member by member (`split_families`: `W[0]`, `W[1]`, ... are separate buffers), so
+an unrolled layer reads its own weight buffer -- no dynamic-slice and no slice either (XLA
+materialises a slice of a stacked parameter as a copy, as it does a dynamic-slice).
+
+The policy is a context variable, like the matmul precision: `Program.scope()` sets it from
+`Program.unroll` and the program's platform; lowering code reads `current()`. `lowering/` does
+not import `runtime/`.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+
+from .. import ir
+from ..diagnostics import OiError
+
+MODES = ("auto", "none", "full")
+ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")  # jax platform names that get the accelerator rule
+UNROLL_BUDGET = 1024  # auto: IR nodes an unrolled loop may trace (n x body cost): bounds compile time
+
+
+def check_unroll(value) -> "str | int":
+    """The normalized `unroll` option: "auto" | "none" | "full" | an int k >= 1 (a string of
+    digits is accepted, as given on the command line); anything else is an OiError."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in MODES:
+            return text
+        if text.isdigit():
+            value = int(text)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value >= 1:
+            return value
+        raise OiError(f"unroll={value!r}: a partial unroll factor must be an integer >= 1")
+    raise OiError(f"unknown unroll {value!r} (expected auto, none, full or an unroll factor k >= 1)")
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    unroll: "str | int" = "auto"
+    platform: str = "cpu"  # jax platform name: cpu | gpu | cuda | rocm | tpu
+
+    @property
+    def accelerator(self) -> bool:
+        return self.platform in ACCELERATORS
+
+
+_POLICY = contextvars.ContextVar("oi2jax_loop_policy", default=LoopPolicy())
+
+
+def current() -> LoopPolicy:
+    return _POLICY.get()
+
+
+def set_policy(policy: LoopPolicy):
+    """Set the policy; returns the token for `reset` (Program.scope())."""
+    return _POLICY.set(policy)
+
+
+def reset(token) -> None:
+    _POLICY.reset(token)
+
+
+@contextlib.contextmanager
+def using(policy: LoopPolicy):
+    token = _POLICY.set(policy)
+    try:
+        yield policy
+    finally:
+        _POLICY.reset(token)
+
+
+def platform_of(platforms) -> str:
+    """One platform for the policy from several (jax.export `platforms`): an accelerator's
+    when any is one (the unrolled program is also correct, and compiles, on CPU)."""
+    platforms = [str(p).lower() for p in platforms]
+    return next((p for p in platforms if p in ACCELERATORS), platforms[0] if platforms else "cpu")
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """`unroll`: a Python loop with a static index; else `fori_loop(..., unroll=factor)`."""
+
+    unroll: bool
+    factor: int = 1
+    reason: str = ""
+
+
+def static_trips(node: ir.Loop, tr) -> int | None:
+    """The loop's trip count when both bounds are static (control._bound's static cases)."""
+    bounds = []
+    for value in (node.start, node.end):
+        b = tr.bound.loop_bound(value)
+        if b is None and isinstance(value, str):
+            b = tr.static_scalar(value)
+        if b is None:
+            return None
+        bounds.append(int(b))
+    return max(bounds[1] - bounds[0], 0)
+
+
+def _refs(n):
+    """The variable references of one node (op inputs and output, transfers, cache sources and
+    destinations)."""
+    if isinstance(n, ir.Op):
+        yield from n.inputs
+        yield ir.VarRef(n.output, n.output_span)
+    elif isinstance(n, ir.Transfer):
+        yield n.src
+        yield n.dst
+    elif isinstance(n, ir.CacheWrite):
+        yield n.src
+    elif isinstance(n, ir.CacheRead):
+        yield n.dst
+
+
+def _walk_refs(nodes):
+    """(reference, the loop variables bound around it inside `nodes`) over nested loops."""
+    for n in nodes:
+        if isinstance(n, ir.Loop):
+            for r, inner in _walk_refs(n.body):
+                yield r, inner | {n.var}
+        else:
+            for r in _refs(n):
+                yield r, frozenset()
+
+
+def reads_per_iteration(node: ir.Loop) -> bool:
+    """Whether the body reads a prefix-table member indexed by the loop variable (`W[l]`),
+    in nested loops too: the constants differ every iteration (a layer loop)."""
+    return any(r.indices is not None and node.var in r.indices and node.var not in inner
+               for r, inner in _walk_refs(node.body))
+
+
+def body_cost(nodes, tr, policy: LoopPolicy) -> int:
+    """IR nodes one pass over `nodes` traces: nested loops by their own plan (n x cost when
+    unrolled), branches with the blocks they inline."""
+    from .machine import inline_costs
+    costs = inline_costs(tr)
+    total = 0
+    for n in nodes:
+        total += 1
+        if isinstance(n, ir.Loop):
+            inner = body_cost(n.body, tr, policy)
+            p = _decide(n, static_trips(n, tr), inner, policy)
+            total += inner * (static_trips(n, tr) if p.unroll else max(p.factor, 1))
+        elif isinstance(n, ir.Branch):
+            total += sum(costs.get(t, 0) for t in (n.then_block, n.else_block) if t)
+    return total
+
+
+def plan(node: ir.Loop, trips: int | None, tr, policy: LoopPolicy | None = None) -> Plan:
+    """How loop `node` with static trip count `trips` (None: read at run time) lowers under
+    `policy` (default: the one in force)."""
+    policy = current() if policy is None else policy
+    if trips is None:
+        return Plan(False, 1, "trip count read at run time")
+    return _decide(node, trips, body_cost(node.body, tr, policy), policy)
+
+
+def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy) -> Plan:
+    mode = policy.unroll
+    if trips is None:
+        return Plan(False, 1, "trip count read at run time")
+    if mode == "none":
+        return Plan(False, 1, "unroll=none")
+    if mode == "full":
+        return Plan(True, trips, "unroll=full")
+    if isinstance(mode, int):
+        if mode >= trips:
+            return Plan(True, trips, f"unroll={mode} >= {trips} iterations")
+        return Plan(False, mode, f"unroll={mode}")
+    # auto
+    where = f"auto on {policy.platform}"
+    if not policy.accelerator:  # CPU: unrolling measured faster only for some shapes (docs/loops.md)
+        return Plan(False, 1, f"{where}: a loop")
+    if not reads_per_iteration(node):
+        return Plan(False, 1, f"{where}: no per-iteration constant")
+    size = trips * max(cost, 1)
+    if size <= UNROLL_BUDGET:
+        return Plan(True, trips, f"{where}: layer loop, {trips} x {cost} nodes")
+    k = min(trips, UNROLL_BUDGET // max(cost, 1))
+    if k >= 2:
+        return Plan(False, k, f"{where}: layer loop over budget ({trips} x {cost} nodes), unroll={k}")
+    return Plan(False, 1, f"{where}: layer loop body over budget ({cost} nodes)")
+
+
+# ------------------------------------------------------------------------------ family layout
+
+
+def member_key(name: str, index: tuple[int, ...]) -> str:
+    """The constant key of one member of a family held member by member: `W[3]`, `QKV[1,0]`."""
+    return f"{name}[{','.join(str(int(i)) for i in index)}]"
+
+
+def member_base(key: str) -> str:
+    """The family name of a member key (`W[3]` -> `W`); any other key as it is."""
+    return key.split("[", 1)[0] if key.endswith("]") else key
+
+
+def split_families(tr, policy: LoopPolicy) -> set[str]:
+    """Prefix tables every read of which has static indices under `policy` (literals, sizes,
+    constant scalars, indices of unrolled loops): the program holds them member by member
+    (`member_key`), so an unrolled layer reads its own weight buffer -- no slice of the stacked
+    family, which XLA materialises as a copy (docs/loops.md). A family with any traced read
+    (a fori loop's index, a persistent scalar) stays stacked, for dynamic-slice."""
+    graph = tr.graph
+    families = {d.name: d for d in graph.vars if d.is_prefix_table}
+    traced: set[str] = set()
+
+    def static(raw, unrolled: dict) -> bool:
+        if isinstance(raw, int):
+            return True
+        if raw in unrolled:  # the innermost loop of that name
+            return unrolled[raw]
+        if raw in tr.bound.sizes:
+            return True
+        decl = graph.var(raw)
+        return decl is not None and decl.kind == ir.MemKind.CONSTANT and tr.static_scalar(raw) is not None
+
+    def walk(nodes, unrolled: dict):
+        for n in nodes:
+            if isinstance(n, ir.Loop):
+                trips = static_trips(n, tr)
+                body = n.body
+                returns = any(isinstance(b, ir.Return) for b in body)  # control._until_return: index lo
+                inner = dict(unrolled)
+                inner[n.var] = returns and trips is not None or plan(n, trips, tr, policy).unroll
+                walk(body, inner)
+                continue
+            for r in _refs(n):
+                if r.name in families:
+                    decl = families[r.name]
+                    if r.indices is None or len(r.indices) != len(decl.index_params) or \
+                            not all(static(i, unrolled) for i in r.indices):
+                        traced.add(r.name)
+
+    for block in graph.blocks:
+        walk(block.nodes, {})
+    return set(families) - traced
