@@ -57,7 +57,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import oi2jax  # noqa: E402
-from oi2jax.model import open_model  # noqa: E402
 
 from benchmarks.handwritten.llama import LlamaJax  # noqa: E402
 
