@@ -80,3 +80,22 @@ def test_decode_benchmark_smoke(tmp_path):
     case, tiny = decode_cases("tiny")[1]
     r = bench(case, tiny, Path(tmp_path), None, reps=1)
     assert r["n_fused"] > 0 and all(np.isfinite(r[k]) and r[k] > 0 for k in ("a/b", "c/d", "c/b"))
+
+
+def test_llama_benchmark_smoke(tmp_path):
+    """benchmarks/llama.py end to end on a one-layer Llama: oi2jax and the hand-written model agree
+    (asserted inside bench), (a)-(d) measured, a fresh-process worker's measurements, the report."""
+    from benchmarks.llama import LlamaCase, bench, make_model, report, worker
+    case = LlamaCase("smoke", vocab=64, hidden=32, layers=1, heads=4, kv_heads=2, intermediate=48,
+                     max_positions=24, prompt=6, gen=4)
+    model = make_model(case, tmp_path)
+    r = bench(case, model, None, reps=1, cd_reps=1, scan_form=False)
+    assert r["rel_err"] <= 1e-4 and r["same_tokens"]
+    assert all(np.isfinite(r[k]) and r[k] > 0 for k in ("a/b", "c/d", "floor_s"))
+    w = worker("hand", case, model, None)
+    assert w["ttft_s"] > 0 and w["peak_bytes"] >= 0 and len(w["last_tokens"]) == 4
+    r.update(ttft_oi2jax_s=1.0, ttft_hand_s=w["ttft_s"], ttft_ratio=1.0 / w["ttft_s"], peak_oi2jax_bytes=1,
+             peak_hand_bytes=w["peak_bytes"], mem_ratio=1.0, mem_method=w["mem_method"], fresh_repeats=1)
+    text = report([r], ["a skipped case"], dict(machine="m", device="cpu", jax="x", profile="smoke", gpu=False,
+                                               load_before=0.0, load_after=0.0))
+    assert "| smoke (D=32 L=1" in text and "Skipped: a skipped case" in text and "TTFT" in text
