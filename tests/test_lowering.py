@@ -104,8 +104,10 @@ def test_prefix_table_in_loop_is_one_stacked_array(tmp_path):
     prog = compile_text(PREFIX, model=path)
     x = rng.standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(prog.run({"x": x})["y"], x @ ws[0] @ ws[1] @ ws[2], rtol=1e-5)
-    jaxpr = prog.emit("jaxpr")
-    assert jaxpr.count("dot_general") == 1  # the loop body is traced once
+    assert prog.emit("jaxpr").count("dot_general") == 3  # auto: a layer loop within budget is unrolled
+    as_loop = compile_text(PREFIX, model=path, unroll="none")
+    np.testing.assert_array_equal(as_loop.run({"x": x})["y"], prog.run({"x": x})["y"])
+    assert as_loop.emit("jaxpr").count("dot_general") == 1  # a loop: the body traced once
     with pytest.raises(OiError, match=r"w\.3"):
         compile_text(PREFIX, model=path, sizes={"L": 4}).run({"x": x})
 

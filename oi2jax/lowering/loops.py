@@ -8,11 +8,11 @@ the per-graph `unroll` option and the platform the program runs on.
 
 - `unroll="none"`: `lax.fori_loop`. `"full"`: every loop with a static trip count is a Python
   loop with a static index. An int k: `fori_loop(..., unroll=k)` (k >= n: full).
-- `"auto"`: on CPU every loop stays a loop (unrolling measured faster there only for some
-  shapes, partial unrolling slower: docs/loops.md). On GPU/TPU a trip count read at run time, or
-  a body without per-iteration constants, is a loop; a layer loop is fully unrolled when
-  n x c <= UNROLL_BUDGET, else `unroll=k` with the largest k <= n such that k x c <= UNROLL_BUDGET
-  (k >= 2), else a loop.
+- `"auto"`: a trip count read at run time, or a body without per-iteration constants, is a
+  loop; a layer loop is fully unrolled when n x c <= UNROLL_BUDGET (every platform: the per-layer
+  dynamic-slice copy of the weights costs a single-token decode 1.3-2x on CPU too, docs/loops.md);
+  over the budget, on GPU/TPU `unroll=k` with the largest k <= n such that k x c <= UNROLL_BUDGET
+  (k >= 2), else a loop; on CPU a loop (partial unrolling measured slower there).
 
 An unrolled loop's index is a Python int, so `W[l]` is static; a family every read of which is
 static is held member by member (`split_families`: `W[0]`, `W[1]`, ... are separate buffers), so
@@ -193,13 +193,13 @@ def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy) -> 
         return Plan(False, mode, f"unroll={mode}")
     # auto
     where = f"auto on {policy.platform}"
-    if not policy.accelerator:  # CPU: unrolling measured faster only for some shapes (docs/loops.md)
-        return Plan(False, 1, f"{where}: a loop")
     if not reads_per_iteration(node):
         return Plan(False, 1, f"{where}: no per-iteration constant")
     size = trips * max(cost, 1)
     if size <= UNROLL_BUDGET:
         return Plan(True, trips, f"{where}: layer loop, {trips} x {cost} nodes")
+    if not policy.accelerator:  # CPU: partial unrolling measured slower than a loop (docs/loops.md)
+        return Plan(False, 1, f"{where}: layer loop over budget ({trips} x {cost} nodes), a loop")
     k = min(trips, UNROLL_BUDGET // max(cost, 1))
     if k >= 2:
         return Plan(False, k, f"{where}: layer loop over budget ({trips} x {cost} nodes), unroll={k}")
