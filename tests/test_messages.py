@@ -64,6 +64,16 @@ def test_reusing_a_donated_state_says_what_to_do():
                                       r"buffers: pass the state that step returned"):
         prog.step(state, q=q)
     prog.step(new, q=q)
+    sess = prog.session()
+    live = sess.state  # the session's own buffers: its next step donates them
+    sess.step(q=q)
+    with pytest.raises(OiError, match=r"already used by a step, which took over \(donated\) its buffers: start the "
+                                      r"session from host values instead \(`prog.session\(state=sess.values\(\)\)`\)"):
+        prog.session(state=live)
+    again = prog.session(state=sess.values())
+    want, got = sess.step(q=q), again.step(q=q)
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
 
 
 def test_named_return_still_reports_every_variable():

@@ -261,13 +261,13 @@ class Program:
             return out
 
     @staticmethod
-    def _refuse_used(state) -> None:
+    def _refuse_used(state, fix: str = "pass the state that step returned (`state, out = "
+                                            "prog.step(state, ...)`)") -> None:
         """OiError when `state` holds buffers an earlier step took over (donated)."""
         if any(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.is_deleted()
                for a in jax.tree.leaves(state)):
             raise OiError("this state was already used by a step, which took over (donated) its "
-                          "buffers: pass the state that step returned (`state, out = "
-                          "prog.step(state, ...)`)") from None
+                          f"buffers: {fix}") from None
 
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
@@ -291,7 +291,8 @@ class Program:
 
     def session(self, state=None, max_unchecked: int | None = None) -> "Session":
         """A decode-loop session owning the state: `step(**inputs)`, `run(...)`, `read`, `save`.
-        `state`: None (program start), a `StepState`, a `{name: array}` dict or an `.npz` path
+        `state`: None (program start), a `StepState` (the session owns it: its first step donates
+        the buffers; a state already donated is an OiError), a `{name: array}` dict or an `.npz` path
         written by `Session.save` / `--out` / `--state-out`. `max_unchecked` (K, default 8):
         how many dispatched steps `step` may leave unchecked before it waits for the oldest;
         1 raises step k's error by call k+1 at the latest (docs/decode.md)."""

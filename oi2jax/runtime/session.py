@@ -99,6 +99,8 @@ class Session:
         elif isinstance(state, dict):
             self._state = self._from_values(state, "state")
         else:
+            program._refuse_used(state, "start the session from host values instead "
+                                        "(`prog.session(state=sess.values())`) or from a copy of the tree")
             self._state = state
         # whether the state's guard flags are known to hold no error (every dispatched step's
         # outcome read): the next step needs no skip. A StepState handed in is not known clean.
@@ -195,7 +197,9 @@ class Session:
 
     @property
     def state(self):
-        """The current `StepState` (raises a pending error first)."""
+        """The current `StepState` (raises a pending error first): the session's own buffers,
+        which its next step donates -- keep `values()` (host copies), or copy the tree, to use
+        them after that."""
         self.check()
         return self._state
 
