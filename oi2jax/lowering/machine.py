@@ -21,6 +21,7 @@ from jax import lax
 from .. import ir
 from .rules import lower_nodes
 from .context import Frame, Tracer
+from .state import Env
 
 # inline unless inlining costs more than this many times (plus a constant) the unique lowering
 INLINE_FACTOR = 4
@@ -39,8 +40,9 @@ def _targets(graph: ir.Graph, node: ir.Branch):
     return [t for t in (node.then_block, node.else_block) if t and graph.block(t) is not None]
 
 
-def _costs(graph: ir.Graph) -> dict[str, int]:
-    """Nodes traced when a block is inlined with every block it calls (both arms of each cond)."""
+def block_costs(graph: ir.Graph) -> dict[str, int]:
+    """Nodes traced when a block is inlined with every block it calls (both arms of each cond):
+    `Lowering.inline_costs`, computed once per lowering."""
     cost: dict[str, int] = {}
 
     def of(name: str) -> int:
@@ -68,16 +70,9 @@ def reachable(graph: ir.Graph, roots) -> list[str]:
     return sorted(order)
 
 
-def inline_costs(tr: Tracer) -> dict[str, int]:
-    """Each block's nodes traced when it is inlined with every block it calls (computed once)."""
-    if tr.lowering.inline_costs is None:
-        tr.lowering.inline_costs = _costs(tr.graph)
-    return tr.lowering.inline_costs
-
-
 def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
     graph = tr.graph
-    costs = inline_costs(tr)
+    costs = tr.lowering.inline_costs
     roots = _targets(graph, node)
     inlined = sum(costs[t] for t in roots)
     unique = sum(_own_size(graph.block(b).nodes) for b in reachable(graph, roots))
@@ -126,7 +121,7 @@ def _segments(block: ir.Block):
     return out
 
 
-def run_branch(node: ir.Branch, env: dict, frame: Frame, tr: Tracer, pred) -> dict:
+def run_branch(node: ir.Branch, env: Env, frame: Frame, tr: Tracer, pred) -> Env:
     """`branch` through the state machine (see module doc); `pred` is the condition's truth."""
     from .control import truthy
     graph = tr.graph

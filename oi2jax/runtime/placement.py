@@ -25,17 +25,24 @@ def resolve_device(device):
 class Placer:
     """Where values live: one device (default) or, in subclasses, shardings over a mesh.
 
-    Each method takes {name: host or device array} for one role and returns device arrays;
-    `jit_kwargs` adds e.g. `out_shardings` so state keeps its placement across steps."""
+    `put` takes {name: host or device array} for one role and returns device arrays, `put_state`
+    a whole step state; `jit_kwargs` adds e.g. `out_shardings` so state keeps its placement
+    across steps."""
 
     def __init__(self, device=None):
         self.device = device
 
     def put(self, role: str, values: dict) -> dict:
-        """role: 'consts' | 'state' | 'dynamic' | 'defaults'."""
+        """role: 'consts' | 'dynamic' | 'defaults'."""
         if self.device is not None:
             return jax.device_put(values, self.device)  # one batched transfer
         return {k: v if isinstance(v, jax.Array) else jnp.asarray(v) for k, v in values.items()}
+
+    def put_state(self, state):
+        """A host `StepState` (lowering/state.py) on the device, in one batched transfer."""
+        if self.device is not None:
+            return jax.device_put(state, self.device)
+        return jax.tree.map(lambda v: v if isinstance(v, jax.Array) else jnp.asarray(v), state)
 
     def jit_kwargs(self, program) -> dict:
         return {}
