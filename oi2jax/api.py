@@ -55,17 +55,13 @@ def _validate_json_graph(graph, path: str) -> None:
 def load_graph(source_or_path):
     """A path to a `.oi` file or a `.json` graph (SPEC §8.1), a graph-JSON dict, or the program text."""
     from .grammar.parse import parse, parse_file
+    from .pipeline import graph_path
     if isinstance(source_or_path, dict):
         return load_graph_json(source_or_path)
-    if isinstance(source_or_path, (str, os.PathLike)) and os.fspath(source_or_path).endswith(".json") \
-            and "\n" not in os.fspath(source_or_path):
-        return load_graph_json(source_or_path)
-    if isinstance(source_or_path, os.PathLike):
-        return parse_file(os.fspath(source_or_path))
-    text = str(source_or_path)
-    if "\n" not in text and "{" not in text and (text.endswith(".oi") or Path(text).exists()):
-        return parse_file(text)
-    return parse(text)
+    path = graph_path(source_or_path)  # the one rule for "a path, not program text" (also the model's)
+    if path is None:
+        return parse(str(source_or_path))
+    return load_graph_json(path) if path.endswith(".json") else parse_file(path)
 
 
 def default_cache_dir() -> Path:
@@ -103,12 +99,17 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from .xla_cache import watch
+    watch(str(path))  # a damaged entry: one `warning:` line, compiled again and replaced (xla_cache.py)
     return str(path)
 
 
 def load_model(model):
+    """An open `Model` from a path (a `Model` as it is); None for None or False (no model)."""
     from .model import Model, open_model
-    if model is None or isinstance(model, Model):
+    if model is None or model is False:
+        return None
+    if isinstance(model, Model):
         return model
     return open_model(os.fspath(model))
 
@@ -142,20 +143,22 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     keeps every loop on CPU; "none" always a `lax.fori_loop`; "full" every loop with a static trip
     count unrolled (static slices of the stacked weights); k: `fori_loop(..., unroll=k)`. The
     values are the same bit for bit whichever is chosen; a trip count read at run time is a loop.
-    A run without an input that the graph reads and that has no model tensor or `@init` is an
-    error naming it; `zero_missing_inputs=True` asks for OpenInfer's zero-filled default."""
+    `model`: a `.oinf` path or an open `Model`; None (default): the graph's `.oinf` beside it when
+    the graph is given as a path and that file exists (`pipeline.choose_model`; `program.model_path`
+    says which file was used); False: no model.
+    A run without an input that the graph reads and that has no model tensor or `@init`, and a
+    constant with no model tensor and no `@init`, are errors naming them; `zero_missing_inputs=True`
+    asks for OpenInfer's zero-filled default."""
     from .lowering.loops import check_unroll
     unroll = check_unroll(unroll)
     if mode == "interpret" and unroll != "auto":
         raise OiError(f"unroll={unroll!r} applies to compiled programs; the interpreter runs loops as written")
-    program = _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement,
-                       cache_dir, build, schedule, precision, ops, unroll)
-    program.zero_missing_inputs = bool(zero_missing_inputs)
-    return program
+    return _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement,
+                    cache_dir, build, schedule, precision, ops, unroll, bool(zero_missing_inputs))
 
 
 def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh, shard, placement, cache_dir,
-             build, schedule, precision, ops=None, unroll="auto"):
+             build, schedule, precision, ops=None, unroll="auto", zero_missing_inputs=False):
     from .runtime.executor import check_build, check_schedule
     from .ops.numerical import PRECISIONS
     if precision not in PRECISIONS:
@@ -169,7 +172,8 @@ def _compile(source_or_path, model, sizes, device, mode, yield_mode, trace, mesh
     if yield_mode not in YIELD_MODES:
         raise OiError(f"unknown yield_mode {yield_mode!r} (expected one of {', '.join(YIELD_MODES)})")
     from . import pipeline
-    bound = pipeline.bound(source_or_path, model, sizes, ops)  # load -> check -> bind, shared with export and the CLI
+    # load -> check -> bind, shared with export and the CLI
+    bound = pipeline.bound(source_or_path, model, sizes, ops, zero_missing_inputs=zero_missing_inputs)
     graph = bound.graph
     if mode == "interpret":
         if precision != "highest":

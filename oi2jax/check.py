@@ -26,9 +26,11 @@ from .ir import MemKind
 from .phases import YieldPlan, block_writes, read_before_written
 
 
-def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> list[Diagnostic]:
-    """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`)."""
-    checker = _Checker(graph, model, sizes, ops)
+def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
+          no_model: str | None = None) -> list[Diagnostic]:
+    """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`);
+    `no_model`: why there is no model, for the messages that need it (pipeline.ModelChoice)."""
+    checker = _Checker(graph, model, sizes, ops, no_model)
     checker.run()
     return sorted(checker.diags, key=_sort_key)
 
@@ -56,9 +58,10 @@ class CheckedGraph:
         return sig
 
 
-def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> CheckedGraph:
+def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
+                no_model: str | None = None) -> CheckedGraph:
     """The checked graph, or `OiError` with every error (THE check of the pipeline)."""
-    checker = _Checker(graph, model, sizes, ops)
+    checker = _Checker(graph, model, sizes, ops, no_model)
     checker.run()
     diags = sorted(checker.diags, key=_sort_key)
     errors = [d for d in diags if d.severity == "error"]
@@ -84,12 +87,13 @@ def _sort_key(d: Diagnostic):
 class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, RuntimeShapeRules):
     """Checker state, lookups and the node walk; the rule groups are the mixins in `oi2jax.checks`."""
 
-    def __init__(self, graph: ir.Graph, model, sizes, registry=None):
+    def __init__(self, graph: ir.Graph, model, sizes, registry=None, no_model: str | None = None):
         from .ops.registry import builtin_registry
         self.g = graph
         self.registry = registry if registry is not None else builtin_registry()
         self.shaped: dict[str, str] = {}
         self.model = model
+        self.no_model = no_model  # why there is no model (messages.unknown_size)
         self.strict = model is not None or bool(sizes)
         self.sizes: dict[str, int] = dict(getattr(model, "sizevars", {}) or {}) if model is not None else {}
         self.sizes.update(sizes or {})

@@ -37,6 +37,8 @@ def _sizes(pairs: list[str] | None) -> dict[str, int]:
         try:
             sizes[name] = int(value)
         except ValueError:
+            if value.strip().isdigit():  # more digits than Python converts (4300): no size is that large
+                raise UsageError(f"--size {name}: a number of {len(value.strip())} digits is too large") from None
             raise UsageError(f"--size {name}: '{value}' is not an integer") from None
         if sizes[name] < 0:
             raise UsageError(f"--size {name}: size must be non-negative, got {value}")
@@ -62,12 +64,19 @@ def _refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
                 raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
 
 
-def _default_model(graph: str, model: str | None) -> str | None:
-    """`--model` defaults to `<graph>.oinf` next to the graph when that file exists."""
-    if model is not None:
-        return model
-    candidate = Path(graph).with_suffix(".oinf")
-    return str(candidate) if candidate.exists() and Path(graph).suffix in (".oi", ".json") else None
+def _model(args):
+    """This command's model (`pipeline.choose_model`, the one rule: `--model`, else GRAPH.oinf beside
+    the graph when it exists, none with `--no-model`), as a `ModelChoice` to pass on; a note says
+    which file when it was found beside the graph (not with --quiet)."""
+    choice = getattr(args, "model_choice", None)
+    if choice is None:
+        from .pipeline import NO_MODEL, choose_model
+        if args.no_model and args.model:
+            raise UsageError("give either --model or --no-model, not both")
+        choice = args.model_choice = choose_model(Path(args.graph), NO_MODEL if args.no_model else args.model)
+        if choice.beside and not getattr(args, "quiet", False):
+            print(f"note: using model {choice.path} (beside the graph)", file=sys.stderr)
+    return choice
 
 
 def _ops(args):
@@ -93,9 +102,11 @@ def _load_graph(path: str):
 def cmd_check(args) -> int:
     from .check import check
     from .model import open_model
+    sizes, ops = _sizes(args.size), _ops(args)  # the flags first: an error in them before any note
+    choice = _model(args)
     graph = _load_graph(args.graph)
-    model = open_model(args.model) if args.model else None
-    diagnostics = check(graph, model=model, sizes=_sizes(args.size), ops=_ops(args))
+    model = open_model(choice.model) if choice.model else None
+    diagnostics = check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason())
     for d in diagnostics:
         print(d.render(graph.source), file=sys.stderr)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
@@ -204,7 +215,7 @@ def _per_step_inputs(args, program, inputs: dict) -> dict:
 
 def cmd_run(args) -> int:
     from . import api
-    ins = {"graph": args.graph, "model": _default_model(args.graph, args.model), "--state-in file": args.state_in,
+    ins = {"graph": args.graph, "model": _model(args).path, "--state-in file": args.state_in,
            "--inputs-per-step file": args.inputs_per_step}
     ins.update({f"--input file of {p.partition('=')[0]}": p.partition("=")[2] for p in args.input or []})
     _refuse_inputs_as_outputs({"--out": args.out, "--state-out": args.state_out, "--trace-json": args.trace_json},
@@ -235,12 +246,18 @@ def cmd_run(args) -> int:
     if tracing and args.interpret:
         from .trace import Trace
         node_trace = Trace()
-    program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
+    program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
                           zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
                           **sharding)
     inputs = _load_inputs(args.input)
+    from .ir import MemKind
+    from .values import check_every_step_input
+    for name, value in inputs.items():
+        decl = program.graph.var(name)
+        if decl is not None and decl.kind == MemKind.DYNAMIC:  # others: the run names them
+            check_every_step_input(name, value, program.bound.shape(name))
     if args.inputs_per_step:
         inputs.update(_per_step_inputs(args, program, inputs))
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
@@ -323,14 +340,14 @@ def _report_trace(args, program, node_trace) -> None:
 
 def cmd_export(args) -> int:
     from .export import write_export
-    model = _default_model(args.graph, args.model)
+    model = _model(args)
     for suffix in ("", ".json", ".init.npz"):
-        _refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model})
+        _refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model.path})
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
-    for path in write_export(args.graph, args.output, model=_default_model(args.graph, args.model),
-                             sizes=_sizes(args.size), symbolic=symbolic, platforms=platforms, ops=_ops(args),
-                             unroll=args.unroll):
+    for path in write_export(args.graph, args.output, model=model, sizes=_sizes(args.size), symbolic=symbolic,
+                             platforms=platforms, ops=_ops(args), unroll=args.unroll,
+                             zero_missing_inputs=args.zero_missing_inputs):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -340,7 +357,7 @@ def cmd_graph(args) -> int:
     _ops(args)  # an op file that does not load is reported
     graph = _load_graph(args.graph)
     sizes = {}
-    model = _default_model(args.graph, args.model)
+    model = _model(args).model
     if model:
         from .model import open_model
         sizes.update(open_model(model).sizevars)
@@ -361,18 +378,18 @@ def cmd_compile(args) -> int:
     from . import api
     api.enable_compilation_cache(args.cache_dir)
     _refuse_inputs_as_outputs({"-o": args.output, "--dump-dir": args.dump_dir},
-                              {"graph": args.graph, "model": _default_model(args.graph, args.model)})
+                              {"graph": args.graph, "model": _model(args).path})
     if args.emit == "graph-json" and not args.dump_dir and not _sharding_kwargs(args):
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
         # graph (against the model when there is one) and write it; nothing to compile
         import json
         from . import pipeline
         from .graph_json import to_json
-        graph = pipeline.checked(Path(args.graph), _default_model(args.graph, args.model), _sizes(args.size),
-                                 _ops(args))[0].graph
+        graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size), _ops(args))[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
-    program = api.compile(args.graph, model=_default_model(args.graph, args.model), sizes=_sizes(args.size),
-                          device=args.device, precision=args.precision, ops=_ops(args), unroll=args.unroll,
+    program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
+                          precision=args.precision, zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args),
+                          unroll=args.unroll,
                           **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
@@ -446,6 +463,19 @@ def _add_cache_flag(p) -> None:
                         "'none' disables it")
 
 
+def _add_model_flags(p) -> None:
+    p.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf beside the graph, when it exists)")
+    p.add_argument("--no-model", action="store_true", help="use no model, even when GRAPH.oinf exists")
+
+
+def _add_zero_flag(p, run: bool = False) -> None:
+    p.add_argument("--zero-missing-inputs", action="store_true",
+                   help=("run even if an input the graph reads is not given and has no model tensor or @init, or a "
+                         "constant has no model tensor or @init" if run else
+                         "let a constant with no model tensor and no @init be zeros") +
+                        " (OpenInfer's zero-filled default); without it that is an error")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = _Parser(prog="oi2jax", description="Compile OpenInfer graphs (.oi) to JAX.")
@@ -454,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate a graph (and its model)")
     c.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    c.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(c)
     c.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     _add_ops_flag(c)
     c.set_defaults(func=cmd_check)
@@ -472,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a graph for N steps")
     r.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    r.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(r)
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="a dynamic variable's value, the same every step (repeatable)")
     r.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
@@ -488,9 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
     r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
     r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")
-    r.add_argument("--zero-missing-inputs", action="store_true",
-                   help="run even if an input the graph reads is not given and has no model tensor or @init "
-                        "(OpenInfer's zero-filled default); without it that is an error")
+    _add_zero_flag(r, run=True)
     r.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="where to run (default: JAX's default)")
     r.add_argument("--interpret", action="store_true", help="use the reference interpreter")
     r.add_argument("--trace", action="store_true", help="print a trace (per node interpreted, per kernel compiled)")
@@ -513,12 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("compile", help="lower a graph and print jaxpr / StableHLO / HLO")
     k.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    k.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(k)
     k.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     k.add_argument("--emit", choices=EMIT_KINDS, default="stablehlo", help="what to print (default: stablehlo)")
     k.add_argument("-o", dest="output", help="write to this file instead of stdout")
     k.add_argument("--dump-dir", help="also write the step program and each block's kernel here")
     k.add_argument("--device", choices=("cpu", "gpu", "tpu"), help="the platform to compile for")
+    _add_zero_flag(k)
     _add_sharding_flags(k, distributed=False)
     _add_precision_flag(k)
     _add_unroll_flag(k)
@@ -528,20 +557,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write the step as a serialized jax.export artifact + manifest")
     e.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    e.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(e)
     e.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     e.add_argument("-o", dest="output", required=True, metavar="STEP.jaxexport",
                    help="the artifact to write (plus STEP.jaxexport.json and .init.npz beside it)")
     e.add_argument("--symbolic", action="append", metavar="SIZEVAR",
                    help="export with this size variable as a symbolic dimension (repeatable, or B,T)")
     e.add_argument("--platforms", metavar="cpu,cuda,...", help="lowering platforms (default: the current backend)")
+    _add_zero_flag(e)
     _add_unroll_flag(e)
     _add_ops_flag(e)
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("graph", help="draw the control-flow graph (DOT; SVG/PNG with Graphviz)")
     g.add_argument("graph", help="the graph: a .oi file or an OpenInfer graph .json")
-    g.add_argument("--model", help="the .oinf model (default: GRAPH with .oinf, when it exists)")
+    _add_model_flags(g)
     g.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     g.add_argument("-o", dest="output", metavar="cfg.svg|cfg.png|cfg.dot", help="default: DOT on stdout")
     _add_ops_flag(g)

@@ -120,9 +120,11 @@ def export_platforms(platforms=None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None, ops=None, unroll="auto"):
-    """(exported, manifest, npz_arrays) for the graph; nothing written. `unroll`: the loop policy
-    (docs/loops.md) for the export platforms (an accelerator's when any is one)."""
+def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None, ops=None, unroll="auto",
+                 zero_missing_inputs=False):
+    """(exported, manifest, npz_arrays) for the graph; nothing written. `model`: as `oi2jax.compile`
+    (default: the `.oinf` beside a graph path, pipeline.choose_model; False: none). `unroll`: the
+    loop policy (docs/loops.md) for the export platforms (an accelerator's when any is one)."""
     import jax
     from .lowering import loops
     unroll = loops.check_unroll(unroll)
@@ -134,7 +136,8 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     symbolic = tuple(symbolic or ())
     platforms = export_platforms(platforms)
     from . import pipeline
-    bound = pipeline.bound(source_or_path, model, sizes, ops)  # the checker already refuses deadlocks
+    bound = pipeline.bound(source_or_path, model, sizes, ops,  # the checker already refuses deadlocks
+                           zero_missing_inputs=zero_missing_inputs)
     graph = bound.graph
     unknown = [s for s in symbolic if s not in bound.sizes]
     if unknown:
@@ -285,12 +288,13 @@ def _tree(env) -> dict:
 
 
 def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None,
-                 unroll="auto") -> list[str]:
+                 unroll="auto", zero_missing_inputs=False) -> list[str]:
     """Write the artifact, its manifest and the initial-state npz; returns the paths written."""
     import jax
     with jax.enable_x64(True):
         exported, manifest, npz = build_export(source_or_path, model=model, sizes=sizes, symbolic=symbolic,
-                                               platforms=platforms, ops=ops, unroll=unroll)
+                                               platforms=platforms, ops=ops, unroll=unroll,
+                                               zero_missing_inputs=zero_missing_inputs)
         try:
             blob = exported.serialize()
         except ImportError as exc:  # jax.export serialization needs the optional `flatbuffers`

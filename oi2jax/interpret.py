@@ -51,7 +51,7 @@ from .limits import check_sizes
 from .model.bind import AttrVar
 from .values import convert_input, convert_output
 
-MAX_DEPTH = 2_000  # frame stack depth (unbounded recursion through `branch`)
+MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
 
 
@@ -94,6 +94,9 @@ class InterpretedProgram(CacheOps):
 
         self.bound = bound
         self.graph: ir.Graph = bound.graph
+        self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
+        # a call chain visits each block at most once (no recursion), each with its loops' frames
+        self._max_depth = MAX_DEPTH + len(bound.graph.blocks) * (ir.MAX_LOOP_DEPTH + 1)
         self.trace = trace if trace is not None else Trace.from_env()
         g = self.graph
         assert g.entry is not None, CHECKED
@@ -106,6 +109,11 @@ class InterpretedProgram(CacheOps):
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
         self.state = self._initial_state()
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file this program was bound to (as `Program.model_path`)."""
+        return self.bound.model_path
 
     # ------------------------------------------------------------------ declarations / values
 
@@ -342,16 +350,16 @@ class InterpretedProgram(CacheOps):
             target = node.then_block if taken else node.else_block
         blk = self.graph.block(target)
         assert blk is not None, CHECKED
-        if len(frames) >= MAX_DEPTH:
-            raise self._err(f"branch to {target}: call depth exceeds {MAX_DEPTH} (unbounded recursion?)", node)
+        if len(frames) >= self._max_depth:
+            raise self._err(f"branch to {target}: call depth exceeds {self._max_depth} (unbounded recursion?)", node)
         frames.append(Frame(target, blk.nodes))
 
     def _loop(self, node: ir.Loop, f, frames, st: State, ctx) -> None:
         start = self._bound(node.start, frames, st, node)
         end = self._bound(node.end, frames, st, node)
         if start < end:
-            if len(frames) >= MAX_DEPTH:
-                raise self._err(f"loop {node.name}: frame depth exceeds {MAX_DEPTH}", node)
+            if len(frames) >= self._max_depth:
+                raise self._err(f"loop {node.name}: frame depth exceeds {self._max_depth}", node)
             frames.append(Frame(f.block, node.body, 0, node, start, end))
 
     def _return(self, node, f, frames, st, ctx) -> None:

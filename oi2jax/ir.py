@@ -15,7 +15,6 @@ from typing import Iterator, Union
 
 # nesting limits (one definition: the parser, the checker and the lowering read them)
 MAX_LOOP_DEPTH = 32  # loops inside loops
-MAX_CALL_DEPTH = 64  # blocks calling blocks through `branch`
 MAX_RANK = 64  # dimensions of one value (NumPy's limit)
 
 

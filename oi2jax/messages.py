@@ -15,14 +15,26 @@ def _dims(shape) -> str:
     return str([int(d) for d in shape])
 
 
+def unknown_size(var: str, size: str, model=None, no_model: str | None = None) -> str:
+    """A declaration's dim names a size that neither the sizes given nor the model define (the
+    checker says it when sizes are given, binding otherwise). Why: the model lacks it, or there is
+    no model (`no_model`: pipeline.ModelChoice.no_model_reason, where the default was looked for)."""
+    path = getattr(model, "path", None)
+    why = f" (not a size variable of model {path})" if path is not None else \
+        f" ({no_model})" if model is None and no_model else ""
+    return f"invalid dims for {var}: unknown size: {size}{why}"
+
+
 def negative_index(table: str, what: str, value) -> str:
     """A cache index (`what`: "index i", "slice start") that is negative when it is used."""
     return f"cache index cannot be negative: {table} {what} is {value}"
 
 
 def exceeds_fixed(table: str, dim: int, fixed: int, what: str, value) -> str:
-    """A table access past a `@fixed` size (`what`: "index" for a single index, "slice end")."""
-    return f"cache table {table} index {dim} exceeds fixed size {fixed} ({what} {value})"
+    """A table access past a `@fixed` size (`what`: "index" for a single index, "slice end"). The
+    dimension is named as such: OpenInfer's "cache table K index 0 exceeds fixed size 4 (index 4)"
+    read as if the index were 0."""
+    return f"dimension {dim} of {table}: {what} {value} is past its fixed size {fixed}"
 
 
 def slice_end_underflow(table: str, size) -> str:

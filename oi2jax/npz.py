@@ -1,18 +1,46 @@
-"""Writing `.npz` files safely: members written one by one (any variable name, even `file` or
-`allow_pickle`, which `np.savez(**kw)` would swallow) into a temporary file in the target's
-directory that is renamed over the target only once complete, so an interrupted write never
-leaves a half-written file nor destroys the previous one."""
+"""Writing `.npz` files (and every other output) safely: members written one by one (any variable
+name, even `file` or `allow_pickle`, which `np.savez(**kw)` would swallow) into a temporary file in
+the target's directory that is renamed over the target only once complete, so an interrupted write
+never leaves a half-written file nor destroys the previous one. The file gets the permissions a
+plain write gives (`output_mode`: the umask, or the mode of the file replaced)."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import zipfile
 
 import numpy as np
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where the system says it (/proc/self/status,
+    Linux 4.7+: no window in which another thread creates files with a different mask); else set
+    and restored at once."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def output_mode(path) -> int:
+    """The permissions a plain `open(path, "w")` gives: those of the file it replaces, else 0o666
+    less the umask (a temporary file is created 0o600: written outputs must not stay so)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~umask()
+
+
 def write_atomic(path, write) -> None:
-    """Call `write(file_object)` on a temporary file next to `path`, then rename it to `path`."""
+    """Call `write(file_object)` on a temporary file next to `path`, then rename it to `path`
+    (with the permissions `output_mode` gives, as any other written file)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(21, "is a directory", path)
@@ -22,6 +50,7 @@ def write_atomic(path, write) -> None:
     except OSError as exc:  # report the path the user gave, not the temporary name
         raise type(exc)(exc.errno, exc.strerror, path) from None
     try:
+        os.chmod(tmp, output_mode(path))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -136,7 +136,7 @@ _WRITES, _READS, _DEFINES = _Writes(), _Reads(), _Defines()
 
 def node_writes(node: ir.Node) -> tuple[str, ...]:
     """The variables one node certainly writes (THE definition, used by the window checks and
-    `written_names`): an op's output, a transfer's or cache read's destination, and the persistent
+    `block_writes`): an op's output, a transfer's or cache read's destination, and the persistent
     variable of cache.write / reset / increment / decrement. NotImplementedError for a node type
     this does not know."""
     return _WRITES.visit(node)
@@ -158,28 +158,42 @@ def node_defines(node: ir.Node) -> set[str]:
     return _DEFINES.visit(node)
 
 
-def written_names(graph: ir.Graph, block: ir.Block, seen=None) -> set[str]:
-    """Variables a block (and the blocks it calls) may write (`CheckedGraph.writes` holds it for
-    every block)."""
-    seen = set() if seen is None else seen
-    if block.name in seen:
-        return set()
-    seen.add(block.name)
-    out: set[str] = set()
-    for node in block.walk():
-        out.update(node_writes(node))
-        if isinstance(node, ir.CacheRead):
-            out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
-        elif isinstance(node, ir.Branch):
-            for target in (node.then_block, node.else_block):
-                if target and graph.block(target):
-                    out |= written_names(graph, graph.block(target), seen)
-    return out
-
-
 def block_writes(graph: ir.Graph) -> Mapping[str, frozenset[str]]:
-    """`written_names` of every block, by name (what `CheckedGraph.writes` carries)."""
-    return MappingProxyType({b.name: frozenset(written_names(graph, b)) for b in graph.blocks})
+    """THE variables each block (and the blocks it calls) may write, by name (what
+    `CheckedGraph.writes` carries): its nodes' `node_writes` and the tables and `@auto_dim` tensors
+    it reads (a read may grow them), with those of the blocks it calls, computed once per block
+    after its callees (linear in the blocks: a chain of thousands is not walked once per block)."""
+    own: dict[str, frozenset[str]] = {}
+    calls: dict[str, list[str]] = {}
+    for b in graph.blocks:
+        out: set[str] = set()
+        calls[b.name] = []
+        for node in b.walk():
+            out.update(node_writes(node))
+            if isinstance(node, ir.CacheRead):
+                out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
+            elif isinstance(node, ir.Branch):
+                calls[b.name] += [t for t in (node.then_block, node.else_block) if t and graph.block(t)]
+        own[b.name] = frozenset(out)
+    writes: dict[str, frozenset[str]] = {}
+    for b in graph.blocks:
+        if b.name in writes:
+            continue
+        # post-order from b; a block met again while in progress (recursion, refused by the
+        # checker before this runs) adds its own writes
+        state = {b.name: 1}
+        stack = [(b.name, iter(calls[b.name]))]
+        while stack:
+            name, todo = stack[-1]
+            nxt = next(todo, None)
+            if nxt is None:
+                stack.pop()
+                writes[name] = own[name].union(*(writes.get(t, own[t]) for t in calls[name]))
+                state[name] = 2
+            elif nxt not in state and nxt not in writes:
+                state[nxt] = 1
+                stack.append((nxt, iter(calls[nxt])))
+    return MappingProxyType({b.name: writes[b.name] for b in graph.blocks})
 
 
 # ------------------------------------------------------------------------ yield / await
@@ -393,32 +407,53 @@ def has_yield(graph: ir.Graph) -> bool:
 def read_before_written(graph: ir.Graph, plan: YieldPlan) -> frozenset[str]:
     """Variables a step may read before it writes them (what the host must provide, or what keeps
     its initial value): entry walked in order; a loop body or a branch target may not run, so its
-    writes do not count; a consumer block starts from entry's state at its yield."""
+    writes do not count; a consumer block starts from entry's state at its yield.
+
+    Linear in the graph: what each block (with the blocks it calls and the consumers its yields
+    start) reads before writing it is computed once, from nothing written, and a caller takes it
+    minus what it has written by then (the same set as walking every path, which is 2^k paths
+    for k conditionals whose arms share a block). Blocks are visited in post-order with an
+    explicit stack; one met again while in progress (recursion, refused by the checker) adds
+    nothing, as a path that already passed it."""
     entry = graph.entry
     if entry is None:
         return frozenset()
-    needed: set[str] = set()
 
-    def walk(nodes, written: set, seen: tuple) -> set:
+    def started(node: ir.Node) -> list[str]:
+        """The blocks a node runs: branch targets, the consumers of a yield."""
+        if isinstance(node, ir.Branch):
+            return [t for t in (node.then_block, node.else_block) if t and graph.block(t) is not None]
+        if isinstance(node, ir.Yield):
+            return list(plan.consumers_of(node.vars))
+        return []
+
+    reads: dict[str, set[str]] = {}  # block -> what it reads before writing it, from nothing written
+
+    def walk(nodes, written: set) -> set:
+        needed: set[str] = set()
         written = set(written)
         for node in nodes:
-            needed.update(node_reads(node) - written)
+            needed |= node_reads(node) - written
             if isinstance(node, ir.Loop):
-                walk(node.body, written, seen)
-            elif isinstance(node, ir.Branch):
-                for target in (node.then_block, node.else_block):
-                    block = graph.block(target) if target else None
-                    if block is not None and target not in seen:
-                        walk(block.nodes, written, seen + (target,))
-            elif isinstance(node, ir.Yield):
-                for name in plan.consumers_of(node.vars):
-                    if name not in seen:
-                        walk(graph.block(name).nodes, written, seen + (name,))
+                needed |= walk(node.body, written)
+            for name in started(node):
+                needed |= reads.get(name, set()) - written
             written |= node_defines(node)
-        return written
+        return needed
 
-    walk(entry.nodes, set(), ("entry",))
-    return frozenset(needed)
+    state = {"entry": 1}  # 1: in progress, 2: done
+    stack = [("entry", iter([t for n in entry.walk() for t in started(n)]))]
+    while stack:
+        name, todo = stack[-1]
+        nxt = next(todo, None)
+        if nxt is None:
+            stack.pop()
+            reads[name] = walk(graph.block(name).nodes, set())
+            state[name] = 2
+        elif nxt not in state:
+            state[nxt] = 1
+            stack.append((nxt, iter([t for n in graph.block(nxt).walk() for t in started(n)])))
+    return frozenset(reads["entry"])
 
 
 def runtime_shaped(graph: ir.Graph) -> dict[str, str]:

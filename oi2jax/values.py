@@ -91,6 +91,17 @@ def _ints_exact(a: np.ndarray, converted: np.ndarray) -> np.ndarray:
     return same
 
 
+def check_every_step_input(name: str, value, shape) -> None:
+    """An input given once for every step (`--input NAME=FILE.npy`) has its declared rank: never
+    read as one value per step (an extra leading axis: that is `--inputs-per-step`) nor broadcast
+    (a missing axis). Its dims are checked with its values (`convert_input`; a batch-chunked run
+    takes more rows than the batch size)."""
+    got = tuple(np.shape(value))
+    if len(got) != len(shape):
+        raise OiError(f"input {name}: expected shape {list(shape)}, got {list(got)} (--input gives the value of "
+                      f"every step; one value per step goes in --inputs-per-step FILE.npz)")
+
+
 def convert_output(value, dtype: str) -> np.ndarray:
     """A held value -> the array written to `--out` (bf16/f8 widened to float32)."""
     return dt.to_output(np.asarray(value), dtype)

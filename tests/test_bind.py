@@ -62,7 +62,7 @@ def test_shapes_from_model_sizevars_and_overrides(tmp_path):
     assert b.shape("t") == (8, 2) and b.dtype("t") == "bf16" and b.dtype("y") == "f16"
     b2 = bind(g, m, sizes={"B": 2})
     assert b2.sizes == {"B": 2, "D": 8} and b2.shape("x") == (2, 8)
-    b3 = bind(g, None, sizes={"B": 1, "D": 1})
+    b3 = bind(g, None, sizes={"B": 1, "D": 1}, zero_missing_inputs=True)  # no model: constant s is zeros when asked
     assert b3.shape("y") == (1, 3) and b3.model is None
     with pytest.raises(OiError, match="unknown variable nope"):
         b.shape("nope")
@@ -145,8 +145,16 @@ def test_missing_constants_listed(tmp_path):
     m = model(tmp_path, tensors={"a": np.zeros(1, np.float32)}, metadata={"k": 1})
     g = graph(var("a", K.CONSTANT, "f32", 1), var("k", K.CONSTANT, "u8"), var("gone", K.CONSTANT, "f32", 1))
     assert [d.name for d in bind(g, m).missing_constants()] == ["gone"]
-    assert bind(g, None).missing_constants() == []
-    assert bind(g, None).initial("gone").tolist() == [0.0]
+    # without a model, a constant with no @init has no value: zeros only when asked for (issue 34 item 3)
+    with pytest.raises(OiError) as exc:
+        bind(g, None, no_model="no model given and none found at g.oinf")
+    assert [(d.message, d.span.line) for d in exc.value.diagnostics] == [
+        (f"constant {n} has no value (no model given and none found at g.oinf, and no @init); give a model, or ask "
+         f"for OpenInfer's zeros with --zero-missing-inputs (zero_missing_inputs=True)", 1) for n in ("a", "k", "gone")]
+    zeros = bind(g, None, zero_missing_inputs=True)
+    assert zeros.missing_constants() == [] and zeros.zero_missing_inputs
+    assert zeros.initial("gone").tolist() == [0.0]
+    assert bind(graph(var("c", K.CONSTANT, "f32", 1, init=lit(2.0))), None).initial("c").tolist() == [2.0]
 
 
 # ---------------------------------------------------------------- binding errors
@@ -168,8 +176,8 @@ def test_ref_to_missing_tensor(tmp_path):
     with pytest.raises(OiError, match="model variable not found: nope") as exc:
         bind(g, m)
     assert exc.value.diagnostics[0].span == ref_span
-    # without a model, @ref is not checked
-    assert bind(g, None).initial("x").tolist() == [0.0]
+    # without a model, @ref is not checked (x reads as zeros when asked for)
+    assert bind(g, None, zero_missing_inputs=True).initial("x").tolist() == [0.0]
 
 
 def test_metadata_string_read_as_tensor(tmp_path):
@@ -241,7 +249,7 @@ def test_family_hole_and_mismatch(tmp_path):
     with pytest.raises(OiError, match="no model tensor matches"):
         bind(graph(W), None).family("W")
     with pytest.raises(OiError, match="not a prefix table"):
-        bind(graph(W, var("x", K.CONSTANT, "f32")), None).family("x")
+        bind(graph(W, var("x", K.CONSTANT, "f32")), None, zero_missing_inputs=True).family("x")
 
 
 def test_family_packed_members(tmp_path):

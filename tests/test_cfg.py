@@ -108,4 +108,5 @@ def test_missing_graphviz_message(monkeypatch, tmp_path, capsys):
         cfg.render("digraph { a -> b }", "svg")
     rc = main(["graph", str(EXAMPLES / "mlp_regression.oi"), "-o", str(tmp_path / "x.png")])
     err = capsys.readouterr().err
-    assert rc == 1 and err.startswith("error: ") and "apt-get install graphviz" in err and "Traceback" not in err
+    note = f"note: using model {EXAMPLES / 'mlp_regression.oinf'} (beside the graph)\n"
+    assert rc == 1 and err.startswith(note + "error: ") and "apt-get install graphviz" in err and "Traceback" not in err

@@ -102,3 +102,30 @@ def test_warning_only_exits_zero(tmp_path):
     f.write_text("block entry { return; }\nblock lost { return; }\n")
     p = run("check", f)
     assert p.returncode == 0 and f"{f}:2:1: warning: block lost is never run" in p.stderr
+
+
+MISMATCH = ("dynamic { x: f32[B, D]; }\nconstant { w: f32[E, H]; }\nvolatile { y: f32[B, H]; }\n"
+            "block entry {\n    op matmul(x, w) >> y;\n    return;\n}\n")
+
+
+def test_check_uses_the_model_beside_the_graph_and_says_so(tmp_path):
+    """Issue 34 item 2: `check g.oi` ignored g.oinf beside the graph (exit 0 on a matmul inner-dim
+    mismatch that `run` and `check --model` reported). One rule (pipeline.choose_model) for every
+    command; a note names the model found; `--no-model` asks for none."""
+    import numpy as np
+    from oi2jax.model import save
+    g, m = tmp_path / "g.oi", tmp_path / "g.oinf"
+    g.write_text(MISMATCH)
+    save(m, sizevars={"B": 2, "D": 3, "E": 4, "H": 5}, tensors={"w": np.ones((4, 5), np.float32)})
+    error = f"{g}:5:18: error: matmul inner dim mismatch: 3 vs 4\n        op matmul(x, w) >> y;\n                     ^\n"
+    p = run("check", g)
+    assert p.returncode == 1 and p.stderr == f"note: using model {m} (beside the graph)\n{error}"
+    p = run("check", g, "--model", m)  # given: no note
+    assert p.returncode == 1 and p.stderr == error
+    p = run("check", g, "--no-model")  # sizes stay names: nothing to compare
+    assert p.returncode == 0 and p.stderr == ""
+    p = run("check", g, "--no-model", "--model", m)
+    assert p.returncode == 2 and p.stderr.strip() == "error: give either --model or --no-model, not both"
+    p = run("run", g, "--no-model", "--size", "B=2", "--size", "D=3", "--size", "E=3", "--size", "H=5",
+            "--zero-missing-inputs", "--quiet", "--cache-dir", "none")
+    assert p.returncode == 0 and p.stderr == ""

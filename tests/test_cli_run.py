@@ -192,4 +192,113 @@ def test_unwritable_output_path_is_a_clean_error(capsys, tmp_path, argv):
     target = tmp_path / "missing-dir" / ("out.npz" if argv[0] == "run" else "out.hlo")
     code, _, err = run_cli(capsys, *argv, target)
     assert code == 1
-    assert err.strip() == f"error: {target}: No such file or directory"
+    note = "" if argv[0] == "run" else "note: using model examples/mlp_regression.oinf (beside the graph)\n"  # not --quiet
+    assert err.strip() == f"{note}error: {target}: No such file or directory"
+
+
+def test_constants_without_a_value_are_errors_unless_zeros_are_asked_for(capsys, tmp_path):
+    """Issue 34 item 3: with no model and every size given by --size, `run` printed all-zero outputs
+    (every constant silently zeros); without --size, `unknown size: B` did not say that no model was
+    found, nor where it looked, and had no source line."""
+    from conftest import EXAMPLES
+    g = tmp_path / "g.oi"
+    g.write_text((EXAMPLES / "mlp_regression.oi").read_text())  # no g.oinf beside it
+    sizes = ["--size", "B=2", "--size", "D=2", "--size", "H=2", "--size", "O=2"]
+    code, out, err = run_cli(capsys, "run", g, *sizes, "--zero-missing-inputs", "--quiet")
+    assert code == 0 and out == "" and err == ""  # asked for: OpenInfer's zeros
+    code, out, err = run_cli(capsys, "run", g, *sizes, "--zero-missing-inputs", "--out", tmp_path / "o.npz")
+    assert code == 0 and "y: float32[2, 2]" in out
+    with np.load(tmp_path / "o.npz") as npz:
+        assert not npz["y"].any()
+    code, out, err = run_cli(capsys, "run", g, *sizes, "--input", f"x={_npy(tmp_path, np.ones((2, 2), np.float32))}")
+    assert code == 1 and out == ""
+    why = f"no model given and none found at {tmp_path / 'g.oinf'}, and no @init"
+    hint = "give a model, or ask for OpenInfer's zeros with --zero-missing-inputs (zero_missing_inputs=True)"
+    assert err == "".join(f"{g}:{line}:5: error: constant {name} has no value ({why}); {hint}\n        {decl}\n        ^\n"
+                          for line, name, decl in [(8, "w1", "w1: f32[D, H];"), (9, "b1", "b1: f32[H];"),
+                                                   (10, "w2", "w2: f32[H, O];"), (11, "b2", "b2: f32[O];")])
+    code, out, err = run_cli(capsys, "compile", g, *sizes)  # compile and export say the same
+    assert code == 1 and err.count("error: constant") == 4 and f"{g}:8:5: error: constant w1 has no value" in err
+    code, _, _ = run_cli(capsys, "compile", g, *sizes, "--zero-missing-inputs", "--emit", "jaxpr")
+    assert code == 0
+    # no --size: every declaration with an unknown size says that no model was found, and where it looked
+    code, out, err = run_cli(capsys, "run", g, "--quiet")
+    where = f"no model given and none found at {tmp_path / 'g.oinf'}"
+    expected = [(4, "x", "B", "x: f32[B, D];"), (8, "w1", "D", "w1: f32[D, H];"), (9, "b1", "H", "b1: f32[H];"),
+                (10, "w2", "H", "w2: f32[H, O];"), (11, "b2", "O", "b2: f32[O];"), (15, "h", "B", "h: f32[B, H];"),
+                (16, "y", "B", "y: f32[B, O];")]
+    assert code == 1 and err == "".join(f"{g}:{line}:5: error: invalid dims for {var}: unknown size: {size} "
+                                        f"({where})\n        {decl}\n        ^\n" for line, var, size, decl in expected)
+    code, _, err = run_cli(capsys, "run", g, "--quiet", "--no-model", "--size", "B=2")
+    assert code == 1 and f"{g}:4:5: error: invalid dims for x: unknown size: D (no model (--no-model / " \
+                         f"model=False))\n" in err
+    # @init constants have a value: no error, no flag needed
+    g.write_text("constant { c: f32[2] @init(1.5); }\nvolatile { y: f32[2]; }\n"
+                 "block entry { op add(c, c) >> y; return; }\n")
+    code, out, err = run_cli(capsys, "run", g, "--out", tmp_path / "o.npz", "--quiet")
+    assert code == 0, err
+    with np.load(tmp_path / "o.npz") as npz:
+        assert npz["y"].tolist() == [3.0, 3.0]
+
+
+def _npy(tmp_path, array):
+    path = tmp_path / f"in{len(list(tmp_path.glob('in*.npy')))}.npy"
+    np.save(path, array)
+    return path
+
+
+def test_inputs_are_never_reshaped_or_broadcast(capsys, tmp_path):
+    """Issue 34 item 4: an array of shape [1] for a scalar input and a 0-d array for a [4, 16]
+    input: every way in is an error naming the input, the expected and the given shape (`--input`
+    is the value of every step: a [1] array for a scalar was run as one value per step)."""
+    import oi2jax
+    from oi2jax.diagnostics import OiError
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { s: f32; x: f32[4, 16]; }\nvolatile { y: f32[4, 16]; }\n"
+                 "block entry { op mul(x, s) >> y; return; }\n")
+    s1, x0 = _npy(tmp_path, np.ones(1, np.float32)), _npy(tmp_path, np.float32(1))
+    s, x = _npy(tmp_path, np.float32(2)), _npy(tmp_path, np.ones((4, 16), np.float32))
+    for extra in ([], ["--interpret"]):
+        code, _, err = run_cli(capsys, "run", g, "--input", f"s={s1}", "--input", f"x={x}", "--quiet", *extra)
+        assert code == 1 and err.strip() == ("error: input s: expected shape [], got [1] (--input gives the value of "
+                                             "every step; one value per step goes in --inputs-per-step FILE.npz)")
+        code, _, err = run_cli(capsys, "run", g, "--input", f"s={s}", "--input", f"x={x0}", "--quiet", *extra)
+        assert code == 1 and err.strip().startswith("error: input x: expected shape [4, 16], got []")
+    code, _, err = run_cli(capsys, "run", g, "--input", f"s={s}", "--input", f"x={x}", "--quiet")
+    assert code == 0, err
+    # the Python ways in: a step's value is exactly the declared shape
+    good = {"s": np.float32(2), "x": np.ones((4, 16), np.float32)}
+    bad = {"[1] for a scalar": ({"s": np.ones(1, np.float32)}, "input s: expected shape [], got [1]"),
+           "0-d for [4, 16]": ({"x": np.float32(1)}, "input x: expected shape [4, 16], got []")}
+    prog, interp = oi2jax.compile(str(g)), oi2jax.compile(str(g), mode="interpret")
+    for what, (change, message) in bad.items():
+        ins = {**good, **change}
+        ways = {"Session.step": lambda: prog.session().step(**ins), "Program.step": lambda: prog.step(None, **ins),
+                "interpreted run": lambda: interp.run(ins)}
+        for way, call in ways.items():
+            with pytest.raises(OiError) as info:
+                call()
+            assert str(info.value).startswith(f"error: {message}"), (what, way, str(info.value))
+    # Program.run / Session.run: [N, ...] is one value per step, [] never
+    ins = {**good, "x": np.float32(1)}
+    for call in (lambda: prog.run(ins), lambda: prog.session().run(ins, steps=1)):
+        with pytest.raises(OiError) as info:
+            call()
+        assert str(info.value) == ("error: input x: expected shape [4, 16] (the same every step) or [N, 4, 16] "
+                                   "(one value per step), got []")
+    # in a session's run, [N] for a scalar is N values, one per step (docs/decode.md), never a reshape
+    out = prog.session().run({"s": np.array([2.0, 3.0], np.float32), "x": good["x"]}, collect=("y",))
+    assert out["y"].shape == (2, 4, 16) and out["y"][1, 0, 0] == 3.0
+
+
+def test_interpret_takes_fixed_inputs_only_and_says_so(capsys, tmp_path, graph):
+    """Issue 34 item 5: `--interpret` with `--inputs-per-step` is refused (the interpreter runs
+    every step on the same inputs); docs/cli.md now says so."""
+    from conftest import REPO
+    np.savez(tmp_path / "per.npz", x=np.ones((2, 2), np.float32))
+    for flag, value in (("--inputs-per-step", tmp_path / "per.npz"), ("--collect", "y"),
+                        ("--state-in", tmp_path / "per.npz"), ("--state-out", tmp_path / "s.npz")):
+        code, _, err = run_cli(capsys, "run", graph, "--interpret", flag, value, "--quiet")
+        assert code == 2 and err.strip() == f"error: {flag} needs a compiled run (not --interpret)"
+    assert ("`--interpret` runs the reference interpreter instead of the compiled program, with the same "
+            "inputs every step") in " ".join((REPO / "docs" / "cli.md").read_text().split())

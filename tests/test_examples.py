@@ -302,7 +302,7 @@ def test_kv_cache_decode_distinct_queries(program):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_kv_cache_decode_fixed_size_exceeded(program, mode):
-    """Step 5 writes K[4]: "cache table K index 0 exceeds fixed size 4" (SPEC §4.2)."""
+    """Step 5 writes K[4]: "dimension 0 of K: index 4 is past its fixed size 4" (SPEC §4.2)."""
     from oi2jax import OiError
     with pytest.raises(OiError) as info:
         program("kv_cache_decode", mode).run({"q": normal(10, (16,))}, steps=5)
@@ -362,7 +362,7 @@ def test_cache_window_slice_distinct_inputs(program):
 def test_cache_window_slice_step5_window_too_short(program, mode):
     """Step 5: write A[4] (fine, 5 <= 6); start = 4, end = min(7, limit=6) = 6, so the slice
     A[4..6] has 2 rows, which no longer fits `window: f32[3, D]`. The table itself stays
-    within @fixed(i=6) (the slice end 6 is allowed), so this is NOT "exceeds fixed size":
+    within @fixed(i=6) (the slice end 6 is allowed), so this is NOT "past its fixed size":
     it is the destination-shape check oi2jax adds (SPEC §0 item 12, §4.3). The reference
     would silently replace window with a [2, D] tensor; oi2jax must report an error that
     names the cache and the destination.

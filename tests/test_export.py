@@ -150,7 +150,7 @@ def test_manifest_contents(exported):
     (name, *_), job, _ = exported[1]
     man = json.load(open(job["artifact"] + ".json"))
     assert man["caches"]["K"]["kind"] == "table" and man["caches"]["t"]["kind"] == "plain"
-    assert "cache table K index 0 exceeds fixed size 4 (index {value})" in man["errors"]
+    assert "dimension 0 of K: index {value} is past its fixed size 4" in man["errors"]
 
 
 def test_runtime_guard_is_reported_through_the_manifest(exported, capsys):
@@ -159,11 +159,11 @@ def test_runtime_guard_is_reported_through_the_manifest(exported, capsys):
     man = json.load(open(job["artifact"] + ".json"))
     code, value = int(got["state.#err"]), int(got["state.#errval"])
     assert code != 0
-    assert man["errors"][code - 1].format(value=value) == "cache table K index 0 exceeds fixed size 4 (index 4)"
+    assert man["errors"][code - 1].format(value=value) == "dimension 0 of K: index 4 is past its fixed size 4"
     assert int(got["state.t"]) == 5  # later nodes of the failing step ran; the failing write was skipped
     rc = main(["run", str(EXAMPLES / "kv_cache_decode.oi"), "--steps", "5", "--quiet", "--cache-dir", "none",
                "--zero-missing-inputs"])
-    assert rc == 1 and "exceeds fixed size 4 (index 4)" in capsys.readouterr().err
+    assert rc == 1 and "dimension 0 of K: index 4 is past its fixed size 4" in capsys.readouterr().err
 
 
 def test_symbolic_limits_are_clear_errors(tmp_path, capsys):
@@ -233,3 +233,24 @@ def test_export_for_cpu_and_cuda(tmp_path):
         _, outputs = exp.call(state, {"x": x})
         expected = api.compile(graph, model=model).run({"x": x})
         assert_same({k: np.asarray(v) for k, v in outputs.items()}, {k: expected[k] for k in outputs})
+
+
+def test_export_uses_the_model_beside_the_graph_and_the_users_umask(tmp_path, capsys):
+    """Issue 34 items 2 and 5: export finds the model beside the graph (the one rule of
+    pipeline.choose_model), and its files were written -rw------- (a temporary file's mode): they
+    take the user's umask like every other output, and a file replaced keeps its mode."""
+    import os
+    import stat
+    out = tmp_path / "k.jaxexport"
+    previous = os.umask(0o027)
+    try:
+        paths = write_export(EXAMPLES / "kv_cache_decode.oi", out)  # no model=: kv_cache_decode.oinf beside it
+    finally:
+        os.umask(previous)
+    assert json.loads((tmp_path / "k.jaxexport.json").read_text())["sizes"]["D"] == 16
+    assert sorted(oct(stat.S_IMODE(os.stat(p).st_mode)) for p in paths) == ["0o640"] * 3
+    os.chmod(out, 0o604)
+    assert main(["export", str(EXAMPLES / "kv_cache_decode.oi"), "-o", str(out)]) == 0
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o604  # replaced: its mode kept, as by any plain write
+    assert capsys.readouterr().err.startswith(f"note: using model {EXAMPLES / 'kv_cache_decode.oinf'} (beside the "
+                                              f"graph)\nwrote {out}\n")

@@ -275,7 +275,7 @@ def test_fixed_table_worked_example_and_overflow():
     out = run(text, {"one": one}, steps=3)
     np.testing.assert_array_equal(out["win"], [one, one, one])
     assert int(out["n"]) == 3
-    with pytest.raises(OiError, match=r"cache table R index 0 exceeds fixed size 3"):
+    with pytest.raises(OiError, match=r"dimension 0 of R: index 3 is past its fixed size 3"):
         run(text, {"one": one}, steps=4)
 
 
@@ -387,7 +387,7 @@ def test_negative_single_index_and_unfixed_overflow_messages():
     with pytest.raises(OiError, match="cache index cannot be negative"):
         run(text)
     text2 = text.replace("@init(-1)", "@init(2)")
-    with pytest.raises(OiError, match="cache table T index 0 exceeds fixed size 2") as err:
+    with pytest.raises(OiError, match="dimension 0 of T: index 2 is past its fixed size 2") as err:
         run(text2)
     assert err.value.diagnostics[0].span is not None  # located at the node
 

@@ -206,7 +206,7 @@ def test_fixed_table_write_read_slice():
 
 def test_fixed_table_overflow_is_an_error_naming_cache_and_index():
     prog = compile_text(TABLE)
-    with pytest.raises(OiError, match=r"cache table R index 0 exceeds fixed size 3 \(index 3\)") as info:
+    with pytest.raises(OiError, match=r"dimension 0 of R: index 3 is past its fixed size 3") as info:
         prog.run({"x": np.zeros(2, np.float32)}, steps=4)
     assert info.value.render().startswith("<string>:6:22: error:")  # at the cache.write target
 

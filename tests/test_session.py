@@ -94,7 +94,7 @@ def test_kv_decode_steps_equal_numpy_and_overflow_raises(kv):
     with pytest.raises(OiError) as info:
         sess.step(q=qs[5])
     msg = str(info.value)
-    assert "cache table K index 0 exceeds fixed size 4 (index 4) (in step 5)" in msg
+    assert "dimension 0 of K: index 4 is past its fixed size 4 (in step 5)" in msg
     assert "kv_cache_decode.oi:23:22" in msg and "cache.write q >> K[t];" in msg
     assert info.value.step == 5
     # step 5 applied except its failing write; step 6 did nothing
@@ -152,7 +152,7 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
     one = prog.session()
     for k in range(5):
         one.step(x=xs[k])  # step 5 grows A (capacity 4 -> 8)
-    with pytest.raises(OiError, match=r"F index 0 exceeds fixed size 5 \(index 5\) \(in step 6\)"):
+    with pytest.raises(OiError, match=r"dimension 0 of F: index 5 is past its fixed size 5 \(in step 6\)"):
         one.step(x=xs[5])
     for k in range(6, 12):
         with pytest.raises(OiError):
@@ -298,7 +298,7 @@ def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):
             np.testing.assert_array_equal(np.asarray(out["k_hist"]), k_hist_after(qs, k, zero))
             assert sess._hot is not None
         sess.step(q=dev[4])  # overflows K
-        with pytest.raises(OiError, match=r"exceeds fixed size 4 \(index 4\) \(in step 5\)"):
+        with pytest.raises(OiError, match=r"index 4 is past its fixed size 4 \(in step 5\)"):
             sess.step(q=dev[5])
         assert sess.steps == 5 and int(sess.read("t")) == 5
         np.testing.assert_array_equal(sess.read("K"), qs[:4] + zero)
@@ -400,7 +400,7 @@ def test_pure_step_and_check(kv):
     assert isinstance(state, StepState) and set(state.vars) == {"t"} and set(state.caches) == {"K"}
     for k in range(5):
         state, _ = kv.step(state, q=np.full(d, k, np.float32))
-    with pytest.raises(OiError, match="exceeds fixed size 4"):
+    with pytest.raises(OiError, match="is past its fixed size 4"):
         kv.check(state)
     with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\]"):
         kv.step(kv.init_state(), q=np.zeros(d + 1, np.float32))
@@ -424,7 +424,7 @@ def test_pure_step_called_eagerly_again_takes_the_hot_path_with_the_same_checks(
     new, _ = kv.step(state, q=dev[4])  # overflows K: recorded, not raised
     with pytest.raises(OiError, match="this state was already used by a step"):
         kv.step(state, q=dev[4])
-    with pytest.raises(OiError, match="exceeds fixed size 4"):
+    with pytest.raises(OiError, match="is past its fixed size 4"):
         kv.check(new)
     np.testing.assert_array_equal(kv.export_state(new)["K"], qs[:4] + zero)
     # under jax.jit the inputs are traced: the general path, the same step
@@ -514,7 +514,7 @@ def test_cli_run_overflow_names_the_step(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", KV_SOURCE, "--inputs-per-step", tmp_path / "qs.npz",
                            "--out", tmp_path / "o.npz")
     assert code == 1
-    assert "kv_cache_decode.oi:23:22: error: cache table K index 0 exceeds fixed size 4 (index 4) (in step 5)" in err
+    assert "kv_cache_decode.oi:23:22: error: dimension 0 of K: index 4 is past its fixed size 4 (in step 5)" in err
     assert not (tmp_path / "o.npz").exists()
 
 

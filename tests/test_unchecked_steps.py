@@ -15,7 +15,7 @@ from oi2jax.diagnostics import OiError
 from conftest import EXAMPLES, assert_same
 
 KV = (EXAMPLES / "kv_cache_decode.oi", EXAMPLES / "kv_cache_decode.oinf")  # K @fixed(i=4): step 5 overflows
-OVERFLOW = r"cache table K index 0 exceeds fixed size 4 \(index 4\) \(in step 5\)"
+OVERFLOW = r"dimension 0 of K: index 4 is past its fixed size 4 \(in step 5\)"
 
 
 class Device:

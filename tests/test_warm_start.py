@@ -137,3 +137,29 @@ def test_run_shows_progress_on_a_terminal(monkeypatch, capsys):
     assert "steps/s" not in sys.stderr.getvalue()  # not a terminal: no bar
     assert main(["run", graph, "--steps", "2", "--quiet", "--cache-dir", "none", "--zero-missing-inputs"]) == 0
     capsys.readouterr()
+
+
+def test_damaged_cache_entries_give_one_warning_line_then_compile_again(tmp_path):
+    """Issue 34 item 4: damaged persistent-cache entries leaked JAX's own warnings (a Python
+    file:line per entry) on every run. Now: one `warning:` line, the step compiled again, the
+    damaged entries replaced (the next run reads the cache cleanly)."""
+    cache = tmp_path / "xla"
+    args = ["run", str(EXAMPLES / "residual_mlp_stack.oi"), "--steps", "2", "--cache-dir", str(cache),
+            "--zero-missing-inputs", "--quiet"]
+    first, _ = _run(args)
+    entries = sorted(p for p in cache.iterdir() if p.name.endswith("-cache"))
+    assert first["rc"] == 0 and entries
+    for p in entries:
+        p.write_bytes(b"garbage" if p.name.startswith("jit_fused_steps-") else p.read_bytes()[: p.stat().st_size // 2])
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=str(REPO),
+                          timeout=120)
+    counts = json.loads(proc.stdout.split("COUNTS ")[-1])
+    assert counts["rc"] == 0 and counts["misses"] >= 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: compilation cache {cache}: cannot read the entry for "), \
+        proc.stderr
+    assert lines[0].endswith("; compiling again; the entry was removed and is written again")
+    third = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=str(REPO),
+                           timeout=120)
+    counts = json.loads(third.stdout.split("COUNTS ")[-1])
+    assert third.stderr == "" and counts["rc"] == 0 and counts["misses"] == 0 and counts["hits"] >= 1

@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from .. import dtypes, ir
 
-MAX_CALL_DEPTH = ir.MAX_CALL_DEPTH  # blocks calling blocks through `branch` (nested conds when compiled)
-
-
 class ControlRules:
     """Per-node rules for `branch`/`loop` and the whole-graph branch-recursion rule."""
 
@@ -84,8 +81,8 @@ class ControlRules:
         for name in order:
             if name not in state:
                 visit(name)
-        if not reported:
-            self.check_call_depth(edges, blocks)
+        # no limit on how deep blocks call blocks: every backend walks call chains without Python
+        # recursion (interpreter frames, lowering/rules.lower_nodes, lowering/machine.py)
 
     @staticmethod
     def _targets(edges, name, blocks):
@@ -93,26 +90,3 @@ class ControlRules:
             for t in (br.then_block, br.else_block):
                 if t is not None and t in blocks:
                     yield br, t
-
-    def check_call_depth(self, edges, blocks):
-        """Blocks calling blocks (branch) deeper than MAX_CALL_DEPTH: a located error naming the
-        limit (each level is a nested conditional in the compiled step and a frame in the
-        interpreter), instead of a recursion failure deep inside the compiler."""
-        depth: dict[str, int] = {}  # longest call chain below each block (the graph is acyclic here)
-        for root in blocks:
-            if root in depth:
-                continue
-            stack = [(root, iter([t for _, t in self._targets(edges, root, blocks)]))]
-            while stack:
-                name, children = stack[-1]
-                child = next(children, None)
-                if child is None:
-                    stack.pop()
-                    depth[name] = 1 + max((depth[t] for _, t in self._targets(edges, name, blocks)), default=0)
-                elif child not in depth:
-                    stack.append((child, iter([t for _, t in self._targets(edges, child, blocks)])))
-        top = max(blocks, key=lambda n: depth[n], default=None)
-        if top is not None and depth[top] > MAX_CALL_DEPTH:
-            br = next(br for br, t in self._targets(edges, top, blocks) if depth[t] == depth[top] - 1)
-            self.error(f"branches nest {depth[top]} blocks deep from {top}; the limit is {MAX_CALL_DEPTH} "
-                       f"(flatten the chain of blocks)", br.span)

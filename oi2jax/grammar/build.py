@@ -32,6 +32,12 @@ def _is(x, *types) -> bool:
     return isinstance(x, Token) and x.type in types
 
 
+def shown(text: str, limit: int = 40) -> str:
+    """A literal as a message quotes it: whole when short, else its ends and its length (a literal
+    of thousands of digits is not echoed whole)."""
+    return text if len(text) <= limit else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
+
+
 @v_args(meta=True)
 class Builder(Transformer):
     def __init__(self, path: str):
@@ -171,7 +177,7 @@ class Builder(Transformer):
         value, _suffix = self.int_parts(tok)
         v = -value if negative else value
         if not -(1 << 63) <= v <= (1 << 64) - 1:
-            raise self.err(f"integer literal {'-' if negative else ''}{text} is out of the 64-bit range", tok)
+            raise self.err(f"integer literal {'-' if negative else ''}{shown(text)} is out of the 64-bit range", tok)
         written = ("-" if negative else "") + text
         return v if written == str(v) else ir.IntLit(v, written)
 
@@ -192,16 +198,19 @@ class Builder(Transformer):
         if bad is not None:
             raise self.err(f"invalid digit {bad} in base-{base} literal {text}", tok)
         if suffix and (suffix not in INT_SUFFIX_RANGES or (suffix in ("f32", "f64") and base != 10)):
-            raise self.err(f"invalid literal suffix `{suffix}` in {text} (integers take i8..i128, isize, u8..u128, "
-                           f"usize, or f32/f64 after decimal digits)", tok)
-        return int(digits, base), suffix
+            raise self.err(f"invalid literal suffix `{shown(suffix)}` in {shown(text)} (integers take i8..i128, isize, "
+                           f"u8..u128, usize, or f32/f64 after decimal digits)", tok)
+        significant = digits.lstrip("0") or "0"
+        if len(significant) > 64:  # beyond 64 bits in any base; never int() thousands of digits
+            return 1 << 65, suffix
+        return int(significant, base), suffix
 
     def float_parts(self, tok) -> tuple[float, str]:
         text = str(tok)
         m = _FLOAT_RE.match(text)
         number, suffix = m.group(1), text[m.end(1):]
         if suffix not in ("", "f32", "f64"):
-            raise self.err(f"invalid literal suffix `{suffix}` in {text} (floats take f32 or f64)", tok)
+            raise self.err(f"invalid literal suffix `{shown(suffix)}` in {shown(text)} (floats take f32 or f64)", tok)
         return float(number.replace("_", "")), suffix
 
     def literal(self, minus, tok, init: bool = False) -> ir.Literal:
@@ -212,7 +221,8 @@ class Builder(Transformer):
         if tok.type == "FLOAT":
             value, suffix = self.float_parts(tok)
             if math.isinf(value):  # 1e999: would print back as `inf`
-                raise self.err(f"float literal {'-' if minus is not None else ''}{tok} overflows to infinity", tok)
+                raise self.err(f"float literal {'-' if minus is not None else ''}{shown(str(tok))} overflows to "
+                               f"infinity", tok)
             value = sign * value
             if init and suffix == "f32":  # `@init(0.1f32)` is upstream's `0.1f32 as T`: rounded to f32 first
                 import numpy as np

@@ -75,10 +75,15 @@ class Lowering:
         return self.bound.graph
 
     @cached_property
+    def call_facts(self):
+        """machine.CallFacts: each block's inlined cost, call depth, nested conds (computed once)."""
+        from .machine import call_facts
+        return call_facts(self.graph)
+
+    @property
     def inline_costs(self) -> dict[str, int]:
         """Each block's nodes traced when it is inlined with every block it calls (machine.py)."""
-        from .machine import block_costs
-        return block_costs(self.graph)
+        return self.call_facts.cost
 
     def site(self, message: str, span: ir.Span, render=None) -> int:
         """Register a runtime guard; returns its error code. `render(value) -> str` may replace

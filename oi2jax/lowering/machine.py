@@ -6,13 +6,15 @@ chain of k conditionals whose arms share the next block. When inlining a branch 
 much more than lowering every block it can reach once (`needs_machine`), the branch runs as a
 small state machine instead: each reachable block is cut at its top-level `branch` nodes into
 segments, every segment is lowered ONCE as a case of `lax.switch`, and a `lax.while_loop` runs
-the segments in call order with a return-address stack (call depth is bounded by the checker's
-MAX_CALL_DEPTH). Same semantics as the inlined form (calls return to the node after the
+the segments in call order with a return-address stack (as deep as the longest call chain below
+the branch: `CallFacts.depth`). Same semantics as the inlined form (calls return to the node after the
 branch; a top-level `return` ends the called block); branches inside loop bodies are lowered
 inline as usual. The while loop has a data-dependent trip count, so `jax.grad` cannot
 differentiate through such a machine (jit and vmap can).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +28,9 @@ from .state import Env
 # inline unless inlining costs more than this many times (plus a constant) the unique lowering
 INLINE_FACTOR = 4
 INLINE_SLACK = 64
+# ... or would nest more conditionals than this (each a `lax.cond` traced inside the one above:
+# Python recursion, and XLA compile time that grows faster than the nesting)
+INLINE_COND_DEPTH = 64
 
 
 def _own_size(nodes) -> int:
@@ -40,21 +45,56 @@ def _targets(graph: ir.Graph, node: ir.Branch):
     return [t for t in (node.then_block, node.else_block) if t and graph.block(t) is not None]
 
 
-def block_costs(graph: ir.Graph) -> dict[str, int]:
-    """Nodes traced when a block is inlined with every block it calls (both arms of each cond):
-    `Lowering.inline_costs`, computed once per lowering."""
+def _calls(graph: ir.Graph, name: str) -> list[str]:
+    """The blocks a block's branches call (both arms; loop bodies included), one entry per call."""
+    return [t for br in _branches(graph.block(name).nodes) for t in _targets(graph, br)]
+
+
+def _post_order(graph: ir.Graph) -> list[str]:
+    """Every block after the blocks it calls (the checker refuses recursion), with an explicit
+    stack: a chain of thousands of blocks is no RecursionError."""
+    order, seen = [], set()
+    for root in graph.blocks:
+        if root.name in seen:
+            continue
+        seen.add(root.name)
+        stack = [(root.name, iter(_calls(graph, root.name)))]
+        while stack:
+            name, todo = stack[-1]
+            nxt = next(todo, None)
+            if nxt is None:
+                stack.pop()
+                order.append(name)
+            elif nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, iter(_calls(graph, nxt))))
+    return order
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """Per block, over the blocks it calls (computed once per lowering, in linear time):
+    `cost`: nodes traced when it is inlined with every block it calls (both arms of each cond);
+    `depth`: blocks on its longest call chain (itself included), the return stack a machine needs;
+    `conds`: conditional branches nested on its deepest chain (the `lax.cond`s inlining nests)."""
+
+    cost: dict
+    depth: dict
+    conds: dict
+
+
+def call_facts(graph: ir.Graph) -> CallFacts:
+    """`Lowering.call_facts`: computed once per lowering."""
     cost: dict[str, int] = {}
-
-    def of(name: str) -> int:
-        if name not in cost:
-            block = graph.block(name)
-            cost[name] = _own_size(block.nodes) + sum(of(t) for br in _branches(block.nodes)
-                                                      for t in _targets(graph, br))
-        return cost[name]
-
-    for block in graph.blocks:
-        of(block.name)
-    return cost
+    depth: dict[str, int] = {}
+    conds: dict[str, int] = {}
+    for name in _post_order(graph):
+        branches = list(_branches(graph.block(name).nodes))
+        cost[name] = _own_size(graph.block(name).nodes) + sum(cost.get(t, 0) for t in _calls(graph, name))
+        depth[name] = 1 + max((depth.get(t, 0) for br in branches for t in _targets(graph, br)), default=0)
+        conds[name] = max((int(br.cond is not None) + conds.get(t, 0) for br in branches
+                           for t in _targets(graph, br)), default=0)
+    return CallFacts(cost, depth, conds)
 
 
 def reachable(graph: ir.Graph, roots) -> list[str]:
@@ -71,10 +111,14 @@ def reachable(graph: ir.Graph, roots) -> list[str]:
 
 
 def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
+    """Whether a conditional branch runs as the state machine rather than as nested `lax.cond`s:
+    when inlining would trace shared blocks many times over, or nest conditionals too deep."""
     graph = tr.graph
-    costs = tr.lowering.inline_costs
+    known = tr.lowering.call_facts
     roots = _targets(graph, node)
-    inlined = sum(costs[t] for t in roots)
+    if max(known.conds[t] for t in roots) >= INLINE_COND_DEPTH:
+        return True
+    inlined = sum(known.cost[t] for t in roots)
     unique = sum(_own_size(graph.block(b).nodes) for b in reachable(graph, roots))
     return inlined > INLINE_FACTOR * unique + INLINE_SLACK
 
@@ -131,7 +175,7 @@ def run_branch(node: ir.Branch, env: Env, frame: Frame, tr: Tracer, pred) -> Env
         first[name] = len(segs)
         segs += [(name, nodes, term) for nodes, term in _segments(graph.block(name))]
     done = len(segs)
-    depth = ir.MAX_CALL_DEPTH + 1
+    depth = max(tr.lowering.call_facts.depth[name] for name in names) + 1  # the longest call chain: return addresses
 
     def case(k):
         name, nodes, term = segs[k]

@@ -24,17 +24,49 @@ def rule(node_type):
 
 
 def lower_nodes(nodes, env: dict, frame: Frame, tr: Tracer) -> tuple[dict, bool]:
-    for node in nodes:
-        if isinstance(node, ir.Return):
-            if node.vars and frame.block == "entry" and not frame.loop_vars:
-                tr.outputs = node.vars
-            return env, True
-        if isinstance(node, ir.Yield) and frame.block != "entry":
-            return env, True  # a consumer's yield ends it (§3.5)
-        fn = RULES[type(node)]
-        with jax.named_scope(f"{node.index}:{_label(node)}"):
-            env = fn(node, env, frame, tr)
-    return env, False
+    """Lower `nodes` in order in `frame`. An unconditional `branch B` (a call, §3.2) is lowered inline
+    here, with an explicit call stack rather than Python recursion, so a chain of thousands of
+    blocks calling one another is traced once each and never a RecursionError; a called block's
+    `return` (or, outside entry, its `yield`) ends that block only. The caller's named scope is left
+    while a callee is lowered (op names stay `.../<index>:branch/B/<index>:<op>` however deep the
+    chain: no name grows with the call depth)."""
+    from contextlib import ExitStack
+    calls: list = []  # suspended callers: (their remaining nodes, their frame, the branch that called)
+    todo = iter(nodes)
+    with ExitStack() as scopes:
+        callee_scope = None  # the named scopes of the call being lowered (None: the caller's own nodes)
+        while True:
+            node = next(todo, None)
+            if node is None or isinstance(node, ir.Return) or (isinstance(node, ir.Yield) and frame.block != "entry"):
+                stopped = node is not None
+                if isinstance(node, ir.Return) and node.vars and frame.block == "entry" and not frame.loop_vars:
+                    tr.outputs = node.vars
+                if not calls:
+                    return env, stopped
+                callee_scope.close()  # back in the caller
+                todo, frame, branch = calls.pop()
+                callee_scope = _enter_call(scopes, calls[-1][2], frame.block) if calls else None
+                continue
+            if isinstance(node, ir.Branch) and node.cond is None:
+                calls.append((todo, frame, node))
+                if callee_scope is not None:
+                    callee_scope.close()
+                callee_scope = _enter_call(scopes, node, node.then_block)
+                todo, frame = iter(tr.graph.block(node.then_block).nodes), Frame(node.then_block)
+                continue
+            fn = RULES[type(node)]
+            with jax.named_scope(f"{node.index}:{_label(node)}"):
+                env = fn(node, env, frame, tr)
+
+
+def _enter_call(scopes, branch: ir.Branch, block: str):
+    """The named scopes of a call: `<index>:branch/<block>` (closed on return, or by `scopes` when
+    lowering fails)."""
+    from contextlib import ExitStack
+    call = scopes.enter_context(ExitStack())
+    call.enter_context(jax.named_scope(f"{branch.index}:{_label(branch)}"))
+    call.enter_context(jax.named_scope(block))
+    return call
 
 
 def lower_block(name: str, env: dict, tr: Tracer) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes as dt
-from .. import ir
+from .. import ir, messages
 from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
@@ -66,13 +66,16 @@ class BoundGraph:
     Arrays returned by `initial`, `family`, `const_value` are shared (read-only); copy before mutating.
     """
 
-    __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families")
+    __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families", "zero_missing_inputs")
 
     def __init__(self, graph: ir.Graph, model: Model | None, sizes: dict[str, int],
-                 shapes: dict[str, tuple[int, ...]], checked=None):
+                 shapes: dict[str, tuple[int, ...]], checked=None, zero_missing_inputs: bool = False):
         self.graph = graph
         self.checked = checked  # the CheckedGraph this was bound from (None: bound unchecked)
         self.model = model
+        # OpenInfer's zero-filled default asked for: inputs and constants without a value read as
+        # zeros (else `bind` refuses such constants and a run such inputs)
+        self.zero_missing_inputs = bool(zero_missing_inputs)
         self.sizes = dict(sizes)
         self._shapes = shapes
         self._cache: dict[str, np.ndarray] = {}
@@ -122,10 +125,15 @@ class BoundGraph:
 
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
-        return BoundGraph(self.graph, self.model, sizes, shapes, self.checked)
+        return BoundGraph(self.graph, self.model, sizes, shapes, self.checked, self.zero_missing_inputs)
 
     def __repr__(self) -> str:
-        return f"BoundGraph({self.graph.path!r}, model={getattr(self.model, 'path', None)!r}, sizes={self.sizes})"
+        return f"BoundGraph({self.graph.path!r}, model={self.model_path!r}, sizes={self.sizes})"
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file bound (given, or found beside the graph: pipeline.choose_model); None without one."""
+        return getattr(self.model, "path", None)
 
     # ------------------------------------------------------------ names, shapes, dtypes
 
@@ -459,10 +467,14 @@ def unknown_sizes(graph: ir.Graph, model: Model | None, sizes: dict | None) -> l
     return out
 
 
-def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundGraph:
+def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_missing_inputs: bool = False,
+         no_model: str | None = None) -> BoundGraph:
     """Bind `graph` (a `check.CheckedGraph`, or a bare `ir.Graph` for the model-binding queries
     alone: programs need the checked one) to `model` with size overrides; OiError listing every
-    binding problem."""
+    binding problem, each located at its declaration. Without a model, a constant with no `@init`
+    has no value: an error naming it unless `zero_missing_inputs` asks for OpenInfer's zeros.
+    `no_model` says why there is no model (pipeline.ModelChoice: where the default was looked for),
+    in the messages that need one."""
     checked = None
     if not isinstance(graph, ir.Graph):
         checked, graph = graph, graph.graph
@@ -476,7 +488,7 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundG
         try:
             shapes[name] = tuple(d.resolve(all_sizes) for d in dims)
         except KeyError as exc:
-            problems.append(Diagnostic(f"invalid dims for {name}: unknown size: {exc.args[0]}", span))
+            problems.append(Diagnostic(messages.unknown_size(name, exc.args[0], model, no_model), span))
 
     for decl in graph.vars:
         resolve(decl.name, decl.dims, decl.span)
@@ -502,9 +514,23 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None) -> BoundG
                 _bind_decl(decl, model, shapes[decl.name])
             except OiError as exc:
                 problems.extend(exc.diagnostics)
+    elif not zero_missing_inputs:
+        problems.extend(_valueless_constants(graph, shapes, no_model or "no model given"))
     if problems:
-        raise OiError(problems)
-    return BoundGraph(graph, model, all_sizes, shapes, checked)
+        raise OiError(sorted(problems, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0)),
+                      source=graph.source or None)
+    return BoundGraph(graph, model, all_sizes, shapes, checked, zero_missing_inputs)
+
+
+def _valueless_constants(graph: ir.Graph, shapes, no_model: str) -> list[Diagnostic]:
+    """Without a model, each constant that has no `@init` (and a known shape) has no value:
+    OpenInfer would read it as zeros without a word; oi2jax says so, at its declaration, unless
+    zeros are asked for (docs/semantics.md). With a model, a constant it lacks is the checker's
+    error (§0 item 11)."""
+    return [Diagnostic(f"constant {decl.name} has no value ({no_model}, and no @init); give a model, or ask "
+                       f"for OpenInfer's zeros with --zero-missing-inputs (zero_missing_inputs=True)", decl.span)
+            for decl in graph.vars_of(ir.MemKind.CONSTANT)
+            if not decl.is_prefix_table and decl.init is None and decl.name in shapes]
 
 
 def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..diagnostics import OiError
+from ..ir import MAX_RANK
 from . import packing
 from .quant import QuantParams, parse as parse_quant
 
@@ -440,6 +441,8 @@ def _parse(path: str, buf, size: int) -> Model:
         entry_tail = 16 if version == 1 else 32
         if ndim * 8 + entry_tail > cur.limit - cur.pos:
             raise ModelError(path, f"tensor {name}: {ndim} dims run past the end of the tensor table")
+        if ndim > MAX_RANK:  # NumPy (and every backend) holds at most 64 dimensions
+            raise ModelError(path, f"tensor {name} has {ndim} dimensions; the limit is {MAX_RANK}")
         dims = tuple(cur.u64(f"tensor {name} dim {k}") for k in range(ndim))
         nbytes = cur.u64(f"tensor {name} data_nbytes")
         offset = cur.u64(f"tensor {name} data_offset")
@@ -525,6 +528,8 @@ def _meta_value(path: str, buf, key: str, vtype: int, offset: int, nbytes: int) 
             raise bad(f"ndarray element type {elem_code} is not a scalar type")
         if 8 + 8 * ndim > nbytes:
             raise bad(f"ndarray with {ndim} dims does not fit in {nbytes} bytes")
+        if ndim > MAX_RANK:
+            raise bad(f"ndarray has {ndim} dimensions; the limit is {MAX_RANK}")
         dims = struct.unpack_from(f"<{ndim}Q", raw, 8)
         numel = 1
         for s in dims:

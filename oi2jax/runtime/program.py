@@ -54,6 +54,7 @@ class Program:
         self.unroll = loops.check_unroll(unroll)
         self.bound = bound
         self.graph: ir.Graph = bound.graph
+        self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
         self.device = resolve_device(device)
         self.placer = placer if placer is not None else Placer(self.device)
         self.yield_mode = yield_mode
@@ -87,6 +88,12 @@ class Program:
     precision = "highest"  # float matmul precision while tracing (api.compile(precision=...))
     unroll = "auto"  # how `loop` lowers while tracing (api.compile(unroll=...); lowering/loops.py)
     zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file this program was bound to: the one given, or the `.oinf` found beside the
+        graph (pipeline.choose_model); None without a model."""
+        return self.bound.model_path
 
     def check_given(self, names) -> None:
         """OiError unless every input the graph reads without a default of its own is in `names`
