@@ -35,7 +35,9 @@ Runtime guards do not raise inside the artifact: after a step, `state["guards"][
 means the step failed (the failing write was skipped, never clamped; later nodes of the step
 still ran) with message `manifest["errors"][err - 1]` (`{value}` = `state["guards"]["errval"]`);
 `any(state["guards"]["grow"] > 0)` means a growable cache ran out of capacity (the step was
-undone; the artifact cannot grow -- re-export with a larger size).
+undone; the artifact cannot grow -- re-export with a larger size). A runtime-shaped output
+(an `@auto_dim` tensor's current shape) comes as `{"value": array at capacity, "logical_shape":
+int64[rank]}` (manifest: its `logical_shape` entry).
 
 `symbolic=("B",)` exports with the size variable B as a `jax.export.symbolic_shape` dimension.
 Limits: only dims of dynamic / volatile variables and temporaries may mention B; constants,
@@ -168,7 +170,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
 
         def step(state, dynamic):
             new, outputs = trace_builder(consts, _env(state), dynamic)
-            return _tree(new), outputs
+            return _tree(new), {k: _plain_output(v) for k, v in outputs.items()}
 
         state_spec = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state0)
         dyn_spec = {n: jax.ShapeDtypeStruct(dyn_shapes[n], defaults[n].dtype) for n in builder.dynamic}
@@ -224,9 +226,17 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         npz[key] = defaults[name]
         inputs.append({"name": name, "dsl_dtype": bound.dtype(name), "shape": _shape_json(dyn_shapes[name]),
                        "dtype": _dtype_name(defaults[name].dtype), "default_npz_key": key})
-    outputs = [{"name": name, "dsl_dtype": bound.dtype(name) if graph.var(name) or name in graph.temporaries
-                else None, "shape": _shape_json(aval.shape), "dtype": _dtype_name(aval.dtype)}
-               for name, aval in out_outputs.items()]
+    outputs = []
+    for name, aval in out_outputs.items():
+        entry = {"name": name, "dsl_dtype": bound.dtype(name) if graph.var(name) or name in graph.temporaries
+                 else None}
+        if isinstance(aval, dict):  # runtime-shaped: the value at capacity and its logical shape
+            entry["logical_shape"] = {"shape": _shape_json(aval["logical_shape"].shape),
+                                      "dtype": _dtype_name(aval["logical_shape"].dtype)}
+            entry["view"] = 'outputs[name]["value"][:logical_shape[0], ...]'
+            aval = aval["value"]
+        entry.update({"shape": _shape_json(aval.shape), "dtype": _dtype_name(aval.dtype)})
+        outputs.append(entry)
     manifest = {
         "format": MANIFEST_FORMAT,
         "artifact": "jax.export.Exported.serialize()",
@@ -273,6 +283,13 @@ def _env(tree: dict):
     from .lowering.state import CacheState, Env, TraceGuards
     return Env(dict(tree["vars"]), {n: CacheState(c["data"], c["size"], c.get("present")) for n, c in tree["caches"].items()},
                TraceGuards(**tree["guards"]))
+
+
+def _plain_output(value):
+    """A step output as the artifact returns it: an array, or for a runtime-shaped value (a
+    `Shaped`) `{"value": array at capacity, "logical_shape": int64[rank]}` (plain dicts only)."""
+    from .lowering.state import Shaped
+    return {"value": value.value, "logical_shape": value.shape} if isinstance(value, Shaped) else value
 
 
 def _tree(env) -> dict:

@@ -176,6 +176,16 @@ class Env:
                    {**self.shapes, **taken.shapes})
 
 
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Shaped:
+    """A runtime-shaped variable's value in a step's outputs (`phases.runtime_shaped`): the array
+    at its capacity shape and its logical shape (int64[rank]), what `Program.trim` cuts it to."""
+
+    value: object
+    shape: object
+
+
 GUARDS = GetAttrKey("guards")
 GROW_PATH = (GUARDS, GetAttrKey("grow"))
 ERROR_PATHS = ((GUARDS, GetAttrKey("err")), (GUARDS, GetAttrKey("errval")))

@@ -22,12 +22,7 @@ from . import rules
 from .rules import lower_nodes
 from .caches import PLAIN, build_layouts
 from .context import Frame, Lowering, Tracer
-from .state import Env, PhaseIO, commit
-
-# the key of a runtime-shaped output's logical shape in a step's outputs (int64[rank]; `#` is in no
-# DSL name): `outputs[SHAPE + name]`, what Program.trim cuts the value to (docs/decode.md)
-SHAPE = "#shape/"
-
+from .state import Env, PhaseIO, Shaped, commit
 
 def build_lowering(bound) -> Lowering:
     rules.load()  # every construct module's rules registered
@@ -162,8 +157,8 @@ class StepBuilder:
 
     def outputs(self, env: Env, names, extra=()) -> dict:
         """The arrays of the variables `names` that `env` holds, then the user-level values of
-        `extra` (`value_of`), each runtime-shaped one with its logical shape beside it
-        (`outputs[SHAPE + name]`)."""
+        `extra` (`value_of`), each runtime-shaped one as a `Shaped` (its value at capacity and its
+        logical shape)."""
         outputs = {}
         for name in names:
             value = env.get(name)
@@ -174,7 +169,7 @@ class StepBuilder:
                 outputs[name] = self.value_of(env, name)
         for name in self.lowering.shaped:
             if name in outputs and name in env.shapes:
-                outputs[SHAPE + name] = env.shapes[name]
+                outputs[name] = Shaped(outputs[name], env.shapes[name])
         return outputs
 
     def __call__(self, consts: dict, state: Env, dynamic: dict, extra: tuple = ()):

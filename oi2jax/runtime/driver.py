@@ -24,16 +24,16 @@ another device: only what it reads goes there and only what it writes comes back
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Var
-from jax.tree_util import DictKey, GetAttrKey, tree_flatten_with_path
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey, tree_flatten_with_path
 
 from ..diagnostics import OiError
 from ..phases import Phase
-from ..lowering.state import ERROR_PATHS, GUARDS, Env, PhaseIO, leaf_at, select
+from ..lowering.state import ERROR_PATHS, GUARDS, CacheState, Env, PhaseIO, TraceGuards, select
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     kernel_error, run_tasks
 from .placement import Placer, device_name, parse_device
@@ -45,12 +45,35 @@ def _aval(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-ENV = (GetAttrKey("env"),)  # where a kernel's `PhaseIO` holds the env
+ENV = (GetAttrKey("env"),)  # where a kernel's `PhaseIO` holds the env, the awaited guards, ...
+PENDING = (GetAttrKey("pending"),)
+OLD = (GetAttrKey("old"),)
+NEW = (GetAttrKey("new"),)
+GUARD_PATHS = tuple(ENV + (GUARDS, GetAttrKey(f.name)) for f in fields(TraceGuards))  # entry's guards
 
 
 def _leaves(tree) -> dict:
     """{key path: leaf} of a pytree (a `PhaseIO`)."""
     return dict(tree_flatten_with_path(tree)[0])
+
+
+def _entry_env(leaves: dict) -> Env:
+    """Entry's `Env` from its leaves by key path (`ENV + ...`)."""
+    values, caches, shapes, guards = {}, {}, {}, {}
+    for path, leaf in leaves.items():
+        if path[0] != ENV[0]:
+            continue
+        part, rest = path[1].name, path[2:]
+        if part == "values":
+            values[rest[0].key] = leaf
+        elif part == "shapes":
+            shapes[rest[0].key] = leaf
+        elif part == "guards":
+            guards[rest[0].name] = leaf
+        else:
+            caches.setdefault(rest[0].key, {})[rest[1].name] = leaf
+    return Env(values, {n: CacheState(p.get("data"), p.get("size"), p.get("present")) for n, p in caches.items()},
+               TraceGuards(**guards), shapes)
 
 
 def _label(path) -> str:
@@ -84,6 +107,7 @@ class Kernel:
     commit: frozenset | None = None  # last entry phase: the state paths it commits (or undoes)
     back: tuple = ()  # consumer: indices of outputs merged into entry at the await (and its guards)
     writes_guards: bool = False  # consumer: it may record an error or ask for capacity
+    merged: frozenset = frozenset()  # consumer: the leaves of entry's env its await takes
     span: object = None  # DSL location for errors (entry phase: its first node; consumer: its block)
     future: object = None  # executor: the compilation (result: the XLA executable)
     compiled: object = None  # the AOT executable once fetched (else `jitted` compiles lazily)
@@ -211,8 +235,8 @@ class Driver:
     def step(self, state, dynamic: dict):
         """One step run by the host driver: `(state, outputs)`; `dynamic` complete and placed."""
         spec = self.program.state_spec
-        flat, outputs = self._drive(spec.to_env(state), dynamic)
-        return spec.from_env(flat), outputs
+        new, outputs = self._drive(spec.to_env(state), dynamic)
+        return spec.from_env(new), outputs
 
     def _count(self):
         self.program.count_trace("driver kernel")
@@ -255,7 +279,7 @@ class Driver:
         owned: set = set()
         step_writes: set = set()
         phase_kernels: list[Kernel] = []
-        consumers: dict[int, list[tuple[Kernel, frozenset]]] = {}
+        consumers: dict[int, list[tuple[Kernel, frozenset, frozenset]]] = {}  # (kernel, writes, merged)
         protected: set = set()  # read by consumers in flight, or kept for their merge
         main = self._main_device()
         snapshots: dict[int, Env] = {}
@@ -264,7 +288,7 @@ class Driver:
             pending = []
             if phase.merges is not None:
                 snap = _leaves(PhaseIO(snapshots.pop(phase.merges)))
-                for kern, writes in consumers[phase.merges]:
+                for kern, writes, _ in consumers[phase.merges]:
                     env, guards = self._merge(env, kern, writes, snap, kern.out_avals)
                     step_writes |= kern.merged
                     owned |= kern.merged & set(kern.out_keys)
@@ -281,7 +305,7 @@ class Driver:
                                    if (path[0] != GUARDS and ENV + path in written)
                                    or (path in ERROR_PATHS and self.program.lowering.growable))
                 io = PhaseIO(env, tuple(pending), select(state, commit))
-                owned_now = owned | {path for path in _leaves(io) if path[0] == GetAttrKey("old")}
+                owned_now = owned | {path for path in _leaves(io) if path[0] == OLD[0]}
             else:
                 commit, owned_now = None, owned
             kern = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase))
@@ -314,7 +338,7 @@ class Driver:
                     ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in ck.merged or k[:2] == ENV + (GUARDS,))
                     ck.span = self.program.graph.block(name).span
                     self._submit(ck)
-                    consumers[w].append((ck, writes))
+                    consumers[w].append((ck, writes, ck.merged))
                 protected = self._protected(snapshots, consumers)
         self.plan = (phase_kernels, consumers)
         return self.plan
@@ -325,7 +349,7 @@ class Driver:
         values their awaits take back."""
         protected = set()
         for w in snapshots:
-            for ck, _ in consumers[w]:
+            for ck, _, _ in consumers[w]:
                 protected |= set(ck.reads) | ck.merged
         return protected
 
@@ -389,7 +413,7 @@ class Driver:
         event["ms"] = (time.perf_counter() - t0) * 1e3
         return outs
 
-    def _drive(self, state: dict, dynamic: dict):
+    def _drive(self, state: Env, dynamic: dict):
         with self.program.scope():
             fresh = self.plan is None
             try:
@@ -408,15 +432,17 @@ class Driver:
                     self.kernel_builder.close()
                     self.kernel_builder = None
 
-    def _drive_planned(self, state: dict, dynamic: dict):
-        """One step: the kernels as tasks of a ready queue (executor.run_tasks)."""
+    def _drive_planned(self, state: Env, dynamic: dict):
+        """One step: the kernels as tasks of a ready queue (executor.run_tasks). The host holds
+        the kernels' `PhaseIO` leaves by key path (`leaves`: entry's env; `snaps`: a window's
+        snapshot); a kernel takes the leaves of its planned paths and returns those it writes."""
         phase_kernels, consumers = self.plan
         step = self._step_no
         self._step_no += 1
         self.last_order = []
         main = self._main_device()
-        env = dict(dynamic)
-        env.update(state)
+        state_pairs, state_def = tree_flatten_with_path(state)
+        leaves = _leaves(PhaseIO(state.update(dynamic)))
         snaps: dict[int, dict] = {}
         inflight: dict[int, dict] = {w: {} for w in consumers}
 
@@ -424,35 +450,35 @@ class Driver:
             if phase.merges is not None:
                 j = 0
                 for i in sorted(inflight[phase.merges]):
-                    ck, merged, snap, outs = inflight[phase.merges].pop(i)
+                    ck, snap, outs = inflight[phase.merges].pop(i)
                     back = tuple(outs[i] for i in ck.back)
                     if ck.placed:
                         back = jax.device_put(back, main)
                     result = dict(zip((ck.out_keys[i] for i in ck.back), back))
-                    for k in merged:
-                        env[k] = result.get(k, snap[k])
-                    if any(g in result for g in GUARD_KEYS):
-                        for g in GUARD_KEYS:
-                            env[pending(j, g)] = result.get(g, snap[g])
+                    for k in ck.merged:  # what the await takes (`Env.take`)
+                        leaves[k] = result.get(k, snap[k])
+                    if ck.writes_guards:  # its guards, merged by this phase (`TraceGuards.merge`)
+                        for k in GUARD_PATHS:
+                            leaves[PENDING + (SequenceKey(j),) + k[2:]] = result.get(k, snap[k])
                         j += 1
                 snaps.pop(phase.merges, None)
-            if kern.commit:
-                for k in kern.commit:
-                    env[OLD + k] = state[k]
-            outs = self._call(kern, env, step) if kern.out_keys else ()
-            for k in [k for k in env if is_transient(k)]:
-                del env[k]
-            env.update(zip(kern.out_keys, outs))
+            for path in kern.commit or ():  # the committed entries at their values at step start
+                leaves[OLD + path] = state_leaves[path]
+            outs = self._call(kern, leaves, step) if kern.out_keys else ()
+            for k in [k for k in leaves if k[0] != ENV[0]]:  # pending guards, old entries: this phase's
+                del leaves[k]
+            leaves.update(zip(kern.out_keys, outs))
             if phase.launches is not None:
-                snaps[phase.launches] = dict(env)  # every consumer of the window starts from this
+                snaps[phase.launches] = dict(leaves)  # every consumer of the window starts from this
             return outs or None
 
-        def run_consumer(w: int, i: int, ck: Kernel, merged: tuple):
+        def run_consumer(w: int, i: int, ck: Kernel):
             snap = snaps[w]
             outs = self._call(ck, snap, step)
-            inflight[w][i] = (ck, merged, snap, outs)
+            inflight[w][i] = (ck, snap, outs)
             return outs
 
+        state_leaves = dict(state_pairs)
         # the linear (topological) order: phase, its yield's consumers (name order), next phase, ...
         # A consumer depends on the phase whose yield completes the variables it awaits (every
         # consumer of window w awaits a variable yielded there, and the checker rejects
@@ -470,20 +496,17 @@ class Driver:
             if phase.launches is not None:
                 w = phase.launches
                 window_tasks[w] = []
-                for i, (ck, merged, _) in enumerate(consumers[w]):
+                for i, (ck, _, _) in enumerate(consumers[w]):
                     window_tasks[w].append(len(tasks))
-                    tasks.append(Task(len(tasks), ck, (idx,),
-                                      lambda w=w, i=i, ck=ck, merged=merged: run_consumer(w, i, ck, merged)))
+                    tasks.append(Task(len(tasks), ck, (idx,), lambda w=w, i=i, ck=ck: run_consumer(w, i, ck)))
         run_tasks(tasks, self.schedule, self.kernel_builder, block=jax.block_until_ready)
         commit = phase_kernels[-1].commit or ()
-        new_state = {}
-        for k in state:
-            new_state[k] = env.pop(NEW + k) if k in commit else env[k]
+        new_state = state_def.unflatten([leaves.pop(NEW + path) if path in commit else leaves[ENV + path]
+                                         for path, _ in state_pairs])
+        env = _entry_env(leaves)
         names = tuple(self.analysis.outputs or ()) + tuple(self.program.builder.dynamic + self.program.builder.volatile)
-        outputs = {name: env[name] for name in names if name in env}  # everything a session may read
-        for name in self.program.lowering.shaped:  # runtime-shaped: the logical shape beside the value
-            if name in outputs and SHAPE + name in env:
-                outputs[SHAPE + name] = env[SHAPE + name]
+        # everything a session may read (runtime-shaped values with their logical shapes: `Shaped`)
+        outputs = self.program.builder.outputs(env, dict.fromkeys(names))
         return new_state, outputs
 
     # ------------------------------------------------------------------ public API
@@ -523,6 +546,6 @@ class Driver:
         for kern in phase_kernels + [ck for w in sorted(consumers) for ck, _, _ in consumers[w]]:
             out.append({"kernel": kern.name, "phase": kern.phase,
                         "device": device_name(kern.device if kern.placed else self._main_device()),
-                        "reads": sorted(kern.reads), "writes": list(kern.out_keys),
-                        "donated": list(kern.donate_keys)})
+                        "reads": sorted(map(_label, kern.reads)), "writes": [_label(k) for k in kern.out_keys],
+                        "donated": [_label(k) for k in kern.donate_keys]})
         return out

@@ -22,11 +22,11 @@ from ..values import check_given_inputs, convert_input, convert_output
 from . import cache_state
 from .kernels import StepKernels
 from .placement import Placer, resolve_device
-from ..lowering.state import CacheState, Guards, StateSpec, StepState
+from ..lowering.state import CacheState, Guards, Shaped, StateSpec, StepState
 from ..ops.numerical import MATMUL_PRECISION
 from ..lowering import loops
 from ..lowering.loops import LoopPolicy
-from ..lowering.step import SHAPE, StepBuilder, build_lowering
+from ..lowering.step import StepBuilder, build_lowering
 
 if TYPE_CHECKING:
     from .session import Session
@@ -499,19 +499,18 @@ class Program:
         """Runtime-shaped variables (phases.runtime_shaped): name -> @auto_dim tensor."""
         return self.lowering.shaped
 
-    def trim(self, name: str, value, outputs: dict):
-        """A runtime-shaped variable's value cut to its logical shape (`outputs[SHAPE + name]`),
-        on the host; any other value as it is."""
-        logical = outputs.get(SHAPE + name) if name in self.lowering.shaped else None
-        if logical is None:
+    def trim(self, value):
+        """A runtime-shaped variable's value (a `Shaped` output) cut to its logical shape, on the
+        host; any other value as it is."""
+        if not isinstance(value, Shaped):
             return value
-        return self.to_host(value)[tuple(slice(0, int(n)) for n in self.to_host(logical))]
+        return self.to_host(value.value)[tuple(slice(0, int(n)) for n in self.to_host(value.shape))]
 
     def trim_outputs(self, outputs: dict) -> dict:
-        """Step outputs with runtime-shaped values cut to their logical shapes, `#shape/` keys dropped."""
+        """Step outputs with runtime-shaped values cut to their logical shapes."""
         if not self.lowering.shaped:
             return outputs
-        return {k: self.trim(k, v, outputs) for k, v in outputs.items() if not k.startswith(SHAPE)}
+        return {k: self.trim(v) for k, v in outputs.items()}
 
     def host_state(self, state: StepState) -> StepState:
         """The state as host arrays."""
@@ -557,7 +556,9 @@ class Program:
         result = {}
         for name in self.builder.dynamic + self.builder.volatile:
             if name in values:
-                result[name] = convert_output(self.to_host(values[name]), self.bound.dtype(name))
+                value = values[name]
+                value = value.value if isinstance(value, Shaped) else value  # at capacity, as it came
+                result[name] = convert_output(self.to_host(value), self.bound.dtype(name))
         result.update(self.export_state(state))
         return result
 
