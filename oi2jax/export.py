@@ -3,15 +3,18 @@
 What is written (for `-o step.jaxexport`):
 
 * `step.jaxexport` -- `jax.export.Exported.serialize()` bytes of
-  `step(state: dict, dynamic: dict) -> (state: dict, outputs: dict)`.
+  `step(state, dynamic: dict) -> (state, outputs: dict)`, the state plain nested dicts
+  `{"vars": {P: value}, "caches": {T: {"data", "size"[, "present"]}}, "guards": {"err",
+  "errval", "grow"}}` (no custom pytree node: `jax.export.deserialize` needs nothing else).
   The graph's constants (model weights, prefix-table families, non-uniform `@init` fills)
   are **baked into the artifact** as StableHLO constants: calling it needs nothing but JAX
   (no oi2jax, no `.oinf`). The price is artifact size ~ model size.
-* `step.jaxexport.json` -- the manifest (see `MANIFEST_FORMAT`, docs/ecosystem.md): state layout,
-  inputs/outputs (names, shapes, dtypes), graph sha256, JAX version, serialization version and
-  compatibility window, x64 requirement, yield mode, runtime-guard messages.
+* `step.jaxexport.json` -- the manifest (see `MANIFEST_FORMAT`, docs/ecosystem.md): the state by
+  its structure (`state.vars`, `state.caches`, `state.guards`), inputs/outputs (names, shapes,
+  dtypes), graph sha256, JAX version, serialization version and compatibility window, x64
+  requirement, yield mode, runtime-guard messages.
 * `step.jaxexport.init.npz` -- the initial state and the default value of every input
-  (keys are listed in the manifest: `state[i].npz_key`, `inputs[i].default_npz_key`).
+  (keys are listed in the manifest: each state buffer's `npz_key`, `inputs[i].default_npz_key`).
 
 Loading it back (oi2jax not needed)::
 
@@ -19,15 +22,22 @@ Loading it back (oi2jax not needed)::
     jax.config.update("jax_enable_x64", True)          # the artifact is 64-bit (manifest: "x64")
     exp = jax.export.deserialize(open("step.jaxexport", "rb").read())
     man = json.load(open("step.jaxexport.json")); npz = np.load("step.jaxexport.init.npz")
-    state = {s["name"]: npz[s["npz_key"]] for s in man["state"]}
+    st = man["state"]
+    state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]},
+             "caches": {c["name"]: {part: npz[c[part]["npz_key"]] for part in ("data", "size", "present")
+                                    if part in c} for c in st["caches"]},
+             "guards": {g: npz[st["guards"][g]["npz_key"]] for g in ("err", "errval", "grow")}}
     dynamic = {d["name"]: npz[d["default_npz_key"]] for d in man["inputs"]}
     state, outputs = exp.call(state, dynamic)
 
 Graphs with yield/await are exported in their fused form (one function, snapshot semantics).
-Runtime guards do not raise inside the artifact: after a step, `state["#err"] != 0` means the
-step failed (the failing write was skipped, never clamped; later nodes of the step still ran) with message `manifest["errors"][#err - 1]`
-(`{value}` = `state["#errval"]`); `any(state["#grow"] > 0)` means a growable cache ran out of
-capacity (the step was undone; the artifact cannot grow -- re-export with a larger size).
+Runtime guards do not raise inside the artifact: after a step, `state["guards"]["err"] != 0`
+means the step failed (the failing write was skipped, never clamped; later nodes of the step
+still ran) with message `manifest["errors"][err - 1]` (`{value}` = `state["guards"]["errval"]`);
+`any(state["guards"]["grow"] > 0)` means a growable cache ran out of capacity (the step was
+undone; the artifact cannot grow -- re-export with a larger size). A runtime-shaped output
+(an `@auto_dim` tensor's current shape) comes as `{"value": array at capacity, "logical_shape":
+int64[rank]}` (manifest: its `logical_shape` entry).
 
 `symbolic=("B",)` exports with the size variable B as a `jax.export.symbolic_shape` dimension.
 Limits: only dims of dynamic / volatile variables and temporaries may mention B; constants,
@@ -45,7 +55,7 @@ import numpy as np
 from . import ir
 from .diagnostics import OiError
 
-MANIFEST_FORMAT = "oi2jax-export/1"
+MANIFEST_FORMAT = "oi2jax-export/2"
 COMPATIBILITY = ("jax.export guarantees: an artifact serialized by this JAX runs on JAX versions "
                  "released up to 6 months later (backward compatibility), and the serialization "
                  "version must be supported by the loading JAX (forward compatibility ~ 3 weeks)")
@@ -120,8 +130,10 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     import jax
     from .lowering import loops
     unroll = loops.check_unroll(unroll)
+    from dataclasses import replace
     from .runtime.program import Program
-    from .lowering.context import ERR, ERRVAL, GROW, Lowering
+    from .lowering.caches import TABLE
+    from .lowering.context import ErrorSites
 
     symbolic = tuple(symbolic or ())
     platforms = export_platforms(platforms)
@@ -139,16 +151,15 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     program = Program(bound, yield_mode="fused", unroll=unroll)
     builder = program.builder
     with program.scope():
-        state0 = program.initial_host_state()
+        state0 = _state_tree(program.initial_host_state(), program.lowering.caches)
         defaults = {k: np.asarray(v) for k, v in program.defaults.items()}
         consts = program.consts
         lowering = program.lowering
         trace_builder = builder
         if symbolic:
             sbound = _symbolic_bound(bound, symbolic)
-            lowering = Lowering(bound=sbound, caches=program.lowering.caches,
-                                growable=program.lowering.growable, shaped=program.lowering.shaped)
-            trace_builder = builder.at_shapes(lowering)
+            lowering = replace(program.lowering, bound=sbound, error_sites=ErrorSites())
+            trace_builder = builder.for_lowering(lowering)
             for name in builder.init_args:
                 if sbound.shape(name) != bound.shape(name):
                     raise OiError(f"cannot export with symbolic {', '.join(symbolic)}: {name} has a non-uniform "
@@ -158,9 +169,10 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
             dyn_shapes = {n: defaults[n].shape for n in builder.dynamic}
 
         def step(state, dynamic):
-            return trace_builder(consts, state, dynamic)
+            new, outputs = trace_builder(consts, _env(state), dynamic)
+            return _tree(new), {k: _plain_output(v) for k, v in outputs.items()}
 
-        state_spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in state0.items()}
+        state_spec = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state0)
         dyn_spec = {n: jax.ShapeDtypeStruct(dyn_shapes[n], defaults[n].dtype) for n in builder.dynamic}
         policy = loops.LoopPolicy(unroll, loops.platform_of(platforms))
         try:
@@ -184,34 +196,51 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         from .graph_json import to_json
         source = json.dumps(to_json(graph), sort_keys=True)
     npz: dict[str, np.ndarray] = {}
-    state_entries = []
-    for i, (name, value) in enumerate(sorted(state0.items())):
-        key = f"state_{i}"
+
+    def buffer(value) -> dict:
+        key = f"state_{len(npz)}"
         npz[key] = value
-        state_entries.append({"name": name, "shape": list(value.shape), "dtype": _dtype_name(value.dtype),
-                              "npz_key": key})
+        return {"shape": list(value.shape), "dtype": _dtype_name(value.dtype), "npz_key": key}
+
+    layouts = program.lowering.caches
+    state_entries = {
+        "vars": [{"name": name, "dsl_dtype": layouts[name].dtype, **buffer(value)}
+                 for name, value in sorted(state0["vars"].items())],
+        "caches": [],
+        "guards": {g: buffer(state0["guards"][g]) for g in ("err", "errval", "grow")},
+    }
+    for name, parts in sorted(state0["caches"].items()):
+        layout = layouts[name]
+        entry = {"name": name, "kind": layout.kind.value, "dsl_dtype": layout.dtype, "base_shape": list(layout.shape),
+                 "view": ("tables: data[:size[0], :size[1], ...]" if layout.kind is TABLE
+                          else "auto_dim: data[:base_shape[0]+size[0], ...]")}
+        entry.update({part: buffer(value) for part, value in parts.items()})
+        state_entries["caches"].append(entry)
+    state_entries["guards"]["note"] = (
+        "err != 0: a runtime guard fired (the failing write was skipped; the error is sticky); message "
+        "errors[err-1] with {value} = errval. any(grow > 0): a growable cache is full; the step was undone "
+        "(the artifact cannot grow).")
     inputs = []
     for i, name in enumerate(builder.dynamic):
         key = f"input_{i}"
         npz[key] = defaults[name]
         inputs.append({"name": name, "dsl_dtype": bound.dtype(name), "shape": _shape_json(dyn_shapes[name]),
                        "dtype": _dtype_name(defaults[name].dtype), "default_npz_key": key})
-    outputs = [{"name": name, "dsl_dtype": bound.dtype(name) if graph.var(name) or name in graph.temporaries
-                else None, "shape": _shape_json(aval.shape), "dtype": _dtype_name(aval.dtype)}
-               for name, aval in out_outputs.items()]
-    caches = {}
-    for name, layout in program.lowering.caches.items():
-        entry = {"kind": layout.kind, "dsl_dtype": layout.dtype, "data_key": layout.name}
-        if layout.kind != "plain":
-            entry["size_key"] = layout.size_key()
-            entry["view"] = ("tables: data[:sizes[0], :sizes[1], ...]" if layout.kind == "table"
-                             else "auto_dim: data[:base+sizes[0], ...]")
-            entry["base_shape"] = list(layout.shape)
-        caches[name] = entry
+    outputs = []
+    for name, aval in out_outputs.items():
+        entry = {"name": name, "dsl_dtype": bound.dtype(name) if graph.var(name) or name in graph.temporaries
+                 else None}
+        if isinstance(aval, dict):  # runtime-shaped: the value at capacity and its logical shape
+            entry["logical_shape"] = {"shape": _shape_json(aval["logical_shape"].shape),
+                                      "dtype": _dtype_name(aval["logical_shape"].dtype)}
+            entry["view"] = 'outputs[name]["value"][:logical_shape[0], ...]'
+            aval = aval["value"]
+        entry.update({"shape": _shape_json(aval.shape), "dtype": _dtype_name(aval.dtype)})
+        outputs.append(entry)
     manifest = {
         "format": MANIFEST_FORMAT,
         "artifact": "jax.export.Exported.serialize()",
-        "function": "step(state: dict, dynamic: dict) -> (state: dict, outputs: dict)",
+        "function": "step(state: {vars, caches, guards}, dynamic: dict) -> (state, outputs: dict)",
         "graph": {"path": graph.path, "sha256": hashlib.sha256(source.encode()).hexdigest()},
         "jax_version": jax.__version__,
         "serialization_version": exported.calling_convention_version,
@@ -229,16 +258,50 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         "state": state_entries,
         "inputs": inputs,
         "outputs": outputs,
-        "caches": caches,
-        "guards": {"error_key": ERR, "error_value_key": ERRVAL, "grow_key": GROW,
-                   "note": "#err != 0: a runtime guard fired (the failing write was skipped; the error is sticky); message errors[#err-1] with {value} = "
-                           "#errval. any(#grow > 0): a growable cache is full; the step was undone "
-                           "(the artifact cannot grow)."},
         "errors": [site.message for site in lowering.error_sites],
         "dtype_notes": "values are in oi2jax's representation: bf16 as bfloat16, f8 as float8_e5m2, "
                        "i1/i2/i4/t1/t2 as int8, u1/u2/u4/bitset as uint8 (docs/architecture.md)",
     }
     return exported, manifest, npz
+
+
+def _state_tree(host, layouts) -> dict:
+    """The artifact's state, plain nested dicts, from a host `StepState`: an all-@fixed table's
+    sizes given too (constant), the guards apart (`TraceGuards`)."""
+    flags = np.asarray(host.guards.flags)
+    caches = {}
+    for name, cache in host.caches.items():
+        caches[name] = {"data": cache.data, "size": layouts[name].fixed_sizes() if cache.size is None else cache.size}
+        if cache.present is not None:
+            caches[name]["present"] = cache.present
+    return {"vars": dict(host.vars), "caches": caches,
+            "guards": {"err": np.int32(flags[0]), "errval": np.int64(flags[1]), "grow": flags[2:]}}
+
+
+def _env(tree: dict):
+    """The trace's `Env` of the artifact's state (`_state_tree`)."""
+    from .lowering.state import CacheState, Env, TraceGuards
+    return Env(dict(tree["vars"]), {n: CacheState(c["data"], c["size"], c.get("present")) for n, c in tree["caches"].items()},
+               TraceGuards(**tree["guards"]))
+
+
+def _plain_output(value):
+    """A step output as the artifact returns it: an array, or for a runtime-shaped value (a
+    `Shaped`) `{"value": array at capacity, "logical_shape": int64[rank]}` (plain dicts only)."""
+    from .lowering.state import Shaped
+    return {"value": value.value, "logical_shape": value.shape} if isinstance(value, Shaped) else value
+
+
+def _tree(env) -> dict:
+    """The inverse of `_env`."""
+    caches = {}
+    for name, cache in env.caches.items():
+        caches[name] = {"data": cache.data, "size": cache.size}
+        if cache.present is not None:
+            caches[name]["present"] = cache.present
+    guards = env.guards
+    return {"vars": dict(env.values), "caches": caches,
+            "guards": {"err": guards.err, "errval": guards.errval, "grow": guards.grow}}
 
 
 def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None,

@@ -29,7 +29,11 @@ LOADER = textwrap.dedent("""
         exp = jax.export.deserialize(bytearray(open(art, "rb").read()))
         man = json.load(open(art + ".json"))
         npz = np.load(art.rsplit("/", 1)[0] + "/" + man["init_npz"])
-        state = {s["name"]: npz[s["npz_key"]] for s in man["state"]}
+        st = man["state"]
+        state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]},
+                 "caches": {c["name"]: {p: npz[c[p]["npz_key"]] for p in ("data", "size", "present") if p in c}
+                            for c in st["caches"]},
+                 "guards": {g: npz[st["guards"][g]["npz_key"]] for g in ("err", "errval", "grow")}}
         dynamic = {d["name"]: npz[d["default_npz_key"]] for d in man["inputs"]}
         if job.get("inputs"):
             given = np.load(job["inputs"])
@@ -37,7 +41,9 @@ LOADER = textwrap.dedent("""
         for _ in range(job["steps"]):
             state, outputs = exp.call(state, dynamic)
         res = {"out." + k: np.asarray(v) for k, v in outputs.items()}
-        res.update({"state." + k: np.asarray(v) for k, v in state.items()})
+        res.update({f"state.vars.{k}": np.asarray(v) for k, v in state["vars"].items()})
+        res.update({f"state.caches.{k}.{p}": np.asarray(v) for k, c in state["caches"].items() for p, v in c.items()})
+        res.update({f"state.guards.{k}": np.asarray(v) for k, v in state["guards"].items()})
         np.savez(job["result"], **res)
     bad = [m for m, v in sys.modules.items() if m.startswith("oi2jax") and v is not None]
     assert not bad, bad
@@ -100,16 +106,21 @@ def test_artifact_matches_oi2jax_run(exported):
     for (name, steps, sizes, symbolic), job, expected in exported[:len(CASES)]:
         got = np.load(job["result"])
         man = json.load(open(job["artifact"] + ".json"))
-        assert int(got["state.#err"]) == 0, name
+        assert int(got["state.guards.err"]) == 0, name
         for out in man["outputs"]:
             key = out["name"]
             assert key in expected, (name, key)
             assert_same({key: got["out." + key]}, {key: expected[key]}, f"{name}:{key}")
             compared += 1
-        for cache, info in man["caches"].items():  # persistent values, through the manifest's view
-            data = got["state." + info["data_key"]]
+        for var in man["state"]["vars"]:  # persistent values, through the manifest's structure
+            assert_same({var["name"]: got["state.vars." + var["name"]]}, {var["name"]: expected[var["name"]]},
+                        f"{name}:{var['name']}")
+            compared += 1
+        for info in man["state"]["caches"]:  # ... and caches through its view
+            cache = info["name"]
+            data = got[f"state.caches.{cache}.data"]
             if info["kind"] == "table":
-                sizes_ = got["state." + info["size_key"]]
+                sizes_ = got[f"state.caches.{cache}.size"]
                 data = data[tuple(slice(0, int(s)) for s in sizes_)]
             assert_same({cache: data}, {cache: expected[cache]}, f"{name}:{cache}")
             compared += 1
@@ -144,12 +155,13 @@ def test_manifest_contents(exported):
     assert man["graph"]["sha256"] == hashlib.sha256(source.encode()).hexdigest()
     assert [d["name"] for d in man["inputs"]] == ["x"]
     assert {o["name"] for o in man["outputs"]} == {"x", "h", "h2"}
-    assert {s["name"] for s in man["state"]} >= {"#err", "#errval", "#grow"}
+    assert set(man["state"]["guards"]) >= {"err", "errval", "grow"}
     (name, *_), job, _ = exported[0]
     assert json.load(open(job["artifact"] + ".json"))["yield_mode"] == "none"
     (name, *_), job, _ = exported[1]
     man = json.load(open(job["artifact"] + ".json"))
-    assert man["caches"]["K"]["kind"] == "table" and man["caches"]["t"]["kind"] == "plain"
+    caches = {c["name"]: c for c in man["state"]["caches"]}
+    assert caches["K"]["kind"] == "table" and "t" in {v["name"] for v in man["state"]["vars"]}
     assert "dimension 0 of K: index {value} is past its fixed size 4" in man["errors"]
 
 
@@ -157,10 +169,10 @@ def test_runtime_guard_is_reported_through_the_manifest(exported, capsys):
     _, job, _ = exported[-1]
     got = np.load(job["result"])
     man = json.load(open(job["artifact"] + ".json"))
-    code, value = int(got["state.#err"]), int(got["state.#errval"])
+    code, value = int(got["state.guards.err"]), int(got["state.guards.errval"])
     assert code != 0
     assert man["errors"][code - 1].format(value=value) == "dimension 0 of K: index 4 is past its fixed size 4"
-    assert int(got["state.t"]) == 5  # later nodes of the failing step ran; the failing write was skipped
+    assert int(got["state.vars.t"]) == 5  # later nodes of the failing step ran; the failing write was skipped
     rc = main(["run", str(EXAMPLES / "kv_cache_decode.oi"), "--steps", "5", "--quiet", "--cache-dir", "none",
                "--zero-missing-inputs"])
     assert rc == 1 and "dimension 0 of K: index 4 is past its fixed size 4" in capsys.readouterr().err
@@ -228,7 +240,11 @@ def test_export_for_cpu_and_cuda(tmp_path):
         exp = jax.export.deserialize(bytearray(art.read_bytes()))
         assert exp.platforms == ("cpu", "cuda")
         npz = np.load(tmp_path / man["init_npz"])
-        state = {s["name"]: npz[s["npz_key"]] for s in man["state"]}
+        st = man["state"]
+        state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]},
+                 "caches": {c["name"]: {p: npz[c[p]["npz_key"]] for p in ("data", "size", "present") if p in c}
+                            for c in st["caches"]},
+                 "guards": {g: npz[st["guards"][g]["npz_key"]] for g in ("err", "errval", "grow")}}
         x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
         _, outputs = exp.call(state, {"x": x})
         expected = api.compile(graph, model=model).run({"x": x})

@@ -394,3 +394,26 @@ def test_prefix_index_from_a_runtime_bound_is_guarded(tmp_path):
     np.testing.assert_array_equal(prog.run({"x": x, "n": np.array(2, np.int32)})["y"], x)
     with pytest.raises(OiError, match=r"prefix table W: model tensor w\.2 not found \(in step 1\)"):
         prog.run({"x": x, "n": np.array(3, np.int32)})
+
+
+def test_growth_makes_new_layouts_and_leaves_the_lowering_immutable():
+    """Issue 33: the layout kind is an enum, `Lowering` and its cache layouts are immutable static
+    facts; a growth gives the program a new lowering (and a new generation of kernels)."""
+    from oi2jax.lowering.caches import LayoutKind
+    src = ("persistent { t: i64 @init(0); A(i): f32[2] @table; }\ndynamic { x: f32[2]; }\n"
+           "block entry { cache.write x >> A[t]; cache.increment t; return; }\n")
+    prog = oi2jax.compile(src)
+    before, generation = prog.lowering, prog.generation
+    capacity = before.caches["A"].capacity
+    assert before.caches["A"].kind is LayoutKind.TABLE and before.caches["t"].kind is LayoutKind.PLAIN
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.caches = {}
+    with pytest.raises(TypeError):
+        before.caches["A"] = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.caches["A"].capacity = (64,)
+    out = prog.run({"x": np.ones(2, np.float32)}, steps=3 * capacity[0])
+    assert out["A"].shape == (3 * capacity[0], 2)
+    assert before.caches["A"].capacity == capacity  # the old facts untouched
+    assert prog.lowering is not before and prog.lowering.caches["A"].capacity[0] >= 3 * capacity[0]
+    assert prog.generation > generation and prog.lowering.error_sites is before.error_sites

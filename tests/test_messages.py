@@ -520,14 +520,13 @@ def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys
     with pytest.raises(OiError, match=r"x would need 68719476736 bytes \(shape \[17179869184\]\): too large to "
                                       r"allocate \(the limit is \d+ bytes, this machine's memory\)"):
         oi2jax.compile("dynamic { x: f32[N]; }\nblock entry { return; }\n", sizes={"N": 2**34})
-    from oi2jax.lowering import caches
-    from oi2jax.runtime import program
+    from oi2jax.runtime import cache_state, program
 
     def no_memory(layout):
         raise MemoryError()
 
     prog = oi2jax.compile("persistent { P: f32[8] @init(1.0); }\nblock entry { return; }\n")
-    monkeypatch.setattr(caches, "initial_state", no_memory)
+    monkeypatch.setattr(cache_state, "initial_state", no_memory)  # host cache state: runtime/cache_state.py
     with pytest.raises(OiError, match=r"cannot allocate P \(32 bytes\): out of memory"):
         prog.init_state()
     monkeypatch.undo()

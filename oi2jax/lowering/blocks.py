@@ -10,6 +10,7 @@ from ..messages import CHECKED
 from ..diagnostics import OiError
 from ..model.bind import AttrVar
 from .context import Tracer
+from .state import Env
 from .rules import rule
 
 # ------------------------------------------------------------------------------ rules
@@ -24,7 +25,7 @@ def _dtype_of(tr: Tracer, name: str) -> str:
     return tr.bound.dtype(name)
 
 
-def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
+def attr_values(node: ir.Op, env: Env, tr: Tracer) -> dict:
     """The op's attributes (`BoundGraph.op_attrs`, the one preparation) with each variable read:
     a constant scalar as its static value, any other as a 0-d array of the trace."""
     values = tr.bound.op_attrs(node)
@@ -33,8 +34,8 @@ def attr_values(node: ir.Op, env: dict, tr: Tracer) -> dict:
             if value.static is not None:
                 values[name] = value.static
             else:
-                assert value.name in env, CHECKED
-                values[name] = env[value.name].reshape(())
+                assert value.name in env.values, CHECKED
+                values[name] = env.values[value.name].reshape(())
     return values
 
 
@@ -62,24 +63,21 @@ def _op(node: ir.Op, env, frame, tr):
         # a shape the checker could not type (keepdims= a model scalar): the one message
         raise OiError(messages.op_output_shape(node.op, node.output, want, out.shape), node.span,
                       source=tr.graph.source)
-    env = dict(env)
-    env[node.output] = out
-    return env
+    return env.set(node.output, out)
 
 
 def _shaped_op_output(node: ir.Op, env, tr, out):
     """An op on runtime-shaped operands: computed over the capacity arrays (the padding is masked
     when written back to a tensor and trimmed from outputs); the result takes their logical shape,
     which must agree between operands."""
-    from .context import SHAPE
     moving = [r.name for r in node.inputs if r.indices is None and r.name in tr.lowering.shaped]
     if not moving:  # e.g. a fill of a fixed-shape input: a value of its own shape
         return tr.embed(env, node.output, out)
-    logical = env[SHAPE + moving[0]]
+    logical = env.shapes[moving[0]]
     for other in moving[1:]:
         code = tr.lowering.site(f"op {node.op}: {moving[0]} and {other} have different current shapes "
                                 f"(dimension {{value}} differs)", node.span)
-        differ = env[SHAPE + other] != logical
+        differ = env.shapes[other] != logical
         env = tr.fail_if(env, jnp.any(differ), code, jnp.argmax(differ))
     if tuple(out.shape) != tuple(tr.capacity_shape(node.output)):
         raise OiError(f"op {node.op} output shape {list(out.shape)} cannot hold {node.output}", node.span,
@@ -91,9 +89,7 @@ def _shaped_op_output(node: ir.Op, env, tr, out):
 def _transfer(node: ir.Transfer, env, frame, tr):
     env, value = tr.read(node.src, env, frame)
     assert tuple(value.shape) == tuple(tr.bound.shape(node.dst.name)), CHECKED  # checks/ops.check_transfer
-    env = dict(env)
-    env[node.dst.name] = value
-    return env
+    return env.set(node.dst.name, value)
 
 
 def numel(shape) -> int:

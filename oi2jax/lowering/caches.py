@@ -1,18 +1,21 @@
 """Persistent state and cache tables (SPEC §4) as fixed-shape device arrays.
 
-Layout per persistent variable (`CacheLayout`):
-- plain:    env[P] = the value.
-- table:    env[T] = data [capacity..., *entry] (unwritten entries hold the @init fill),
-            env[T#size] = int64[k] logical sizes, env[T#present] = bool[capacity...] (growable only).
-- auto_dim: env[M] = data [base + capacity...] (zeros outside the current shape),
-            env[M#count] = int64[r] growth counts.
+Layout per persistent variable (`CacheLayout`, its `LayoutKind`):
+- PLAIN:    env.values[P] = the value.
+- TABLE:    env.caches[T] = CacheState(data [capacity..., *entry] (unwritten entries hold the
+            @init fill), size int64[k] logical sizes, present bool[capacity...] (growable only)).
+- AUTO_DIM: env.caches[M] = CacheState(data [base + capacity...] (zeros outside the current
+            shape), size int64[r] growth counts).
 `@fixed` dims have capacity = the fixed size; other dims start small and the host doubles
-their capacity (and recompiles) when a step asks for more (`GROW`), so n growth steps cost
-O(log n) compiles. Every out-of-range access is a runtime guard (`Tracer.fail_if`), never a clamp.
+their capacity (and recompiles) when a step asks for more (`TraceGuards.grow`), so n growth
+steps cost O(log n) compiles. Every out-of-range access is a runtime guard (`Tracer.fail_if`),
+never a clamp. The host side of these layouts (initial, grown, imported and exported state) is
+runtime/cache_state.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import enum
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -31,10 +34,21 @@ from .rules import rule
 from ..limits import INITIAL_CAPACITY  # noqa: E402,F401  (one definition)
 
 
+class LayoutKind(enum.Enum):
+    """How a persistent variable is held (module doc): a plain value, a table, an auto_dim tensor."""
+
+    PLAIN = "plain"
+    TABLE = "table"
+    AUTO_DIM = "auto_dim"
+
+
+PLAIN, TABLE, AUTO_DIM = LayoutKind.PLAIN, LayoutKind.TABLE, LayoutKind.AUTO_DIM
+
+
 @dataclass(frozen=True)
 class CacheLayout:
     name: str
-    kind: str  # plain | table | auto_dim
+    kind: LayoutKind
     dtype: str
     shape: tuple[int, ...]  # plain: value shape; table: entry shape; auto_dim: base shape
     fixed: tuple[int | None, ...] = ()  # per table dim / per auto dim: @fixed size (max)
@@ -48,26 +62,34 @@ class CacheLayout:
         return dt.get(self.dtype).packed
 
     @property
+    def is_cache(self) -> bool:
+        """A table or an auto_dim tensor: held as a `CacheState` (else a plain value)."""
+        return self.kind is not PLAIN
+
+    @property
     def growable(self) -> bool:
         return any(s is not None for s in self.grow_slots)
+
+    @property
+    def has_present(self) -> bool:
+        """A growable table: its `CacheState.present` marks the entries touched."""
+        return self.kind is TABLE and self.growable
 
     @property
     def static_size(self) -> bool:
         """A table whose every dim is @fixed: its sizes are the fixed sizes, always, so the
         step state carries no size buffer for it (one buffer less to pass, donate and return)."""
-        return self.kind == "table" and all(f is not None for f in self.fixed)
+        return self.kind is TABLE and all(f is not None for f in self.fixed)
 
     def fixed_sizes(self) -> np.ndarray:
-        """int64[k]: the sizes of a `static_size` table."""
-        return np.asarray(self.fixed, np.int64).reshape(len(self.fixed))
-
-    def size_key(self) -> str:
-        return f"{self.name}#size" if self.kind == "table" else f"{self.name}#count"
+        """int64[k]: a table's fixed sizes (0 for a dim that grows): the sizes at program start,
+        always those of a `static_size` table."""
+        return np.asarray([f or 0 for f in self.fixed], np.int64).reshape(len(self.fixed))
 
     def data_shape(self) -> tuple[int, ...]:
-        if self.kind == "table":
+        if self.kind is TABLE:
             return tuple(self.capacity) + self.shape
-        if self.kind == "auto_dim":
+        if self.kind is AUTO_DIM:
             return tuple(b + c for b, c in zip(self.shape, self.capacity)) + self.shape[len(self.capacity):]
         return self.shape
 
@@ -93,15 +115,15 @@ def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
         fixed = decl.fixed_sizes(bound.sizes)
         if decl.is_table:
             dims = decl.table_indices
-            kind = "table"
+            kind = TABLE
         elif decl.auto_dim:
             dims = decl.auto_dim
-            kind = "auto_dim"
+            kind = AUTO_DIM
             if len(dims) != len(shape):
                 raise OiError(f"auto_dim requires {len(shape)} dims, got {len(dims)}", decl.span,
                               source=bound.graph.source)
         else:
-            layouts[decl.name] = CacheLayout(decl.name, "plain", decl.dtype, shape, **_fills(decl))
+            layouts[decl.name] = CacheLayout(decl.name, PLAIN, decl.dtype, shape, **_fills(decl))
             continue
         fixed_sizes, caps, slots = [], [], []
         for j, dim_name in enumerate(dims):
@@ -117,97 +139,6 @@ def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
         layouts[decl.name] = CacheLayout(decl.name, kind, decl.dtype, shape, tuple(fixed_sizes), tuple(caps),
                                          tuple(slots), **_fills(decl))
     return layouts
-
-
-def initial_state(layout: CacheLayout) -> dict[str, np.ndarray]:
-    """Host arrays for a cache's state at program start."""
-    np_dtype = dt.get(layout.dtype).np_dtype
-    if layout.kind == "plain":
-        value = np.full(layout.shape, layout.fill, dtype=np_dtype)
-        if layout.packed:  # sub-byte persistent values stay packed on the device
-            from ..model.packing import pack
-            value = pack(layout.dtype, value)
-        return {layout.name: value}
-    if layout.kind == "table":
-        k = len(layout.capacity)
-        state = {layout.name: np.full(layout.data_shape(), layout.fill, dtype=np_dtype),
-                 layout.size_key(): np.array([f or 0 for f in layout.fixed], dtype=np.int64).reshape(k)}
-        if layout.growable:
-            state[f"{layout.name}#present"] = np.zeros(layout.capacity, dtype=bool)
-        return state
-    return {layout.name: np.full(layout.data_shape(), layout.fill, dtype=np_dtype),
-            layout.size_key(): np.zeros(len(layout.capacity), dtype=np.int64)}
-
-
-def grow(layout: CacheLayout, state: dict, new_capacity: tuple[int, ...]) -> tuple[CacheLayout, dict]:
-    """Pad a cache's host/device state to `new_capacity` with its fill (numerics.state_fill)."""
-    new = replace(layout, capacity=tuple(new_capacity))
-    out = dict(state)
-    pads = [(0, n - o) for o, n in zip(layout.capacity, new_capacity)]
-    data = np.asarray(state[layout.name])
-    extra = [(0, 0)] * (data.ndim - len(pads))
-    out[layout.name] = np.pad(data, pads + extra, constant_values=np.asarray(layout.fill, dtype=data.dtype))
-    if layout.kind == "table" and layout.growable:
-        out[f"{layout.name}#present"] = np.pad(np.asarray(state[f"{layout.name}#present"]), pads)
-    return new, out
-
-
-def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state") -> tuple[CacheLayout, dict]:
-    """The inverse of `export`: host state arrays for a user-visible value (tables: `[sizes...,
-    *entry]`, auto_dim: its current shape), converted exactly to the dtype. Returns the layout,
-    with a larger capacity if the value needs it."""
-    from ..values import convert_input
-    name = layout.name
-    k = len(layout.capacity)
-    shape = tuple(np.shape(value))
-    if layout.kind == "plain":
-        arr = convert_input(f"{source}: {name}", value, layout.dtype, layout.shape)
-        if layout.packed:
-            from ..model.packing import pack as host_pack
-            arr = host_pack(layout.dtype, arr)
-        return layout, {name: arr}
-    if layout.kind == "table":
-        if len(shape) != k + len(layout.shape) or shape[k:] != layout.shape:
-            raise OiError(f"{source}: {name}: expected a table of entries {list(layout.shape)} as an array "
-                          f"[{k} table size(s)..., {', '.join(map(str, layout.shape))}], got shape {list(shape)}")
-        sizes = shape[:k]
-    else:
-        base = layout.shape
-        if len(shape) != len(base) or any(n < b for n, b in zip(shape, base)):
-            raise OiError(f"{source}: {name}: expected an auto_dim tensor of at least {list(base)}, "
-                          f"got shape {list(shape)}")
-        sizes = tuple(n - b for n, b in zip(shape, base))[:k]
-    caps = list(layout.capacity)
-    for j, n in enumerate(sizes):
-        if layout.fixed[j] is not None and n > layout.fixed[j]:
-            raise OiError(f"{source}: {name}: size {n} of dim {j} exceeds its fixed size {layout.fixed[j]}")
-        while n > caps[j]:
-            caps[j] *= 2
-    new = replace(layout, capacity=tuple(caps)) if tuple(caps) != layout.capacity else layout
-    arr = convert_input(f"{source}: {name}", value, layout.dtype, shape)
-    np_dtype = dt.get(layout.dtype).np_dtype
-    data = np.full(new.data_shape(), layout.fill, dtype=np_dtype)
-    data[tuple(slice(0, n) for n in shape)] = arr
-    arrays = {name: data, new.size_key(): np.asarray(sizes, dtype=np.int64).reshape(k)}
-    if layout.kind == "table" and layout.growable:
-        present = np.zeros(new.capacity, dtype=bool)
-        present[tuple(slice(0, n) for n in sizes)] = True
-        arrays[f"{name}#present"] = present
-    return new, arrays
-
-
-def export(layout: CacheLayout, state: dict) -> np.ndarray:
-    """The user-visible value: tables as [sizes..., *entry]; auto_dim at its current shape."""
-    data = np.asarray(state[layout.name])
-    if layout.kind == "plain":
-        if layout.packed:
-            from ..model.packing import unpack
-            return unpack(layout.dtype, data, layout.shape)
-        return data
-    sizes = np.asarray(state[layout.size_key()])
-    if layout.kind == "table":
-        return data[tuple(slice(0, int(s)) for s in sizes)]
-    return data[tuple(slice(0, b + int(c)) for b, c in zip(layout.shape, sizes))]
 
 
 # ---------------------------------------------------------------------------- node rules
@@ -255,7 +186,7 @@ class CacheRules:
         k = len(layout.capacity)
         assert len(access.indices) <= k, CHECKED
         sel = list(access.indices) + [ir.Slice(None, None)] * (k - len(access.indices))
-        sizes = env[layout.size_key()]
+        sizes = env.caches[layout.name].size
         new_sizes = []
         starts, lengths, squeeze = [], [], []
         slice_pos = 0
@@ -290,28 +221,24 @@ class CacheRules:
                 starts.append(start)
                 lengths.append(length)
             new_sizes.append(size)
-        env = dict(env)
-        env[layout.size_key()] = jnp.stack(new_sizes).astype(jnp.int64)
+        env = env.set_cache(layout.name, size=jnp.stack(new_sizes).astype(jnp.int64))
         return env, starts, lengths, squeeze
 
     def _mark_present(self, env, layout: CacheLayout, starts, lengths, value: bool):
-        key = f"{layout.name}#present"
-        if key not in env:
+        present = env.caches[layout.name].present
+        if present is None:
             return env
-        present = env[key]
         mask = jnp.ones(present.shape, bool)
         for j, (s, n) in enumerate(zip(starts, lengths)):
             iota = jax.lax.broadcasted_iota(jnp.int64, present.shape, j)
             mask = mask & (iota >= s) & (iota < s + n)
-        env = dict(env)
-        env[key] = (present | mask) if value else (present & ~mask)
-        return env
+        return env.set_cache(layout.name, present=(present | mask) if value else (present & ~mask))
 
     def _auto_access(self, access: ir.CacheAccess, layout: CacheLayout, env, frame, span):
         tr = self.tr
         r = len(layout.capacity)
         assert len(access.indices) <= r, CHECKED
-        counts = env[layout.size_key()]
+        counts = env.caches[layout.name].size
         new = []
         for j in range(r):
             c = counts[j]
@@ -330,13 +257,11 @@ class CacheRules:
                     env = tr.need_capacity(env, layout.grow_slots[j], jnp.where(v > layout.capacity[j], v, 0))
                 c = jnp.maximum(c, v)
             new.append(c)
-        env = dict(env)
-        env[layout.size_key()] = jnp.stack(new).astype(jnp.int64) if new else counts
-        return env
+        return env.set_cache(layout.name, size=jnp.stack(new).astype(jnp.int64) if new else counts)
 
     def _auto_shape_check(self, env, layout: CacheLayout, want: tuple[int, ...], span, what: str):
         tr = self.tr
-        counts = env[layout.size_key()]
+        counts = env.caches[layout.name].size
         current = jnp.asarray(layout.shape[:len(layout.capacity)], jnp.int64) + counts
         want_arr = jnp.asarray(want[:len(layout.capacity)], jnp.int64)
         mismatch = jnp.any(current != want_arr) | (len(want) != len(layout.shape))
@@ -365,15 +290,16 @@ class CacheRules:
         layout = self._layout(access.base, access.span)
         dst = node.dst.name
         dst_shape = self.tr.bound.shape(dst)
-        if layout.kind == "plain":
+        if layout.kind is PLAIN:
             assert not access.bracketed, CHECKED
-            value = unpack(env[layout.name], layout.dtype, layout.shape) if layout.packed else env[layout.name]
-        elif layout.kind == "table":
+            value = env.values[layout.name]
+            value = unpack(value, layout.dtype, layout.shape) if layout.packed else value
+        elif layout.kind is TABLE:
             assert access.bracketed, CHECKED
             n_slices = len(layout.capacity) - sum(isinstance(s, ir.Single) for s in access.indices)
             out_lengths = dst_shape[:n_slices]
             env, starts, lengths, squeeze = self._table_select(access, layout, env, frame, out_lengths, access.span)
-            data = env[layout.name]
+            data = env.caches[layout.name].data
             n_entry = len(layout.shape)
             idx = [jnp.clip(s, 0, c - n).astype(jnp.int32) if n <= c else jnp.int32(0)
                    for s, n, c in zip(starts, lengths, layout.capacity)]
@@ -386,42 +312,39 @@ class CacheRules:
             env = self._mark_present(env, layout, starts, lengths, True)
         elif dst in self.tr.lowering.shaped:  # dst takes the tensor's current shape (SPEC §0 item 12)
             env = self._auto_access(access, layout, env, frame, access.span)
-            current = jnp.asarray(layout.shape, jnp.int64).at[:len(layout.capacity)].add(env[layout.size_key()])
-            value = env[layout.name].astype(env[dst].dtype)  # zeros outside the current shape
+            cache = env.caches[layout.name]
+            current = jnp.asarray(layout.shape, jnp.int64).at[:len(layout.capacity)].add(cache.size)
+            value = cache.data.astype(env.values[dst].dtype)  # zeros outside the current shape
             return self.tr.embed(env, dst, value, current)
         else:
             env = self._auto_access(access, layout, env, frame, access.span)
             env = self._auto_shape_check(env, layout, dst_shape, access.span, "cache.read")
-            data = env[layout.name]
+            data = env.caches[layout.name].data
             if any(w > s for w, s in zip(dst_shape, data.shape)):
                 value = jnp.zeros(dst_shape, data.dtype)
             else:
                 value = data[tuple(slice(0, w) for w in dst_shape)]
         if dst in self.tr.lowering.shaped:  # a fixed-shape selection into a runtime-shaped variable
-            return self.tr.embed(env, dst, value.astype(env[dst].dtype))
+            return self.tr.embed(env, dst, value.astype(env.values[dst].dtype))
         assert tuple(value.shape) == tuple(dst_shape), CHECKED  # §0 item 12, checks/caches.py
-        env = dict(env)
-        env[dst] = value.astype(env[dst].dtype)
-        return env
+        return env.set(dst, value.astype(env.values[dst].dtype))
 
     def write(self, node: ir.CacheWrite, env, frame: Frame):
         access = node.dst
         layout = self._layout(access.base, access.span)
         env, src = self.tr.read(node.src, env, frame)
-        if layout.kind == "plain":
+        if layout.kind is PLAIN:
             assert not access.indices, CHECKED
             if tuple(src.shape) != layout.shape:
                 raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
-            env = dict(env)
-            env[layout.name] = pack(src, layout.dtype) if layout.packed else src
-            return env
-        if layout.kind == "table":
+            return env.set(layout.name, pack(src, layout.dtype) if layout.packed else src)
+        if layout.kind is TABLE:
             k = len(layout.capacity)
             assert access.bracketed and len(access.indices) == k, CHECKED
             assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
             if tuple(src.shape) != layout.shape:
                 raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
-            sizes = env[layout.size_key()]
+            sizes = env.caches[layout.name].size
             new_sizes, starts = [], []
             ok = jnp.bool_(True)  # this write's own guards: a failing write is skipped, never clamped
             for j, s in enumerate(access.indices):
@@ -430,35 +353,34 @@ class CacheRules:
                 ok = ok & (v >= 0) & (v < (layout.fixed[j] or layout.capacity[j]))
                 new_sizes.append(size)
                 starts.append(v)
-            env = dict(env)
-            env[layout.size_key()] = jnp.where(ok, jnp.stack(new_sizes).astype(jnp.int64), sizes)
-            data = env[layout.name]
+            size = jnp.where(ok, jnp.stack(new_sizes).astype(jnp.int64), sizes)
+            data = env.caches[layout.name].data
             idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
             idx = idx + [jnp.int32(0)] * len(layout.shape)
             update = src.reshape((1,) * k + layout.shape).astype(data.dtype)
             # guard the row, not the table: the donated table is then updated in place
             current = jax.lax.dynamic_slice(data, idx, update.shape)
-            env[layout.name] = jax.lax.dynamic_update_slice(data, jnp.where(ok, update, current), idx)
+            data = jax.lax.dynamic_update_slice(data, jnp.where(ok, update, current), idx)
+            env = env.set_cache(layout.name, data=data, size=size)
             return self._mark_present(env, layout, starts, [1] * k, True)
         env = self._auto_access(access, layout, env, frame, access.span)
         if node.src.indices is None and node.src.name in self.tr.lowering.shaped:
             return self._write_shaped(node, layout, env, src)
         env = self._auto_shape_check(env, layout, tuple(src.shape), access.span, "cache.write")
-        data = env[layout.name]
-        env = dict(env)
+        data = env.caches[layout.name].data
         if all(w <= s for w, s in zip(src.shape, data.shape)):
             zeros = jnp.zeros_like(data)
-            env[layout.name] = jax.lax.dynamic_update_slice(zeros, src.astype(data.dtype), [0] * data.ndim)
+            env = env.set_cache(layout.name, data=jax.lax.dynamic_update_slice(zeros, src.astype(data.dtype),
+                                                                              [0] * data.ndim))
         return env
 
     def _write_shaped(self, node: ir.CacheWrite, layout: CacheLayout, env, src):
         """`cache.write v >> M[...]` with a runtime-shaped v: its logical shape must equal M's
         (grown) current shape; the tensor becomes v inside that shape and zeros outside."""
-        from .context import SHAPE
         tr = self.tr
         k = len(layout.capacity)
-        logical = env[SHAPE + node.src.name]
-        current = jnp.asarray(layout.shape, jnp.int64).at[:k].add(env[layout.size_key()])
+        logical = env.shapes[node.src.name]
+        current = jnp.asarray(layout.shape, jnp.int64).at[:k].add(env.caches[layout.name].size)
         name, rank = layout.name, len(layout.shape)
 
         def render(value, rank=rank, name=name):
@@ -478,7 +400,7 @@ class CacheRules:
                                 node.span, render=render)
         mismatch = jnp.any(logical != current)
         env = tr.fail_if(env, mismatch, code, packed)
-        data = env[name]
+        data = env.caches[name].data
         value = src.astype(data.dtype)
         if tuple(value.shape) != tuple(data.shape):  # another tensor's capacity: cut or pad to this one
             value = value[tuple(slice(0, c) for c in data.shape)]
@@ -486,34 +408,28 @@ class CacheRules:
         mask = jnp.ones(data.shape, bool)
         for j in range(data.ndim):
             mask = mask & (jax.lax.broadcasted_iota(jnp.int64, data.shape, j) < current[j])
-        env = dict(env)
-        env[name] = jnp.where(mismatch, data, jnp.where(mask, value, jnp.zeros_like(data)))
-        return env
+        return env.set_cache(name, data=jnp.where(mismatch, data, jnp.where(mask, value, jnp.zeros_like(data))))
 
     def reset(self, node: ir.CacheReset, env, frame: Frame):
         access = node.target
         layout = self._layout(access.base, access.span)
-        env = dict(env)
         np_dtype = dt.get(layout.dtype).np_dtype
-        data = env[layout.name]
-        if layout.kind == "plain":
+        if layout.kind is PLAIN:
             fill = _fill(layout.shape, layout.reset_fill, np_dtype)
-            env[layout.name] = pack(fill, layout.dtype) if layout.packed else fill
-            return env
-        if layout.kind == "auto_dim":
+            return env.set(layout.name, pack(fill, layout.dtype) if layout.packed else fill)
+        cache = env.caches[layout.name]
+        data = cache.data
+        if layout.kind is AUTO_DIM:
             base = jnp.full(data.shape, layout.fill, np_dtype)
             region = _fill(layout.shape, layout.reset_fill, np_dtype)
-            env[layout.name] = jax.lax.dynamic_update_slice(base, region, [0] * data.ndim)
-            env[layout.size_key()] = jnp.zeros_like(env[layout.size_key()])
-            return env
+            return env.set_cache(layout.name, data=jax.lax.dynamic_update_slice(base, region, [0] * data.ndim),
+                                 size=jnp.zeros_like(cache.size))
         assert access.bracketed, CHECKED
         k = len(layout.capacity)
         if not access.indices:
-            env[layout.name] = _fill(data.shape, layout.reset_fill, np_dtype)
-            env[layout.size_key()] = jnp.asarray([f or 0 for f in layout.fixed], jnp.int64)
-            if f"{layout.name}#present" in env:
-                env[f"{layout.name}#present"] = jnp.zeros_like(env[f"{layout.name}#present"])
-            return env
+            present = None if cache.present is None else jnp.zeros_like(cache.present)
+            return env.set_cache(layout.name, data=_fill(data.shape, layout.reset_fill, np_dtype),
+                                 size=jnp.asarray(layout.fixed_sizes()), present=present)
         assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
         starts = []
         for j, s in enumerate(access.indices):
@@ -526,14 +442,12 @@ class CacheRules:
         block = _fill((1,) * p + tuple(layout.capacity[p:]) + layout.shape, layout.reset_fill, np_dtype)
         idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
         updated = jax.lax.dynamic_update_slice(data, block, idx + [jnp.int32(0)] * (data.ndim - p))
-        env[layout.name] = jnp.where(in_range, updated, data)
-        key = f"{layout.name}#present"
-        if key in env:
+        env = env.set_cache(layout.name, data=jnp.where(in_range, updated, data))
+        if cache.present is not None:
             lengths = [1] * p + list(layout.capacity[p:])
             full_starts = starts + [jnp.int64(0)] * (k - p)
-            cleared = self._mark_present(env, layout, full_starts, lengths, False)[key]
-            env[key] = jnp.where(in_range, cleared, env[key])
-            present = env[key]
+            cleared = self._mark_present(env, layout, full_starts, lengths, False).caches[layout.name].present
+            present = jnp.where(in_range, cleared, cache.present)
             sizes = []
             for j in range(k):
                 if layout.fixed[j] is not None:
@@ -543,15 +457,15 @@ class CacheRules:
                     along = jnp.any(present, axis=other) if other else present
                     iota = jnp.arange(1, layout.capacity[j] + 1, dtype=jnp.int64)
                     sizes.append(jnp.max(jnp.where(along, iota, 0)))
-            env[layout.size_key()] = jnp.stack(sizes)
+            env = env.set_cache(layout.name, present=present, size=jnp.stack(sizes))
         return env
 
     def step(self, node, env, frame: Frame, sign: int):
         from ..ops.numerics import store
         layout = self._layout(node.target, node.span)
-        assert layout.kind == "plain" and layout.shape == (), CHECKED
+        assert layout.kind is PLAIN and layout.shape == (), CHECKED
         d = dt.get(layout.dtype)
-        value = env[layout.name]
+        value = env.values[layout.name]
         n = sign * node.amount
         if d.is_float:
             if d.name == "f64":
@@ -563,9 +477,7 @@ class CacheRules:
                 value + jnp.asarray(n).astype(d.np_dtype)
         else:
             raise AssertionError(f"cache.increment of {d.name}: {CHECKED}")
-        env = dict(env)
-        env[layout.name] = new.astype(value.dtype)
-        return env
+        return env.set(layout.name, new.astype(value.dtype))
 
 
 # ---------------------------------------------------------------------------- registration

@@ -1,13 +1,15 @@
 """Lowering context: what every node lowering rule reads while tracing one step.
 
-The environment `env` is a flat dict of the step's mutable values (dynamic, volatile,
-temporaries, persistent values and cache states, plus the runtime guard flags); it is the
-carry of every `lax.cond` / `lax.fori_loop`, so its structure never changes inside a step.
+The environment `env` is a `state.Env` of the step's mutable values (dynamic, volatile,
+temporaries, plain persistent values), cache states, runtime guards and logical shapes; it is
+the carry of every `lax.cond` / `lax.fori_loop`, so its structure never changes inside a step.
 Constants live outside it (`consts`, traced jit arguments captured by closures).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,7 @@ from .. import messages
 from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
-from .state import ERR, ERRVAL, GROW, SHAPE  # noqa: F401  (the env keys: defined in state.py)
+from .state import Env
 
 
 @dataclass(frozen=True)
@@ -31,29 +33,62 @@ class ErrorSite:
     render: object = None  # optional value -> message (when one template cannot say it)
 
 
-@dataclass
+class ErrorSites:
+    """The runtime guard sites registered while tracing: append-only, the one part of a
+    `Lowering` that grows. A program's lowerings share it across cache growth, so an error code
+    recorded before a growth still names its site."""
+
+    def __init__(self):
+        self._sites: list[ErrorSite] = []
+
+    def add(self, site: ErrorSite) -> int:
+        """Register `site`; returns its error code (1-based)."""
+        self._sites.append(site)
+        return len(self._sites)
+
+    def __getitem__(self, index: int) -> ErrorSite:
+        return self._sites[index]
+
+    def __len__(self) -> int:
+        return len(self._sites)
+
+    def __iter__(self):
+        return iter(self._sites)
+
+
+@dataclass(frozen=True)
 class Lowering:
-    """Static facts about the program being lowered, shared by all rules (built once)."""
+    """Static facts about the program being lowered, shared by all rules. Immutable: a cache
+    growth makes a new one (`dataclasses.replace` with the new layouts, runtime/program.py)."""
 
     bound: BoundGraph
-    caches: dict  # name -> caches.CacheLayout
-    error_sites: list[ErrorSite] = field(default_factory=list)
-    growable: list[tuple[str, int]] = field(default_factory=list)  # (cache, dim) per GROW slot
+    caches: MappingProxyType  # name -> caches.CacheLayout
+    error_sites: ErrorSites = field(default_factory=ErrorSites)
+    growable: tuple[tuple[str, int], ...] = ()  # (cache, dim) per `grow` slot
     # runtime-shaped variables (phases.runtime_shaped): name -> the @auto_dim tensor whose
     # current shape they take. Each is held at that tensor's capacity shape, with its logical
-    # shape in env[SHAPE + name] (int64[rank]); the host trims it (Program.trim_outputs)
-    shaped: dict = field(default_factory=dict)
-    call_facts: object = None  # machine.CallFacts: each block's inlined cost, call depth (on first need)
+    # shape in `env.shapes[name]` (int64[rank]); the host trims it (Program.trim_outputs)
+    shaped: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def graph(self) -> ir.Graph:
         return self.bound.graph
 
+    @cached_property
+    def call_facts(self):
+        """machine.CallFacts: each block's inlined cost, call depth, nested conds (computed once)."""
+        from .machine import call_facts
+        return call_facts(self.graph)
+
+    @property
+    def inline_costs(self) -> dict[str, int]:
+        """Each block's nodes traced when it is inlined with every block it calls (machine.py)."""
+        return self.call_facts.cost
+
     def site(self, message: str, span: ir.Span, render=None) -> int:
         """Register a runtime guard; returns its error code. `render(value) -> str` may replace
         `message.format(value=value)`."""
-        self.error_sites.append(ErrorSite(message, span, render))
-        return len(self.error_sites)
+        return self.error_sites.add(ErrorSite(message, span, render))
 
     def error_for(self, code: int, value: int, step: int | None = None) -> OiError:
         """The error of guard `code` with its offending `value`; `step`: the 1-based step it fired in."""
@@ -88,20 +123,13 @@ class Tracer:
 
     # -------------------------------------------------------------- guards
 
-    def fail_if(self, env: dict, cond, code: int, value) -> dict:
-        """Record error `code` (first one wins) where `cond` holds."""
-        cond = jnp.asarray(cond)
-        first = (env[ERR] == 0) & cond
-        env = dict(env)
-        env[ERR] = jnp.where(first, jnp.int32(code), env[ERR])
-        env[ERRVAL] = jnp.where(first, jnp.asarray(value, jnp.int64), env[ERRVAL])
-        return env
+    def fail_if(self, env: Env, cond, code: int, value) -> Env:
+        """Record error `code` (first one wins: `TraceGuards.record`) where `cond` holds."""
+        return env.with_guards(env.guards.record(jnp.asarray(cond), code, value))
 
-    def need_capacity(self, env: dict, slot: int, needed) -> dict:
+    def need_capacity(self, env: Env, slot: int, needed) -> Env:
         """Ask the host for capacity `needed` on growable slot `slot` (0 = fine)."""
-        env = dict(env)
-        env[GROW] = env[GROW].at[slot].max(jnp.asarray(needed, jnp.int64))
-        return env
+        return env.with_guards(env.guards.need(slot, needed))
 
     # -------------------------------------------------------------- values
 
@@ -109,7 +137,7 @@ class Tracer:
         """A Python value for a constant scalar known at compile time, else None."""
         return self.bound.static_scalar(name)
 
-    def index_value(self, value: ir.IndexValue, frame: Frame, env: dict):
+    def index_value(self, value: ir.IndexValue, frame: Frame, env: Env):
         """A cache / prefix-table index: literal, loop index, sizevar or persistent scalar."""
         if isinstance(value, int):
             return value
@@ -117,9 +145,8 @@ class Tracer:
             return frame.loop_vars[value][0]
         if value in self.bound.sizes:
             return int(self.bound.sizes[value])
-        if value in env:
-            v = env[value]
-            return v.reshape(()).astype(jnp.int64)
+        if value in env.values:
+            return env.values[value].reshape(()).astype(jnp.int64)
         static = self.static_scalar(value)
         if static is not None:
             return int(static)
@@ -131,7 +158,7 @@ class Tracer:
         cap = self.lowering.caches[self.lowering.shaped[name]].data_shape()
         return tuple(max(c, d) for c, d in zip(cap, self.bound.shape(name)))
 
-    def embed(self, env: dict, name: str, value, logical=None) -> dict:
+    def embed(self, env: Env, name: str, value, logical=None) -> Env:
         """Store `value` into runtime-shaped `name`: padded with zeros to the capacity shape, the
         logical shape `logical` (default: the value's own shape) kept beside it."""
         cap = self.capacity_shape(name)
@@ -140,19 +167,16 @@ class Tracer:
         if tuple(value.shape) != tuple(cap):
             value = value[tuple(slice(0, c) for c in cap)]
             value = jnp.pad(value, [(0, c - s) for s, c in zip(value.shape, cap)])
-        env = dict(env)
-        env[name] = value
-        env[SHAPE + name] = jnp.asarray(logical, jnp.int64)
-        return env
+        return env.set_shaped(name, value, jnp.asarray(logical, jnp.int64))
 
-    def read(self, ref: ir.VarRef, env: dict, frame: Frame):
+    def read(self, ref: ir.VarRef, env: Env, frame: Frame):
         """(env, value) of an op input / transfer source; env may gain a runtime guard."""
         from .packing import unpack
         name = ref.name
         if ref.indices is not None:
             return self.read_member(ref, env, frame)
-        if name in env:
-            return env, env[name]
+        if name in env.values:
+            return env, env.values[name]
         if name in self.consts:
             decl = self.graph.var(name)
             value = self.consts[name]
@@ -161,7 +185,7 @@ class Tracer:
             return env, value
         raise OiError(f"unknown variable {name}", ref.span, source=self.graph.source)
 
-    def read_member(self, ref: ir.VarRef, env: dict, frame: Frame):
+    def read_member(self, ref: ir.VarRef, env: Env, frame: Frame):
         """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index.
         An index outside the family is an error naming the missing tensor: at compile time when
         the index (or its loop's range) is static, else a runtime guard. A family held member by

@@ -156,8 +156,7 @@ def reads_per_iteration(node: ir.Loop) -> bool:
 def body_cost(nodes, tr, policy: LoopPolicy) -> int:
     """IR nodes one pass over `nodes` traces: nested loops by their own plan (n x cost when
     unrolled), branches with the blocks they inline."""
-    from .machine import inline_costs
-    costs = inline_costs(tr)
+    costs = tr.lowering.inline_costs
     total = 0
     for n in nodes:
         total += 1

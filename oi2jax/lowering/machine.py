@@ -23,6 +23,7 @@ from jax import lax
 from .. import ir
 from .rules import lower_nodes
 from .context import Frame, Tracer
+from .state import Env
 
 # inline unless inlining costs more than this many times (plus a constant) the unique lowering
 INLINE_FACTOR = 4
@@ -83,6 +84,7 @@ class CallFacts:
 
 
 def call_facts(graph: ir.Graph) -> CallFacts:
+    """`Lowering.call_facts`: computed once per lowering."""
     cost: dict[str, int] = {}
     depth: dict[str, int] = {}
     conds: dict[str, int] = {}
@@ -108,23 +110,11 @@ def reachable(graph: ir.Graph, roots) -> list[str]:
     return sorted(order)
 
 
-def facts(tr: Tracer) -> CallFacts:
-    """The call graph's facts of this lowering (computed once)."""
-    if tr.lowering.call_facts is None:
-        tr.lowering.call_facts = call_facts(tr.graph)
-    return tr.lowering.call_facts
-
-
-def inline_costs(tr: Tracer) -> dict[str, int]:
-    """Each block's nodes traced when it is inlined with every block it calls (computed once)."""
-    return facts(tr).cost
-
-
 def needs_machine(tr: Tracer, node: ir.Branch) -> bool:
     """Whether a conditional branch runs as the state machine rather than as nested `lax.cond`s:
     when inlining would trace shared blocks many times over, or nest conditionals too deep."""
     graph = tr.graph
-    known = facts(tr)
+    known = tr.lowering.call_facts
     roots = _targets(graph, node)
     if max(known.conds[t] for t in roots) >= INLINE_COND_DEPTH:
         return True
@@ -175,7 +165,7 @@ def _segments(block: ir.Block):
     return out
 
 
-def run_branch(node: ir.Branch, env: dict, frame: Frame, tr: Tracer, pred) -> dict:
+def run_branch(node: ir.Branch, env: Env, frame: Frame, tr: Tracer, pred) -> Env:
     """`branch` through the state machine (see module doc); `pred` is the condition's truth."""
     from .control import truthy
     graph = tr.graph
@@ -185,7 +175,7 @@ def run_branch(node: ir.Branch, env: dict, frame: Frame, tr: Tracer, pred) -> di
         first[name] = len(segs)
         segs += [(name, nodes, term) for nodes, term in _segments(graph.block(name))]
     done = len(segs)
-    depth = max(facts(tr).depth[name] for name in names) + 1  # the longest call chain: return addresses
+    depth = max(tr.lowering.call_facts.depth[name] for name in names) + 1  # the longest call chain: return addresses
 
     def case(k):
         name, nodes, term = segs[k]

@@ -1,6 +1,6 @@
-"""The step state: what a program carries from one step to the next, as a typed JAX pytree.
+"""The step state: what a program carries from one step to the next, as typed JAX pytrees.
 
-    StepState(vars={P: value}, caches={T: CacheState(data, size, present)}, guards=Guards(...))
+    StepState(vars={P: value}, caches={T: CacheState(data, size, present)}, guards=Guards(flags))
 
 - `vars`: plain persistent variables by declared name (sub-byte dtypes stay packed);
 - `caches`: `@table` and `@auto_dim` variables: the data at its current capacity, the logical
@@ -8,47 +8,28 @@
   entries were touched;
 - `guards`: bookkeeping the user never names: the first runtime error (`err`: 0 = none, else
   1 + index of the guard site; `errval`: the offending value) and `grow` (capacity each
-  growable cache dim needs; a step that asks for more is undone and re-run by the host).
+  growable cache dim needs; a step that asks for more is undone and re-run by the host), as
+  one vector.
 
-Inside a trace the lowering works on a flat environment (`env`: one dict, the carry of every
-`lax.cond` / `lax.fori_loop`). Bookkeeping keys there start with `#`, which no DSL identifier
-can contain, so they never collide with a user's variable (a variable named `__err` is just a
-variable). This module is the ONE place that converts between the two and that defines what
-happens at step boundaries: the fresh values at step start (`StepBuilder.start_env`), the guard
-merge ("first error wins", `merge_guards`) and commit/undo (`commit`). The fused step, the
-multi-step loop and the yield/await driver all call these.
+Inside a trace the lowering works on an `Env` (the carry of every `lax.cond` /
+`lax.fori_loop` / `lax.while_loop`): the values by DSL name, the caches as `CacheState`s, the
+guards as `TraceGuards(err, errval, grow)` and the logical shapes of runtime-shaped values.
+User values and bookkeeping live in different fields, so a variable named `__err` is just a
+variable. This module is the ONE place that converts between the two (`StateSpec`) and that
+defines what happens at step boundaries: the guard merge ("first error wins",
+`TraceGuards.record` / `TraceGuards.merge`), what an await takes from a consumer (`Env.take`)
+and commit/undo (`commit`). The fused step, the multi-step loop and the yield/await driver
+(whose kernels pass `PhaseIO` records) all call these.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-ERR = "#err"  # int32: 0 = fine, else 1 + index into Lowering.error_sites
-ERRVAL = "#errval"  # int64: the offending value (an index, a size)
-GROW = "#grow"  # int64[n_growable]: capacity a growable cache dim needs (0 = enough)
-SHAPE = "#shape/"  # + name: int64[rank] logical shape of a runtime-shaped variable (phases.runtime_shaped)
-
-
-def key_owner(key: str) -> str:
-    """The variable an env key belongs to: `T#size` -> T, `#shape/a` -> a, `#err` -> ''."""
-    return key[len(SHAPE):] if key.startswith(SHAPE) else key.split("#", 1)[0]
-GUARD_KEYS = (ERR, ERRVAL, GROW)
-# the yield/await driver's kernels pass these between phases (`/` never occurs in a DSL name):
-OLD = "__old__/"  # + state key: its value at step start, for the last phase's commit
-NEW = "__new__/"  # + state key: its committed value, returned by the last phase
-
-
-def pending(j: int, guard: str) -> str:
-    """The env key of the `j`-th awaited consumer's guard `guard`, merged by the next phase."""
-    return f"__pending{j}/{guard}"
-
-
-def is_transient(key: str) -> bool:
-    """A key that lives only between two driver kernels (pending guards, old state values)."""
-    return key.startswith("__pending") or key.startswith(OLD)
+from jax.tree_util import DictKey, GetAttrKey, tree_map_with_path
 
 
 @jax.tree_util.register_dataclass
@@ -103,101 +84,211 @@ class StepState:
         return f"StepState({', '.join(parts)})"
 
 
-class StateSpec:
-    """Converts between `StepState` and the flat environment for one program's cache layouts
-    (a live view of `layouts`: cache growth replaces entries, the spec follows)."""
+# ------------------------------------------------------------------------ inside a trace
 
-    def __init__(self, layouts: dict, n_grow: int):
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class TraceGuards:
+    """The guards inside a trace, apart: `err` (int32: 0 = fine, else 1 + index into
+    `Lowering.error_sites`), `errval` (int64: the offending value, an index or a size) and
+    `grow` (int64[n_growable]: the capacity a growable cache dim needs, 0 = enough)."""
+
+    err: object
+    errval: object
+    grow: object
+
+    def record(self, cond, code, value) -> "TraceGuards":
+        """Error `code` with `value` where `cond` holds, unless an error is already recorded:
+        THE rule "first error wins" (a guard site, and a consumer's guards merged at an await)."""
+        first = (self.err == 0) & cond
+        return TraceGuards(jnp.where(first, jnp.asarray(code, jnp.int32), self.err),
+                           jnp.where(first, jnp.asarray(value, jnp.int64), self.errval), self.grow)
+
+    def merge(self, other: "TraceGuards") -> "TraceGuards":
+        """Fold in another run's guards (a consumer's at an await): its error if none is recorded
+        yet, and the larger capacity request per dim."""
+        merged = self.record(other.err != 0, other.err, other.errval)
+        return replace(merged, grow=jnp.maximum(merged.grow, other.grow))
+
+    def need(self, slot: int, needed) -> "TraceGuards":
+        """Ask the host for capacity `needed` on growable slot `slot` (0 = fine)."""
+        return replace(self, grow=self.grow.at[slot].max(jnp.asarray(needed, jnp.int64)))
+
+    def vector(self):
+        """int64[2 + n_grow]: (err, errval, grow...), `Guards.flags`: one small host transfer."""
+        return jnp.concatenate([self.err.astype(jnp.int64).reshape(1), self.errval.astype(jnp.int64).reshape(1),
+                                self.grow.astype(jnp.int64)])
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Env:
+    """What the lowering rules read and replace while tracing a step: `values` (inputs,
+    volatiles, temporaries and plain persistent values by DSL name), `caches` (tables and
+    auto_dim tensors: `CacheState`), `guards` (`TraceGuards`) and `shapes` (the logical shape,
+    int64[rank], of each runtime-shaped value: `phases.runtime_shaped`). Immutable: each rule
+    returns a new one. Its structure never changes inside a step (it is the carry of every
+    `lax.cond` / `lax.fori_loop`). The state a step carries is an `Env` too: its values the plain
+    persistent ones, no shapes (`StateSpec.to_env`)."""
+
+    values: dict
+    caches: dict
+    guards: TraceGuards
+    shapes: dict = field(default_factory=dict)
+
+    def get(self, name: str):
+        """Variable `name`'s array: its value, or a cache's data; None when the env has neither."""
+        if name in self.values:
+            return self.values[name]
+        cache = self.caches.get(name)
+        return None if cache is None else cache.data
+
+    def set(self, name: str, value) -> "Env":
+        return replace(self, values={**self.values, name: value})
+
+    def update(self, values: dict) -> "Env":
+        return replace(self, values={**self.values, **values})
+
+    def set_cache(self, name: str, **parts) -> "Env":
+        """Cache `name` with some of its parts (`data`, `size`, `present`) replaced."""
+        return replace(self, caches={**self.caches, name: replace(self.caches[name], **parts)})
+
+    def set_shaped(self, name: str, value, logical) -> "Env":
+        """Runtime-shaped `name`: its value at capacity and its logical shape."""
+        return replace(self, values={**self.values, name: value}, shapes={**self.shapes, name: logical})
+
+    def with_guards(self, guards: TraceGuards) -> "Env":
+        return replace(self, guards=guards)
+
+    def only(self, names) -> "Env":
+        """The entries (value, cache, logical shape) of the variables `names`; no guards."""
+        def pick(d):
+            return {k: d[k] for k in names if k in d}
+        return Env(pick(self.values), pick(self.caches), None, pick(self.shapes))
+
+    def take(self, other: "Env", names) -> "Env":
+        """This env with `other`'s entries of the variables `names`: what an `await` takes from a
+        consumer (the variables it may write, `CheckedGraph.writes`), in the fused lowering and
+        the driver alike; never its guards, which `TraceGuards.merge` folds in."""
+        taken = other.only(names)
+        return Env({**self.values, **taken.values}, {**self.caches, **taken.caches}, self.guards,
+                   {**self.shapes, **taken.shapes})
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Shaped:
+    """A runtime-shaped variable's value in a step's outputs (`phases.runtime_shaped`): the array
+    at its capacity shape and its logical shape (int64[rank]), what `Program.trim` cuts it to."""
+
+    value: object
+    shape: object
+
+
+GUARDS = GetAttrKey("guards")
+GROW_PATH = (GUARDS, GetAttrKey("grow"))
+ERROR_PATHS = ((GUARDS, GetAttrKey("err")), (GUARDS, GetAttrKey("errval")))
+
+
+def leaf_at(tree, path):
+    """The part of `tree` at `path` (a JAX key path of attribute and dict keys)."""
+    for key in path:
+        tree = tree[key.key] if isinstance(key, DictKey) else getattr(tree, key.name)
+    return tree
+
+
+def select(tree, paths):
+    """`tree` with the leaves at `paths` kept and every other leaf None (a partial state)."""
+    return tree_map_with_path(lambda path, leaf: leaf if path in paths else None, tree)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class PhaseIO:
+    """What a kernel of the yield/await driver takes and returns besides the constants: the `env`;
+    into an entry phase after an await, the guards of the awaited consumers that may record one
+    (`pending`, merged in consumer order, first error wins); into the last phase, the state
+    entries the step committed at their values at step start (`old`, a partial state: None
+    elsewhere), and out of it their committed values (`new`: `commit`)."""
+
+    env: Env
+    pending: tuple = ()
+    old: Env | None = None
+    new: Env | None = None
+
+
+class StateSpec:
+    """Converts between `StepState` and the trace's `Env` for one program's cache layouts."""
+
+    def __init__(self, layouts, n_grow: int):
         self.layouts = layouts
         self.n_grow = n_grow
+        self.static = tuple(name for name, layout in layouts.items() if layout.static_size)
 
-    def to_env(self, state: StepState) -> dict:
-        env = dict(state.vars)
-        for name, cache in state.caches.items():
-            layout = self.layouts[name]
-            env[name] = cache.data
-            # a table of @fixed dims only: its sizes are a constant of the trace
-            env[layout.size_key()] = jnp.asarray(layout.fixed_sizes()) if cache.size is None else cache.size
-            if cache.present is not None:
-                env[f"{name}#present"] = cache.present
+    def to_env(self, state: StepState) -> Env:
+        """The state as an `Env`: the guards apart, an all-@fixed table's sizes a trace constant."""
+        caches = dict(state.caches)
+        for name in self.static:  # a table of @fixed dims only: its sizes are a constant of the trace
+            caches[name] = replace(caches[name], size=jnp.asarray(self.layouts[name].fixed_sizes()))
         flags = state.guards.flags
-        env[ERR], env[ERRVAL], env[GROW] = flags[0].astype(jnp.int32), flags[1], flags[2:]
-        return env
+        return Env(dict(state.vars), caches, TraceGuards(flags[0].astype(jnp.int32), flags[1], flags[2:]))
 
-    def constant_keys(self) -> frozenset:
-        """The env keys `to_env` fills with trace constants (the sizes of all-@fixed tables): a
-        loop over steps need not carry them."""
-        return frozenset(l.size_key() for l in self.layouts.values() if l.static_size)
+    def strip_constants(self, env: Env) -> Env:
+        """`env` without the trace constants `to_env` adds (the sizes of all-@fixed tables): what a
+        loop over steps carries."""
+        if not self.static:
+            return env
+        return replace(env, caches={n: replace(c, size=None) if n in self.static else c for n, c in env.caches.items()})
 
-    def from_env(self, env: dict) -> StepState:
-        if isinstance(env[ERR], jax.sharding.Sharding):  # a tree of shardings (jit in/out_shardings)
-            return self._assemble(env, env[ERR])
-        return self._assemble(env, status_vector(env))
+    def with_constants(self, env: Env) -> Env:
+        """The inverse of `strip_constants`."""
+        if not self.static:
+            return env
+        return replace(env, caches={n: replace(c, size=jnp.asarray(self.layouts[n].fixed_sizes())) if n in self.static
+                                    else c for n, c in env.caches.items()})
 
-    def _assemble(self, env: dict, flags) -> StepState:
+    def from_env(self, env: Env) -> StepState:
+        vars_ = {name: env.values[name] for name, layout in self.layouts.items() if not layout.is_cache}
+        caches = {name: replace(env.caches[name], size=None) if name in self.static else env.caches[name]
+                  for name, layout in self.layouts.items() if layout.is_cache}
+        return StepState(vars_, caches, Guards(env.guards.vector()))
+
+    def avals(self) -> StepState:
+        """The `StepState` of `jax.ShapeDtypeStruct`s: every buffer's shape and dtype."""
+        from .. import dtypes as dt
+
+        def aval(shape, dtype):
+            return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+
         vars_, caches = {}, {}
         for name, layout in self.layouts.items():
-            if layout.kind == "plain":
-                vars_[name] = env[name]
-            else:
-                size = None if layout.static_size else env[layout.size_key()]
-                caches[name] = CacheState(env[name], size, env.get(f"{name}#present"))
-        return StepState(vars_, caches, Guards(flags))
-
-    def place(self, host_env: dict, put) -> StepState:
-        """A `StepState` from a flat host state: `put({key: host array}) -> {key: device array}`
-        places every buffer (the guards as one vector under `#guards`, replicated when sharded)."""
-        static = self.constant_keys()
-        host = {k: v for k, v in host_env.items() if k not in GUARD_KEYS and k not in static}
-        host["#guards"] = np.concatenate([np.asarray(host_env[ERR], np.int64).reshape(1),
-                                          np.asarray(host_env[ERRVAL], np.int64).reshape(1),
-                                          np.asarray(host_env[GROW], np.int64).reshape(-1)])
-        placed = put(host)
-        return self._assemble(placed, placed.pop("#guards"))
-
-    def keys(self) -> list[str]:
-        """The flat environment keys that make up the state."""
-        keys = []
-        for name, layout in self.layouts.items():
-            keys.append(name)
-            if layout.kind != "plain" and not layout.static_size:
-                keys.append(layout.size_key())
-            if layout.kind == "table" and layout.growable:
-                keys.append(f"{name}#present")
-        return keys + list(GUARD_KEYS)
-
-    def guard_values(self) -> dict:
-        """Host values of the guards at program start."""
-        return {ERR: np.int32(0), ERRVAL: np.int64(0), GROW: np.zeros((self.n_grow,), np.int64)}
+            if not layout.is_cache:
+                d = dt.get(layout.dtype)
+                vars_[name] = aval((d.nbytes(math.prod(layout.shape)),), np.uint8) if layout.packed else \
+                    aval(layout.shape, d.np_dtype)
+                continue
+            k = (len(layout.capacity),)
+            caches[name] = CacheState(aval(layout.data_shape(), dt.get(layout.dtype).np_dtype),
+                                      None if layout.static_size else aval(k, np.int64),
+                                      aval(layout.capacity, np.bool_) if layout.has_present else None)
+        return StepState(vars_, caches, Guards(aval((2 + self.n_grow,), np.int64)))
 
 
 # ------------------------------------------------------------------------ step boundaries
 
 
-def merge_guards(env: dict, err, errval, grow) -> dict:
-    """Fold another run's guards into `env` (a consumer's at an await): first error wins."""
-    env = dict(env)
-    first = (env[ERR] == 0) & (err != 0)
-    env[ERR] = jnp.where(first, err, env[ERR])
-    env[ERRVAL] = jnp.where(first, errval, env[ERRVAL])
-    env[GROW] = jnp.maximum(env[GROW], grow)
-    return env
-
-
-def commit(old: dict, env: dict, keys, growable: bool) -> dict:
-    """The committed value of each state key in `keys` after a step.
+def commit(old: Env, new: Env, growable: bool) -> Env:
+    """The committed value of each entry `old` holds (a partial state: the entries it holds as
+    None are not committed) after a step that ended in `new`.
 
     Guards skip a failing write themselves, so the step's values are kept; a step that asked
-    for more cache capacity (any `#grow` > 0) is undone as a whole -- every key, the recorded
-    error included, takes its old value -- so that the host can grow and re-run it. `#grow` is
+    for more cache capacity (any `grow` > 0) is undone as a whole -- every entry, the recorded
+    error included, takes its old value -- so that the host can grow and re-run it. `grow` is
     always the step's request."""
-    if not growable:
-        return {k: env[k] for k in keys}
-    undo = jnp.any(env[GROW] > 0)
-    return {k: env[k] if k == GROW else jnp.where(undo, old[k], env[k]) for k in keys}
+    undo = jnp.any(new.guards.grow > 0) if growable else None
 
-
-def status_vector(env: dict):
-    """int64[2 + n_grow]: (err, errval, grow...) of a finished step, one small host transfer."""
-    return jnp.concatenate([env[ERR].astype(jnp.int64).reshape(1), env[ERRVAL].astype(jnp.int64).reshape(1),
-                            env[GROW].astype(jnp.int64)])
+    def committed(path, before):
+        after = leaf_at(new, path)
+        return after if undo is None or path == GROW_PATH else jnp.where(undo, before, after)
+    return tree_map_with_path(committed, old)

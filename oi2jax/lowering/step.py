@@ -1,4 +1,5 @@
-"""The step function: one pure function (consts, flat state, dynamic) -> (flat state, outputs).
+"""The step function: one pure function (consts, state, dynamic) -> (state, outputs), the state an
+`Env` (lowering/state.py) both ways.
 
 At step start the environment holds the dynamic inputs, volatile variables and temporaries
 at their initial values (§0 item 4), and the persistent state. `entry` is lowered node by
@@ -8,6 +9,9 @@ old state is returned) so the host can grow and re-run it.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from types import MappingProxyType
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,16 +20,16 @@ from .. import ir
 from ..ops.numerics import opaque
 from . import rules
 from .rules import lower_nodes
-from .caches import build_layouts
-from .context import SHAPE, Frame, Lowering, Tracer
-from .state import GROW, GUARD_KEYS, NEW, OLD, commit, merge_guards, pending
-
+from .caches import PLAIN, build_layouts
+from .context import Frame, Lowering, Tracer
+from .state import Env, PhaseIO, Shaped, commit
 
 def build_lowering(bound) -> Lowering:
     rules.load()  # every construct module's rules registered
     grow_slots: list = []
     layouts = build_layouts(bound, grow_slots)
-    return Lowering(bound=bound, caches=layouts, growable=grow_slots, shaped=dict(bound.checked.runtime_shaped))
+    return Lowering(bound=bound, caches=MappingProxyType(layouts), growable=tuple(grow_slots),
+                    shaped=MappingProxyType(dict(bound.checked.runtime_shaped)))
 
 
 def uniform_value(array: np.ndarray):
@@ -76,70 +80,65 @@ class StepBuilder:
             else:
                 self.fills[name] = (value.shape, value.dtype, fill)
 
-    def at_shapes(self, lowering: Lowering) -> "StepBuilder":
-        """A copy that traces with `lowering` (the same graph bound at other, e.g. symbolic,
-        sizes: `export --symbolic`); in-kernel fills take that binding's shapes."""
+    def for_lowering(self, lowering: Lowering) -> "StepBuilder":
+        """A copy that traces with `lowering`: the same graph at other cache capacities (a
+        growth), or bound at other, e.g. symbolic, sizes (`export --symbolic`: in-kernel fills
+        take that binding's shapes)."""
         import copy
         other = copy.copy(self)
         other.lowering = lowering
         other.fills = {n: (lowering.bound.shape(n), dtype, fill) for n, (_, dtype, fill) in self.fills.items()}
         return other
 
-    def fresh_values(self, consts: dict) -> dict:
-        """What every step starts from besides inputs and state (§0 item 4): volatiles and
-        temporaries at their initial values, and no capacity requested yet."""
-        env = {name: fill_array(shape, dtype, fill) for name, (shape, dtype, fill) in self.fills.items()}
-        env.update({name: consts[f"__init__/{name}"] for name in self.init_args})
-        env[GROW] = jnp.zeros((len(self.lowering.growable),), jnp.int64)
-        if self.lowering.shaped:  # runtime-shaped: held at the capacity shape, logically as declared
+    def fresh(self, consts: dict, env: Env) -> Env:
+        """`env` at step start (§0 item 4): volatiles and temporaries at their initial values
+        (runtime-shaped ones at the capacity shape, logically as declared), and no capacity
+        requested yet."""
+        values = {name: fill_array(shape, dtype, fill) for name, (shape, dtype, fill) in self.fills.items()}
+        values.update({name: consts[f"__init__/{name}"] for name in self.init_args})
+        env = replace(env, values={**env.values, **values},
+                      guards=replace(env.guards, grow=jnp.zeros((len(self.lowering.growable),), jnp.int64)))
+        if self.lowering.shaped:
             tr = Tracer(self.lowering, consts)
             for name in self.lowering.shaped:
-                if name in env:
-                    env = tr.embed(env, name, env[name])
+                if name in values:
+                    env = tr.embed(env, name, values[name])
         return env
 
-    def start_env(self, consts: dict, state: dict, dynamic: dict) -> dict:
-        """The environment at step start: inputs, fresh volatiles/temporaries, the (flat) state."""
-        env: dict = dict(dynamic)
-        env.update(state)
-        env.update(self.fresh_values(consts))
-        return env
+    def start_env(self, consts: dict, state: Env, dynamic: dict) -> Env:
+        """The environment at step start: the state, the inputs, fresh volatiles/temporaries."""
+        return self.fresh(consts, state.update(dynamic))
 
     def block_kernel(self, block: str):
         """(consts, env) -> env running one block as a call: a consumer kernel of the yield/await
         driver, and the per-block dumps."""
         from .rules import lower_block
 
-        def kernel(consts, env):
-            return lower_block(block, dict(env), Tracer(self.lowering, consts))
+        def kernel(consts, env: Env) -> Env:
+            return lower_block(block, env, Tracer(self.lowering, consts))
         return kernel
 
-    def phase_kernel(self, nodes, first: bool, merge_count: int, commit_keys: tuple | None,
-                     fused_fallback: bool = False):
-        """(consts, env) -> env running one entry phase of the yield/await driver: the step's
-        fresh values first (`first`), then the guards of `merge_count` awaited consumers
-        (`state.pending(j, g)` keys, first error wins), the phase's nodes, and for the last phase
-        the one commit rule (`state.commit`, old values under `OLD + key`, committed ones
-        returned under `NEW + key`). `fused_fallback`: yield/await inside entry loops, run by
-        the fused rules in one phase."""
+    def phase_kernel(self, nodes, first: bool, fused_fallback: bool = False):
+        """(consts, PhaseIO) -> PhaseIO running one entry phase of the yield/await driver: the
+        step's fresh values first (`first`), then the guards of the awaited consumers
+        (`io.pending`, in consumer order: `TraceGuards.merge`, first error wins), the phase's
+        nodes, and when `io.old` is given (the last phase) the one commit rule (`state.commit`:
+        the committed values come back as `new`). `fused_fallback`: yield/await inside entry
+        loops, run by the fused rules in one phase."""
         lowering = self.lowering
 
-        def kernel(consts, env):
+        def kernel(consts, io: PhaseIO) -> PhaseIO:
             tr = Tracer(lowering, consts)
-            env = dict(env)
-            if first:
-                env.update(self.fresh_values(consts))
-            for j in range(merge_count):  # the awaited consumers' guards, in consumer order
-                env = merge_guards(env, *(env.pop(pending(j, g)) for g in GUARD_KEYS))
+            env = self.fresh(consts, io.env) if first else io.env
+            for guards in io.pending:
+                env = env.with_guards(env.guards.merge(guards))
             if fused_fallback:
                 tr.pending = []
             with jax.named_scope("entry"):
                 env, _ = lower_nodes(nodes, env, Frame("entry"), tr)
-            if commit_keys is not None:  # undo only a step that must grow
-                old = {k: env.pop(OLD + k) for k in commit_keys}
-                for k, v in commit(old, env, commit_keys, bool(lowering.growable)).items():
-                    env[NEW + k] = v
-            return env
+            if io.old is None:
+                return PhaseIO(env)
+            return PhaseIO(env, new=commit(io.old, env, bool(lowering.growable)))  # undo only a step that must grow
         return kernel
 
     @property
@@ -148,29 +147,39 @@ class StepBuilder:
         besides the inputs and the persistent state (whatever `return` names)."""
         return self.output_names
 
-    def value_of(self, env: dict, name: str):
+    def value_of(self, env: Env, name: str):
         """A variable's user-level value in `env` (packed persistent values unpacked)."""
         from .packing import unpack
         layout = self.lowering.caches.get(name)
-        if layout is not None and layout.kind == "plain" and layout.packed:
-            return unpack(env[name], layout.dtype, layout.shape)
-        return env[name]
+        if layout is not None and layout.kind is PLAIN and layout.packed:
+            return unpack(env.values[name], layout.dtype, layout.shape)
+        return env.get(name)
 
-    def __call__(self, consts: dict, state: dict, dynamic: dict, extra: tuple = ()):
-        """(flat state, outputs): outputs are `return`'s names (else `output_names`) plus `extra`."""
+    def outputs(self, env: Env, names, extra=()) -> dict:
+        """The arrays of the variables `names` that `env` holds, then the user-level values of
+        `extra` (`value_of`), each runtime-shaped one as a `Shaped` (its value at capacity and its
+        logical shape)."""
+        outputs = {}
+        for name in names:
+            value = env.get(name)
+            if value is not None:
+                outputs[name] = value
+        for name in extra:
+            if name not in outputs:
+                outputs[name] = self.value_of(env, name)
+        for name in self.lowering.shaped:
+            if name in outputs and name in env.shapes:
+                outputs[name] = Shaped(outputs[name], env.shapes[name])
+        return outputs
+
+    def __call__(self, consts: dict, state: Env, dynamic: dict, extra: tuple = ()):
+        """(state, outputs): outputs are `return`'s names (else `output_names`) plus `extra`."""
         lowering = self.lowering
         tr = Tracer(lowering, consts)
         env = self.start_env(consts, state, dynamic)
         entry = lowering.graph.entry
         with jax.named_scope("entry"):
             env, _ = lower_nodes(entry.nodes, env, Frame("entry"), tr)
-        new_state = commit(state, env, state.keys(), bool(lowering.growable))
+        new_state = commit(state, env, bool(lowering.growable))
         names = tr.outputs if tr.outputs is not None else self.output_names
-        outputs = {name: env[name] for name in names if name in env}
-        for name in extra:
-            if name not in outputs:
-                outputs[name] = self.value_of(env, name)
-        for name in lowering.shaped:  # the logical shape beside each runtime-shaped output
-            if name in outputs:
-                outputs[SHAPE + name] = env[SHAPE + name]
-        return new_state, outputs
+        return new_state, self.outputs(env, names, extra)

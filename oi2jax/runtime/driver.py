@@ -10,28 +10,30 @@ from the host:
     phase 0 -> [yield: dispatch consumers, no blocking] -> phase 1 (the window) -> [await: merge]
             -> phase 2 ... -> last phase (also commits the state / undoes a step that must grow)
 
-Each kernel takes flat tuples: (the constants it uses, the env values it reads but does not
-replace, the env values it replaces — donated). Which values a kernel reads and writes is found
-once (per cache capacity) by tracing it abstractly and inspecting the jaxpr. Consumers start
-from a snapshot (a host dict copy) of entry's env at the yield; at the await their written
-variables (`CheckedGraph.writes`, `lowering.sync.merged_keys`: as the fused lowering) are merged
-as host dict updates and their guards (#err/#errval/#grow) are merged in the next phase kernel, so
-both modes agree bit for bit. A consumer may be placed on another device: only what it reads
-goes there and only what it writes comes back.
+Every kernel takes and returns a `PhaseIO` (lowering/state.py: the `Env`; the awaited
+consumers' guards `pending`; the last phase's `old` state entries in, `new` committed ones out),
+passed as flat tuples of its leaves: (the constants it uses, the leaves it reads but does not
+replace, the leaves it replaces — donated). Which leaves (by their key path in the `PhaseIO`) a
+kernel reads and writes is found once (per cache capacity) by tracing it abstractly and
+inspecting the jaxpr. Consumers start from entry's env at the yield (the `Env` itself: it is
+immutable); at the await their written variables (`CheckedGraph.writes`, `Env.take`: as the
+fused lowering) are taken into entry's env on the host and their guards are merged in the next
+phase kernel (`TraceGuards.merge`), so both modes agree bit for bit. A consumer may be placed on
+another device: only what it reads goes there and only what it writes comes back.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Var
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey, tree_flatten_with_path
 
 from ..diagnostics import OiError
 from ..phases import Phase
-from ..lowering.sync import merged_keys
-from ..lowering.state import GUARD_KEYS, NEW, OLD, SHAPE, ERR, ERRVAL, is_transient, pending
+from ..lowering.state import ERROR_PATHS, GUARDS, CacheState, Env, PhaseIO, TraceGuards, select
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     kernel_error, run_tasks
 from .placement import Placer, device_name, parse_device
@@ -43,9 +45,49 @@ def _aval(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
+ENV = (GetAttrKey("env"),)  # where a kernel's `PhaseIO` holds the env, the awaited guards, ...
+PENDING = (GetAttrKey("pending"),)
+OLD = (GetAttrKey("old"),)
+NEW = (GetAttrKey("new"),)
+GUARD_PATHS = tuple(ENV + (GUARDS, GetAttrKey(f.name)) for f in fields(TraceGuards))  # entry's guards
+
+
+def _leaves(tree) -> dict:
+    """{key path: leaf} of a pytree (a `PhaseIO`)."""
+    return dict(tree_flatten_with_path(tree)[0])
+
+
+def _entry_env(leaves: dict) -> Env:
+    """Entry's `Env` from its leaves by key path (`ENV + ...`)."""
+    values, caches, shapes, guards = {}, {}, {}, {}
+    for path, leaf in leaves.items():
+        if path[0] != ENV[0]:
+            continue
+        part, rest = path[1].name, path[2:]
+        if part == "values":
+            values[rest[0].key] = leaf
+        elif part == "shapes":
+            shapes[rest[0].key] = leaf
+        elif part == "guards":
+            guards[rest[0].name] = leaf
+        else:
+            caches.setdefault(rest[0].key, {})[rest[1].name] = leaf
+    return Env(values, {n: CacheState(p.get("data"), p.get("size"), p.get("present")) for n, p in caches.items()},
+               TraceGuards(**guards), shapes)
+
+
+def _label(path) -> str:
+    """How `kernels()` names a leaf: a variable's value by its name, else its place
+    (`K.size`, `guards.err`, `old.t`, `pending.0.err`)."""
+    parts = [str(k.key) if isinstance(k, DictKey) else k.name if isinstance(k, GetAttrKey) else str(k.idx)
+             for k in path]
+    return ".".join(p for p in parts if p not in ("env", "values", "caches"))
+
+
 @dataclass
 class Kernel:
-    """One jitted kernel: fn(consts: dict, env: dict) -> dict, with its planned flat signature."""
+    """One jitted kernel: fn(consts: dict, io: PhaseIO) -> PhaseIO, with its planned flat signature
+    (the leaves of the `PhaseIO`s by key path)."""
 
     name: str
     phase: int
@@ -55,29 +97,36 @@ class Kernel:
     const_keys: tuple = ()
     keep_keys: tuple = ()
     donate_keys: tuple = ()
-    out_keys: tuple = ()
+    out_keys: tuple = ()  # the paths of the output leaves it writes (computes)
     reads: frozenset = frozenset()
-    unchanged: frozenset = frozenset()  # env keys the kernel returns unmodified
     const_vals: tuple = ()
     jitted: object = None
     out_avals: dict = field(default_factory=dict)
-    commit: tuple | None = None  # last entry phase: state keys it commits (or undoes)
-    merge_count: int = 0  # entry phase after an await: consumers' guards it merges
-    back: tuple = ()  # consumer: indices of outputs merged into entry at the await
+    out_def: object = None  # the output `PhaseIO`'s tree structure, and the path of each of its leaves
+    out_paths: tuple = ()
+    commit: frozenset | None = None  # last entry phase: the state paths it commits (or undoes)
+    back: tuple = ()  # consumer: indices of outputs merged into entry at the await (and its guards)
+    writes_guards: bool = False  # consumer: it may record an error or ask for capacity
+    merged: frozenset = frozenset()  # consumer: the leaves of entry's env its await takes
     span: object = None  # DSL location for errors (entry phase: its first node; consumer: its block)
     future: object = None  # executor: the compilation (result: the XLA executable)
     compiled: object = None  # the AOT executable once fetched (else `jitted` compiles lazily)
     arg_avals: tuple = ()  # (consts, keep, donated) avals, for `lower_for`
 
-    def plan(self, const_avals: dict, env_avals: dict, owned: set, protected: set, counter) -> None:
+    def plan(self, const_avals: dict, io_avals: PhaseIO, owned: set, protected: set, counter) -> None:
         """Trace abstractly; find reads / writes; build the flat jitted kernel."""
         c_keys = tuple(const_avals)
-        e_keys = tuple(env_avals)
+        pairs, in_def = tree_flatten_with_path(io_avals)
+        e_keys = tuple(path for path, _ in pairs)
+        env_avals = dict(pairs)
         fn = self.fn
         self._plan_avals = (const_avals, env_avals)
 
         def flat(c_list, e_list):
-            return fn(dict(zip(c_keys, c_list)), dict(zip(e_keys, e_list)))
+            out = fn(dict(zip(c_keys, c_list)), in_def.unflatten(e_list))
+            out_pairs, self.out_def = tree_flatten_with_path(out)
+            self.out_paths = tuple(path for path, _ in out_pairs)
+            return [leaf for _, leaf in out_pairs]
 
         closed, shape = jax.make_jaxpr(flat, return_shape=True)([const_avals[k] for k in c_keys],
                                                                [env_avals[k] for k in e_keys])
@@ -85,24 +134,21 @@ class Kernel:
         invars = jaxpr.invars
         c_vars = dict(zip(c_keys, invars[:len(c_keys)]))
         e_vars = dict(zip(e_keys, invars[len(c_keys):]))
-        out_keys_all = sorted(shape)
-        outvars = dict(zip(out_keys_all, jaxpr.outvars))
+        outvars = dict(zip(self.out_paths, jaxpr.outvars))
+        out_shapes = dict(zip(self.out_paths, shape))
         used = set()
         for eqn in jaxpr.eqns:
             used.update(v for v in eqn.invars if isinstance(v, Var))
-        unchanged = set()
         written = []
-        for k in out_keys_all:
+        for k in self.out_paths:
             var = outvars[k]
             if k in e_vars and var is e_vars[k]:
-                unchanged.add(k)
-                continue
+                continue  # returned unmodified
             written.append(k)
             if isinstance(var, Var):
                 used.add(var)
-        self.unchanged = frozenset(unchanged)
         self.out_keys = tuple(written)
-        self.out_avals = {k: shape[k] for k in written}
+        self.out_avals = {k: out_shapes[k] for k in written}
         self.const_keys = tuple(k for k in c_keys if c_vars[k] in used)
         reads = [k for k in e_keys if e_vars[k] in used]
         self.reads = frozenset(reads)
@@ -126,11 +172,15 @@ class Kernel:
             env.update(zip(keep_keys, keep))
             env.update(zip(donate_keys, donated))
             consts = {k: consts[k] for k in c_keys}
-            env = {k: env[k] for k in e_keys}
-            out = fn(consts, env)
+            out = _leaves(fn(consts, in_def.unflatten([env[k] for k in e_keys])))
             return tuple(out[k] for k in out_keys)
 
         self.jitted = jax.jit(kernel, donate_argnums=(2,))
+
+    def rebuild(self, args: dict, written: dict) -> PhaseIO:
+        """The kernel's output `PhaseIO` from the leaves it wrote (`written`: path -> leaf) and
+        its arguments' (`args`: path -> leaf) for those it returned unmodified."""
+        return self.out_def.unflatten([written[k] if k in written else args[k] for k in self.out_paths])
 
     def lower_for(self, device):
         """`jitted.lower(...)` for the planned signature, committed to `device` (AOT build)."""
@@ -185,8 +235,8 @@ class Driver:
     def step(self, state, dynamic: dict):
         """One step run by the host driver: `(state, outputs)`; `dynamic` complete and placed."""
         spec = self.program.state_spec
-        flat, outputs = self._drive(spec.to_env(state), dynamic)
-        return spec.from_env(flat), outputs
+        new, outputs = self._drive(spec.to_env(state), dynamic)
+        return spec.from_env(new), outputs
 
     def _count(self):
         self.program.count_trace("driver kernel")
@@ -213,93 +263,103 @@ class Driver:
     def _main_device(self):
         return self.program.device if self.program.device is not None else jax.devices()[0]
 
-    def _phase_fn(self, phase: Phase, merge_count: int, commit: tuple | None):
-        return self.program.builder.phase_kernel(phase.nodes, phase.index == 0, merge_count, commit,
-                                                 self.analysis.fused_fallback)
+    def _phase_fn(self, phase: Phase):
+        return self.program.builder.phase_kernel(phase.nodes, phase.index == 0, self.analysis.fused_fallback)
 
-    def _make_plan(self, state: dict, dynamic: dict):
+    def _consumer_fn(self, name: str):
+        block = self.program.builder.block_kernel(name)
+        return lambda consts, io: PhaseIO(block(consts, io.env))
+
+    def _make_plan(self, state: Env, dynamic: dict):
         """Trace every kernel abstractly in step order: its signature, reads, writes, donations."""
         analysis = self.analysis
         const_avals = {k: _aval(v) for k, v in self.program.consts.items()}
-        env = {k: _aval(v) for k, v in dynamic.items()}
-        env.update({k: _aval(v) for k, v in state.items()})
+        state = jax.tree.map(_aval, state)
+        env = state.update({k: _aval(v) for k, v in dynamic.items()})
         owned: set = set()
         step_writes: set = set()
         phase_kernels: list[Kernel] = []
-        consumers: dict[int, list[tuple[Kernel, tuple, dict]]] = {}
+        consumers: dict[int, list[tuple[Kernel, frozenset, frozenset]]] = {}  # (kernel, writes, merged)
         protected: set = set()  # read by consumers in flight, or kept for their merge
         main = self._main_device()
-        snapshots: dict[int, dict] = {}
+        snapshots: dict[int, Env] = {}
         last = len(analysis.phases) - 1
         for phase in analysis.phases:
-            merge_count = 0
+            pending = []
             if phase.merges is not None:
-                snap = snapshots.pop(phase.merges)
-                for kern, merged, _ in consumers[phase.merges]:
-                    for k in merged:
-                        env[k] = kern.out_avals.get(k, snap[k])
-                        step_writes.add(k)
-                        if k in kern.out_keys:
-                            owned.add(k)
-                    if any(g in kern.out_keys for g in GUARD_KEYS):
-                        for g in GUARD_KEYS:
-                            env[pending(merge_count, g)] = kern.out_avals.get(g, snap[g])
-                        merge_count += 1
-                protected = set()
-                for w in snapshots:
-                    for kern, merged, _ in consumers[w]:
-                        protected |= set(kern.reads) | set(merged)
+                snap = _leaves(PhaseIO(snapshots.pop(phase.merges)))
+                for kern, writes, _ in consumers[phase.merges]:
+                    env, guards = self._merge(env, kern, writes, snap, kern.out_avals)
+                    step_writes |= kern.merged
+                    owned |= kern.merged & set(kern.out_keys)
+                    pending += guards
+                protected = self._protected(snapshots, consumers)
+            io = PhaseIO(env, tuple(pending))
             if phase.index == last:
-                probe = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase, merge_count, None))
-                probe.plan(const_avals, dict(env), owned, protected, lambda: None)
+                probe = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase))
+                probe.plan(const_avals, io, owned, protected, lambda: None)
                 written = step_writes | set(probe.out_keys)
                 # what the step wrote; with growable caches also the error guards (an undone step
                 # leaves no error behind: state.commit)
-                commit = tuple(k for k in state if (k not in GUARD_KEYS and k in written)
-                               or (k in (ERR, ERRVAL) and self.program.lowering.growable))
-                for k in commit:
-                    env[OLD + k] = _aval(state[k])
-                owned_now = owned | {OLD + k for k in commit}
+                commit = frozenset(path for path, _ in tree_flatten_with_path(state)[0]
+                                   if (path[0] != GUARDS and ENV + path in written)
+                                   or (path in ERROR_PATHS and self.program.lowering.growable))
+                io = PhaseIO(env, tuple(pending), select(state, commit))
+                owned_now = owned | {path for path in _leaves(io) if path[0] == OLD[0]}
             else:
                 commit, owned_now = None, owned
-            kern = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase, merge_count, commit))
-            kern.merge_count = merge_count
+            kern = Kernel(f"entry:{phase.index}", phase.index, self._phase_fn(phase))
             kern.commit = commit
-            kern.plan(const_avals, dict(env), owned_now, protected, self._count)
+            kern.plan(const_avals, io, owned_now, protected, self._count)
             kern.const_vals = tuple(self.program.consts[k] for k in kern.const_keys)
             kern.span = phase.nodes[0].span if phase.nodes else self.program.graph.entry.span
             if kern.out_keys:
                 self._submit(kern)
             phase_kernels.append(kern)
-            for k in [k for k in env if is_transient(k)]:
-                del env[k]
-            env.update(kern.out_avals)
+            env = kern.rebuild(_leaves(io), kern.out_avals).env
             owned |= set(kern.out_keys)
             step_writes |= set(kern.out_keys)
             if phase.launches is not None:
                 w = phase.launches
-                snap = dict(env)
-                snapshots[w] = snap
+                snapshots[w] = env
                 consumers[w] = []
+                snap = PhaseIO(env)
                 for name in analysis.windows[w].consumers:
                     dev = self.placement.get(name)
                     placed = dev is not None and dev != main
-                    ck = Kernel(name, phase.index, self.program.builder.block_kernel(name), device=dev if placed else None,
+                    ck = Kernel(name, phase.index, self._consumer_fn(name), device=dev if placed else None,
                                 placed=placed)
-                    ck.plan(const_avals, dict(snap), set(), set(snap), self._count)
+                    ck.plan(const_avals, snap, set(), set(_leaves(snap)), self._count)
                     vals = tuple(self.program.consts[k] for k in ck.const_keys)
                     ck.const_vals = tuple(jax.device_put(v, dev) for v in vals) if placed else vals
-                    merged = tuple(merged_keys(snap, self.program.bound.checked.writes[name]))
-                    ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in set(merged) or k in GUARD_KEYS)
+                    writes = frozenset(self.program.bound.checked.writes[name])
+                    ck.merged = frozenset(_leaves(PhaseIO(env.only(writes))))  # what the await takes
+                    ck.writes_guards = any(k[:2] == ENV + (GUARDS,) for k in ck.out_keys)
+                    ck.back = tuple(i for i, k in enumerate(ck.out_keys) if k in ck.merged or k[:2] == ENV + (GUARDS,))
                     ck.span = self.program.graph.block(name).span
                     self._submit(ck)
-                    consumers[w].append((ck, merged, {}))
-                protected = set()
-                for w2 in snapshots:
-                    for ck, merged, _ in consumers[w2]:
-                        protected |= set(ck.reads) | set(merged)
+                    consumers[w].append((ck, writes, ck.merged))
+                protected = self._protected(snapshots, consumers)
         self.plan = (phase_kernels, consumers)
         return self.plan
+
+    @staticmethod
+    def _protected(snapshots: dict, consumers: dict) -> set:
+        """What an entry phase must not donate: the leaves the consumers in flight read or whose
+        values their awaits take back."""
+        protected = set()
+        for w in snapshots:
+            for ck, _, _ in consumers[w]:
+                protected |= set(ck.reads) | ck.merged
+        return protected
+
+    @staticmethod
+    def _merge(env: Env, ck: Kernel, writes: frozenset, snap: dict, written: dict) -> tuple[Env, list]:
+        """An await taking consumer `ck`'s result (`written`: the leaves it wrote that came back;
+        `snap`: the leaves of its snapshot) into entry's `env` (`Env.take`); and its guards, for
+        the next phase to merge, if it may have recorded any."""
+        result = ck.rebuild(snap, written).env
+        return env.take(result, writes), [result.guards] if ck.writes_guards else []
 
     # ------------------------------------------------------------------ the driver
 
@@ -353,7 +413,7 @@ class Driver:
         event["ms"] = (time.perf_counter() - t0) * 1e3
         return outs
 
-    def _drive(self, state: dict, dynamic: dict):
+    def _drive(self, state: Env, dynamic: dict):
         with self.program.scope():
             fresh = self.plan is None
             try:
@@ -372,15 +432,17 @@ class Driver:
                     self.kernel_builder.close()
                     self.kernel_builder = None
 
-    def _drive_planned(self, state: dict, dynamic: dict):
-        """One step: the kernels as tasks of a ready queue (executor.run_tasks)."""
+    def _drive_planned(self, state: Env, dynamic: dict):
+        """One step: the kernels as tasks of a ready queue (executor.run_tasks). The host holds
+        the kernels' `PhaseIO` leaves by key path (`leaves`: entry's env; `snaps`: a window's
+        snapshot); a kernel takes the leaves of its planned paths and returns those it writes."""
         phase_kernels, consumers = self.plan
         step = self._step_no
         self._step_no += 1
         self.last_order = []
         main = self._main_device()
-        env = dict(dynamic)
-        env.update(state)
+        state_pairs, state_def = tree_flatten_with_path(state)
+        leaves = _leaves(PhaseIO(state.update(dynamic)))
         snaps: dict[int, dict] = {}
         inflight: dict[int, dict] = {w: {} for w in consumers}
 
@@ -388,35 +450,35 @@ class Driver:
             if phase.merges is not None:
                 j = 0
                 for i in sorted(inflight[phase.merges]):
-                    ck, merged, snap, outs = inflight[phase.merges].pop(i)
+                    ck, snap, outs = inflight[phase.merges].pop(i)
                     back = tuple(outs[i] for i in ck.back)
                     if ck.placed:
                         back = jax.device_put(back, main)
                     result = dict(zip((ck.out_keys[i] for i in ck.back), back))
-                    for k in merged:
-                        env[k] = result.get(k, snap[k])
-                    if any(g in result for g in GUARD_KEYS):
-                        for g in GUARD_KEYS:
-                            env[pending(j, g)] = result.get(g, snap[g])
+                    for k in ck.merged:  # what the await takes (`Env.take`)
+                        leaves[k] = result.get(k, snap[k])
+                    if ck.writes_guards:  # its guards, merged by this phase (`TraceGuards.merge`)
+                        for k in GUARD_PATHS:
+                            leaves[PENDING + (SequenceKey(j),) + k[2:]] = result.get(k, snap[k])
                         j += 1
                 snaps.pop(phase.merges, None)
-            if kern.commit:
-                for k in kern.commit:
-                    env[OLD + k] = state[k]
-            outs = self._call(kern, env, step) if kern.out_keys else ()
-            for k in [k for k in env if is_transient(k)]:
-                del env[k]
-            env.update(zip(kern.out_keys, outs))
+            for path in kern.commit or ():  # the committed entries at their values at step start
+                leaves[OLD + path] = state_leaves[path]
+            outs = self._call(kern, leaves, step) if kern.out_keys else ()
+            for k in [k for k in leaves if k[0] != ENV[0]]:  # pending guards, old entries: this phase's
+                del leaves[k]
+            leaves.update(zip(kern.out_keys, outs))
             if phase.launches is not None:
-                snaps[phase.launches] = dict(env)  # every consumer of the window starts from this
+                snaps[phase.launches] = dict(leaves)  # every consumer of the window starts from this
             return outs or None
 
-        def run_consumer(w: int, i: int, ck: Kernel, merged: tuple):
+        def run_consumer(w: int, i: int, ck: Kernel):
             snap = snaps[w]
             outs = self._call(ck, snap, step)
-            inflight[w][i] = (ck, merged, snap, outs)
+            inflight[w][i] = (ck, snap, outs)
             return outs
 
+        state_leaves = dict(state_pairs)
         # the linear (topological) order: phase, its yield's consumers (name order), next phase, ...
         # A consumer depends on the phase whose yield completes the variables it awaits (every
         # consumer of window w awaits a variable yielded there, and the checker rejects
@@ -434,20 +496,17 @@ class Driver:
             if phase.launches is not None:
                 w = phase.launches
                 window_tasks[w] = []
-                for i, (ck, merged, _) in enumerate(consumers[w]):
+                for i, (ck, _, _) in enumerate(consumers[w]):
                     window_tasks[w].append(len(tasks))
-                    tasks.append(Task(len(tasks), ck, (idx,),
-                                      lambda w=w, i=i, ck=ck, merged=merged: run_consumer(w, i, ck, merged)))
+                    tasks.append(Task(len(tasks), ck, (idx,), lambda w=w, i=i, ck=ck: run_consumer(w, i, ck)))
         run_tasks(tasks, self.schedule, self.kernel_builder, block=jax.block_until_ready)
         commit = phase_kernels[-1].commit or ()
-        new_state = {}
-        for k in state:
-            new_state[k] = env.pop(NEW + k) if k in commit else env[k]
+        new_state = state_def.unflatten([leaves.pop(NEW + path) if path in commit else leaves[ENV + path]
+                                         for path, _ in state_pairs])
+        env = _entry_env(leaves)
         names = tuple(self.analysis.outputs or ()) + tuple(self.program.builder.dynamic + self.program.builder.volatile)
-        outputs = {name: env[name] for name in names if name in env}  # everything a session may read
-        for name in self.program.lowering.shaped:  # runtime-shaped: the logical shape beside the value
-            if name in outputs and SHAPE + name in env:
-                outputs[SHAPE + name] = env[SHAPE + name]
+        # everything a session may read (runtime-shaped values with their logical shapes: `Shaped`)
+        outputs = self.program.builder.outputs(env, dict.fromkeys(names))
         return new_state, outputs
 
     # ------------------------------------------------------------------ public API
@@ -487,6 +546,6 @@ class Driver:
         for kern in phase_kernels + [ck for w in sorted(consumers) for ck, _, _ in consumers[w]]:
             out.append({"kernel": kern.name, "phase": kern.phase,
                         "device": device_name(kern.device if kern.placed else self._main_device()),
-                        "reads": sorted(kern.reads), "writes": list(kern.out_keys),
-                        "donated": list(kern.donate_keys)})
+                        "reads": sorted(map(_label, kern.reads)), "writes": [_label(k) for k in kern.out_keys],
+                        "donated": [_label(k) for k in kern.donate_keys]})
         return out

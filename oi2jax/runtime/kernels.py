@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes as dt
-from ..lowering.state import ERR, GROW, Guards, StepState
+from ..lowering.state import Guards, StepState
 
 
 SELECT_SKIP_BYTES = 1 << 16
@@ -49,7 +49,7 @@ class StepKernels:
         # variables is cheaper to select after the step (the skipped step's outputs are never
         # shown: the session raises the error instead).
         layouts = program.lowering.caches
-        self.select_skip = select_skip = all(l.kind == "plain" for l in layouts.values()) and sum(
+        self.select_skip = select_skip = not any(l.is_cache for l in layouts.values()) and sum(
             dt.get(l.dtype).nbytes(math.prod(l.data_shape())) for l in layouts.values()) <= SELECT_SKIP_BYTES
 
         extra = builder.all_names  # every variable, so that a session can `read` any of them
@@ -71,15 +71,15 @@ class StepKernels:
             env, run = begin(consts, user, flags, dynamic)
             if select_skip:  # small plain state: run, then keep the old values (cheaper than a cond)
                 flat, outputs = run(env)
-                failed = env[ERR] != 0
-                flat = {k: jnp.where(failed, env[k], v) if k in env else v for k, v in flat.items()}
+                failed = env.guards.err != 0
+                flat = jax.tree.map(lambda old, new: jnp.where(failed, old, new), env, flat)
             else:
                 out_shapes = jax.eval_shape(lambda e: run(e)[1], env)
 
                 def skip(env):  # an unreported error from the step before: do nothing
                     return env, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
 
-                flat, outputs = lax.cond(env[ERR] != 0, skip, run, env)
+                flat, outputs = lax.cond(env.guards.err != 0, skip, run, env)
             new = spec.from_env(flat)
             return new.vars, new.caches, new.guards.flags, outputs
 
@@ -95,9 +95,8 @@ class StepKernels:
 
         def fused_steps(consts, state, per_step, fixed, fed, base, n, collect, total, feedback):
             program.count_trace("fused steps")
-            env0 = spec.to_env(state)
             # trace constants of the state (sizes of all-@fixed tables) are not loop-carried
-            constant = {k: env0.pop(k) for k in spec.constant_keys()}
+            env0 = spec.strip_constants(spec.to_env(state))
             # every variable's last value; an input the graph does not write is taken after the
             # loop from the last applied step's slice (no per-step copy of it). An input with
             # feedback and its source are outputs of every step (the value it took, the value fed)
@@ -115,8 +114,8 @@ class StepKernels:
                         row = lax.dynamic_index_in_dim(given, jnp.minimum(g, given.shape[0] - 1), keepdims=False)
                         v = jnp.where(g < given.shape[0], row, v)
                     dyn[k] = v
-                flat, outputs = builder(consts, {**env, **constant}, dyn, extra=extra)
-                return {k: v for k, v in flat.items() if k not in constant}, outputs
+                flat, outputs = builder(consts, spec.with_constants(env), dyn, extra=extra)
+                return spec.strip_constants(flat), outputs
 
             out_shapes, guarded = guarded_trace(
                 lambda: jax.eval_shape(lambda e, f: one(e, f, jnp.zeros((), n.dtype))[1], env0, fed))
@@ -131,8 +130,8 @@ class StepKernels:
                 i, env = carry[0], carry[1]
                 if not guarded:
                     return i < n
-                go = (i < n) & (env[ERR] == 0)
-                return go & ~jnp.any(env[GROW] > 0) if growable else go
+                go = (i < n) & (env.guards.err == 0)
+                return go & ~jnp.any(env.guards.grow > 0) if growable else go
 
             def body(carry):
                 i, env, _, stacked, fb = carry
@@ -141,7 +140,7 @@ class StepKernels:
                            for k, v in stacked.items()}
                 new_fb = {k: outputs[source] for k, source in feedback}
                 if growable:  # an undone step is not counted: the host re-runs it after growing
-                    undone = jnp.any(flat[GROW] > 0)
+                    undone = jnp.any(flat.guards.grow > 0)
                     new_fb = {k: jnp.where(undone, fb[k], v) for k, v in new_fb.items()}  # nor fed back
                     return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, new_fb
                 return i + 1, flat, outputs, stacked, new_fb
@@ -157,7 +156,7 @@ class StepKernels:
                                                           keepdims=False)
                 elif name in fixed:
                     last[name] = fixed[name]
-            new = spec.from_env({**flat, **constant})
+            new = spec.from_env(flat)
             if not guarded:  # the guards cannot change: passed through (donated, no copy)
                 new = StepState(new.vars, new.caches, state.guards)
             flags = new.guards.flags

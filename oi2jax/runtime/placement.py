@@ -24,19 +24,26 @@ def resolve_device(device):
 class Placer:
     """Where values live: one device (default) or, in subclasses, shardings over a mesh.
 
-    Each method takes {name: host or device array} for one role and returns device arrays;
-    `jit_kwargs` adds e.g. `out_shardings` so state keeps its placement across steps."""
+    `put` takes {name: host or device array} for one role and returns device arrays, `put_state`
+    a whole step state; `jit_kwargs` adds e.g. `out_shardings` so state keeps its placement
+    across steps."""
 
     def __init__(self, device=None):
         self.device = device
 
     def put(self, role: str, values: dict) -> dict:
-        """role: 'consts' | 'state' | 'dynamic' | 'defaults'."""
+        """role: 'consts' | 'dynamic' | 'defaults'."""
         if self.device is not None:
             return jax.device_put(values, self.device)  # one batched transfer
         # jax.device_put, not jnp.asarray: in JAX 0.10 jnp.asarray compiles a `jit(stage)` per
         # shape (about 50-80 ms each on CPU: half a second of a Llama's time to first token)
         return {k: v if isinstance(v, jax.Array) else jax.device_put(v) for k, v in values.items()}
+
+    def put_state(self, state):
+        """A host `StepState` (lowering/state.py) on the device, in one batched transfer."""
+        if self.device is not None:
+            return jax.device_put(state, self.device)
+        return jax.tree.map(lambda v: v if isinstance(v, jax.Array) else jnp.asarray(v), state)
 
     def jit_kwargs(self, program) -> dict:
         return {}

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import threading
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 import time
 import warnings
 
@@ -18,10 +19,10 @@ from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
 from ..values import check_given_inputs, convert_input, convert_output
-from ..lowering import caches as cache_mod
+from . import cache_state
 from .kernels import StepKernels
 from .placement import Placer, resolve_device
-from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
+from ..lowering.state import CacheState, Guards, Shaped, StateSpec, StepState
 from ..ops.numerical import MATMUL_PRECISION
 from ..lowering import loops
 from ..lowering.loops import LoopPolicy
@@ -184,26 +185,31 @@ class Program:
         """Whether some cache grows at run time (a step may be undone and re-run after growth)."""
         return bool(self.lowering.growable)
 
-    def initial_host_state(self) -> dict:
-        """The flat host state at program start (honours @init)."""
-        host = {}
+    def initial_values(self) -> dict:
+        """Every persistent variable's host value at program start (honours @init):
+        runtime/cache_state.py."""
+        values = {}
         for layout in self.lowering.caches.values():
             try:
-                host.update(cache_mod.initial_state(layout))
+                values[layout.name] = cache_state.initial_state(layout)
             except MemoryError as exc:
                 nbytes = dt.get(layout.dtype).nbytes(math.prod(layout.data_shape()))
                 raise allocation_error(exc, f"{layout.name} ({nbytes} bytes)") from None
-        host.update(self.state_spec.guard_values())
-        return host
+        return values
+
+    def initial_host_state(self) -> StepState:
+        """The state at program start (honours @init) as host arrays."""
+        return cache_state.assemble(self.lowering.caches, self.initial_values(),
+                                    cache_state.no_error(len(self.lowering.growable)))
 
     def init_state(self) -> StepState:
         """The state at program start (honours @init): a `StepState` pytree on the device."""
         with self.scope():
             host = self.initial_host_state()
             try:
-                return self.state_spec.place(host, lambda h: self.placer.put("state", h))
+                return self.placer.put_state(host)
             except Exception as exc:
-                error = allocation_error(exc, f"the state on the device ({sum(np.asarray(v).nbytes for v in host.values())}"
+                error = allocation_error(exc, f"the state on the device ({sum(np.asarray(v).nbytes for v in jax.tree.leaves(host))}"
                                               f" bytes)")
                 if error is None:
                     raise
@@ -425,7 +431,7 @@ class Program:
         dim at least 3/4 full); rebuild the kernels. n growth steps cost O(log n) recompiles."""
         need = np.asarray(status)[2:]
         host = self.host_state(state)
-        layouts = self.lowering.caches
+        layouts = dict(self.lowering.caches)
         per_cache: dict[str, list[int]] = {}
         for slot, (name, dim) in enumerate(self.lowering.growable):
             cap = list(per_cache.get(name, layouts[name].capacity))
@@ -435,14 +441,14 @@ class Program:
         # a rebuild costs a compile: dims at least 3/4 full grow with this one instead of asking
         # for their own a few steps later (fewer compiles when several dims grow at different paces)
         for slot, (name, dim) in enumerate(self.lowering.growable):
-            used = host.get(layouts[name].size_key())
+            used = host.caches[name].size  # a growable cache always has its sizes
             cap = list(per_cache.get(name, layouts[name].capacity))
-            if need[slot] == 0 and used is not None and 4 * int(np.asarray(used)[dim]) >= 3 * cap[dim]:
+            if need[slot] == 0 and 4 * int(np.asarray(used)[dim]) >= 3 * cap[dim]:
                 cap[dim] *= 2
                 per_cache[name] = cap
         for name, cap in per_cache.items():  # refuse before allocating: a write at index 10**9 ...
             layout = layouts[name]
-            probe = cache_mod.replace(layout, capacity=tuple(cap))
+            probe = replace(layout, capacity=tuple(cap))
             nbytes = dt.get(layout.dtype).nbytes(math.prod(probe.data_shape()))
             limit = memory_limit()
             if nbytes > limit:
@@ -451,27 +457,31 @@ class Program:
                               f"{int(max(need))} entries): too large to allocate (the limit is {limit} bytes"
                               f"{limit_note(limit)})", decl.span if decl else None, source=self.graph.source)
         reasons = []
+        caches = dict(host.caches)
         for name, cap in per_cache.items():
             layout = layouts[name]
             if tuple(cap) == layout.capacity:
                 continue
             reasons.append(f"cache {name} capacity {list(layout.capacity)} -> {cap}")
-            keys = {k: v for k, v in host.items() if k == name or k.startswith(name + "#")}
             try:
-                new_layout, new_keys = cache_mod.grow(layout, keys, tuple(cap))
+                layouts[name], caches[name] = cache_state.grow(layout, caches[name], tuple(cap))
             except MemoryError as exc:
                 raise allocation_error(exc, f"cache {name} at capacity {cap}") from None
-            layouts[name] = new_layout
-            host.update(new_keys)
         if not reasons:
             raise OiError("internal error: a cache asked to grow but no capacity changed")
-        host[GROW] = np.zeros_like(host[GROW])
+        flags = np.array(host.guards.flags, np.int64)
+        flags[2:] = 0  # the capacity asked for is there now
         self._next_reason = "growth: " + "; ".join(reasons)
-        self._on_grow()
+        self._on_grow(layouts)
         with self.scope():
-            return self.state_spec.place(host, lambda h: self.placer.put("state", h))
+            return self.placer.put_state(StepState(host.vars, caches, Guards(flags)))
 
-    def _on_grow(self):
+    def _on_grow(self, layouts: dict):
+        """The cache capacities changed to `layouts`: a new lowering (its static facts are
+        immutable) and everything built for the old one rebuilt."""
+        self.lowering = replace(self.lowering, caches=MappingProxyType(layouts))
+        self.builder = self.builder.for_lowering(self.lowering)
+        self.state_spec = StateSpec(self.lowering.caches, len(self.lowering.growable))
         self._make_kernels()
         if self.driver is not None:
             self.driver.invalidate()
@@ -490,52 +500,41 @@ class Program:
         """Runtime-shaped variables (phases.runtime_shaped): name -> @auto_dim tensor."""
         return self.lowering.shaped
 
-    def trim(self, name: str, value, outputs: dict):
-        """A runtime-shaped variable's value cut to its logical shape (`outputs[#shape/name]`), on
-        the host; any other value as it is."""
-        logical = outputs.get(SHAPE + name) if name in self.lowering.shaped else None
-        if logical is None:
+    def trim(self, value):
+        """A runtime-shaped variable's value (a `Shaped` output) cut to its logical shape, on the
+        host; any other value as it is."""
+        if not isinstance(value, Shaped):
             return value
-        return self.to_host(value)[tuple(slice(0, int(n)) for n in self.to_host(logical))]
+        return self.to_host(value.value)[tuple(slice(0, int(n)) for n in self.to_host(value.shape))]
 
     def trim_outputs(self, outputs: dict) -> dict:
-        """Step outputs with runtime-shaped values cut to their logical shapes, `#shape/` keys dropped."""
+        """Step outputs with runtime-shaped values cut to their logical shapes."""
         if not self.lowering.shaped:
             return outputs
-        return {k: self.trim(k, v, outputs) for k, v in outputs.items() if not k.startswith(SHAPE)}
+        return {k: self.trim(v) for k, v in outputs.items()}
 
-    def host_state(self, state: StepState) -> dict:
-        """The flat state as host arrays (the guard vector split on the host)."""
-        flags = self.to_host(state.guards.flags)
-        host = {k: self.to_host(v) for k, v in state.vars.items()}
-        for name, cache in state.caches.items():
-            host.update(self._cache_host(self.lowering.caches[name], cache))
-            if cache.present is not None:
-                host[f"{name}#present"] = self.to_host(cache.present)
-        host[ERR], host[ERRVAL], host[GROW] = np.int32(flags[0]), np.int64(flags[1]), flags[2:]
-        return host
+    def host_state(self, state: StepState) -> StepState:
+        """The state as host arrays."""
+        return jax.tree.map(self.to_host, state)
 
     def export_state(self, state: StepState) -> dict:
         """Every persistent variable's user-visible value (widened like `--out`). Fetches only
         the buffers the values need (not the guards, not `present`): the end of every `run`."""
         out = {}
         for name, layout in self.lowering.caches.items():
-            host = {name: self.to_host(state.vars[name])} if layout.kind == "plain" else \
-                self._cache_host(layout, state.caches[name])
-            out[name] = convert_output(cache_mod.export(layout, host), layout.dtype)
+            if layout.is_cache:
+                cache = state.caches[name]
+                host = CacheState(self.to_host(cache.data), None if cache.size is None else self.to_host(cache.size))
+            else:
+                host = self.to_host(state.vars[name])
+            out[name] = convert_output(cache_state.export(layout, host), layout.dtype)
         return out
-
-    def _cache_host(self, layout, cache) -> dict:
-        """A table's / auto_dim tensor's data and sizes on the host (the sizes of an all-@fixed
-        table are its fixed sizes: no buffer)."""
-        return {layout.name: self.to_host(cache.data),
-                layout.size_key(): layout.fixed_sizes() if cache.size is None else self.to_host(cache.size)}
 
     def import_state(self, values: dict, source: str = "state") -> StepState:
         """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);
         a variable not given keeps its initial value. Tables take their sizes from the array."""
-        host = self.initial_host_state()
-        layouts = self.lowering.caches
+        host = self.initial_values()
+        layouts = dict(self.lowering.caches)
         unknown = sorted(set(values) - set(layouts))
         if unknown:
             raise OiError(f"{source}: {unknown[0]} is not a persistent variable of the graph "
@@ -543,16 +542,14 @@ class Program:
         grew = False
         for name, value in values.items():
             layout = layouts[name]
-            new_layout, arrays = cache_mod.import_value(layout, np.asarray(value), source)
-            if new_layout is not layout:
-                layouts[name] = new_layout
-                grew = True
-            host.update(arrays)
+            layouts[name], host[name] = cache_state.import_value(layout, np.asarray(value), source)
+            grew = grew or layouts[name] is not layout
         if grew:
             self._next_reason = f"{source}: caches restored at a larger capacity"
-            self._on_grow()
+            self._on_grow(layouts)
+        state = cache_state.assemble(layouts, host, cache_state.no_error(len(self.lowering.growable)))
         with self.scope():
-            return self.state_spec.place(host, lambda h: self.placer.put("state", h))
+            return self.placer.put_state(state)
 
     def collect_result(self, state: StepState, values: dict) -> dict:
         """The user-facing result: every dynamic and volatile variable from `values` (device or
@@ -560,7 +557,9 @@ class Program:
         result = {}
         for name in self.builder.dynamic + self.builder.volatile:
             if name in values:
-                result[name] = convert_output(self.to_host(values[name]), self.bound.dtype(name))
+                value = values[name]
+                value = value.value if isinstance(value, Shaped) else value  # at capacity, as it came
+                result[name] = convert_output(self.to_host(value), self.bound.dtype(name))
         result.update(self.export_state(state))
         return result
 

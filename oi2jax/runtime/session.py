@@ -298,7 +298,7 @@ class Session:
         if value is None:
             value = prog.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
         else:
-            value = prog.trim(name, value, values)  # a runtime-shaped value: its current shape
+            value = prog.trim(value)  # a runtime-shaped value: its current shape
         return convert_output(prog.to_host(value), decl.dtype)
 
     def values(self) -> dict:

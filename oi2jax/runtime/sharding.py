@@ -5,7 +5,8 @@ declaration has a dim that is exactly a sharded size variable gets a `NamedShard
 PartitionSpec names that mesh axis at that dim (other dims: None; a mesh axis is used at
 most once per array, first dim wins). Leading dims the declaration does not have (cache
 capacity dims, prefix-table member dims) are replicated, and so are auto_dim caches (their
-dims grow), packed constants (stored flat) and the `#size`/`#present`/`#count`/guard keys.
+dims grow), packed constants (stored flat) and a state's bookkeeping (cache sizes, `present`
+masks, guards).
 
 - constants: `jax.make_array_from_callback`, each device's shard sliced from the mmap'd
   model tensor, so a process reads only the pages of its own shards;
@@ -24,8 +25,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from ..lowering.context import ERR, ERRVAL, GROW
 from ..lowering.loops import member_base
+from ..lowering.state import CacheState, Guards, StepState
 from .placement import Placer
 from .program import Program
 
@@ -170,8 +171,6 @@ class ShardingPlacer(Placer):
     def spec_for(self, key: str, shape: tuple[int, ...]) -> P:
         """PartitionSpec for a value named `key` (state / const / dynamic key) of `shape`."""
         name = key[len(INIT_PREFIX):] if key.startswith(INIT_PREFIX) else member_base(key)  # W[3]: as W's member
-        if "#" in name:  # bookkeeping (sizes, present masks, guards): replicated
-            return P()
         decl = self.graph.var(name)
         if decl is None or decl.is_auto_dim or (decl.auto_dim and decl.is_table) or not decl.dims:
             return P()
@@ -221,7 +220,9 @@ class ShardingPlacer(Placer):
                 return cache[k]
 
             return jax.make_array_from_callback(value.shape, sharding, cb)
-        sharding = self.sharding_for(key, np.shape(value))
+        return self._place_as(self.sharding_for(key, np.shape(value)), value)
+
+    def _place_as(self, sharding, value):
         if isinstance(value, jax.Array):
             if value.sharding == sharding:
                 return value
@@ -243,24 +244,24 @@ class ShardingPlacer(Placer):
         self.placed.setdefault(role, {}).update({k: a.sharding for k, a in out.items()})
         return out
 
-    def state_shardings(self, program) -> dict:
-        """The sharding of every key of `program.init_state()` (must match `put('state')`)."""
-        out = {}
-        for layout in program.lowering.caches.values():
-            out[layout.name] = self.sharding_for(layout.name, layout.data_shape())
-            if layout.kind != "plain" and not layout.static_size:
-                out[layout.size_key()] = NamedSharding(self.mesh, P())
-            if layout.kind == "table" and layout.growable:
-                out[f"{layout.name}#present"] = NamedSharding(self.mesh, P())
-        for key in (ERR, ERRVAL, GROW):
-            out[key] = NamedSharding(self.mesh, P())
-        return out
+    def state_shardings(self, state: StepState) -> StepState:
+        """The sharding of every buffer of `state` (a `StepState` whose leaves have a `shape`):
+        a variable's data by its declaration, the bookkeeping (sizes, present, guards) replicated."""
+        rep = NamedSharding(self.mesh, P())
+        return StepState({n: self.sharding_for(n, v.shape) for n, v in state.vars.items()},
+                         {n: CacheState(self.sharding_for(n, c.data.shape), None if c.size is None else rep,
+                                        None if c.present is None else rep) for n, c in state.caches.items()},
+                         Guards(rep))
+
+    def put_state(self, state: StepState) -> StepState:
+        """A host `StepState` placed buffer by buffer (`state_shardings`)."""
+        return jax.tree.map(self._place_as, self.state_shardings(state), state)
 
     def jit_kwargs(self, program) -> dict:
         consts = {k: self.sharding_for(k, np.shape(v)) for k, v in program.consts.items()}
         dynamic = {name: self.sharding_for(name, program.bound.shape(name))
                    for name in program.builder.dynamic}
-        state = program.state_spec.from_env(self.state_shardings(program))
+        state = self.state_shardings(program.state_spec.avals())
         return {"in_shardings": (consts, state, dynamic), "out_shardings": (state, None)}
 
 
