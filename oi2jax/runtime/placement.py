@@ -43,7 +43,7 @@ class Placer:
         """A host `StepState` (lowering/state.py) on the device, in one batched transfer."""
         if self.device is not None:
             return jax.device_put(state, self.device)
-        return jax.tree.map(lambda v: v if isinstance(v, jax.Array) else jnp.asarray(v), state)
+        return jax.tree.map(lambda v: v if isinstance(v, jax.Array) else jax.device_put(v), state)
 
     def jit_kwargs(self, program) -> dict:
         return {}
