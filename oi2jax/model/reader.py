@@ -422,11 +422,7 @@ def _parse(path: str, buf, size: int) -> Model:
             raise ModelError(path, f"duplicate metadata key {key}")
         if flags != 0:
             raise ModelError(path, f"metadata {key}: flags must be 0, got {flags}")
-        if offset % ALIGN:
-            raise ModelError(path, f"metadata {key}: value_offset {offset} is not a multiple of 8")
-        if offset < off_data or offset + nbytes > file_size:
-            raise ModelError(path, f"metadata {key}: value at offset {offset} ({nbytes} bytes) lies outside the "
-                                   f"data section ({off_data}..{file_size})")
+        _check_payload(path, f"metadata {key}", "value_offset", "value", offset, nbytes, off_data, file_size)
         metadata[key] = _meta_value(path, buf, key, vtype, offset, nbytes)
         spans.append((offset, nbytes, f"metadata {key}"))
 
@@ -464,11 +460,7 @@ def _parse(path: str, buf, size: int) -> Model:
         expected = _data_nbytes(d, numel)
         has_data = bool(flags & 1)
         if has_data:
-            if offset % ALIGN:
-                raise ModelError(path, f"tensor {name}: data_offset {offset} is not a multiple of 8")
-            if offset < off_data or offset + nbytes > file_size:
-                raise ModelError(path, f"tensor {name}: data at offset {offset} ({nbytes} bytes) lies outside the "
-                                       f"data section ({off_data}..{file_size})")
+            _check_payload(path, f"tensor {name}", "data_offset", "data", offset, nbytes, off_data, file_size)
             if nbytes != expected:
                 raise ModelError(path, f"tensor {name}: byte length mismatch: data_nbytes {nbytes}, expected "
                                        f"{expected} for {d.name}{list(dims)}")
@@ -500,6 +492,16 @@ def _parse(path: str, buf, size: int) -> Model:
         if oa + na > ob:
             raise ModelError(path, f"{wa} (offset {oa}, {na} bytes) overlaps {wb} (offset {ob})")
     return Model(path, buf, size, sizevars, metadata, tensors, version)
+
+
+def _check_payload(path, what: str, offset_field: str, noun: str, offset: int, nbytes: int, off_data: int,
+                   file_size: int) -> None:
+    """A metadata value's or tensor's payload: 8-aligned, inside the data section."""
+    if offset % ALIGN:
+        raise ModelError(path, f"{what}: {offset_field} {offset} is not a multiple of 8")
+    if offset < off_data or offset + nbytes > file_size:
+        raise ModelError(path, f"{what}: {noun} at offset {offset} ({nbytes} bytes) lies outside the "
+                               f"data section ({off_data}..{file_size})")
 
 
 def _meta_value(path: str, buf, key: str, vtype: int, offset: int, nbytes: int) -> MetaValue:

@@ -39,12 +39,23 @@ def _div(inputs, attrs, ctx):
     if is_float(d):
         ac, bc = N.to_compute(a, d), N.to_compute(b, d)
         return N.store(jnp.where(bc == 0, mask, N.ieee_div(ac, bc)), d)
+    return _int_quotient(a, b, d, mask, euclidean=False)
+
+
+def _int_quotient(a, b, d, mask, euclidean: bool):
+    """Integer a / b: truncated, or Euclidean (remainder in [0, |b|)); a zero divisor gives
+    `mask`; b = -1 gives -a, wrapped (i8 -128 / -1 -> -128), never XLA's overflow."""
     a, b = jnp.broadcast_arrays(a, b)
     zero = b == 0
     if D.get(d).is_signed:
         minus1 = b == -1
         safe = jnp.where(zero | minus1, jnp.ones_like(b), b)
-        q = jnp.where(minus1, -a, lax.div(a, safe))  # -a wraps: i8 -128 / -1 -> -128
+        q = lax.div(a, safe)
+        if euclidean:
+            r = a - q * safe
+            one = jnp.ones_like(q)
+            q = jnp.where(r < 0, jnp.where(safe > 0, q - one, q + one), q)
+        q = jnp.where(minus1, -a, q)
     else:
         q = lax.div(a, jnp.where(zero, jnp.ones_like(b), b))
     return N.wrap(jnp.where(zero, mask.astype(q.dtype), q), d)
@@ -52,21 +63,7 @@ def _div(inputs, attrs, ctx):
 
 def _floor_div(inputs, attrs, ctx):
     a, b = inputs
-    d = ctx.dtype
-    mask = _mask_value(attrs, ctx)
-    a, b = jnp.broadcast_arrays(a, b)
-    zero = b == 0
-    if D.get(d).is_signed:
-        minus1 = b == -1
-        safe = jnp.where(zero | minus1, jnp.ones_like(b), b)
-        q = lax.div(a, safe)
-        r = a - q * safe
-        one = jnp.ones_like(q)
-        q = jnp.where(r < 0, jnp.where(safe > 0, q - one, q + one), q)  # Euclidean: remainder in [0, |b|)
-        q = jnp.where(minus1, -a, q)
-    else:
-        q = lax.div(a, jnp.where(zero, jnp.ones_like(b), b))
-    return N.wrap(jnp.where(zero, mask.astype(q.dtype), q), d)
+    return _int_quotient(a, b, ctx.dtype, _mask_value(attrs, ctx), euclidean=True)
 
 
 def _rem(inputs, attrs, ctx):
