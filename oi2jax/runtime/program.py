@@ -248,14 +248,14 @@ class Program:
                 try:
                     return hot.exe(self.consts, state, dynamic)
                 except (TypeError, ValueError):
-                    self._refuse_used(state)
+                    self.refuse_used(state)
         checked = self.validate_inputs(dynamic)
         with self.scope():
             full = self.dynamic_args(checked)
             try:
                 out = self.jit_step(self.consts, state, full)
             except (RuntimeError, ValueError):
-                self._refuse_used(state)
+                self.refuse_used(state)
                 raise
             array = type(out[0].guards.flags)  # a concrete jax.Array type, unless traced
             if (hot is None or hot.generation != self.generation) and len(checked) == len(full) and \
@@ -267,7 +267,7 @@ class Program:
             return out
 
     @staticmethod
-    def _refuse_used(state, fix: str = "pass the state that step returned (`state, out = "
+    def refuse_used(state, fix: str = "pass the state that step returned (`state, out = "
                                             "prog.step(state, ...)`)") -> None:
         """OiError when `state` holds buffers an earlier step took over (donated)."""
         if any(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.is_deleted()

@@ -99,7 +99,7 @@ class Session:
         elif isinstance(state, dict):
             self._state = self._from_values(state, "state")
         else:
-            program._refuse_used(state, "start the session from host values instead "
+            program.refuse_used(state, "start the session from host values instead "
                                         "(`prog.session(state=sess.values())`) or from a copy of the tree")
             self._state = state
         # whether the state's guard flags are known to hold no error (every dispatched step's
