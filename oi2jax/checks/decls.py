@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import dtypes, ir, messages
 from ..ir import MemKind
+from ..naming import pattern_regex  # the one prefix-member matcher (bind uses it too)
 from . import shape_text
 
 
@@ -92,7 +93,6 @@ class DeclRules:
                            f"{suggest(d.ref or d.name, known)}", d.span)
 
     def family_members(self, d: ir.VarDecl) -> list[str]:
-        from ..model.bind import pattern_regex  # the one prefix-member matcher (bind uses it too)
         rx, _ = pattern_regex(d)
         return [t for t in self.model.tensors if rx.match(t)]
 
