@@ -262,11 +262,11 @@ def cmd_run(args) -> int:
         inputs.update(_per_step_inputs(args, program, inputs))
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
     batch_var = args.batch_var
-    if batch_var is None and not args.interpret and hasattr(program, "run_batched") and not session_flags:
+    if batch_var is None and program.supports_batched and not session_flags:
         from .runtime.chunked import batch_var_for
         batch_var = batch_var_for(program, inputs)  # an input longer than its batch size variable
     if batch_var is not None:
-        if args.interpret or not hasattr(program, "run_batched"):
+        if not program.supports_batched:
             raise UsageError("--batch-var needs a compiled run (not --interpret)")
         if session_flags:
             raise UsageError(f"{session_flags[0]} cannot be combined with a batch-chunked run (--batch-var)")
@@ -302,7 +302,7 @@ def cmd_run(args) -> int:
     if tracing:
         _report_trace(args, program, node_trace)
     if args.explain_recompiles:
-        for line in getattr(program, "compile_log", []) or ["(no compilation: interpreted run)"]:
+        for line in program.compile_log or ["(no compilation: interpreted run)"]:
             print(f"note: {line}", file=sys.stderr)
     if getattr(args, "coordinator", None) is not None and args.process_id != 0:
         return 0  # every process computed the same gathered outputs; process 0 reports them

@@ -121,6 +121,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     from .lowering import loops
     unroll = loops.check_unroll(unroll)
     from .runtime.program import Program
+    from .protocol import CompileOptions
     from .lowering.context import ERR, ERRVAL, GROW, Lowering
 
     symbolic = tuple(symbolic or ())
@@ -136,7 +137,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     if symbolic:
         _check_symbolic(graph, symbolic)
     fused = bound.checked.yield_plan.has_yield
-    program = Program(bound, yield_mode="fused", unroll=unroll)
+    program = Program(bound, CompileOptions(yield_mode="fused", unroll=unroll))
     builder = program.builder
     with program.scope():
         state0 = program.initial_host_state()

@@ -29,6 +29,7 @@ from ..lowering.step import StepBuilder, build_lowering
 
 if TYPE_CHECKING:
     from .session import Session
+from ..protocol import CompileOptions
 from ..limits import limit_note, allocation_error, check_sizes, memory_limit
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -44,19 +45,25 @@ class Program:
     - `step(state, **inputs)`: the pure jitted function, for `jax.jit` / `vmap` / `grad` /
       `jax.export`; its caller must call `check(state)` to see runtime errors."""
 
-    def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None,
-                 driver: dict | None = None, unroll="auto"):
-        """`placer`: where values live (placement.Placer; sharding.ShardingPlacer over a mesh).
-        `driver`: run each step with the yield/await host driver (driver.Driver) with these
-        options (`placement`, `build`, `schedule`); None: the fused step. `unroll`: the loop
-        policy's option (lowering/loops.py; it also decides which families are held member by member)."""
-        self.unroll = loops.check_unroll(unroll)
+    mode = "compiled"  # the Program protocol (protocol.py): the interpreter's is "interpret"
+    supports_batched = True  # `run_batched` runs (runtime/chunked.py)
+
+    def __init__(self, bound, options: CompileOptions | None = None, device=None, placer: "Placer | None" = None):
+        """`options`: what `oi2jax.compile` was asked (protocol.CompileOptions; default: its
+        defaults). A graph with yield/await under `options.yield_mode == "driver"` runs each step
+        with the host driver (driver.Driver, with `options.placement`, `build`, `schedule`);
+        otherwise the fused step. `placer`: where values live (placement.Placer;
+        sharding.ShardingPlacer over a mesh). `options.unroll`: the loop policy's option
+        (lowering/loops.py; it also decides which families are held member by member)."""
+        self.options = options = options if options is not None else CompileOptions()
+        self.unroll = loops.check_unroll(options.unroll)
+        self.precision = options.precision  # float matmul precision while tracing (Program.scope)
         self.bound = bound
         self.graph: ir.Graph = bound.graph
         self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
         self.device = resolve_device(device)
         self.placer = placer if placer is not None else Placer(self.device)
-        self.yield_mode = yield_mode
+        self.yield_mode = options.yield_mode
         self.compiles = 0  # number of (re)traces of the step kernels: the recompile counter
         self.compile_log: list[str] = []  # why each (re)trace happened (--explain-recompiles)
         self.last_trace: list[dict] = []  # run(trace=True): one event per step (per kernel when driven)
@@ -70,9 +77,9 @@ class Program:
         self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
         self.driver = None
-        if driver is not None:
+        if options.yield_mode == "driver" and bound.checked.yield_plan.has_yield:
             from .driver import Driver
-            self.driver = Driver(self, **driver)
+            self.driver = Driver(self, placement=options.placement, build=options.build, schedule=options.schedule)
         with self.scope():
             self.lowering = build_lowering(bound)
             self.builder = StepBuilder(self.lowering)
@@ -84,8 +91,8 @@ class Program:
 
     # ------------------------------------------------------------------ plumbing
 
-    precision = "highest"  # float matmul precision while tracing (api.compile(precision=...))
-    unroll = "auto"  # how `loop` lowers while tracing (api.compile(unroll=...); lowering/loops.py)
+    precision = "highest"  # float matmul precision while tracing (CompileOptions.precision)
+    unroll = "auto"  # how `loop` lowers while tracing (CompileOptions.unroll; lowering/loops.py)
     zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
 
     @property
@@ -395,6 +402,12 @@ class Program:
         events = self.last_trace if events is None else events
         return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
                          for e in events)
+
+    def rebound(self, sizes: dict) -> "Program":
+        """The same graph, model and op registry checked and bound at other `sizes`, as a fused
+        program on this device (a chunked run's tail): the bound graph rebinds itself
+        (`BoundGraph.rebind`), the front end is not called again."""
+        return Program(self.bound.rebind(sizes), CompileOptions(yield_mode="fused"), device=self.device)
 
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of

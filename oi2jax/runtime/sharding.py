@@ -278,9 +278,9 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
                                process_id=process_id)
 
 
-def compile_sharded(bound, mesh, shard, yield_mode: str = "fused", unroll="auto") -> Program:
+def compile_sharded(bound, mesh, shard, options=None) -> Program:
     """A `Program` whose values live on `mesh` (a `ShardingPlacer`): constants loaded shard by
     shard, results gathered on the host."""
     if isinstance(mesh, (str, dict)):
         mesh = make_mesh(mesh)
-    return Program(bound, placer=ShardingPlacer(bound, mesh, shard or {}), yield_mode=yield_mode, unroll=unroll)
+    return Program(bound, options, placer=ShardingPlacer(bound, mesh, shard or {}))
