@@ -21,7 +21,7 @@ from .checks.decls import DeclRules
 from .checks.ops import OpRules
 from .checks.shapes import RuntimeShapeRules
 from .checks.yield_await import PhaseRules
-from .diagnostics import source_lines, Diagnostic, OiError
+from .diagnostics import source_lines, suggest, Diagnostic, OiError
 from .ir import MemKind
 from .naming import unknown_sizes
 from .ops.registry import builtin_registry
@@ -139,7 +139,6 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
 
     def near(self, name: str) -> str:
         """' (did you mean X?)' for an unknown name close to a declared variable or temporary."""
-        from .diagnostics import suggest
         return suggest(str(name), list(self.decls) + list(self.temps))
 
     def kind(self, name: str) -> MemKind | None:

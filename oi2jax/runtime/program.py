@@ -3,13 +3,11 @@ the step kernels a session runs (kernels.py), cache growth (capacity doubling + 
 error reporting."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import threading
 import math
-from dataclasses import dataclass
+import threading
 import time
 import warnings
+from dataclasses import dataclass
 
 import jax
 import numpy as np
@@ -17,20 +15,23 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from ..values import check_given_inputs, convert_input, convert_output
-from ..lowering import caches as cache_mod
-from .kernels import StepKernels
-from .placement import Placer, resolve_device
-from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
-from ..ops.numerical import MATMUL_PRECISION
-from ..lowering import loops
-from ..lowering.loops import LoopPolicy
-from ..lowering.step import StepBuilder, build_lowering
-
-if TYPE_CHECKING:
-    from .session import Session
-from ..protocol import CompileOptions
 from ..limits import limit_note, allocation_error, check_sizes, memory_limit
+from ..lowering import caches as cache_mod
+from ..lowering import loops
+from ..lowering.context import Tracer
+from ..lowering.loops import LoopPolicy
+from ..lowering.state import ERR, ERRVAL, GROW, SHAPE, Guards, StateSpec, StepState
+from ..lowering.step import StepBuilder, build_lowering
+from ..model.packing import pack
+from ..ops.numerical import MATMUL_PRECISION
+from ..protocol import CompileOptions
+from ..values import check_given_inputs, convert_input, convert_output, unknown_input
+from . import chunked
+from .driver import Driver
+from .emit import dump as dump_kernels, emit as emit_text
+from .kernels import StepKernels
+from .placement import Placer, device_name, resolve_device
+from .session import Session
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -78,7 +79,6 @@ class Program:
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
         self.driver = None
         if options.yield_mode == "driver" and bound.checked.yield_plan.has_yield:
-            from .driver import Driver
             self.driver = Driver(self, placement=options.placement, build=options.build, schedule=options.schedule)
         with self.scope():
             self.lowering = build_lowering(bound)
@@ -130,7 +130,6 @@ class Program:
         """Every constant (packed types packed), prefix-table family and non-uniform initial value.
         A family whose every read is at a static index under the loop policy is held member by
         member (`W[0]`, `W[1]`, ...: lowering/loops.split_families), else stacked."""
-        from ..lowering.context import Tracer
         split = loops.split_families(Tracer(self.lowering, {}), self.loop_policy())
         consts = {}
         for decl in self.graph.vars:
@@ -149,7 +148,6 @@ class Program:
 
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, or what the placer loads lazily (sharded model tensors)."""
-        from ..model.packing import pack
         lazy = self.placer.lazy_const(decl)
         if lazy is not None:
             return lazy
@@ -223,7 +221,6 @@ class Program:
         raise self.unknown_input(sorted(dynamic.keys() - self.defaults.keys())[0])
 
     def unknown_input(self, name: str) -> OiError:
-        from ..values import unknown_input
         return unknown_input(name, self.graph)
 
     def step(self, state: StepState, **dynamic):
@@ -302,7 +299,6 @@ class Program:
         written by `Session.save` / `--out` / `--state-out`. `max_unchecked` (K, default 8):
         how many dispatched steps `step` may leave unchecked before it waits for the oldest;
         1 raises step k's error by call k+1 at the latest (docs/decode.md)."""
-        from .session import Session
         return Session(self, state, max_unchecked)
 
     def lower(self, state: StepState | None = None, **dynamic):
@@ -378,7 +374,6 @@ class Program:
 
     def _traced_run(self, session, inputs, steps: int | None, collect=(), feedback=None) -> dict:
         events = []
-        from .placement import device_name
         device = device_name(self.device or jax.devices()[0])  # the device's own name (cpu:0, gpu:0)
 
         def timed(step_fn):
@@ -412,8 +407,7 @@ class Program:
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of
         `batch_var` rows in one compiled program, state carried (runtime/chunked.py)."""
-        from .chunked import run_batched
-        return run_batched(self, inputs, batch_var, steps)
+        return chunked.run_batched(self, inputs, batch_var, steps)
 
     # ------------------------------------------------------------------ host side of a step
 
@@ -580,14 +574,12 @@ class Program:
 
     def emit(self, kind: str = "stablehlo") -> str:
         """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
-        from .emit import emit
-        return emit(self, kind)
+        return emit_text(self, kind)
 
     def dump(self, directory) -> list[str]:
         """Write into `directory` the step in every --emit form and every kernel a run executes
         (runtime/emit.py); returns the paths written."""
-        from .emit import dump
-        return dump(self, directory)
+        return dump_kernels(self, directory)
 
 
 @dataclass(eq=False)
