@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -128,8 +127,7 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
             raise OiError("give either device= or mesh=, not both")
         if placement:
             raise OiError("placement= cannot be combined with mesh= (a sharded program is one jit)")
-        # a sharded program is one jit: the fused step whatever `yield_mode` says
-        return compile_sharded(bound, mesh, shard, replace(options, yield_mode="fused"))
+        return compile_sharded(bound, mesh, shard, options)  # one jit: the fused step
     if placement and not (bound.checked.yield_plan.has_yield and yield_mode == "driver"):
         raise OiError("placement needs a graph with yield/await run with yield_mode=\"driver\"")
     return Program(bound, options, device=device)

@@ -16,6 +16,7 @@ dims grow), packed constants (stored flat) and the `#size`/`#present`/`#count`/g
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import jax
 import numpy as np
@@ -26,6 +27,7 @@ from .. import ir
 from ..diagnostics import OiError
 from ..lowering.context import ERR, ERRVAL, GROW
 from ..lowering.loops import member_base
+from ..protocol import CompileOptions
 from .placement import Placer
 from .program import Program
 
@@ -278,9 +280,10 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
                                process_id=process_id)
 
 
-def compile_sharded(bound, mesh, shard, options=None) -> Program:
+def compile_sharded(bound, mesh, shard, options: CompileOptions | None = None) -> Program:
     """A `Program` whose values live on `mesh` (a `ShardingPlacer`): constants loaded shard by
-    shard, results gathered on the host."""
+    shard, results gathered on the host. One jit: the fused step whatever `options.yield_mode` says."""
     if isinstance(mesh, (str, dict)):
         mesh = make_mesh(mesh)
+    options = replace(options or CompileOptions(), yield_mode="fused")
     return Program(bound, options, placer=ShardingPlacer(bound, mesh, shard or {}))
