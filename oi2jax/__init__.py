@@ -15,8 +15,8 @@ _SUBMODULES = ("model", "api", "ir", "runtime", "lowering", "grammar", "graph_js
                "check", "dtypes", "diagnostics", "cli")
 
 
-def __getattr__(name):  # lazy: `oi2jax check` should not pay for importing JAX; `python -m oi2jax`
-    # installs its interrupt handler before anything is imported (oi2jax/_signals.py)
+def __getattr__(name):  # deferred (PEP 562): `import oi2jax` and `oi2jax.model` stay JAX-free; `python -m
+    # oi2jax` installs its interrupt handler before anything is imported (oi2jax/_signals.py)
     if name in ("OiError", "Diagnostic"):
         from . import diagnostics
         return getattr(diagnostics, name)

@@ -21,8 +21,10 @@ from .checks.decls import DeclRules
 from .checks.ops import OpRules
 from .checks.shapes import RuntimeShapeRules
 from .checks.yield_await import PhaseRules
-from .diagnostics import source_lines, Diagnostic, OiError
+from .diagnostics import source_lines, suggest, Diagnostic, OiError
 from .ir import MemKind
+from .naming import unknown_sizes
+from .ops.registry import builtin_registry
 from .phases import YieldPlan, block_writes, read_before_written
 
 
@@ -88,7 +90,6 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
     """Checker state, lookups and the node walk; the rule groups are the mixins in `oi2jax.checks`."""
 
     def __init__(self, graph: ir.Graph, model, sizes, registry=None, no_model: str | None = None):
-        from .ops.registry import builtin_registry
         self.g = graph
         self.registry = registry if registry is not None else builtin_registry()
         self.shaped: dict[str, str] = {}
@@ -138,7 +139,6 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
 
     def near(self, name: str) -> str:
         """' (did you mean X?)' for an unknown name close to a declared variable or temporary."""
-        from .diagnostics import suggest
         return suggest(str(name), list(self.decls) + list(self.temps))
 
     def kind(self, name: str) -> MemKind | None:
@@ -169,7 +169,6 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
 
     # ---------------------------------------------------------------- driver
     def run(self):
-        from .model.bind import unknown_sizes
         for message in unknown_sizes(self.g, self.model, self.given_sizes):
             self.error(message, None)
         self.check_vars()

@@ -6,11 +6,32 @@ Exit codes: 0 success, 1 user error (diagnostics printed), 2 usage error. Never 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from . import __version__
+from .cfg import format_for, render, to_dot
 from .diagnostics import OiError
+from .grammar.fmt import format_graph
+from .grammar.parse import parse_file
+from .graph_json import to_json
+from .ir import MemKind
+from .model import open_model
+from .model.convert import convert_hf
+from .model.inspect import render_model
+from .npz import save_npz, write_text_atomic
+from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
+from .trace import Trace
+from .values import check_every_step_input
+
+# The imports left inside functions below pull in JAX (the op registry, the checker, the lowering,
+# the runtime): each says `# deferred: JAX`, so that `oi2jax inspect`, `convert-hf` and `--help`
+# start without it (about a second).
 
 EMIT_KINDS = ("jaxpr", "stablehlo", "hlo", "optimized-hlo", "graph-json")
 
@@ -70,7 +91,7 @@ def _model(args):
     which file when it was found beside the graph (not with --quiet)."""
     choice = getattr(args, "model_choice", None)
     if choice is None:
-        from .pipeline import NO_MODEL, choose_model
+        from .pipeline import NO_MODEL, choose_model  # deferred: JAX
         if args.no_model and args.model:
             raise UsageError("give either --model or --no-model, not both")
         choice = args.model_choice = choose_model(Path(args.graph), NO_MODEL if args.no_model else args.model)
@@ -81,7 +102,7 @@ def _model(args):
 
 def _ops(args):
     """The op registry of `--ops SPEC ...` (docs/ops.md); the built-in ops without it."""
-    from .pipeline import registry
+    from .pipeline import registry  # deferred: JAX
     return registry(args.ops or None)
 
 
@@ -92,16 +113,14 @@ def _add_ops_flag(p) -> None:
 
 
 def _load_graph(path: str):
-    from .grammar.parse import parse_file
     if path.endswith(".json"):  # OpenInfer graph JSON (SPEC §8.1)
-        from .api import load_graph_json
+        from .pipeline import load_graph_json  # deferred: JAX
         return load_graph_json(path)
     return parse_file(path)
 
 
 def cmd_check(args) -> int:
-    from .check import check
-    from .model import open_model
+    from .check import check  # deferred: JAX
     sizes, ops = _sizes(args.size), _ops(args)  # the flags first: an error in them before any note
     choice = _model(args)
     graph = _load_graph(args.graph)
@@ -113,7 +132,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_fmt(args) -> int:
-    from .grammar.fmt import format_graph
     _ops(args)  # an op file that does not load is reported (fmt itself formats any op)
     graph = _load_graph(args.graph)
     text = format_graph(graph)
@@ -125,7 +143,6 @@ def cmd_fmt(args) -> int:
     if args.in_place:
         if args.graph.endswith(".json"):
             raise UsageError("fmt -i would overwrite a graph-JSON file with .oi text; redirect stdout instead")
-        from .npz import write_text_atomic
         write_text_atomic(args.graph, text)  # never a half-written graph
         return 0
     sys.stdout.write(text)
@@ -133,14 +150,11 @@ def cmd_fmt(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .model import open_model
-    from .model.inspect import render_model
     print(render_model(open_model(args.model)))
     return 0
 
 
 def _load_inputs(pairs: list[str] | None) -> dict:
-    import numpy as np
     inputs = {}
     for pair in pairs or []:
         name, sep, file = pair.partition("=")
@@ -171,7 +185,7 @@ def _sharding_kwargs(args) -> dict:
                                 or getattr(args, "process_id", None) is not None):
         raise UsageError("--num-processes / --process-id need --coordinator HOST:PORT")
     if coordinator is not None:
-        from .runtime.sharding import init_distributed
+        from .runtime.sharding import init_distributed  # deferred: JAX
         init_distributed(coordinator, args.num_processes, args.process_id)
     if not args.mesh and not args.shard:
         return {}
@@ -179,12 +193,11 @@ def _sharding_kwargs(args) -> dict:
         raise UsageError("--shard needs --mesh AXIS=INT[,AXIS=INT...]")
     if args.device is not None:
         raise UsageError("--mesh and --device are exclusive")
-    from .runtime.sharding import make_mesh, parse_shard_specs
+    from .runtime.sharding import make_mesh, parse_shard_specs  # deferred: JAX
     return {"mesh": make_mesh(args.mesh), "shard": parse_shard_specs(args.shard)}
 
 
 def _load_npz(path: str, what: str) -> dict:
-    import numpy as np
     try:
         with np.load(path, allow_pickle=False) as npz:
             if not hasattr(npz, "files"):
@@ -200,7 +213,6 @@ def _load_npz(path: str, what: str) -> dict:
 
 def _per_step_inputs(args, program, inputs: dict) -> dict:
     """--inputs-per-step FILE.npz: arrays with a leading step axis, one value per step."""
-    import numpy as np
     per_step = _load_npz(args.inputs_per_step, "--inputs-per-step")
     for name, value in per_step.items():
         if name in inputs:
@@ -214,7 +226,7 @@ def _per_step_inputs(args, program, inputs: dict) -> dict:
 
 
 def cmd_run(args) -> int:
-    from . import api
+    from . import api  # deferred: JAX
     ins = {"graph": args.graph, "model": _model(args).path, "--state-in file": args.state_in,
            "--inputs-per-step file": args.inputs_per_step}
     ins.update({f"--input file of {p.partition('=')[0]}": p.partition("=")[2] for p in args.input or []})
@@ -244,7 +256,6 @@ def cmd_run(args) -> int:
     tracing = args.trace or bool(args.trace_json) or os.environ.get("OI2JAX_TRACE") == "full"
     node_trace = None
     if tracing and args.interpret:
-        from .trace import Trace
         node_trace = Trace()
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
@@ -252,8 +263,6 @@ def cmd_run(args) -> int:
                           zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
                           **sharding)
     inputs = _load_inputs(args.input)
-    from .ir import MemKind
-    from .values import check_every_step_input
     for name, value in inputs.items():
         decl = program.graph.var(name)
         if decl is not None and decl.kind == MemKind.DYNAMIC:  # others: the run names them
@@ -262,11 +271,11 @@ def cmd_run(args) -> int:
         inputs.update(_per_step_inputs(args, program, inputs))
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
     batch_var = args.batch_var
-    if batch_var is None and not args.interpret and hasattr(program, "run_batched") and not session_flags:
-        from .runtime.chunked import batch_var_for
+    if batch_var is None and program.supports_batched and not session_flags:
+        from .runtime.chunked import batch_var_for  # deferred: JAX
         batch_var = batch_var_for(program, inputs)  # an input longer than its batch size variable
     if batch_var is not None:
-        if args.interpret or not hasattr(program, "run_batched"):
+        if not program.supports_batched:
             raise UsageError("--batch-var needs a compiled run (not --interpret)")
         if session_flags:
             raise UsageError(f"{session_flags[0]} cannot be combined with a batch-chunked run (--batch-var)")
@@ -275,7 +284,6 @@ def cmd_run(args) -> int:
         outputs = program.run_batched(inputs, batch_var=batch_var, steps=steps)
         _write_outputs(args, outputs)
         return 0
-    from .progress import progress_for
     run_kwargs = {}
     if not args.interpret:
         session = program.session(state=args.state_in)
@@ -285,9 +293,9 @@ def cmd_run(args) -> int:
         if feedback:
             run_kwargs["feedback"] = feedback
         if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
-            from .runtime.runplan import feedback_pairs, split_inputs
+            from .runtime.runplan import feedback_pairs, split_inputs  # deferred: JAX
             steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
-    bar = progress_for(steps, quiet=args.quiet)
+    bar = progress.progress_for(steps, quiet=args.quiet)
     if bar is not None:
         run_kwargs["progress"] = bar
     if tracing and not args.interpret:
@@ -302,7 +310,7 @@ def cmd_run(args) -> int:
     if tracing:
         _report_trace(args, program, node_trace)
     if args.explain_recompiles:
-        for line in getattr(program, "compile_log", []) or ["(no compilation: interpreted run)"]:
+        for line in program.compile_log or ["(no compilation: interpreted run)"]:
             print(f"note: {line}", file=sys.stderr)
     if getattr(args, "coordinator", None) is not None and args.process_id != 0:
         return 0  # every process computed the same gathered outputs; process 0 reports them
@@ -311,9 +319,7 @@ def cmd_run(args) -> int:
 
 
 def _write_outputs(args, outputs) -> None:
-    import numpy as np
     if args.out:
-        from .npz import save_npz
         save_npz(args.out, outputs)
     if not args.quiet:
         for name, value in outputs.items():
@@ -324,7 +330,6 @@ def _write_outputs(args, outputs) -> None:
 def _report_trace(args, program, node_trace) -> None:
     """Interpreted: one line per executed node (SPEC §8.2). Compiled: one line per kernel call,
     the honest granularity once nodes are fused into kernels."""
-    import json
     if node_trace is not None:
         lines, events = node_trace.lines(), {"granularity": "node", "events": node_trace.to_json()}
     else:
@@ -339,7 +344,7 @@ def _report_trace(args, program, node_trace) -> None:
 
 
 def cmd_export(args) -> int:
-    from .export import write_export
+    from .export import write_export  # deferred: JAX
     model = _model(args)
     for suffix in ("", ".json", ".init.npz"):
         _refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model.path})
@@ -353,13 +358,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_graph(args) -> int:
-    from .cfg import format_for, render, to_dot
     _ops(args)  # an op file that does not load is reported
     graph = _load_graph(args.graph)
     sizes = {}
     model = _model(args).model
     if model:
-        from .model import open_model
         sizes.update(open_model(model).sizevars)
     sizes.update(_sizes(args.size))
     fmt = format_for(args.output)
@@ -375,16 +378,14 @@ def cmd_graph(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from . import api
+    from . import api  # deferred: JAX
     api.enable_compilation_cache(args.cache_dir)
     _refuse_inputs_as_outputs({"-o": args.output, "--dump-dir": args.dump_dir},
                               {"graph": args.graph, "model": _model(args).path})
     if args.emit == "graph-json" and not args.dump_dir and not _sharding_kwargs(args):
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
         # graph (against the model when there is one) and write it; nothing to compile
-        import json
-        from . import pipeline
-        from .graph_json import to_json
+        from . import pipeline  # deferred: JAX
         graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size), _ops(args))[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
@@ -398,12 +399,10 @@ def cmd_compile(args) -> int:
 
 
 def cmd_convert_hf(args) -> int:
-    from .model.convert import convert_hf
-    from .progress import progress_for
     if args.max_positions is not None and args.max_positions <= 0:
         raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
     summary = convert_hf(args.directory, args.output, dtype=args.dtype, max_positions=args.max_positions,
-                         progress=lambda total_mib: progress_for(total_mib, quiet=args.quiet, min_steps=64,
+                         progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
                                                                  label="MiB", unit="MiB"))
     for note in summary.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -418,7 +417,6 @@ def cmd_convert_hf(args) -> int:
 
 def _write_output(output: str | None, text: str) -> int:
     if output:
-        from .npz import write_text_atomic
         write_text_atomic(output, text)  # never a half-written file
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -443,7 +441,7 @@ def _add_precision_flag(p) -> None:
 
 def _unroll_arg(text: str):
     """`--unroll auto|none|full|K`: a bad value is a usage error (exit 2)."""
-    from .lowering.loops import check_unroll
+    from .lowering.loops import check_unroll  # deferred: JAX
     try:
         return check_unroll(text)
     except OiError as exc:
@@ -477,7 +475,6 @@ def _add_zero_flag(p, run: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
     p = _Parser(prog="oi2jax", description="Compile OpenInfer graphs (.oi) to JAX.")
     p.add_argument("--version", action="version", version=f"oi2jax {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -595,7 +592,6 @@ from ._signals import INTERRUPTED as _INTERRUPTED, install as _install_signals, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
     previous = _install_signals()
     try:
         try:
@@ -642,7 +638,7 @@ def _dispatch(args) -> int:
             print("error: interrupted", file=sys.stderr)
             _INTERRUPTED.clear()
             return 130
-        from .limits import allocation_error
+        from .limits import allocation_error  # deferred: JAX
         oom = allocation_error(exc, "memory for the program's values")
         if oom is not None:  # host MemoryError or the device's RESOURCE_EXHAUSTED: not a bug
             print(oom.render(), file=sys.stderr)

@@ -5,6 +5,8 @@ carrying one or more `Diagnostic`s; the CLI renders them with the source line an
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
 
 from .ir import Span
@@ -77,7 +79,6 @@ class OiError(Exception):
         """The same error naming the 1-based step it happened in (`... (in step k)`, `.step`):
         the one form for a runtime error, compiled (a guard) or interpreted."""
         first, *rest = self.diagnostics
-        import dataclasses
         error = OiError([dataclasses.replace(first, message=f"{first.message} (in step {step})"), *rest],
                         source=self.source)
         error.step = step
@@ -94,7 +95,6 @@ class OiError(Exception):
 
 def suggest(name: str, candidates) -> str:
     """' (did you mean X?)' when a known name is close to `name`, else ''."""
-    import difflib
     pool = sorted({str(c) for c in candidates})
     close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
     if not close:  # case slips: `b` for `B`

@@ -132,6 +132,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     unroll = loops.check_unroll(unroll)
     from dataclasses import replace
     from .runtime.program import Program
+    from .protocol import CompileOptions
     from .lowering.caches import TABLE
     from .lowering.context import ErrorSites
 
@@ -148,7 +149,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     if symbolic:
         _check_symbolic(graph, symbolic)
     fused = bound.checked.yield_plan.has_yield
-    program = Program(bound, yield_mode="fused", unroll=unroll)
+    program = Program(bound, CompileOptions(yield_mode="fused", unroll=unroll))
     builder = program.builder
     with program.scope():
         state0 = _state_tree(program.initial_host_state(), program.lowering.caches)

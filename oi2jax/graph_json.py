@@ -13,7 +13,7 @@ import uuid
 
 import numpy as np
 
-from . import dtypes, ir
+from . import dtypes, ir, numerics
 
 _NS = uuid.UUID("6f1d2c1e-0b6a-4c1e-9a57-0a1f2e3d4c5b")
 _DT_JSON = {"bool": "Bool", "bitset": "Bitset"}
@@ -64,7 +64,6 @@ def scalar_to_json(dtype: str, lit: ir.Literal | None):
     v = lit.value
     name = _dt(dtype)
     if dtype in ("f16", "bf16", "f8"):  # OpenInfer stores the rounded bits (a huge literal becomes inf)
-        from . import numerics
         with np.errstate(over="ignore"):
             if dtype == "f16":
                 return {name: {"bits": int(np.float16(v).view(np.uint16))}}

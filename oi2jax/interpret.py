@@ -35,21 +35,25 @@ located at the offending node.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import dtypes as dt
-from . import ir
+from . import ir, messages, ops
 from .diagnostics import OiError
-from . import messages
 from .interpret_caches import CacheOps, State, Table
-from .messages import CHECKED
-from .numerics import state_fill
 from .limits import check_sizes
+from .messages import CHECKED
 from .model.bind import AttrVar
-from .values import convert_input, convert_output
+from .numerics import state_fill
+from .protocol import CompileOptions
+from .trace import Trace
+from .values import check_given_inputs, convert_input, convert_output, unknown_input  # one message each, compiled or interpreted
 
 MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
@@ -86,12 +90,16 @@ class InterpretedProgram(CacheOps):
     """Runs a BoundGraph node by node (see module docstring). `run(inputs, steps)` has the same
     output contract as the compiled Program.run."""
 
-    mode = "interpret"
+    mode = "interpret"  # the Program protocol (protocol.py): the compiled program's is "compiled"
+    supports_batched = False  # `run_batched` needs a compiled program
     zero_missing_inputs = False  # as Program: run without an input that has no default -> error
 
-    def __init__(self, bound, trace=None):
-        from .trace import Trace
-
+    def __init__(self, bound, options: CompileOptions | None = None, trace=None):
+        """`options`: what `oi2jax.compile` was asked (protocol.CompileOptions; the interpreter
+        computes exactly and runs loops as written, whatever they say). `trace`: a `trace.Trace`
+        recording every executed node (default: from $OI2JAX_TRACE)."""
+        self.options = options if options is not None else CompileOptions()
+        self.compile_log: list[str] = []  # nothing is compiled (the protocol's `--explain-recompiles` record)
         self.bound = bound
         self.graph: ir.Graph = bound.graph
         self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
@@ -114,6 +122,11 @@ class InterpretedProgram(CacheOps):
     def model_path(self) -> str | None:
         """The model file this program was bound to (as `Program.model_path`)."""
         return self.bound.model_path
+
+    def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
+        """Not for the interpreter (the Program protocol's member): an OiError."""
+        raise OiError("run_batched needs a compiled program (mode=\"compiled\"); the interpreter runs "
+                      "inputs of their declared shape")
 
     # ------------------------------------------------------------------ declarations / values
 
@@ -241,11 +254,8 @@ class InterpretedProgram(CacheOps):
             raise OiError(f"out of memory while interpreting: {exc}") from None
 
     def _run(self, inputs, steps, progress=None):
-        import jax
-
         with jax.enable_x64(True):
             converted = self._convert_inputs(inputs or {})
-            from .values import check_given_inputs
             check_given_inputs(self.bound, (inputs or {}).keys(), self.zero_missing_inputs)
             if steps < 0:
                 raise OiError("steps must be >= 0")
@@ -267,15 +277,12 @@ class InterpretedProgram(CacheOps):
         for name, array in inputs.items():
             decl = self.graph.var(name)
             if decl is None or decl.kind != ir.MemKind.DYNAMIC:
-                from .values import unknown_input  # the one message (compiled runs say the same)
                 raise unknown_input(name, self.graph)
             out[name] = convert_input(name, array, decl.dtype, self._decl_shape(name))
         return out
 
     def step(self, inputs: dict[str, np.ndarray]) -> None:
         """One step on self.state (inputs already converted)."""
-        import jax
-
         with jax.enable_x64(True):
             st = self.state
             self._reset_step(st, inputs)
@@ -398,11 +405,6 @@ class InterpretedProgram(CacheOps):
     # ----------------------------------------------------------------------------------- ops
 
     def _op(self, node: ir.Op, frames, st: State, ctx: Ctx) -> int:
-        import jax
-        import jax.numpy as jnp
-
-        from . import ops
-
         inputs = [self._read_ref(r, frames, st, node) for r in node.inputs]
         in_dtypes = [self._ref_dtype(r) for r in node.inputs]
         sig = self.bound.op_sig(node)  # typed by the checker (check.CheckedGraph), not re-inferred
@@ -497,6 +499,5 @@ def _note_no_reference(op_def) -> None:
     if op_def.source in _NOTED:
         return
     _NOTED.add(op_def.source)
-    import sys
     print(f"note: {op_def.where()} has no NumPy reference; the interpreter runs its JAX kernel",
           file=sys.stderr)

@@ -4,6 +4,9 @@ the error for an allocation that fails anyway."""
 from __future__ import annotations
 
 import math
+import os
+
+import jax
 
 from . import dtypes as dt
 from .diagnostics import OiError
@@ -17,9 +20,7 @@ def memory_limit() -> int:
     single-process run (a value that cannot fit is refused before anything is allocated)."""
     limit = MAX_VALUE_BYTES
     try:
-        import jax
         if jax.process_count() == 1:
-            import os
             limit = min(limit, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         pass

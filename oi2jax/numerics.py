@@ -9,6 +9,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from . import dtypes as dt
+
 
 def f8_encode_bits(x) -> np.ndarray:
     """f32 values -> uint8 E5M2 bytes, bit-exact with OpenInfer's `from_f32` (§5.4)."""
@@ -61,7 +63,6 @@ def init_scalar(dtype: str, init) -> np.ndarray:
     `cache.reset`, and the interpreter): the literal (`ir.Literal` or None) as a 0-d array in
     `dtype`'s representation. Floats go through f32 for f32 and the low-precision types (f8 with
     the SPEC §5.4 encoder, bf16 round to nearest even), f16 and f64 directly; None is zero."""
-    from . import dtypes as dt
     d = dt.get(dtype)
     if init is None:
         return np.zeros((), d.np_dtype)

@@ -9,9 +9,20 @@ command: the model given; else, for a graph given as a path, the `.oinf` beside 
 `g.oinf`) when that file exists; `model=False` (`--no-model`) asks for no model at all."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .check import check_graph
+from .diagnostics import OiError
+from .grammar.fmt import format_graph
+from .grammar.parse import parse, parse_file
+from .graph_json import from_json
+from .model import Model, open_model
+from .model.bind import bind
+from .ops.loading import load as load_ops
+from .ops.registry import Registry, builtin_registry
 
 NO_MODEL = False  # `model=NO_MODEL` (the CLI's --no-model): no model, even when one lies beside the graph
 GRAPH_SUFFIXES = (".oi", ".json")  # graph files that may have a model beside them
@@ -19,7 +30,7 @@ GRAPH_SUFFIXES = (".oi", ".json")  # graph files that may have a model beside th
 
 def graph_path(source_or_path) -> str | None:
     """The file a graph argument names (a `.oi` file or a graph-JSON `.json` file), or None when it
-    is program text or a graph-JSON dict: THE rule `api.load_graph` reads a graph argument by."""
+    is program text or a graph-JSON dict: THE rule `load_graph` reads a graph argument by."""
     if isinstance(source_or_path, dict):
         return None
     if isinstance(source_or_path, os.PathLike):
@@ -34,6 +45,69 @@ def graph_path(source_or_path) -> str | None:
     if "{" not in text and (text.endswith(".oi") or Path(text).exists()):
         return text
     return None
+
+
+# ------------------------------------------------------------------ loaders (the graph, the model)
+
+
+def load_graph_json(data, path: str = "<json>"):
+    """A graph in OpenInfer graph-JSON form (SPEC §8.1): a dict, or the path of a `.json` file."""
+    if not isinstance(data, dict):
+        path = os.fspath(data)
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise OiError(f"graph file not found: {path}") from None
+        except (OSError, ValueError) as exc:
+            raise OiError(f"{path}: cannot read graph JSON: {exc}") from None
+        except RecursionError:
+            raise OiError(f"{path}: cannot read graph JSON: nested too deeply for the JSON reader") from None
+    try:
+        graph = from_json(data, path)
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, RecursionError) as exc:
+        raise OiError(f"{path}: not an OpenInfer graph JSON (SPEC §8.1): "
+                      f"{type(exc).__name__}: {exc}") from None
+    try:
+        _validate_json_graph(graph, path)
+    except RecursionError:
+        raise OiError(f"{path}: not a valid graph: nested too deeply (loops nest at most "
+                      f"32 deep)") from None
+    return graph
+
+
+def _validate_json_graph(graph, path: str) -> None:
+    """Names and dims from JSON pass exactly the grammar's rules: the graph is written as DSL text
+    and parsed again (a name like `x/../../OUT` or an empty one, a dim "-5", a Rust keyword are
+    errors here, before anything uses them as file or archive member names)."""
+    text = format_graph(graph)
+    try:
+        parse(text, path)
+    except OiError as exc:
+        first = exc.diagnostics[0]
+        line = text.splitlines()[first.span.line - 1].strip() if first.span and first.span.line else ""
+        raise OiError(f"{path}: not a valid graph: {first.message} (in `{line}`)") from None
+
+
+def load_graph(source_or_path):
+    """A path to a `.oi` file or a `.json` graph (SPEC §8.1), a graph-JSON dict, or the program text."""
+    if isinstance(source_or_path, dict):
+        return load_graph_json(source_or_path)
+    path = graph_path(source_or_path)  # the one rule for "a path, not program text" (also the model's)
+    if path is None:
+        return parse(str(source_or_path))
+    return load_graph_json(path) if path.endswith(".json") else parse_file(path)
+
+
+def load_model(model):
+    """An open `Model` from a path (a `Model` as it is); None for None or False (no model)."""
+    if model is None or model is False:
+        return None
+    if isinstance(model, Model):
+        return model
+    return open_model(os.fspath(model))
+
+
+# ------------------------------------------------------------------ the model rule
 
 
 @dataclass(frozen=True)
@@ -83,21 +157,17 @@ def choose_model(source_or_path, model=None) -> ModelChoice:
 def registry(ops=None):
     """The op registry for `ops` (None: the built-in ops; a Registry as it is; else
     `oi2jax.ops.load(ops)`: set names, .py/.json paths, modules, decorated functions)."""
-    from .ops.registry import Registry, builtin_registry
     if ops is None:
         return builtin_registry()
     if isinstance(ops, Registry):
         return ops
-    from .ops.loading import load
-    return load(ops)
+    return load_ops(ops)
 
 
 def checked(source_or_path, model=None, sizes=None, ops=None):
     """(CheckedGraph, model object): the graph loaded and checked (against the model chosen by
     `choose_model`, with the op registry of `ops`); OiError with every error otherwise. `model` may
     also be a `ModelChoice`."""
-    from .api import load_graph, load_model
-    from .check import check_graph
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
     reg = registry(ops)
     graph = load_graph(source_or_path)
@@ -109,16 +179,7 @@ def bound(source_or_path, model=None, sizes=None, ops=None, zero_missing_inputs:
     """load -> check -> bind: the `BoundGraph` every backend (compiled, interpreted, exported) starts
     from. `zero_missing_inputs`: constants with no value (no model tensor, no `@init`) read as zeros
     instead of being an error (model/bind.py)."""
-    from .model.bind import bind
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
     checked_graph, model_obj = checked(source_or_path, choice, sizes, ops)
     return bind(checked_graph, model_obj, sizes, zero_missing_inputs=zero_missing_inputs,
                 no_model=choice.no_model_reason())
-
-
-def rebound(bound_graph, sizes):
-    """The same graph, model and op registry checked and bound at other sizes (a chunked run's tail)."""
-    from .check import check_graph
-    from .model.bind import bind
-    return bind(check_graph(bound_graph.graph, bound_graph.model, sizes, ops=bound_graph.checked.ops),
-                bound_graph.model, sizes, zero_missing_inputs=bound_graph.zero_missing_inputs)

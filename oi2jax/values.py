@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ir
-from .diagnostics import OiError
+from .diagnostics import OiError, suggest
 from .numerics import f8_encode
 
 
@@ -110,7 +110,6 @@ def convert_output(value, dtype: str) -> np.ndarray:
 def unknown_input(name: str, graph) -> OiError:
     """THE error for an input that is not a dynamic variable (compiled, chunked and interpreted
     runs, sessions): names what it is, suggests a close name, lists the dynamic variables."""
-    from .diagnostics import suggest
     dynamic = [v.name for v in graph.vars_of(ir.MemKind.DYNAMIC)]
     decl = graph.var(name)
     if decl is not None:

@@ -60,7 +60,7 @@ def _remove_damaged(directory: str, name: str) -> int:
     """Remove the entries of `name` (a module name, or a whole cache key) that do not decompress;
     how many were removed. Best effort: an entry that decompresses but does not load stays."""
     try:
-        from jax._src.compilation_cache import decompress_executable
+        from jax._src.compilation_cache import decompress_executable  # optional: a JAX internal (ImportError: skip)
         files = [f for f in os.listdir(directory)
                  if f.endswith("-cache") and (f == f"{name}-cache" or f.startswith(f"{name}-"))]
     except (ImportError, OSError):

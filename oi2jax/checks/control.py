@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from .. import dtypes, ir
+from ..diagnostics import suggest
+
 
 class ControlRules:
     """Per-node rules for `branch`/`loop` and the whole-graph branch-recursion rule."""
@@ -22,7 +24,6 @@ class ControlRules:
                 self.error(f"branch condition {node.cond}: packed scalars are not supported", node.span)
         for target in (node.then_block, node.else_block):
             if target is not None and target not in self.g.block_map:
-                from ..diagnostics import suggest
                 self.error(f"branch target block not found: {target}"
                            f"{suggest(target, [b.name for b in self.g.blocks])}", node.span)
 

@@ -1,9 +1,10 @@
 """Declaration rules: variable declarations, @init values, model binding, blocks and assign temporaries."""
 from __future__ import annotations
 
-
 from .. import dtypes, ir, messages
+from ..diagnostics import suggest
 from ..ir import MemKind
+from ..naming import pattern_regex  # the one prefix-member matcher (bind uses it too)
 from . import shape_text
 
 
@@ -40,7 +41,6 @@ class DeclRules:
             if name not in d.index_params:
                 self.error(f"@fixed names {name}, which is not an index parameter of {d.name}", d.attr_span("fixed"))
             elif isinstance(size, str) and size not in self.sizes and self.strict:
-                from ..diagnostics import suggest
                 self.error(f"@fixed({name}={size}) of {d.name}: unknown size: {size}{suggest(size, self.sizes)}",
                            d.attr_span("fixed"))
         for name in d.auto_dim:
@@ -86,13 +86,11 @@ class DeclRules:
                 if not (d.is_table or d.is_auto_dim):
                     self.check_bound(d, tname)
             elif d.kind == MemKind.CONSTANT and d.name not in (m.metadata or {}):
-                from ..diagnostics import suggest
                 known = list(self.model.tensors) + list(self.model.metadata or {})
                 self.error(f"constant {d.name} not found in model (no tensor or metadata entry)"
                            f"{suggest(d.ref or d.name, known)}", d.span)
 
     def family_members(self, d: ir.VarDecl) -> list[str]:
-        from ..model.bind import pattern_regex  # the one prefix-member matcher (bind uses it too)
         rx, _ = pattern_regex(d)
         return [t for t in self.model.tensors if rx.match(t)]
 

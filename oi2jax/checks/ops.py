@@ -4,6 +4,10 @@ from __future__ import annotations
 from .. import dtypes as D
 from .. import ir
 from .. import messages
+from .. import ops
+from ..diagnostics import suggest
+from ..grammar.build import INT_SUFFIX_RANGES
+from ..ops.loading import bundled_set_of
 from ..ir import MemKind
 from . import shape_text
 
@@ -38,7 +42,6 @@ class OpRules:
     def warn_suffix_ranges(self, node: ir.Op):
         """SPEC-2026-03 D1 (c): a setting's literal that does not fit its own suffix type
         (`value=300u8`) is accepted as upstream does (the suffix is ignored), with a warning."""
-        from ..grammar.build import INT_SUFFIX_RANGES
         for attr in node.attrs:
             values = attr.value.value if attr.value.kind == "int_list" else (attr.value.value,) \
                 if attr.value.kind == "int" else ()
@@ -58,7 +61,6 @@ class OpRules:
     def check_op(self, node: ir.Op, loops):
         name_span = self.name_span(node.span, "op")
         if node.op not in self.registry:
-            from ..diagnostics import suggest
             self.error(f"unsupported op {node.op}{suggest(node.op, self.registry)}{self.ops_hint(node.op)}",
                        name_span)
             return
@@ -115,7 +117,6 @@ class OpRules:
                                f"{self.dtype(var)}", attr.span)
         if not ok:
             return
-        from .. import ops
         in_dtypes = [self.dtype(r.name) for r in node.inputs]
         in_shapes = [self.shape(r.name) for r in node.inputs]
         in_names = [r.name if r.indices is None else str(r) for r in node.inputs]
@@ -156,7 +157,6 @@ class OpRules:
 
     def ops_hint(self, name: str) -> str:
         """`; it is in the bundled op set nn (--ops nn)` for a known op of a set not loaded."""
-        from ..ops.loading import bundled_set_of
         found = bundled_set_of(name)
         if found is None or found in self.registry.sets:
             return ""

@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import replace
 
+import numpy as np
 from lark import Token, Transformer, v_args
 
 from .. import dtypes, ir
@@ -225,7 +226,6 @@ class Builder(Transformer):
                                f"infinity", tok)
             value = sign * value
             if init and suffix == "f32":  # `@init(0.1f32)` is upstream's `0.1f32 as T`: rounded to f32 first
-                import numpy as np
                 with np.errstate(over="ignore"):
                     rounded = float(np.float32(value))
                 if math.isinf(rounded):

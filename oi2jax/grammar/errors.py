@@ -16,7 +16,7 @@ _WORDS = {
 def _word(term: str) -> str:
     if term in _WORDS:
         return _WORDS[term]
-    from .parse import lark_parser  # its terminals name the tokens
+    from .parse import lark_parser  # cycle: parse.py imports this module (its terminals name the tokens)
     for t in lark_parser().terminals:
         if t.name == term:
             if t.pattern.type == "str":

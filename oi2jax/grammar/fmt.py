@@ -8,6 +8,8 @@ lines of the source are kept (format_graph's docstring says where they go).
 """
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import math
 
 from .. import ir
@@ -131,7 +133,6 @@ def scan_comments(source: str) -> list[tuple[int, int, int, str]]:
     for k, ch in enumerate(source):
         if ch == "\n":
             line_starts.append(k + 1)
-    import bisect
     for start, end, text in _scan(source):
         line = bisect.bisect_right(line_starts, start)
         end_line = bisect.bisect_right(line_starts, max(start, end - 1))
@@ -384,7 +385,6 @@ def describe(node: ir.Node) -> str:
 def strip_spans(obj):
     """`obj` (any IR value) with every span replaced by NO_SPAN, attr_spans emptied and the graph's
     path/source cleared: `strip_spans(a) == strip_spans(b)` is IR equality up to spans."""
-    import dataclasses
     if isinstance(obj, ir.Span):
         return ir.NO_SPAN
     if isinstance(obj, tuple):

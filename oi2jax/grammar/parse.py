@@ -6,6 +6,8 @@ with `source=text`, worded in DSL terms ("expected one of ';', a name").
 """
 from __future__ import annotations
 
+import os
+import stat
 from functools import lru_cache
 from pathlib import Path
 
@@ -69,8 +71,6 @@ def parse_file(path) -> ir.Graph:
     """Read and parse a `.oi` file ("error: cannot read PATH: ..." when it cannot be read)."""
     path = str(path)
     try:
-        import os
-        import stat
         if not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode):
             raise OiError(f"cannot read {path}: not a regular file (a pipe or device cannot be a graph)")
         text = Path(path).read_text(encoding="utf-8")

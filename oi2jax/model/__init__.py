@@ -16,6 +16,6 @@ __all__ = ["open_model", "save", "Model", "ModelError", "MetaValue", "Meta", "Te
 
 def __getattr__(name):
     if name in ("bind", "BoundGraph"):
-        from . import bind as _bind
+        from . import bind as _bind  # deferred: bind imports the checker and JAX; the reader and writer do not
         return getattr(_bind, name)
     raise AttributeError(name)

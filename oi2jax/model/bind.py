@@ -9,46 +9,26 @@ Values are in the representation of docs/architecture.md (dtypes.py).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes as dt
 from .. import ir, messages
+from ..check import check_graph
 from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
+from ..naming import PLACEHOLDER, int_list_names, pattern_regex
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
-
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
 
 from ..numerics import fill_value  # noqa: E402  (the one @init rule; re-exported for callers)
 
 
 def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
-def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
-    """A regex matching the model names of a prefix table's members, and the parameter of each group."""
-    parts, groups, pos = [], [], 0
-    seen: dict[str, int] = {}
-    for m in _PLACEHOLDER.finditer(decl.pattern or ""):
-        parts.append(re.escape(decl.pattern[pos:m.start()]))
-        name = m.group(1)
-        if name in seen:
-            parts.append(f"(?P={name})")
-        else:
-            seen[name] = len(groups)
-            groups.append(name)
-            parts.append(f"(?P<{name}>0|[1-9][0-9]*)")
-        pos = m.end()
-    parts.append(re.escape((decl.pattern or "")[pos:]))
-    return re.compile("".join(parts) + r"\Z"), groups
 
 
 @dataclass(frozen=True)
@@ -126,6 +106,13 @@ class BoundGraph:
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
         return BoundGraph(self.graph, self.model, sizes, shapes, self.checked, self.zero_missing_inputs)
+
+    def rebind(self, sizes: dict) -> "BoundGraph":
+        """The same graph, model and op registry checked and bound at other `sizes` (a chunked
+        run's tail: runtime/chunked.py), with this binding's `zero_missing_inputs`."""
+        checked = self._checked()
+        return bind(check_graph(self.graph, self.model, sizes, ops=checked.ops), self.model, sizes,
+                    zero_missing_inputs=self.zero_missing_inputs)
 
     def __repr__(self) -> str:
         return f"BoundGraph({self.graph.path!r}, model={self.model_path!r}, sizes={self.sizes})"
@@ -252,7 +239,7 @@ class BoundGraph:
                               f"parameters ({', '.join(decl.index_params)})", decl.attr_span("pattern"))
             return str(bound[m.group(1)])
 
-        return _PLACEHOLDER.sub(sub, decl.pattern or "")
+        return PLACEHOLDER.sub(sub, decl.pattern or "")
 
     def _prefix_decl(self, name: str) -> ir.VarDecl:
         decl = self.graph.var(name)
@@ -432,41 +419,6 @@ def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> No
                       f"{_fmt_shape(shape)}", decl.span)
 
 
-def size_names(graph: ir.Graph) -> set[str]:
-    """Every name the graph may use as a size: identifiers in declared dims, `@fixed` sizes, loop
-    bounds, op int-list attributes and cache indices (a superset: some of those are variables)."""
-    names: set[str] = set()
-    for decl in graph.vars:
-        for d in decl.dims:
-            names.update(d.names)
-        names.update(v for _, v in decl.fixed if isinstance(v, str))
-    for block in graph.blocks:
-        for node in block.walk():
-            if isinstance(node, ir.Loop):
-                names.update(v for v in (node.start, node.end) if isinstance(v, str))
-            elif isinstance(node, ir.Op):
-                names.update(_int_list_names(node))
-    return names
-
-
-def _int_list_names(node: ir.Op):
-    for attr in node.attrs:
-        if attr.value.kind == "int_list":
-            yield from (v.lstrip("-") for v in attr.value.value if isinstance(v, str))
-
-
-def unknown_sizes(graph: ir.Graph, model: Model | None, sizes: dict | None) -> list[str]:
-    """A message for each given size name that neither the graph nor the model knows (a typo
-    such as `b=8` for `B` would otherwise be silently ignored)."""
-    known = size_names(graph) | set(getattr(model, "sizevars", {}) or {})
-    from ..diagnostics import suggest
-    out = []
-    for name in sorted(set(sizes or {}) - known):
-        listing = ", ".join(sorted(known)) or "(none)"
-        out.append(f"unknown size {name}{suggest(name, known)}: the graph and model sizes are {listing}")
-    return out
-
-
 def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_missing_inputs: bool = False,
          no_model: str | None = None) -> BoundGraph:
     """Bind `graph` (a `check.CheckedGraph`, or a bare `ir.Graph` for the model-binding queries
@@ -499,7 +451,7 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
     for block in graph.blocks:
         for node in block.walk():
             if isinstance(node, ir.Op):
-                for size in _int_list_names(node):
+                for size in int_list_names(node):
                     if size not in all_sizes:
                         problems.append(Diagnostic(f"op {node.op}: unknown size: {size}", node.span))
     for name, node in graph.temporaries.items():

@@ -30,6 +30,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ..diagnostics import OiError
@@ -51,7 +52,6 @@ _DERIVED = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_fre
 
 def _np_dtype(oi_dtype: str) -> np.dtype:
     if oi_dtype == "bf16":
-        import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype({"f32": np.float32, "f16": np.float16, "f64": np.float64}[oi_dtype])
 
@@ -269,7 +269,7 @@ class _Source:
         self._handles = {}
         self._headers: dict[str, dict] = {}
         try:
-            from safetensors import safe_open
+            from safetensors import safe_open  # optional at run time: only convert-hf needs it
         except ImportError:  # a declared dependency; still no traceback when it is missing
             raise OiError("the safetensors package is needed to read Hugging Face checkpoints "
                           "(pip install safetensors)") from None
@@ -374,7 +374,6 @@ def convert_values(name: str, values: np.ndarray, target: str) -> np.ndarray:
     """`values` (f32/f16/bf16/f64) as `target`: exact when it widens, rounded to nearest even when
     it narrows (one rounding: bf16 <-> f16 goes through f32, which holds both exactly). OiError
     when a finite value overflows the target."""
-    import ml_dtypes
     want = _np_dtype(target)
     if values.dtype == want:
         return values

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 
@@ -305,7 +306,6 @@ def open_model(path) -> Model:
     """Open and validate a `.oinf` file; ModelError (`PATH: ...`) on any problem."""
     path_s = os.fspath(path)
     try:
-        import stat
         mode = os.stat(path_s).st_mode
         if stat.S_ISDIR(mode):
             raise ModelError(path_s, "is a directory, not a model file")

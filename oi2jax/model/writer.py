@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..numerics import bf16_encode, f8_encode
+from ..npz import write_atomic
 from . import packing
 from .quant import QuantParams
 from .reader import (ALIGN, DEFAULT_VERSION, HEADER_PADDED, MAGIC, NAME_RE, VERSIONS, HEADER, Meta, MetaValue,
@@ -397,7 +398,6 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
     try:  # a temporary file renamed over the target: a reader that has the old file open keeps
         # reading the old bytes, and an interrupted (or failing lazy) write never leaves a
         # half-written model nor damages the file already there
-        from ..npz import write_atomic
         write_atomic(path_s, write)
     except OSError as exc:
         raise ModelError(path_s, f"cannot write model file: {exc}") from None

@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import importlib
+
 from .errors import OpTypeError, broadcast_shapes, normalize_axes
 from .registry import (DTYPE_GROUPS, DYNAMIC, ROUNDING_MODES, AttrSpec, Ctx, InputSpec, OpDef, OpSpec, Registry,
                        builtin_registry)
@@ -18,11 +20,10 @@ _LAZY = {"apply": ("dispatch", "apply"), "reference": ("dispatch", "reference"),
          "load_schema": ("define", "load_schema"), "REGISTRY": None}
 
 
-def __getattr__(name):  # JAX and the loaders are imported only when something computes or loads
+def __getattr__(name):  # deferred (PEP 562): the kernels' dispatch and the op loaders, imported on first use
     if name == "REGISTRY":
         return builtin_registry()
     if name in _LAZY:
-        import importlib
         mod, attr = _LAZY[name]
         value = getattr(importlib.import_module(f".{mod}", __name__), attr)
         globals()[name] = value

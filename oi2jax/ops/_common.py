@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .. import dtypes as D
 from . import numerics as N
@@ -33,7 +34,6 @@ def static_bool(v) -> bool | None:
     if isinstance(v, (bool, int, float)):
         return bool(v)
     try:
-        import numpy as np
         return bool(np.asarray(v))
     except Exception:  # a tracer
         return None
@@ -43,7 +43,6 @@ def static_int(v, what: str) -> int:
     if isinstance(v, (bool, int)):
         return int(v)
     try:
-        import numpy as np
         return int(np.asarray(v))
     except Exception as e:  # a tracer
         raise TypeError(f"attribute {what} must be a static value") from e

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from .. import dtypes as D
 from . import numerics as N
 from .errors import OpTypeError
+from .registry import Ctx, builtin_registry
 
 # Rust `Debug` names, for the upstream message texts (SPEC-2026-03 §5.2)
 _DEBUG = {"bf16": "BF16", "bool": "Bool"}
@@ -64,7 +65,6 @@ def to_dtype(x, src: str, dst: str):
 def apply(spec, inputs, attrs: dict, in_dtypes, out_dtype: str):
     """The value of `op(inputs, acc=[A, O])` (O = out_dtype), through the op's normal-mode kernel
     in A (or its own `acc_kernel`, mean_axis's: sum in A, to O, divide by the count in O)."""
-    from .registry import Ctx
     a, o = attrs["acc"]
     assert o == out_dtype, (o, out_dtype)
     xs = [to_dtype(jnp.asarray(x), d, a) for x, d in zip(inputs, in_dtypes)]
@@ -77,6 +77,5 @@ def apply(spec, inputs, attrs: dict, in_dtypes, out_dtype: str):
 
 def __getattr__(name):  # RULES: op -> its acc=[A, O] rules, a view of the built-in declarations
     if name == "RULES":
-        from .registry import builtin_registry
         return {d.name: d.acc_rules for d in builtin_registry().values() if d.acc_rules}
     raise AttributeError(name)

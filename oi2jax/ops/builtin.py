@@ -138,6 +138,7 @@ def _out_dtype_rule(type_rule: Mapping):
 
 
 def _category_tables() -> dict[str, Builtin]:
+    # cycle: each category module imports this one (Builtin)
     from . import (arithmetic, bitwise, casting, comparison, filter, mutation, numerical, reduction, rounding,
                    statistics)
     out: dict[str, Builtin] = {}

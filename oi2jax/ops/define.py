@@ -15,6 +15,7 @@ the ops it declares into a registry value.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -26,7 +27,7 @@ import numpy as np
 
 from .. import dtypes as D
 from .errors import OpTypeError, broadcast_shapes
-from .registry import DYNAMIC, AttrSpec, InputSpec, OpDef, dtype_set
+from .registry import ATTR_KINDS, DYNAMIC, AttrSpec, InputSpec, OpDef, dtype_set
 
 _NAME_OK = "abcdefghijklmnopqrstuvwxyz0123456789_"
 
@@ -62,7 +63,6 @@ def _attr_from(name: str, value, where: str) -> AttrSpec:
     else:
         raise OpTypeError(f"{where}: attribute {name}: give a default value or a kind (float, int, bool, string, "
                           f"dtype, int_list, scalar) or oi2jax.ops.Attr(...), not {value!r}")
-    from .registry import ATTR_KINDS
     if a.kind not in ATTR_KINDS:
         raise OpTypeError(f"{where}: attribute {name}: unknown kind {a.kind!r} (expected one of "
                           f"{', '.join(ATTR_KINDS)})")
@@ -329,7 +329,6 @@ def from_schema(entry: dict, kernel: Callable, *, reference=None, samples=None, 
                      shape="broadcast" if elementwise else None, elementwise=False,
                      inplace=entry.get("inplace", "deny") == "allow", reference=reference,
                      samples=samples, category=str(entry.get("category", "user")), op_set=op_set, source=where)
-    import dataclasses
     return dataclasses.replace(op_def, broadcast=elementwise, type_rule=MappingProxyType(dict(rule)))
 
 

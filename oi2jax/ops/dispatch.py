@@ -6,11 +6,14 @@ than the checker typed, is an `OpTypeError` naming the op and where it is define
 locates it at the node), never a traceback."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from .. import dtypes as D
+from .. import numerics as HN
+from . import accumulate
 from .errors import OpTypeError
-from .registry import Ctx, OpDef
+from .registry import Ctx, OpDef, builtin_registry
 from .typing import DYNAMIC, canonical_attrs
 
 
@@ -39,7 +42,6 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guar
     receiving the kernel's runtime checks `(cond, message, value)` (`Ctx.fail_if`). `out_shape`:
     the shape the checker typed, which an added op's kernel must return."""
     if not isinstance(op, OpDef):
-        from .registry import builtin_registry
         spec = builtin_registry().get(op)
         if spec is None:
             raise OpTypeError(f"unsupported op {op}")
@@ -47,7 +49,6 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guar
         spec = op
     full = _full_attrs(spec, attrs, in_dtypes[0])
     if mode == "acc_rule":  # acc=[A, O] (SPEC-2026-03 §2)
-        from . import accumulate
         return accumulate.apply(spec, list(inputs), full, in_dtypes, out_dtype)
     ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards)
     if spec.builtin:
@@ -79,7 +80,6 @@ def reference(spec: OpDef, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mo
     want = D.get(out_dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # rounding to f16/bf16 may overflow to inf: IEEE
         if want.is_float:
-            from .. import numerics as HN
             out = out.astype(np.float64)
             out = HN.f8_encode(out.astype(np.float32)) if out_dtype == "f8" else out.astype(want.np_dtype)
         elif out.dtype != want.np_dtype:
@@ -105,7 +105,6 @@ _VAR_DTYPES = {"float": np.float32, "int": np.int32, "bool": np.bool_, "scalar":
 def trace_shape(spec: OpDef, in_dtypes, shapes, attrs: dict, out_dtype: str, mode: str) -> tuple[int, ...]:
     """The output shape of an added op whose declaration leaves it to the kernel: the kernel traced
     abstractly (`jax.eval_shape`, no computation) on inputs of these shapes and dtypes."""
-    import jax
     static = {k: v for k, v in attrs.items() if v is not DYNAMIC}
     dynamic = {k: jax.ShapeDtypeStruct((), _VAR_DTYPES.get(spec.attrs[k].kind, np.float32))
                for k, v in attrs.items() if v is DYNAMIC}

@@ -16,12 +16,13 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+from importlib.metadata import entry_points
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from ..diagnostics import OiError
+from ..diagnostics import OiError, suggest
 from .define import from_schema, load_schema
 from .errors import OpTypeError
 from .registry import OpDef, Registry, builtin_registry
@@ -83,7 +84,6 @@ def _defs_of(spec) -> tuple[list[OpDef], str]:
     except ModuleNotFoundError as exc:
         if exc.name is not None and text.split(".")[0] != exc.name.split(".")[0]:
             raise OiError(f"--ops {text}: importing it failed: {exc}") from None
-        from ..diagnostics import suggest
         known = list(BUNDLED) + list(_entry_points())
         raise OiError(f"unknown op set {text}{suggest(text, known)} (expected a bundled set ({', '.join(BUNDLED)}), "
                       f"a .py or .json file, an installed {ENTRY_POINT_GROUP} entry point or a module name)") from None
@@ -187,7 +187,6 @@ def _schema_file_ops(path: str) -> list[OpDef]:
 
 @functools.lru_cache(maxsize=1)
 def _entry_points_cached() -> tuple:
-    from importlib.metadata import entry_points
     try:
         return tuple(entry_points(group=ENTRY_POINT_GROUP))
     except Exception:  # a broken installed distribution must not break compilation

@@ -10,7 +10,9 @@ from .builtin import Builtin
 from .. import dtypes as D
 from . import numerics as N
 from ._common import is_float, static_bool, static_int
+from .accumulate import to_dtype
 from .errors import normalize_axes
+from .registry import Ctx
 
 
 def reduced_axes(op, attrs, x) -> tuple[int, ...]:
@@ -134,8 +136,6 @@ def _arg(is_max):
 
 def _mean_acc(xs, attrs, a: str, o: str):
     """mean_axis with acc=[A, O] (D2): the sum in A, converted to O, divided by the count in O."""
-    from .accumulate import to_dtype
-    from .registry import Ctx
     count = math.prod(xs[0].shape[i] for i in reduced_axes("mean_axis", attrs, xs[0]))
     total = to_dtype(_sum_like("sum")(xs, attrs, Ctx("sum_axis", (a,), a, "normal")), a, o)
     return N.ieee_div(total, jnp.asarray(count, total.dtype))

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Callable, Iterable, Iterator, Mapping
 
 from .. import dtypes as D
+from ..diagnostics import suggest
 from .errors import OpTypeError
 
 ROUNDING_MODES = ("trunc", "floor", "ceil", "nearest")
@@ -237,7 +238,6 @@ def dtype_set(spec, what: str) -> frozenset[str] | None:
         elif D.is_dtype(item):
             out.append(item)
         else:
-            from ..diagnostics import suggest
             raise OpTypeError(f"{what}: unknown dtype or dtype group {item!r}"
                               f"{suggest(item, list(DTYPE_GROUPS) + list(D.DTYPES))}")
     return frozenset(out)
@@ -246,7 +246,7 @@ def dtype_set(spec, what: str) -> frozenset[str] | None:
 @functools.lru_cache(maxsize=None)
 def builtin_registry() -> Registry:
     """The 47 built-in ops (OpenInfer's), the base of every registry."""
-    from .builtin import builtins
+    from .builtin import builtins  # cycle: builtin.py imports this module (OpDef, AttrSpec)
     return Registry(builtins())
 
 

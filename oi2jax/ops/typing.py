@@ -11,10 +11,12 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .. import dtypes as D
+from ..diagnostics import suggest
 from ..ir import Literal
+from . import accumulate
 from .casting import cast_allowed
 from .errors import OpTypeError, broadcast_shapes, normalize_axes
-from .registry import DYNAMIC, ROUNDING_MODES, OpDef, Registry
+from .registry import DYNAMIC, ROUNDING_MODES, OpDef, Registry, builtin_registry
 
 __all__ = ["OpSig", "infer", "cast_allowed", "canonical_attrs", "broadcast_shapes", "normalize_axes", "DYNAMIC",
            "bool_only"]
@@ -152,7 +154,6 @@ def resolve_int_list(op: str, name: str, values, sizes) -> tuple[int, ...] | Non
             key = v[1:] if neg else v
             if sizes is None or key not in sizes:
                 if sizes is not None and getattr(sizes, "strict", True):
-                    from ..diagnostics import suggest
                     raise OpTypeError(f"op {op} setting {name}: unknown size {key}{suggest(key, sizes)}", attr=name)
                 return None
             out.append(-int(sizes[key]) if neg else int(sizes[key]))
@@ -184,11 +185,9 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
           in_names: list[str] | None = None, registry: Registry | None = None, sizes=None) -> OpSig:
     """Type one op node against `registry` (default: the built-in ops). `attrs` maps names to
     ir.Literal (plain Python values also accepted); `sizes` resolves size names in int lists."""
-    from .registry import builtin_registry
     reg = registry if registry is not None else builtin_registry()
     spec = reg.get(op)
     if spec is None:
-        from ..diagnostics import suggest
         raise OpTypeError(f"unsupported op {op}{suggest(op, reg)}")
     if len(in_dtypes) != spec.arity:
         raise OpTypeError(f"op {op} expects Fixed({spec.arity}) inputs, got {len(in_dtypes)}")
@@ -203,7 +202,6 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
         raise OpTypeError(f"op {op} does not support accumulation", attr="acc")
     for name, lit in attrs.items():
         if name not in spec.attrs:
-            from ..diagnostics import suggest
             raise OpTypeError(f"unsupported {op} setting: {name}{suggest(name, spec.attrs)}", attr=name)
         _check_attr_kind(spec, name, lit)
 
@@ -237,7 +235,6 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     # dtypes
     first = in_dtypes[0]
     if mode == "acc_rule":
-        from . import accumulate
         out_dtype = accumulate.check(spec, rule, first)
     elif mode == "accumulate":
         out_dtype = str(_lit_value(attrs["acc"]))
@@ -284,5 +281,5 @@ def _kernel_shape(spec: OpDef, in_dtypes, shapes, attrs: dict, out_dtype: str, m
     """An added op's output shape from its kernel (`jax.eval_shape`), checking the kernel's dtype."""
     if any(s is None for s in shapes):
         return None
-    from .dispatch import trace_shape
+    from .dispatch import trace_shape  # cycle: dispatch.py imports this module
     return trace_shape(spec, in_dtypes, shapes, attrs, out_dtype, mode)

@@ -26,7 +26,7 @@ from jax import lax
 
 from .. import ir
 from ..diagnostics import OiError
-from ..values import convert_input
+from ..values import convert_input, unknown_input
 
 
 def _first_dim_is(decl, batch_var: str) -> bool:
@@ -57,11 +57,9 @@ def batch_var_for(program, inputs: dict) -> str | None:
 
 def _tail_program(program, rows: int, batch_var: str):
     """The same graph bound with `batch_var = rows` (its step traced into the chunked program)."""
-    from ..pipeline import rebound
-    from .program import Program
     sizes = dict(program.bound.sizes)
     sizes[batch_var] = rows
-    return Program(rebound(program.bound, sizes), device=program.device, yield_mode="fused")
+    return program.rebound(sizes)
 
 
 def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
@@ -103,7 +101,6 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
     for name, value in inputs.items():
         decl = graph.var(name)
         if decl is None or decl.kind != ir.MemKind.DYNAMIC:
-            from ..values import unknown_input
             raise unknown_input(name, graph)
         shape = bound.shape(name)
         if name in batched:

@@ -8,13 +8,14 @@ from pathlib import Path
 import jax
 
 from ..diagnostics import OiError
+from ..graph_json import to_json
 from ..lowering import locations
+from ..npz import write_text_atomic
 
 
 def emit(program, kind: str = "stablehlo") -> str:
     """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
     if kind == "graph-json":
-        from ..graph_json import to_json
         return json.dumps(to_json(program.graph), indent=2)
     with program.scope():
         state = program.init_state()
@@ -36,7 +37,6 @@ def dump(program, directory) -> list[str]:
     every kernel a run executes (the session step, the fused multi-step loop; the driver adds
     its per-phase and per-consumer kernels), StableHLO with `.oi` locations. Files are written
     atomically; returns their paths."""
-    from ..npz import write_text_atomic
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -3,14 +3,12 @@ the step kernels a session runs (kernels.py), cache growth (capacity doubling + 
 error reporting."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import threading
 import math
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+import threading
 import time
 import warnings
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import jax
 import numpy as np
@@ -18,19 +16,22 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from ..values import check_given_inputs, convert_input, convert_output
-from . import cache_state
-from .kernels import StepKernels
-from .placement import Placer, resolve_device
-from ..lowering.state import CacheState, Guards, Shaped, StateSpec, StepState
-from ..ops.numerical import MATMUL_PRECISION
-from ..lowering import loops
-from ..lowering.loops import LoopPolicy
-from ..lowering.step import StepBuilder, build_lowering
-
-if TYPE_CHECKING:
-    from .session import Session
 from ..limits import limit_note, allocation_error, check_sizes, memory_limit
+from ..lowering import loops
+from ..lowering.context import Tracer
+from ..lowering.loops import LoopPolicy
+from ..lowering.state import CacheState, Guards, Shaped, StateSpec, StepState
+from ..lowering.step import StepBuilder, build_lowering
+from ..model.packing import pack
+from ..ops.numerical import MATMUL_PRECISION
+from ..protocol import CompileOptions
+from ..values import check_given_inputs, convert_input, convert_output, unknown_input
+from . import cache_state, chunked
+from .driver import Driver
+from .emit import dump as dump_kernels, emit as emit_text
+from .kernels import StepKernels
+from .placement import Placer, device_name, resolve_device
+from .session import Session
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -45,19 +46,25 @@ class Program:
     - `step(state, **inputs)`: the pure jitted function, for `jax.jit` / `vmap` / `grad` /
       `jax.export`; its caller must call `check(state)` to see runtime errors."""
 
-    def __init__(self, bound, device=None, yield_mode: str = "fused", placer: "Placer | None" = None,
-                 driver: dict | None = None, unroll="auto"):
-        """`placer`: where values live (placement.Placer; sharding.ShardingPlacer over a mesh).
-        `driver`: run each step with the yield/await host driver (driver.Driver) with these
-        options (`placement`, `build`, `schedule`); None: the fused step. `unroll`: the loop
-        policy's option (lowering/loops.py; it also decides which families are held member by member)."""
-        self.unroll = loops.check_unroll(unroll)
+    mode = "compiled"  # the Program protocol (protocol.py): the interpreter's is "interpret"
+    supports_batched = True  # `run_batched` runs (runtime/chunked.py)
+
+    def __init__(self, bound, options: CompileOptions | None = None, device=None, placer: "Placer | None" = None):
+        """`options`: what `oi2jax.compile` was asked (protocol.CompileOptions; default: its
+        defaults). A graph with yield/await under `options.yield_mode == "driver"` runs each step
+        with the host driver (driver.Driver, with `options.placement`, `build`, `schedule`);
+        otherwise the fused step. `placer`: where values live (placement.Placer;
+        sharding.ShardingPlacer over a mesh). `options.unroll`: the loop policy's option
+        (lowering/loops.py; it also decides which families are held member by member)."""
+        self.options = options = options if options is not None else CompileOptions()
+        self.unroll = loops.check_unroll(options.unroll)
+        self.precision = options.precision  # float matmul precision while tracing (Program.scope)
         self.bound = bound
         self.graph: ir.Graph = bound.graph
         self.zero_missing_inputs = bound.zero_missing_inputs  # asked for at binding (api.compile)
         self.device = resolve_device(device)
         self.placer = placer if placer is not None else Placer(self.device)
-        self.yield_mode = yield_mode
+        self.yield_mode = options.yield_mode
         self.compiles = 0  # number of (re)traces of the step kernels: the recompile counter
         self.compile_log: list[str] = []  # why each (re)trace happened (--explain-recompiles)
         self.last_trace: list[dict] = []  # run(trace=True): one event per step (per kernel when driven)
@@ -71,9 +78,8 @@ class Program:
         self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
         self.driver = None
-        if driver is not None:
-            from .driver import Driver
-            self.driver = Driver(self, **driver)
+        if options.yield_mode == "driver" and bound.checked.yield_plan.has_yield:
+            self.driver = Driver(self, placement=options.placement, build=options.build, schedule=options.schedule)
         with self.scope():
             self.lowering = build_lowering(bound)
             self.builder = StepBuilder(self.lowering)
@@ -85,8 +91,8 @@ class Program:
 
     # ------------------------------------------------------------------ plumbing
 
-    precision = "highest"  # float matmul precision while tracing (api.compile(precision=...))
-    unroll = "auto"  # how `loop` lowers while tracing (api.compile(unroll=...); lowering/loops.py)
+    precision = "highest"  # float matmul precision while tracing (CompileOptions.precision)
+    unroll = "auto"  # how `loop` lowers while tracing (CompileOptions.unroll; lowering/loops.py)
     zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
 
     @property
@@ -124,7 +130,6 @@ class Program:
         """Every constant (packed types packed), prefix-table family and non-uniform initial value.
         A family whose every read is at a static index under the loop policy is held member by
         member (`W[0]`, `W[1]`, ...: lowering/loops.split_families), else stacked."""
-        from ..lowering.context import Tracer
         split = loops.split_families(Tracer(self.lowering, {}), self.loop_policy())
         consts = {}
         for decl in self.graph.vars:
@@ -143,7 +148,6 @@ class Program:
 
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, or what the placer loads lazily (sharded model tensors)."""
-        from ..model.packing import pack
         lazy = self.placer.lazy_const(decl)
         if lazy is not None:
             return lazy
@@ -222,7 +226,6 @@ class Program:
         raise self.unknown_input(sorted(dynamic.keys() - self.defaults.keys())[0])
 
     def unknown_input(self, name: str) -> OiError:
-        from ..values import unknown_input
         return unknown_input(name, self.graph)
 
     def step(self, state: StepState, **dynamic):
@@ -302,7 +305,6 @@ class Program:
         written by `Session.save` / `--out` / `--state-out`. `max_unchecked` (K, default 8):
         how many dispatched steps `step` may leave unchecked before it waits for the oldest;
         1 raises step k's error by call k+1 at the latest (docs/decode.md)."""
-        from .session import Session
         return Session(self, state, max_unchecked)
 
     def lower(self, state: StepState | None = None, **dynamic):
@@ -378,7 +380,6 @@ class Program:
 
     def _traced_run(self, session, inputs, steps: int | None, collect=(), feedback=None) -> dict:
         events = []
-        from .placement import device_name
         device = device_name(self.device or jax.devices()[0])  # the device's own name (cpu:0, gpu:0)
 
         def timed(step_fn):
@@ -403,11 +404,17 @@ class Program:
         return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
                          for e in events)
 
+    def rebound(self, sizes: dict) -> "Program":
+        """The same graph, model and op registry checked and bound at other `sizes`, as a fused
+        program on this device with this program's options (precision, unroll: a chunked run's
+        tail computes as its chunks do): the bound graph rebinds itself (`BoundGraph.rebind`),
+        the front end is not called again."""
+        return Program(self.bound.rebind(sizes), replace(self.options, yield_mode="fused"), device=self.device)
+
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of
         `batch_var` rows in one compiled program, state carried (runtime/chunked.py)."""
-        from .chunked import run_batched
-        return run_batched(self, inputs, batch_var, steps)
+        return chunked.run_batched(self, inputs, batch_var, steps)
 
     # ------------------------------------------------------------------ host side of a step
 
@@ -567,14 +574,12 @@ class Program:
 
     def emit(self, kind: str = "stablehlo") -> str:
         """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
-        from .emit import emit
-        return emit(self, kind)
+        return emit_text(self, kind)
 
     def dump(self, directory) -> list[str]:
         """Write into `directory` the step in every --emit form and every kernel a run executes
         (runtime/emit.py); returns the paths written."""
-        from .emit import dump
-        return dump(self, directory)
+        return dump_kernels(self, directory)
 
 
 @dataclass(eq=False)

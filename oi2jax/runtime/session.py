@@ -27,6 +27,7 @@ inputs, so n growth steps cost O(log n) compiles.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -36,7 +37,8 @@ import numpy as np
 from .. import ir
 from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
-from ..values import convert_output
+from ..npz import save_npz
+from ..values import convert_input, convert_output
 from .runplan import collect_names, feedback_pairs, plan_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
@@ -188,7 +190,6 @@ class Session:
                               f"{', '.join(known) or '(none)'})")
         for name, value in others.items():
             if name in prog.shaped:  # saved at its current shape: kept as such for `read`
-                from ..values import convert_input
                 self._values[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name),
                                                    np.shape(value))
                 continue
@@ -317,7 +318,6 @@ class Session:
     def save(self, path) -> None:
         """Write every variable (the `--out` layout) and the step count to an `.npz`, atomically;
         `Program.session(state=path)` resumes from it."""
-        from ..npz import save_npz
         arrays = self.values()
         arrays[STEPS_KEY] = np.int64(self.steps)
         save_npz(path, arrays)
@@ -331,7 +331,6 @@ class Session:
             raise error
 
     def _clear_error(self) -> None:
-        import dataclasses
         flags = self._state.guards.flags
         with self.program.scope():
             self._state = dataclasses.replace(self._state, guards=type(self._state.guards)(

@@ -17,6 +17,7 @@ masks, guards).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import jax
 import numpy as np
@@ -27,6 +28,7 @@ from .. import ir
 from ..diagnostics import OiError
 from ..lowering.loops import member_base
 from ..lowering.state import CacheState, Guards, StepState
+from ..protocol import CompileOptions
 from .placement import Placer
 from .program import Program
 
@@ -279,9 +281,10 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
                                process_id=process_id)
 
 
-def compile_sharded(bound, mesh, shard, yield_mode: str = "fused", unroll="auto") -> Program:
+def compile_sharded(bound, mesh, shard, options: CompileOptions | None = None) -> Program:
     """A `Program` whose values live on `mesh` (a `ShardingPlacer`): constants loaded shard by
-    shard, results gathered on the host."""
+    shard, results gathered on the host. One jit: the fused step whatever `options.yield_mode` says."""
     if isinstance(mesh, (str, dict)):
         mesh = make_mesh(mesh)
-    return Program(bound, placer=ShardingPlacer(bound, mesh, shard or {}), yield_mode=yield_mode, unroll=unroll)
+    options = replace(options or CompileOptions(), yield_mode="fused")
+    return Program(bound, options, placer=ShardingPlacer(bound, mesh, shard or {}))

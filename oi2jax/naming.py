@@ -1,0 +1,64 @@
+"""The graph's names that the checker and the binder both match, defined once below both: the
+size names a graph may use (`unknown_sizes`: a typo such as `b=8` for `B`) and the model names of
+a prefix table's members (`pattern_regex`: the checker's canonical-index rule and `bind`'s lookup)."""
+from __future__ import annotations
+
+import re
+
+from . import ir
+from .diagnostics import suggest
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")  # `{l}` in a prefix table's @pattern
+
+
+def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
+    """A regex matching the model names of a prefix table's members, and the parameter of each group."""
+    parts, groups, pos = [], [], 0
+    seen: dict[str, int] = {}
+    for m in PLACEHOLDER.finditer(decl.pattern or ""):
+        parts.append(re.escape(decl.pattern[pos:m.start()]))
+        name = m.group(1)
+        if name in seen:
+            parts.append(f"(?P={name})")
+        else:
+            seen[name] = len(groups)
+            groups.append(name)
+            parts.append(f"(?P<{name}>0|[1-9][0-9]*)")
+        pos = m.end()
+    parts.append(re.escape((decl.pattern or "")[pos:]))
+    return re.compile("".join(parts) + r"\Z"), groups
+
+
+def size_names(graph: ir.Graph) -> set[str]:
+    """Every name the graph may use as a size: identifiers in declared dims, `@fixed` sizes, loop
+    bounds, op int-list attributes and cache indices (a superset: some of those are variables)."""
+    names: set[str] = set()
+    for decl in graph.vars:
+        for d in decl.dims:
+            names.update(d.names)
+        names.update(v for _, v in decl.fixed if isinstance(v, str))
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Loop):
+                names.update(v for v in (node.start, node.end) if isinstance(v, str))
+            elif isinstance(node, ir.Op):
+                names.update(int_list_names(node))
+    return names
+
+
+def int_list_names(node: ir.Op):
+    """The size names in an op's int-list attributes (`perm=[0, -T]`: T)."""
+    for attr in node.attrs:
+        if attr.value.kind == "int_list":
+            yield from (v.lstrip("-") for v in attr.value.value if isinstance(v, str))
+
+
+def unknown_sizes(graph: ir.Graph, model, sizes: dict | None) -> list[str]:
+    """A message for each given size name that neither the graph nor the model knows (a typo
+    such as `b=8` for `B` would otherwise be silently ignored)."""
+    known = size_names(graph) | set(getattr(model, "sizevars", {}) or {})
+    out = []
+    for name in sorted(set(sizes or {}) - known):
+        listing = ", ".join(sorted(known)) or "(none)"
+        out.append(f"unknown size {name}{suggest(name, known)}: the graph and model sizes are {listing}")
+    return out

@@ -1,0 +1,61 @@
+"""Issue 33: one `Program` protocol that the compiled and the interpreted program both implement,
+a frozen `CompileOptions` handed to their constructors (api.compile sets nothing on a built
+program), the loaders in the pipeline (re-exported by the facade), and a program that rebinds
+itself at other sizes without the front end."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax import api, pipeline
+from oi2jax.diagnostics import OiError
+from oi2jax.interpret import InterpretedProgram
+from oi2jax.protocol import CompileOptions, Program as ProgramProtocol
+from oi2jax.runtime.program import Program
+
+from conftest import EXAMPLES
+
+MLP = EXAMPLES / "mlp_regression.oi"
+
+
+def test_both_backends_implement_the_protocol():
+    compiled = oi2jax.compile(MLP)
+    interpreted = oi2jax.compile(MLP, mode="interpret")
+    assert isinstance(compiled, Program) and isinstance(interpreted, InterpretedProgram)
+    for prog, mode, batched in ((compiled, "compiled", True), (interpreted, "interpret", False)):
+        assert isinstance(prog, ProgramProtocol)
+        assert prog.mode == mode and prog.supports_batched is batched
+        assert isinstance(prog.options, CompileOptions) and isinstance(prog.compile_log, list)
+        assert prog.model_path == str(EXAMPLES / "mlp_regression.oinf")
+    with pytest.raises(OiError, match="run_batched needs a compiled program"):
+        interpreted.run_batched({}, batch_var="B")
+
+
+def test_compile_options_reach_the_constructor_frozen():
+    prog = oi2jax.compile(MLP, precision="high", unroll="none", yield_mode="fused")
+    assert prog.options == CompileOptions(precision="high", unroll="none", yield_mode="fused")
+    assert (prog.precision, prog.unroll) == ("high", "none")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prog.options.precision = "default"
+    bound = pipeline.bound(MLP)
+    assert Program(bound, CompileOptions(precision="default")).precision == "default"
+    assert Program(bound).options == CompileOptions()  # api.compile's defaults
+
+
+def test_loaders_live_in_the_pipeline_and_the_facade_reexports_them():
+    assert api.load_graph is pipeline.load_graph and api.load_model is pipeline.load_model
+    assert api.load_graph_json is pipeline.load_graph_json
+    assert pipeline.load_graph(MLP).path == str(MLP)
+
+
+def test_a_program_rebinds_itself_at_other_sizes():
+    prog = oi2jax.compile(MLP)
+    sizes = {**prog.bound.sizes, "B": 1}
+    tail = prog.rebound(sizes)  # no front end: the bound graph checks and binds itself again
+    assert isinstance(tail, Program) and tail.bound.sizes["B"] == 1 and tail.bound.shape("x")[0] == 1
+    assert tail.bound.checked.ops is prog.bound.checked.ops and tail.bound.model is prog.bound.model
+    x = np.ones((1,) + tuple(prog.bound.shape("x")[1:]), np.float32)
+    np.testing.assert_array_equal(tail.run({"x": x})["y"], oi2jax.compile(MLP, sizes={"B": 1}).run({"x": x})["y"])
