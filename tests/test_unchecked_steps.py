@@ -199,6 +199,56 @@ def test_steps_after_a_failing_one_change_nothing_and_lose_nothing(monkeypatch, 
     np.testing.assert_array_equal(sess.read("acc"), xs[0] + 2 * xs[1] + xs[3] + 3 * xs[4])
 
 
+TABLE_FAIL_SOURCE = """
+dynamic { n: f32; x: f32[2]; }
+volatile { y: f32[2]; }
+persistent { t: i32 @init(0); H(i): f32[2] @table @fixed(i=8); }
+block entry {
+    cache.write x >> H[t];
+    cache.reset H[7];
+    op add(x, x) >> y;
+    loop l (i in 0..n) { op add(y, x) >> y; }
+    cache.increment t;
+    return;
+}
+"""
+
+
+def test_skipped_steps_leave_tables_in_place_and_untouched(monkeypatch):
+    """The `single` form skips a step after an unreported error row by row (no conditional around
+    the step: XLA copies every table through one): steps 4 and 5, dispatched before step 3's
+    error is read, would write rows 3 and 4 of H in range, yet write nothing; the compiled kernel
+    copies no table."""
+    import re
+
+    import jax
+    Device(monkeypatch)  # every step unfinished at the next call, as on a GPU
+    prog = oi2jax.compile(TABLE_FAIL_SOURCE)
+    assert not prog.step_kernels.select_skip
+    ns = np.array([1, 2, np.inf, 1, 3], np.float32)
+    xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
+    with prog.scope():
+        dev = [(jax.device_put(n), jax.device_put(x)) for n, x in zip(ns, xs)]
+    sess = prog.session(max_unchecked=8)
+    for k in range(5):
+        sess.step(n=dev[k][0], x=dev[k][1])
+    with pytest.raises(OiError, match=r"loop bound n is not finite \(in step 3\)"):
+        sess.check()
+    assert sess.steps == 3 and int(sess.read("t")) == 3
+    want = np.zeros((8, 2), np.float32)
+    want[:3] = xs[:3]  # step 3 wrote its row before its loop failed; steps 4 and 5 wrote nothing
+    np.testing.assert_array_equal(sess.read("H"), want)
+    forms = [f for forms in prog.step_kernels._forms.values() for f in (forms.single,) if f is not None]
+    assert forms, "the single form was not compiled"
+    hlo = forms[0].exe.as_text()
+    assert not re.search(r"f32\[8,2\]\{[^}]*\} copy\(", hlo), "a table is copied"
+    for k in (3, 4):
+        sess.step(n=dev[k][0], x=dev[k][1])
+    sess.check()
+    want[3:5] = xs[3:5]
+    np.testing.assert_array_equal(sess.read("H"), want)
+
+
 GROW_SOURCE = """\
 dynamic { x: f32[2]; }
 volatile { last: f32[2]; }

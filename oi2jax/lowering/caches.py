@@ -346,7 +346,8 @@ class CacheRules:
                 raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
             sizes = env.caches[layout.name].size
             new_sizes, starts = [], []
-            ok = jnp.bool_(True)  # this write's own guards: a failing write is skipped, never clamped
+            # this write's own guards: a failing write is skipped, never clamped (and a skipped step's)
+            ok = jnp.bool_(True) if self.tr.writes_on is None else self.tr.writes_on
             for j, s in enumerate(access.indices):
                 env, v, size = self._single(env, frame, layout, j, s.value, access.span, size=sizes[j])
                 v = jnp.asarray(v, jnp.int64)
@@ -428,8 +429,10 @@ class CacheRules:
         k = len(layout.capacity)
         if not access.indices:
             present = None if cache.present is None else jnp.zeros_like(cache.present)
-            return env.set_cache(layout.name, data=_fill(data.shape, layout.reset_fill, np_dtype),
-                                 size=jnp.asarray(layout.fixed_sizes()), present=present)
+            fill = _fill(data.shape, layout.reset_fill, np_dtype)
+            if self.tr.writes_on is not None:
+                fill = jnp.where(self.tr.writes_on, fill, data)
+            return env.set_cache(layout.name, data=fill, size=jnp.asarray(layout.fixed_sizes()), present=present)
         assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
         starts = []
         for j, s in enumerate(access.indices):
@@ -439,6 +442,8 @@ class CacheRules:
             starts.append(v)
         p = len(starts)
         in_range = jnp.all(jnp.stack([(s < c) for s, c in zip(starts, layout.capacity)]))
+        if self.tr.writes_on is not None:
+            in_range = in_range & self.tr.writes_on
         block = _fill((1,) * p + tuple(layout.capacity[p:]) + layout.shape, layout.reset_fill, np_dtype)
         idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
         updated = jax.lax.dynamic_update_slice(data, block, idx + [jnp.int32(0)] * (data.ndim - p))

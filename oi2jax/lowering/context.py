@@ -120,6 +120,10 @@ class Tracer:
         self.graph = lowering.graph
         self.consts = consts
         self.outputs: tuple[str, ...] | None = None  # names from `return a, b;` in entry
+        # None, or a traced bool: whether this step may change table data at all (False: a
+        # session step after an unreported error, skipped row by row so that the donated
+        # tables stay in place -- runtime/kernels.py `single`)
+        self.writes_on = None
 
     # -------------------------------------------------------------- guards
 

@@ -172,10 +172,14 @@ class StepBuilder:
                 outputs[name] = Shaped(outputs[name], env.shapes[name])
         return outputs
 
-    def __call__(self, consts: dict, state: Env, dynamic: dict, extra: tuple = ()):
-        """(state, outputs): outputs are `return`'s names (else `output_names`) plus `extra`."""
+    def __call__(self, consts: dict, state: Env, dynamic: dict, extra: tuple = (), skip=None):
+        """(state, outputs): outputs are `return`'s names (else `output_names`) plus `extra`.
+        `skip` (a traced bool): where it holds, every table write and reset leaves its row as it
+        was (the caller restores every other state entry: `Tracer.writes_on`)."""
         lowering = self.lowering
         tr = Tracer(lowering, consts)
+        if skip is not None:
+            tr.writes_on = jnp.logical_not(skip)
         env = self.start_env(consts, state, dynamic)
         entry = lowering.graph.entry
         with jax.named_scope("entry"):

@@ -28,8 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.tree_util import tree_map_with_path
 
 from .. import dtypes as dt
+from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
 
 
@@ -49,6 +51,12 @@ class StepKernels:
         # variables is cheaper to select after the step (the skipped step's outputs are never
         # shown: the session raises the error instead).
         layouts = program.lowering.caches
+        tables = {n for n, layout in layouts.items() if layout.kind is LayoutKind.TABLE}
+
+        def is_table_data(path) -> bool:
+            """A `StepState` path `.caches[T].data` of a table (gated row by row when skipped)."""
+            return len(path) == 3 and getattr(path[0], "name", None) == "caches" and \
+                getattr(path[1], "key", None) in tables and getattr(path[2], "name", None) == "data"
         self.select_skip = select_skip = not any(l.is_cache for l in layouts.values()) and sum(
             dt.get(l.dtype).nbytes(math.prod(l.data_shape())) for l in layouts.values()) <= SELECT_SKIP_BYTES
 
@@ -65,22 +73,26 @@ class StepKernels:
             """The step's env, and the step as a function of it (shared by both forms)."""
             program.count_trace("session step")
             env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
-            return env, lambda e: builder(consts, e, dynamic, extra=extra)
+            return env, lambda e, skip=None: builder(consts, e, dynamic, extra=extra, skip=skip)
 
         def single(consts, user, flags, dynamic):
             env, run = begin(consts, user, flags, dynamic)
-            if select_skip:  # small plain state: run, then keep the old values (cheaper than a cond)
+            failed = env.guards.err != 0  # an unreported error from the step before: change nothing
+            if select_skip:  # small plain state: run, then keep the old values
                 flat, outputs = run(env)
-                failed = env.guards.err != 0
                 flat = jax.tree.map(lambda old, new: jnp.where(failed, old, new), env, flat)
+                new = spec.from_env(flat)
             else:
-                out_shapes = jax.eval_shape(lambda e: run(e)[1], env)
-
-                def skip(env):  # an unreported error from the step before: do nothing
-                    return env, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shapes)
-
-                flat, outputs = lax.cond(env.guards.err != 0, skip, run, env)
-            new = spec.from_env(flat)
+                # Not a lax.cond around the step: XLA copies every table through a conditional
+                # (measured: three copies of each K/V cache per Llama step). Table writes and
+                # resets skip their own rows (`skip`), so the donated tables stay in place; every
+                # other state entry (plain values, sizes, present, auto_dim data, the guards) is
+                # small or rare and is selected after the step.
+                flat, outputs = run(env, failed)
+                old, new = spec.from_env(env), spec.from_env(flat)
+                new = tree_map_with_path(
+                    lambda path, before, after: after if is_table_data(path) else jnp.where(failed, before, after),
+                    old, new)
             return new.vars, new.caches, new.guards.flags, outputs
 
         def clean(consts, user, dynamic):
