@@ -48,12 +48,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from . import ir
-from .diagnostics import OiError
+from . import ir, pipeline
+from .diagnostics import OiError, suggest
+from .graph_json import to_json
+from .lowering import loops
+from .lowering.caches import TABLE
+from .lowering.context import ErrorSites
+from .lowering.state import CacheState, Env, Shaped, TraceGuards
+from .npz import save_npz, write_atomic, write_text_atomic
+from .protocol import CompileOptions
+from .runtime.placement import lowering_platform
+from .runtime.program import Program
 
 MANIFEST_FORMAT = "oi2jax-export/2"
 COMPATIBILITY = ("jax.export guarantees: an artifact serialized by this JAX runs on JAX versions "
@@ -84,7 +95,6 @@ def _check_symbolic(graph: ir.Graph, symbolic: tuple[str, ...]) -> None:
 
 def _symbolic_bound(bound, symbolic: tuple[str, ...]):
     """A copy of `bound` whose shapes mention the symbolic dims (sizes[B] is the symbolic dim)."""
-    import jax
     dims = jax.export.symbolic_shape(",".join(symbolic))
     sym = dict(zip(symbolic, dims))
     sizes = dict(bound.sizes)
@@ -108,14 +118,11 @@ def export_platforms(platforms=None) -> tuple[str, ...]:
     """The lowering platforms to export for (`runtime.placement.lowering_platform`: `gpu`,
     JAX's name of any GPU device or backend, becomes `cuda` or `rocm`); default: the platform
     of JAX's default backend. Unknown names are an OiError."""
-    import jax
-    from .runtime.placement import lowering_platform
     if platforms is None:
         return (lowering_platform(jax.default_backend()),)
     out = []
     for platform in platforms:
         if platform not in EXPORT_PLATFORMS and platform != "gpu":
-            from .diagnostics import suggest
             raise OiError(f"unknown platform {platform!r}{suggest(platform, EXPORT_PLATFORMS)} "
                           f"(jax.export platforms: {', '.join(EXPORT_PLATFORMS)})")
         out.append(lowering_platform(platform))
@@ -127,18 +134,10 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     """(exported, manifest, npz_arrays) for the graph; nothing written. `model`: as `oi2jax.compile`
     (default: the `.oinf` beside a graph path, pipeline.choose_model; False: none). `unroll`: the
     loop policy (docs/loops.md) for the export platforms (an accelerator's when any is one)."""
-    import jax
-    from .lowering import loops
     unroll = loops.check_unroll(unroll)
-    from dataclasses import replace
-    from .runtime.program import Program
-    from .protocol import CompileOptions
-    from .lowering.caches import TABLE
-    from .lowering.context import ErrorSites
 
     symbolic = tuple(symbolic or ())
     platforms = export_platforms(platforms)
-    from . import pipeline
     bound = pipeline.bound(source_or_path, model, sizes, ops,  # the checker already refuses deadlocks
                            zero_missing_inputs=zero_missing_inputs)
     graph = bound.graph
@@ -194,7 +193,6 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     if graph.source:
         source = graph.source
     else:  # a graph-JSON graph: hash its canonical JSON
-        from .graph_json import to_json
         source = json.dumps(to_json(graph), sort_keys=True)
     npz: dict[str, np.ndarray] = {}
 
@@ -281,7 +279,6 @@ def _state_tree(host, layouts) -> dict:
 
 def _env(tree: dict):
     """The trace's `Env` of the artifact's state (`_state_tree`)."""
-    from .lowering.state import CacheState, Env, TraceGuards
     return Env(dict(tree["vars"]), {n: CacheState(c["data"], c["size"], c.get("present")) for n, c in tree["caches"].items()},
                TraceGuards(**tree["guards"]))
 
@@ -289,7 +286,6 @@ def _env(tree: dict):
 def _plain_output(value):
     """A step output as the artifact returns it: an array, or for a runtime-shaped value (a
     `Shaped`) `{"value": array at capacity, "logical_shape": int64[rank]}` (plain dicts only)."""
-    from .lowering.state import Shaped
     return {"value": value.value, "logical_shape": value.shape} if isinstance(value, Shaped) else value
 
 
@@ -308,7 +304,6 @@ def _tree(env) -> dict:
 def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None,
                  unroll="auto", zero_missing_inputs=False) -> list[str]:
     """Write the artifact, its manifest and the initial-state npz; returns the paths written."""
-    import jax
     with jax.enable_x64(True):
         exported, manifest, npz = build_export(source_or_path, model=model, sizes=sizes, symbolic=symbolic,
                                                platforms=platforms, ops=ops, unroll=unroll,
@@ -321,7 +316,6 @@ def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), pl
     out.parent.mkdir(parents=True, exist_ok=True)
     npz_path = out.with_name(out.name + ".init.npz")
     manifest["init_npz"] = npz_path.name
-    from .npz import save_npz, write_atomic, write_text_atomic
     man_path = out.with_name(out.name + ".json")
     # each file written to a temporary beside it and renamed: an interrupted export never leaves a
     # half-written artifact and never truncates one another process has open

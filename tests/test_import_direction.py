@@ -68,12 +68,6 @@ NEVER = {
     ("export", "cli"): "the facade below the command line",
 }
 
-# files whose imports inside functions are being reworked with the runtime half of issue 33 (host
-# cache state into runtime/, typed trace state): the comment rule below applies once that lands
-COMMENT_RULE_PENDING = {"export.py", "lowering/", "runtime/driver.py", "runtime/kernels.py", "runtime/placement.py",
-                        "runtime/sharding.py"}
-
-
 def _module(path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -159,9 +153,6 @@ def test_imports_inside_functions_say_why():
     installed first), each saying so in a comment on its line or the line above."""
     offenders = []
     for module, path in MODULES.items():
-        rel = path.relative_to(PKG).as_posix()
-        if any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in COMMENT_RULE_PENDING):
-            continue
         lines = path.read_text().splitlines()
         tree = ast.parse("\n".join(lines), str(path))
         type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)

@@ -27,6 +27,7 @@ from ..diagnostics import OiError
 from .. import messages
 from ..messages import CHECKED
 from ..numerics import state_fill
+from ..ops.numerics import store
 from .context import Frame, Tracer
 from .packing import pack, unpack
 from .rules import rule
@@ -95,7 +96,8 @@ class CacheLayout:
 
 
 def _fill(shape, fill, dtype):
-    from .step import fill_array  # floats opaque to XLA's constant reassociation
+    # fill_array: floats opaque to XLA's constant reassociation
+    from .step import fill_array  # cycle: lowering.step imports this module (PLAIN, build_layouts)
     return fill_array(shape, dtype, fill)
 
 
@@ -466,7 +468,6 @@ class CacheRules:
         return env
 
     def step(self, node, env, frame: Frame, sign: int):
-        from ..ops.numerics import store
         layout = self._layout(node.target, node.span)
         assert layout.kind is PLAIN and layout.shape == (), CHECKED
         d = dt.get(layout.dtype)

@@ -21,6 +21,8 @@ from .. import messages
 from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
+from .loops import member_key
+from .packing import unpack
 from .state import Env
 
 
@@ -77,7 +79,7 @@ class Lowering:
     @cached_property
     def call_facts(self):
         """machine.CallFacts: each block's inlined cost, call depth, nested conds (computed once)."""
-        from .machine import call_facts
+        from .machine import call_facts  # cycle: lowering.machine imports this module (Frame, Tracer)
         return call_facts(self.graph)
 
     @property
@@ -175,7 +177,6 @@ class Tracer:
 
     def read(self, ref: ir.VarRef, env: Env, frame: Frame):
         """(env, value) of an op input / transfer source; env may gain a runtime guard."""
-        from .packing import unpack
         name = ref.name
         if ref.indices is not None:
             return self.read_member(ref, env, frame)
@@ -223,7 +224,6 @@ class Tracer:
                 raise OiError(messages.prefix_member_missing(ref.name, missing), ref.span, source=self.graph.source)
             indices.append((idx, extent))
         if value is None:
-            from .loops import member_key
             if all(isinstance(i, int) for i, _ in indices):
                 return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
             value = self._stacked(ref.name, tuple(counts))  # a traced read after all: correct, slower
@@ -238,7 +238,6 @@ class Tracer:
     def _stacked(self, name: str, counts: tuple[int, ...]):
         """A family held member by member, stacked in the kernel (only when the policy that split it
         is not the one tracing: Program.unroll changed after construction)."""
-        from .loops import member_key
         members = [self.consts[member_key(name, idx)] for idx in np.ndindex(*counts)]
         stacked = jnp.stack(members)
         return stacked.reshape(tuple(counts) + tuple(stacked.shape[1:]))

@@ -167,7 +167,7 @@ def _segments(block: ir.Block):
 
 def run_branch(node: ir.Branch, env: Env, frame: Frame, tr: Tracer, pred) -> Env:
     """`branch` through the state machine (see module doc); `pred` is the condition's truth."""
-    from .control import truthy
+    from .control import truthy  # cycle: lowering.control imports this module (needs_machine, run_branch)
     graph = tr.graph
     names = reachable(graph, _targets(graph, node))
     segs, first = [], {}

@@ -8,6 +8,9 @@ walks nodes in order, dispatching on the node's type through `RULES` (no if-chai
 """
 from __future__ import annotations
 
+import importlib
+from contextlib import ExitStack
+
 import jax
 
 from .. import ir
@@ -30,7 +33,6 @@ def lower_nodes(nodes, env: dict, frame: Frame, tr: Tracer) -> tuple[dict, bool]
     `return` (or, outside entry, its `yield`) ends that block only. The caller's named scope is left
     while a callee is lowered (op names stay `.../<index>:branch/B/<index>:<op>` however deep the
     chain: no name grows with the call depth)."""
-    from contextlib import ExitStack
     calls: list = []  # suspended callers: (their remaining nodes, their frame, the branch that called)
     todo = iter(nodes)
     with ExitStack() as scopes:
@@ -62,7 +64,6 @@ def lower_nodes(nodes, env: dict, frame: Frame, tr: Tracer) -> tuple[dict, bool]
 def _enter_call(scopes, branch: ir.Branch, block: str):
     """The named scopes of a call: `<index>:branch/<block>` (closed on return, or by `scopes` when
     lowering fails)."""
-    from contextlib import ExitStack
     call = scopes.enter_context(ExitStack())
     call.enter_context(jax.named_scope(f"{branch.index}:{_label(branch)}"))
     call.enter_context(jax.named_scope(block))
@@ -85,7 +86,6 @@ def _label(node: ir.Node) -> str:
 
 def load() -> dict:
     """Import every construct module (each registers its rules); returns the complete `RULES`."""
-    import importlib
     for module in ("blocks", "caches", "control", "sync"):
         importlib.import_module(f"{__package__}.{module}")
     return RULES

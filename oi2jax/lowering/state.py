@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import DictKey, GetAttrKey, tree_map_with_path
 
+from .. import dtypes as dt
+
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
@@ -256,8 +258,6 @@ class StateSpec:
 
     def avals(self) -> StepState:
         """The `StepState` of `jax.ShapeDtypeStruct`s: every buffer's shape and dtype."""
-        from .. import dtypes as dt
-
         def aval(shape, dtype):
             return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
 

@@ -9,6 +9,7 @@ old state is returned) so the host can grow and re-run it.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -19,9 +20,10 @@ import numpy as np
 from .. import ir
 from ..ops.numerics import opaque
 from . import rules
-from .rules import lower_nodes
+from .rules import lower_block, lower_nodes
 from .caches import PLAIN, build_layouts
 from .context import Frame, Lowering, Tracer
+from .packing import unpack
 from .state import Env, PhaseIO, Shaped, commit
 
 def build_lowering(bound) -> Lowering:
@@ -84,7 +86,6 @@ class StepBuilder:
         """A copy that traces with `lowering`: the same graph at other cache capacities (a
         growth), or bound at other, e.g. symbolic, sizes (`export --symbolic`: in-kernel fills
         take that binding's shapes)."""
-        import copy
         other = copy.copy(self)
         other.lowering = lowering
         other.fills = {n: (lowering.bound.shape(n), dtype, fill) for n, (_, dtype, fill) in self.fills.items()}
@@ -112,8 +113,6 @@ class StepBuilder:
     def block_kernel(self, block: str):
         """(consts, env) -> env running one block as a call: a consumer kernel of the yield/await
         driver, and the per-block dumps."""
-        from .rules import lower_block
-
         def kernel(consts, env: Env) -> Env:
             return lower_block(block, env, Tracer(self.lowering, consts))
         return kernel
@@ -149,7 +148,6 @@ class StepBuilder:
 
     def value_of(self, env: Env, name: str):
         """A variable's user-level value in `env` (packed persistent values unpacked)."""
-        from .packing import unpack
         layout = self.lowering.caches.get(name)
         if layout is not None and layout.kind is PLAIN and layout.packed:
             return unpack(env.values[name], layout.dtype, layout.shape)

@@ -17,6 +17,8 @@ from .. import dtypes as dt
 from ..diagnostics import OiError
 from ..lowering.caches import PLAIN, TABLE, CacheLayout
 from ..lowering.state import CacheState, Guards, StepState
+from ..model.packing import pack, unpack
+from ..values import convert_input
 
 
 def initial_state(layout: CacheLayout):
@@ -25,7 +27,6 @@ def initial_state(layout: CacheLayout):
     if layout.kind is PLAIN:
         value = np.full(layout.shape, layout.fill, dtype=np_dtype)
         if layout.packed:  # sub-byte persistent values stay packed on the device
-            from ..model.packing import pack
             value = pack(layout.dtype, value)
         return value
     data = np.full(layout.data_shape(), layout.fill, dtype=np_dtype)
@@ -64,15 +65,13 @@ def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state"):
     """The inverse of `export`: the host value of a persistent variable from its user-visible
     value (tables: `[sizes..., *entry]`, auto_dim: its current shape), converted exactly to the
     dtype. Returns `(layout, host value)`, the layout with a larger capacity if the value needs it."""
-    from ..values import convert_input
     name = layout.name
     k = len(layout.capacity)
     shape = tuple(np.shape(value))
     if layout.kind is PLAIN:
         arr = convert_input(f"{source}: {name}", value, layout.dtype, layout.shape)
         if layout.packed:
-            from ..model.packing import pack as host_pack
-            arr = host_pack(layout.dtype, arr)
+            arr = pack(layout.dtype, arr)
         return layout, arr
     if layout.kind is TABLE:
         if len(shape) != k + len(layout.shape) or shape[k:] != layout.shape:
@@ -111,7 +110,6 @@ def export(layout: CacheLayout, value) -> np.ndarray:
     if layout.kind is PLAIN:
         data = np.asarray(value)
         if layout.packed:
-            from ..model.packing import unpack
             return unpack(layout.dtype, data, layout.shape)
         return data
     data = np.asarray(value.data)

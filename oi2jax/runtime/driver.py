@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Var
+from jax.sharding import SingleDeviceSharding
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey, tree_flatten_with_path
 
 from ..diagnostics import OiError
@@ -184,7 +185,6 @@ class Kernel:
 
     def lower_for(self, device):
         """`jitted.lower(...)` for the planned signature, committed to `device` (AOT build)."""
-        from jax.sharding import SingleDeviceSharding
         const_avals, env_avals = self._plan_avals
         sharding = SingleDeviceSharding(device)
 

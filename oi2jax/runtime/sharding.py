@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .. import dtypes as dt
@@ -237,7 +238,6 @@ class ShardingPlacer(Placer):
     def fetch(self, value) -> np.ndarray:
         """A (possibly multi-process) array as a full NumPy array."""
         if isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated:
-            from jax.experimental import multihost_utils
             return np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return np.asarray(value)
 
