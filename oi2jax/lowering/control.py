@@ -12,7 +12,7 @@ from ..messages import CHECKED
 from . import loops
 from .rules import lower_block, lower_nodes, rule
 from .context import Frame, Tracer
-from .machine import needs_machine, run_branch
+from . import machine
 
 
 def truthy(value, dtype: str):
@@ -28,8 +28,8 @@ def _branch(node: ir.Branch, env, frame: Frame, tr: Tracer):
         return lower_block(node.then_block, env, tr)
     env, cond = tr.read(ir.VarRef(node.cond, node.span), env, frame)
     pred = truthy(cond, tr.bound.dtype(node.cond))
-    if needs_machine(tr, node):  # targets shared by many paths: each block lowered once
-        return run_branch(node, env, frame, tr, pred)
+    if machine.needs_machine(tr, node):  # targets shared by many paths: each block lowered once
+        return machine.run_branch(node, env, frame, tr, pred)
     return jax.lax.cond(pred,
                         lambda e: lower_block(node.then_block, e, tr),
                         lambda e: lower_block(node.else_block, e, tr),
