@@ -123,27 +123,34 @@ def test_bool_settings_take_true_false_and_warn_on_0_1(capsys, tmp_path, setting
             assert code == code_want and text in err and f"{g}:4:" in err, err
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_interrupted_run_leaves_no_partial_output(tmp_path, sig):
-    """Issue 17: a run killed mid-way exits 130 with one line, writes no --out (not even a
-    temporary file) and leaves an existing output file intact."""
+def test_interrupted_run_leaves_no_partial_output(tmp_path):
+    """Issue 17: a run killed mid-way (SIGINT, SIGTERM) exits 130 with one line, writes no --out
+    (not even a temporary file) and leaves an existing output file intact. Both runs go at once
+    (one wait for both to be well into their run)."""
     import os
     import signal
     import time
-    out = tmp_path / "out.npz"
-    out.write_bytes(b"previous result")
-    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
     env = dict(os.environ, PYTHONUNBUFFERED="1", OI2JAX_CACHE_DIR="none")
-    proc = subprocess.Popen([sys.executable, "-m", "oi2jax", "run", str(EXAMPLES / "mlp_regression.oi"),
-                             "--input", f"x={tmp_path / 'x.npy'}", "--steps", "1000000000", "--quiet",
-                             "--out", str(out)], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    runs = {}
+    for sig in ("SIGINT", "SIGTERM"):
+        d = tmp_path / sig
+        d.mkdir()
+        out = d / "out.npz"
+        out.write_bytes(b"previous result")
+        np.save(d / "x.npy", np.ones((4, 16), np.float32))
+        runs[sig] = d, subprocess.Popen(
+            [sys.executable, "-m", "oi2jax", "run", str(EXAMPLES / "mlp_regression.oi"), "--input",
+             f"x={d / 'x.npy'}", "--steps", "1000000000", "--quiet", "--out", str(out)],
+            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     time.sleep(8)  # well into the run (imports + compile take ~2-4 s)
-    assert proc.poll() is None, proc.stderr.read()
-    proc.send_signal(getattr(signal, sig))
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.strip() == "error: interrupted", err
-    assert out.read_bytes() == b"previous result"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npz", "x.npy"]
+    for sig, (d, proc) in runs.items():
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(getattr(signal, sig))
+    for sig, (d, proc) in runs.items():
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and err.strip() == "error: interrupted", (sig, err)
+        assert (d / "out.npz").read_bytes() == b"previous result", sig
+        assert sorted(p.name for p in d.iterdir()) == ["out.npz", "x.npy"], sig
 
 
 def test_unknown_variables_suggest_and_trace_marks_compilation(capsys, tmp_path):
