@@ -15,12 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# two processes (pytest-xdist), a test file in one of them: its compiled programs stay shared
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # the long variants too (random differential in driver mode, 100-run stress): for a nightly run
 test-nightly: $(STAMP)
-	OI2JAX_PROFILE=nightly $(PY) -m pytest -q tests
+	OI2JAX_PROFILE=nightly $(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
