@@ -466,15 +466,7 @@ def test_chains_of_blocks_compile_linearly(monkeypatch):
     is 64"); graphs generated per layer or per stage reach that. No limit now: each block is
     lowered once (unconditional calls inline, without Python recursion; op names do not grow with
     the call depth), so traced ops and HLO grow linearly, and the values are the interpreter's."""
-    from oi2jax.lowering import rules
-    real = rules.load()[ir.Op]
-    calls = [0]
-
-    def counting(*args):
-        calls[0] += 1
-        return real(*args)
-
-    monkeypatch.setitem(rules.RULES, ir.Op, counting)
+    calls = _count_op_lowerings(monkeypatch)
     counts, sizes = {}, {}
     for n in (100, 300):
         calls[0] = 0
@@ -560,11 +552,9 @@ def _guard_chain(k: int) -> str:
     return "\n".join(lines + ["block leaf {", "    op sub(x, x) >> x;", "    cache.increment 3 n;", "}"]) + "\n"
 
 
-def test_conditional_call_chains_lower_each_block_once(monkeypatch):
-    """Issue 19 item 2: blocks reachable from both arms of k nested conditionals were traced (and
-    compiled) 2^k times; now op lowerings and HLO size grow linearly with k, values unchanged."""
+def _count_op_lowerings(monkeypatch) -> list:
+    """[n]: how many op nodes the lowering has traced since (the op rule wrapped by a counter)."""
     from oi2jax.lowering import rules
-    counts, sizes = {}, {}
     real = rules.load()[ir.Op]
     calls = [0]
 
@@ -573,6 +563,14 @@ def test_conditional_call_chains_lower_each_block_once(monkeypatch):
         return real(*args)
 
     monkeypatch.setitem(rules.RULES, ir.Op, counting)
+    return calls
+
+
+def test_conditional_call_chains_lower_each_block_once(monkeypatch):
+    """Issue 19 item 2: blocks reachable from both arms of k nested conditionals were traced (and
+    compiled) 2^k times; now op lowerings and HLO size grow linearly with k, values unchanged."""
+    calls = _count_op_lowerings(monkeypatch)
+    counts, sizes = {}, {}
     for k in (4, 8, 12, 16):
         calls[0] = 0
         prog = oi2jax.compile(_guard_chain(k))

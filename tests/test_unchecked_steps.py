@@ -163,23 +163,29 @@ block entry {
 """
 
 
-@pytest.mark.parametrize("cond", [False, True], ids=["select", "cond"])
+def _five_steps_failing_at_3(prog):
+    """Inputs n, x of five steps (n = inf at step 3: its loop bound fails), and them on the device."""
+    import jax
+    ns = np.array([1, 2, np.inf, 1, 3], np.float32)
+    xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
+    with prog.scope():
+        return ns, xs, [(jax.device_put(n), jax.device_put(x)) for n, x in zip(ns, xs)]
+
+
+@pytest.mark.parametrize("cond", [False, True], ids=["select", "entrywise"])
 def test_steps_after_a_failing_one_change_nothing_and_lose_nothing(monkeypatch, cond):
     """Step 3 fails (a loop bound inf); steps 4 and 5, dispatched before its error is read, would
     succeed, yet leave the state as step 3 left it (skipped in the kernel, by a select after the
-    step or a cond around it). Given again after the error, they give what a fused run of all
+    step for a small plain state, else state entry by entry after a step whose table writes skip
+    their rows). Given again after the error, they give what a fused run of all
     five steps gives: no write lost, none applied twice."""
-    import jax
     from oi2jax.runtime import kernels
     if cond:
         monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
     device = Device(monkeypatch)
     prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
     assert prog.step_kernels.select_skip is not cond
-    ns = np.array([1, 2, np.inf, 1, 3], np.float32)
-    xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
-    with prog.scope():
-        dev = [(jax.device_put(n), jax.device_put(x)) for n, x in zip(ns, xs)]
+    ns, xs, dev = _five_steps_failing_at_3(prog)
     sess = prog.session(max_unchecked=4)
     for k in range(5):
         sess.step(n=dev[k][0], x=dev[k][1])
@@ -220,15 +226,10 @@ def test_skipped_steps_leave_tables_in_place_and_untouched(monkeypatch):
     error is read, would write rows 3 and 4 of H in range, yet write nothing; the compiled kernel
     copies no table."""
     import re
-
-    import jax
     Device(monkeypatch)  # every step unfinished at the next call, as on a GPU
     prog = oi2jax.compile(TABLE_FAIL_SOURCE)
     assert not prog.step_kernels.select_skip
-    ns = np.array([1, 2, np.inf, 1, 3], np.float32)
-    xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
-    with prog.scope():
-        dev = [(jax.device_put(n), jax.device_put(x)) for n, x in zip(ns, xs)]
+    ns, xs, dev = _five_steps_failing_at_3(prog)
     sess = prog.session(max_unchecked=8)
     for k in range(5):
         sess.step(n=dev[k][0], x=dev[k][1])
