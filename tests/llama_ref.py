@@ -155,3 +155,24 @@ def forward_full(weights: dict, config: dict, tokens, dtype=np.float64) -> np.nd
             @ w[p + "mlp.down_proj.weight"].T
     h = rms_norm(h, w["model.norm.weight"], d.eps)
     return h @ w["lm_head.weight"].T
+
+
+def converted_random_llama(directory, seed: int, **sizes):
+    """A random Hugging Face Llama checkpoint written under `directory` (examples/
+    llama_checkpoint.py) and converted with convert-hf: (model path, the checkpoint's weights by
+    Hugging Face name, its config.json)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    from oi2jax.model.convert import convert_hf
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import llama_checkpoint
+    directory = Path(directory)
+    ck = llama_checkpoint.write_random_llama(directory / "ck", seed=seed, **sizes)
+    model = directory / "llama.oinf"
+    convert_hf(ck, model)
+    return model, load_file(str(ck / "model.safetensors")), json.loads((ck / "config.json").read_text())
+

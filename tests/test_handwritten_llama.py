@@ -4,22 +4,14 @@ every step within 1e-4 of the largest reference logit, both layer forms, the don
 generation equal to a loop of jitted steps."""
 from __future__ import annotations
 
-import json
-import sys
-
 import jax
 import numpy as np
 import pytest
 
 from oi2jax.model import open_model
-from oi2jax.model.convert import convert_hf
 
 from benchmarks.handwritten.llama import LlamaJax
-from conftest import EXAMPLES
-from llama_ref import LlamaRef
-
-sys.path.insert(0, str(EXAMPLES))
-import llama_checkpoint  # noqa: E402
+from llama_ref import LlamaRef, converted_random_llama
 
 SIZES = dict(vocab=64, hidden=32, layers=2, heads=8, kv_heads=4, intermediate=48, max_positions=24)
 STEPS = 6
@@ -28,12 +20,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hwllama")
-    ck = llama_checkpoint.write_random_llama(tmp / "ck", seed=5, **SIZES)
-    model = tmp / "llama.oinf"
-    convert_hf(ck, model)
-    from safetensors.numpy import load_file
-    return model, load_file(str(ck / "model.safetensors")), json.loads((ck / "config.json").read_text())
+    return converted_random_llama(tmp_path_factory.mktemp("hwllama"), seed=5, **SIZES)
 
 
 def _rel(a, b) -> float:

@@ -14,13 +14,9 @@ import pytest
 
 import oi2jax
 from oi2jax.diagnostics import OiError
-from oi2jax.model.convert import convert_hf
 
 from conftest import EXAMPLES, REPO, run_cli
-from llama_ref import LlamaRef
-
-sys.path.insert(0, str(EXAMPLES))
-import llama_checkpoint  # noqa: E402
+from llama_ref import LlamaRef, converted_random_llama
 
 GRAPH = EXAMPLES / "llama_decode.oi"
 SIZES = dict(vocab=64, hidden=32, layers=2, heads=8, kv_heads=4, intermediate=48, max_positions=40)
@@ -31,12 +27,7 @@ TOL = 1e-4  # |logit - reference| / max |reference logit|, every step (the issue
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llama")
-    ck = llama_checkpoint.write_random_llama(tmp / "ck", seed=3, **SIZES)
-    model = tmp / "llama.oinf"
-    convert_hf(ck, model)
-    from safetensors.numpy import load_file
-    weights = load_file(str(ck / "model.safetensors"))
-    config = json.loads((ck / "config.json").read_text())
+    model, weights, config = converted_random_llama(tmp, seed=3, **SIZES)
     prog = oi2jax.compile(GRAPH, model=model, ops=["nn"])
     return prog, model, weights, config, tmp
 
