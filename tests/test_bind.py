@@ -318,3 +318,22 @@ def test_examples_bind_to_their_models(name):
     assert b.missing_constants() == []
     if name == "quantized_linear":
         assert b.initial("x").reshape(-1)[:4].tolist() == [7, 0, 6, -1]
+
+
+def test_a_compiled_program_keeps_no_host_copy_of_the_model():
+    """Once its constants are on the device, a Program drops the host values it read (the
+    model reader's and the bound graph's): a model's weights are not held twice. Anything read
+    later comes from the file again, with the same values."""
+    import oi2jax
+    from conftest import EXAMPLES
+    prog = oi2jax.compile(EXAMPLES / "mlp_regression.oi", model=EXAMPLES / "mlp_regression.oinf")
+    model = prog.bound.model
+    assert model.loaded_whole and model.held == []
+    interp = oi2jax.compile(EXAMPLES / "mlp_regression.oi", model=EXAMPLES / "mlp_regression.oinf",
+                            mode="interpret")
+    x = np.random.default_rng(2).standard_normal(prog.bound.shape("x")).astype(np.float32)
+    want = interp.run({"x": x})
+    got = prog.run({"x": x})
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+

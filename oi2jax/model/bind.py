@@ -299,6 +299,15 @@ class BoundGraph:
         self._families[name] = out
         return out
 
+    def release_host_values(self) -> None:
+        """Drop the host copies of the values read so far, this graph's and the model reader's
+        (`Model.drop_cache`): a compiled program holds its constants on the device; whatever is
+        asked for later is read again."""
+        self._cache.clear()
+        self._families.clear()
+        if self.model is not None:
+            self.model.drop_cache()
+
     # ------------------------------------------------------------ loop bounds
 
     def loop_bound(self, value: ir.IndexValue) -> int | None:

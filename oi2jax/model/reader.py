@@ -184,6 +184,7 @@ class Model:
         self.bytes_loaded = 0
         self._cache: dict[str, np.ndarray] = {}
         self._packed_cache: dict[str, np.ndarray] = {}
+        self._whole: set[str] = set()  # tensors read whole (`loaded_whole`), cached or not
 
     def __repr__(self) -> str:
         return (f"Model({self.path!r}: v{self.version}, {len(self.sizevars)} sizevars, {len(self.metadata)} metadata, "
@@ -195,7 +196,18 @@ class Model:
     @property
     def loaded_whole(self) -> list[str]:
         """The tensors read whole so far (sharded reads load only their slices)."""
-        return sorted(self._cache)
+        return sorted(self._whole)
+
+    @property
+    def held(self) -> list[str]:
+        """The tensors whose values are held in memory now (read and not dropped)."""
+        return sorted(set(self._cache) | set(self._packed_cache))
+
+    def drop_cache(self) -> None:
+        """Forget the values read so far (a later `load` reads the file again): a program whose
+        constants are on the device keeps no host copy of the model."""
+        self._cache.clear()
+        self._packed_cache.clear()
 
     def info(self, name: str) -> TensorInfo:
         try:
@@ -274,6 +286,7 @@ class Model:
                                         f"0b10 (t2 holds -1, 0, 1)")
         arr.flags.writeable = False
         self._cache[name] = arr
+        self._whole.add(name)
         return arr
 
     def load_packed(self, name: str) -> np.ndarray:

@@ -2,6 +2,8 @@
 mesh (`ShardingPlacer`); device names as the CLI and `placement=` spell them."""
 from __future__ import annotations
 
+import ctypes
+
 import jax
 import numpy as np
 
@@ -55,6 +57,17 @@ class Placer:
     def fetch(self, value) -> np.ndarray:
         """A device value as a full host array."""
         return np.asarray(value)
+
+
+def return_freed_memory() -> None:
+    """Give the heap pages freed so far back to the operating system (glibc's `malloc_trim`;
+    nothing where the C library has none). Large host arrays freed after they were copied to the
+    device otherwise stay in the process's heap, and the XLA compilations that follow grow the
+    peak on top of them."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 def device_name(device) -> str:
