@@ -285,19 +285,35 @@ class BoundGraph:
             raise OiError(f"prefix table {name}: no model tensor matches pattern {decl.pattern!r} ({where})",
                           decl.span)
         counts = self.family_counts(name)
-        shape = self.shape(name)
-        out = np.empty(counts + shape, dt.get(decl.dtype).np_dtype)
+        out = np.empty(counts + self.shape(name), dt.get(decl.dtype).np_dtype)
         for idx in np.ndindex(*counts):
-            tensor = members.get(idx)
-            if tensor is None:
-                raise OiError(f"prefix table {name}: model tensor {self.member_name(decl, idx)} not found",
-                              decl.span)
-            _check_tensor(decl, self.model.tensors[tensor], shape, f"{name}[{', '.join(map(str, idx))}]")
-            info = self.model.tensors[tensor]
-            out[idx] = self.model.load(tensor) if info.has_data else fill_value(decl.dtype, shape, decl.init)
+            out[idx] = self._member(decl, members, idx)
         out.flags.writeable = False
         self._families[name] = out
         return out
+
+    def family_items(self, name: str):
+        """(index, value) of every member of prefix table `name` in index order, each read on
+        its own (not stacked, not kept): what `family` stacks, for a program that holds the
+        members as separate buffers."""
+        decl = self._prefix_decl(name)
+        members = self.family_members(name)
+        if not members:
+            self.family(name)  # raises: no model tensor matches the pattern
+        for idx in np.ndindex(*self.family_counts(name)):
+            yield idx, self._member(decl, members, idx)
+
+    def _member(self, decl: ir.VarDecl, members: dict, idx: tuple[int, ...]) -> np.ndarray:
+        """One member's value: its model tensor (checked against the declaration), or the `@init`
+        fill for a member stored without data; a hole in the grid is an error naming it."""
+        shape = self.shape(decl.name)
+        tensor = members.get(idx)
+        if tensor is None:
+            raise OiError(f"prefix table {decl.name}: model tensor {self.member_name(decl, idx)} not found",
+                          decl.span)
+        info = self.model.tensors[tensor]
+        _check_tensor(decl, info, shape, f"{decl.name}[{', '.join(map(str, idx))}]")
+        return self.model.load(tensor) if info.has_data else fill_value(decl.dtype, shape, decl.init)
 
     def release_host_values(self) -> None:
         """Drop the host copies of the values read so far, this graph's and the model reader's

@@ -137,11 +137,9 @@ class Program:
         split = loops.split_families(Tracer(self.lowering, {}), self.loop_policy())
         consts = {}
         for decl in self.graph.vars:
-            if decl.is_prefix_table and decl.name in split:
-                family = self.bound.family(decl.name)
-                k = len(decl.index_params)
-                for index in np.ndindex(*family.shape[:k]):
-                    consts[loops.member_key(decl.name, index)] = family[index]
+            if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
+                for index, value in self.bound.family_items(decl.name):
+                    consts[loops.member_key(decl.name, index)] = value
             elif decl.is_prefix_table:
                 consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
