@@ -24,6 +24,22 @@ SPEC_EXAMPLE_NAMES = sorted(p.stem for p in EXAMPLES.glob("*.oi") if p.with_suff
 NIGHTLY = os.environ.get("OI2JAX_PROFILE") == "nightly"
 
 
+# a graph whose step fails at run time when n is not finite (its loop bound), otherwise adds x to
+# acc n times: the session and unchecked-step tests run steps after a failing one with it
+PLAIN_FAIL_SOURCE = """
+dynamic { n: f32; x: f32[2]; }
+volatile { y: f32[2]; }
+persistent { acc: f32[2] @init(0.0); count: i32 @init(0); }
+block entry {
+    cache.read acc >> y;
+    loop l (i in 0..n) { op add(y, x) >> y; }
+    cache.write y >> acc;
+    cache.increment count;
+    return;
+}
+"""
+
+
 @pytest.fixture(scope="session")
 def shared() -> Path:
     assert SHARED.is_dir(), f"reference material not found at {SHARED} (set OI2JAX_SHARED)"

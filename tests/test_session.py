@@ -9,7 +9,7 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.lowering.state import StepState
 
-from conftest import EXAMPLES, run_both, run_cli
+from conftest import EXAMPLES, PLAIN_FAIL_SOURCE, run_both, run_cli
 
 D = 4
 KV_SOURCE = EXAMPLES / "kv_cache_decode.oi"
@@ -583,20 +583,6 @@ def test_missing_inputs_are_errors_unless_zeros_are_asked_for(capsys, tmp_path):
     # an input with a default of its own (@init) or one the graph never reads is not missing
     src = "dynamic { a: f32[2] @init(1.5); b: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry { op relu(a) >> y; return; }\n"
     np.testing.assert_array_equal(oi2jax.compile(src).run({})["y"], [1.5, 1.5])
-
-
-PLAIN_FAIL_SOURCE = """
-dynamic { n: f32; x: f32[2]; }
-volatile { y: f32[2]; }
-persistent { acc: f32[2] @init(0.0); count: i32 @init(0); }
-block entry {
-    cache.read acc >> y;
-    loop l (i in 0..n) { op add(y, x) >> y; }
-    cache.write y >> acc;
-    cache.increment count;
-    return;
-}
-"""
 
 
 @pytest.mark.parametrize("cond", [False, True])

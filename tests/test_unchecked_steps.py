@@ -12,7 +12,7 @@ import pytest
 import oi2jax
 from oi2jax.diagnostics import OiError
 
-from conftest import EXAMPLES, assert_same
+from conftest import EXAMPLES, PLAIN_FAIL_SOURCE, assert_same
 
 KV = (EXAMPLES / "kv_cache_decode.oi", EXAMPLES / "kv_cache_decode.oinf")  # K @fixed(i=4): step 5 overflows
 OVERFLOW = r"dimension 0 of K: index 4 is past its fixed size 4 \(in step 5\)"
@@ -147,20 +147,6 @@ def test_a_finished_step_raises_before_anything_is_dispatched(kv, monkeypatch):
     assert device.reads == 3  # the newest finished step (6: it carries step 5's error), 5, and 4 (clean)
     assert sess.steps == 5
     assert_same(sess.values(), reference(kv, qs, 5))
-
-
-PLAIN_FAIL_SOURCE = """
-dynamic { n: f32; x: f32[2]; }
-volatile { y: f32[2]; }
-persistent { acc: f32[2] @init(0.0); count: i32 @init(0); }
-block entry {
-    cache.read acc >> y;
-    loop l (i in 0..n) { op add(y, x) >> y; }
-    cache.write y >> acc;
-    cache.increment count;
-    return;
-}
-"""
 
 
 def _five_steps_failing_at_3(prog):
