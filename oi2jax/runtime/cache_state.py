@@ -50,6 +50,26 @@ def assemble(layouts, values: dict, flags) -> StepState:
                      Guards(np.asarray(flags, np.int64)))
 
 
+def plan_growth(layouts: dict, growable, need, sizes: dict) -> dict[str, list[int]]:
+    """The new capacity of each cache that grows, by name. `growable`: the (cache, dim) of each
+    growable slot; `need[slot]`: the capacity a step asked for (0: enough); `sizes`: each
+    growable cache's current sizes. A dim that asked for more doubles until it fits; since a
+    rebuild costs a compile, every other growable dim at least 3/4 full doubles with it instead
+    of asking a few steps later (fewer compiles when several dims grow at different paces)."""
+    per_cache: dict[str, list[int]] = {}
+    for slot, (name, dim) in enumerate(growable):
+        cap = list(per_cache.get(name, layouts[name].capacity))
+        while need[slot] > cap[dim]:
+            cap[dim] *= 2
+        per_cache[name] = cap
+    for slot, (name, dim) in enumerate(growable):
+        cap = list(per_cache.get(name, layouts[name].capacity))
+        if need[slot] == 0 and 4 * int(np.asarray(sizes[name])[dim]) >= 3 * cap[dim]:
+            cap[dim] *= 2
+            per_cache[name] = cap
+    return per_cache
+
+
 def grow(layout: CacheLayout, cache: CacheState, new_capacity: tuple[int, ...]) -> tuple[CacheLayout, CacheState]:
     """A cache's host state padded to `new_capacity` with its fill (numerics.state_fill)."""
     new = replace(layout, capacity=tuple(new_capacity))

@@ -441,20 +441,8 @@ class Program:
         need = np.asarray(status)[2:]
         host = self.host_state(state)
         layouts = dict(self.lowering.caches)
-        per_cache: dict[str, list[int]] = {}
-        for slot, (name, dim) in enumerate(self.lowering.growable):
-            cap = list(per_cache.get(name, layouts[name].capacity))
-            while need[slot] > cap[dim]:
-                cap[dim] *= 2
-            per_cache[name] = cap
-        # a rebuild costs a compile: dims at least 3/4 full grow with this one instead of asking
-        # for their own a few steps later (fewer compiles when several dims grow at different paces)
-        for slot, (name, dim) in enumerate(self.lowering.growable):
-            used = host.caches[name].size  # a growable cache always has its sizes
-            cap = list(per_cache.get(name, layouts[name].capacity))
-            if need[slot] == 0 and 4 * int(np.asarray(used)[dim]) >= 3 * cap[dim]:
-                cap[dim] *= 2
-                per_cache[name] = cap
+        per_cache = cache_state.plan_growth(layouts, self.lowering.growable, need,
+                                            {name: host.caches[name].size for name, _ in self.lowering.growable})
         for name, cap in per_cache.items():  # refuse before allocating: a write at index 10**9 ...
             layout = layouts[name]
             probe = replace(layout, capacity=tuple(cap))
