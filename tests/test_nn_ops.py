@@ -1,4 +1,4 @@
-"""The bundled `nn` op set (oi2jax/ops/nn.py, docs/ops.md): every op against its NumPy reference.
+"""The bundled `nn` op set (oi2jax/ops/nn/, docs/ops.md): every op against its NumPy reference.
 
 Generated from the registry, like tests/test_ops.py: for every op of `ops.load(["nn"])` that is
 not built in, every dtype it accepts among f16, bf16, f32, f64 (and, for ops taking any / integer /
@@ -13,7 +13,7 @@ dtype)`, the kernel (`ops.apply`, all of an op's cases in one `jax.jit`) is held
 - values within TOLERANCE (below) by output dtype and op kind; EXACT ops (data movement, lookup,
   argmax) bit for bit for every dtype (NaN = NaN, the sign of zero counts).
 
-Adding an op to nn.py adds its cases. Then a few graphs through the DSL: compiled against the
+Adding an op to the nn package adds its cases. Then a few graphs through the DSL: compiled against the
 interpreter (which runs the references), the runtime error located at the node, check-time shape
 errors with the caret on the attribute.
 """

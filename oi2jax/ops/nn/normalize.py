@@ -1,0 +1,227 @@
+"""nn ops over an axis: softmax (with a valid length), rms_norm, layer_norm, argmax."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ... import dtypes as D
+from .. import numerics as N
+from ..define import Attr, op
+from ..errors import OpTypeError
+from ._common import as_f64, norm_axis, float_attr, rep_values, float_samples, sample_values
+
+# ====================================================================== softmax
+
+
+def _valid_message(n: int) -> str:
+    return f"softmax: valid length {{value}} is not in 1..{n}"
+
+
+def _valid_length(valid, n: int, ctx):
+    """`valid` (a literal, a constant or a 0-d integer variable) clipped to 0..n, with the runtime
+    check 1 <= valid <= n recorded."""
+    if isinstance(valid, (float, np.floating)) or (hasattr(valid, "dtype") and not (
+            jnp.issubdtype(valid.dtype, jnp.integer) or valid.dtype == jnp.bool_)):
+        raise OpTypeError(f"op softmax: valid must be an integer, got {getattr(valid, 'dtype', type(valid).__name__)}",
+                          attr="valid")
+    if isinstance(valid, (bool, int, np.integer)):
+        v = int(valid)
+        if not 1 <= v <= n:
+            ctx.fail_if(jnp.asarray(True), _valid_message(n), v)
+        return min(max(v, 0), n)
+    v = jnp.asarray(valid).reshape(())
+    if v.dtype == jnp.bool_:
+        v = v.astype(jnp.int32)
+    ctx.fail_if((v < 1) | (v > n), _valid_message(n), v)
+    return jnp.clip(v, 0, n).astype(jnp.int32)
+
+
+def _softmax_shape(shapes, attrs):
+    x = shapes[0]
+    ax = norm_axis("softmax", attrs.get("axis", -1), len(x))
+    valid = attrs.get("valid")
+    if valid is not None and not 1 <= int(valid) <= x[ax]:
+        raise OpTypeError(f"op softmax: valid length {int(valid)} is not in 1..{x[ax]}", attr="valid")
+    return x
+
+
+def _softmax_ref(x, axis=-1, valid=None, ctx=None):
+    x = as_f64(x)
+    ax = axis % x.ndim
+    n = x.shape[ax]
+    k = n
+    if valid is not None:
+        if np.asarray(valid).dtype.kind not in "iub":
+            raise OpTypeError(f"op softmax: valid must be an integer, got {np.asarray(valid).dtype}", attr="valid")
+        v = int(np.asarray(valid))
+        if not 1 <= v <= n and ctx is not None:
+            ctx.fail_if(np.bool_(True), _valid_message(n), v)
+        k = min(max(v, 0), n)
+    out = np.zeros_like(x)
+    part = tuple(slice(0, k) if i == ax else slice(None) for i in range(x.ndim))
+    if k > 0:
+        with np.errstate(all="ignore"):
+            e = np.exp(x[part] - np.max(x[part], axis=ax, keepdims=True))
+            out[part] = e / np.sum(e, axis=ax, keepdims=True)
+    return out
+
+
+def _softmax_samples(rng, d):
+    big = float_samples(rng, d, (2, 6), 3.0, (1000.0, -1000.0, 3e4, -3e4, 0.0, 60.0, 65.0, 60.0, -np.inf, 1.0, 2.0, 3.0))
+    masked = float_samples(rng, d, (3, 5), 2.0)
+    masked[0, 4] = rep_values(np.nan, d)  # past the valid length: never read
+    masked[1, 3] = rep_values(np.inf, d)
+    return [((float_samples(rng, d, (2, 6), 3.0),), {}),
+            ((big,), {"axis": -1}),
+            ((masked,), {"valid": 3}),
+            ((float_samples(rng, d, (4, 3), 2.0),), {"axis": 0, "valid": np.array(2, np.int32)}),
+            ((float_samples(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)})]  # a runtime error
+
+
+@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int")}, shape=_softmax_shape, category="nn", op_set="nn",
+    reference=_softmax_ref, samples=_softmax_samples)
+def softmax(x, *, axis=-1, valid=None, ctx):
+    """Softmax over `axis`; with `valid=n` only the first n positions take part, the others are exactly 0.
+
+    Max-subtracted: exp(x - max) / sum(exp(x - max)), exp and sum in f32 for f16/bf16 (f64 for f64),
+    rounded once. The positions past `valid` are masked with the compute type's most negative finite
+    value (never -inf, so a row is never all -inf by masking) and their results set to 0; they are
+    never read (a NaN there has no effect). `valid` is a literal or an integer variable (e.g. a
+    cache's fill count); outside 1..N (N the axis length) it is a runtime error of the node. A NaN
+    or +inf among the read positions makes the whole row NaN (as torch); so does a row whose read
+    positions are all -inf."""
+    xc = N.to_compute(x, ctx.dtype)
+    ax = norm_axis("softmax", axis, xc.ndim)
+    n = xc.shape[ax]
+    keep = None
+    if valid is not None:
+        v = _valid_length(valid, n, ctx)
+        if not (isinstance(v, int) and v == n):
+            keep = lax.broadcasted_iota(jnp.int32, xc.shape, ax) < v
+            xc = jnp.where(keep, xc, jnp.asarray(jnp.finfo(xc.dtype).min, xc.dtype))
+    e = jnp.exp(xc - jnp.max(xc, axis=ax, keepdims=True))
+    if keep is not None:
+        e = jnp.where(keep, e, jnp.zeros((), e.dtype))
+    return N.store(e / jnp.sum(e, axis=ax, keepdims=True), ctx.out_dtype)
+
+
+# ====================================================================== norms
+
+
+def _norm_shape(op_name: str, params: tuple[str, ...]):
+    def rule(shapes, attrs):
+        x = shapes[0]
+        if len(x) < 1:
+            raise OpTypeError(f"op {op_name}: x must have rank >= 1 (it normalizes the last axis)", input=0)
+        for i, name in enumerate(params, start=1):
+            if tuple(shapes[i]) != tuple(x[-1:]):
+                raise OpTypeError(f"op {op_name}: {name} has shape {list(shapes[i])}, expected [{x[-1]}] "
+                                  f"(the last axis of x)", input=i)
+        return x
+    return rule
+
+
+def _norm_samples(with_bias: bool):
+    def samples(rng, d):
+        def params(n):
+            w = float_samples(rng, d, (n,), 0.2, offset=1.0)
+            return (w, float_samples(rng, d, (n,), 0.5)) if with_bias else (w,)
+        x2 = float_samples(rng, d, (3, 4), 300.0)
+        x2[0] = rep_values(0.0, d)  # an all-zero row: 0 (eps keeps it finite)
+        return [((float_samples(rng, d, (2, 8), 2.0), *params(8)), {}),
+                ((x2, *params(4)), {"eps": 1e-5}),
+                ((float_samples(rng, d, (4,), 1.0, offset=3.0), *params(4)), {"eps": np.array(1e-2, np.float32)})]
+    return samples
+
+
+def _rms_norm_ref(x, weight, eps=1e-6):
+    x = as_f64(x)
+    eps = float(np.asarray(eps))
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * as_f64(weight)
+
+
+@op(inputs={"x": "float", "weight": "same"}, attrs={"eps": 1e-6}, shape=_norm_shape("rms_norm", ("weight",)),
+    category="nn", op_set="nn", reference=_rms_norm_ref, samples=_norm_samples(False))
+def rms_norm(x, weight, *, eps=1e-6, ctx):
+    """RMS normalization over the last axis: x * rsqrt(mean(x^2) + eps) * weight.
+
+    `weight` has shape [x.shape[-1]]. f16/bf16 are computed in f32 (mean of squares, rsqrt, both
+    products) and rounded once; Hugging Face's LlamaRMSNorm rounds to the input dtype before
+    multiplying by the weight (a second rounding; the results can differ by an ulp). `eps` is a
+    literal or a float variable (held in the compute type: f32 for 16-bit and f32 inputs)."""
+    xc = N.to_compute(x, ctx.dtype)
+    ms = jnp.mean(xc * xc, axis=-1, keepdims=True)
+    y = xc * lax.rsqrt(ms + float_attr(eps, ctx.dtype)) * N.to_compute(weight, ctx.dtype)
+    return N.store(y, ctx.out_dtype)
+
+
+def _layer_norm_ref(x, weight, bias, eps=1e-5):
+    x = as_f64(x)
+    eps = float(np.asarray(eps))
+    mu = np.mean(x, axis=-1, keepdims=True)
+    var = np.mean((x - mu) ** 2, axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * as_f64(weight) + as_f64(bias)
+
+
+@op(inputs={"x": "float", "weight": "same", "bias": "same"}, attrs={"eps": 1e-5},
+    shape=_norm_shape("layer_norm", ("weight", "bias")), category="nn", op_set="nn", reference=_layer_norm_ref,
+    samples=_norm_samples(True))
+def layer_norm(x, weight, bias, *, eps=1e-5, ctx):
+    """Layer normalization over the last axis: (x - mean) * rsqrt(var + eps) * weight + bias.
+
+    `var` is the population variance (divided by N), as torch's LayerNorm; `weight` and `bias` have
+    shape [x.shape[-1]]. f16/bf16 are computed in f32 and rounded once. `eps` is a literal or a float
+    variable."""
+    xc = N.to_compute(x, ctx.dtype)
+    mu = jnp.mean(xc, axis=-1, keepdims=True)
+    xm = xc - mu
+    var = jnp.mean(xm * xm, axis=-1, keepdims=True)
+    y = xm * lax.rsqrt(var + float_attr(eps, ctx.dtype)) * N.to_compute(weight, ctx.dtype) \
+        + N.to_compute(bias, ctx.dtype)
+    return N.store(y, ctx.out_dtype)
+
+
+
+# ====================================================================== argmax
+
+
+def _argmax_shape(shapes, attrs):
+    x = tuple(shapes[0])
+    ax = norm_axis("argmax", attrs.get("axis", -1), len(x))
+    return x[:ax] + x[ax + 1:]
+
+
+def _argmax_ref(x, axis=-1):
+    x = np.asarray(x)
+    if D.get(_dtype_name(x.dtype)).is_float:
+        x = x.astype(np.float64)
+    return np.argmax(x, axis=axis)
+
+
+def _dtype_name(np_dtype) -> str:
+    for name, dt in D.DTYPES.items():
+        if np.dtype(dt.np_dtype) == np.dtype(np_dtype):
+            return name
+    raise KeyError(np_dtype)
+
+
+def _argmax_samples(rng, d):
+    a = sample_values(rng, d, (3, 5))
+    a[0, :] = a[0, 0]  # ties: the first wins
+    if D.get(d).is_float:
+        a[1, 3] = rep_values(np.nan, d)  # NaN counts as the maximum
+        a[2, 1], a[2, 2] = rep_values(-0.0, d), rep_values(0.0, d)
+    return [((a,), {}), ((sample_values(rng, d, (4, 3)),), {"axis": 0}), ((sample_values(rng, d, (6,)),), {"axis": 0})]
+
+
+@op(inputs={"x": "numeric"}, attrs={"axis": Attr("int", -1, static=True)}, out_dtype="i32", shape=_argmax_shape, category="nn", op_set="nn",
+    reference=_argmax_ref, samples=_argmax_samples)
+def argmax(x, *, axis=-1):
+    """The index (i32) of the first maximum of x along `axis`, which is removed from the shape.
+
+    Ties give the first index; a NaN counts as larger than every number (the first NaN wins, as
+    jnp.argmax and np.argmax); -0.0 and +0.0 tie."""
+    # lax.argmax with an explicit int32 index: jnp.argmax's index dtype follows the x64 flag when
+    # lowered, which breaks the pure step under a user's jit without x64 (tests/test_user_jit.py)
+    return lax.argmax(x, norm_axis("argmax", axis, x.ndim), jnp.int32)

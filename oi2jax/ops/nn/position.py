@@ -1,0 +1,125 @@
+"""nn ops of token positions and ids: the rotary embedding (rope) and the embedding lookup."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import numerics as N
+from ..define import op
+from ..errors import OpTypeError
+from ._common import as_f64, float_samples, sample_values
+
+# ====================================================================== rotary embedding
+
+
+def _inv_freq_np(theta: float, hd: int, f64: bool):
+    """Hugging Face's `1.0 / (theta ** (arange(0, hd, 2).float() / hd))`, each step rounded to f32
+    (f64 for f64 inputs); the power correctly rounded."""
+    f = np.float64 if f64 else np.float32
+    e = np.arange(0, hd, 2).astype(f) / f(hd)
+    p = (np.float64(f(theta)) ** e.astype(np.float64)).astype(f)
+    return f(1.0) / p
+
+
+def _rope_shape(shapes, attrs):
+    x, pos = shapes
+    if len(x) < 1 or x[-1] % 2 or x[-1] == 0:
+        raise OpTypeError(f"op rope: x must end in an even head dimension, got shape {list(x)}", input=0)
+    if tuple(pos) != ():
+        raise OpTypeError(f"op rope: pos must be a scalar position (shape []), got shape {list(pos)}", input=1)
+    return x
+
+
+def _rope_ref(x, pos, theta=10000.0):
+    f64 = np.asarray(x).dtype == np.float64
+    f = np.float64 if f64 else np.float32
+    x = as_f64(x)
+    hd = x.shape[-1]
+    theta = float(np.asarray(theta, np.float64 if f64 else np.float32))
+    freqs = (f(np.asarray(pos)) * _inv_freq_np(theta, hd, f64)).astype(np.float64)  # rounded to f32: HF's angles
+    emb = np.concatenate([freqs, freqs])
+    rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
+    return x * np.cos(emb) + rot * np.sin(emb)
+
+
+def _rope_samples(rng, d):
+    return [((float_samples(rng, d, (2, 8), 1.0), np.array(0, np.int32)), {}),
+            ((float_samples(rng, d, (2, 8), 1.0), np.array(5, np.int32)), {}),
+            ((float_samples(rng, d, (3, 2, 8), 2.0), np.array(100, np.int64)), {"theta": 500000.0}),
+            ((float_samples(rng, d, (4, 6), 1.0), np.array(37, np.uint16)), {"theta": np.array(10000.0, np.float32)})]
+
+
+@op(inputs={"x": "float", "pos": "index"}, attrs={"theta": 10000.0}, shape=_rope_shape, category="nn", op_set="nn",
+    reference=_rope_ref, samples=_rope_samples)
+def rope(x, pos, *, theta=10000.0, ctx):
+    """Rotary position embedding of x [..., HD] at the integer position `pos` (shape []), in Hugging Face Llama's form.
+
+    inv_freq[i] = 1 / theta^(2i/HD) for i in 0..HD/2-1, computed in f32 as HF does
+    (`1.0 / (theta ** (arange(0, HD, 2).float() / HD))`; a literal theta: on the host, each step
+    rounded to f32, the power correctly rounded; a variable theta: in the kernel, within an ulp);
+    freqs = pos * inv_freq (f32), emb = concat(freqs, freqs),
+    out = x * cos(emb) + rotate_half(x) * sin(emb), rotate_half(x) = concat(-x[..., HD/2:], x[..., :HD/2]).
+    f64 inputs: everything in f64. f16/bf16: the products in f32, rounded once (HF rounds cos/sin to
+    x's dtype first and rounds each product: results can differ by an ulp). pos 0 is the identity
+    (for finite x)."""
+    ct = N.compute_dtype(ctx.dtype)
+    hd = x.shape[-1]
+    if isinstance(theta, (bool, int, float, np.integer, np.floating)):
+        inv = jnp.asarray(_inv_freq_np(float(theta), hd, ctx.dtype == "f64"))
+    else:
+        t = jnp.asarray(theta).astype(ct)
+        inv = jnp.asarray(1.0, ct) / t ** (jnp.arange(0, hd, 2).astype(ct) / jnp.asarray(hd, ct))
+    freqs = jnp.asarray(pos).astype(ct) * inv
+    emb = jnp.concatenate([freqs, freqs])
+    xc = N.to_compute(x, ctx.dtype)
+    rot = jnp.concatenate([-xc[..., hd // 2:], xc[..., :hd // 2]], axis=-1)
+    return N.store(xc * jnp.cos(emb) + rot * jnp.sin(emb), ctx.out_dtype)
+
+
+# ====================================================================== embedding lookup
+
+
+def _embedding_message(v: int) -> str:
+    return f"embedding: id {{value}} is outside 0..{v - 1}"
+
+
+def _embedding_shape(shapes, attrs):
+    table, ids = shapes
+    if len(table) < 1 or table[0] == 0:
+        raise OpTypeError(f"op embedding: table must have rank >= 1 and at least one row, got shape {list(table)}",
+                          input=0)
+    return tuple(ids) + tuple(table[1:])
+
+
+def _embedding_ref(table, ids, ctx=None):
+    table, ids = np.asarray(table), np.asarray(ids)
+    v = table.shape[0]
+    bad = (ids < 0) | (ids >= v)
+    if bad.any() and ctx is not None:
+        ctx.fail_if(np.bool_(True), _embedding_message(v), int(ids.reshape(-1)[np.argmax(bad.reshape(-1))]))
+    return table[np.clip(ids, 0, v - 1)]
+
+
+def _embedding_samples(rng, d):
+    table = sample_values(rng, d, (8, 3))
+    return [((table, rng.integers(0, 8, size=(2, 3)).astype(np.int32)), {}),
+            ((table, np.array([7, 0, 3, 7], np.int64)), {}),
+            ((sample_values(rng, d, (5,)), np.array(4, np.uint8)), {}),
+            ((table, np.array([1, 9, -2, 9], np.int32)), {})]  # a runtime error: id 9
+
+
+@op(inputs={"table": "any", "ids": "index"}, shape=_embedding_shape, category="nn", op_set="nn",
+    reference=_embedding_ref, samples=_embedding_samples)
+def embedding(table, ids, *, ctx):
+    """Rows of `table` [V, D...] picked by the integer `ids` (any shape S): the result has shape S + [D...].
+
+    Any table dtype (the result has it); ids of any integer dtype, e.g. a variable holding token ids.
+    An id outside 0..V-1 is a runtime error of the node naming the first such id ("embedding: id 9
+    is outside 0..7"), never clamped silently."""
+    v = table.shape[0]
+    ids = jnp.asarray(ids)
+    bad = (ids < 0) | (ids >= v)
+    if ids.size:
+        ctx.fail_if(bad, _embedding_message(v), ids.reshape(-1)[lax.argmax(bad.reshape(-1).astype(jnp.int32), 0, jnp.int32)])
+    return jnp.take(table, jnp.clip(ids, 0, v - 1), axis=0, mode="clip")
