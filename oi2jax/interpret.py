@@ -53,7 +53,7 @@ from .model.bind import AttrVar
 from .numerics import state_fill
 from .protocol import CompileOptions
 from .trace import Trace
-from .values import check_given_inputs, convert_input, convert_output, unknown_input  # one message each, compiled or interpreted
+from .values import check_given_inputs, convert_inputs, convert_output  # one message each, compiled or interpreted
 
 MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
@@ -255,7 +255,7 @@ class InterpretedProgram(CacheOps):
 
     def _run(self, inputs, steps, progress=None):
         with jax.enable_x64(True):
-            converted = self._convert_inputs(inputs or {})
+            converted = convert_inputs(inputs or {}, self.graph, self._decl_shape)
             check_given_inputs(self.bound, (inputs or {}).keys(), self.zero_missing_inputs)
             if steps < 0:
                 raise OiError("steps must be >= 0")
@@ -271,15 +271,6 @@ class InterpretedProgram(CacheOps):
                 if progress is not None:
                     progress(i + 1)
             return self.outputs()
-
-    def _convert_inputs(self, inputs: dict) -> dict[str, np.ndarray]:
-        out = {}
-        for name, array in inputs.items():
-            decl = self.graph.var(name)
-            if decl is None or decl.kind != ir.MemKind.DYNAMIC:
-                raise unknown_input(name, self.graph)
-            out[name] = convert_input(name, array, decl.dtype, self._decl_shape(name))
-        return out
 
     def step(self, inputs: dict[str, np.ndarray]) -> None:
         """One step on self.state (inputs already converted)."""

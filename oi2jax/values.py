@@ -79,6 +79,18 @@ def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.nd
     return a.astype(d.np_dtype)
 
 
+def convert_inputs(inputs: dict, graph, shape_of) -> dict[str, np.ndarray]:
+    """User arrays for dynamic variables, each converted exactly to its declared dtype and shape
+    (`shape_of(name)`); a name that is not a dynamic variable is an error (with a suggestion)."""
+    out = {}
+    for name, value in inputs.items():
+        decl = graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+            raise unknown_input(name, graph)
+        out[name] = convert_input(name, np.asarray(value), decl.dtype, tuple(shape_of(name)))
+    return out
+
+
 def _ints_exact(a: np.ndarray, converted: np.ndarray) -> np.ndarray:
     """Elementwise: does the float `converted` hold exactly the integer `a`? (int64 2**53 + 1 does
     not survive float64, though both sides rounded through float64 would compare equal.)"""

@@ -25,7 +25,7 @@ from ..lowering.step import StepBuilder, build_lowering
 from ..model.packing import pack
 from ..ops.numerical import MATMUL_PRECISION
 from ..protocol import CompileOptions
-from ..values import check_given_inputs, convert_input, convert_output, unknown_input
+from ..values import check_given_inputs, convert_input, convert_inputs, convert_output, unknown_input
 from . import cache_state, chunked
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
@@ -352,13 +352,7 @@ class Program:
 
     def convert_inputs(self, inputs: dict) -> dict:
         """User arrays -> representation of each dynamic variable's dtype (no silent loss)."""
-        out = {}
-        for name, value in inputs.items():
-            decl = self.graph.var(name)
-            if decl is None or decl.kind != ir.MemKind.DYNAMIC:
-                raise self.unknown_input(name)
-            out[name] = self.convert(name, value)
-        return out
+        return convert_inputs(inputs, self.graph, self.bound.shape)
 
     def run(self, inputs: dict | None = None, steps: int | None = None, progress=None, trace: bool = False,
             collect=(), session=None, feedback: dict | None = None) -> dict:
