@@ -37,7 +37,7 @@ from ..diagnostics import OiError
 from .reader import NAME_RE
 from .writer import LazyTensor, save
 
-__all__ = ["convert_hf", "read_llama_config", "ConvertSummary", "LlamaConfig", "expected_tensors", "DTYPES"]
+__all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSource", "SourceEntry", "read_llama_config", "ConvertSummary", "LlamaConfig", "expected_tensors", "DTYPES"]
 
 DTYPES = ("f32", "bf16", "f16")  # what --dtype can ask for
 ARCHITECTURE = "LlamaForCausalLM"
@@ -250,13 +250,32 @@ def expected_tensors(cfg: LlamaConfig) -> dict[str, tuple[tuple[int, ...], str]]
 # ---------------------------------------------------------------------------------- safetensors
 
 @dataclass(frozen=True)
-class _Entry:
+class SourceEntry:
+    """One tensor a source holds, from its header: the file it is in (relative to the source's
+    `directory`), its dtype (safetensors' names: F32, F16, BF16, F64) and shape."""
+
     file: str
     dtype: str  # safetensors name: F32, BF16, ...
     shape: tuple[int, ...]
 
 
-class _Source:
+class TensorSource:
+    """What `convert_checkpoint` reads a checkpoint's tensors from: `directory` (messages name
+    `directory / entry.file`), `files` (the files read, relative to `directory`), `entries`
+    {Hugging Face tensor name: SourceEntry}, `notes`, and `read(name)` (a fresh array of the entry's
+    dtype and shape). `SafetensorsSource` is a checkpoint directory; other formats (GGUF) give the
+    same names and layouts, so one converter and one example graph serve both."""
+
+    directory: Path
+    files: list[str]
+    entries: dict[str, SourceEntry]
+    notes: list[str]
+
+    def read(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+
+class SafetensorsSource(TensorSource):
     """The checkpoint's safetensors files, open for the conversion: names, dtypes, shapes from the
     headers; `read(name)` reads one tensor (a fresh array)."""
 
@@ -265,7 +284,7 @@ class _Source:
         self._index: dict | None = None  # a sharded checkpoint's weight_map
         self.notes: list[str] = []
         self.files = self._files()
-        self.entries: dict[str, _Entry] = {}
+        self.entries: dict[str, SourceEntry] = {}
         self._handles = {}
         self._headers: dict[str, dict] = {}
         try:
@@ -280,7 +299,7 @@ class _Source:
                 keys = list(handle.keys())
                 for name in keys:
                     piece = handle.get_slice(name)
-                    entry = _Entry(file, str(piece.get_dtype()), tuple(int(s) for s in piece.get_shape()))
+                    entry = SourceEntry(file, str(piece.get_dtype()), tuple(int(s) for s in piece.get_shape()))
                     if name in self.entries:
                         _fail(path, f"tensor {name} is also in {self.entries[name].file}")
                     self.entries[name] = entry
@@ -456,74 +475,89 @@ def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int |
         _fail(str(directory), "no config.json: not a Hugging Face checkpoint directory")
     except (OSError, ValueError) as exc:
         _fail(str(config_path), f"cannot read the config: {exc}")
-    cfg = read_llama_config(raw_config, str(config_path), max_positions)
+    with contextlib.ExitStack() as stack:
+        source = SafetensorsSource(directory, stack)
+        return convert_checkpoint(raw_config, source, out_path, dtype=dtype, max_positions=max_positions,
+                                  progress=progress, config_where=str(config_path),
+                                  inputs=("config.json", "model.safetensors.index.json"))
+
+
+def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtype: str | None = None,
+                       max_positions: int | None = None, progress=None, config_where: str = "config.json",
+                       inputs: tuple[str, ...] = (), extra_metadata: dict | None = None) -> ConvertSummary:
+    """The converter proper: a Hugging Face `config.json` dict and the tensors of `source` (Hugging
+    Face names and layouts) -> the `.oinf` at `out_path`. `inputs`: more files of
+    `source.directory` that the output must not overwrite; `extra_metadata`: more metadata entries
+    to store (tokenizer, chat template, ...). See `convert_hf` for the rest."""
+    if dtype is not None and dtype not in DTYPES:
+        raise OiError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    cfg = read_llama_config(raw_config, config_where, max_positions)
     notes = list(cfg.notes)
     out_s = os.fspath(out_path)
+    directory = source.directory
+    notes += source.notes
+    for file in [*inputs, *source.files]:
+        if _same_file(out_s, directory / file):
+            raise OiError(f"{out_s} is the checkpoint's {file}: writing it would destroy the input; "
+                          f"choose another path")
+    expected = expected_tensors(cfg)
+    plan: dict[str, str] = {}  # output name -> source name
+    derived = []
+    for name in sorted(source.entries):
+        if name in expected:
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                notes.append("lm_head.weight in the checkpoint is ignored: tie_word_embeddings is true, so "
+                             "lm_head is the embedding (as transformers does)")
+                continue
+            plan[name] = name
+        elif _DERIVED.match(name):
+            derived.append(name)
+        else:
+            _fail(str(directory), f"unexpected tensor {name}: not part of a {ARCHITECTURE} with this "
+                                  f"config (a bias? another architecture?)")
+    if derived:
+        notes.append(f"skipped {len(derived)} derived tensor(s) ({derived[0]}...): the rotary "
+                     f"frequencies are recomputed from rope_theta")
+    if cfg.tie_word_embeddings:
+        plan["lm_head.weight"] = "model.embed_tokens.weight"
+    missing = [n for n in expected if n not in plan and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing:
+        why = " (tie_word_embeddings is false)" if missing[0] == "lm_head.weight" else ""
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        _fail(str(directory), f"missing tensor {missing[0]}{why}{more}")
+    tensors, stored, total = {}, {}, 0
+    for out_name, src_name in plan.items():
+        entry = source.entries[src_name]
+        shape, made_of = expected[out_name]
+        if entry.shape != shape:
+            _fail(str(directory / entry.file), f"tensor {src_name} has shape {list(entry.shape)}, expected "
+                                               f"{list(shape)} ({made_of}) from config.json")
+        if entry.dtype not in _SOURCE_DTYPES:
+            _fail(str(directory / entry.file), f"tensor {src_name} has dtype {entry.dtype}: only "
+                                               f"floating-point checkpoints (F32, BF16, F16, F64) are supported")
+        if not NAME_RE.match(out_name):  # every Llama name does; never rename silently
+            _fail(str(directory), f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
+        target = dtype or _SOURCE_DTYPES[entry.dtype]
+        stored[out_name] = target
+        total += math.prod(shape) * _np_dtype(target).itemsize
+    bar = _Progress(progress, total)
 
-    with contextlib.ExitStack() as stack:
-        source = _Source(directory, stack)
-        notes += source.notes
-        for file in ["config.json", *source.files, "model.safetensors.index.json"]:
-            if _same_file(out_s, directory / file):
-                raise OiError(f"{out_s} is the checkpoint's {file}: writing it would destroy the input; "
-                              f"choose another path")
-        expected = expected_tensors(cfg)
-        plan: dict[str, str] = {}  # output name -> source name
-        derived = []
-        for name in sorted(source.entries):
-            if name in expected:
-                if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                    notes.append("lm_head.weight in the checkpoint is ignored: tie_word_embeddings is true, so "
-                                 "lm_head is the embedding (as transformers does)")
-                    continue
-                plan[name] = name
-            elif _DERIVED.match(name):
-                derived.append(name)
-            else:
-                _fail(str(directory), f"unexpected tensor {name}: not part of a {ARCHITECTURE} with this "
-                                      f"config (a bias? another architecture?)")
-        if derived:
-            notes.append(f"skipped {len(derived)} derived tensor(s) ({derived[0]}...): the rotary "
-                         f"frequencies are recomputed from rope_theta")
-        if cfg.tie_word_embeddings:
-            plan["lm_head.weight"] = "model.embed_tokens.weight"
-        missing = [n for n in expected if n not in plan and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
-        if missing:
-            why = " (tie_word_embeddings is false)" if missing[0] == "lm_head.weight" else ""
-            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            _fail(str(directory), f"missing tensor {missing[0]}{why}{more}")
-        tensors, stored, total = {}, {}, 0
-        for out_name, src_name in plan.items():
-            entry = source.entries[src_name]
-            shape, made_of = expected[out_name]
-            if entry.shape != shape:
-                _fail(str(directory / entry.file), f"tensor {src_name} has shape {list(entry.shape)}, expected "
-                                                   f"{list(shape)} ({made_of}) from config.json")
-            if entry.dtype not in _SOURCE_DTYPES:
-                _fail(str(directory / entry.file), f"tensor {src_name} has dtype {entry.dtype}: only "
-                                                   f"floating-point checkpoints (F32, BF16, F16, F64) are supported")
-            if not NAME_RE.match(out_name):  # every Llama name does; never rename silently
-                _fail(str(directory), f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
-            target = dtype or _SOURCE_DTYPES[entry.dtype]
-            stored[out_name] = target
-            total += math.prod(shape) * _np_dtype(target).itemsize
-        bar = _Progress(progress, total)
+    def lazy(out_name: str, src_name: str) -> LazyTensor:
+        target = stored[out_name]
+        shape = expected[out_name][0]
 
-        def lazy(out_name: str, src_name: str) -> LazyTensor:
-            target = stored[out_name]
-            shape = expected[out_name][0]
+        def load():
+            bar.tick(math.prod(shape) * _np_dtype(target).itemsize)
+            return convert_values(src_name, source.read(src_name), target)
+        return LazyTensor(target, shape, load)
 
-            def load():
-                bar.tick(math.prod(shape) * _np_dtype(target).itemsize)
-                return convert_values(src_name, source.read(src_name), target)
-            return LazyTensor(target, shape, load)
-
-        for out_name, src_name in plan.items():
-            tensors[out_name] = lazy(out_name, src_name)
-        try:
-            save(out_s, sizevars=cfg.sizevars, metadata=cfg.metadata, tensors=tensors)
-            bar.finish()
-        finally:
-            bar.close()
-    return ConvertSummary(path=out_s, sizevars=cfg.sizevars, metadata=cfg.metadata, tensors=dict(sorted(stored.items())),
-                          nbytes=total, source_files=tuple(source.files), notes=tuple(notes))
+    for out_name, src_name in plan.items():
+        tensors[out_name] = lazy(out_name, src_name)
+    metadata = {**cfg.metadata, **(extra_metadata or {})}
+    try:
+        save(out_s, sizevars=cfg.sizevars, metadata=metadata, tensors=tensors)
+        bar.finish()
+    finally:
+        bar.close()
+    return ConvertSummary(path=out_s, sizevars=cfg.sizevars, metadata=metadata,
+                          tensors=dict(sorted(stored.items())), nbytes=total, source_files=tuple(source.files), notes=tuple(notes))
