@@ -13,7 +13,7 @@ import uuid
 
 import numpy as np
 
-from . import dtypes, ir, numerics
+from . import dtypes, host_numerics, ir
 
 _NS = uuid.UUID("6f1d2c1e-0b6a-4c1e-9a57-0a1f2e3d4c5b")
 _DT_JSON = {"bool": "Bool", "bitset": "Bitset"}
@@ -67,7 +67,7 @@ def scalar_to_json(dtype: str, lit: ir.Literal | None):
         with np.errstate(over="ignore"):
             if dtype == "f16":
                 return {name: {"bits": int(np.float16(v).view(np.uint16))}}
-            enc = numerics.bf16_encode(np.float32(v)) if dtype == "bf16" else numerics.f8_encode_bits(np.float32(v))
+            enc = host_numerics.bf16_encode(np.float32(v)) if dtype == "bf16" else host_numerics.f8_encode_bits(np.float32(v))
         return {name: {"bits": int(np.asarray(enc).reshape(-1).view(np.uint16 if dtype == "bf16" else np.uint8)[0])}}
     dt = dtypes.get(dtype)
     if dt.packed or dtype == "bitset":

@@ -50,7 +50,7 @@ from .interpret_caches import CacheOps, State, Table
 from .limits import check_sizes
 from .messages import CHECKED
 from .model.bind import AttrVar
-from .numerics import state_fill
+from .host_numerics import state_fill
 from .protocol import CompileOptions
 from .trace import Trace
 from .values import check_given_inputs, convert_inputs, convert_output  # one message each, compiled or interpreted
@@ -173,7 +173,7 @@ class InterpretedProgram(CacheOps):
                     fixed_map = decl.fixed_sizes(self._sizes)
                     fixed = [fixed_map.get(p) for p in decl.table_indices]
                     st.tables[decl.name] = Table([f if f is not None else 0 for f in fixed], fixed)
-                else:  # plain values and auto_dim tensors (numerics.state_fill: the one rule)
+                else:  # plain values and auto_dim tensors (host_numerics.state_fill: the one rule)
                     st.values[decl.name] = self._initial(decl.name)
                     if decl.is_auto_dim:
                         st.counts[decl.name] = [0] * len(decl.auto_dim)

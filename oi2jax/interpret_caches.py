@@ -9,7 +9,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ir
-from .numerics import f8_encode, state_fill
+from .host_numerics import f8_encode, state_fill
 from . import messages
 from .messages import CHECKED
 

@@ -11,7 +11,7 @@ import numpy as np
 from . import dtypes as dt
 from . import ir
 from .diagnostics import OiError, suggest
-from .numerics import f8_encode
+from .host_numerics import f8_encode
 
 
 def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.ndarray:

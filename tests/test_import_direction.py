@@ -6,7 +6,7 @@ and never to a sibling the table below rules out. docs/architecture.md draws the
 Layers, lowest first (a module may import its own layer and every lower one):
 
     0 ir           ir.py: the frozen IR, imports nothing of oi2jax
-    1 foundation   diagnostics, dtypes, numerics, messages, naming, phases (IR analyses), limits,
+    1 foundation   diagnostics, dtypes, host_numerics, messages, naming, phases (IR analyses), limits,
                    values, npz, progress, protocol (CompileOptions, the Program protocol),
                    xla_cache, _signals
     2 text         grammar/ (text <-> IR), graph_json, trace, cfg
@@ -30,7 +30,7 @@ PKG = REPO / "oi2jax"
 
 LAYERS = [
     ("ir", {"ir"}),
-    ("foundation", {"diagnostics", "dtypes", "numerics", "messages", "naming", "phases", "limits", "values", "npz",
+    ("foundation", {"diagnostics", "dtypes", "host_numerics", "messages", "naming", "phases", "limits", "values", "npz",
                     "progress", "protocol", "xla_cache", "_signals"}),
     ("text", {"grammar/", "graph_json", "trace", "cfg"}),
     ("ops", {"ops/"}),

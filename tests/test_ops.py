@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from oi2jax import dtypes as D
-from oi2jax import numerics as HN
+from oi2jax import host_numerics as HN
 from oi2jax.ops import REGISTRY, apply, cast_allowed
 from oi2jax.ops import numerics as JN
 

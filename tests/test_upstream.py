@@ -422,11 +422,11 @@ block side {
 @pytest.mark.parametrize("mode, yield_mode", [("interpret", "driver"), ("compiled", "driver"),
                                               ("compiled", "fused")])
 def test_init_literals_use_the_spec_encoders_every_way(mode, yield_mode):
-    """`@init` -> value through one function (numerics.init_scalar): f8 by the SPEC §5.4 encoder
+    """`@init` -> value through one function (host_numerics.init_scalar): f8 by the SPEC §5.4 encoder
     (9.0 -> 10.0, -7.9375 -> -4.0; np.full's nearest-even gave 8.0 and -8.0 compiled), bf16 by
     round-to-nearest-even from f32; the same after an in-kernel `cache.reset`."""
     import oi2jax
-    from oi2jax.numerics import f8_encode, init_scalar
+    from oi2jax.host_numerics import f8_encode, init_scalar
     from oi2jax.ir import Literal
     assert float(init_scalar("f8", Literal("float", 9.0))) == float(f8_encode(np.float32(9.0))) == 10.0
     assert float(init_scalar("f8", Literal("float", -7.9375))) == -4.0

@@ -26,10 +26,10 @@ from .. import ir
 from ..diagnostics import OiError
 from .. import messages
 from ..messages import CHECKED
-from ..numerics import state_fill
+from ..host_numerics import state_fill
 from ..ops.numerics import store
 from .context import Frame, Tracer
-from .packing import pack, unpack
+from .subbyte import pack, unpack
 from .rules import rule
 
 from ..limits import INITIAL_CAPACITY  # noqa: E402,F401  (one definition)
@@ -55,8 +55,8 @@ class CacheLayout:
     fixed: tuple[int | None, ...] = ()  # per table dim / per auto dim: @fixed size (max)
     capacity: tuple[int, ...] = ()
     grow_slots: tuple[int | None, ...] = ()
-    fill: object = 0  # numerics.state_fill: what unwritten space holds (start, growth, import)
-    reset_fill: object = 0  # numerics.state_fill(reset=True): what `cache.reset` writes
+    fill: object = 0  # host_numerics.state_fill: what unwritten space holds (start, growth, import)
+    reset_fill: object = 0  # host_numerics.state_fill(reset=True): what `cache.reset` writes
 
     @property
     def packed(self) -> bool:
@@ -102,7 +102,7 @@ def _fill(shape, fill, dtype):
 
 
 def _fills(decl: ir.VarDecl) -> dict:
-    """The layout's fills (numerics.state_fill, the one rule) as 0-d arrays in the dtype's
+    """The layout's fills (host_numerics.state_fill, the one rule) as 0-d arrays in the dtype's
     representation, so that every np.full / jnp.full below keeps their exact bits."""
     return {"fill": state_fill(decl), "reset_fill": state_fill(decl, reset=True)}
 

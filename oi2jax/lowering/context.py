@@ -22,7 +22,7 @@ from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
 from .loops import member_key
-from .packing import unpack
+from .subbyte import unpack
 from .state import Env
 
 

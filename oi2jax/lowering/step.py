@@ -23,7 +23,7 @@ from . import rules
 from .rules import lower_block, lower_nodes
 from .caches import PLAIN, build_layouts
 from .context import Frame, Lowering, Tracer
-from .packing import unpack
+from .subbyte import unpack
 from .state import Env, PhaseIO, Shaped, commit
 
 def build_lowering(bound) -> Lowering:

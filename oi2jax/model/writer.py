@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes as dt
-from ..numerics import bf16_encode, f8_encode
+from ..host_numerics import bf16_encode, f8_encode
 from ..npz import write_atomic
 from . import packing
 from .quant import QuantParams

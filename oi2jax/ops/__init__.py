@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import OpTypeError, broadcast_shapes, normalize_axes
+from .errors import OpTypeError
+from .shapes import broadcast_shapes, normalize_axes
 from .registry import (DTYPE_GROUPS, DYNAMIC, ROUNDING_MODES, AttrSpec, Ctx, InputSpec, OpDef, OpSpec, Registry,
                        builtin_registry)
 from .typing import OpSig, canonical_attrs, cast_allowed, infer

@@ -14,7 +14,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from .. import dtypes as D
-from .errors import OpTypeError, broadcast_shapes, normalize_axes
+from .errors import OpTypeError
+from .shapes import broadcast_shapes, normalize_axes
 from .registry import DYNAMIC, AttrSpec, InputSpec, OpDef
 
 _TABLE_PATH = Path(__file__).with_name("optable.json")

@@ -26,7 +26,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .. import dtypes as D
-from .errors import OpTypeError, broadcast_shapes
+from .errors import OpTypeError
+from .shapes import broadcast_shapes
 from .registry import ATTR_KINDS, DYNAMIC, AttrSpec, InputSpec, OpDef, dtype_set
 
 _NAME_OK = "abcdefghijklmnopqrstuvwxyz0123456789_"

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from .. import dtypes as D
-from .. import numerics as HN
+from .. import host_numerics as HN
 from . import accumulate
 from .errors import OpTypeError
 from .registry import Ctx, OpDef, builtin_registry

@@ -1,6 +1,6 @@
 """JAX-side number handling shared by the op impls (pure jnp; traceable).
 
-- `f8_encode_bits(x32)`: jnp port of `oi2jax.numerics.f8_encode_bits` (SPEC §5.4), bit-exact.
+- `f8_encode_bits(x32)`: jnp port of `oi2jax.host_numerics.f8_encode_bits` (SPEC §5.4), bit-exact.
 - `to_compute(x, d)` / `store(y, d)`: low-precision floats are computed in f32 and rounded
   once (f16 RNE, bf16 RNE, f8 via the §5.4 encoder); f32/f64 natively.
 - `wrap(x, d)`: integer values (any int container) -> representation of `d`, keeping the

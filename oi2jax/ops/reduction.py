@@ -11,7 +11,7 @@ from .. import dtypes as D
 from . import numerics as N
 from ._common import is_float, static_bool, static_int
 from .accumulate import to_dtype
-from .errors import normalize_axes
+from .shapes import normalize_axes
 from .registry import Ctx
 
 

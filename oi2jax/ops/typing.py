@@ -15,7 +15,8 @@ from ..diagnostics import suggest
 from ..ir import Literal
 from . import accumulate
 from .casting import cast_allowed
-from .errors import OpTypeError, broadcast_shapes, normalize_axes
+from .errors import OpTypeError
+from .shapes import broadcast_shapes, normalize_axes
 from .registry import DYNAMIC, ROUNDING_MODES, OpDef, Registry, builtin_registry
 
 __all__ = ["OpSig", "infer", "cast_allowed", "canonical_attrs", "broadcast_shapes", "normalize_axes", "DYNAMIC",

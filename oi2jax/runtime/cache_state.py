@@ -71,7 +71,7 @@ def plan_growth(layouts: dict, growable, need, sizes: dict) -> dict[str, list[in
 
 
 def grow(layout: CacheLayout, cache: CacheState, new_capacity: tuple[int, ...]) -> tuple[CacheLayout, CacheState]:
-    """A cache's host state padded to `new_capacity` with its fill (numerics.state_fill)."""
+    """A cache's host state padded to `new_capacity` with its fill (host_numerics.state_fill)."""
     new = replace(layout, capacity=tuple(new_capacity))
     pads = [(0, n - o) for o, n in zip(layout.capacity, new_capacity)]
     data = np.asarray(cache.data)

@@ -7,7 +7,8 @@ from jax import lax
 
 from .. import numerics as N
 from ..define import Attr, op
-from ..errors import OpTypeError, broadcast_shapes
+from ..errors import OpTypeError
+from ..shapes import broadcast_shapes
 from ._common import as_f64, matmul_precision, float_samples
 
 
