@@ -148,7 +148,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     if symbolic:
         _check_symbolic(graph, symbolic)
     fused = bound.checked.yield_plan.has_yield
-    program = Program(bound, CompileOptions(yield_mode="fused", unroll=unroll))
+    program = Program(bound, CompileOptions(yield_mode="fused", unroll=unroll, platform=loops.platform_of(platforms)))
     builder = program.builder
     with program.scope():
         state0 = _state_tree(program.initial_host_state(), program.lowering.caches)
@@ -174,10 +174,8 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
 
         state_spec = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state0)
         dyn_spec = {n: jax.ShapeDtypeStruct(dyn_shapes[n], defaults[n].dtype) for n in builder.dynamic}
-        policy = loops.LoopPolicy(unroll, loops.platform_of(platforms))
         try:
-            with loops.using(policy):
-                exported = jax.export.export(jax.jit(step), platforms=tuple(platforms))(state_spec, dyn_spec)
+            exported = jax.export.export(jax.jit(step), platforms=tuple(platforms))(state_spec, dyn_spec)
         except OiError:
             raise
         except Exception as exc:

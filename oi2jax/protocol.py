@@ -17,6 +17,8 @@ class CompileOptions:
     - `precision` ("highest" | "high" | "default"): float matmul precision while tracing
       (ops/numerical.py); the interpreter always computes at the highest.
     - `unroll` ("auto" | "none" | "full" | int k): how `loop` lowers (lowering/loops.py, docs/loops.md).
+    - `platform` (a JAX platform name, or None: the program's device's): the platform the loop
+      policy is for (an export's target, `loops.platform_of`).
     - `yield_mode` ("driver" | "fused"): a graph with yield/await run by the host driver
       (runtime/driver.py) or as one jit; a graph without yield is one jit either way.
     - `placement` ({block: device}), `build` ("concurrent" | "sequential"), `schedule`
@@ -27,6 +29,7 @@ class CompileOptions:
 
     precision: str = "highest"
     unroll: object = "auto"
+    platform: str | None = None
     yield_mode: str = "driver"
     placement: Mapping | None = None
     build: str = "concurrent"

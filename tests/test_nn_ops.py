@@ -230,19 +230,21 @@ def test_softmax_masks_with_a_finite_value_not_minus_inf():
 
 
 def test_matmul_family_follows_the_program_precision():
-    from oi2jax.ops.numerical import MATMUL_PRECISION
     a = np.ones((2, 4), np.float32)
     for name, inputs, attrs in (("linear", [a, a], {}), ("matmul_t", [a, a], {}),
                                 ("einsum", [a, a], {"spec": "ij,kj->ik"})):
         texts = {}
         for p in ("highest", "default"):
-            token = MATMUL_PRECISION.set(p)
-            try:
-                texts[p] = jax.jit(lambda x, y: ops.apply(NN[name], [x, y], attrs, in_dtypes=["f32", "f32"],
-                                                          out_dtype="f32", mode="normal")).lower(*inputs).as_text()
-            finally:
-                MATMUL_PRECISION.reset(token)
+            texts[p] = jax.jit(lambda x, y: ops.apply(NN[name], [x, y], attrs, in_dtypes=["f32", "f32"],
+                                                      out_dtype="f32", mode="normal", precision=p)
+                               ).lower(*inputs).as_text()
         assert "HIGHEST" in texts["highest"] and "HIGHEST" not in texts["default"], name
+    # a program's precision reaches the kernel through its lowering (`Lowering.precision`)
+    src = "dynamic { a: f32[2, 4]; b: f32[2, 4]; }\nvolatile { y: f32[2, 2]; }\nblock entry { op matmul_t(a, b) >> y; return; }"
+    for p in ("highest", "default"):
+        prog = oi2jax.compile(src, ops=["nn"], precision=p)
+        assert prog.lowering.precision == p
+        assert ("HIGHEST" in prog.emit("stablehlo")) == (p == "highest"), p
 
 
 # ------------------------------------------------------------------ through the DSL

@@ -379,19 +379,16 @@ def test_fused_runs_with_device_inputs_reuse_their_checks(kv):
 
 
 def test_program_scope_restores_everything_after_an_error(kv):
+    """The scope is x64 and the device; the matmul precision is the lowering's own field (no
+    context variable to set or restore)."""
     import jax
-    from oi2jax.ops.numerical import MATMUL_PRECISION
-    token = MATMUL_PRECISION.set("default")
-    try:
-        with pytest.raises(RuntimeError, match="inside"):
-            with kv.scope():
-                assert jax.dtypes.canonicalize_dtype(np.int64) == np.int64
-                assert MATMUL_PRECISION.get() == kv.precision
-                raise RuntimeError("inside")
-        assert jax.dtypes.canonicalize_dtype(np.int64) == np.int32
-        assert MATMUL_PRECISION.get() == "default"
-    finally:
-        MATMUL_PRECISION.reset(token)
+    with pytest.raises(RuntimeError, match="inside"):
+        with kv.scope():
+            assert jax.dtypes.canonicalize_dtype(np.int64) == np.int64
+            assert kv.lowering.precision == kv.precision
+            raise RuntimeError("inside")
+    assert jax.dtypes.canonicalize_dtype(np.int64) == np.int32
+    assert kv.lowering.precision == kv.precision
 
 
 def test_pure_step_and_check(kv):

@@ -73,10 +73,10 @@ def kv(tmp_path_factory):
 # ------------------------------------------------------------------------------ the rule
 
 
-def _plan(prog, policy: LoopPolicy, which: int = 0) -> loops.Plan:
+def _plan(prog, policy: LoopPolicy, which: int = 0) -> loops.Unrolling:
     tr = Tracer(prog.lowering, {})
     node = [n for n in prog.graph.entry.walk() if hasattr(n, "body")][which]
-    return loops.plan(node, loops.static_trips(node, tr), tr, policy)
+    return loops.unrolling(node, loops.static_trips(node, tr), tr, policy)
 
 
 def test_the_rule_per_platform_and_option(res_model):
@@ -201,14 +201,17 @@ def test_static_range_outside_the_family_is_the_same_error_unrolled(tmp_path):
             oi2jax.compile(src, model=model, unroll=policy).run({})
 
 
-def test_unroll_changed_after_construction_still_computes_the_same(res_model):
-    """A family held member by member is stacked in the kernel when a traced read needs it."""
+def test_the_policy_is_the_lowerings_own(res_model):
+    """The loop policy is a field of the program's lowering, fixed when it is built: the families
+    it splits (`Lowering.split`) are the ones its trace reads member by member."""
     x = np.ones((2, 8), np.float32)
     want = oi2jax.compile(RES, model=res_model).run({"x": x})
-    prog = oi2jax.compile(RES, model=res_model, unroll="full")
-    prog.unroll = "none"
-    assert whiles(prog.emit("hlo")) == 1
-    np.testing.assert_array_equal(prog.run({"x": x})["y"], want["y"])
+    for unroll, loops_left in (("full", 0), ("none", 1)):
+        prog = oi2jax.compile(RES, model=res_model, unroll=unroll)
+        assert prog.lowering.loop_policy == LoopPolicy(unroll, "cpu")
+        assert (prog.lowering.split == {"W", "b"}) == (unroll == "full")
+        assert whiles(prog.emit("hlo")) == loops_left
+        np.testing.assert_array_equal(prog.run({"x": x})["y"], want["y"])
 
 
 # ------------------------------------------------------------------------------ the option

@@ -13,7 +13,6 @@ from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import dtypes as dt
 from .. import ir
@@ -21,7 +20,7 @@ from .. import messages
 from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
-from .loops import member_key
+from .loops import LoopPolicy, member_key
 from .subbyte import unpack
 from .state import Env
 
@@ -61,7 +60,9 @@ class ErrorSites:
 @dataclass(frozen=True)
 class Lowering:
     """Static facts about the program being lowered, shared by all rules. Immutable: a cache
-    growth makes a new one (`dataclasses.replace` with the new layouts, runtime/program.py)."""
+    growth makes a new one (`dataclasses.replace` with the new layouts, runtime/program.py).
+    With the `BoundGraph` it is everything a trace depends on: the loop policy and the matmul
+    precision are fields here, so a lowering is a function of (checked, bound, options)."""
 
     bound: BoundGraph
     caches: MappingProxyType  # name -> caches.CacheLayout
@@ -71,6 +72,11 @@ class Lowering:
     # current shape they take. Each is held at that tensor's capacity shape, with its logical
     # shape in `env.shapes[name]` (int64[rank]); the host trims it (Program.trim_outputs)
     shaped: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    loop_policy: LoopPolicy = LoopPolicy()  # how `loop` lowers (lowering/loops.py)
+    precision: str = "highest"  # float matmul precision (CompileOptions.precision; ops Ctx.precision)
+    # prefix tables held member by member (`W[0]`, `W[1]`, ...: loops.split_families under
+    # `loop_policy`): every read of one is at static indices; the others are stacked
+    split: frozenset = frozenset()
 
     @property
     def graph(self) -> ir.Graph:
@@ -194,7 +200,7 @@ class Tracer:
         """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index.
         An index outside the family is an error naming the missing tensor: at compile time when
         the index (or its loop's range) is static, else a runtime guard. A family held member by
-        member (loops.split_families) is read as its member's own buffer."""
+        member (`Lowering.split`) is read as its member's own buffer."""
         decl = self.graph.var(ref.name)
         value = self.consts.get(ref.name)  # None: held member by member
         counts = value.shape if value is not None else self.bound.family_counts(ref.name)
@@ -223,10 +229,9 @@ class Tracer:
                 missing = self.bound.member_name(decl, self._placeholder(ref, pos, static_bad))
                 raise OiError(messages.prefix_member_missing(ref.name, missing), ref.span, source=self.graph.source)
             indices.append((idx, extent))
-        if value is None:
-            if all(isinstance(i, int) for i, _ in indices):
-                return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
-            value = self._stacked(ref.name, tuple(counts))  # a traced read after all: correct, slower
+        if value is None:  # split_families holds a family member by member only when every read is static
+            assert all(isinstance(i, int) for i, _ in indices), (ref.name, "a traced read of a split family")
+            return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
         for idx, extent in indices:
             if isinstance(idx, int):  # a static slice (a literal, a size, an unrolled loop's index)
                 value = jax.lax.index_in_dim(value, idx, axis=0, keepdims=False)
@@ -234,13 +239,6 @@ class Tracer:
                 value = jax.lax.dynamic_index_in_dim(value, jnp.clip(idx, 0, extent - 1).astype(jnp.int32),
                                                      axis=0, keepdims=False)
         return env, value
-
-    def _stacked(self, name: str, counts: tuple[int, ...]):
-        """A family held member by member, stacked in the kernel (only when the policy that split it
-        is not the one tracing: Program.unroll changed after construction)."""
-        members = [self.consts[member_key(name, idx)] for idx in np.ndindex(*counts)]
-        stacked = jnp.stack(members)
-        return stacked.reshape(tuple(counts) + tuple(stacked.shape[1:]))
 
     def _placeholder(self, ref: ir.VarRef, pos: int, value: int) -> tuple[int, ...]:
         values = [0] * len(ref.indices)

@@ -99,7 +99,7 @@ def _loop(node: ir.Loop, env, frame: Frame, tr: Tracer):
         return jax.lax.cond(lo < hi, lambda e: body_fn(jnp.asarray(lo, jnp.int64), e), lambda e: e, env)
     if static_range is not None and lo >= hi:
         return env
-    how = loops.plan(node, hi - lo if static_range is not None else None, tr)
+    how = loops.unrolling(node, hi - lo if static_range is not None else None, tr, tr.lowering.loop_policy)
     if how.unroll:  # a static index: every W[l] a static slice (lowering/loops.py)
         for i in range(lo, hi):
             env = body_fn(i, env, f"loop_{node.name}.{i}")

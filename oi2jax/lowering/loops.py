@@ -1,6 +1,6 @@
 """How a `loop` lowers: unrolled, partly unrolled or a loop -- the one policy (docs/loops.md).
 
-`plan(node, trips, tr)` decides for one `loop` node from its static trip count n (None when a
+`unrolling(node, trips, tr, policy)` decides for one `loop` node from its static trip count n (None when a
 bound is read at run time), its body's cost c (IR nodes one iteration traces, nested loops and
 inlined branch targets included), whether its body reads a prefix-table member indexed by the
 loop variable (`W[l]`: per-iteration constants, a *layer loop*) and the `LoopPolicy` in force:
@@ -19,14 +19,12 @@ static is held member by member (`split_families`: `W[0]`, `W[1]`, ... are separ
 an unrolled layer reads its own weight buffer -- no dynamic-slice and no slice either (XLA
 materialises a slice of a stacked parameter as a copy, as it does a dynamic-slice).
 
-The policy is a context variable, like the matmul precision: `Program.scope()` sets it from
-`Program.unroll` and the program's platform; lowering code reads `current()`. `lowering/` does
-not import `runtime/`.
+The policy is a field of the `Lowering` (`Lowering.loop_policy`: the `unroll` option and the
+platform the program is lowered for), fixed when the program is built, like the families it
+splits (`Lowering.split`); lowering code reads `tr.lowering.loop_policy`.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass
 
 from .. import ir
@@ -63,31 +61,6 @@ class LoopPolicy:
         return self.platform in ACCELERATORS
 
 
-_POLICY = contextvars.ContextVar("oi2jax_loop_policy", default=LoopPolicy())
-
-
-def current() -> LoopPolicy:
-    return _POLICY.get()
-
-
-def set_policy(policy: LoopPolicy):
-    """Set the policy; returns the token for `reset` (Program.scope())."""
-    return _POLICY.set(policy)
-
-
-def reset(token) -> None:
-    _POLICY.reset(token)
-
-
-@contextlib.contextmanager
-def using(policy: LoopPolicy):
-    token = _POLICY.set(policy)
-    try:
-        yield policy
-    finally:
-        _POLICY.reset(token)
-
-
 def platform_of(platforms) -> str:
     """One platform for the policy from several (jax.export `platforms`): an accelerator's
     when any is one (the unrolled program is also correct, and compiles, on CPU)."""
@@ -95,11 +68,11 @@ def platform_of(platforms) -> str:
     return next((p for p in platforms if p in ACCELERATORS), platforms[0] if platforms else "cpu")
 
 
-# ------------------------------------------------------------------------------ the plan
+# ------------------------------------------------------------------------------ the decision
 
 
 @dataclass(frozen=True)
-class Plan:
+class Unrolling:
     """`unroll`: a Python loop with a static index; else `fori_loop(..., unroll=factor)`."""
 
     unroll: bool
@@ -154,7 +127,7 @@ def reads_per_iteration(node: ir.Loop) -> bool:
 
 
 def body_cost(nodes, tr, policy: LoopPolicy) -> int:
-    """IR nodes one pass over `nodes` traces: nested loops by their own plan (n x cost when
+    """IR nodes one pass over `nodes` traces: nested loops by their own unrolling (n x cost when
     unrolled), branches with the blocks they inline."""
     costs = tr.lowering.inline_costs
     total = 0
@@ -169,40 +142,39 @@ def body_cost(nodes, tr, policy: LoopPolicy) -> int:
     return total
 
 
-def plan(node: ir.Loop, trips: int | None, tr, policy: LoopPolicy | None = None) -> Plan:
+def unrolling(node: ir.Loop, trips: int | None, tr, policy: LoopPolicy) -> Unrolling:
     """How loop `node` with static trip count `trips` (None: read at run time) lowers under
-    `policy` (default: the one in force)."""
-    policy = current() if policy is None else policy
+    `policy`."""
     if trips is None:
-        return Plan(False, 1, "trip count read at run time")
+        return Unrolling(False, 1, "trip count read at run time")
     return _decide(node, trips, body_cost(node.body, tr, policy), policy)
 
 
-def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy) -> Plan:
+def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy) -> Unrolling:
     mode = policy.unroll
     if trips is None:
-        return Plan(False, 1, "trip count read at run time")
+        return Unrolling(False, 1, "trip count read at run time")
     if mode == "none":
-        return Plan(False, 1, "unroll=none")
+        return Unrolling(False, 1, "unroll=none")
     if mode == "full":
-        return Plan(True, trips, "unroll=full")
+        return Unrolling(True, trips, "unroll=full")
     if isinstance(mode, int):
         if mode >= trips:
-            return Plan(True, trips, f"unroll={mode} >= {trips} iterations")
-        return Plan(False, mode, f"unroll={mode}")
+            return Unrolling(True, trips, f"unroll={mode} >= {trips} iterations")
+        return Unrolling(False, mode, f"unroll={mode}")
     # auto
     where = f"auto on {policy.platform}"
     if not reads_per_iteration(node):
-        return Plan(False, 1, f"{where}: no per-iteration constant")
+        return Unrolling(False, 1, f"{where}: no per-iteration constant")
     size = trips * max(cost, 1)
     if size <= UNROLL_BUDGET:
-        return Plan(True, trips, f"{where}: layer loop, {trips} x {cost} nodes")
+        return Unrolling(True, trips, f"{where}: layer loop, {trips} x {cost} nodes")
     if not policy.accelerator:  # CPU: partial unrolling measured slower than a loop (docs/loops.md)
-        return Plan(False, 1, f"{where}: layer loop over budget ({trips} x {cost} nodes), a loop")
+        return Unrolling(False, 1, f"{where}: layer loop over budget ({trips} x {cost} nodes), a loop")
     k = min(trips, UNROLL_BUDGET // max(cost, 1))
     if k >= 2:
-        return Plan(False, k, f"{where}: layer loop over budget ({trips} x {cost} nodes), unroll={k}")
-    return Plan(False, 1, f"{where}: layer loop body over budget ({cost} nodes)")
+        return Unrolling(False, k, f"{where}: layer loop over budget ({trips} x {cost} nodes), unroll={k}")
+    return Unrolling(False, 1, f"{where}: layer loop body over budget ({cost} nodes)")
 
 
 # ------------------------------------------------------------------------------ family layout
@@ -245,7 +217,7 @@ def split_families(tr, policy: LoopPolicy) -> set[str]:
                 body = n.body
                 returns = any(isinstance(b, ir.Return) for b in body)  # control._until_return: index lo
                 inner = dict(unrolled)
-                inner[n.var] = returns and trips is not None or plan(n, trips, tr, policy).unroll
+                inner[n.var] = returns and trips is not None or unrolling(n, trips, tr, policy).unroll
                 walk(body, inner)
                 continue
             for r in _refs(n):

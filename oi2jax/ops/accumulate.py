@@ -62,7 +62,7 @@ def to_dtype(x, src: str, dst: str):
     return x.astype(D.get(dst).np_dtype)  # ints wrap modulo 2^bits; to float: nearest even
 
 
-def apply(spec, inputs, attrs: dict, in_dtypes, out_dtype: str):
+def apply(spec, inputs, attrs: dict, in_dtypes, out_dtype: str, precision: str = "highest"):
     """The value of `op(inputs, acc=[A, O])` (O = out_dtype), through the op's normal-mode kernel
     in A (or its own `acc_kernel`, mean_axis's: sum in A, to O, divide by the count in O)."""
     a, o = attrs["acc"]
@@ -71,7 +71,7 @@ def apply(spec, inputs, attrs: dict, in_dtypes, out_dtype: str):
     rest = {k: v for k, v in attrs.items() if k != "acc"}
     if spec.acc_kernel is not None:
         return spec.acc_kernel(xs, rest, a, o)
-    y = spec.kernel(xs, rest, Ctx(spec.name, (a,) * len(xs), a, "normal"))
+    y = spec.kernel(xs, rest, Ctx(spec.name, (a,) * len(xs), a, "normal", precision=precision))
     return to_dtype(y, a, o)
 
 

@@ -1,8 +1,6 @@
 """relu, matmul (SPEC §6.4 Numerical, §6.5)."""
 from __future__ import annotations
 
-import contextvars
-
 import jax.numpy as jnp
 from jax import lax
 
@@ -40,11 +38,10 @@ def _relu(inputs, attrs, ctx):
     return N.wrap(y, d)
 
 
-# Float matmul precision of the program being traced (Program sets it while tracing, see
-# Program.precision / `--precision`): "highest" (default) keeps OpenInfer's exact f32 numerics;
-# "high" / "default" let XLA use faster paths (TF32 / bf16 passes on GPU and TPU).
+# Float matmul precisions (`CompileOptions.precision`, `--precision`; a kernel reads its program's
+# as `Ctx.precision`): "highest" (default) keeps OpenInfer's exact f32 numerics; "high" / "default"
+# let XLA use faster paths (TF32 / bf16 passes on GPU and TPU).
 PRECISIONS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.Precision.DEFAULT}
-MATMUL_PRECISION = contextvars.ContextVar("oi2jax_matmul_precision", default="highest")
 
 
 def _matmul(inputs, attrs, ctx):
@@ -52,7 +49,7 @@ def _matmul(inputs, attrs, ctx):
     d = ctx.dtype
     if is_float(d):
         ct = N.compute_dtype(d)
-        y = jnp.matmul(a.astype(ct), b.astype(ct), precision=PRECISIONS[MATMUL_PRECISION.get()])
+        y = jnp.matmul(a.astype(ct), b.astype(ct), precision=PRECISIONS[ctx.precision])
         return N.store(y, d)
     if d == "bool":
         y = jnp.matmul(a.astype(jnp.int32), b.astype(jnp.int32), preferred_element_type=jnp.int32)

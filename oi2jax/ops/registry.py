@@ -90,6 +90,7 @@ class Ctx:
     out_dtype: str
     mode: str  # normal | inplace | accumulate
     guards: list | None = field(default=None, compare=False, repr=False)
+    precision: str = "highest"  # the program's float matmul precision (CompileOptions.precision)
 
     @property
     def dtype(self) -> str:

@@ -18,12 +18,10 @@ from .. import ir
 from ..diagnostics import OiError
 from ..limits import limit_note, allocation_error, check_sizes, memory_limit
 from ..lowering import loops
-from ..lowering.context import Tracer
 from ..lowering.loops import LoopPolicy
 from ..lowering.state import CacheState, Guards, Shaped, StateSpec, StepState
 from ..lowering.step import StepBuilder, build_lowering
 from ..model.packing import pack
-from ..ops.numerical import MATMUL_PRECISION
 from ..protocol import CompileOptions
 from ..values import check_given_inputs, convert_input, convert_inputs, convert_output, unknown_input
 from . import cache_state, chunked
@@ -81,7 +79,7 @@ class Program:
         if options.yield_mode == "driver" and bound.checked.yield_plan.has_yield:
             self.driver = Driver(self, placement=options.placement, build=options.build, schedule=options.schedule)
         with self.scope():
-            self.lowering = build_lowering(bound)
+            self.lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             self.builder = StepBuilder(self.lowering)
             self.state_spec = StateSpec(self.lowering.caches, len(self.lowering.growable))
             self.consts = self.placer.put("consts", self._host_consts())
@@ -113,28 +111,30 @@ class Program:
             check_given_inputs(self.bound, key, self.zero_missing_inputs)
             self._given_ok.add(key)
 
+    def _platform(self) -> str:
+        """The platform the loops are lowered for (lowering/loops.py): `options.platform` (an
+        export's target), else the device's, the mesh's, or JAX's default backend."""
+        if self.options.platform is not None:
+            return self.options.platform
+        mesh = getattr(self.placer, "mesh", None)
+        device = self.device if self.device is not None else \
+            (mesh.devices.flat[0] if mesh is not None else None)
+        return device.platform if device is not None else jax.default_backend()
+
     def loop_policy(self) -> LoopPolicy:
-        """The loop lowering policy in force while tracing (lowering/loops.py): `unroll` and the
-        platform the step runs on (the device's, the mesh's, else JAX's default backend)."""
-        cached = self.__dict__.get("_loop_policy")
-        if cached is None or cached.unroll != self.unroll:
-            mesh = getattr(self.placer, "mesh", None)
-            device = self.device if self.device is not None else \
-                (mesh.devices.flat[0] if mesh is not None else None)
-            platform = device.platform if device is not None else jax.default_backend()
-            cached = self.__dict__["_loop_policy"] = LoopPolicy(self.unroll, platform)
-        return cached
+        """The loop lowering policy the program was lowered under (`Lowering.loop_policy`)."""
+        return self.lowering.loop_policy
 
     def scope(self) -> "_Scope":
-        """The context every trace and dispatch of this program runs in: 64-bit types on, the
-        program's matmul precision and device (a plain class: entered on hot paths)."""
+        """The context every trace and dispatch of this program runs in: 64-bit types on and the
+        program's device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
     def _host_consts(self) -> dict:
         """Every constant (packed types packed), prefix-table family and non-uniform initial value.
         A family whose every read is at a static index under the loop policy is held member by
-        member (`W[0]`, `W[1]`, ...: lowering/loops.split_families), else stacked."""
-        split = loops.split_families(Tracer(self.lowering, {}), self.loop_policy())
+        member (`W[0]`, `W[1]`, ...: `Lowering.split`), else stacked."""
+        split = self.lowering.split
         consts = {}
         for decl in self.graph.vars:
             if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
@@ -578,24 +578,17 @@ class PureStepHot:
 
 
 class _Scope:
-    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the loop policy, the default device."""
-    __slots__ = ("program", "token", "loops", "x64", "dev")
+    """`Program.scope()`: `jax.enable_x64(True)` and the default device."""
+    __slots__ = ("program", "x64", "dev")
 
     def __init__(self, program):
         self.program = program
 
     def __enter__(self):
         prog = self.program
-        self.token = MATMUL_PRECISION.set(prog.precision)
-        self.loops = loops.set_policy(prog.loop_policy())
         self.dev = None
-        try:
-            self.x64 = jax.enable_x64(True)
-            self.x64.__enter__()
-        except BaseException:
-            loops.reset(self.loops)
-            MATMUL_PRECISION.reset(self.token)
-            raise
+        self.x64 = jax.enable_x64(True)
+        self.x64.__enter__()
         if prog.device is not None:
             try:
                 self.dev = jax.default_device(prog.device)
@@ -610,9 +603,5 @@ class _Scope:
             if self.dev is not None:
                 self.dev.__exit__(*exc)
         finally:
-            try:
-                self.x64.__exit__(*exc)
-            finally:
-                loops.reset(self.loops)
-                MATMUL_PRECISION.reset(self.token)
+            self.x64.__exit__(*exc)
         return False

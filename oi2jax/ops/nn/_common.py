@@ -9,7 +9,7 @@ import numpy as np
 from ... import dtypes as D
 from .. import numerics as N
 from ..errors import OpTypeError
-from ..numerical import MATMUL_PRECISION, PRECISIONS
+from ..numerical import PRECISIONS
 
 
 def map_float(fn, x, ctx):
@@ -29,9 +29,10 @@ def ref_unary(fn):
     return ref
 
 
-def matmul_precision():
-    """The float matmul precision of the program being traced (`--precision`), as the built-in matmul."""
-    return PRECISIONS[MATMUL_PRECISION.get()]
+def matmul_precision(ctx):
+    """The float matmul precision of the program being traced (`ctx.precision`: `--precision`), as
+    the built-in matmul."""
+    return PRECISIONS[ctx.precision]
 
 
 def static_int(value, op_name: str, attr: str) -> int:

@@ -42,7 +42,7 @@ def linear(x, weight, *, ctx):
 
     f16/bf16 accumulate in f32 and are rounded once; f32 uses the program's matmul precision
     (`--precision`, default highest: exact f32 products), f64 computes in f64."""
-    y = lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=matmul_precision(),
+    y = lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=matmul_precision(ctx),
                         preferred_element_type=N.compute_dtype(ctx.dtype))
     return N.store(y, ctx.out_dtype)
 
@@ -67,7 +67,7 @@ def matmul_t(a, b, *, ctx):
     """a @ swapaxes(b, -1, -2): a [..., M, K], b [..., N, K] -> [..., M, N], batch dimensions broadcast (e.g. q @ k^T).
 
     Numerics as linear: f32 accumulation for f16/bf16, the program's matmul precision for f32."""
-    y = jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=matmul_precision(),
+    y = jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=matmul_precision(ctx),
                    preferred_element_type=N.compute_dtype(ctx.dtype))
     return N.store(y, ctx.out_dtype)
 
@@ -117,5 +117,5 @@ def einsum(a, b, *, spec, ctx):
 
     Numerics as linear: f32 accumulation for f16/bf16, the program's matmul precision for f32."""
     _parse_einsum(spec, (a.ndim, b.ndim))
-    y = jnp.einsum(spec, a, b, precision=matmul_precision(), preferred_element_type=N.compute_dtype(ctx.dtype))
+    y = jnp.einsum(spec, a, b, precision=matmul_precision(ctx), preferred_element_type=N.compute_dtype(ctx.dtype))
     return N.store(y, ctx.out_dtype)
