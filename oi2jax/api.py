@@ -128,7 +128,7 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
         if placement:
             raise OiError("placement= cannot be combined with mesh= (a sharded program is one jit)")
         return compile_sharded(bound, mesh, shard, options)  # one jit: the fused step
-    if placement and not (bound.checked.yield_plan.has_yield and yield_mode == "driver"):
+    if placement and not (bound.checked.yield_phases.has_yield and yield_mode == "driver"):
         raise OiError("placement needs a graph with yield/await run with yield_mode=\"driver\"")
     return Program(bound, options, device=device)
 

@@ -23,7 +23,7 @@ import subprocess
 from . import ir
 from .diagnostics import OiError
 from .grammar.fmt import describe
-from .phases import awaited, yield_plan
+from .phases import awaited, yield_phases
 
 FORMATS = ("dot", "svg", "png")
 
@@ -208,10 +208,10 @@ class _Dot(ir.NodeVisitor):
 
 def to_dot(graph, sizes: dict | None = None) -> str:
     """The control-flow graph in Graphviz DOT (see the module docstring) of a `CheckedGraph`
-    (its yield plan drawn), or of a bare `ir.Graph`, errors and all (its plan computed here)."""
+    (its yield phases drawn), or of a bare `ir.Graph`, errors and all (its plan computed here)."""
     if isinstance(graph, ir.Graph):
-        return _Dot(graph, sizes, yield_plan(graph)).build()
-    return _Dot(graph.graph, sizes, graph.yield_plan).build()
+        return _Dot(graph, sizes, yield_phases(graph)).build()
+    return _Dot(graph.graph, sizes, graph.yield_phases).build()
 
 
 def render(dot_text: str, fmt: str) -> bytes:

@@ -25,7 +25,7 @@ from .diagnostics import source_lines, suggest, Diagnostic, OiError
 from .ir import MemKind
 from .naming import unknown_sizes
 from .ops.registry import builtin_registry
-from .phases import YieldPlan, block_writes, read_before_written
+from .phases import YieldPhases, block_writes, read_before_written
 
 
 def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
@@ -50,7 +50,7 @@ class CheckedGraph:
     op_sigs: dict  # id(op node) -> OpSig; the graph (held here) keeps the ids valid
     ops: object  # the op registry the graph was checked against (oi2jax.ops.Registry)
     runtime_shaped: Mapping[str, str]  # phases.runtime_shaped: variable -> the @auto_dim tensor its shape follows
-    yield_plan: YieldPlan  # phases.yield_plan: windows, phases, consumers of each yield (no errors)
+    yield_phases: YieldPhases  # phases.yield_phases: windows, phases, consumers of each yield (no errors)
     writes: Mapping[str, frozenset]  # phases.block_writes: block -> what it (and the blocks it calls) may write
     read_before_written: frozenset  # phases.read_before_written: what a step may read before writing it
 
@@ -69,7 +69,7 @@ def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None
     errors = [d for d in diags if d.severity == "error"]
     if errors:
         raise OiError(errors, source=graph.source)
-    plan = checker.yield_plan
+    plan = checker.yield_phases
     return CheckedGraph(graph, tuple(diags), dict(checker.op_sigs), checker.registry,
                         MappingProxyType(dict(checker.shaped)), plan, block_writes(graph),
                         read_before_written(graph, plan))

@@ -147,7 +147,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                       f"(known: {', '.join(sorted(bound.sizes)) or '(none)'})")
     if symbolic:
         _check_symbolic(graph, symbolic)
-    fused = bound.checked.yield_plan.has_yield
+    fused = bound.checked.yield_phases.has_yield
     program = Program(bound, CompileOptions(yield_mode="fused", unroll=unroll, platform=loops.platform_of(platforms)))
     builder = program.builder
     with program.scope():

@@ -112,7 +112,7 @@ class InterpretedProgram(CacheOps):
         self._temps = g.temporaries
         # take the current shape of an @auto_dim tensor (§0 item 12): what the checker computed
         self._shaped = dict(bound.checked.runtime_shaped)
-        self._plan = bound.checked.yield_plan  # the consumers of each yield (phases.yield_plan)
+        self._plan = bound.checked.yield_phases  # the consumers of each yield (phases.yield_phases)
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
@@ -439,7 +439,7 @@ class InterpretedProgram(CacheOps):
     # ------------------------------------------------------------------------------ yield/await
 
     def _yield(self, node: ir.Yield, st: State, ctx: Ctx) -> None:
-        assert ctx.pending is None, CHECKED  # an await between two yields (phases.yield_plan)
+        assert ctx.pending is None, CHECKED  # an await between two yields (phases.yield_phases)
         snapshot = st.copy()
         results = []
         for name in self._plan.consumers_of(node.vars):

@@ -1,8 +1,8 @@
 """The structure of a graph on the IR alone (no JAX): what each node reads, writes and defines,
-the yield/await plan, read-before-written and the runtime-shaped variables.
+the yield/await phases, read-before-written and the runtime-shaped variables.
 
 THE definitions, each written once. The checker computes them once (`check.CheckedGraph` carries
-`yield_plan`, `writes`, `read_before_written`, `runtime_shaped`); the lowering, the driver, the
+`yield_phases`, `writes`, `read_before_written`, `runtime_shaped`); the lowering, the driver, the
 interpreter, export and cfg read what it carries. Consumers follow SPEC §0 item 3: the non-entry,
 non-branch-target blocks that `await` at least one yielded variable, in name order.
 """
@@ -219,7 +219,7 @@ def _consumer_blocks(graph: ir.Graph) -> list[ir.Block]:
 
 def _consumers(graph: ir.Graph) -> dict[frozenset, tuple[str, ...]]:
     """THE consumers of a `yield` of some variables (checker, fused lowering, driver, interpreter,
-    cfg all read them from `YieldPlan.consumers_of`): the consumer blocks that await any of them,
+    cfg all read them from `YieldPhases.consumers_of`): the consumer blocks that await any of them,
     by name. One entry per distinct set of yielded variables in the graph."""
     candidates = [(b.name, set(awaited(b))) for b in _consumer_blocks(graph)]
     out: dict[frozenset, tuple[str, ...]] = {}
@@ -253,8 +253,8 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class YieldPlan:
-    """The yield/await plan of a graph, computed once (`yield_plan`; `CheckedGraph.yield_plan`):
+class YieldPhases:
+    """The yield/await phases of a graph, computed once (`yield_phases`; `CheckedGraph.yield_phases`):
     entry's windows and phases, the consumers of every yield, and the pairing and deadlock
     errors (the checker reports them; a checked graph has none)."""
 
@@ -367,12 +367,12 @@ def _phases(nodes: tuple[ir.Node, ...]) -> tuple[Phase, ...]:
     return tuple(phases)
 
 
-def yield_plan(graph: ir.Graph) -> YieldPlan:
+def yield_phases(graph: ir.Graph) -> YieldPhases:
     """THE yield/await analysis (never raises: errors are the plan's `diagnostics`)."""
     consumers = _consumers(graph)
     entry = graph.entry
     if entry is None:
-        return YieldPlan((), (), MappingProxyType(consumers))
+        return YieldPhases((), (), MappingProxyType(consumers))
     nodes, end = _live(entry)
     windows, diags = _pair(entry, end, consumers)
     diags += _deadlocks(graph, windows)
@@ -380,23 +380,23 @@ def yield_plan(graph: ir.Graph) -> YieldPlan:
     nested = any(isinstance(n, (ir.Yield, ir.Await)) for top in nodes if isinstance(top, ir.Loop)
                  for n in ir.walk(top.body))
     phases = (Phase(0, nodes),) if nested else _phases(nodes)
-    return YieldPlan(tuple(windows), phases, MappingProxyType(consumers), tuple(diags), nested, outputs,
+    return YieldPhases(tuple(windows), phases, MappingProxyType(consumers), tuple(diags), nested, outputs,
                      has_yield(graph))
 
 
-def analyze(graph: ir.Graph) -> YieldPlan:
-    """The yield plan of a graph that was not checked: OiError with its pairing and deadlock
-    errors (a checked graph carries its plan: `CheckedGraph.yield_plan`)."""
+def analyze(graph: ir.Graph) -> YieldPhases:
+    """The yield phases of a graph that was not checked: OiError with its pairing and deadlock
+    errors (a checked graph carries its yield phases: `CheckedGraph.yield_phases`)."""
     if graph.entry is None:
         raise OiError("graph has no entry block")
-    plan = yield_plan(graph)
+    plan = yield_phases(graph)
     if plan.diagnostics:
         raise OiError(list(plan.diagnostics), source=graph.source)
     return plan
 
 
 def has_yield(graph: ir.Graph) -> bool:
-    """Whether entry yields or awaits (`YieldPlan.has_yield`; this for a graph that was not checked)."""
+    """Whether entry yields or awaits (`YieldPhases.has_yield`; this for a graph that was not checked)."""
     entry = graph.entry
     return entry is not None and any(isinstance(n, (ir.Yield, ir.Await)) for n in entry.walk())
 
@@ -404,7 +404,7 @@ def has_yield(graph: ir.Graph) -> bool:
 # ------------------------------------------------------------------------ whole-step facts
 
 
-def read_before_written(graph: ir.Graph, plan: YieldPlan) -> frozenset[str]:
+def read_before_written(graph: ir.Graph, plan: YieldPhases) -> frozenset[str]:
     """Variables a step may read before it writes them (what the host must provide, or what keeps
     its initial value): entry walked in order; a loop body or a branch target may not run, so its
     writes do not count; a consumer block starts from entry's state at its yield.

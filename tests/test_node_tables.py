@@ -141,7 +141,7 @@ def test_an_unknown_node_type_is_refused_not_skipped():
         Partial().visit(ir.Yield(index=0, span=ir.NO_SPAN, vars=("x",)))
 
 
-def test_the_checked_graph_carries_the_yield_plan_and_the_backends_read_it(monkeypatch):
+def test_the_checked_graph_carries_the_yield_phases_and_the_backends_read_it(monkeypatch):
     """Issue 33: the yield/await plan (pairs, consumers, phases, deadlocks), the written names and
     read-before-written are computed once, by the checker; compiling (fused and driver) and
     interpreting do not analyse the graph again."""
@@ -151,7 +151,7 @@ def test_the_checked_graph_carries_the_yield_plan_and_the_backends_read_it(monke
            "block c { await x; op add(x, y) >> r; yield x; }\n")
     bound = pipeline.bound(src)
     checked = bound.checked
-    plan = checked.yield_plan
+    plan = checked.yield_phases
     assert [(w.yield_node.vars, w.await_node.vars, w.consumers) for w in plan.windows] == [(("x",), ("x",), ("c",))]
     assert [(p.merges, p.launches, len(p.nodes)) for p in plan.phases] == [(None, 0, 1), (None, None, 0),
                                                                               (0, None, 1)]

@@ -48,7 +48,7 @@ def test_registry_matches_schema():
         assert set(spec.attrs) == set(op["attrs"])
         assert spec.normal_dtypes == set(sup["normal"])
         assert spec.accumulate_pairs == {(p["input"], p["acc"]) for p in sup["accumulate"]}
-        assert spec.impl is not None
+        assert spec.kernel is not None
         assert spec.category == op["category"]
     assert REGISTRY["shl"].attrs["bits"].required and REGISTRY["cast"].attrs["to"].kind == "dtype"
     assert REGISTRY["sum_axis"].attrs["axes"].kind == "int_list"

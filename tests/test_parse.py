@@ -324,3 +324,11 @@ def test_missing_semicolon_is_reported_after_the_token_that_needed_it():
     with pytest.raises(OiError) as info:
         parse("dynamic {\n    x: f32[2]\n    y: f32[2];\n}\n", "g.oi")
     assert str(info.value).splitlines()[0] == "g.oi:2:14: error: expected ';' before name 'y'"
+
+
+def test_a_grammar_rule_without_a_builder_method_is_an_error_not_a_tree():
+    """The transformer's `__default__` raises: a rule with no method never slips a lark tree into the IR."""
+    from lark import Tree
+    from oi2jax.grammar.build import Builder
+    with pytest.raises(TypeError, match="'no_such_rule' has no Builder method"):
+        Builder("<t>").transform(Tree("no_such_rule", []))

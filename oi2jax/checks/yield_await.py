@@ -1,18 +1,18 @@
 """Yield/await rules (§3.6): block await/yield consistency, entry yield..await windows, dead blocks.
 
-The pairing of entry's yields and awaits, its errors and the deadlock errors are the yield plan's
-(`phases.yield_plan`, computed here once and carried by the `CheckedGraph`)."""
+The pairing of entry's yields and awaits, its errors and the deadlock errors are the yield phases's
+(`phases.yield_phases`, computed here once and carried by the `CheckedGraph`)."""
 from __future__ import annotations
 
 from .. import ir
-from ..phases import awaited, node_writes, yield_plan
+from ..phases import awaited, node_writes, yield_phases
 
 
 class PhaseRules:
     """Whole-graph rules on yield/await pairing and the writes inside each yield..await window."""
 
     def check_yield_await(self):
-        plan = self.yield_plan = yield_plan(self.g)  # computed once: the CheckedGraph carries it
+        plan = self.yield_phases = yield_phases(self.g)  # computed once: the CheckedGraph carries it
         self.diags.extend(plan.diagnostics)  # pairing, and consumers waiting on a later yield
         targets = {t for brs in self.branch_targets().values() for br in brs
                    for t in (br.then_block, br.else_block) if t is not None}

@@ -46,6 +46,10 @@ class Builder(Transformer):
         self.path = path
         self.counter = 0
 
+    def __default__(self, data, children, meta):
+        """A grammar rule without a method here: a bug of this module, never a lark tree in the IR."""
+        raise TypeError(f"grammar rule {data!r} has no Builder method (grammar/build.py)")
+
     # helpers
     def span(self, meta) -> ir.Span:
         return ir.Span(self.path, getattr(meta, "line", 0), getattr(meta, "column", 0))

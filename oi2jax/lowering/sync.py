@@ -34,7 +34,7 @@ def _yield(node: ir.Yield, env, frame: Frame, tr: Tracer):
     """Entry's yield: run every consumer from the snapshot now; merge at the await."""
     checked = tr.bound.checked
     pending = []
-    for name in checked.yield_plan.consumers_of(node.vars):  # each from the snapshot: `env` now
+    for name in checked.yield_phases.consumers_of(node.vars):  # each from the snapshot: `env` now
         result = lower_block(name, env, tr)
         pending.append((result, checked.writes[name]))
     tr.pending = getattr(tr, "pending", []) + pending

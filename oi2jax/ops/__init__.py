@@ -13,7 +13,7 @@ import importlib
 
 from .errors import OpTypeError
 from .shapes import broadcast_shapes, normalize_axes
-from .registry import (DTYPE_GROUPS, DYNAMIC, ROUNDING_MODES, AttrSpec, Ctx, InputSpec, OpDef, OpSpec, Registry,
+from .registry import (DTYPE_GROUPS, DYNAMIC, ROUNDING_MODES, AttrSpec, Ctx, InputSpec, OpDef, Registry,
                        builtin_registry)
 from .typing import OpSig, canonical_attrs, cast_allowed, infer
 
@@ -38,6 +38,6 @@ def default_for(op: str, attr: str, dtype: str | None = None):
     return spec.attrs[attr].default_for(dtype) if attr in spec.attrs else None
 
 
-__all__ = ["REGISTRY", "Registry", "OpDef", "AttrSpec", "InputSpec", "OpSpec", "OpSig", "OpTypeError", "infer",
+__all__ = ["REGISTRY", "Registry", "OpDef", "AttrSpec", "InputSpec", "OpSig", "OpTypeError", "infer",
            "apply", "op", "load", "load_schema", "cast_allowed", "broadcast_shapes", "normalize_axes", "default_for",
            "canonical_attrs", "ROUNDING_MODES", "Ctx", "DYNAMIC", "DTYPE_GROUPS", "builtin_registry"]

@@ -150,10 +150,6 @@ class OpDef:
     def builtin(self) -> bool:
         return self.op_set == "builtin"
 
-    @property
-    def impl(self) -> Callable:  # the kernel; name kept for the accumulate rules and older callers
-        return self.kernel
-
     def attr_default(self, name: str, dtype: str | None = None):
         return self.attrs[name].default_for(dtype)
 
@@ -161,8 +157,6 @@ class OpDef:
         """`op NAME (defined in FILE:LINE)` for an added op's messages; `op NAME` for a built-in."""
         return f"op {self.name}" if self.builtin else f"op {self.name} (defined in {self.source})"
 
-
-OpSpec = OpDef  # the former name
 
 
 class _Dynamic:

@@ -1,6 +1,6 @@
 """yield/await as a host driver over separately jitted kernels (SPEC §3.6, docs/yield_await.md).
 
-The checker's yield plan (`CheckedGraph.yield_plan`, `phases.yield_plan`) splits `entry` into
+The checker's yield phases (`CheckedGraph.yield_phases`, `phases.yield_phases`) splits `entry` into
 phases at its top-level `yield` / `await` nodes and names each yield's consumers (§0 item 3);
 the checker already refused pairing errors and deadlocks. A `Program` built with `driver=` owns
 a `Driver`, which compiles every entry phase and every consumer block into its own jitted kernel
@@ -213,7 +213,7 @@ class Driver:
     def __init__(self, program, placement=None, build: str = DEFAULT_BUILD, schedule: str = DEFAULT_SCHEDULE):
         graph = program.graph
         self.program = program
-        self.analysis = program.bound.checked.yield_plan  # computed once, by the checker
+        self.analysis = program.bound.checked.yield_phases  # computed once, by the checker
         self.placement = {name: parse_device(dev) for name, dev in (placement or {}).items()}
         for name in self.placement:
             if graph.block(name) is None or name == "entry":

@@ -76,7 +76,7 @@ class Program:
         self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
         self.driver = None
-        if options.yield_mode == "driver" and bound.checked.yield_plan.has_yield:
+        if options.yield_mode == "driver" and bound.checked.yield_phases.has_yield:
             self.driver = Driver(self, placement=options.placement, build=options.build, schedule=options.schedule)
         with self.scope():
             self.lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
