@@ -47,7 +47,7 @@ class CheckedGraph:
 
     graph: ir.Graph
     warnings: tuple[Diagnostic, ...]
-    op_sigs: dict  # id(op node) -> OpSig; the graph (held here) keeps the ids valid
+    op_sigs: Mapping[int, object]  # op node's `index` (its graph-wide id, ir.Node) -> ops.OpSig
     ops: object  # the op registry the graph was checked against (oi2jax.ops.Registry)
     runtime_shaped: Mapping[str, str]  # phases.runtime_shaped: variable -> the @auto_dim tensor its shape follows
     yield_phases: YieldPhases  # phases.yield_phases: windows, phases, consumers of each yield (no errors)
@@ -55,7 +55,7 @@ class CheckedGraph:
     read_before_written: frozenset  # phases.read_before_written: what a step may read before writing it
 
     def op_sig(self, node: ir.Op):
-        sig = self.op_sigs.get(id(node))
+        sig = self.op_sigs.get(node.index)
         assert sig is not None, f"op {node.op} at {node.span} was not typed by the checker (a node built after check?)"
         return sig
 
@@ -70,7 +70,7 @@ def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None
     if errors:
         raise OiError(errors, source=graph.source)
     plan = checker.yield_phases
-    return CheckedGraph(graph, tuple(diags), dict(checker.op_sigs), checker.registry,
+    return CheckedGraph(graph, tuple(diags), MappingProxyType(dict(checker.op_sigs)), checker.registry,
                         MappingProxyType(dict(checker.shaped)), plan, block_writes(graph),
                         read_before_written(graph, plan))
 
@@ -102,7 +102,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
         self.diags: list[Diagnostic] = []
         self.decls: dict[str, ir.VarDecl] = {}
         self.temps: dict[str, ir.Assign] = {}
-        self.op_sigs: dict = {}  # id(op node) -> ops.OpSig (CheckedGraph)
+        self.op_sigs: dict = {}  # op node's index -> ops.OpSig (CheckedGraph)
 
     # ---------------------------------------------------------------- helpers
     def error(self, message: str, span: ir.Span | None, related=()):

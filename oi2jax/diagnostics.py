@@ -36,13 +36,13 @@ def source_lines(source: str) -> list[str]:
     """The source's lines as the lexer counts them: split at '\\n' only (a form feed or U+2028
     inside a comment does not start a line), '\\r' dropped. Cached: rendering N diagnostics of one
     source splits it once, not N times."""
-    cached = _LINES_CACHE.get(id(source))
-    if cached is not None and cached[0] is source:
-        return cached[1]
+    cached = _LINES_CACHE.get(source)
+    if cached is not None:
+        return cached
     lines = [line[:-1] if line.endswith("\r") else line for line in source.split("\n")]
     if len(_LINES_CACHE) > 8:
         _LINES_CACHE.clear()
-    _LINES_CACHE[id(source)] = (source, lines)
+    _LINES_CACHE[source] = lines
     return lines
 
 

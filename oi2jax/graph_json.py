@@ -275,4 +275,10 @@ def from_json(data: dict, path: str = "<json>") -> ir.Graph:
             auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, n if isinstance(n, str) else int(n)) for k, n in v.get("fixed", ()))))
     blocks = [ir.Block(b["name"], tuple(_node_back(n, span) for n in b["nodes"]), span)
               for b in data["blocks"].values()]
+    seen: set[int] = set()
+    for block in blocks:
+        for node in block.walk():
+            if node.index in seen:  # the node's id (ir.Node.index): one per graph
+                raise ValueError(f"node index {node.index} appears twice")
+            seen.add(node.index)
     return ir.Graph(tuple(vars_), tuple(blocks), path=path)

@@ -3,7 +3,9 @@
 The parser builds it (the IR doubles as the AST: the Lark tree is the concrete syntax);
 every later stage (checker, model binding, lowering, interpreter) reads it and nothing
 mutates it. Node `index` is OpenInfer's node number (single graph-wide counter in source
-order; a loop's body is numbered before the loop node itself, §1.4).
+order; a loop's body is numbered before the loop node itself, §1.4): the node's stable id, unique
+in its graph (the grammar's builder and the graph-JSON loader assign it; the checker's results
+are keyed by it, `CheckedGraph.op_sigs`), kept by `dataclasses.replace`.
 """
 from __future__ import annotations
 

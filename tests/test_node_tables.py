@@ -269,3 +269,26 @@ def test_prefix_member_outside_the_family_is_an_error_every_way(tmp_path):
     for mode in ("interpret", "compiled"):
         with pytest.raises(OiError, match="prefix table W: model tensor w.2 not found"):
             oi2jax.compile(static, model=model, mode=mode).run({})
+
+
+def test_op_signatures_are_keyed_by_the_nodes_stable_id():
+    """`CheckedGraph.op_sigs` is keyed by `ir.Node.index` (the graph-wide id the builder and the
+    graph-JSON loader assign), so an IR-to-IR rewrite that keeps the node's id keeps its signature;
+    graph JSON that gives two nodes one id is refused."""
+    from dataclasses import replace
+    from oi2jax.check import check_graph
+    from oi2jax.diagnostics import OiError
+    from oi2jax.grammar import parse
+    from oi2jax.graph_json import to_json
+    from oi2jax.pipeline import load_graph_json
+    checked = check_graph(parse("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; z: f32[2]; }\n"
+                                "block entry { op add(x, x) >> y; op mul(y, x) >> z; return; }"))
+    first, second = [n for n in checked.graph.entry.nodes if isinstance(n, ir.Op)]
+    assert set(checked.op_sigs) == {first.index, second.index} and first.index != second.index
+    moved = replace(second, span=ir.Span("<elsewhere>", 9, 9))
+    assert checked.op_sig(moved) is checked.op_sig(second)
+    assert checked.op_sig(first).op.name == "add" and checked.op_sig(second).op.name == "mul"
+    data = to_json(checked.graph)
+    data["blocks"]["entry"]["nodes"][1]["index"] = data["blocks"]["entry"]["nodes"][0]["index"]
+    with pytest.raises(OiError, match="node index 0 appears twice"):
+        load_graph_json(data)

@@ -133,7 +133,7 @@ class OpRules:
                 span = node.inputs[exc.input].span
             self.error(exc.message, span)
             return
-        self.op_sigs[id(node)] = sig  # the CheckedGraph's signature: the backends do not re-infer it
+        self.op_sigs[node.index] = sig  # the CheckedGraph's signature: the backends do not re-infer it
         for attr in node.attrs:  # SPEC-2026-03 D3: the 1fc5207 form 0/1 of a bool setting
             if ops.typing.bool_only(spec, attr.name) and attr.value.kind == "int":
                 self.warning(f"{attr.name}={attr.value.value}: current OpenInfer accepts only true/false here; "

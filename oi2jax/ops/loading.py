@@ -95,11 +95,9 @@ def _defs_of(spec) -> tuple[list[OpDef], str]:
 def module_ops(module: ModuleType) -> list[OpDef]:
     """The ops a module declares: its decorated functions (in definition order) and its `OPS` list."""
     out: list[OpDef] = []
-    seen = set()
     for value in list(vars(module).values()) + list(getattr(module, "OPS", ()) or ()):
         d = value if isinstance(value, OpDef) else getattr(value, "oi2jax_op", None)
-        if isinstance(d, OpDef) and id(d) not in seen:
-            seen.add(id(d))
+        if isinstance(d, OpDef) and not any(d is s for s in out):  # each declaration once
             out.append(d)
     if not out:
         raise OiError(f"--ops {getattr(module, '__file__', None) or module.__name__}: declares no op "

@@ -190,7 +190,7 @@ class Registry(Mapping[str, OpDef]):
         return len(self._table)
 
     def __hash__(self) -> int:
-        return hash(tuple((n, id(d)) for n, d in self._table.items()))
+        return hash(tuple(self._table))  # equal registries hold the same names
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Registry) and dict(self._table) == dict(other._table)
