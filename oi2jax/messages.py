@@ -6,6 +6,8 @@ interpreted runs to the same text.
 """
 from __future__ import annotations
 
+from .diagnostics import suggest
+
 # An assertion's text where a backend relies on what the checker guarantees (check.CheckedGraph):
 # such a state is unreachable from any checked graph, so it is not a user error to word.
 CHECKED = "the checker refuses it (check.CheckedGraph)"
@@ -23,6 +25,18 @@ def unknown_size(var: str, size: str, model=None, no_model: str | None = None) -
     why = f" (not a size variable of model {path})" if path is not None else \
         f" ({no_model})" if model is None and no_model else ""
     return f"invalid dims for {var}: unknown size: {size}{why}"
+
+
+def unknown_fixed_size(index: str, size: str, var: str, known=()) -> str:
+    """`@fixed(i=T)` names a size T that neither the sizes given nor the model define (the checker
+    says it when it knows the sizes, binding otherwise)."""
+    return f"@fixed({index}={size}) of {var}: unknown size: {size}{suggest(size, known)}"
+
+
+def op_unknown_size(op: str, setting: str, size: str, known=()) -> str:
+    """An op's int-list setting (`reshape(x, shape=[H, HD])`) names an unknown size (the checker
+    says it when it knows the sizes, binding otherwise)."""
+    return f"op {op} setting {setting}: unknown size {size}{suggest(size, known)}"
 
 
 def negative_index(table: str, what: str, value) -> str:

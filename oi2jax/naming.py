@@ -46,9 +46,9 @@ def size_names(graph: ir.Graph) -> set[str]:
     return names
 
 
-def int_list_names(node: ir.Op):
-    """The size names in an op's int-list attributes (`perm=[0, -T]`: T)."""
-    for attr in node.attrs:
+def int_list_names(where: "ir.Op | ir.Attr"):
+    """The size names in an op's int-list attributes, or in one attribute (`perm=[0, -T]`: T)."""
+    for attr in (where.attrs if isinstance(where, ir.Op) else (where,)):
         if attr.value.kind == "int_list":
             yield from (v.lstrip("-") for v in attr.value.value if isinstance(v, str))
 

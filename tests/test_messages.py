@@ -708,3 +708,20 @@ def test_literals_of_thousands_of_digits_and_arrays_of_65_dimensions_are_diagnos
     save(tmp_path / "t.oinf", tensors={"w": Tensor("f32", None, (1,) * 65)})  # a tensor too (no data to load)
     code, _, err = run_cli(capsys, "check", g, "--model", tmp_path / "t.oinf")
     assert code == 1 and err.strip() == f"error: {tmp_path / 't.oinf'}: tensor w has 65 dimensions; the limit is 64"
+
+
+def test_an_unknown_size_has_the_checkers_wording_whichever_stage_finds_it():
+    """An `@fixed` size or an int-list size that is unknown: the checker says it when it knows the
+    sizes, binding when it does not (no model, no sizes) -- one function in messages.py words both."""
+    from oi2jax.messages import op_unknown_size, unknown_fixed_size
+    src = ("dynamic { a: f32[2, 3]; }\nvolatile { s: f32[2]; }\npersistent { K(i): f32[2] @table @fixed(i=T); }\n"
+           "block entry { op sum_axis(a, axes=[Q]) >> s; return; }\n")
+    fixed, axes = unknown_fixed_size("i", "T", "K"), op_unknown_size("sum_axis", "axes", "Q")
+    with pytest.raises(OiError) as bound:  # no model and no sizes: binding finds them
+        oi2jax.compile(src)
+    with pytest.raises(OiError) as checked:  # sizes given: the checker finds them
+        oi2jax.compile(src, sizes={"R": 1})
+    for exc in (bound.value, checked.value):
+        messages = [d.message for d in exc.diagnostics]
+        assert fixed in messages and axes in messages, messages
+    assert axes == "op sum_axis setting axes: unknown size Q"

@@ -41,8 +41,7 @@ class DeclRules:
             if name not in d.index_params:
                 self.error(f"@fixed names {name}, which is not an index parameter of {d.name}", d.attr_span("fixed"))
             elif isinstance(size, str) and size not in self.sizes and self.strict:
-                self.error(f"@fixed({name}={size}) of {d.name}: unknown size: {size}{suggest(size, self.sizes)}",
-                           d.attr_span("fixed"))
+                self.error(messages.unknown_fixed_size(name, size, d.name, self.sizes), d.attr_span("fixed"))
         for name in d.auto_dim:
             if name not in d.index_params:
                 self.error(f"@auto_dim names {name}, which is not an index parameter of {d.name}",

@@ -121,9 +121,7 @@ def build_layouts(bound, grow_slots: list) -> dict[str, CacheLayout]:
         elif decl.auto_dim:
             dims = decl.auto_dim
             kind = AUTO_DIM
-            if len(dims) != len(shape):
-                raise OiError(f"auto_dim requires {len(shape)} dims, got {len(dims)}", decl.span,
-                              source=bound.graph.source)
+            assert len(dims) == len(shape), CHECKED  # checks/decls: auto_dim names one index per dim
         else:
             layouts[decl.name] = CacheLayout(decl.name, PLAIN, decl.dtype, shape, **_fills(decl))
             continue

@@ -338,8 +338,7 @@ class BoundGraph:
         temp = self.graph.temporaries.get(name)
         if decl is not None and decl.kind == ir.MemKind.CONSTANT and not decl.is_prefix_table:
             v = self.initial(name)
-            if v.size != 1:
-                raise OiError(f"loop bound {name} must be scalar", decl.span)
+            assert v.size == 1, CHECKED  # checks/control.check_loop_bound: a scalar
             return _scalar_int(name, v.reshape(()), decl.dtype, decl.span)
         if decl is not None or temp is not None:
             return None
@@ -372,8 +371,7 @@ def _scalar_int(name: str, v: np.ndarray, dtype: str, span) -> int:
         if not np.isfinite(f):
             raise OiError(f"loop bound {name} is not finite", span)
         return int(f)  # truncate toward zero (§3.3)
-    if d.family == dt.TERNARY:
-        raise OiError(f"loop bound {name} cannot be {dtype}", span)
+    assert d.family != dt.TERNARY, CHECKED  # ternary types are packed: checks/control.check_loop_bound
     return int(v)
 
 
@@ -471,14 +469,16 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
         resolve(decl.name, decl.dims, decl.span)
         for index, size in decl.fixed:
             if isinstance(size, str) and size not in all_sizes:
-                problems.append(Diagnostic(f"@fixed({index}={size}) of {decl.name}: unknown size: {size}",
+                problems.append(Diagnostic(messages.unknown_fixed_size(index, size, decl.name, all_sizes),
                                            decl.attr_span("fixed")))
     for block in graph.blocks:
         for node in block.walk():
             if isinstance(node, ir.Op):
-                for size in int_list_names(node):
-                    if size not in all_sizes:
-                        problems.append(Diagnostic(f"op {node.op}: unknown size: {size}", node.span))
+                for attr in node.attrs:
+                    for size in int_list_names(attr):
+                        if size not in all_sizes:
+                            problems.append(Diagnostic(messages.op_unknown_size(node.op, attr.name, size, all_sizes),
+                                                       attr.span))
     for name, node in graph.temporaries.items():
         if name not in shapes and graph.var(name) is None:
             resolve(name, node.dims, node.span)

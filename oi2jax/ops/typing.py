@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .. import dtypes as D
+from .. import messages
 from ..diagnostics import suggest
 from ..ir import Literal
 from . import accumulate
@@ -155,7 +156,7 @@ def resolve_int_list(op: str, name: str, values, sizes) -> tuple[int, ...] | Non
             key = v[1:] if neg else v
             if sizes is None or key not in sizes:
                 if sizes is not None and getattr(sizes, "strict", True):
-                    raise OpTypeError(f"op {op} setting {name}: unknown size {key}{suggest(key, sizes)}", attr=name)
+                    raise OpTypeError(messages.op_unknown_size(op, name, key, sizes), attr=name)
                 return None
             out.append(-int(sizes[key]) if neg else int(sizes[key]))
         else:
