@@ -158,7 +158,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
     def name_span(self, span: ir.Span, keyword: str) -> ir.Span:
         """The span of the word after `keyword` at `span` (an op's name)."""
         lines = self.__dict__.get("_lines")
-        if lines is None:  # split once per check (was once per op: quadratic in the graph's size)
+        if lines is None:  # split once per check, not per op (per op is quadratic in the graph's size)
             lines = self._lines = source_lines(self.g.source or "")
         if 1 <= span.line <= len(lines):
             line = lines[span.line - 1]

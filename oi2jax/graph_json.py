@@ -9,6 +9,7 @@ comes back as `cache.increment x`. oi2jax extension: `return a, b;` is `{"Return
 """
 from __future__ import annotations
 
+import re
 import uuid
 
 import numpy as np
@@ -160,11 +161,16 @@ def _dim(s: str) -> ir.Dim:
     return ir.Dim(tuple(_atom(a.strip()) for a in s.split("*")))
 
 
+_MEMBER_REF = re.compile(r"([^\[\]]*)\[([^\[\]]*)\]")  # `W[l]`, `QKV[i, j]`: a prefix-table member
+
+
 def _ref_back(s: str, span) -> ir.VarRef:
     if "[" not in s:
         return ir.VarRef(s, span)
-    base, rest = s.split("[", 1)
-    return ir.VarRef(base, span, tuple(_atom(x.strip()) for x in rest.rstrip("]").split(",") if x.strip()))
+    m = _MEMBER_REF.fullmatch(s)
+    if m is None:
+        raise ValueError(f"variable reference {s!r}: expected NAME or NAME[INDEX, ...]")
+    return ir.VarRef(m[1], span, tuple(_atom(x.strip()) for x in m[2].split(",") if x.strip()))
 
 
 def _val_back(v):

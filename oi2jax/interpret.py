@@ -13,8 +13,8 @@ and shares no control-flow code with `oi2jax.lowering`:
   whole state is snapshotted and every consumer block (non-entry, non-branch-target blocks that
   `await` at least one yielded variable; ascending name order) runs to completion from its own
   copy of the snapshot. At the entry's `await`, everything a consumer wrote (yielded variables,
-  non-yielded variables, cache state) is merged into the entry's state; two consumers writing
-  the same variable is an error ("multiple blocks mutated X"). A `yield` executed in any other
+  non-yielded variables, cache state) is merged into the entry's state (two consumers writing
+  the same variable: the checker refuses the graph, checks/yield_await.py). A `yield` executed in any other
   block (or inside a consumer) ends the current frame; an `await` there does nothing. A yield
   still pending when the step ends is merged then (an implicit await).
 * Caches (§4) are host NumPy state (`oi2jax.interpret_caches`): tables are a dict of
@@ -26,9 +26,9 @@ and shares no control-flow code with `oi2jax.lowering`:
 * Every step starts by resetting dynamic variables (to the given input, else their initial
   value, §2.2), volatile variables and `assign` temporaries (to their initial value, §0 item 4);
   persistent values, tables and auto_dim tensors carry over. `run()` starts from a fresh state.
-* Ops are evaluated eagerly with the same implementations the compiler uses
-  (`oi2jax.ops.infer` for mode and output dtype, `oi2jax.ops.apply` for the value), inside
-  `jax.enable_x64(True)`.
+* Ops are evaluated eagerly with the same implementations the compiler uses (`oi2jax.ops.apply`;
+  an added op's NumPy reference, `ops.reference`), with the mode and output dtype the checker
+  typed (`BoundGraph.op_sig`), inside `jax.enable_x64(True)`.
 
 Runtime errors (cache overflow, negative index, unknown names, runaway recursion) raise OiError
 located at the offending node.

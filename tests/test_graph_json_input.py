@@ -185,3 +185,13 @@ def test_bad_json_is_a_clear_error(tmp_path, capsys):
     assert json.loads(good.read_text()) == FIXTURE
     assert main(["fmt", str(good)]) == 0  # .json -> canonical .oi text on stdout
     assert _normalized(parse(capsys.readouterr().out)) == _normalized(parse(OI_TEXT))
+
+
+def test_a_member_reference_without_its_closing_bracket_is_refused():
+    data = to_json(parse("constant { W(l): f32[2] @pattern(\"w.{l}\"); }\nvolatile { y: f32[2]; }\n"
+                         "block entry { op add(y, W[1]) >> y; return; }"))
+    op = data["blocks"]["entry"]["nodes"][0]["kind"]["Op"]
+    assert op["inputs"][1] == "W[1]" and api.load_graph(data).entry.nodes[0].inputs[1].indices == (1,)
+    op["inputs"][1] = "W[1"
+    with pytest.raises(OiError, match=r"variable reference 'W\[1': expected NAME or NAME\[INDEX, \.\.\.\]"):
+        api.load_graph(data)

@@ -12,7 +12,7 @@ the per-graph `unroll` option and the platform the program runs on.
   loop; a layer loop is fully unrolled when n x c <= UNROLL_BUDGET (every platform: the per-layer
   dynamic-slice copy of the weights costs a single-token decode 1.3-2x on CPU too, docs/loops.md);
   over the budget, on GPU/TPU `unroll=k` with the largest k <= n such that k x c <= UNROLL_BUDGET
-  (k >= 2), else a loop; on CPU a loop (partial unrolling measured slower there).
+  (k >= 2), else a loop; on CPU a loop (partial unrolling is slower there: docs/loops.md).
 
 An unrolled loop's index is a Python int, so `W[l]` is static; a family every read of which is
 static is held member by member (`split_families`: `W[0]`, `W[1]`, ... are separate buffers), so
@@ -169,7 +169,7 @@ def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy) -> 
     size = trips * max(cost, 1)
     if size <= UNROLL_BUDGET:
         return Unrolling(True, trips, f"{where}: layer loop, {trips} x {cost} nodes")
-    if not policy.accelerator:  # CPU: partial unrolling measured slower than a loop (docs/loops.md)
+    if not policy.accelerator:  # CPU: partial unrolling is slower than a loop (docs/loops.md)
         return Unrolling(False, 1, f"{where}: layer loop over budget ({trips} x {cost} nodes), a loop")
     k = min(trips, UNROLL_BUDGET // max(cost, 1))
     if k >= 2:
@@ -180,14 +180,29 @@ def _decide(node: ir.Loop, trips: int | None, cost: int, policy: LoopPolicy) -> 
 # ------------------------------------------------------------------------------ family layout
 
 
-def member_key(name: str, index: tuple[int, ...]) -> str:
-    """The constant key of one member of a family held member by member: `W[3]`, `QKV[1,0]`."""
-    return f"{name}[{','.join(str(int(i)) for i in index)}]"
+class MemberKey(str):
+    """The constant key of one member of a family held member by member: the text `W[3]`,
+    `QKV[1,0]` (as dumps and messages show it), carrying its `family` and `index`, so that nothing
+    parses the text back."""
+
+    family: str
+    index: tuple[int, ...]
+
+    def __new__(cls, family: str, index: tuple[int, ...]):
+        index = tuple(int(i) for i in index)
+        key = super().__new__(cls, f"{family}[{','.join(str(i) for i in index)}]")
+        key.family, key.index = family, index
+        return key
+
+
+def member_key(name: str, index: tuple[int, ...]) -> MemberKey:
+    """The constant key of member `index` of family `name` (`W[3]`)."""
+    return MemberKey(name, index)
 
 
 def member_base(key: str) -> str:
     """The family name of a member key (`W[3]` -> `W`); any other key as it is."""
-    return key.split("[", 1)[0] if key.endswith("]") else key
+    return key.family if isinstance(key, MemberKey) else key
 
 
 def split_families(tr, policy: LoopPolicy) -> set[str]:

@@ -15,6 +15,7 @@ import jax
 
 from .. import ir
 from .context import Frame, Tracer
+from .state import Env
 
 RULES: dict[type, object] = {}
 
@@ -26,7 +27,7 @@ def rule(node_type):
     return register
 
 
-def lower_nodes(nodes, env: dict, frame: Frame, tr: Tracer) -> tuple[dict, bool]:
+def lower_nodes(nodes, env: Env, frame: Frame, tr: Tracer) -> tuple[Env, bool]:
     """Lower `nodes` in order in `frame`. An unconditional `branch B` (a call, §3.2) is lowered inline
     here, with an explicit call stack rather than Python recursion, so a chain of thousands of
     blocks calling one another is traced once each and never a RecursionError; a called block's
@@ -70,7 +71,7 @@ def _enter_call(scopes, branch: ir.Branch, block: str):
     return call
 
 
-def lower_block(name: str, env: dict, tr: Tracer) -> dict:
+def lower_block(name: str, env: Env, tr: Tracer) -> Env:
     """Run block `name` as a call (§3.2): its return ends only the block."""
     block = tr.graph.block(name)
     with jax.named_scope(name):
