@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 from lark import Token, Transformer, v_args
@@ -37,6 +38,14 @@ def shown(text: str, limit: int = 40) -> str:
     """A literal as a message quotes it: whole when short, else its ends and its length (a literal
     of thousands of digits is not echoed whole)."""
     return text if len(text) <= limit else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
+
+
+class _NameList(NamedTuple):
+    """A list value of size names only (`[H, D]`), with its tokens: `setting` says `acc=[I32]`'s
+    error at the name, and keeps the literal."""
+
+    literal: ir.Literal
+    items: tuple
 
 
 @v_args(meta=True)
@@ -281,7 +290,7 @@ class Builder(Transformer):
                 raise self.err(f"expected an integer or a size name, got dtype {tok}", tok)
         out = ir.Literal("int_list", tuple(values))
         if items and all(tok.type == "NAME" for _, tok in items):  # `acc=[I32]`: located in `setting`
-            self.__dict__.setdefault("_name_lists", {})[id(out)] = items
+            return _NameList(out, tuple(items))
         return out
 
     def list_item(self, meta, children):
@@ -291,7 +300,9 @@ class Builder(Transformer):
     def setting(self, meta, children):
         name_tok, value = children
         name = str(name_tok)
-        names = self.__dict__.get("_name_lists", {}).get(id(value))
+        names = None
+        if isinstance(value, _NameList):
+            value, names = value.literal, value.items
         if name == "acc" and names:  # a list of names that are not dtypes: `acc=[I32]`
             bad = next(tok for _, tok in names if str(tok) not in dtypes.ACC_DTYPES)
             raise self.err(f"expected dtype (e.g. i32, f32), got {bad}", bad)
