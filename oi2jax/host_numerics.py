@@ -2,7 +2,7 @@
 
 `f8_encode` is the reference encoder of SPEC §5.4 (E5M2 with the carry-dropping quirk and
 ties away from zero); a plain `astype(float8_e5m2)` gives different bits. The JAX
-versions used inside compiled kernels live in `oi2jax.ops.numerics`.
+versions used inside compiled kernels live in `oi2jax.ops.jax_numerics`.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import pytest
 from oi2jax import dtypes as D
 from oi2jax import host_numerics as HN
 from oi2jax.ops import REGISTRY, apply, cast_allowed
-from oi2jax.ops import numerics as JN
+from oi2jax.ops import jax_numerics as JN
 
 RNG_SEED = 1234
 SHAPE = (4, 6)

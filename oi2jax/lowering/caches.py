@@ -27,7 +27,7 @@ from ..diagnostics import OiError
 from .. import messages
 from ..messages import CHECKED
 from ..host_numerics import state_fill
-from ..ops.numerics import store
+from ..ops.jax_numerics import store
 from .context import Frame, Tracer
 from .subbyte import pack, unpack
 from .rules import rule

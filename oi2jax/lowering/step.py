@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ir
-from ..ops.numerics import opaque
+from ..ops.jax_numerics import opaque
 from . import rules
 from .rules import lower_block, lower_nodes
 from .caches import PLAIN, build_layouts
@@ -53,7 +53,7 @@ def uniform_value(array: np.ndarray):
 
 def fill_array(shape, dtype, fill):
     """An in-kernel fill (a volatile's or temporary's initial value, a reset): floats through an
-    opaque scalar (ops.numerics.opaque), so that XLA cannot reassociate arithmetic with it."""
+    opaque scalar (ops.jax_numerics.opaque), so that XLA cannot reassociate arithmetic with it."""
     value = jnp.asarray(fill, dtype)
     if jnp.issubdtype(value.dtype, jnp.floating):
         value = opaque(value)

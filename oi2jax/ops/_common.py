@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dtypes as D
-from . import numerics as N
+from . import jax_numerics as N
 
 
 def is_float(d: str) -> bool:

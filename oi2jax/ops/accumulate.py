@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .. import dtypes as D
-from . import numerics as N
+from . import jax_numerics as N
 from .errors import OpTypeError
 from .registry import Ctx, builtin_registry
 

@@ -6,7 +6,7 @@ from jax import lax
 
 from .builtin import Builtin
 from .. import dtypes as D
-from . import numerics as N
+from . import jax_numerics as N
 from ._common import acc_inputs, float_nary, is_float
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from .. import dtypes as D
 from .builtin import Builtin
 from .errors import OpTypeError
-from . import numerics as N
+from . import jax_numerics as N
 from ._common import static_bool
 from .rounding import round_half_away
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .builtin import Builtin
-from . import numerics as N
+from . import jax_numerics as N
 from ._common import is_float
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .builtin import Builtin
-from . import numerics as N
+from . import jax_numerics as N
 from ._common import is_float
 
 

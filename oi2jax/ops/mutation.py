@@ -5,7 +5,7 @@ import jax.numpy as jnp
 
 from .builtin import Builtin
 from .. import dtypes as D
-from . import numerics as N
+from . import jax_numerics as N
 
 
 def fill_value(value, d: str):

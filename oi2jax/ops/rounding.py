@@ -6,7 +6,7 @@ import numpy as np
 
 from .builtin import Builtin
 from .. import dtypes as D
-from . import numerics as N
+from . import jax_numerics as N
 from ._common import float_unary, is_float
 
 

@@ -2,7 +2,7 @@
 needs. Semantics, dtypes and numerics of each op: docs/ops.md ("The bundled nn set").
 
 Floats: f16 and bf16 are computed in f32 and rounded once to the output dtype; f32 in f32 and f64
-in f64 (`numerics.to_compute` / `numerics.store`). Norms, softmax and the matmul family accumulate
+in f64 (`jax_numerics.to_compute` / `jax_numerics.store`). Norms, softmax and the matmul family accumulate
 in f32 for 16-bit inputs. Each op carries a NumPy reference computing in float64 (the tests' oracle,
 and what the interpreter runs) and `samples(rng, dtype)`: small cases for the generated tests, where
 an attribute given as a 0-d NumPy array stands for a variable (a traced value in the kernel).

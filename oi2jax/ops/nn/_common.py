@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ... import dtypes as D
-from .. import numerics as N
+from .. import jax_numerics as N
 from ..errors import OpTypeError
 from ..numerical import PRECISIONS
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import numerics as N
+from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
 from ..shapes import broadcast_shapes

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import numerics as N
+from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
 from ._common import as_f64, norm_axis, float_attr, rep_values, float_samples

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import numerics as N
+from .. import jax_numerics as N
 from ..define import op
 from ..errors import OpTypeError
 from ._common import as_f64, float_samples, sample_values
