@@ -9,7 +9,8 @@ from oi2jax import dtypes as dt
 from oi2jax import ir
 from oi2jax.diagnostics import OiError
 from oi2jax.model import Meta, Tensor, open_model, save
-from oi2jax.model.bind import BoundGraph, bind, fill_value
+from oi2jax.host_numerics import fill_value
+from oi2jax.model.bind import BoundGraph, bind
 
 from conftest import MODELS
 

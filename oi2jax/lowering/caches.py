@@ -31,8 +31,7 @@ from ..ops.jax_numerics import store
 from .context import Frame, Tracer
 from .subbyte import pack, unpack
 from .rules import rule
-
-from ..limits import INITIAL_CAPACITY  # noqa: E402,F401  (one definition)
+from ..limits import INITIAL_CAPACITY
 
 
 class LayoutKind(enum.Enum):

@@ -18,13 +18,11 @@ from .. import ir, messages
 from ..check import check_graph
 from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
-from ..host_numerics import bf16_encode, f8_encode
+from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex
 from .reader import MetaValue, Model
 
-__all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
-
-from ..host_numerics import fill_value  # noqa: E402  (the one @init rule; re-exported for callers)
+__all__ = ["bind", "AttrVar", "BoundGraph"]
 
 
 def _fmt_shape(shape) -> str:
