@@ -1,6 +1,6 @@
 """yield/await as a host driver over separately jitted kernels (SPEC §3.6, docs/yield_await.md).
 
-The checker's yield phases (`CheckedGraph.yield_phases`, `phases.yield_phases`) splits `entry` into
+The checker's yield phases (`CheckedGraph.yield_phases`, `phases.yield_phases`) split `entry` into
 phases at its top-level `yield` / `await` nodes and names each yield's consumers (§0 item 3);
 the checker already refused pairing errors and deadlocks. A `Program` built with `driver=` owns
 a `Driver`, which compiles every entry phase and every consumer block into its own jitted kernel
