@@ -157,6 +157,8 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     notes = list(cfg.notes)
     out_s = os.fspath(out_path)
     directory = source.directory
+    if cfg.family.adapt is not None:
+        source = cfg.family.adapt(source)
     notes += source.notes
     for file in [*inputs, *source.files]:
         if _same_file(out_s, directory / file):
@@ -222,11 +224,11 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     tensors: dict[str, object] = {name: lazy(name) for name in plan}
     for name, value in cfg.constants.items():
         tensors[name] = value
-        stored[name] = "f32"
+        stored[name] = "i32" if value.dtype == np.int32 else "f32"
         total += value.nbytes
     metadata = {**cfg.metadata, **(extra_metadata or {})}
     if cfg.tied:
-        metadata[ALIAS_PREFIX + "lm_head.weight"] = "model.embed_tokens.weight"
+        metadata[ALIAS_PREFIX + "lm_head.weight"] = cfg.family.embed
     try:
         save(out_s, sizevars=cfg.sizevars, metadata=metadata, tensors=tensors)
         bar.finish()

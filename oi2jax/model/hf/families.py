@@ -79,6 +79,11 @@ class Family:
     metadata: tuple[Meta, ...] = ()
     sizes: tuple[Size, ...] = ()
     derive: tuple[Callable, ...] = ()
+    tied_default: bool = False  # tie_word_embeddings when the config omits it (transformers' class default)
+    embed: str = "model.embed_tokens.weight"  # the embedding a tied lm_head.weight is
+    # `adapt(source) -> source`: a family whose checkpoints spell tensor names more than one way
+    # (GPT-2's with and without `transformer.`) presents them under the table's names
+    adapt: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,7 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
         hook(cfg, sizes, metadata, constants)
     archs = cfg.config.get("architectures")
     metadata["architecture"] = archs[0] if archs else family.architectures[0]
-    tied = cfg.flag("tie_word_embeddings")
+    tied = cfg.flag("tie_word_embeddings", family.tied_default)
     return ModelConfig(family, sizes, metadata, _plan(family, sizes, tied), constants, tied, tuple(cfg.notes))
 
 
