@@ -52,8 +52,9 @@ class PrefixedSource(TensorSource):
                 continue
             table = name if name.startswith((PREFIX, "lm_head.")) else PREFIX + name
             if table in self.names:
-                fail(str(source.directory), f"tensors {self.names[table]} and {name} are one GPT-2 tensor (with "
-                                            f"and without the transformer. prefix): which one?")
+                both = " and ".join(sorted((self.names[table], name)))
+                fail(str(source.directory), f"tensors {both} are one GPT-2 tensor (with and without the "
+                                            f"transformer. prefix): which one?")
             self.names[table] = name
         self.entries = {table: source.entries[name] for table, name in self.names.items()}
         if buffers:
