@@ -201,3 +201,10 @@ def test_gpt2_positions_past_its_learned_ones_are_refused(tmp_path):
         convert_hf(ck.write_checkpoint(tmp_path / "ck", config, weights), tmp_path / "m.oinf")
     assert "tensors h.0.ln_1.weight and transformer.h.0.ln_1.weight are one GPT-2 tensor" in info.value.render()
     assert not (tmp_path / "m.oinf").exists()
+
+
+def test_interpreter_agrees_on_the_first_step(family):
+    """The reference interpreter (the nn ops' NumPy references, node by node) on step 0."""
+    name, prog, weights, config = family
+    interp = oi2jax.compile(EXAMPLES / f"{name}_decode.oi", model=prog.model_path, ops=["nn"], mode="interpret")
+    assert _rel(interp.run({"token": np.int32(5)})["logits"], reference(name, weights, config).step(5)) <= TOL
