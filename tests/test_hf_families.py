@@ -208,3 +208,15 @@ def test_interpreter_agrees_on_the_first_step(family):
     name, prog, weights, config = family
     interp = oi2jax.compile(EXAMPLES / f"{name}_decode.oi", model=prog.model_path, ops=["nn"], mode="interpret")
     assert _rel(interp.run({"token": np.int32(5)})["logits"], reference(name, weights, config).step(5)) <= TOL
+
+
+def test_gemma3_rope_settings_in_both_spellings():
+    """A linear scaling on full attention: `rope_parameters.full_attention` (transformers 5) and
+    `rope_scaling` (4.5x) give the same per-layer frequencies; sliding layers keep theirs."""
+    new = config_of("gemma3_text")
+    new["rope_parameters"]["full_attention"] = {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5}
+    old = config_of("gemma3_text", form="old", rope_theta=5e5, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    a, b = read_config(new).constants, read_config(old).constants
+    assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    assert a["model.layers.2.self_attn.rope.inv_freq"].tobytes() == (default_inv_freq(5e5, 16) / np.float32(4)).tobytes()
+    assert a["model.layers.0.self_attn.rope.inv_freq"].tobytes() == default_inv_freq(1e4, 16).tobytes()
