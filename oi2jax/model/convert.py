@@ -29,6 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from ..diagnostics import OiError
+from .bind import ALIAS_PREFIX
 from .hf.config import fail as _fail, read_json
 from .hf.families import FAMILIES, ModelConfig, read_config
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
@@ -39,8 +40,8 @@ __all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSourc
            "ConvertSummary", "ModelConfig", "FAMILIES", "DTYPES", "ALIAS_PREFIX"]
 
 DTYPES = ("f32", "bf16", "f16")  # what --dtype can ask for
-ALIAS_PREFIX = "alias."  # metadata `alias.NAME` = "TENSOR": tensor NAME is TENSOR (one copy stored)
 _MIB = 1 << 20
+_CHUNK = 1 << 14  # elements per step of the NaN/Inf count
 # tensors a checkpoint may hold that are derived, not learned: transformers recomputes them
 _DERIVED_SUFFIX = "rotary_emb.inv_freq"
 
@@ -242,9 +243,15 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
 
 def _count_nonfinite(values: np.ndarray, name: str, where: str, mode: str, found: list[str]) -> None:
     """A note (or, mode "error", an OiError) naming a tensor that holds NaN or Inf, with the counts."""
-    wide = values.astype(np.float32) if values.dtype.itemsize < 4 else values
-    nan = int(np.count_nonzero(np.isnan(wide)))
-    inf = int(np.count_nonzero(np.isinf(wide)))
+    with np.errstate(all="ignore"):  # a sum allocates no mask: finite means no NaN/Inf (else count)
+        if np.isfinite(np.sum(values, dtype=np.float32 if values.dtype.itemsize < 4 else None)):
+            return
+    flat, nan, inf = values.reshape(-1), 0, 0
+    for i in range(0, flat.size, _CHUNK):  # in chunks: the check holds no tensor-sized mask
+        part = flat[i:i + _CHUNK]
+        part = part.astype(np.float32) if part.dtype.itemsize < 4 else part
+        nan += int(np.count_nonzero(np.isnan(part)))
+        inf += int(np.count_nonzero(np.isinf(part)))
     if not nan and not inf:
         return
     text = f"tensor {name} holds {nan} NaN and {inf} infinite value(s)"

@@ -9,7 +9,7 @@ A family that needs a value no row describes adds a hook (`derive`): a function
 the rest (the attention sizes, the rotary frequencies, a sliding window)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np

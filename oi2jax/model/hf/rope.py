@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ...ops.nn.position import default_inv_freq
+from ...numerics import default_inv_freq
 from .config import ConfigReader, number
 
 DEFAULT_ROPE_THETA = 10000.0  # transformers' default when a config names none

@@ -5,21 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ... import numerics as HN
 from .. import numerics as N
 from ..define import op
 from ..errors import OpTypeError
 from ._common import as_f64, float_samples, sample_values
 
 # ====================================================================== rotary embedding
-
-
-def default_inv_freq(theta: float, hd: int, f64: bool = False):
-    """Hugging Face's `1.0 / (theta ** (arange(0, hd, 2).float() / hd))`, each step rounded to f32
-    (f64 for f64 inputs); the power correctly rounded."""
-    f = np.float64 if f64 else np.float32
-    e = np.arange(0, hd, 2).astype(f) / f(hd)
-    p = (np.float64(f(theta)) ** e.astype(np.float64)).astype(f)
-    return f(1.0) / p
 
 
 def _rope_shape(shapes, attrs):
@@ -40,7 +32,7 @@ def _rope_ref(x, pos, inv_freq=None, theta=10000.0):
     x = as_f64(x)
     hd = x.shape[-1]
     theta = float(np.asarray(theta, np.float64 if f64 else np.float32))
-    inv = default_inv_freq(theta, hd, f64) if inv_freq is None else np.asarray(inv_freq).astype(f)
+    inv = HN.default_inv_freq(theta, hd, f64) if inv_freq is None else np.asarray(inv_freq).astype(f)
     freqs = (f(np.asarray(pos)) * inv).astype(np.float64)  # rounded to f32: HF's angles
     emb = np.concatenate([freqs, freqs])
     rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
@@ -57,7 +49,7 @@ def _rope_samples(rng, d):
 
 def _inv_freq_samples(rng, d, n):
     """Frequencies of a scaled rope (llama3-like: some divided by 8), in x's dtype."""
-    inv = default_inv_freq(10000.0, 2 * n, d == "f64")
+    inv = HN.default_inv_freq(10000.0, 2 * n, d == "f64")
     inv[n // 2:] /= 8
     return inv.astype(float_samples(rng, d, (1,), 1.0).dtype)
 
@@ -85,7 +77,7 @@ def rope(x, pos, inv_freq=None, *, theta=10000.0, ctx):
     if inv_freq is not None:
         inv = jnp.asarray(inv_freq).astype(ct)
     elif isinstance(theta, (bool, int, float, np.integer, np.floating)):
-        inv = jnp.asarray(default_inv_freq(float(theta), hd, ctx.dtype == "f64"))
+        inv = jnp.asarray(HN.default_inv_freq(float(theta), hd, ctx.dtype == "f64"))
     else:
         t = jnp.asarray(theta).astype(ct)
         inv = jnp.asarray(1.0, ct) / t ** (jnp.arange(0, hd, 2).astype(ct) / jnp.asarray(hd, ct))
