@@ -70,7 +70,8 @@ class DeclRules:
         m = self.model
         tensors = m.tensors
         for d in self.decls.values():
-            if d.ref is not None and d.ref not in tensors:
+            tname = m.resolve_alias(d.ref if d.ref is not None else d.name)
+            if d.ref is not None and tname not in tensors:
                 self.error(f"model variable not found: {d.ref}", d.attr_span("ref"))
                 continue
             if d.is_prefix_table:
@@ -81,7 +82,6 @@ class DeclRules:
                     self.error(f"constant {d.name} not found in model: no tensor matches @pattern(\"{d.pattern}\")",
                                d.span)
                 continue
-            tname = d.ref if d.ref is not None else d.name
             if tname in tensors:
                 if not (d.is_table or d.is_auto_dim):
                     self.check_bound(d, tname)

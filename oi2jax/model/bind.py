@@ -157,9 +157,9 @@ class BoundGraph:
 
     def model_name(self, decl: ir.VarDecl) -> str:
         """The model tensor a declaration binds to: its `@ref` name, else its own name (§0 item 2),
-        through the model's aliases (`resolve_alias`)."""
+        through the model's aliases (`Model.resolve_alias`)."""
         key = decl.ref if decl.ref is not None else decl.name
-        return resolve_alias(self.model, key) if self.model is not None else key
+        return self.model.resolve_alias(key) if self.model is not None else key
 
     # ------------------------------------------------------------ values
 
@@ -512,20 +512,6 @@ def _valueless_constants(graph: ir.Graph, shapes, no_model: str) -> list[Diagnos
             if not decl.is_prefix_table and decl.init is None and decl.name in shapes]
 
 
-ALIAS_PREFIX = "alias."
-
-
-def resolve_alias(model: Model, key: str) -> str:
-    """`key`, or the tensor it is an alias of: a model without tensor `key` but with the string
-    metadata `alias.KEY` = "TENSOR" (TENSOR one of its tensors) stores one copy of a tensor read
-    under two names (convert-hf's tied `lm_head.weight`, docs/models.md). Both names then load
-    the same host array, which the runtime places once."""
-    if key in model.tensors:
-        return key
-    alias = model.metadata.get(ALIAS_PREFIX + key)
-    if alias is not None and alias.type == "string" and alias.value in model.tensors:
-        return alias.value
-    return key
 
 
 def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
@@ -537,7 +523,7 @@ def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
                 idx = ", ".join(m.group(p) for p in decl.index_params if p in regex.groupindex)
                 _check_tensor(decl, info, shape, f"{decl.name}[{idx}] ({tensor})")
         return
-    key = resolve_alias(model, decl.ref if decl.ref is not None else decl.name)
+    key = model.resolve_alias(decl.ref if decl.ref is not None else decl.name)
     if decl.ref is not None and key not in model.tensors:
         raise OiError(f"model variable not found: {key}", decl.attr_span("ref"))
     if decl.is_table:

@@ -1,7 +1,7 @@
 """Issue 39, the gemma2, gemma3_text and gpt2 families of `convert-hf`: a tiny random checkpoint of
-each (tests/hf_checkpoints.py: the keys of current transformers' config.json, the real tensor
+each (tests/gemma_gpt2_checkpoints.py: the keys of current transformers' config.json, the real tensor
 names, nonzero norms and biases) converted and run with its example graph, against an
-independent NumPy reference of Hugging Face's modeling code (tests/hf_ref.py): logits within
+independent NumPy reference of Hugging Face's modeling code (tests/gemma_gpt2_ref.py): logits within
 1e-4 of the largest |logit| at every step of a teacher-forced run longer than the sliding
 window, greedy tokens equal. Older config spellings convert to the same model; every unsupported
 setting is an error naming the config key."""
@@ -14,11 +14,11 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.model import open_model
 from oi2jax.model.convert import convert_hf, read_config
-from oi2jax.ops.nn.position import default_inv_freq
+from oi2jax.numerics import default_inv_freq
 
-import hf_checkpoints as ck
+import gemma_gpt2_checkpoints as ck
 from conftest import EXAMPLES
-from hf_ref import GemmaRef, GPT2Ref
+from gemma_gpt2_ref import GemmaRef, GPT2Ref
 
 T, WINDOW, STEPS, GREEDY = 20, 5, 16, 8
 TOL = 1e-4  # |logit - reference| / max |reference logit|, every step (the issue's bound)
@@ -47,7 +47,7 @@ def family(request, tmp_path_factory):
     """(name, compiled example graph, weights, config) of a converted random checkpoint."""
     name = request.param
     tmp = tmp_path_factory.mktemp(name)
-    config = config_of(name, tie_word_embeddings=False)  # tied (the default) and untied
+    config = config_of(name, tie_word_embeddings=name != "gemma3_text")  # tied (the default) and untied
     weights = ck.random_weights(config, seed=7)
     summary = convert_hf(ck.write_checkpoint(tmp / "ck", config, weights), tmp / "m.oinf",
                          max_positions=T if name == "gpt2" else None)
