@@ -19,7 +19,7 @@ from ..check import check_graph
 from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
-from ..naming import PLACEHOLDER, int_list_names, pattern_regex
+from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
@@ -510,22 +510,6 @@ def _valueless_constants(graph: ir.Graph, shapes, no_model: str) -> list[Diagnos
                        f"for OpenInfer's zeros with --zero-missing-inputs (zero_missing_inputs=True)", decl.span)
             for decl in graph.vars_of(ir.MemKind.CONSTANT)
             if not decl.is_prefix_table and decl.init is None and decl.name in shapes]
-
-
-ALIAS_PREFIX = "alias."
-
-
-def resolve_alias(model: Model, key: str) -> str:
-    """`key`, or the tensor it is an alias of: a model without tensor `key` but with the string
-    metadata `alias.KEY` = "TENSOR" (TENSOR one of its tensors) stores one copy of a tensor read
-    under two names (convert-hf's tied `lm_head.weight`, docs/models.md). Both names then load
-    the same host array, which the runtime places once."""
-    if key in model.tensors:
-        return key
-    alias = model.metadata.get(ALIAS_PREFIX + key)
-    if alias is not None and alias.type == "string" and alias.value in model.tensors:
-        return alias.value
-    return key
 
 
 def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:

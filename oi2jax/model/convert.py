@@ -29,7 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from ..diagnostics import OiError
-from .bind import ALIAS_PREFIX
+from ..naming import ALIAS_PREFIX
 from .hf.config import fail as _fail, read_json
 from .hf.families import FAMILIES, ModelConfig, read_config
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
