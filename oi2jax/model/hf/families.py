@@ -265,7 +265,7 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
     sizes: dict[str, int] = {}
     if max_positions is not None and (isinstance(max_positions, bool) or not isinstance(max_positions, int)
                                       or not 0 < max_positions <= MAX_SIZE):
-        raise OiError(f"--max-positions must be an integer in 1..{MAX_SIZE}, got {max_positions!r}")
+        raise OiError(f"max_positions (--max-positions) must be an integer in 1..{MAX_SIZE}, got {max_positions!r}")
     for s in family.sizes:
         if s.var == "T" and max_positions is not None:
             trained = cfg.size(s.keys, default=0)
