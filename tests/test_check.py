@@ -7,7 +7,6 @@ from oi2jax import ir
 from oi2jax.check import check, check_or_raise
 from oi2jax.diagnostics import OiError
 from oi2jax.grammar import parse
-from oi2jax.model.reader import Model
 
 from conftest import REPO
 
@@ -201,8 +200,6 @@ class FakeModel:
         self.sizevars = sizevars or {}
         self.metadata = metadata or {}
         self.tensors = tensors or {}
-
-    resolve_alias = Model.resolve_alias  # the real rule (metadata `alias.NAME`)
 
 
 class TI:

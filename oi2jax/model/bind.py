@@ -19,7 +19,7 @@ from ..check import check_graph
 from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
-from ..naming import PLACEHOLDER, int_list_names, pattern_regex
+from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
@@ -157,9 +157,9 @@ class BoundGraph:
 
     def model_name(self, decl: ir.VarDecl) -> str:
         """The model tensor a declaration binds to: its `@ref` name, else its own name (§0 item 2),
-        through the model's aliases (`Model.resolve_alias`)."""
+        through the model's aliases (`resolve_alias`)."""
         key = decl.ref if decl.ref is not None else decl.name
-        return self.model.resolve_alias(key) if self.model is not None else key
+        return resolve_alias(self.model, key) if self.model is not None else key
 
     # ------------------------------------------------------------ values
 
@@ -512,8 +512,6 @@ def _valueless_constants(graph: ir.Graph, shapes, no_model: str) -> list[Diagnos
             if not decl.is_prefix_table and decl.init is None and decl.name in shapes]
 
 
-
-
 def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
     if decl.is_prefix_table:
         regex, _ = pattern_regex(decl)
@@ -523,7 +521,7 @@ def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
                 idx = ", ".join(m.group(p) for p in decl.index_params if p in regex.groupindex)
                 _check_tensor(decl, info, shape, f"{decl.name}[{idx}] ({tensor})")
         return
-    key = model.resolve_alias(decl.ref if decl.ref is not None else decl.name)
+    key = resolve_alias(model, decl.ref if decl.ref is not None else decl.name)
     if decl.ref is not None and key not in model.tensors:
         raise OiError(f"model variable not found: {key}", decl.attr_span("ref"))
     if decl.is_table:

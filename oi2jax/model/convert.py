@@ -29,10 +29,11 @@ import ml_dtypes
 import numpy as np
 
 from ..diagnostics import OiError
+from ..naming import ALIAS_PREFIX
 from .hf.config import fail as _fail, read_json
 from .hf.families import FAMILIES, ModelConfig, read_config
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
-from .reader import ALIAS_PREFIX, NAME_RE
+from .reader import NAME_RE
 from .writer import LazyTensor, save
 
 __all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSource", "SourceEntry", "read_config",

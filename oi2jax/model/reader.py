@@ -167,9 +167,6 @@ def _decode(d: dt.DType, raw, shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(raw, dtype=d.np_dtype.newbyteorder("<")).astype(d.np_dtype).reshape(shape)
 
 
-ALIAS_PREFIX = "alias."  # metadata `alias.NAME` = "TENSOR": tensor NAME is TENSOR (one copy stored)
-
-
 class Model:
     """An open `.oinf` file. Tables are decoded; tensor data is read on demand and cached.
 
@@ -195,18 +192,6 @@ class Model:
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
-
-    def resolve_alias(self, key: str) -> str:
-        """`key`, or the tensor it is an alias of: a model without tensor `key` but with the string
-        metadata `alias.KEY` = "TENSOR" (TENSOR one of its tensors) stores one copy of a tensor read
-        under two names (convert-hf's tied `lm_head.weight`, docs/models.md). Both names then load
-        the same host array, which the runtime places once."""
-        if key in self.tensors:
-            return key
-        alias = self.metadata.get(ALIAS_PREFIX + key)
-        if alias is not None and alias.type == "string" and alias.value in self.tensors:
-            return alias.value
-        return key
 
     @property
     def loaded_whole(self) -> list[str]:

@@ -154,11 +154,21 @@ def sliding_window(cfg: ConfigReader, sizes: dict, metadata: dict, constants: di
     metadata["sliding_window"] = np.int32(min(window, sizes["T"]))
 
 
-def no_sliding_window(cfg: ConfigReader, sizes: dict, metadata: dict, constants: dict) -> None:
-    """Qwen's `use_sliding_window`: only false (its per-layer windows are not implemented)."""
+def full_attention(cfg: ConfigReader, sizes: dict, metadata: dict, constants: dict) -> None:
+    """Qwen's `use_sliding_window` only false and `layer_types` only full_attention (its windows
+    on the layers past max_window_layers are not implemented); `sliding_window` is then unused, as
+    in transformers."""
     if cfg.flag("use_sliding_window"):
         cfg.fail("use_sliding_window is true: only full attention in every layer is supported for "
                  f"{cfg.config.get('model_type')} (use_sliding_window false)")
+    kinds = cfg.config.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != sizes["L"]:
+            cfg.fail(f"layer_types must list one entry per layer ({sizes['L']}), got {kinds!r}"[:200])
+        other = next((k for k in kinds if k != "full_attention"), None)
+        if other is not None:
+            cfg.fail(f"layer_types holds {other!r}: only 'full_attention' layers are supported for "
+                     f"{cfg.config.get('model_type')}")
 
 
 NO_QUANT = Setting("quantization_config", (None,), None, "quantized checkpoints are not supported (convert a "
@@ -188,7 +198,34 @@ LLAMA = Family("llama", ("LlamaForCausalLM",), "llama_decode.oi", LLAMA_TENSORS,
                settings=(NO_QUANT, SILU, no_bias("attention_bias", "Llama"), no_bias("mlp_bias", "Llama")),
                **DECODER)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA,)}
+MISTRAL = Family("mistral", ("MistralForCausalLM",), "mistral_decode.oi", LLAMA_TENSORS,
+                 settings=(NO_QUANT, SILU, no_bias("attention_bias", "Mistral")),
+                 **dict(DECODER, derive=DECODER["derive"] + (sliding_window,)))
+
+QKV_BIAS = (Tensor(P + "self_attn.q_proj.bias", ("QD",)), Tensor(P + "self_attn.k_proj.bias", ("KVD",)),
+            Tensor(P + "self_attn.v_proj.bias", ("KVD",)))
+QWEN2 = Family("qwen2", ("Qwen2ForCausalLM",), "qwen2_decode.oi", LLAMA_TENSORS + QKV_BIAS,
+               settings=(NO_QUANT, SILU), **dict(DECODER, derive=DECODER["derive"] + (full_attention,)))
+
+QK_NORM = (Tensor(P + "self_attn.q_norm.weight", ("HD",)), Tensor(P + "self_attn.k_norm.weight", ("HD",)))
+QWEN3 = Family("qwen3", ("Qwen3ForCausalLM",), "qwen3_decode.oi", LLAMA_TENSORS + QK_NORM,
+               settings=(NO_QUANT, SILU, no_bias("attention_bias", "Qwen3")),
+               **dict(DECODER, derive=DECODER["derive"] + (full_attention,)))
+
+# Phi-3's fused projections, written as the rows they are: q, k, v of qkv_proj; gate, up of gate_up_proj
+_QKV_ROWS, _GATE_UP_ROWS = ("QD", "KVD", "KVD"), ("F", "F")
+PHI3_TENSORS = (EMBED, ATTN_NORM,
+                *(Tensor(t.name, t.shape, split=(P + "self_attn.qkv_proj.weight", _QKV_ROWS, i))
+                  for i, t in enumerate(QKV)),
+                O_PROJ, MLP_NORM,
+                *(Tensor(t.name, t.shape, split=(P + "mlp.gate_up_proj.weight", _GATE_UP_ROWS, i))
+                  for i, t in enumerate(SWIGLU)),
+                DOWN, *FINAL)
+PHI3 = Family("phi3", ("Phi3ForCausalLM",), "mistral_decode.oi", PHI3_TENSORS,
+              settings=(NO_QUANT, SILU, no_bias("attention_bias", "Phi-3")),
+              **dict(DECODER, derive=DECODER["derive"] + (sliding_window,)))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3)}
 
 
 def register(family: Family) -> None:
@@ -233,7 +270,7 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
     sizes: dict[str, int] = {}
     if max_positions is not None and (isinstance(max_positions, bool) or not isinstance(max_positions, int)
                                       or not 0 < max_positions <= MAX_SIZE):
-        raise OiError(f"--max-positions must be an integer in 1..{MAX_SIZE}, got {max_positions!r}")
+        raise OiError(f"max_positions (--max-positions) must be an integer in 1..{MAX_SIZE}, got {max_positions!r}")
     for s in family.sizes:
         if s.var == "T" and max_positions is not None:
             trained = cfg.size(s.keys, default=0)
