@@ -48,6 +48,8 @@ def family(request, tmp_path_factory):
     name = request.param
     tmp = tmp_path_factory.mktemp(name)
     config = config_of(name, tie_word_embeddings=name != "gemma3_text")  # tied (the default) and untied
+    if name == "gemma3_text":  # Gemma 3 4B-27B's linear scaling on the full-attention layers
+        config["rope_parameters"]["full_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
     weights = ck.random_weights(config, seed=7)
     summary = convert_hf(ck.write_checkpoint(tmp / "ck", config, weights), tmp / "m.oinf",
                          max_positions=T if name == "gpt2" else None)
