@@ -222,3 +222,14 @@ def test_gemma3_rope_settings_in_both_spellings():
     assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
     assert a["model.layers.2.self_attn.rope.inv_freq"].tobytes() == (default_inv_freq(5e5, 16) / np.float32(4)).tobytes()
     assert a["model.layers.0.self_attn.rope.inv_freq"].tobytes() == default_inv_freq(1e4, 16).tobytes()
+
+
+def test_a_transposed_conv1d_weight_is_named_with_its_shape(tmp_path):
+    """GPT-2's Conv1D weights are [in, out]: one stored [out, in] (as nn.Linear) is refused by name."""
+    config = config_of("gpt2")
+    weights = ck.random_weights(config)
+    weights["transformer.h.1.attn.c_attn.weight"] = np.ascontiguousarray(weights["transformer.h.1.attn.c_attn.weight"].T)
+    with pytest.raises(OiError) as info:
+        convert_hf(ck.write_checkpoint(tmp_path / "ck", config, weights), tmp_path / "m.oinf")
+    assert "tensor transformer.h.1.attn.c_attn.weight has shape [96, 32], expected [32, 96] (hidden_size, 3*n_embd)" \
+        in info.value.render()

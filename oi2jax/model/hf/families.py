@@ -23,7 +23,8 @@ SIZE_KEYS = {"V": "vocab_size", "D": "hidden_size", "F": "intermediate_size", "L
              "H": "num_attention_heads", "KVH": "num_key_value_heads", "HD": "head_dim",
              "T": "max_position_embeddings", "QD": "num_attention_heads*head_dim",
              "KVD": "num_key_value_heads*head_dim", "R": "head_dim/2", "F2": "2*intermediate_size",
-             "QKV": "(num_attention_heads+2*num_key_value_heads)*head_dim"}
+             "QKV": "(num_attention_heads+2*num_key_value_heads)*head_dim",
+             "P": "n_positions", "D3": "3*n_embd"}  # GPT-2's learned positions, fused c_attn width
 INV_FREQ = "rope.inv_freq"  # the computed rotary frequencies, f32[R]
 
 
