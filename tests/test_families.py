@@ -93,3 +93,14 @@ def test_tied_models_hold_one_embedding(family):
     assert model.metadata["alias.lm_head.weight"].value == "model.embed_tokens.weight"
     consts = prog.consts if hasattr(prog, "consts") else prog.program.consts
     assert consts["embed"] is consts["lm_head"]  # one placed buffer, read under both names
+
+
+def test_interpreter_agrees_on_the_first_steps(family):
+    """The reference interpreter (the nn ops' NumPy references, node by node; a tied model through
+    its alias) on the first steps, past a window of 3."""
+    _, weights, config, summary = family
+    prog = oi2jax.compile(EXAMPLES / summary.graph, model=summary.path, ops=["nn"], mode="interpret")
+    ref = FamilyRef(weights, config)
+    for tok in (5, 1, 7, 2):
+        prog.step({"token": np.int32(tok)})
+        assert _rel(prog.outputs()["logits"], ref.step(tok)) <= TOL
