@@ -28,7 +28,7 @@ WINDOW = P + "self_attn.sliding_window"  # i32 per layer: how many positions the
 LAYER_INV_FREQ = P + "self_attn.rope.inv_freq"  # gemma3_text: f32[R] per layer, its type's rotary frequencies
 # transformers' class defaults, used (with a note) when a config omits the key
 DEFAULTS = {"gemma2": {"query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
-                       "final_logit_softcapping": 30.0, "sliding_window_pattern": 2},
+                       "final_logit_softcapping": 30.0},
             "gemma3_text": {"query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
                             "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0}}
 
