@@ -233,3 +233,20 @@ def test_a_transposed_conv1d_weight_is_named_with_its_shape(tmp_path):
         convert_hf(ck.write_checkpoint(tmp_path / "ck", config, weights), tmp_path / "m.oinf")
     assert "tensor transformer.h.1.attn.c_attn.weight has shape [96, 32], expected [32, 96] (hidden_size, 3*n_embd)" \
         in info.value.render()
+
+
+def test_omitted_keys_take_transformers_defaults_with_a_note():
+    config = config_of("gemma2")
+    for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "tie_word_embeddings"):
+        del config[key]
+    cfg = read_config(config, "ck/config.json")
+    assert cfg.metadata["attn_scale"] == 256 ** -0.5 and cfg.tied
+    assert (cfg.metadata["attn_softcap"], cfg.metadata["final_softcap"]) == (50.0, 30.0)
+    assert "ck/config.json names no query_pre_attn_scalar: using transformers' default 256" in cfg.notes
+    old = config_of("gemma3_text", form="old")
+    del old["sliding_window_pattern"], old["rope_local_base_freq"]
+    cfg = read_config(old, "ck/config.json")
+    kinds = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(4)]  # all sliding: L = 4 < 6
+    assert [int(cfg.constants[f"model.layers.{i}.self_attn.sliding_window"]) for i in range(4)] == \
+        [WINDOW if k == "sliding_attention" else T for k in kinds]
+    assert cfg.constants["model.layers.0.self_attn.rope.inv_freq"].tobytes() == default_inv_freq(1e4, 16).tobytes()
