@@ -150,3 +150,17 @@ def test_head_dim_times_heads_need_not_be_hidden_size(tmp_path):
     summary = convert_hf(ck, tmp_path / "m.oinf")
     assert (summary.sizevars["HD"], summary.sizevars["QD"], summary.sizevars["D"]) == (24, 48, 16)
     assert open_model(summary.path).tensors["model.layers.0.self_attn.o_proj.weight"].shape == (16, 48)
+
+
+def test_unknown_names_suggest_a_close_known_one(ck, tmp_path):
+    _edit_config(ck, model_type="mistal", architectures=None)
+    with pytest.raises(OiError) as e:
+        convert_hf(ck, tmp_path / "m.oinf")
+    assert _msg(e).startswith(f"{ck / 'config.json'}: model_type is 'mistal' (did you mean mistral?): supported model "
+                              f"types are ")
+    _edit_config(ck, model_type="llama", architectures=["LlamaForCausalLM"],
+                 rope_parameters={"rope_type": "lama3", "rope_theta": 1e4})
+    with pytest.raises(OiError) as e:
+        convert_hf(ck, tmp_path / "m.oinf")
+    assert _msg(e) == (f"{ck / 'config.json'}: rope_parameters.rope_type is 'lama3' (did you mean llama3?): "
+                       f"supported rope types are default, linear, llama3")

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ...numerics import default_inv_freq
+from ...diagnostics import suggest
 from .config import ConfigReader, number
 
 DEFAULT_ROPE_THETA = 10000.0  # transformers' default when a config names none
@@ -55,7 +56,8 @@ def rope_inv_freq(cfg: ConfigReader, head_dim: int) -> tuple[np.ndarray, float]:
     params, key = _params(cfg)
     kind = params.get("rope_type", "default")
     if kind not in ROPE_TYPES:
-        cfg.fail(f"{key}.rope_type is {kind!r}: supported rope types are {', '.join(ROPE_TYPES)}")
+        cfg.fail(f"{key}.rope_type is {kind!r}{suggest(str(kind), ROPE_TYPES)}: supported rope types are "
+                 f"{', '.join(ROPE_TYPES)}")
     for partial in (params.get("partial_rotary_factor"), cfg.config.get("partial_rotary_factor")):
         if partial not in (None, 1.0):
             cfg.fail(f"partial_rotary_factor is {partial!r}: only a rotary embedding over the whole head (1.0) "
