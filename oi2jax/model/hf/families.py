@@ -79,6 +79,7 @@ class Family:
     metadata: tuple[Meta, ...] = ()
     sizes: tuple[Size, ...] = ()
     derive: tuple[Callable, ...] = ()
+    tied_default: bool = False  # tie_word_embeddings when the config does not say (transformers' default)
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
         hook(cfg, sizes, metadata, constants)
     archs = cfg.config.get("architectures")
     metadata["architecture"] = archs[0] if archs else family.architectures[0]
-    tied = cfg.flag("tie_word_embeddings")
+    tied = cfg.flag("tie_word_embeddings", family.tied_default)
     return ModelConfig(family, sizes, metadata, _plan(family, sizes, tied), constants, tied, tuple(cfg.notes))
 
 
