@@ -71,7 +71,7 @@ def rope_inv_freq(cfg: ConfigReader, head_dim: int) -> tuple[np.ndarray, float]:
         cfg.notes.append(f"{cfg.where} names no rope_theta: using transformers' default {DEFAULT_ROPE_THETA}")
     theta_key = "rope_theta" if cfg.config.get("rope_theta") is not None else f"{key}.rope_theta"
     theta = number(cfg.where, theta, theta_key)
-    if theta > np.finfo(np.float32).max:
+    if theta > float(np.finfo(np.float32).max):
         cfg.fail(f"{theta_key} {theta!r} is beyond f32's range (transformers computes the rotary "
                  f"frequencies in f32)")
     inv = default_inv_freq(theta, head_dim)
