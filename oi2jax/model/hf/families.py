@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...diagnostics import OiError
+from ...diagnostics import OiError, suggest
 from .config import MAX_LAYERS, MAX_SIZE, ConfigReader
 from .rope import rope_inv_freq
 
@@ -80,7 +80,7 @@ class Family:
     metadata: tuple[Meta, ...] = ()
     sizes: tuple[Size, ...] = ()
     derive: tuple[Callable, ...] = ()
-    tied_default: bool = False  # tie_word_embeddings when the config omits it (transformers' class default)
+    tied_default: bool = False  # tie_word_embeddings when the config does not say (transformers' default)
     embed: str = "model.embed_tokens.weight"  # the embedding a tied lm_head.weight is
     # `adapt(source) -> source`: a family whose checkpoints spell tensor names more than one way
     # (GPT-2's with and without `transformer.`) presents them under the table's names
@@ -245,7 +245,8 @@ def find_family(cfg: ConfigReader) -> Family:
     if model_type is not None:
         family = FAMILIES.get(model_type)
         if family is None:
-            cfg.fail(f"model_type is {model_type!r}: supported model types are {known}")
+            cfg.fail(f"model_type is {model_type!r}{suggest(str(model_type), FAMILIES)}: supported model types "
+                     f"are {known}")
     else:
         family = next((f for f in FAMILIES.values() if isinstance(archs, list) and archs
                        and archs[0] in f.architectures), None)
