@@ -18,7 +18,7 @@ from oi2jax.numerics import default_inv_freq
 
 import gemma_gpt2_checkpoints as ck
 from conftest import EXAMPLES
-from gemma_gpt2_ref import GemmaRef, GPT2Ref
+from gemma_gpt2_ref import GemmaRef, GPT2Ref, gemma_forward_full
 
 T, WINDOW, STEPS, GREEDY = 20, 5, 16, 8
 TOL = 1e-4  # |logit - reference| / max |reference logit|, every step (the issue's bound)
@@ -250,3 +250,16 @@ def test_omitted_keys_take_transformers_defaults_with_a_note():
     assert [int(cfg.constants[f"model.layers.{i}.self_attn.sliding_window"]) for i in range(4)] == \
         [WINDOW if k == "sliding_attention" else T for k in kinds]
     assert cfg.constants["model.layers.0.self_attn.rope.inv_freq"].tobytes() == default_inv_freq(1e4, 16).tobytes()
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3_text"])
+def test_the_reference_steps_equal_its_whole_sequence_form(name):
+    """tests/gemma_gpt2_ref.py checked against itself: one token at a time with a cache equals the
+    whole sequence with transformers' additive masks (causal, sliding window)."""
+    config = config_of(name)
+    weights = ck.random_weights(config, seed=4)
+    tokens = np.random.default_rng(2).integers(0, 64, 12)
+    ref = GemmaRef(weights, config, gemma3=name == "gemma3_text")
+    steps = np.stack([ref.step(int(t)) for t in tokens])
+    np.testing.assert_allclose(steps, gemma_forward_full(weights, config, tokens, gemma3=name == "gemma3_text"),
+                               rtol=1e-12, atol=1e-12)
