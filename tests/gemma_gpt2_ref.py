@@ -5,8 +5,9 @@ Written from transformers' `models/gemma2/modeling_gemma2.py`, `models/gemma3/mo
 and `models/gpt2/modeling_gpt2.py`, plainly, one token at a time, in float64, each with its own
 KV cache (the position is the number of tokens stepped so far):
 
-    ref = Gemma2Ref(weights, config)     # {HF tensor name: array}, the config.json dict
-    logits = ref.step(token)             # [V]
+    ref = GemmaRef(weights, config, gemma3=False)   # {HF tensor name: array}, the config.json dict
+    logits = ref.step(token)                        # [V]
+    full = gemma_forward_full(weights, config, tokens, gemma3=False)   # [S, V], no cache: a check
 
 Gemma2 (HF names), with RMSNorm(x, w) = x / sqrt(mean(x^2) + eps) * (1 + w):
     h = embed_tokens[token] * sqrt(hidden_size)
