@@ -151,6 +151,7 @@ def test_what_the_gemma_conversion_computes(tmp_path):
     assert tensors["model.layers.0.input_layernorm.weight"].tobytes() == \
         weights["model.layers.0.input_layernorm.weight"].tobytes()
     assert metadata["embed_scale"] == pytest.approx(32 ** 0.5) and metadata["attn_scale"] == pytest.approx(16 ** -0.5)
+    assert metadata["norm_offset"] == 1.0
     assert summary.tensors["model.layers.0.self_attn.sliding_window"] == "i32"
     assert sizevars["R"] == 8
 
