@@ -83,7 +83,7 @@ class Family:
     tied_default: bool = False  # tie_word_embeddings when the config does not say (transformers' default)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorPlan:
     """One tensor to write: its source tensor (`split`: rows start:stop of it), shape, and what
     the shape is made of."""
