@@ -23,6 +23,7 @@ from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
 from .model.convert import convert_hf
+from .model.hf.config import MAX_SIZE
 from .model.inspect import render_model
 from .npz import save_npz, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
@@ -401,7 +402,10 @@ def cmd_compile(args) -> int:
 def cmd_convert_hf(args) -> int:
     if args.max_positions is not None and args.max_positions <= 0:
         raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
+    if args.max_positions is not None and args.max_positions > MAX_SIZE:
+        raise UsageError(f"--max-positions {args.max_positions} is out of range (1..{MAX_SIZE})")
     summary = convert_hf(args.directory, args.output, dtype=args.dtype, max_positions=args.max_positions,
+                         nonfinite=args.nonfinite,
                          progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
                                                                  label="MiB", unit="MiB"))
     for note in summary.notes:
@@ -411,7 +415,8 @@ def cmd_convert_hf(args) -> int:
         dtypes = ", ".join(sorted(set(summary.tensors.values())))
         n = summary.nbytes
         size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
-        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}", file=sys.stderr)
+        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}; {summary.model_type}: "
+              f"run it with examples/{summary.graph}", file=sys.stderr)
     return 0
 
 
@@ -574,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops_flag(g)
     g.set_defaults(func=cmd_graph)
 
-    h = sub.add_parser("convert-hf", help="convert a Hugging Face Llama checkpoint directory to a .oinf model")
+    h = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint directory (llama, mistral, qwen2, "
+                                          "qwen3, phi3, ...: docs/models.md) to a .oinf model")
     h.add_argument("directory", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
                    "(or model-*.safetensors with model.safetensors.index.json)")
     h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
@@ -583,6 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "nearest even)")
     h.add_argument("--max-positions", type=int, metavar="N",
                    help="the size variable T (default: the config's max_position_embeddings)")
+    h.add_argument("--nonfinite", choices=("note", "error"), default="note",
+                   help="NaN/Inf weights: convert them with a note naming each tensor and the counts (default), "
+                        "or refuse the checkpoint")
     h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
     h.set_defaults(func=cmd_convert_hf)
     return p
