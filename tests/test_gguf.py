@@ -59,7 +59,7 @@ def _k_blocks(kind: str, rows: int, cols: int, rng) -> np.ndarray:
     return raw.reshape(rows, cols // block * size)
 
 
-def _twin(tmp, kind: str, sizes: dict, tied: bool = False, seed: int = 0, edit=None):
+def _twin(tmp, kind: str, sizes: dict, tied: bool = False, seed: int = 0, edit=None, kv=None):
     """(HF directory, GGUF path, GGUF tensors as written): a random Llama, its 2-D weights stored
     as `kind` in the GGUF (norms F32) and as their dequantized values in the HF form."""
     rng = np.random.default_rng(seed)
@@ -101,6 +101,8 @@ def _twin(tmp, kind: str, sizes: dict, tied: bool = False, seed: int = 0, edit=N
     w.add_rope_dimension_count(config["head_dim"])
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     w.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    if kv:
+        kv(w)
     for name, arr in written.items():
         gkind = kind if arr.dtype == np.uint8 else {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[arr.dtype.name]
         if gkind == "BF16":
