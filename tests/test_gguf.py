@@ -159,8 +159,8 @@ def test_float_types_keep_their_dtype(tmp_path, kind):
 def kept(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kept")
     out = {}
-    for kind, sizes in (("Q4_1", SMALL), ("Q4_K", WIDE)):
-        _, path, written = _twin(tmp, kind, sizes, tied=True)
+    for kind, sizes in (("Q4_1", SMALL), ("Q4_K", WIDE)):  # metadata the graph does not read: a chat template
+        _, path, written = _twin(tmp, kind, sizes, tied=True, kv=lambda w: w.add_chat_template("{{ messages }}"))
         convert_gguf(path, tmp / f"{kind}.oinf")
         convert_gguf(path, tmp / f"{kind}-f32.oinf", dtype="f32")
         out[kind] = (tmp / f"{kind}.oinf", tmp / f"{kind}-f32.oinf", written, sizes)

@@ -3,8 +3,8 @@
 Both converters store, as metadata entries (keys `META`):
 - `tokenizer.json`: the tokenizer as Hugging Face `tokenizers` JSON text: the checkpoint's own
   file (convert-hf), or built from a GGUF's `tokenizer.ggml.tokens/merges/token_type` with the
-  `tokenizers` package (convert-gguf; GGUF tokenizer model `gpt2`, byte-level BPE, with the GPT-2
-  pre-tokenizer: `tokenizer.ggml.pre` `default` or `gpt2`; anything else is refused, naming the key);
+  `tokenizers` package (convert-gguf; GGUF tokenizer model `gpt2`, byte-level BPE, with the
+  pre-tokenizers of `GGUF_PRE_TOKENIZERS`; anything else is refused, naming the key);
 - `tokenizer.chat_template`: tokenizer_config.json's `chat_template` (or chat_template.jinja), or
   the GGUF's `tokenizer.chat_template`;
 - `tokenizer.bos_id`, `tokenizer.eos_id` (i32) and `tokenizer.stop_ids` (i32[]: generation_config.json's
@@ -34,7 +34,18 @@ META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template
 # model_type -> example graph, where a family runs another's graph unchanged
 _GRAPH_OF = {"mistral": "llama"}
 GGUF_TOKENIZER_MODELS = ("gpt2",)
-GGUF_PRE_TOKENIZERS = ("default", "gpt2")
+# tokenizer.ggml.pre -> (split regex before the byte-level step or None for GPT-2's own, digits one
+# by one first, ignore_merges): llama.cpp's llm_tokenizer_bpe regexes, in tokenizers' terms
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GGUF_PRE = {
+    "gpt2": (None, False, False),
+    "smollm": (None, True, False), "starcoder": (None, True, False), "refact": (None, True, False),
+    "codeshell": (None, True, False),
+    "llama-bpe": (_LLAMA3_SPLIT, False, True),
+    "qwen2": (_LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"), False, False),
+}
+GGUF_PRE_TOKENIZERS = tuple(_GGUF_PRE)
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types of special tokens
 
 
@@ -124,16 +135,17 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
 
 def gguf_tokenizer_json(fields: dict, where: str) -> str:
     """tokenizer.json text from a GGUF's `tokenizer.ggml.*` entries (byte-level BPE)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors  # optional
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # optional
 
     model = fields.get("tokenizer.ggml.model")
     if model not in GGUF_TOKENIZER_MODELS:
         raise OiError(f"{where}: metadata tokenizer.ggml.model is {model!r}: supported GGUF tokenizer models are "
                       f"{', '.join(GGUF_TOKENIZER_MODELS)} (byte-level BPE); convert with a tokenizer.json instead")
     pre = fields.get("tokenizer.ggml.pre", "default")
-    if pre not in GGUF_PRE_TOKENIZERS:
+    if pre not in _GGUF_PRE:
         raise OiError(f"{where}: metadata tokenizer.ggml.pre is {pre!r}: supported pre-tokenizers are "
-                      f"{', '.join(GGUF_PRE_TOKENIZERS)} (the GPT-2 split)")
+                      f"{', '.join(GGUF_PRE_TOKENIZERS)}")
+    split, digits, ignore_merges = _GGUF_PRE[pre]
     tokens = fields.get("tokenizer.ggml.tokens")
     merges = fields.get("tokenizer.ggml.merges", [])
     types = fields.get("tokenizer.ggml.token_type", [1] * len(tokens or ()))
@@ -149,8 +161,12 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
         if len(parts) != 2:
             raise OiError(f"{where}: metadata tokenizer.ggml.merges: {m!r} is not two tokens separated by a space")
         pairs.append((parts[0], parts[1]))
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs, ignore_merges=ignore_merges))
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    if split is not None:
+        steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None))
+    tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     special = [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types)
                if kind in (_CONTROL, _USER_DEFINED)]
@@ -223,8 +239,8 @@ def describe(metadata: dict) -> list[str]:
             data = json.loads(text)
             model = data.get("model") or {}
             kind = model.get("type", "?")
-            vocab = len(model.get("vocab") or ()) + len(data.get("added_tokens") or ())
-            lines.append(f"tokenizer: {kind}, {vocab} tokens ({len(text)} bytes of tokenizer.json)")
+            ids = set((model.get("vocab") or {}).values()) | {t.get("id") for t in data.get("added_tokens") or ()}
+            lines.append(f"tokenizer: {kind}, {len(ids)} tokens ({len(text)} bytes of tokenizer.json)")
         except (ValueError, AttributeError, TypeError, RecursionError):
             lines.append(f"tokenizer: unreadable tokenizer.json ({len(text)} bytes)")
     template = metadata.get(META["chat_template"])
