@@ -233,12 +233,32 @@ def test_config_mapping_per_architecture():
         "max_position_embeddings": 64, "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 48,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
         "rope_theta": 1e6, "vocab_size": 80, "tie_word_embeddings": True}
-    with pytest.raises(OiError, match=r"f.gguf: metadata qwen3.rope.scaling.type is 'yarn'"):
-        gguf_config({**fields, "qwen3.rope.scaling.type": "yarn"}, tensors, "f.gguf")
+    scaled = {**fields, "qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
+              "qwen3.rope.scaling.original_context_length": 32}  # the converter accepts or refuses it by key
+    assert gguf_config(scaled, tensors, "f.gguf")["rope_scaling"] == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    assert "rope_scaling" not in gguf_config({**fields, "qwen3.rope.scaling.type": "none"}, tensors, "f.gguf")
+    with pytest.raises(OiError, match=r"f.gguf: metadata qwen3.rope.scaling.factor is given without "):
+        gguf_config({**fields, "qwen3.rope.scaling.factor": 2.0}, tensors, "f.gguf")
+    with pytest.raises(OiError, match=r"metadata qwen3.rope.dimension_count is 8, head dim is 16: a partial"):
+        gguf_config({**fields, "qwen3.rope.dimension_count": 8}, tensors, "f.gguf")
     with pytest.raises(OiError, match=r"metadata qwen3.expert_count is not supported"):
         gguf_config({**fields, "qwen3.expert_count": 8}, tensors, "f.gguf")
     with pytest.raises(OiError, match=r"general.architecture is 'mamba': supported GGUF architectures are llama, "):
         gguf_config({"general.architecture": "mamba"}, tensors, "f.gguf")
+
+
+@pytest.mark.parametrize("arch, layers, scalar", [("gemma2", 2, 16), ("gemma3", 2, 16), ("gemma2", 46, 12),
+                                                  ("gemma3", 62, 12), ("gemma3", 46, 16)])
+def test_gemma_query_scale_is_llama_cpps(arch, layers, scalar):
+    """GGUF has no query_pre_attn_scalar: llama.cpp uses head_dim, or D/H for the 27B models."""
+    fields = {"general.architecture": arch, f"{arch}.block_count": layers, f"{arch}.embedding_length": 48,
+              f"{arch}.attention.head_count": 4, f"{arch}.attention.key_length": 16,
+              f"{arch}.attn_logit_softcapping": 50.0, f"{arch}.attention.sliding_window": 8, f"{arch}.vocab_size": 9}
+    config = gguf_config(fields, {"token_embd.weight": None, "output.weight": None}, "g.gguf")
+    assert config["query_pre_attn_scalar"] == scalar and config["tie_word_embeddings"] is False
+    assert config["attn_logit_softcapping"] == 50.0 and config["sliding_window"] == 8
+    assert config["hidden_activation"] == "gelu_pytorch_tanh"
 
 
 @pytest.mark.parametrize("arch, gguf_name, hf", [

@@ -246,6 +246,8 @@ _COMMON_KEYS = {  # GGUF `{arch}.` key -> Hugging Face config key
     "attention.sliding_window": "sliding_window",
     "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
 }
+_ROPE_SCALING = {"rope.scaling.type": "rope_type", "rope.scaling.factor": "factor",
+                 "rope.scaling.original_context_length": "original_max_position_embeddings"}
 # keys checked rather than mapped: `rope.dimension_count` must cover the whole head, value_length = key_length
 _CHECKED_KEYS = ("rope.dimension_count", "attention.value_length")
 
@@ -280,6 +282,18 @@ class GGUFArch:
     tensors: dict[str, str]
     config: dict[str, object] = field(default_factory=dict)  # fixed entries (the family's defaults)
     transforms: tuple[tuple[str, object], ...] = ()  # (regex over HF names, fn(array, config) -> array)
+    derive: object = None  # fn(config): config entries GGUF does not carry, as llama.cpp computes them
+
+
+def _gemma_attn_scalar(config: dict) -> None:
+    """query_pre_attn_scalar, which GGUF does not carry: llama.cpp scales gemma2/gemma3 scores by
+    1/sqrt(head_dim), except the 27B models (46 / 62 layers): 1/sqrt(hidden_size/num_heads)."""
+    layers, heads, hidden = (config.get(k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    big = layers == (46 if config["model_type"] == "gemma2" else 62)
+    if big and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        config["query_pre_attn_scalar"] = hidden // heads
+    else:
+        config["query_pre_attn_scalar"] = config.get("head_dim")
 
 
 _GEMMA_TRANSFORMS = ((r".*norm\.weight\Z", _norm_unshift),)
@@ -295,9 +309,9 @@ ARCHITECTURES: dict[str, GGUFArch] = {
                       "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.gate_up_proj.weight"},
                      {"hidden_act": "silu"}),
     "gemma2": GGUFArch("gemma2", "Gemma2ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS},
-                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS),
+                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS, _gemma_attn_scalar),
     "gemma3": GGUFArch("gemma3_text", "Gemma3ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS, **_QK_NORMS},
-                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS),
+                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS, _gemma_attn_scalar),
 }
 
 
@@ -342,10 +356,9 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
             config[_COMMON_KEYS[sub]] = value
         elif sub in _CHECKED_KEYS:
             checked[sub] = _int(where, key, value)
-        elif sub == "rope.scaling.type":
-            if value != "none":
-                raise OiError(f"{where}: metadata {key} is {value!r}: only the default rotary embedding is "
-                              f"supported")
+        elif sub in _ROPE_SCALING:  # transformers' older rope_scaling form; the converter validates it
+            if not (sub == "rope.scaling.type" and value == "none"):
+                config.setdefault("rope_scaling", {})[_ROPE_SCALING[sub]] = value
         else:
             raise OiError(f"{where}: metadata {key} is not supported: its setting would be lost")
     if "vocab_size" not in config:  # transformers: the tokenizer's size, else the embedding's rows
@@ -362,8 +375,13 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
             raise OiError(f"{where}: metadata {prefix}{sub} is {checked[sub]}, head dim is {head_dim}: "
                           + ("a partial rotary embedding is not supported" if sub.startswith("rope")
                              else "value heads wider or narrower than key heads are not supported"))
+    if "rope_scaling" in config and config["rope_scaling"].get("rope_type") is None:
+        raise OiError(f"{where}: metadata {prefix}rope.scaling.factor is given without {prefix}rope.scaling.type")
+    if arch.derive is not None:
+        arch.derive(config)
     config["tie_word_embeddings"] = "output.weight" not in tensors
     return config
+
 
 
 # -------------------------------------------------------------------------------------- source
