@@ -62,3 +62,19 @@ def unknown_sizes(graph: ir.Graph, model, sizes: dict | None) -> list[str]:
         listing = ", ".join(sorted(known)) or "(none)"
         out.append(f"unknown size {name}{suggest(name, known)}: the graph and model sizes are {listing}")
     return out
+
+
+ALIAS_PREFIX = "alias."
+
+
+def resolve_alias(model, key: str) -> str:
+    """`key`, or the tensor it is an alias of: a model without tensor `key` but with the string
+    metadata `alias.KEY` = "TENSOR" (TENSOR one of its tensors) stores one copy of a tensor read
+    under two names (convert-hf's tied `lm_head.weight`, docs/models.md). Both names then load
+    the same host array, which the runtime places once. The checker and bind both resolve here."""
+    if key in model.tensors:
+        return key
+    alias = model.metadata.get(ALIAS_PREFIX + key)
+    if alias is not None and alias.type == "string" and alias.value in model.tensors:
+        return alias.value
+    return key

@@ -1,4 +1,5 @@
-"""Exact OpenInfer number conversions shared by every stage (host NumPy side).
+"""Exact OpenInfer number conversions shared by every stage (host NumPy side), and Hugging
+Face's default rotary frequencies (the nn `rope` op and convert-hf's `rope.inv_freq`).
 
 `f8_encode` is the reference encoder of SPEC §5.4 (E5M2 with the carry-dropping quirk and
 ties away from zero); a plain `astype(float8_e5m2)` gives different bits. The JAX
@@ -92,3 +93,12 @@ def state_fill(decl, shape: tuple[int, ...] = (), reset: bool = False) -> np.nda
     state and in-kernel reset) and the interpreter, which each execute it their own way."""
     init = None if decl.is_auto_dim and not reset else decl.init
     return np.full(shape, init_scalar(decl.dtype, init))
+
+
+def default_inv_freq(theta: float, hd: int, f64: bool = False):
+    """Hugging Face's `1.0 / (theta ** (arange(0, hd, 2).float() / hd))`, each step rounded to f32
+    (f64 for f64 inputs); the power correctly rounded."""
+    f = np.float64 if f64 else np.float32
+    e = np.arange(0, hd, 2).astype(f) / f(hd)
+    p = (np.float64(f(theta)) ** e.astype(np.float64)).astype(f)
+    return f(1.0) / p

@@ -16,7 +16,7 @@ import pytest
 
 from oi2jax.diagnostics import OiError
 from oi2jax.model import open_model, save
-from oi2jax.model.convert import convert_hf, convert_values, read_llama_config
+from oi2jax.model.convert import FAMILIES, convert_hf, convert_values, read_config
 from oi2jax.model.writer import LazyTensor
 from oi2jax.progress import ProgressBar
 
@@ -35,7 +35,9 @@ ex = _load_example()
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NP = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BF16}
 SIZES = dict(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, max_positions=96)
-EXPECT_SIZEVARS = {"V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 48, "T": 96, "QD": 32, "KVD": 16, "G": 2}
+EXPECT_SIZEVARS = {"V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 48, "T": 96, "QD": 32, "KVD": 16, "G": 2,
+                   "R": 4}
+INV_FREQ = (1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)).astype(np.float32)  # HD 8, the default rope
 
 
 def _checkpoint_tensors(directory) -> dict[str, np.ndarray]:
@@ -88,8 +90,9 @@ def test_convert_keeps_names_layouts_dtypes_and_values(tmp_path, src, sharded):
     summary = convert_hf(d, tmp_path / "m.oinf")
     m = open_model(tmp_path / "m.oinf")
     source = _checkpoint_tensors(d)
-    assert len(source) == 2 + 9 * 2 + 1 == len(m.tensors)
-    assert set(m.tensors) == set(source)
+    assert len(source) == 2 + 9 * 2 + 1 == len(m.tensors) - 1
+    assert set(m.tensors) == set(source) | {"rope.inv_freq"}
+    np.testing.assert_allclose(m.load("rope.inv_freq"), INV_FREQ, rtol=2**-23)
     for name, values in source.items():
         info = m.tensors[name]
         assert (info.dtype, info.shape) == (src, values.shape), name
@@ -100,7 +103,7 @@ def test_convert_keeps_names_layouts_dtypes_and_values(tmp_path, src, sharded):
     assert m.metadata["rms_norm_eps"].type == "f32" and m.metadata["rms_norm_eps"].value == np.float32(1e-5)
     assert m.metadata["rope_theta"].type == "f32" and m.metadata["rope_theta"].value == np.float32(10000.0)
     assert m.metadata["architecture"].value == "LlamaForCausalLM"
-    assert summary.nbytes == sum(v.nbytes for v in source.values())
+    assert summary.nbytes == sum(v.nbytes for v in source.values()) + INV_FREQ.nbytes
     assert summary.source_files == ((tuple(f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)))
                                     if sharded else ("model.safetensors",))
 
@@ -110,7 +113,8 @@ def test_convert_keeps_names_layouts_dtypes_and_values(tmp_path, src, sharded):
 def test_dtype_conversion_exact_or_round_to_nearest_even(tmp_path, src, target):
     d = ex.write_random_llama(tmp_path / "ck", dtype=src, std=0.5, **SIZES)
     summary = convert_hf(d, tmp_path / "m.oinf", dtype=target)
-    assert set(summary.tensors.values()) == {target}
+    assert set(summary.tensors.values()) == {target, "f32"}  # rope.inv_freq is f32, computed
+    assert summary.tensors["rope.inv_freq"] == "f32"
     m = open_model(tmp_path / "m.oinf")
     for name, values in _checkpoint_tensors(d).items():
         got = m.load(name)
@@ -137,21 +141,25 @@ def test_narrowing_overflow_is_an_error_and_leaves_nothing(tmp_path):
     out.write_bytes(b"the old model")
     with pytest.raises(OiError) as e:
         convert_hf(d, out, dtype="f16")
-    assert _msg(e) == ("tensor model.layers.1.mlp.up_proj.weight: value 100000 overflows f16 (largest finite "
-                            "65504); convert to a wider dtype instead")
+    assert _msg(e) == (f"{d / 'model.safetensors'}: tensor model.layers.1.mlp.up_proj.weight: value 100000 "
+                       f"overflows f16 (largest finite 65504); convert to a wider dtype instead")
     assert out.read_bytes() == b"the old model" and _no_temp_files(tmp_path)
     convert_hf(d, out, dtype="bf16")  # bf16 has f32's range
     assert open_model(out).load("model.layers.1.mlp.up_proj.weight")[3, 4] == ml_dtypes.bfloat16(1e5)
 
 
 @pytest.mark.parametrize("src", ["f32", "bf16"])
-def test_tied_embeddings_write_lm_head_as_the_embedding(tmp_path, src):
+def test_tied_embeddings_store_one_copy_and_an_alias(tmp_path, src):
     d = ex.write_random_llama(tmp_path / "ck", tied=True, dtype=src, **SIZES)
     assert "lm_head.weight" not in _checkpoint_tensors(d)
     summary = convert_hf(d, tmp_path / "m.oinf")
     m = open_model(tmp_path / "m.oinf")
-    assert _bits(m.load("lm_head.weight")) == _bits(m.load("model.embed_tokens.weight"))
-    assert m.tensors["lm_head.weight"].dtype == src and summary.notes == ()
+    assert "lm_head.weight" not in m.tensors and "lm_head.weight" not in summary.tensors  # one copy
+    assert m.metadata["alias.lm_head.weight"].value == "model.embed_tokens.weight"
+    assert m.tensors["model.embed_tokens.weight"].dtype == src and summary.notes == ()
+    embed = m.tensors["model.embed_tokens.weight"].nbytes
+    assert summary.nbytes == sum(v.nbytes for v in _checkpoint_tensors(d).values()) + INV_FREQ.nbytes
+    assert os.path.getsize(tmp_path / "m.oinf") < summary.nbytes + embed  # no second embedding in the file
 
 
 def test_tied_with_a_stored_lm_head_follows_transformers(tmp_path):
@@ -160,7 +168,9 @@ def test_tied_with_a_stored_lm_head_follows_transformers(tmp_path):
     d = ex.write_checkpoint(tmp_path / "ck", config, weights)
     summary = convert_hf(d, tmp_path / "m.oinf")
     m = open_model(tmp_path / "m.oinf")
-    np.testing.assert_array_equal(m.load("lm_head.weight"), weights["model.embed_tokens.weight"])
+    assert "lm_head.weight" not in m.tensors
+    assert m.metadata["alias.lm_head.weight"].value == "model.embed_tokens.weight"
+    np.testing.assert_array_equal(m.load("model.embed_tokens.weight"), weights["model.embed_tokens.weight"])
     assert summary.notes == ("lm_head.weight in the checkpoint is ignored: tie_word_embeddings is true, so "
                              "lm_head is the embedding (as transformers does)",)
 
@@ -192,17 +202,17 @@ def test_rope_config_variants_that_mean_the_default():
     base = ex.llama_config(**SIZES)
     del base["rope_parameters"]
     both = dict(base, rope_theta=1e6, rope_parameters={"rope_theta": 1e6, "rope_type": "default"})
-    assert read_llama_config(both).rope_theta == 1e6
+    assert read_config(both).metadata["rope_theta"] == 1e6
     old_type = dict(base, rope_theta=2.0, rope_scaling={"type": "default"})  # `type`: older spelling
-    assert read_llama_config(old_type).rope_theta == 2.0
-    none = read_llama_config(base)  # transformers' default theta, said out loud
-    assert none.rope_theta == 10000.0
+    assert read_config(old_type).metadata["rope_theta"] == 2.0
+    none = read_config(base)  # transformers' default theta, said out loud
+    assert none.metadata["rope_theta"] == 10000.0
     assert none.notes == ("config.json names no rope_theta: using transformers' default 10000.0",)
     defaults = dict(base, rope_theta=3.0)  # num_key_value_heads, head_dim, hidden_act: transformers' defaults
     for key in ("num_key_value_heads", "head_dim", "hidden_act", "tie_word_embeddings", "attention_bias"):
         del defaults[key]
-    cfg = read_llama_config(defaults)
-    assert (cfg.num_key_value_heads, cfg.head_dim, cfg.tie_word_embeddings) == (4, 8, False)
+    cfg = read_config(defaults)
+    assert (cfg.sizevars["KVH"], cfg.sizevars["HD"], cfg.tied) == (4, 8, False)
 
 
 def _set(**changes):
@@ -219,26 +229,23 @@ _DELETE = object()
 
 UNSUPPORTED = [
     (_set(architectures=["MistralForCausalLM"]),
-     "architectures is ['MistralForCausalLM']: only ['LlamaForCausalLM'] is supported"),
-    (_set(model_type="qwen2"),
-     "model_type is 'qwen2': only Llama checkpoints (model_type 'llama', LlamaForCausalLM) are supported"),
+     "architectures is ['MistralForCausalLM']: a llama checkpoint is ['LlamaForCausalLM']"),
+    (_set(model_type="gpt_neox"), "model_type is 'gpt_neox': supported model types are " + ", ".join(sorted(FAMILIES))),
     (_set(model_type=_DELETE, architectures=_DELETE),
      "missing required key model_type (or architectures): cannot tell the architecture"),
     (_set(rope_parameters={"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0}),
-     "rope_parameters.rope_type is 'llama3': only the default rotary embedding is supported (rope_type 'default')"),
+     "missing required key rope_parameters.low_freq_factor (rope_type 'llama3')"),
     (_set(rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5}),
-     "rope_parameters.partial_rotary_factor is 0.5: only a rotary embedding over the whole head (1.0) is supported"),
-    (_set(rope_parameters=_DELETE, rope_theta=1e4, rope_scaling={"rope_type": "linear", "factor": 2.0}),
-     "rope_scaling is {'rope_type': 'linear', 'factor': 2.0}: only the default rotary embedding is supported "
-     "(rope_scaling null)"),
+     "partial_rotary_factor is 0.5: only a rotary embedding over the whole head (1.0) is supported"),
+    (_set(rope_parameters=_DELETE, rope_theta=1e4, rope_scaling={"rope_type": "yarn", "factor": 2.0}),
+     "rope_scaling.rope_type is 'yarn': supported rope types are default, linear, llama3"),
     (_set(rope_parameters=_DELETE, rope_theta=1e4, rope_scaling={"type": "dynamic", "factor": 2.0}),
-     "rope_scaling is {'type': 'dynamic', 'factor': 2.0}: only the default rotary embedding is supported "
-     "(rope_scaling null)"),
+     "rope_scaling.rope_type is 'dynamic': supported rope types are default, linear, llama3"),
     (_set(rope_theta=20000.0),
      "rope_theta is 20000.0 but rope_parameters.rope_theta is 10000.0: which one?"),
-    (_set(attention_bias=True), "attention_bias is true: Llama projections without biases only are supported"),
-    (_set(mlp_bias=True), "mlp_bias is true: Llama projections without biases only are supported"),
-    (_set(hidden_act="gelu"), "hidden_act is 'gelu': only 'silu' (the Llama SwiGLU MLP) is supported"),
+    (_set(attention_bias=True), "attention_bias is true: Llama projections have no biases"),
+    (_set(mlp_bias=True), "mlp_bias is true: Llama projections have no biases"),
+    (_set(hidden_act="gelu"), "hidden_act is 'gelu': only 'silu' (the SwiGLU MLP) is supported"),
     (_set(quantization_config={"quant_method": "gptq", "bits": 4}),
      "quantization_config is set: quantized checkpoints are not supported (convert a floating-point checkpoint)"),
     (_set(num_key_value_heads=3), "num_key_value_heads 3 does not divide num_attention_heads 4"),
@@ -269,9 +276,9 @@ def test_explicit_head_dim_need_not_divide_hidden_size(tmp_path):
     d = _custom(tmp_path, _set(head_dim=16))
     with pytest.raises(OiError) as e:
         convert_hf(d, tmp_path / "m.oinf")
-    assert "tensor model.layers.0.self_attn.k_proj.weight has shape [16, 32], expected [32, 32] " \
-           "(num_key_value_heads*head_dim, hidden_size)" in _msg(e)
-    cfg = read_llama_config(dict(json.loads((d / "config.json").read_text())))
+    assert "tensor model.layers.0.self_attn.q_proj.weight has shape [32, 32], expected [64, 32] " \
+           "(num_attention_heads*head_dim, hidden_size)" in _msg(e)
+    cfg = read_config(dict(json.loads((d / "config.json").read_text())))
     assert (cfg.sizevars["HD"], cfg.sizevars["QD"], cfg.sizevars["KVD"], cfg.sizevars["G"]) == (16, 64, 32, 2)
 
 
@@ -328,7 +335,7 @@ def test_unexpected_tensor_is_an_error_but_rotary_buffers_are_skipped(tmp_path):
     d = _custom(tmp_path, weights_edit=bias)
     with pytest.raises(OiError) as e:
         convert_hf(d, tmp_path / "m.oinf")
-    assert _msg(e) == (f"{d}: unexpected tensor model.layers.0.self_attn.q_proj.bias: not part of a "
+    assert _msg(e) == (f"{d / 'model.safetensors'}: unexpected tensor model.layers.0.self_attn.q_proj.bias: not part of a "
                             f"LlamaForCausalLM with this config (a bias? another architecture?)")
 
     def inv_freq(w):  # what older transformers versions saved: derived, recomputed from rope_theta
@@ -337,8 +344,8 @@ def test_unexpected_tensor_is_an_error_but_rotary_buffers_are_skipped(tmp_path):
     d = _custom(tmp_path, weights_edit=inv_freq, name="ck2")
     summary = convert_hf(d, tmp_path / "m.oinf")
     assert summary.notes == ("skipped 2 derived tensor(s) (model.layers.0.self_attn.rotary_emb.inv_freq...): "
-                             "the rotary frequencies are recomputed from rope_theta",)
-    assert not any("inv_freq" in n for n in open_model(tmp_path / "m.oinf").tensors)
+                             "the rotary frequencies are computed from the config (rope.inv_freq)",)
+    assert [n for n in open_model(tmp_path / "m.oinf").tensors if "inv_freq" in n] == ["rope.inv_freq"]
 
 
 def test_integer_tensor_is_rejected(tmp_path):
@@ -527,22 +534,22 @@ def test_cli_convert_hf_end_to_end(tmp_path, capsys):
     out = tmp_path / "m.oinf"
     code, stdout, stderr = run_cli(capsys, "convert-hf", d, "-o", out, "--dtype", "f32", "--max-positions", "64")
     assert code == 0 and stdout == ""
-    assert stderr == (f"wrote {out}: 21 tensors (f32, 76.6 KiB); V=64 D=32 L=2 H=4 KVH=2 HD=8 F=48 T=64 QD=32 KVD=16 G=2\n")
+    assert stderr == (f"wrote {out}: 21 tensors (f32, 68.6 KiB); V=64 D=32 F=48 L=2 H=4 KVH=2 HD=8 T=64 QD=32 KVD=16 "
+                      f"G=2 R=4\n")
     m = open_model(out)
     assert dict(m.sizevars) == dict(EXPECT_SIZEVARS, T=64)
     meta = {k: v.value for k, v in m.metadata.items()}
     assert meta.pop("tokenizer.stop_ids").tolist() == [2]  # config.json's eos_token_id (no generation_config.json)
     assert meta == {
         "architecture": "LlamaForCausalLM", "rms_norm_eps": np.float32(1e-5), "rope_theta": np.float32(1e4),
-        "attn_scale": np.float32(8 ** -0.5), "example_graph": "examples/llama_decode.oi",
-        "tokenizer.bos_id": np.int32(1), "tokenizer.eos_id": np.int32(2)}
-    assert {t.dtype for t in m.tensors.values()} == {"f32"}
-    np.testing.assert_array_equal(m.load("lm_head.weight"), m.load("model.embed_tokens.weight"))
+        "attn_scale": np.float32(8 ** -0.5), "alias.lm_head.weight": "model.embed_tokens.weight",
+        "example_graph": "examples/llama_decode.oi", "tokenizer.bos_id": np.int32(1), "tokenizer.eos_id": np.int32(2)}
+    assert {t.dtype for t in m.tensors.values()} == {"f32"} and "lm_head.weight" not in m.tensors
     code, stdout, _ = run_cli(capsys, "inspect", out)
     assert code == 0 and "model.layers.1.self_attn.o_proj.weight" in stdout and "rope_theta" in stdout
     code, stdout, stderr = run_cli(capsys, "convert-hf", d, "-o", out, "--quiet")
     assert (code, stdout, stderr) == (0, "", "")
-    assert open_model(out).tensors["lm_head.weight"].dtype == "bf16"
+    assert open_model(out).tensors["model.embed_tokens.weight"].dtype == "bf16"
 
 
 def test_cli_convert_hf_errors(tmp_path, capsys):
@@ -550,8 +557,8 @@ def test_cli_convert_hf_errors(tmp_path, capsys):
     out = tmp_path / "m.oinf"
     code, _, stderr = run_cli(capsys, "convert-hf", d, "-o", out)
     assert code == 1
-    assert stderr == (f"error: {d / 'config.json'}: rope_parameters.rope_type is 'yarn': only the default rotary "
-                      f"embedding is supported (rope_type 'default')\n")
+    assert stderr == (f"error: {d / 'config.json'}: rope_parameters.rope_type is 'yarn': supported rope types are "
+                      f"default, linear, llama3\n")
     assert not out.exists()
     for argv in (["convert-hf", d], ["convert-hf", d, "-o", out, "--dtype", "f64"],
                  ["convert-hf", d, "-o", out, "--max-positions", "x"]):
@@ -573,7 +580,7 @@ def test_example_script_writes_a_default_checkpoint(tmp_path):
     assert ex.main([str(tmp_path / "tiny")]) == 0  # rewritten as one file: no stale shards left
     assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == ["config.json", "model.safetensors"]
     assert convert_hf(tmp_path / "tiny", tmp_path / "m.oinf").sizevars == {
-        "V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 64, "T": 128, "QD": 32, "KVD": 16, "G": 2}
+        "V": 64, "D": 32, "L": 2, "H": 4, "KVH": 2, "HD": 8, "F": 64, "T": 128, "QD": 32, "KVD": 16, "G": 2, "R": 4}
 
 
 # -------------------------------------------------------------------- tests/llama_ref.py itself

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .. import dtypes, ir, messages
 from ..diagnostics import suggest
 from ..ir import MemKind
-from ..naming import pattern_regex  # the one prefix-member matcher (bind uses it too)
+from ..naming import pattern_regex, resolve_alias  # the one prefix-member matcher and alias rule (bind's too)
 from . import shape_text
 
 
@@ -70,7 +70,7 @@ class DeclRules:
         m = self.model
         tensors = m.tensors
         for d in self.decls.values():
-            if d.ref is not None and d.ref not in tensors:
+            if d.ref is not None and resolve_alias(m, d.ref) not in tensors:
                 self.error(f"model variable not found: {d.ref}", d.attr_span("ref"))
                 continue
             if d.is_prefix_table:
@@ -81,7 +81,7 @@ class DeclRules:
                     self.error(f"constant {d.name} not found in model: no tensor matches @pattern(\"{d.pattern}\")",
                                d.span)
                 continue
-            tname = d.ref if d.ref is not None else d.name
+            tname = resolve_alias(m, d.ref if d.ref is not None else d.name)
             if tname in tensors:
                 if not (d.is_table or d.is_auto_dim):
                     self.check_bound(d, tname)

@@ -19,7 +19,7 @@ from ..check import check_graph
 from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
 from ..numerics import bf16_encode, f8_encode
-from ..naming import PLACEHOLDER, int_list_names, pattern_regex
+from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph", "fill_value", "pattern_regex"]
@@ -156,8 +156,10 @@ class BoundGraph:
         return v.value if v is not None and v.type == "string" else None
 
     def model_name(self, decl: ir.VarDecl) -> str:
-        """The model tensor a declaration binds to: its `@ref` name, else its own name (§0 item 2)."""
-        return decl.ref if decl.ref is not None else decl.name
+        """The model tensor a declaration binds to: its `@ref` name, else its own name (§0 item 2),
+        through the model's aliases (`resolve_alias`)."""
+        key = decl.ref if decl.ref is not None else decl.name
+        return resolve_alias(self.model, key) if self.model is not None else key
 
     # ------------------------------------------------------------ values
 
@@ -519,7 +521,7 @@ def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
                 idx = ", ".join(m.group(p) for p in decl.index_params if p in regex.groupindex)
                 _check_tensor(decl, info, shape, f"{decl.name}[{idx}] ({tensor})")
         return
-    key = decl.ref if decl.ref is not None else decl.name
+    key = resolve_alias(model, decl.ref if decl.ref is not None else decl.name)
     if decl.ref is not None and key not in model.tensors:
         raise OiError(f"model variable not found: {key}", decl.attr_span("ref"))
     if decl.is_table:

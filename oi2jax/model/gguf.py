@@ -463,7 +463,7 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
     fields = _fields(reader)
     config = gguf_config(fields, header.tensors, str(path))
     arch = ARCHITECTURES[fields["general.architecture"]]
-    extra = gguf_tokenizer_metadata(fields, str(path), config["model_type"])
+    extra = gguf_tokenizer_metadata(fields, str(path))
     source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
     return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
                               progress=progress, config_where=f"{path} (metadata)", extra_metadata=extra)

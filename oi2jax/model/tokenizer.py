@@ -9,7 +9,7 @@ Both converters store, as metadata entries (keys `META`):
   the GGUF's `tokenizer.chat_template`;
 - `tokenizer.bos_id`, `tokenizer.eos_id` (i32) and `tokenizer.stop_ids` (i32[]: generation_config.json's
   `eos_token_id` list, else the config's or the tokenizer's EOS);
-- `example_graph`: the family's example decode graph (`examples/<model_type>_decode.oi`).
+- `example_graph` (written by `convert.convert_checkpoint`): the family's example decode graph.
 Every entry is optional: a model file without them runs with `oi2jax run` all the same.
 
 `render_chat` renders a chat template as transformers' `apply_chat_template` does (jinja2's
@@ -27,12 +27,10 @@ import numpy as np
 from ..diagnostics import OiError
 
 __all__ = ["META", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json", "render_chat",
-           "encode_prompt", "example_graph", "describe"]
+           "encode_prompt", "describe"]
 
 META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template", "bos": "tokenizer.bos_id",
         "eos": "tokenizer.eos_id", "stop": "tokenizer.stop_ids", "graph": "example_graph"}
-# model_type -> example graph, where a family runs another's graph unchanged
-_GRAPH_OF = {"mistral": "llama"}
 GGUF_TOKENIZER_MODELS = ("gpt2",)
 # tokenizer.ggml.pre -> (split regex before the byte-level step or None for GPT-2's own, digits one
 # by one first, ignore_merges): llama.cpp's llm_tokenizer_bpe regexes, in tokenizers' terms
@@ -49,10 +47,6 @@ GGUF_PRE_TOKENIZERS = tuple(_GGUF_PRE)
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types of special tokens
 
 
-def example_graph(model_type: str) -> str:
-    return f"examples/{_GRAPH_OF.get(model_type, model_type)}_decode.oi"
-
-
 def _ids(value) -> list[int]:
     if isinstance(value, bool):
         return []
@@ -63,9 +57,9 @@ def _ids(value) -> list[int]:
     return []
 
 
-def _entries(model_type: str, tokenizer_json: str | None, template: str | None, bos: int | None,
-             eos: int | None, stop: list[int]) -> dict:
-    out: dict[str, object] = {META["graph"]: example_graph(model_type)}
+def _entries(tokenizer_json: str | None, template: str | None, bos: int | None, eos: int | None,
+             stop: list[int]) -> dict:
+    out: dict[str, object] = {}
     if tokenizer_json is not None:
         out[META["tokenizer"]] = tokenizer_json
     if template is not None:
@@ -130,7 +124,7 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
                     or _ids(_token_id(tokenizer, tok_config.get("bos_token")))), None)
     eos_list = _ids(config.get("eos_token_id")) or _ids(_token_id(tokenizer, tok_config.get("eos_token")))
     stop = _ids(gen.get("eos_token_id")) or eos_list
-    return _entries(config.get("model_type", "llama"), text, template, bos, eos_list[0] if eos_list else None, stop)
+    return _entries(text, template, bos, eos_list[0] if eos_list else None, stop)
 
 
 def gguf_tokenizer_json(fields: dict, where: str) -> str:
@@ -180,14 +174,14 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
     return tok.to_str()
 
 
-def gguf_tokenizer_metadata(fields: dict, where: str, model_type: str) -> dict:
-    """The tokenizer entries of a GGUF file (none but the example graph when it has no tokenizer)."""
+def gguf_tokenizer_metadata(fields: dict, where: str) -> dict:
+    """The tokenizer entries of a GGUF file (none when it has no tokenizer)."""
     text = gguf_tokenizer_json(fields, where) if "tokenizer.ggml.model" in fields else None
     bos = fields.get("tokenizer.ggml.bos_token_id")
     eos = fields.get("tokenizer.ggml.eos_token_id")
     eot = fields.get("tokenizer.ggml.eot_token_id")
     stop = [i for i in (eos, eot) if isinstance(i, int)]
-    return _entries(model_type, text, fields.get("tokenizer.chat_template"), bos if isinstance(bos, int) else None,
+    return _entries(text, fields.get("tokenizer.chat_template"), bos if isinstance(bos, int) else None,
                     eos if isinstance(eos, int) else None, list(dict.fromkeys(stop)))
 
 

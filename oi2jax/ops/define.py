@@ -80,7 +80,14 @@ def _inputs_from(inputs, where: str) -> tuple[InputSpec, ...]:
     for i, (name, dtypes) in enumerate(items):
         if i == 0 and dtypes in (None, "same"):
             dtypes = "float"  # the default: a float op
-        out.append(InputSpec(str(name), dtype_set(dtypes, f"{where}: input {name}")))
+        name = str(name)
+        optional = name.endswith("?")  # "bias?": an optional trailing input
+        name = name.rstrip("?")
+        if out and out[-1].optional and not optional:
+            raise OpTypeError(f"{where}: input {name} follows an optional input: only trailing inputs may be optional")
+        if optional and i == 0:
+            raise OpTypeError(f"{where}: input {name}: the first input cannot be optional")
+        out.append(InputSpec(name, dtype_set(dtypes, f"{where}: input {name}"), optional))
     return tuple(out)
 
 
@@ -212,7 +219,9 @@ def op(name: str | None = None, **declaration):
 
     inputs: names (`["x", "w"]`: the first a float, the others of its dtype) or `{name: dtypes}`
       where dtypes is a group ('float', 'int', 'index', 'signed', 'unsigned', 'bool', 'numeric',
-      'any'), a dtype, a list of those, or 'same' (the first input's dtype).
+      'any'), a dtype, a list of those, or 'same' (the first input's dtype). A name ending in `?`
+      (`"bias?"`) is optional: trailing inputs only; a node without it calls the kernel and
+      reference without it (give that parameter a default of None).
     attrs: `{name: default}` (kind from the default's type), `{name: kind}` (required), or
       `{name: Attr(kind, default, required)}`.
     out_dtype: 'same' | a dtype | 'attr:NAME' | 'input:N' | fn(in_dtypes, attrs) -> dtype.

@@ -74,6 +74,7 @@ class InputSpec:
 
     name: str
     dtypes: frozenset[str] | None = None
+    optional: bool = False  # a trailing input a node may leave out (`op linear(x, W)` or `op linear(x, W, b)`)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,12 @@ class OpDef:
 
     @property
     def arity(self) -> int:
+        """The most inputs a node may give (`min_arity` the fewest: the trailing inputs are optional)."""
         return len(self.inputs)
+
+    @property
+    def min_arity(self) -> int:
+        return sum(1 for i in self.inputs if not i.optional)
 
     @property
     def normal_dtypes(self) -> frozenset[str]:

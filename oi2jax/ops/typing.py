@@ -189,8 +189,10 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     spec = reg.get(op)
     if spec is None:
         raise OpTypeError(f"unsupported op {op}{suggest(op, reg)}")
-    if len(in_dtypes) != spec.arity:
-        raise OpTypeError(f"op {op} expects Fixed({spec.arity}) inputs, got {len(in_dtypes)}")
+    if not spec.min_arity <= len(in_dtypes) <= spec.arity:
+        count = (f"Fixed({spec.arity})" if spec.min_arity == spec.arity else
+                 f"{spec.min_arity} to {spec.arity} ({', '.join(i.name for i in spec.inputs)})")
+        raise OpTypeError(f"op {op} expects {count} inputs, got {len(in_dtypes)}")
     attrs = canonical_attrs(spec, attrs)
     rule = None
     if "acc" in attrs and _lit_kind(attrs["acc"]) == "dtype_list":  # acc=[A, O]
@@ -264,7 +266,7 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
         if spec.attrs[name].kind == "scalar":
             _check_attr_value(spec, name, lit, first)
 
-    shapes = list(in_shapes) if in_shapes is not None else [None] * spec.arity
+    shapes = list(in_shapes) if in_shapes is not None else [None] * len(in_dtypes)
     static = _static_attrs(spec, attrs, int_lists, first)
     if spec.shape is not None:
         out_shape = spec.shape(shapes, static)

@@ -34,14 +34,15 @@ class Placer:
         self.device = device
 
     def put(self, role: str, values: dict) -> dict:
-        """role: 'consts' | 'dynamic' | 'defaults'."""
+        """role: 'consts' | 'dynamic' | 'defaults'. One host array given under several names (a
+        tied embedding bound through a model alias) is placed once: the names share the buffer."""
         if self.device is not None:
-            return jax.device_put(values, self.device)  # one batched transfer
+            return _once(values, lambda v: jax.device_put(v, self.device))  # one batched transfer
         # jax.device_put, not jnp.asarray: in JAX 0.10 jnp.asarray compiles a `jit(stage)` per
         # shape (about 50-80 ms each on CPU: half a second of a Llama's time to first token).
         # Device arrays stay where they are; the host ones go in one batched transfer.
         host = {k: v for k, v in values.items() if not isinstance(v, jax.Array)}
-        return {**values, **jax.device_put(host)} if host else dict(values)
+        return {**values, **_once(host, jax.device_put)} if host else dict(values)
 
     def put_state(self, state):
         """A host `StepState` (lowering/state.py) on the device, in one batched transfer."""
@@ -59,6 +60,15 @@ class Placer:
     def fetch(self, value) -> np.ndarray:
         """A device value as a full host array."""
         return np.asarray(value)
+
+
+def _once(values: dict, put) -> dict:
+    """`put(dict)` of `values` with each distinct object put once, its names sharing the result."""
+    first: dict[int, str] = {}
+    for k, v in values.items():
+        first.setdefault(id(v), k)
+    placed = put({k: values[k] for k in first.values()})
+    return {k: placed[first[id(v)]] for k, v in values.items()}
 
 
 def return_freed_memory() -> None:

@@ -12,13 +12,20 @@ from ._common import as_f64, matmul_precision, float_samples
 
 
 def _linear_shape(shapes, attrs):
-    x, w = (tuple(s) for s in shapes)
+    x, w = (tuple(s) for s in shapes[:2])
     if len(x) < 1:
         raise OpTypeError("op linear: x must have rank >= 1", input=0)
     if len(w) != 2 or w[1] != x[-1]:
         raise OpTypeError(f"op linear: weight has shape {list(w)}, expected [OUT, {x[-1]}] ([out, in], in = the "
                           f"last axis of x)", input=1)
+    if len(shapes) > 2 and tuple(shapes[2]) != (w[0],):
+        raise OpTypeError(f"op linear: bias has shape {list(shapes[2])}, expected [{w[0]}] (the weight's out)", input=2)
     return x[:-1] + (w[0],)
+
+
+def _linear_ref(x, weight, bias=None):
+    y = as_f64(x) @ as_f64(weight).T
+    return y if bias is None else y + as_f64(bias)
 
 
 def _matmul_samples(kind: str):
@@ -26,7 +33,8 @@ def _matmul_samples(kind: str):
         def f(*shape):
             return float_samples(rng, d, shape, 1.0)
         if kind == "linear":
-            return [((f(3, 4), f(5, 4)), {}), ((f(6), f(2, 6)), {}), ((f(2, 2, 16), f(3, 16)), {})]
+            return [((f(3, 4), f(5, 4)), {}), ((f(6), f(2, 6)), {}), ((f(2, 2, 16), f(3, 16)), {}),
+                    ((f(3, 4), f(5, 4), f(5)), {}), ((f(6), f(2, 6), f(2)), {})]
         if kind == "matmul_t":
             return [((f(2, 3, 4), f(5, 4)), {}), ((f(3, 4), f(2, 5, 4)), {}), ((f(2, 1, 3, 16), f(2, 5, 16)), {})]
         return [((f(2, 3, 4), f(5, 2, 4)), {"spec": "kgd,tkd->kgt"}), ((f(3, 4), f(4, 2)), {"spec": "ij,jk->ik"}),
@@ -34,15 +42,19 @@ def _matmul_samples(kind: str):
     return samples
 
 
-@op(inputs={"x": "float", "weight": "same"}, shape=_linear_shape, category="nn", op_set="nn",
-    reference=lambda x, weight: as_f64(x) @ as_f64(weight).T, samples=_matmul_samples("linear"))
-def linear(x, weight, *, ctx):
-    """x @ weight^T with weight [out, in] (the torch / Hugging Face layout): x [..., in] -> [..., out].
+@op(inputs={"x": "float", "weight": "same", "bias?": "same"}, shape=_linear_shape, category="nn", op_set="nn",
+    reference=_linear_ref, samples=_matmul_samples("linear"))
+def linear(x, weight, bias=None, *, ctx):
+    """x @ weight^T (+ bias) with weight [out, in] (the torch / Hugging Face layout): x [..., in] -> [..., out].
 
-    f16/bf16 accumulate in f32 and are rounded once; f32 uses the program's matmul precision
-    (`--precision`, default highest: exact f32 products), f64 computes in f64."""
+    `op linear(h, W, b)`: the optional third input bias [out] is added to the product (as torch's
+    `F.linear`). f16/bf16 accumulate in f32, the bias is added in f32 and the sum rounded once;
+    f32 uses the program's matmul precision (`--precision`, default highest: exact f32
+    products), f64 computes in f64."""
     y = lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=matmul_precision(),
                         preferred_element_type=N.compute_dtype(ctx.dtype))
+    if bias is not None:
+        y = y + N.to_compute(bias, ctx.dtype)
     return N.store(y, ctx.out_dtype)
 
 

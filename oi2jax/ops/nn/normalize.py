@@ -37,16 +37,35 @@ def _valid_length(valid, n: int, ctx):
     return jnp.clip(v, 0, n).astype(jnp.int32)
 
 
+def _window_message() -> str:
+    return "softmax: window {value} is not positive"
+
+
+def _window_start(window, k, ctx):
+    """The first read position k - window (clipped at 0) of a `window` (literal or 0-d integer
+    variable), with the runtime check window >= 1 recorded."""
+    if isinstance(window, (float, np.floating)) or (hasattr(window, "dtype") and not jnp.issubdtype(window.dtype,
+                                                                                                     jnp.integer)):
+        raise OpTypeError(f"op softmax: window must be an integer, got {getattr(window, 'dtype', type(window).__name__)}",
+                          attr="window")
+    w = jnp.asarray(window).reshape(()).astype(jnp.int32) if hasattr(window, "dtype") else int(window)
+    ctx.fail_if(jnp.asarray(w < 1), _window_message(), w)
+    return jnp.maximum(jnp.asarray(k, jnp.int32) - w, 0)
+
+
 def _softmax_shape(shapes, attrs):
     x = shapes[0]
     ax = norm_axis("softmax", attrs.get("axis", -1), len(x))
     valid = attrs.get("valid")
     if valid is not None and not 1 <= int(valid) <= x[ax]:
         raise OpTypeError(f"op softmax: valid length {int(valid)} is not in 1..{x[ax]}", attr="valid")
+    window = attrs.get("window")
+    if window is not None and int(window) < 1:
+        raise OpTypeError(f"op softmax: window {int(window)} is not positive", attr="window")
     return x
 
 
-def _softmax_ref(x, axis=-1, valid=None, ctx=None):
+def _softmax_ref(x, axis=-1, valid=None, window=None, ctx=None):
     x = as_f64(x)
     ax = axis % x.ndim
     n = x.shape[ax]
@@ -58,9 +77,17 @@ def _softmax_ref(x, axis=-1, valid=None, ctx=None):
         if not 1 <= v <= n and ctx is not None:
             ctx.fail_if(np.bool_(True), _valid_message(n), v)
         k = min(max(v, 0), n)
+    start = 0
+    if window is not None:
+        if np.asarray(window).dtype.kind not in "iu":
+            raise OpTypeError(f"op softmax: window must be an integer, got {np.asarray(window).dtype}", attr="window")
+        w = int(np.asarray(window))
+        if w < 1 and ctx is not None:
+            ctx.fail_if(np.bool_(True), _window_message(), w)
+        start = min(max(k - w, 0), k)
     out = np.zeros_like(x)
-    part = tuple(slice(0, k) if i == ax else slice(None) for i in range(x.ndim))
-    if k > 0:
+    part = tuple(slice(start, k) if i == ax else slice(None) for i in range(x.ndim))
+    if k > start:
         with np.errstate(all="ignore"):
             e = np.exp(x[part] - np.max(x[part], axis=ax, keepdims=True))
             out[part] = e / np.sum(e, axis=ax, keepdims=True)
@@ -74,14 +101,14 @@ def _softmax_samples(rng, d):
     masked[1, 3] = rep_values(np.inf, d)
     return [((float_samples(rng, d, (2, 6), 3.0),), {}),
             ((big,), {"axis": -1}),
-            ((masked,), {"valid": 3}),
+            ((masked,), {"valid": 3, "window": np.array(2, np.int32)}),  # positions 1, 2 of the first 3
             ((float_samples(rng, d, (4, 3), 2.0),), {"axis": 0, "valid": np.array(2, np.int32)}),
             ((float_samples(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)})]  # a runtime error
 
 
-@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int")}, shape=_softmax_shape, category="nn", op_set="nn",
-    reference=_softmax_ref, samples=_softmax_samples)
-def softmax(x, *, axis=-1, valid=None, ctx):
+@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int"), "window": Attr("int")},
+    shape=_softmax_shape, category="nn", op_set="nn", reference=_softmax_ref, samples=_softmax_samples)
+def softmax(x, *, axis=-1, valid=None, window=None, ctx):
     """Softmax over `axis`; with `valid=n` only the first n positions take part, the others are exactly 0.
 
     Max-subtracted: exp(x - max) / sum(exp(x - max)), exp and sum in f32 for f16/bf16 (f64 for f64),
@@ -90,16 +117,24 @@ def softmax(x, *, axis=-1, valid=None, ctx):
     never read (a NaN there has no effect). `valid` is a literal or an integer variable (e.g. a
     cache's fill count); outside 1..N (N the axis length) it is a runtime error of the node. A NaN
     or +inf among the read positions makes the whole row NaN (as torch); so does a row whose read
-    positions are all -inf."""
+    positions are all -inf.
+
+    `window=W` (a literal or an integer variable, e.g. a model's sliding_window): only the last W
+    of the read positions take part, n-W..n-1 (n = valid, else N): a sliding-window attention
+    where query position q = n-1 reads q-W+1..q, as transformers' `kv_idx > q_idx - W`. W >= n
+    bounds nothing; W < 1 is a runtime error of the node."""
     xc = N.to_compute(x, ctx.dtype)
     ax = norm_axis("softmax", axis, xc.ndim)
     n = xc.shape[ax]
     keep = None
-    if valid is not None:
-        v = _valid_length(valid, n, ctx)
-        if not (isinstance(v, int) and v == n):
-            keep = lax.broadcasted_iota(jnp.int32, xc.shape, ax) < v
-            xc = jnp.where(keep, xc, jnp.asarray(jnp.finfo(xc.dtype).min, xc.dtype))
+    v = n if valid is None else _valid_length(valid, n, ctx)
+    if not (isinstance(v, int) and v == n):
+        keep = lax.broadcasted_iota(jnp.int32, xc.shape, ax) < v
+    if window is not None:
+        after = lax.broadcasted_iota(jnp.int32, xc.shape, ax) >= _window_start(window, v, ctx)
+        keep = after if keep is None else keep & after
+    if keep is not None:
+        xc = jnp.where(keep, xc, jnp.asarray(jnp.finfo(xc.dtype).min, xc.dtype))
     e = jnp.exp(xc - jnp.max(xc, axis=ax, keepdims=True))
     if keep is not None:
         e = jnp.where(keep, e, jnp.zeros((), e.dtype))

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ... import numerics as HN
 from .. import numerics as N
 from ..define import op
 from ..errors import OpTypeError
@@ -13,31 +14,26 @@ from ._common import as_f64, float_samples, sample_values
 # ====================================================================== rotary embedding
 
 
-def _inv_freq_np(theta: float, hd: int, f64: bool):
-    """Hugging Face's `1.0 / (theta ** (arange(0, hd, 2).float() / hd))`, each step rounded to f32
-    (f64 for f64 inputs); the power correctly rounded."""
-    f = np.float64 if f64 else np.float32
-    e = np.arange(0, hd, 2).astype(f) / f(hd)
-    p = (np.float64(f(theta)) ** e.astype(np.float64)).astype(f)
-    return f(1.0) / p
-
-
 def _rope_shape(shapes, attrs):
-    x, pos = shapes
+    x, pos = shapes[:2]
     if len(x) < 1 or x[-1] % 2 or x[-1] == 0:
         raise OpTypeError(f"op rope: x must end in an even head dimension, got shape {list(x)}", input=0)
     if tuple(pos) != ():
         raise OpTypeError(f"op rope: pos must be a scalar position (shape []), got shape {list(pos)}", input=1)
+    if len(shapes) > 2 and tuple(shapes[2]) != (x[-1] // 2,):
+        raise OpTypeError(f"op rope: inv_freq has shape {list(shapes[2])}, expected [{x[-1] // 2}] (one frequency "
+                          f"per pair of the head dimension {x[-1]})", input=2)
     return x
 
 
-def _rope_ref(x, pos, theta=10000.0):
+def _rope_ref(x, pos, inv_freq=None, theta=10000.0):
     f64 = np.asarray(x).dtype == np.float64
     f = np.float64 if f64 else np.float32
     x = as_f64(x)
     hd = x.shape[-1]
     theta = float(np.asarray(theta, np.float64 if f64 else np.float32))
-    freqs = (f(np.asarray(pos)) * _inv_freq_np(theta, hd, f64)).astype(np.float64)  # rounded to f32: HF's angles
+    inv = HN.default_inv_freq(theta, hd, f64) if inv_freq is None else np.asarray(inv_freq).astype(f)
+    freqs = (f(np.asarray(pos)) * inv).astype(np.float64)  # rounded to f32: HF's angles
     emb = np.concatenate([freqs, freqs])
     rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
     return x * np.cos(emb) + rot * np.sin(emb)
@@ -47,13 +43,26 @@ def _rope_samples(rng, d):
     return [((float_samples(rng, d, (2, 8), 1.0), np.array(0, np.int32)), {}),
             ((float_samples(rng, d, (2, 8), 1.0), np.array(5, np.int32)), {}),
             ((float_samples(rng, d, (3, 2, 8), 2.0), np.array(100, np.int64)), {"theta": 500000.0}),
-            ((float_samples(rng, d, (4, 6), 1.0), np.array(37, np.uint16)), {"theta": np.array(10000.0, np.float32)})]
+            ((float_samples(rng, d, (4, 6), 1.0), np.array(37, np.uint16)), {"theta": np.array(10000.0, np.float32)}),
+            ((float_samples(rng, d, (2, 8), 1.0), np.array(9, np.int32), _inv_freq_samples(rng, d, 4)), {})]
 
 
-@op(inputs={"x": "float", "pos": "index"}, attrs={"theta": 10000.0}, shape=_rope_shape, category="nn", op_set="nn",
-    reference=_rope_ref, samples=_rope_samples)
-def rope(x, pos, *, theta=10000.0, ctx):
+def _inv_freq_samples(rng, d, n):
+    """Frequencies of a scaled rope (llama3-like: some divided by 8), in x's dtype."""
+    inv = HN.default_inv_freq(10000.0, 2 * n, d == "f64")
+    inv[n // 2:] /= 8
+    return inv.astype(float_samples(rng, d, (1,), 1.0).dtype)
+
+
+@op(inputs={"x": "float", "pos": "index", "inv_freq?": "float"}, attrs={"theta": 10000.0}, shape=_rope_shape,
+    category="nn", op_set="nn", reference=_rope_ref, samples=_rope_samples)
+def rope(x, pos, inv_freq=None, *, theta=10000.0, ctx):
     """Rotary position embedding of x [..., HD] at the integer position `pos` (shape []), in Hugging Face Llama's form.
+
+    With a third input `inv_freq` [HD/2] (any float dtype, used in f32; e.g. the `rope.inv_freq` tensor convert-hf
+    computes for any rope type, default, linear or llama3, as transformers does) those are the
+    frequencies and `theta` is unused: freqs = pos * inv_freq in f32 (f64 for f64), then as below.
+    Without it:
 
     inv_freq[i] = 1 / theta^(2i/HD) for i in 0..HD/2-1, computed in f32 as HF does
     (`1.0 / (theta ** (arange(0, HD, 2).float() / HD))`; a literal theta: on the host, each step
@@ -65,8 +74,10 @@ def rope(x, pos, *, theta=10000.0, ctx):
     (for finite x)."""
     ct = N.compute_dtype(ctx.dtype)
     hd = x.shape[-1]
-    if isinstance(theta, (bool, int, float, np.integer, np.floating)):
-        inv = jnp.asarray(_inv_freq_np(float(theta), hd, ctx.dtype == "f64"))
+    if inv_freq is not None:
+        inv = jnp.asarray(inv_freq).astype(ct)
+    elif isinstance(theta, (bool, int, float, np.integer, np.floating)):
+        inv = jnp.asarray(HN.default_inv_freq(float(theta), hd, ctx.dtype == "f64"))
     else:
         t = jnp.asarray(theta).astype(ct)
         inv = jnp.asarray(1.0, ct) / t ** (jnp.arange(0, hd, 2).astype(ct) / jnp.asarray(hd, ct))
