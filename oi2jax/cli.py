@@ -24,6 +24,7 @@ from .ir import MemKind
 from .model import open_model
 from .model.convert import convert_hf
 from .model.gguf import convert_gguf
+from .model.hf.config import MAX_SIZE
 from .model.inspect import render_model
 from .npz import save_npz, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
@@ -402,8 +403,11 @@ def cmd_compile(args) -> int:
 def cmd_convert_hf(args) -> int:
     if args.max_positions is not None and args.max_positions <= 0:
         raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
+    if args.max_positions is not None and args.max_positions > MAX_SIZE:
+        raise UsageError(f"--max-positions {args.max_positions} is out of range (1..{MAX_SIZE})")
     convert = convert_gguf if args.command == "convert-gguf" else convert_hf
     summary = convert(args.source, args.output, dtype=args.dtype, max_positions=args.max_positions,
+                      nonfinite=args.nonfinite,
                       progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
                                                                        label="MiB", unit="MiB"))
     for note in summary.notes:
@@ -576,10 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops_flag(g)
     g.set_defaults(func=cmd_graph)
 
-    h = sub.add_parser("convert-hf", help="convert a Hugging Face Llama checkpoint directory to a .oinf model")
+    h = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint directory (llama, mistral, qwen2, "
+                                          "qwen3, phi3, ...: docs/models.md) to a .oinf model")
     h.add_argument("source", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
                    "(or model-*.safetensors with model.safetensors.index.json)")
-    gg = sub.add_parser("convert-gguf", help="convert a GGUF file (llama.cpp) to a .oinf model")
+    gg = sub.add_parser("convert-gguf", help="convert a GGUF file (llama.cpp: llama, qwen2, qwen3, phi3, gemma2, "
+                                             "gemma3) to a .oinf model")
     gg.add_argument("source", metavar="FILE.gguf", help="the GGUF file")
     for h, keeps in ((h, "the checkpoint's"), (gg, "F32/F16/BF16, and the quantized types' raw blocks")):
         h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
@@ -588,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
                             f"nearest even)")
         h.add_argument("--max-positions", type=int, metavar="N",
                        help="the size variable T (default: the model's trained context length)")
+        h.add_argument("--nonfinite", choices=("note", "error"), default="note",
+                       help="NaN/Inf weights: convert them with a note naming each tensor and the counts (default), "
+                            "or refuse the model")
         h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
         h.set_defaults(func=cmd_convert_hf)
     return p

@@ -160,6 +160,8 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     notes = list(cfg.notes)
     out_s = os.fspath(out_path)
     directory = source.directory
+    if cfg.family.adapt is not None:
+        source = cfg.family.adapt(source)
     notes += source.notes
     for file in [*inputs, *source.files]:
         if _same_file(out_s, directory / file):
@@ -240,13 +242,13 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     tensors: dict[str, object] = {name: lazy(name) for name in plan}
     for name, value in cfg.constants.items():
         tensors[name] = value
-        stored[name] = "f32"
+        stored[name] = "i32" if value.dtype == np.int32 else "f32"
         total += value.nbytes
     metadata = {**cfg.metadata, META["graph"]: f"examples/{cfg.family.graph}", **(extra_metadata or {}),
                 **{meta_key(out): source.entries[p.source].ggml for out, p in plan.items()
                    if source.entries[p.source].ggml is not None}}
     if cfg.tied:
-        metadata[ALIAS_PREFIX + "lm_head.weight"] = "model.embed_tokens.weight"
+        metadata[ALIAS_PREFIX + "lm_head.weight"] = cfg.family.embed
     try:
         save(out_s, sizevars=cfg.sizevars, metadata=metadata, tensors=tensors)
         bar.finish()

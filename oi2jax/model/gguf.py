@@ -448,11 +448,12 @@ class GGUFSource(TensorSource):
 # ------------------------------------------------------------------------------------ converter
 
 def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | None = None,
-                 progress=None) -> ConvertSummary:
+                 progress=None, nonfinite: str = "note") -> ConvertSummary:
     """Convert the GGUF file `src` to the `.oinf` file `out_path` (atomically; nothing is written on
     an error). `dtype`: None keeps F32/F16/BF16 and the block types' raw blocks; f32/bf16/f16
     dequantizes and converts every tensor. `max_positions`: T (default: the file's context length).
-    The tokenizer, chat template and special ids are stored in the metadata (model/tokenizer.py)."""
+    `nonfinite`: as convert_hf's (kept blocks are stored unread). The tokenizer, chat template and
+    special ids are stored in the metadata (model/tokenizer.py)."""
     if dtype is not None and dtype not in DTYPES:
         raise OiError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     path = Path(os.path.expanduser(os.fspath(src)))
@@ -466,4 +467,5 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
     extra = gguf_tokenizer_metadata(fields, str(path))
     source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
     return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
-                              progress=progress, config_where=f"{path} (metadata)", extra_metadata=extra)
+                              progress=progress, config_where=f"{path} (metadata)", extra_metadata=extra,
+                              nonfinite=nonfinite)

@@ -79,6 +79,11 @@ class Family:
     metadata: tuple[Meta, ...] = ()
     sizes: tuple[Size, ...] = ()
     derive: tuple[Callable, ...] = ()
+    tied_default: bool = False  # tie_word_embeddings when the config omits it (transformers' class default)
+    embed: str = "model.embed_tokens.weight"  # the embedding a tied lm_head.weight is
+    # `adapt(source) -> source`: a family whose checkpoints spell tensor names more than one way
+    # (GPT-2's with and without `transformer.`) presents them under the table's names
+    adapt: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,7 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
     sizes: dict[str, int] = {}
     if max_positions is not None and (isinstance(max_positions, bool) or not isinstance(max_positions, int)
                                       or not 0 < max_positions <= MAX_SIZE):
-        raise OiError(f"--max-positions must be an integer in 1..{MAX_SIZE}, got {max_positions!r}")
+        raise OiError(f"max_positions (--max-positions) must be an integer in 1..{MAX_SIZE}, got {max_positions!r}")
     for s in family.sizes:
         if s.var == "T" and max_positions is not None:
             trained = cfg.size(s.keys, default=0)
@@ -287,7 +292,7 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
         hook(cfg, sizes, metadata, constants)
     archs = cfg.config.get("architectures")
     metadata["architecture"] = archs[0] if archs else family.architectures[0]
-    tied = cfg.flag("tie_word_embeddings")
+    tied = cfg.flag("tie_word_embeddings", family.tied_default)
     return ModelConfig(family, sizes, metadata, _plan(family, sizes, tied), constants, tied, tuple(cfg.notes))
 
 

@@ -164,30 +164,42 @@ def _norm_samples(with_bias: bool):
             return (w, float_samples(rng, d, (n,), 0.5)) if with_bias else (w,)
         x2 = float_samples(rng, d, (3, 4), 300.0)
         x2[0] = rep_values(0.0, d)  # an all-zero row: 0 (eps keeps it finite)
-        return [((float_samples(rng, d, (2, 8), 2.0), *params(8)), {}),
-                ((x2, *params(4)), {"eps": 1e-5}),
-                ((float_samples(rng, d, (4,), 1.0, offset=3.0), *params(4)), {"eps": np.array(1e-2, np.float32)})]
+        cases = [((float_samples(rng, d, (2, 8), 2.0), *params(8)), {}),
+                 ((x2, *params(4)), {"eps": 1e-5}),
+                 ((float_samples(rng, d, (4,), 1.0, offset=3.0), *params(4)), {"eps": np.array(1e-2, np.float32)})]
+        if not with_bias:  # Gemma's (1 + w) weight: w near 0
+            small = float_samples(rng, d, (8,), 0.2)
+            cases += [((float_samples(rng, d, (2, 8), 2.0), small), {"offset": 1.0}),
+                      ((float_samples(rng, d, (3, 8), 2.0), small), {"eps": 1e-6, "offset": np.array(1.0, np.float32)})]
+        return cases
     return samples
 
 
-def _rms_norm_ref(x, weight, eps=1e-6):
+def _rms_norm_ref(x, weight, eps=1e-6, offset=0.0):
     x = as_f64(x)
     eps = float(np.asarray(eps))
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * as_f64(weight)
+    scale = as_f64(weight) + float(np.asarray(offset))
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
-@op(inputs={"x": "float", "weight": "same"}, attrs={"eps": 1e-6}, shape=_norm_shape("rms_norm", ("weight",)),
+@op(inputs={"x": "float", "weight": "same"}, attrs={"eps": 1e-6, "offset": 0.0}, shape=_norm_shape("rms_norm", ("weight",)),
     category="nn", op_set="nn", reference=_rms_norm_ref, samples=_norm_samples(False))
-def rms_norm(x, weight, *, eps=1e-6, ctx):
-    """RMS normalization over the last axis: x * rsqrt(mean(x^2) + eps) * weight.
+def rms_norm(x, weight, *, eps=1e-6, offset=0.0, ctx):
+    """RMS normalization over the last axis: x * rsqrt(mean(x^2) + eps) * (offset + weight).
 
-    `weight` has shape [x.shape[-1]]. f16/bf16 are computed in f32 (mean of squares, rsqrt, both
+    `weight` has shape [x.shape[-1]]. `offset=1.0` is Gemma's RMSNorm, which stores w and scales by
+    (1 + w), the sum formed in the compute type as Gemma does (`1.0 + weight.float()`), never in the
+    weight's own dtype. f16/bf16 are computed in f32 (mean of squares, rsqrt, the offset, both
     products) and rounded once; Hugging Face's LlamaRMSNorm rounds to the input dtype before
-    multiplying by the weight (a second rounding; the results can differ by an ulp). `eps` is a
-    literal or a float variable (held in the compute type: f32 for 16-bit and f32 inputs)."""
+    multiplying by the weight (a second rounding; the results can differ by an ulp), Gemma's does
+    not. `eps` and `offset` are literals or float variables (held in the compute type: f32 for
+    16-bit and f32 inputs)."""
     xc = N.to_compute(x, ctx.dtype)
     ms = jnp.mean(xc * xc, axis=-1, keepdims=True)
-    y = xc * lax.rsqrt(ms + float_attr(eps, ctx.dtype)) * N.to_compute(weight, ctx.dtype)
+    w = N.to_compute(weight, ctx.dtype)
+    if not (isinstance(offset, (int, float)) and offset == 0):
+        w = float_attr(offset, ctx.dtype) + w
+    y = xc * lax.rsqrt(ms + float_attr(eps, ctx.dtype)) * w
     return N.store(y, ctx.out_dtype)
 
 
