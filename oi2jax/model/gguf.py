@@ -283,6 +283,7 @@ class GGUFArch:
     config: dict[str, object] = field(default_factory=dict)  # fixed entries (the family's defaults)
     transforms: tuple[tuple[str, object], ...] = ()  # (regex over HF names, fn(array, config) -> array)
     derive: object = None  # fn(config): config entries GGUF does not carry, as llama.cpp computes them
+    keys: dict[str, str] = field(default_factory=dict)  # the family's own `{arch}.` key -> config key
 
 
 def _gemma_attn_scalar(config: dict) -> None:
@@ -307,7 +308,8 @@ ARCHITECTURES: dict[str, GGUFArch] = {
                          and "attn_v" not in k and "ffn_gate" not in k and "ffn_up" not in k},
                       "blk.{i}.attn_qkv.weight": "model.layers.{i}.self_attn.qkv_proj.weight",
                       "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.gate_up_proj.weight"},
-                     {"hidden_act": "silu"}),
+                     {"hidden_act": "silu"},
+                     keys={"rope.scaling.original_context_length": "original_max_position_embeddings"}),
     "gemma2": GGUFArch("gemma2", "Gemma2ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS},
                        {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS, _gemma_attn_scalar),
     "gemma3": GGUFArch("gemma3_text", "Gemma3ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS, **_QK_NORMS},
@@ -352,7 +354,9 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
         if not key.startswith(prefix):
             continue
         sub = key[len(prefix):]
-        if sub in _COMMON_KEYS:
+        if sub in arch.keys:
+            config[arch.keys[sub]] = value
+        elif sub in _COMMON_KEYS:
             config[_COMMON_KEYS[sub]] = value
         elif sub in _CHECKED_KEYS:
             checked[sub] = _int(where, key, value)
