@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 import oi2jax
 from oi2jax.model import open_model
