@@ -347,6 +347,26 @@ def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
     assert out.read_bytes() == b"keep me"
 
 
+def test_unsupported_tensors_and_key_types_are_named(tmp_path):
+    def llama3(written):
+        written["rope_freqs.weight"] = np.ones(4, np.float32)
+    _, path, _ = _twin(tmp_path, "F32", SMALL, edit=llama3)
+    with pytest.raises(OiError, match=r"tensor rope_freqs.weight: scaled rotary frequencies \(Llama 3.1/3.2's"):
+        convert_gguf(path, tmp_path / "m.oinf")
+
+    def extra(written):
+        written["blk.0.attn_q.bias"] = np.ones(32, np.float32)
+    _, path, _ = _twin(tmp_path, "F32", SMALL, seed=1, edit=extra)
+    with pytest.raises(OiError, match=r"tensor blk.0.attn_q.bias: not part of a GGUF llama model"):
+        convert_gguf(path, tmp_path / "m.oinf")
+    fields = {"general.architecture": "llama", "llama.block_count": "2", "llama.vocab_size": 4}
+    with pytest.raises(OiError, match=r"f.gguf: metadata llama.block_count must be an integer, got '2'"):
+        gguf_config(fields, {}, "f.gguf")
+    with pytest.raises(OiError, match=r"f.gguf: metadata llama.rope.freq_base must be a number, got 'x'"):
+        gguf_config({**fields, "llama.block_count": 2, "llama.rope.freq_base": "x"}, {}, "f.gguf")
+    assert not (tmp_path / "m.oinf").exists()
+
+
 def test_wrong_shapes_and_cli_errors(tmp_path, capsys):
     def swap(written):
         written["blk.0.ffn_up.weight"] = written["blk.0.ffn_down.weight"]

@@ -246,6 +246,9 @@ _COMMON_KEYS = {  # GGUF `{arch}.` key -> Hugging Face config key
     "attention.sliding_window": "sliding_window",
     "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
 }
+# the GGUF value type each mapped key must have (the others: an integer)
+_FLOAT_KEYS = {"attention.layer_norm_rms_epsilon", "rope.freq_base", "attn_logit_softcapping",
+               "final_logit_softcapping", "rope.scaling.factor"}
 _ROPE_SCALING = {"rope.scaling.type": "rope_type", "rope.scaling.factor": "factor",
                  "rope.scaling.original_context_length": "original_max_position_embeddings"}
 # keys checked rather than mapped: `rope.dimension_count` must cover the whole head, value_length = key_length
@@ -337,6 +340,12 @@ def _int(where: str, key: str, value) -> int:
     return int(value)
 
 
+def _number(where: str, key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise OiError(f"{where}: metadata {key} must be a number, got {value!r}")
+    return float(value)
+
+
 def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dict:
     """A Hugging Face `config.json` dict from a GGUF file's metadata (transformers'
     GGUF_CONFIG_MAPPING); OiError naming the key for an architecture or setting not supported."""
@@ -354,6 +363,12 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
         if not key.startswith(prefix):
             continue
         sub = key[len(prefix):]
+        if sub in _FLOAT_KEYS:
+            value = _number(where, key, value)
+        elif sub != "rope.scaling.type" and (sub in arch.keys or sub in _COMMON_KEYS or sub in _ROPE_SCALING):
+            value = _int(where, key, value)
+        elif sub == "rope.scaling.type" and not isinstance(value, str):
+            raise OiError(f"{where}: metadata {key} must be a string, got {value!r}")
         if sub in arch.keys:
             config[arch.keys[sub]] = value
         elif sub in _COMMON_KEYS:
@@ -407,10 +422,14 @@ class GGUFSource(TensorSource):
         self._source: dict[str, str] = {}
         self._transform: dict[str, object] = {}
         for name, t in header.tensors.items():
+            if name == "rope_freqs.weight":
+                raise OiError(f"{path}: tensor rope_freqs.weight: scaled rotary frequencies (Llama 3.1/3.2's llama3 "
+                              f"rope) are not supported by convert-gguf; convert the Hugging Face checkpoint with "
+                              f"convert-hf")
             target = hf_name(arch, name)
             if target is None:
                 raise OiError(f"{path}: tensor {name}: not part of a GGUF {config['model_type']} model (an "
-                              f"unsupported variant? rope_freqs.weight: scaled rotary frequencies)")
+                              f"unsupported variant?)")
             transform = next((fn for rx, fn in arch.transforms if re.match(rx, target)), None)
             if t.kind in _KEPT_FLOATS:
                 dtype, kept = t.kind, None
