@@ -7,6 +7,7 @@ errors naming the file and key or tensor, with nothing written."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import struct
 
 import gguf
@@ -59,11 +60,13 @@ def _k_blocks(kind: str, rows: int, cols: int, rng) -> np.ndarray:
     return raw.reshape(rows, cols // block * size)
 
 
-def _twin(tmp, kind: str, sizes: dict, tied: bool = False, seed: int = 0, edit=None, kv=None):
+def _twin(tmp, kind: str, sizes: dict, tied: bool = False, seed: int = 0, edit=None, kv=None, rope=None):
     """(HF directory, GGUF path, GGUF tensors as written): a random Llama, its 2-D weights stored
     as `kind` in the GGUF (norms F32) and as their dequantized values in the HF form."""
     rng = np.random.default_rng(seed)
     config = ex.llama_config(**sizes, tied=tied)
+    if rope:
+        config["rope_parameters"] = rope
     weights = ex.random_llama_weights(config, seed=seed)
     H, KVH = config["num_attention_heads"], config["num_key_value_heads"]
     hf, written = {}, {}
@@ -347,12 +350,47 @@ def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
     assert out.read_bytes() == b"keep me"
 
 
-def test_unsupported_tensors_and_key_types_are_named(tmp_path):
-    def llama3(written):
-        written["rope_freqs.weight"] = np.ones(4, np.float32)
-    _, path, _ = _twin(tmp_path, "F32", SMALL, edit=llama3)
-    with pytest.raises(OiError, match=r"tensor rope_freqs.weight: scaled rotary frequencies \(Llama 3.1/3.2's"):
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama_cpp_rope_factors(theta, head_dim, factor, low, high, original):
+    """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors, in Python floats."""
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
+def test_llama3_rope_factors_become_the_hf_rope_scaling(tmp_path):
+    """Llama 3.1-3.3 GGUFs carry the llama3 rope as rope_freqs.weight: read back into rope_scaling, the
+    model equals the HF conversion (whose rope.inv_freq the converter computes)."""
+    factors = _llama_cpp_rope_factors(5e5, 8, 32.0, 1.0, 4.0, 8192)
+    assert 1.0 < factors[2] < 32.0 and factors[3] == 32.0 and factors[0] == 1.0  # each branch taken
+
+    def add(written):
+        written["rope_freqs.weight"] = factors
+    hf_dir, path, _ = _twin(tmp_path, "F32", SMALL, edit=add, rope=LLAMA3)
+    convert_hf(hf_dir, tmp_path / "hf.oinf")
+    summary = convert_gguf(path, tmp_path / "gguf.oinf")
+    _same_model(tmp_path / "hf.oinf", tmp_path / "gguf.oinf")
+    assert any("rope_freqs.weight read as rope_scaling" in n for n in summary.notes)
+
+    def bogus(written):
+        written["rope_freqs.weight"] = np.array([1, 2, 3, 5], np.float32)
+    _, path, _ = _twin(tmp_path, "F32", SMALL, seed=2, edit=bogus, rope=LLAMA3)
+    with pytest.raises(OiError, match=r"tensor rope_freqs.weight: these rope factors are not a llama3 rope"):
         convert_gguf(path, tmp_path / "m.oinf")
+
+
+def test_unsupported_tensors_and_key_types_are_named(tmp_path):
 
     def extra(written):
         written["blk.0.attn_q.bias"] = np.ones(32, np.float32)

@@ -37,7 +37,7 @@ from .convert import ConvertSummary, SourceEntry, TensorSource, convert_checkpoi
 from .tokenizer import gguf_tokenizer_metadata
 
 __all__ = ["convert_gguf", "gguf_config", "GGUFSource", "scan", "GGUFHeader", "ARCHITECTURES",
-           "reverse_permute", "permute"]
+           "reverse_permute", "permute", "llama3_rope_factors", "llama3_rope_scaling"]
 
 MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -422,10 +422,9 @@ class GGUFSource(TensorSource):
         self._source: dict[str, str] = {}
         self._transform: dict[str, object] = {}
         for name, t in header.tensors.items():
-            if name == "rope_freqs.weight":
-                raise OiError(f"{path}: tensor rope_freqs.weight: scaled rotary frequencies (Llama 3.1/3.2's llama3 "
-                              f"rope) are not supported by convert-gguf; convert the Hugging Face checkpoint with "
-                              f"convert-hf")
+            if name == ROPE_FREQS and "rope_scaling" in config:  # read into the config (llama3_rope_scaling)
+                self.notes.append(f"{ROPE_FREQS} read as rope_scaling {config['rope_scaling']}")
+                continue
             target = hf_name(arch, name)
             if target is None:
                 raise OiError(f"{path}: tensor {name}: not part of a GGUF {config['model_type']} model (an "
@@ -468,6 +467,53 @@ class GGUFSource(TensorSource):
         return np.asarray(arr, dtype=want)
 
 
+# ------------------------------------------------------------------------------- llama3 rope
+
+ROPE_FREQS = "rope_freqs.weight"
+# (low_freq_factor, high_freq_factor, original_max_position_embeddings) of the llama3 rope of
+# Llama 3.1, 3.2 and 3.3; a GGUF keeps only the factors these give
+LLAMA3_PARAMS = ((1.0, 4.0, 8192),)
+
+
+def llama3_rope_factors(theta: float, head_dim: int, factor: float, low: float, high: float, original: int):
+    """The `rope_freqs.weight` llama.cpp's converter writes for a llama3 rope (LlamaModel's
+    generate_extra_tensors: frequencies in float32, each factor 1, `factor`, or the smooth blend)."""
+    freqs = np.float32(1) / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    low_wavelen, high_wavelen = original / low, original / high
+    out = []
+    for freq in freqs:
+        wavelen = np.float32(2 * math.pi) / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (np.float32(original) / wavelen - np.float32(low)) / np.float32(high - low)
+            out.append(np.float32(1) / ((np.float32(1) - smooth) / np.float32(factor) + smooth))
+    return np.asarray(out, np.float32)
+
+
+def llama3_rope_scaling(factors: np.ndarray, config: dict, where: str) -> dict:
+    """The Hugging Face `rope_scaling` whose llama3 rope gives `factors` (a GGUF's rope_freqs.weight):
+    factor = the largest; the other parameters those of LLAMA3_PARAMS that reproduce every factor
+    (to a float32 rounding); OiError naming the tensor when none does."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    theta = config.get("rope_theta", 10000.0)
+    factors = np.asarray(factors, np.float32)
+    if factors.shape != (head_dim // 2,) or not np.all(np.isfinite(factors)) or factors.min() < 1:
+        raise OiError(f"{where}: tensor {ROPE_FREQS}: expected {head_dim // 2} finite factors >= 1, got "
+                      f"{factors.dtype}{list(factors.shape)}")
+    factor = float(factors.max())
+    for low, high, original in LLAMA3_PARAMS:
+        want = llama3_rope_factors(theta, head_dim, factor, low, high, original)
+        if np.allclose(want, factors, rtol=1e-6, atol=0):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                    "original_max_position_embeddings": original}
+    raise OiError(f"{where}: tensor {ROPE_FREQS}: these rope factors are not a llama3 rope with the parameters of "
+                  f"Llama 3.1-3.3 (low_freq_factor, high_freq_factor, original_max_position_embeddings in "
+                  f"{list(LLAMA3_PARAMS)}): convert the Hugging Face checkpoint with convert-hf")
+
+
 # ------------------------------------------------------------------------------------ converter
 
 def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | None = None,
@@ -487,6 +533,11 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
     fields = _fields(reader)
     config = gguf_config(fields, header.tensors, str(path))
     arch = ARCHITECTURES[fields["general.architecture"]]
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if freqs is not None and arch.model_type == "llama" and "rope_scaling" not in config:
+        if freqs.tensor_type.name != "F32":
+            raise OiError(f"{path}: tensor {ROPE_FREQS} has type {freqs.tensor_type.name}: expected F32")
+        config["rope_scaling"] = llama3_rope_scaling(np.array(freqs.data), config, str(path))
     extra = gguf_tokenizer_metadata(fields, str(path))
     source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
     return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
