@@ -14,7 +14,7 @@ from oi2jax.diagnostics import OiError
 from oi2jax.model import open_model
 from oi2jax.model.convert import convert_hf
 from oi2jax.model.gguf import convert_gguf
-from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, render_chat
+from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, gguf_tokenizer_metadata, render_chat
 
 from conftest import run_cli
 from test_gguf import SMALL, _twin
@@ -159,3 +159,25 @@ GPT2 = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"}
 def test_unsupported_gguf_tokenizers_are_named(fields, message):
     with pytest.raises(OiError, match=f"f.gguf: metadata {message}"):
         gguf_tokenizer_json(fields, "f.gguf")
+    if "tokens" not in message and "merges" not in message:  # an unsupported one: left out, with a note
+        entries, notes = gguf_tokenizer_metadata({**fields, "tokenizer.ggml.bos_token_id": 1}, "f.gguf")
+        assert META["tokenizer"] not in entries and int(entries[META["bos"]]) == 1
+        assert len(notes) == 1 and "f.gguf: no tokenizer.json stored: metadata " in notes[0]
+    else:  # a damaged one: an error
+        with pytest.raises(OiError, match=f"f.gguf: metadata {message}"):
+            gguf_tokenizer_metadata(fields, "f.gguf")
+
+
+def test_add_bos_and_eos_token_become_the_post_processor(bpe):
+    vocab = bpe.get_vocab(with_added_tokens=True)
+    tokens = sorted(vocab, key=vocab.get)
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": bpe.pre, "tokenizer.ggml.tokens": tokens,
+              "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m)
+                                        for m in json.loads(bpe.to_str())["model"]["merges"]],
+              "tokenizer.ggml.token_type": [3 if t in SPECIAL else 1 for t in tokens],
+              "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
+              "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    tok = Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf"))
+    assert tok.encode("hello").ids == [0, *bpe.encode("hello").ids, 2]
+    with pytest.raises(OiError, match=r"add_eos_token is set but tokenizer.ggml.eos_token_id is None"):
+        gguf_tokenizer_json({**fields, "tokenizer.ggml.eos_token_id": None}, "f.gguf")

@@ -538,8 +538,9 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
         if freqs.tensor_type.name != "F32":
             raise OiError(f"{path}: tensor {ROPE_FREQS} has type {freqs.tensor_type.name}: expected F32")
         config["rope_scaling"] = llama3_rope_scaling(np.array(freqs.data), config, str(path))
-    extra = gguf_tokenizer_metadata(fields, str(path))
+    extra, notes = gguf_tokenizer_metadata(fields, str(path))
     source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
+    source.notes += notes
     return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
                               progress=progress, config_where=f"{path} (metadata)", extra_metadata=extra,
                               nonfinite=nonfinite)

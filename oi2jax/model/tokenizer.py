@@ -26,7 +26,8 @@ import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["META", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json", "render_chat",
+__all__ = ["META", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
+           "gguf_tokenizer_unsupported", "render_chat",
            "encode_prompt", "describe"]
 
 META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template", "bos": "tokenizer.bos_id",
@@ -127,19 +128,26 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     return _entries(text, template, bos, eos_list[0] if eos_list else None, stop)
 
 
+def gguf_tokenizer_unsupported(fields: dict) -> str | None:
+    """Why a GGUF's tokenizer cannot be rebuilt (its model or pre-tokenizer), or None."""
+    model = fields.get("tokenizer.ggml.model")
+    if model not in GGUF_TOKENIZER_MODELS:
+        return (f"metadata tokenizer.ggml.model is {model!r}: supported GGUF tokenizer models are "
+                f"{', '.join(GGUF_TOKENIZER_MODELS)} (byte-level BPE)")
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in _GGUF_PRE:
+        return f"metadata tokenizer.ggml.pre is {pre!r}: supported pre-tokenizers are {', '.join(GGUF_PRE_TOKENIZERS)}"
+    return None
+
+
 def gguf_tokenizer_json(fields: dict, where: str) -> str:
     """tokenizer.json text from a GGUF's `tokenizer.ggml.*` entries (byte-level BPE)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # optional
 
-    model = fields.get("tokenizer.ggml.model")
-    if model not in GGUF_TOKENIZER_MODELS:
-        raise OiError(f"{where}: metadata tokenizer.ggml.model is {model!r}: supported GGUF tokenizer models are "
-                      f"{', '.join(GGUF_TOKENIZER_MODELS)} (byte-level BPE); convert with a tokenizer.json instead")
-    pre = fields.get("tokenizer.ggml.pre", "default")
-    if pre not in _GGUF_PRE:
-        raise OiError(f"{where}: metadata tokenizer.ggml.pre is {pre!r}: supported pre-tokenizers are "
-                      f"{', '.join(GGUF_PRE_TOKENIZERS)}")
-    split, digits, ignore_merges = _GGUF_PRE[pre]
+    why = gguf_tokenizer_unsupported(fields)
+    if why is not None:
+        raise OiError(f"{where}: {why}")
+    split, digits, ignore_merges = _GGUF_PRE[fields.get("tokenizer.ggml.pre", "default")]
     tokens = fields.get("tokenizer.ggml.tokens")
     merges = fields.get("tokenizer.ggml.merges", [])
     types = fields.get("tokenizer.ggml.token_type", [1] * len(tokens or ()))
@@ -165,24 +173,40 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
     special = [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types)
                if kind in (_CONTROL, _USER_DEFINED)]
     tok.add_special_tokens(special)
-    bos = fields.get("tokenizer.ggml.bos_token_id")
-    if fields.get("tokenizer.ggml.add_bos_token") and isinstance(bos, int) and 0 <= bos < len(tokens):
-        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
-                                                           special_tokens=[(tokens[bos], bos)])
+    added = {}  # llama.cpp's add_bos_token / add_eos_token: the tokenizer adds them (a post-processor)
+    for which, key in (("bos", "tokenizer.ggml.add_bos_token"), ("eos", "tokenizer.ggml.add_eos_token")):
+        if fields.get(key):
+            token_id = fields.get(f"tokenizer.ggml.{which}_token_id")
+            if not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
+                raise OiError(f"{where}: metadata {key} is set but tokenizer.ggml.{which}_token_id is {token_id!r}")
+            added[which] = (tokens[token_id], token_id)
+    if added:
+        bos = f"{added['bos'][0]} " if "bos" in added else ""
+        eos = f" {added['eos'][0]}" if "eos" in added else ""
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos}$A{eos}", pair=f"{bos}$A $B{eos}",
+                                                           special_tokens=list(dict.fromkeys(added.values())))
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok.to_str()
 
 
-def gguf_tokenizer_metadata(fields: dict, where: str) -> dict:
-    """The tokenizer entries of a GGUF file (none when it has no tokenizer)."""
-    text = gguf_tokenizer_json(fields, where) if "tokenizer.ggml.model" in fields else None
+def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
+    """(the tokenizer entries of a GGUF file, notes). A tokenizer of a model or pre-tokenizer that
+    cannot be rebuilt is left out with a note (the model's weights do not depend on it); a
+    damaged one is an error."""
+    text, notes = None, []
+    if "tokenizer.ggml.model" in fields:
+        why = gguf_tokenizer_unsupported(fields)
+        if why is None:
+            text = gguf_tokenizer_json(fields, where)
+        else:
+            notes.append(f"{where}: no tokenizer.json stored: {why} (tokenize prompts with the model's own tokenizer)")
     bos = fields.get("tokenizer.ggml.bos_token_id")
     eos = fields.get("tokenizer.ggml.eos_token_id")
     eot = fields.get("tokenizer.ggml.eot_token_id")
     stop = [i for i in (eos, eot) if isinstance(i, int)]
     return _entries(text, fields.get("tokenizer.chat_template"), bos if isinstance(bos, int) else None,
-                    eos if isinstance(eos, int) else None, list(dict.fromkeys(stop)))
+                    eos if isinstance(eos, int) else None, list(dict.fromkeys(stop))), notes
 
 
 # ---------------------------------------------------------------------------------- chat template
