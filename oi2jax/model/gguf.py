@@ -402,7 +402,6 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
     return config
 
 
-
 # -------------------------------------------------------------------------------------- source
 
 class GGUFSource(TensorSource):
@@ -417,7 +416,7 @@ class GGUFSource(TensorSource):
         self.files = [path.name]
         self.notes: list[str] = []
         self.entries: dict[str, SourceEntry] = {}
-        self._path, self._config, self._arch = str(path), config, arch
+        self._path, self._config = str(path), config
         self._data = {t.name: t for t in reader.tensors}
         self._source: dict[str, str] = {}
         self._transform: dict[str, object] = {}
@@ -433,8 +432,11 @@ class GGUFSource(TensorSource):
             if t.kind in _KEPT_FLOATS:
                 dtype, kept = t.kind, None
             elif t.kind in ggml.BLOCK_TYPES:
-                rowwise = transform in (None, _q_unpermute, _k_unpermute)
+                rowwise = transform in (None, _q_unpermute, _k_unpermute)  # moves whole rows of blocks
                 dtype, kept = ("F32", None) if not keep or not rowwise else (t.kind, t.kind)
+                if keep and not rowwise:
+                    self.notes.append(f"tensor {name} ({t.kind}) is dequantized: {transform.__name__} changes "
+                                      f"its values")
             else:
                 raise OiError(f"{path}: tensor {name} has type {t.kind}: supported types are F32, F16, BF16, "
                               f"{', '.join(ggml.BLOCK_TYPES)}")
