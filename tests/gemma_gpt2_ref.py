@@ -5,8 +5,9 @@ Written from transformers' `models/gemma2/modeling_gemma2.py`, `models/gemma3/mo
 and `models/gpt2/modeling_gpt2.py`, plainly, one token at a time, in float64, each with its own
 KV cache (the position is the number of tokens stepped so far):
 
-    ref = Gemma2Ref(weights, config)     # {HF tensor name: array}, the config.json dict
-    logits = ref.step(token)             # [V]
+    ref = GemmaRef(weights, config, gemma3=False)   # {HF tensor name: array}, the config.json dict
+    logits = ref.step(token)                        # [V]
+    full = gemma_forward_full(weights, config, tokens, gemma3=False)   # [S, V], no cache: a check
 
 Gemma2 (HF names), with RMSNorm(x, w) = x / sqrt(mean(x^2) + eps) * (1 + w):
     h = embed_tokens[token] * sqrt(hidden_size)
@@ -197,3 +198,39 @@ class GPT2Ref:
             h = h + up @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
         self.pos += 1
         return layer_norm(h, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], eps) @ w["lm_head.weight"].T
+
+
+def gemma_forward_full(weights: dict, config: dict, tokens, *, gemma3: bool) -> np.ndarray:
+    """Logits [S, V] of a whole sequence at once, as transformers' forward over a prompt: matrices
+    over positions and an additive mask (causal, and for a sliding layer `kv > q - window`), no
+    cache. A second formulation to check `GemmaRef.step` against."""
+    ref = GemmaRef(weights, config, gemma3=gemma3)  # its settings and weights, not its cache
+    w, eps, S = ref.w, ref.eps, len(tokens)
+    q_idx, kv_idx = np.arange(S)[:, None], np.arange(S)[None, :]
+    h = w["model.embed_tokens.weight"][np.asarray(tokens)] * np.sqrt(ref.D)
+    for i in range(ref.L):
+        p = f"model.layers.{i}."
+        kind = ref.layer_types[i]
+        allowed = (kv_idx <= q_idx) & ((kv_idx > q_idx - ref.window) if kind == "sliding_attention" else True)
+        mask = np.where(allowed, 0.0, -np.inf)
+        x = gemma_rms_norm(h, w[p + "input_layernorm.weight"], eps)
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(S, ref.H, ref.HD)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(S, ref.KVH, ref.HD)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(S, ref.KVH, ref.HD)
+        if gemma3:
+            q = gemma_rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = gemma_rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+        theta, factor = ref.rope[kind]
+        q = np.stack([rotate(q[t], t, theta, factor) for t in range(S)])
+        k = np.stack([rotate(k[t], t, theta, factor) for t in range(S)])
+        k, v = np.repeat(k, ref.H // ref.KVH, axis=1), np.repeat(v, ref.H // ref.KVH, axis=1)  # repeat_kv
+        scores = softcap(np.einsum("qhd,khd->hqk", q, k) * ref.scaling, ref.attn_cap) + mask
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        attn = np.einsum("hqk,khd->qhd", probs, v).reshape(S, ref.H * ref.HD) @ w[p + "self_attn.o_proj.weight"].T
+        h = h + gemma_rms_norm(attn, w[p + "post_attention_layernorm.weight"], eps)
+        x = gemma_rms_norm(h, w[p + "pre_feedforward_layernorm.weight"], eps)
+        mlp = (gelu_tanh(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)) \
+            @ w[p + "mlp.down_proj.weight"].T
+        h = h + gemma_rms_norm(mlp, w[p + "post_feedforward_layernorm.weight"], eps)
+    return softcap(gemma_rms_norm(h, w["model.norm.weight"], eps) @ w["lm_head.weight"].T, ref.final_cap)

@@ -18,7 +18,7 @@ from oi2jax.numerics import default_inv_freq
 
 import gemma_gpt2_checkpoints as ck
 from conftest import EXAMPLES
-from gemma_gpt2_ref import GemmaRef, GPT2Ref
+from gemma_gpt2_ref import GemmaRef, GPT2Ref, gemma_forward_full
 
 T, WINDOW, STEPS, GREEDY = 20, 5, 16, 8
 TOL = 1e-4  # |logit - reference| / max |reference logit|, every step (the issue's bound)
@@ -48,6 +48,8 @@ def family(request, tmp_path_factory):
     name = request.param
     tmp = tmp_path_factory.mktemp(name)
     config = config_of(name, tie_word_embeddings=name != "gemma3_text")  # tied (the default) and untied
+    if name == "gemma3_text":  # Gemma 3 4B-27B's linear scaling on the full-attention layers
+        config["rope_parameters"]["full_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
     weights = ck.random_weights(config, seed=7)
     summary = convert_hf(ck.write_checkpoint(tmp / "ck", config, weights), tmp / "m.oinf",
                          max_positions=T if name == "gpt2" else None)
@@ -149,6 +151,7 @@ def test_what_the_gemma_conversion_computes(tmp_path):
     assert tensors["model.layers.0.input_layernorm.weight"].tobytes() == \
         weights["model.layers.0.input_layernorm.weight"].tobytes()
     assert metadata["embed_scale"] == pytest.approx(32 ** 0.5) and metadata["attn_scale"] == pytest.approx(16 ** -0.5)
+    assert metadata["norm_offset"] == 1.0
     assert summary.tensors["model.layers.0.self_attn.sliding_window"] == "i32"
     assert sizevars["R"] == 8
 
@@ -220,3 +223,44 @@ def test_gemma3_rope_settings_in_both_spellings():
     assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
     assert a["model.layers.2.self_attn.rope.inv_freq"].tobytes() == (default_inv_freq(5e5, 16) / np.float32(4)).tobytes()
     assert a["model.layers.0.self_attn.rope.inv_freq"].tobytes() == default_inv_freq(1e4, 16).tobytes()
+
+
+def test_a_transposed_conv1d_weight_is_named_with_its_shape(tmp_path):
+    """GPT-2's Conv1D weights are [in, out]: one stored [out, in] (as nn.Linear) is refused by name."""
+    config = config_of("gpt2")
+    weights = ck.random_weights(config)
+    weights["transformer.h.1.attn.c_attn.weight"] = np.ascontiguousarray(weights["transformer.h.1.attn.c_attn.weight"].T)
+    with pytest.raises(OiError) as info:
+        convert_hf(ck.write_checkpoint(tmp_path / "ck", config, weights), tmp_path / "m.oinf")
+    assert "tensor transformer.h.1.attn.c_attn.weight has shape [96, 32], expected [32, 96] (hidden_size, 3*n_embd)" \
+        in info.value.render()
+
+
+def test_omitted_keys_take_transformers_defaults_with_a_note():
+    config = config_of("gemma2")
+    for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "tie_word_embeddings"):
+        del config[key]
+    cfg = read_config(config, "ck/config.json")
+    assert cfg.metadata["attn_scale"] == 256 ** -0.5 and cfg.tied
+    assert (cfg.metadata["attn_softcap"], cfg.metadata["final_softcap"]) == (50.0, 30.0)
+    assert "ck/config.json names no query_pre_attn_scalar: using transformers' default 256" in cfg.notes
+    old = config_of("gemma3_text", form="old")
+    del old["sliding_window_pattern"], old["rope_local_base_freq"]
+    cfg = read_config(old, "ck/config.json")
+    kinds = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(4)]  # all sliding: L = 4 < 6
+    assert [int(cfg.constants[f"model.layers.{i}.self_attn.sliding_window"]) for i in range(4)] == \
+        [WINDOW if k == "sliding_attention" else T for k in kinds]
+    assert cfg.constants["model.layers.0.self_attn.rope.inv_freq"].tobytes() == default_inv_freq(1e4, 16).tobytes()
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3_text"])
+def test_the_reference_steps_equal_its_whole_sequence_form(name):
+    """tests/gemma_gpt2_ref.py checked against itself: one token at a time with a cache equals the
+    whole sequence with transformers' additive masks (causal, sliding window)."""
+    config = config_of(name)
+    weights = ck.random_weights(config, seed=4)
+    tokens = np.random.default_rng(2).integers(0, 64, 12)
+    ref = GemmaRef(weights, config, gemma3=name == "gemma3_text")
+    steps = np.stack([ref.step(int(t)) for t in tokens])
+    np.testing.assert_allclose(steps, gemma_forward_full(weights, config, tokens, gemma3=name == "gemma3_text"),
+                               rtol=1e-12, atol=1e-12)

@@ -150,3 +150,41 @@ def test_head_dim_times_heads_need_not_be_hidden_size(tmp_path):
     summary = convert_hf(ck, tmp_path / "m.oinf")
     assert (summary.sizevars["HD"], summary.sizevars["QD"], summary.sizevars["D"]) == (24, 48, 16)
     assert open_model(summary.path).tensors["model.layers.0.self_attn.o_proj.weight"].shape == (16, 48)
+
+
+def test_unknown_names_suggest_a_close_known_one(ck, tmp_path):
+    _edit_config(ck, model_type="mistal", architectures=None)
+    with pytest.raises(OiError) as e:
+        convert_hf(ck, tmp_path / "m.oinf")
+    assert _msg(e).startswith(f"{ck / 'config.json'}: model_type is 'mistal' (did you mean mistral?): supported model "
+                              f"types are ")
+    _edit_config(ck, model_type="llama", architectures=["LlamaForCausalLM"],
+                 rope_parameters={"rope_type": "lama3", "rope_theta": 1e4})
+    with pytest.raises(OiError) as e:
+        convert_hf(ck, tmp_path / "m.oinf")
+    assert _msg(e) == (f"{ck / 'config.json'}: rope_parameters.rope_type is 'lama3' (did you mean llama3?): "
+                       f"supported rope types are default, linear, llama3")
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e300}},
+     "rope_parameters.rope_theta 1e+300 is beyond f32's range (transformers computes the rotary frequencies in f32)"),
+    ({"rope_parameters": None, "rope_theta": 1e300, "rope_scaling": None},
+     "rope_theta 1e+300 is beyond f32's range (transformers computes the rotary frequencies in f32)"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 1.0, "original_max_position_embeddings": 64}},
+     "rope_parameters.high_freq_factor equals low_freq_factor (1.0): llama3 rope divides by their difference"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 0}},
+     "rope_parameters.factor must be a positive number, got 0"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_scaling": {"rope_type": "linear",
+                                                                                         "factor": 2.0}},
+     "rope_scaling {'rope_type': 'linear', 'factor': 2.0} disagrees with rope_parameters {'rope_type': 'default', "
+     "'rope_theta': 10000.0}: which one?"),
+    ({"vocab_size": 1e9}, "vocab_size must be a positive integer, got 1000000000.0"),
+    ({"num_hidden_layers": True}, "num_hidden_layers must be a positive integer, got True"),
+])
+def test_hostile_rope_and_size_values_name_the_key(ck, tmp_path, changes, message):
+    _edit_config(ck, **changes)
+    with pytest.raises(OiError) as e:
+        convert_hf(ck, tmp_path / "m.oinf")
+    assert _msg(e) == f"{ck / 'config.json'}: {message}"

@@ -93,3 +93,40 @@ def test_tied_models_hold_one_embedding(family):
     assert model.metadata["alias.lm_head.weight"].value == "model.embed_tokens.weight"
     consts = prog.consts if hasattr(prog, "consts") else prog.program.consts
     assert consts["embed"] is consts["lm_head"]  # one placed buffer, read under both names
+
+
+def test_interpreter_agrees_on_the_first_steps(family):
+    """The reference interpreter (the nn ops' NumPy references, node by node; a tied model through
+    its alias) on the first steps, past a window of 3."""
+    _, weights, config, summary = family
+    prog = oi2jax.compile(EXAMPLES / summary.graph, model=summary.path, ops=["nn"], mode="interpret")
+    ref = FamilyRef(weights, config)
+    for tok in (5, 1, 7, 2):
+        prog.step({"token": np.int32(tok)})
+        assert _rel(prog.outputs()["logits"], ref.step(tok)) <= TOL
+
+
+LLAMA31_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192, "rope_type": "llama3"}  # Llama 3.1's config.json
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 500000.0},
+                                  {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+                                  dict(LLAMA31_ROPE, rope_theta=500000.0)])
+def test_rope_inv_freq_in_both_config_forms_is_transformers_formula(rope):
+    """rope.inv_freq of `rope_parameters` (current) and of `rope_scaling` + `rope_theta` (older,
+    Llama 3.1's own file) are the same f32 values, within f32 rounding of the formula in f64."""
+    from hf_ref import family_config, inv_freq
+    from oi2jax.model.convert import read_config
+    sizes = dict(SIZES, hidden=512, heads=4)  # HD 128: every llama3 band (high, medium, low)
+    new, old = (family_config("llama", rope=dict(rope), rope_form=form, **sizes) for form in ("new", "old"))
+    assert "rope_parameters" not in old and old["rope_theta"] == rope["rope_theta"]
+    got_new = read_config(new).constants["rope.inv_freq"]
+    got_old = read_config(old).constants["rope.inv_freq"]
+    assert got_new.dtype == np.float32 and got_new.shape == (64,)
+    np.testing.assert_array_equal(got_new, got_old)
+    np.testing.assert_allclose(got_new, inv_freq(new, 128), rtol=4e-7)
+    if rope["rope_type"] == "llama3":
+        base = inv_freq(dict(new, rope_parameters={"rope_theta": 500000.0}), 128)
+        ratio = base / got_new
+        assert np.isclose(ratio[0], 1) and np.isclose(ratio[-1], 8) and ((ratio > 1.01) & (ratio < 7.9)).any()

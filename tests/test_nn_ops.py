@@ -401,3 +401,68 @@ def test_an_nn_op_without_the_set_is_pointed_at_it():
     with pytest.raises(OiError) as info:
         oi2jax.compile("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry {\n  op silu(x) >> y;\n}\n")
     assert 'unsupported op silu; it is in the bundled op set nn (--ops nn, or ops=["nn"])' in info.value.render()
+
+
+SLIDING = """
+dynamic { s: f32[T]; w: i32; }
+volatile { p: f32[T]; }
+persistent { n: i32 @init(0); }
+block entry {
+    cache.increment n;
+    op softmax(s, valid=n, window=w) >> p;
+    return;
+}
+"""
+
+
+def test_softmax_window_reads_the_last_w_of_the_valid_positions():
+    """A sliding-window attention: step k (n = k valid positions) reads n-W..n-1 only."""
+    s = np.array([0.5, -1.0, 2.0, 0.25, 3.0, 1.0], np.float32)
+    compiled, interpreted = compile_both(SLIDING, {"T": 6})
+    for steps, w in ((1, 2), (4, 2), (6, 3), (5, 9)):
+        got = compiled.run({"s": s, "w": np.int32(w)}, steps=steps)["p"]
+        ref = interpreted.run({"s": s, "w": np.int32(w)}, steps=steps)["p"]
+        lo = max(0, steps - w)
+        e = np.exp(s[lo:steps] - s[lo:steps].max())
+        want = np.zeros(6)
+        want[lo:steps] = e / e.sum()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(ref, want, rtol=1e-6, atol=1e-7)
+        assert (got[:lo] == 0).all() and (got[steps:] == 0).all()
+    with pytest.raises(OiError) as info:
+        compiled.run({"s": s, "w": np.int32(0)}, steps=1)
+    assert "softmax: window 0 is not positive (in step 1)" in info.value.render()
+    assert "op softmax: window 0 is not positive" in check_errors(
+        "dynamic { x: f32[3]; }\nvolatile { y: f32[3]; }\nblock entry {\n  op softmax(x, window=0) >> y;\n}\n")
+
+
+def test_linear_with_a_bias_and_rope_with_frequencies():
+    """The optional third inputs: linear's bias [out], rope's inv_freq [HD/2] (any rope type),
+    compiled and interpreted against NumPy in f64 (the kernel rounds the product, then the sum)."""
+    source = """dynamic { x: f32[D]; W: f32[O, D]; b: f32[O]; q: f32[H, HD]; f: f32[R]; t: i32; }
+volatile { y: f32[O]; z: f32[O]; r: f32[H, HD]; }
+block entry {
+    op linear(x, W, b) >> y;
+    op linear(x, W) >> z;
+    op rope(q, t, f) >> r;
+    return;
+}
+"""
+    rng = np.random.default_rng(0)
+    x, W, b = (rng.normal(size=s).astype(np.float32) for s in ((4,), (3, 4), (3,)))
+    q = rng.normal(size=(2, 8)).astype(np.float32)
+    f = np.array([1.0, 0.3, 0.01, 0.002], np.float32)  # e.g. a llama3-scaled set
+    sizes = {"D": 4, "O": 3, "H": 2, "HD": 8, "R": 4}
+    emb = np.concatenate([np.float32(7) * f] * 2).astype(np.float64)
+    rot = np.concatenate([-q[:, 4:], q[:, :4]], axis=1)
+    for prog in compile_both(source, sizes):
+        out = prog.run({"x": x, "W": W, "b": b, "q": q, "f": f, "t": np.int32(7)})
+        np.testing.assert_allclose(out["y"], x.astype(np.float64) @ W.T + b, rtol=1e-6)
+        np.testing.assert_allclose(out["z"], x.astype(np.float64) @ W.T, rtol=1e-6)
+        np.testing.assert_allclose(out["r"], q * np.cos(emb) + rot * np.sin(emb), rtol=1e-5, atol=1e-6)
+    assert "op linear: bias has shape [4], expected [3] (the weight's out)" in check_errors(
+        source.replace("b: f32[O]", "b: f32[D]"), sizes)
+    assert "op rope: inv_freq has shape [3], expected [4]" in check_errors(source.replace("f: f32[R]", "f: f32[3]"),
+                                                                           sizes)
+    assert "op linear expects 2 to 3 (x, weight, bias) inputs, got 4" in check_errors(
+        source.replace("op linear(x, W) >> z", "op linear(x, W, b, b) >> z"), sizes)

@@ -37,6 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oi2jax.naming import resolve_alias
+
 PRECISIONS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.Precision.DEFAULT}
 
 LAYER_WEIGHTS = {  # hand-written name -> Hugging Face name (within "model.layers.{l}.")
@@ -95,7 +97,8 @@ def load_params(model) -> dict:
     for l in range(model.sizevars["L"]):
         layers.append({k: model.load(f"model.layers.{l}.{hf}") for k, hf in LAYER_WEIGHTS.items()})
     return {"embed": model.load("model.embed_tokens.weight"), "layers": layers,
-            "final_norm": model.load("model.norm.weight"), "lm_head": model.load("lm_head.weight")}
+            "final_norm": model.load("model.norm.weight"),
+            "lm_head": model.load(resolve_alias(model, "lm_head.weight"))}  # a tied model: the embedding
 
 
 def stack_layers(params: dict) -> dict:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...diagnostics import OiError
+from ...diagnostics import OiError, suggest
 from .config import MAX_LAYERS, MAX_SIZE, ConfigReader
 from .rope import rope_inv_freq
 
@@ -23,7 +23,8 @@ SIZE_KEYS = {"V": "vocab_size", "D": "hidden_size", "F": "intermediate_size", "L
              "H": "num_attention_heads", "KVH": "num_key_value_heads", "HD": "head_dim",
              "T": "max_position_embeddings", "QD": "num_attention_heads*head_dim",
              "KVD": "num_key_value_heads*head_dim", "R": "head_dim/2", "F2": "2*intermediate_size",
-             "QKV": "(num_attention_heads+2*num_key_value_heads)*head_dim"}
+             "QKV": "(num_attention_heads+2*num_key_value_heads)*head_dim",
+             "P": "n_positions", "D3": "3*n_embd"}  # GPT-2's learned positions, fused c_attn width
 INV_FREQ = "rope.inv_freq"  # the computed rotary frequencies, f32[R]
 
 
@@ -79,7 +80,7 @@ class Family:
     metadata: tuple[Meta, ...] = ()
     sizes: tuple[Size, ...] = ()
     derive: tuple[Callable, ...] = ()
-    tied_default: bool = False  # tie_word_embeddings when the config omits it (transformers' class default)
+    tied_default: bool = False  # tie_word_embeddings when the config does not say (transformers' default)
     embed: str = "model.embed_tokens.weight"  # the embedding a tied lm_head.weight is
     # `adapt(source) -> source`: a family whose checkpoints spell tensor names more than one way
     # (GPT-2's with and without `transformer.`) presents them under the table's names
@@ -244,7 +245,8 @@ def find_family(cfg: ConfigReader) -> Family:
     if model_type is not None:
         family = FAMILIES.get(model_type)
         if family is None:
-            cfg.fail(f"model_type is {model_type!r}: supported model types are {known}")
+            cfg.fail(f"model_type is {model_type!r}{suggest(str(model_type), FAMILIES)}: supported model types "
+                     f"are {known}")
     else:
         family = next((f for f in FAMILIES.values() if isinstance(archs, list) and archs
                        and archs[0] in f.architectures), None)

@@ -2,7 +2,9 @@
 (Gemma3ForCausalLM), with examples/gemma2_decode.oi and examples/gemma3_text_decode.oi.
 
 Both: the embedding scaled by sqrt(hidden_size) (metadata `embed_scale`), RMSNorm with the
-(1 + w) weight (the graphs' `rms_norm(..., offset=1.0)`; the checkpoint's w is stored as is), a
+(1 + w) weight (metadata `norm_offset` = 1, the graphs' `rms_norm(..., offset=norm_offset)`; the
+checkpoint's w is stored as is; a source whose norm weights already hold 1 + w, as llama.cpp's
+GGUF files do, can say 0 instead), a
 GeGLU MLP with the tanh gelu, four norms a layer, attention scaled by query_pre_attn_scalar^-0.5
 (metadata `attn_scale`), and layers of two types (`layer_types`, or transformers' default
 pattern): a `sliding_attention` layer attends to the last `sliding_window` positions, a
@@ -28,7 +30,7 @@ WINDOW = P + "self_attn.sliding_window"  # i32 per layer: how many positions the
 LAYER_INV_FREQ = P + "self_attn.rope.inv_freq"  # gemma3_text: f32[R] per layer, its type's rotary frequencies
 # transformers' class defaults, used (with a note) when a config omits the key
 DEFAULTS = {"gemma2": {"query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
-                       "final_logit_softcapping": 30.0, "sliding_window_pattern": 2},
+                       "final_logit_softcapping": 30.0},
             "gemma3_text": {"query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
                             "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0}}
 
@@ -67,6 +69,7 @@ def _layers(model_type: str):
     windows (and, gemma3_text, rotary frequencies) by layer type."""
     def derive(cfg: ConfigReader, sizes: dict, metadata: dict, constants: dict) -> None:
         metadata["embed_scale"] = float(sizes["D"]) ** 0.5
+        metadata["norm_offset"] = 1.0  # the graphs' rms_norm(offset=): Gemma's (1 + w), w as stored
         scalar = cfg.number("query_pre_attn_scalar", default=_default(cfg, model_type, "query_pre_attn_scalar"))
         metadata["attn_scale"] = scalar ** -0.5
         if cfg.flag("use_bidirectional_attention"):

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ...numerics import default_inv_freq
+from ...diagnostics import suggest
 from .config import ConfigReader, number
 
 DEFAULT_ROPE_THETA = 10000.0  # transformers' default when a config names none
@@ -55,7 +56,8 @@ def rope_inv_freq(cfg: ConfigReader, head_dim: int) -> tuple[np.ndarray, float]:
     params, key = _params(cfg)
     kind = params.get("rope_type", "default")
     if kind not in ROPE_TYPES:
-        cfg.fail(f"{key}.rope_type is {kind!r}: supported rope types are {', '.join(ROPE_TYPES)}")
+        cfg.fail(f"{key}.rope_type is {kind!r}{suggest(str(kind), ROPE_TYPES)}: supported rope types are "
+                 f"{', '.join(ROPE_TYPES)}")
     for partial in (params.get("partial_rotary_factor"), cfg.config.get("partial_rotary_factor")):
         if partial not in (None, 1.0):
             cfg.fail(f"partial_rotary_factor is {partial!r}: only a rotary embedding over the whole head (1.0) "
@@ -67,7 +69,11 @@ def rope_inv_freq(cfg: ConfigReader, head_dim: int) -> tuple[np.ndarray, float]:
     if theta is None:
         theta = DEFAULT_ROPE_THETA
         cfg.notes.append(f"{cfg.where} names no rope_theta: using transformers' default {DEFAULT_ROPE_THETA}")
-    theta = number(cfg.where, theta, f"{key}.rope_theta")
+    theta_key = "rope_theta" if cfg.config.get("rope_theta") is not None else f"{key}.rope_theta"
+    theta = number(cfg.where, theta, theta_key)
+    if theta > float(np.finfo(np.float32).max):
+        cfg.fail(f"{theta_key} {theta!r} is beyond f32's range (transformers computes the rotary "
+                 f"frequencies in f32)")
     inv = default_inv_freq(theta, head_dim)
     f = np.float32
     if kind == "linear":  # _compute_linear_scaling_rope_parameters: inv_freq /= factor
