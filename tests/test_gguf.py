@@ -119,17 +119,26 @@ def _twin(tmp, kind: str, sizes: dict, tied: bool = False, seed: int = 0, edit=N
     return directory, path, written
 
 
-def _same_model(a, b):
-    ma, mb = open_model(a), open_model(b)
+def _same_model(hf, gguf_model, norms_hold_one_plus_w=False):
+    """The GGUF's conversion is the HF one's: sizes, metadata (but the tokenizer entries, which the
+    HF form takes from its config.json ids), every tensor bit for bit. `norms_hold_one_plus_w`
+    (gemma): the norms are llama.cpp's stored `1 + w`, exactly fl(1 + w) of the HF weight, and
+    norm_offset 0 instead of 1, which makes the graphs' factor `norm_offset + weight` the same."""
+    ma, mb = open_model(hf), open_model(gguf_model)
     assert dict(ma.sizevars) == dict(mb.sizevars)
 
-    def model_meta(m):  # all but the tokenizer entries (the HF form's come from its config.json ids)
+    def model_meta(m):
         return {k: v for k, v in m.metadata.items() if not k.startswith(("tokenizer.", "ggml_type."))}
-    assert model_meta(ma) == model_meta(mb) and "architecture" in model_meta(ma)
+    meta_a, meta_b = model_meta(ma), model_meta(mb)
+    if norms_hold_one_plus_w:
+        assert (meta_a.pop("norm_offset").value, meta_b.pop("norm_offset").value) == (1.0, 0.0)
+    assert meta_a == meta_b and "architecture" in meta_a
     assert sorted(ma.tensors) == sorted(mb.tensors)
     for name in ma.tensors:
         x, y = ma.load(name), mb.load(name)
         assert x.dtype == y.dtype and x.shape == y.shape, name
+        if norms_hold_one_plus_w and name.endswith("norm.weight"):
+            x = (np.float32(1) + x).astype(np.float32)
         assert x.tobytes() == y.tobytes(), name
 
 

@@ -33,17 +33,13 @@ CASES = {  # GGUF architecture -> (HF model_type, writer of the HF form)
 
 def _hf_form(tmp, arch: str):
     """(HF directory, config, weights) of the family's tiny checkpoint. Gemma: query_pre_attn_scalar
-    = head_dim (what llama.cpp uses; GGUF does not carry it) and norm weights on a 2^-10 grid, so
-    that llama.cpp's `w + 1` and the loader's `- 1` are exact in float32."""
+    = head_dim (what llama.cpp uses; GGUF does not carry it)."""
     model_type = CASES[arch]
     directory = tmp / f"hf-{arch}"
     if model_type.startswith("gemma"):
         make = gemma_ck.gemma2_config if model_type == "gemma2" else gemma_ck.gemma3_text_config
         config = make(**GEMMA, query_pre_attn_scalar=GEMMA["head_dim"])
         weights = gemma_ck.random_weights(config, seed=1)
-        for name, w in weights.items():
-            if name.endswith("norm.weight"):
-                weights[name] = (np.round(w * 1024) / 1024).astype(np.float32)
         gemma_ck.write_checkpoint(directory, config, weights)
     else:
         directory, weights, config = hf_ref.write_family(directory, model_type, seed=1, **SIZES,
@@ -117,39 +113,48 @@ def family(request, tmp_path_factory):
     deq = {k: (quants.dequantize(quants.quantize(v, T.Q8_0), T.Q8_0) if v.ndim == 2 else v) for k, v in weights.items()}
     save_file(deq, str(directory / "model.safetensors"), metadata={"format": "pt"})
     convert_hf(directory, tmp / "hf-q8.oinf")
+    convert_gguf(tmp / "f32.gguf", tmp / "gguf.oinf")
+    convert_gguf(tmp / "q8.gguf", tmp / "gguf-q8-f32.oinf", dtype="f32")
+    convert_gguf(tmp / "q8.gguf", tmp / "gguf-q8.oinf")
     return out
+
+
+def _gemma(family) -> bool:
+    return family["arch"].startswith("gemma")
+
+
+def _logits(model, steps=(3, 1, 4)):
+    graph = EXAMPLES / open_model(model).metadata["example_graph"].value.removeprefix("examples/")
+    sess = oi2jax.compile(graph, model=model, ops=["nn"]).session()
+    out = []
+    for tok in steps:
+        sess.step(token=np.int32(tok))
+        out.append(np.asarray(sess.read("logits")))
+    return np.stack(out)
 
 
 def test_f32_twin_converts_bit_equal(family):
     tmp = family["tmp"]
-    convert_gguf(tmp / "f32.gguf", tmp / "gguf.oinf")
-    _same_model(tmp / "hf.oinf", tmp / "gguf.oinf")
+    _same_model(tmp / "hf.oinf", tmp / "gguf.oinf", norms_hold_one_plus_w=_gemma(family))
+    if _gemma(family):  # norms `1 + w` with offset 0 compute what `w` with offset 1 computes
+        got, want = _logits(tmp / "gguf.oinf"), _logits(tmp / "hf.oinf")
+        assert got.tobytes() == want.tobytes() and np.abs(want).max() > 0
 
 
 def test_q8_twin_dequantizes_as_gguf_quants(family):
     tmp = family["tmp"]
-    convert_gguf(tmp / "q8.gguf", tmp / "gguf-q8-f32.oinf", dtype="f32")
-    _same_model(tmp / "hf-q8.oinf", tmp / "gguf-q8-f32.oinf")
+    _same_model(tmp / "hf-q8.oinf", tmp / "gguf-q8-f32.oinf", norms_hold_one_plus_w=_gemma(family))
 
 
 def test_kept_q8_blocks_load_and_run_as_the_f32_conversion(family):
     tmp = family["tmp"]
-    convert_gguf(tmp / "q8.gguf", tmp / "gguf-q8.oinf")
-    kept, f32 = open_model(tmp / "gguf-q8.oinf"), open_model(tmp / "hf-q8.oinf")
+    kept, f32 = open_model(tmp / "gguf-q8.oinf"), open_model(tmp / "gguf-q8-f32.oinf")
     assert any(t.ggml == "Q8_0" for t in kept.tensors.values())
     assert sorted(kept.tensors) == sorted(f32.tensors)
     for name in kept.tensors:
         assert kept.load(name).tobytes() == f32.load(name).tobytes(), name
-    if family["arch"] not in ("phi3", "gemma2"):  # the values are bit-equal above; two families also run
+    if family["arch"] not in ("phi3", "gemma3"):  # the values are bit-equal above; two families also run
         return
-    graph = EXAMPLES / kept.metadata["example_graph"].value.removeprefix("examples/")
-    logits = []
-    for model in (tmp / "gguf-q8.oinf", tmp / "hf-q8.oinf"):
-        sess = oi2jax.compile(graph, model=model, ops=["nn"]).session()
-        steps = []
-        for tok in (3, 1, 4):
-            sess.step(token=np.int32(tok))
-            steps.append(np.asarray(sess.read("logits")))
-        logits.append(np.stack(steps))
-    assert logits[0].tobytes() == logits[1].tobytes() and np.abs(logits[0]).max() > 0
+    got, want = _logits(tmp / "gguf-q8.oinf"), _logits(tmp / "hf-q8.oinf")
+    assert got.tobytes() == want.tobytes() and np.abs(want).max() > 0
 

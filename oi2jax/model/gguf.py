@@ -6,7 +6,7 @@
 As transformers' GGUF loader does: the file's metadata becomes a Hugging Face `config.json`
 dict (`gguf_config`, a table per architecture), its tensors are given under Hugging Face names and
 layouts (`GGUFSource`, with the named per-family transforms: `reverse_permute` of llama's Q/K rows,
-`norm_unshift` of gemma's `1 + w` norms), and `convert.convert_checkpoint` writes the model: the
+and gemma's norms kept as the `1 + w` llama.cpp stores, with metadata `norm_offset` 0), and `convert.convert_checkpoint` writes the model: the
 same tensor names, layouts and size variables as the same model's Hugging Face conversion, so one
 example graph runs either. A missing `output.weight` means tied embeddings.
 
@@ -231,12 +231,6 @@ def _k_unpermute(w, cfg):
     return reverse_permute(w, cfg["num_attention_heads"], cfg["num_key_value_heads"])
 
 
-def _norm_unshift(w, cfg):
-    """llama.cpp stores gemma's norm weights as `w + 1` (its RMSNorm multiplies by the weight);
-    transformers' loader subtracts 1 again (in float32)."""
-    return np.asarray(w, np.float32) - np.float32(1)
-
-
 _COMMON_KEYS = {  # GGUF `{arch}.` key -> Hugging Face config key
     "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
     "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
@@ -287,6 +281,7 @@ class GGUFArch:
     transforms: tuple[tuple[str, object], ...] = ()  # (regex over HF names, fn(array, config) -> array)
     derive: object = None  # fn(config): config entries GGUF does not carry, as llama.cpp computes them
     keys: dict[str, str] = field(default_factory=dict)  # the family's own `{arch}.` key -> config key
+    metadata: dict[str, object] = field(default_factory=dict)  # .oinf metadata replacing the family row's
 
 
 def _gemma_attn_scalar(config: dict) -> None:
@@ -300,7 +295,10 @@ def _gemma_attn_scalar(config: dict) -> None:
         config["query_pre_attn_scalar"] = config.get("head_dim")
 
 
-_GEMMA_TRANSFORMS = ((r".*norm\.weight\Z", _norm_unshift),)
+# llama.cpp stores gemma's RMSNorm weights as `1 + w` (its norm multiplies by the weight); they are
+# kept as stored, and the graphs' rms_norm(offset=norm_offset) adds 0 instead of 1: the same f32
+# factor as Hugging Face's `1 + w`, without a lossy `(1 + w) - 1`
+_GEMMA_METADATA = {"norm_offset": 0.0}
 ARCHITECTURES: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", "LlamaForCausalLM", _COMMON_TENSORS, {"hidden_act": "silu"},
                       ((r".*\.q_proj\.weight\Z", _q_unpermute), (r".*\.k_proj\.weight\Z", _k_unpermute))),
@@ -314,9 +312,11 @@ ARCHITECTURES: dict[str, GGUFArch] = {
                      {"hidden_act": "silu"},
                      keys={"rope.scaling.original_context_length": "original_max_position_embeddings"}),
     "gemma2": GGUFArch("gemma2", "Gemma2ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS},
-                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS, _gemma_attn_scalar),
+                       {"hidden_activation": "gelu_pytorch_tanh"}, derive=_gemma_attn_scalar,
+                       metadata=_GEMMA_METADATA),
     "gemma3": GGUFArch("gemma3_text", "Gemma3ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS, **_QK_NORMS},
-                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS, _gemma_attn_scalar),
+                       {"hidden_activation": "gelu_pytorch_tanh"}, derive=_gemma_attn_scalar,
+                       metadata=_GEMMA_METADATA),
 }
 
 
@@ -440,8 +440,6 @@ class GGUFSource(TensorSource):
             else:
                 raise OiError(f"{path}: tensor {name} has type {t.kind}: supported types are F32, F16, BF16, "
                               f"{', '.join(ggml.BLOCK_TYPES)}")
-            if transform is _norm_unshift:
-                dtype = "F32"
             self.entries[target] = SourceEntry(path.name, dtype, t.shape, kept)
             self._source[target] = name
             if transform is not None:
@@ -541,6 +539,7 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
             raise OiError(f"{path}: tensor {ROPE_FREQS} has type {freqs.tensor_type.name}: expected F32")
         config["rope_scaling"] = llama3_rope_scaling(np.array(freqs.data), config, str(path))
     extra, notes = gguf_tokenizer_metadata(fields, str(path))
+    extra.update(arch.metadata)
     source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
     source.notes += notes
     return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
