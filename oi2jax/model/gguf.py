@@ -5,10 +5,12 @@
 
 As transformers' GGUF loader does: the file's metadata becomes a Hugging Face `config.json`
 dict (`gguf_config`, a table per architecture), its tensors are given under Hugging Face names and
-layouts (`GGUFSource`, with the named per-family transforms: `reverse_permute` of llama's Q/K rows,
-and gemma's norms kept as the `1 + w` llama.cpp stores, with metadata `norm_offset` 0), and `convert.convert_checkpoint` writes the model: the
-same tensor names, layouts and size variables as the same model's Hugging Face conversion, so one
-example graph runs either. A missing `output.weight` means tied embeddings.
+layouts (`GGUFSource`, with the named per-family transform `reverse_permute` of llama's Q/K rows;
+gemma's norms stay the `1 + w` llama.cpp stores, with metadata `norm_offset` 0), and
+`convert.convert_checkpoint` writes the model: the same tensor names, layouts and size variables
+as the same model's Hugging Face conversion, so one example graph runs either. A missing
+`output.weight` means tied embeddings; Llama 3.1-3.3's `rope_freqs.weight` becomes its llama3
+`rope_scaling`.
 
 Tensor types: F32, F16 and BF16 keep their dtype; the block types (model/ggml.py: Q4_0 ... Q6_K)
 are kept as their raw GGUF blocks; with `dtype`, everything is dequantized exactly as
