@@ -417,7 +417,8 @@ def cmd_convert_hf(args) -> int:
         dtypes = ", ".join(sorted(set(summary.tensors.values())))
         n = summary.nbytes
         size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
-        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}", file=sys.stderr)
+        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}; {summary.model_type}: "
+              f"run it with examples/{summary.graph}", file=sys.stderr)
     return 0
 
 

@@ -535,7 +535,7 @@ def test_cli_convert_hf_end_to_end(tmp_path, capsys):
     code, stdout, stderr = run_cli(capsys, "convert-hf", d, "-o", out, "--dtype", "f32", "--max-positions", "64")
     assert code == 0 and stdout == ""
     assert stderr == (f"wrote {out}: 21 tensors (f32, 68.6 KiB); V=64 D=32 F=48 L=2 H=4 KVH=2 HD=8 T=64 QD=32 KVD=16 "
-                      f"G=2 R=4\n")
+                      f"G=2 R=4; llama: run it with examples/llama_decode.oi\n")
     m = open_model(out)
     assert dict(m.sizevars) == dict(EXPECT_SIZEVARS, T=64)
     meta = {k: v.value for k, v in m.metadata.items()}

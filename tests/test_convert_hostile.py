@@ -188,3 +188,13 @@ def test_hostile_rope_and_size_values_name_the_key(ck, tmp_path, changes, messag
     with pytest.raises(OiError) as e:
         convert_hf(ck, tmp_path / "m.oinf")
     assert _msg(e) == f"{ck / 'config.json'}: {message}"
+
+
+def test_an_oversized_config_is_not_read(ck, tmp_path, monkeypatch):
+    import oi2jax.model.hf.config as C
+    monkeypatch.setattr(C, "MAX_JSON_BYTES", 100)
+    with pytest.raises(OiError) as e:
+        convert_hf(ck, tmp_path / "m.oinf")
+    size = (ck / "config.json").stat().st_size
+    assert _msg(e) == (f"{ck / 'config.json'}: cannot read the config: {size} bytes is more than a JSON file of "
+                       f"this kind holds (at most 100)")

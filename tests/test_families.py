@@ -130,3 +130,39 @@ def test_rope_inv_freq_in_both_config_forms_is_transformers_formula(rope):
         base = inv_freq(dict(new, rope_parameters={"rope_theta": 500000.0}), 128)
         ratio = base / got_new
         assert np.isclose(ratio[0], 1) and np.isclose(ratio[-1], 8) and ((ratio > 1.01) & (ratio < 7.9)).any()
+
+
+@pytest.mark.parametrize("model_type,changes,message", [
+    ("phi3", {"rope_parameters": None, "rope_theta": 1e4,
+              "rope_scaling": {"type": "longrope", "long_factor": [1.0] * 4, "short_factor": [1.0] * 4}},
+     "rope_scaling.rope_type is 'longrope': supported rope types are default, linear, llama3"),
+    ("phi3", {"partial_rotary_factor": 0.75},
+     "partial_rotary_factor is 0.75: only a rotary embedding over the whole head (1.0) is supported"),
+    ("qwen2", {"use_sliding_window": True},
+     "use_sliding_window is true: only full attention in every layer is supported for qwen2 (use_sliding_window false)"),
+    ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]},
+     "layer_types holds 'sliding_attention': only 'full_attention' layers are supported for qwen3"),
+    ("qwen3", {"attention_bias": True}, "attention_bias is true: Qwen3 projections have no biases"),
+    ("mistral", {"sliding_window": 0}, "sliding_window must be a positive integer, got 0"),
+    ("mistral", {"architectures": ["LlamaForCausalLM"]},
+     "architectures is ['LlamaForCausalLM']: a mistral checkpoint is ['MistralForCausalLM']"),
+])
+def test_what_a_family_cannot_compute_is_refused_by_key(model_type, changes, message):
+    from hf_ref import family_config
+    from oi2jax.diagnostics import OiError
+    from oi2jax.model.convert import read_config
+    config = dict(family_config(model_type, **SIZES), **changes)
+    with pytest.raises(OiError) as e:
+        read_config(config)
+    assert e.value.diagnostics[0].message == f"config.json: {message}"
+
+
+def test_window_settings():
+    from hf_ref import family_config
+    from oi2jax.model.convert import read_config
+    null = read_config(family_config("mistral", **SIZES))  # sliding_window: null
+    assert null.metadata["sliding_window"] == SIZES["max_positions"] and null.metadata["sliding_window"].dtype == np.int32
+    wide = read_config(family_config("phi3", sliding_window=2047, **SIZES))  # wider than T: T
+    assert wide.metadata["sliding_window"] == SIZES["max_positions"]
+    qwen = read_config(dict(family_config("qwen2", **SIZES), sliding_window=4096))  # unused, as in transformers
+    assert "sliding_window" not in qwen.metadata

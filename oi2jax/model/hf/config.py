@@ -14,6 +14,7 @@ from ...diagnostics import OiError
 # tensor list, a sizevar table or an array is built from it
 MAX_LAYERS = 4096
 MAX_SIZE = 2**31 - 1  # a dimension or a position count: an i32 index reaches every element
+MAX_JSON_BYTES = 64 << 20  # a config or shard index larger than this is not one (real ones: kilobytes)
 
 
 def fail(where: str, message: str):
@@ -21,8 +22,13 @@ def fail(where: str, message: str):
 
 
 def read_json(path: Path, what: str):
-    """The JSON value in `path`; OiError naming the file on anything unreadable."""
+    """The JSON value in `path`; OiError naming the file on anything unreadable (or larger than
+    MAX_JSON_BYTES: it is not read)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            fail(str(path), f"cannot read {what}: {size} bytes is more than a JSON file of this kind holds "
+                            f"(at most {MAX_JSON_BYTES})")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise

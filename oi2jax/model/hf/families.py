@@ -30,8 +30,9 @@ INV_FREQ = "rope.inv_freq"  # the computed rotary frequencies, f32[R]
 
 @dataclass(frozen=True)
 class Size:
-    """Size variable `var` from config key `keys` (a name or (current, older) spellings);
-    `default(sizes)` when absent (None: required), bounded by `limit`."""
+    """Size variable `var` from config key `keys` (a name or (current, older) spellings), bounded
+    by `limit` (default MAX_SIZE); when absent `default(sizes so far)` (None: a derive hook
+    computes it), or an error when there is no default."""
 
     var: str
     keys: str | tuple[str, ...]
@@ -87,7 +88,7 @@ class Family:
     adapt: Callable | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorPlan:
     """One tensor to write: its source tensor (`split`: rows start:stop of it), shape, and what
     the shape is made of."""
@@ -125,7 +126,7 @@ def _half(sizes: dict, cfg: ConfigReader) -> int:
 
 DECODER_SIZES = (Size("V", "vocab_size"), Size("D", "hidden_size"), Size("F", "intermediate_size"),
                  Size("L", "num_hidden_layers", limit=MAX_LAYERS), Size("H", "num_attention_heads"),
-                 Size("KVH", "num_key_value_heads", default=lambda s: s["H"]), Size("HD", "head_dim"),
+                 Size("KVH", "num_key_value_heads", default=lambda s: s["H"]), Size("HD", "head_dim", default=lambda s: None),
                  Size("T", "max_position_embeddings"))
 
 
@@ -281,11 +282,10 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
                                  f"was not trained on positions past {trained}")
             sizes["T"] = max_positions
             continue
-        default = s.default(sizes) if s.default is not None else None
-        if s.var == "HD":  # absent: attention_sizes derives it
-            sizes["HD"] = cfg.size(s.keys, default=0) or None
+        if cfg.key(s.keys) is None and s.default is not None:
+            sizes[s.var] = s.default(sizes)  # None: a derive hook computes it
             continue
-        sizes[s.var] = cfg.size(s.keys, default=default, **({"limit": s.limit} if s.limit else {}))
+        sizes[s.var] = cfg.size(s.keys, limit=s.limit or MAX_SIZE)
     metadata: dict[str, object] = {}
     for m in family.metadata:
         metadata[m.name] = cfg.number(m.key)
