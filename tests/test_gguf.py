@@ -228,7 +228,7 @@ def test_cli_convert_gguf(tmp_path, capsys):
     _, path, _ = _twin(tmp_path, "Q8_0", SMALL)
     out = tmp_path / "m.oinf"
     code, stdout, stderr = run_cli(capsys, "convert-gguf", path, "-o", out, "--max-positions", "8")
-    assert code == 0 and stdout == "" and stderr == (f"wrote {out}: 22 tensors (f32, u8, 24.0 KiB); V=64 D=32 F=64 L=2 H=4 KVH=2 HD=8 T=8 QD=32 KVD=16 G=2 R=4\n")
+    assert code == 0 and stdout == "" and stderr == (f"wrote {out}: 22 tensors (f32, u8, 24.0 KiB); V=64 D=32 F=64 L=2 H=4 KVH=2 HD=8 T=8 QD=32 KVD=16 G=2 R=4; llama: run it with examples/llama_decode.oi\n")
     assert open_model(out).sizevars["T"] == 8
     code, _, stderr = run_cli(capsys, "convert-gguf", path, "-o", out, "--dtype", "bf16", "--quiet")
     assert (code, stderr) == (0, "") and open_model(out).tensors["model.norm.weight"].dtype == "bf16"
