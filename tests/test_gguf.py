@@ -334,6 +334,13 @@ def _hostile(tmp_path, data: bytes):
     ("truncated", r"truncated: the length of a tensor name"),
     ("bad alignment", r"general.alignment is 3: not a power of two"),
     ("iq type", r"tensor token_embd.weight has type IQ2_XXS: supported types are F32, F16, BF16, Q4_0"),
+    ("duplicate tensor", r"tensor token_embd.weight appears twice"),
+    ("duplicate key", r"metadata general.architecture appears twice"),
+    ("nested array", r"metadata general.tags: array of value type 9 is not supported"),
+    ("zero dim", r"tensor token_embd.weight: dims \[16, 0\] are not a tensor this file can hold"),
+    ("partial block", r"tensor token_embd.weight: row of 16 values is not a whole number of Q4_0 blocks \(32\)"),
+    ("bad utf-8", r"a metadata key is not UTF-8"),
+    ("huge tensor count", r"1 metadata entries and 1152921504606846976 tensors cannot fit in"),
 ])
 def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
     arch = _kv_string("general.architecture", "llama")
@@ -349,6 +356,13 @@ def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
         "truncated": _header(arch, 1, b"", 1),
         "bad alignment": _header(arch + struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 3), 2),
         "iq type": _header(arch, 1, _tensor_info("token_embd.weight", [256, 1], 16, 0), 1) + bytes(4096),
+        "duplicate tensor": _header(arch, 1, _tensor_info("token_embd.weight", [4], 0, 0) * 2, 2) + bytes(64),
+        "duplicate key": _header(arch * 2, 2),
+        "nested array": _header(struct.pack("<Q", 12) + b"general.tags" + struct.pack("<IIQ", 9, 9, 1), 1),
+        "zero dim": _header(arch, 1, _tensor_info("token_embd.weight", [16, 0], 0, 0), 1),
+        "partial block": _header(arch, 1, _tensor_info("token_embd.weight", [16, 2], 2, 0), 1) + bytes(256),
+        "bad utf-8": _header(struct.pack("<Q", 2) + b"\xff\xfe" + struct.pack("<IQ", 8, 0), 1),
+        "huge tensor count": b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 1) + arch,
     }[case]
     path = _hostile(tmp_path, data)
     out = tmp_path / "m.oinf"
