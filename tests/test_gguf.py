@@ -203,18 +203,22 @@ def test_kept_blocks_round_trip_their_bytes(kept, kind):
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
-def test_kept_blocks_run_the_llama_graph_like_the_f32_conversion(kept, kind):
+def test_kept_blocks_run_the_llama_graph_like_the_f32_conversion(kept, kind, tmp_path, capsys):
+    """The f32 conversion through the API; the kept one as README's second command (`oi2jax run`)."""
     path, f32_path, _, sizes = kept[kind]
-    tokens = [3, 1, 4, 1, 5][:sizes["max_positions"]]
-    runs = []
-    for model in (path, f32_path):
-        sess = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=model, ops=["nn"]).session()
-        logits = []
-        for tok in tokens:
-            sess.step(token=np.int32(tok % sizes["vocab"]))
-            logits.append(np.asarray(sess.read("logits")))
-        runs.append(np.stack(logits))
-    assert runs[0].tobytes() == runs[1].tobytes() and np.abs(runs[1]).max() > 0
+    tokens = np.array([3, 1, 4, 1, 5][:sizes["max_positions"]], np.int32) % sizes["vocab"]
+    sess = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=f32_path, ops=["nn"]).session()
+    want = []
+    for tok in tokens:
+        sess.step(token=np.int32(tok))
+        want.append(np.asarray(sess.read("logits")))
+    np.savez(tmp_path / "prompt.npz", token=tokens)
+    code, _, err = run_cli(capsys, "run", EXAMPLES / "llama_decode.oi", "--model", path, "--ops", "nn",
+                           "--inputs-per-step", tmp_path / "prompt.npz", "--steps", str(len(tokens)),
+                           "--collect", "logits", "--out", tmp_path / "out.npz", "--quiet")
+    assert code == 0, err
+    got = np.load(tmp_path / "out.npz")["logits"]
+    assert got.tobytes() == np.stack(want).tobytes() and np.abs(got).max() > 0
 
 
 def test_inspect_shows_kept_blocks(kept, capsys):
