@@ -149,7 +149,8 @@ GPT2 = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"}
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"tokenizer.ggml.model": "llama"}, r"tokenizer.ggml.model is 'llama': supported GGUF tokenizer models are gpt2"),
+    ({"tokenizer.ggml.model": "bert"}, r"tokenizer.ggml.model is 'bert': supported GGUF tokenizer models are gpt2, "
+                                       r"llama"),
     ({"tokenizer.ggml.model": "gpt2"}, r"tokenizer.ggml.pre is 'default': supported pre-tokenizers are gpt2, smollm, "
                                        r"starcoder, refact, codeshell, llama-bpe, qwen2"),
     ({**GPT2, "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": ["ab"]},
@@ -181,3 +182,78 @@ def test_add_bos_and_eos_token_become_the_post_processor(bpe):
     assert tok.encode("hello").ids == [0, *bpe.encode("hello").ids, 2]
     with pytest.raises(OiError, match=r"add_eos_token is set but tokenizer.ggml.eos_token_id is None"):
         gguf_tokenizer_json({**fields, "tokenizer.ggml.eos_token_id": None}, "f.gguf")
+
+
+# ------------------------------------------------------------------ SentencePiece (`llama`) GGUFs
+
+SPM_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello there", "tokens merge merge merged",
+              "théâtre et café", "the other thing then"]
+
+
+def _spm_vocab():
+    """A SentencePiece-like vocabulary as llama.cpp's GGUF holds it: <unk> <s> </s>, the 256 byte
+    pieces, single characters and frequent multi-character pieces (`▁` for spaces), each with a
+    distinct score (higher: merged first)."""
+    counts: dict[str, int] = {}
+    for line in SPM_CORPUS:
+        text = "\u2581" + line.replace(" ", "\u2581")
+        for n in range(2, 7):
+            for i in range(len(text) - n + 1):
+                counts[text[i:i + n]] = counts.get(text[i:i + n], 0) + 1
+    chars = sorted({c for line in SPM_CORPUS for c in "\u2581" + line.replace(" ", "\u2581")} - {"\u00e2"})
+    pieces = [p for p, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:120] if "\u00e2" not in p]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * (len(chars) + len(pieces))
+    scores = [0.0] * 259 + [-1000.0 - i for i in range(len(chars))] + [-float(i) for i in range(len(pieces))]
+    return tokens, types, scores
+
+
+def _llama_cpp_spm(text: str, tokens, scores, special=("<s>", "</s>")) -> list[int]:
+    """llama.cpp's llm_tokenizer_spm, written out: special tokens split first; each text fragment gets
+    a leading space after a special token (or at the start), spaces become `▁`, then the adjacent
+    pair whose concatenation is a piece with the highest score merges (ties: leftmost) until none
+    does; a symbol that is no piece becomes its UTF-8 byte pieces."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    score = dict(zip(tokens, scores))
+    out, prev_special, rest = [], True, text
+    while rest:
+        at = min(((rest.find(s), s) for s in special if s in rest), default=(len(rest), None))
+        if at[0] > 0:
+            symbols = list(((" " if prev_special else "") + rest[:at[0]]).replace(" ", "\u2581"))
+            while True:
+                best = None
+                for i in range(len(symbols) - 1):
+                    merged = symbols[i] + symbols[i + 1]
+                    if merged in ids and (best is None or score[merged] > best[0]):
+                        best = (score[merged], i)
+                if best is None:
+                    break
+                i = best[1]
+                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+            for sym in symbols:
+                out += [ids[sym]] if sym in ids else [ids[f"<0x{b:02X}>"] for b in sym.encode()]
+            prev_special = False
+        if at[1] is None:
+            break
+        out.append(ids[at[1]])
+        prev_special = True
+        rest = rest[at[0] + len(at[1]):]
+    return out
+
+
+def test_sentencepiece_gguf_tokenizer_encodes_as_llama_cpp():
+    tokens, types, scores = _spm_vocab()
+    fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+              "tokenizer.ggml.scores": scores, "tokenizer.ggml.unknown_token_id": 0,
+              "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+    tok = Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf"))
+    texts = [*SPM_CORPUS, "the brown dog merged  twice", "a théâtre ✓ 😀 fox", "<s>hello world</s>",
+             "  leading spaces and the end ", "hello<s>the fox"]
+    for text in texts:
+        want = _llama_cpp_spm(text, tokens, scores)
+        assert tok.encode(text).ids == want, text
+        if "<s>" not in text:  # the prefix space is stripped again
+            assert tok.decode(want) == text, text
+    assert len(tok.encode("a théâtre ✓").ids) > len("a théâtre ✓")  # â and ✓: byte pieces
+    with pytest.raises(OiError, match=r"f.gguf: metadata tokenizer.ggml.scores must hold one finite number per token"):
+        gguf_tokenizer_json({**fields, "tokenizer.ggml.scores": scores[:-1]}, "f.gguf")

@@ -3,8 +3,9 @@
 Both converters store, as metadata entries (keys `META`):
 - `tokenizer.json`: the tokenizer as Hugging Face `tokenizers` JSON text: the checkpoint's own
   file (convert-hf), or built from a GGUF's `tokenizer.ggml.tokens/merges/token_type` with the
-  `tokenizers` package (convert-gguf; GGUF tokenizer model `gpt2`, byte-level BPE, with the
-  pre-tokenizers of `GGUF_PRE_TOKENIZERS`; anything else is refused, naming the key);
+  `tokenizers` package (convert-gguf; GGUF tokenizer models `gpt2`, byte-level BPE with the
+  pre-tokenizers of `GGUF_PRE_TOKENIZERS`, and `llama`, SentencePiece; for anything else no
+  tokenizer.json is stored, with a note naming the key);
 - `tokenizer.chat_template`: tokenizer_config.json's `chat_template` (or chat_template.jinja), or
   the GGUF's `tokenizer.chat_template`;
 - `tokenizer.bos_id`, `tokenizer.eos_id` (i32) and `tokenizer.stop_ids` (i32[]: generation_config.json's
@@ -19,6 +20,7 @@ transformers' `tojson`); `encode_prompt` never adds a second BOS.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 
@@ -32,7 +34,7 @@ __all__ = ["META", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tok
 
 META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template", "bos": "tokenizer.bos_id",
         "eos": "tokenizer.eos_id", "stop": "tokenizer.stop_ids", "graph": "example_graph"}
-GGUF_TOKENIZER_MODELS = ("gpt2",)
+GGUF_TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE; SentencePiece (BPE by piece scores, byte fallback)
 # tokenizer.ggml.pre -> (split regex before the byte-level step or None for GPT-2's own, digits one
 # by one first, ignore_merges): llama.cpp's llm_tokenizer_bpe regexes, in tokenizers' terms
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -133,32 +135,22 @@ def gguf_tokenizer_unsupported(fields: dict) -> str | None:
     model = fields.get("tokenizer.ggml.model")
     if model not in GGUF_TOKENIZER_MODELS:
         return (f"metadata tokenizer.ggml.model is {model!r}: supported GGUF tokenizer models are "
-                f"{', '.join(GGUF_TOKENIZER_MODELS)} (byte-level BPE)")
+                f"{', '.join(GGUF_TOKENIZER_MODELS)}")
+    if model == "llama":  # SentencePiece: no pre-tokenizer
+        return None
     pre = fields.get("tokenizer.ggml.pre", "default")
     if pre not in _GGUF_PRE:
         return f"metadata tokenizer.ggml.pre is {pre!r}: supported pre-tokenizers are {', '.join(GGUF_PRE_TOKENIZERS)}"
     return None
 
 
-def gguf_tokenizer_json(fields: dict, where: str) -> str:
-    """tokenizer.json text from a GGUF's `tokenizer.ggml.*` entries (byte-level BPE)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # optional
+def _byte_level_bpe(fields: dict, where: str, tokens: list[str]):
+    """llama.cpp's `gpt2` tokenizer: byte-level BPE over its merges, split as `tokenizer.ggml.pre` says."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # optional
 
-    why = gguf_tokenizer_unsupported(fields)
-    if why is not None:
-        raise OiError(f"{where}: {why}")
     split, digits, ignore_merges = _GGUF_PRE[fields.get("tokenizer.ggml.pre", "default")]
-    tokens = fields.get("tokenizer.ggml.tokens")
-    merges = fields.get("tokenizer.ggml.merges", [])
-    types = fields.get("tokenizer.ggml.token_type", [1] * len(tokens or ()))
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-        raise OiError(f"{where}: metadata tokenizer.ggml.tokens must be an array of strings")
-    if not isinstance(types, list) or len(types) != len(tokens):
-        raise OiError(f"{where}: metadata tokenizer.ggml.token_type must have one entry per token ({len(tokens)})")
-    if len(set(tokens)) != len(tokens):
-        raise OiError(f"{where}: metadata tokenizer.ggml.tokens holds a token twice")
     pairs = []
-    for m in merges:
+    for m in fields.get("tokenizer.ggml.merges", []):
         parts = m.split(" ") if isinstance(m, str) else []
         if len(parts) != 2:
             raise OiError(f"{where}: metadata tokenizer.ggml.merges: {m!r} is not two tokens separated by a space")
@@ -170,6 +162,59 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None))
     tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def _sentencepiece_bpe(fields: dict, where: str, tokens: list[str]):
+    """llama.cpp's `llama` (SentencePiece) tokenizer as transformers' GGUF loader rebuilds it: BPE whose
+    merges are every split of a piece into two pieces, ranked by the piece's score (llama.cpp merges
+    the adjacent pair whose concatenation scores highest), unknown characters as their UTF-8 bytes
+    (`<0xXX>` pieces), spaces as `▁` with one in front (`tokenizer.ggml.add_space_prefix`, default true)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers  # optional
+
+    scores = fields.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(tokens) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
+        raise OiError(f"{where}: metadata tokenizer.ggml.scores must hold one finite number per token ({len(tokens)})")
+    score = dict(zip(tokens, scores))
+    merges = []
+    for piece, piece_score in score.items():
+        local = [(piece[:k], piece[k:], piece_score) for k in range(1, len(piece))
+                 if piece[:k] in score and piece[k:] in score]
+        merges += sorted(local, key=lambda m: (score[m[0]], score[m[1]]), reverse=True)
+    merges.sort(key=lambda m: m[2], reverse=True)
+    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[(a, b) for a, b, _ in merges],
+                               unk_token=tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None,
+                               fuse_unk=True, byte_fallback=True))
+    prefix = fields.get("tokenizer.ggml.add_space_prefix", True)
+    replace = normalizers.Replace(" ", "\u2581")
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), replace]) if prefix else replace
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+_GGUF_MODELS = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
+
+
+def gguf_tokenizer_json(fields: dict, where: str) -> str:
+    """tokenizer.json text from a GGUF's `tokenizer.ggml.*` entries (`GGUF_TOKENIZER_MODELS`)."""
+    from tokenizers import AddedToken, processors  # optional
+
+    why = gguf_tokenizer_unsupported(fields)
+    if why is not None:
+        raise OiError(f"{where}: {why}")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    types = fields.get("tokenizer.ggml.token_type", [1] * len(tokens or ()))
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise OiError(f"{where}: metadata tokenizer.ggml.tokens must be an array of strings")
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise OiError(f"{where}: metadata tokenizer.ggml.token_type must have one entry per token ({len(tokens)})")
+    if len(set(tokens)) != len(tokens):
+        raise OiError(f"{where}: metadata tokenizer.ggml.tokens holds a token twice")
+    tok = _GGUF_MODELS[fields["tokenizer.ggml.model"]](fields, where, tokens)
     special = [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types)
                if kind in (_CONTROL, _USER_DEFINED)]
     tok.add_special_tokens(special)
@@ -185,8 +230,6 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
         eos = f" {added['eos'][0]}" if "eos" in added else ""
         tok.post_processor = processors.TemplateProcessing(single=f"{bos}$A{eos}", pair=f"{bos}$A $B{eos}",
                                                            special_tokens=list(dict.fromkeys(added.values())))
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok.to_str()
 
 
