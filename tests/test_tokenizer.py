@@ -257,3 +257,22 @@ def test_sentencepiece_gguf_tokenizer_encodes_as_llama_cpp():
     assert len(tok.encode("a théâtre ✓").ids) > len("a théâtre ✓")  # â and ✓: byte pieces
     with pytest.raises(OiError, match=r"f.gguf: metadata tokenizer.ggml.scores must hold one finite number per token"):
         gguf_tokenizer_json({**fields, "tokenizer.ggml.scores": scores[:-1]}, "f.gguf")
+
+
+def test_sentencepiece_tokenizer_through_convert_gguf(tmp_path):
+    tokens, types, scores = _spm_vocab()
+
+    def kv(w):
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_scores(scores)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+    _, path, _ = _twin(tmp_path, "F32", SMALL, kv=kv)
+    summary = convert_gguf(path, tmp_path / "m.oinf")
+    m = open_model(summary.path)
+    tok = Tokenizer.from_str(m.metadata[META["tokenizer"]].value)
+    text = "the quick fox merged"
+    assert tok.encode(text).ids == [1, *_llama_cpp_spm(text, tokens, scores)]  # add_bos_token: BOS first
