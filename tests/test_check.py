@@ -202,9 +202,10 @@ class FakeModel:
         self.tensors = tensors or {}
 
 
-class TI:
+class TI:  # a model tensor as the checker reads it (reader.TensorInfo: value_* differ only for GGML blocks)
     def __init__(self, dtype, shape):
         self.dtype, self.shape = dtype, shape
+        self.value_dtype, self.value_shape = dtype, shape
 
 
 class MV:

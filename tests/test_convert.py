@@ -538,9 +538,12 @@ def test_cli_convert_hf_end_to_end(tmp_path, capsys):
                       f"G=2 R=4; llama: run it with examples/llama_decode.oi\n")
     m = open_model(out)
     assert dict(m.sizevars) == dict(EXPECT_SIZEVARS, T=64)
-    assert {k: v.value for k, v in m.metadata.items()} == {
+    meta = {k: v.value for k, v in m.metadata.items()}
+    assert meta.pop("tokenizer.stop_ids").tolist() == [2]  # config.json's eos_token_id (no generation_config.json)
+    assert meta == {
         "architecture": "LlamaForCausalLM", "rms_norm_eps": np.float32(1e-5), "rope_theta": np.float32(1e4),
-        "attn_scale": np.float32(8 ** -0.5), "alias.lm_head.weight": "model.embed_tokens.weight"}
+        "attn_scale": np.float32(8 ** -0.5), "alias.lm_head.weight": "model.embed_tokens.weight",
+        "example_graph": "examples/llama_decode.oi", "tokenizer.bos_id": np.int32(1), "tokenizer.eos_id": np.int32(2)}
     assert {t.dtype for t in m.tensors.values()} == {"f32"} and "lm_head.weight" not in m.tensors
     code, stdout, _ = run_cli(capsys, "inspect", out)
     assert code == 0 and "model.layers.1.self_attn.o_proj.weight" in stdout and "rope_theta" in stdout

@@ -166,3 +166,30 @@ def test_window_settings():
     assert wide.metadata["sliding_window"] == SIZES["max_positions"]
     qwen = read_config(dict(family_config("qwen2", **SIZES), sliding_window=4096))  # unused, as in transformers
     assert "sliding_window" not in qwen.metadata
+
+
+def test_convert_checkpoint_from_any_tensor_source(tmp_path):
+    """The seam other formats use (a GGUF reader): a TensorSource of Hugging Face names and
+    layouts converts to the same file as the safetensors directory (fused Phi-3 tensors too)."""
+    import json
+    from oi2jax.model.convert import SourceEntry, TensorSource, convert_checkpoint
+
+    ck, weights, config = write_family(tmp_path / "ck", "phi3", sliding_window=4, **SIZES)
+
+    class Memory(TensorSource):
+        def __init__(self):
+            self.directory, self.files, self.notes = tmp_path, [], []
+            self.entries = {n: SourceEntry("memory", "F32", v.shape) for n, v in weights.items()}
+
+        def read(self, name):
+            return weights[name].copy()
+
+    a = convert_hf(ck, tmp_path / "a.oinf")
+    b = convert_checkpoint(json.loads((ck / "config.json").read_text()), Memory(), tmp_path / "b.oinf")
+    assert a.tensors == b.tensors and a.sizevars == b.sizevars and a.metadata == b.metadata
+    assert (tmp_path / "a.oinf").read_bytes() == (tmp_path / "b.oinf").read_bytes()
+    m = open_model(tmp_path / "b.oinf")
+    qkv = weights["model.layers.1.self_attn.qkv_proj.weight"]
+    np.testing.assert_array_equal(m.load("model.layers.1.self_attn.k_proj.weight"), qkv[32:48])
+    np.testing.assert_array_equal(m.load("model.layers.1.mlp.up_proj.weight"),
+                                  weights["model.layers.1.mlp.gate_up_proj.weight"][40:])

@@ -32,8 +32,10 @@ from ..diagnostics import OiError
 from ..naming import ALIAS_PREFIX
 from .hf.config import fail as _fail, read_json
 from .hf.families import FAMILIES, ModelConfig, read_config
+from .ggml import ggml_stored_shape, meta_key
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
 from .reader import NAME_RE
+from .tokenizer import META, hf_tokenizer_metadata
 from .writer import LazyTensor, save
 
 __all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSource", "SourceEntry", "read_config",
@@ -139,7 +141,7 @@ def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int |
         return convert_checkpoint(raw_config, source, out_path, dtype=dtype, max_positions=max_positions,
                                   progress=progress, config_where=str(config_path),
                                   inputs=("config.json", "model.safetensors.index.json"), nonfinite=nonfinite,
-                                  _cfg=cfg)
+                                  extra_metadata=hf_tokenizer_metadata(directory, raw_config), _cfg=cfg)
 
 
 def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtype: str | None = None,
@@ -198,11 +200,17 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
             fused = f" (fused: {out_name} is rows {p.rows[0]}:{p.rows[1]})" if p.rows else ""
             _fail(where, f"tensor {p.source} has shape {list(entry.shape)}, expected {list(shape)} ({p.made_of})"
                          f"{fused} from config.json")
+        if not NAME_RE.match(out_name):  # every Hugging Face name of the table does; never rename silently
+            _fail(str(directory), f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
+        if entry.ggml is not None:  # kept GGML blocks: their raw rows, stored as u8 (model/ggml.py)
+            if dtype is not None:
+                raise OiError(f"tensor {p.source}: {entry.ggml} blocks cannot be kept when dtype {dtype} is asked for")
+            stored[out_name] = "u8"
+            total += math.prod(ggml_stored_shape(entry.ggml, p.shape))
+            continue
         if entry.dtype not in SOURCE_DTYPES:
             _fail(where, f"tensor {p.source} has dtype {entry.dtype}: only floating-point checkpoints (F32, BF16, "
                          f"F16, F64) are supported")
-        if not NAME_RE.match(out_name):  # every Hugging Face name of the table does; never rename silently
-            _fail(str(directory), f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
         target = dtype or SOURCE_DTYPES[entry.dtype]
         stored[out_name] = target
         total += math.prod(p.shape) * np_dtype(target).itemsize
@@ -212,6 +220,15 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     def lazy(out_name: str) -> LazyTensor:
         p, target = plan[out_name], stored[out_name]
         where = str(directory / source.entries[p.source].file)
+        kept = source.entries[p.source].ggml
+        if kept is not None:  # whole rows of blocks: a fused tensor's row range is a range of block rows
+            shape = ggml_stored_shape(kept, p.shape)
+
+            def raw():
+                bar.tick(math.prod(shape))
+                values = source.read(p.source)
+                return values[p.rows[0]:p.rows[1]] if p.rows is not None else values
+            return LazyTensor("u8", shape, raw)
 
         def load():
             bar.tick(math.prod(p.shape) * np_dtype(target).itemsize)
@@ -227,7 +244,9 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         tensors[name] = value
         stored[name] = "i32" if value.dtype == np.int32 else "f32"
         total += value.nbytes
-    metadata = {**cfg.metadata, **(extra_metadata or {})}
+    metadata = {**cfg.metadata, META["graph"]: f"examples/{cfg.family.graph}", **(extra_metadata or {}),
+                **{meta_key(out): source.entries[p.source].ggml for out, p in plan.items()
+                   if source.entries[p.source].ggml is not None}}
     if cfg.tied:
         metadata[ALIAS_PREFIX + "lm_head.weight"] = cfg.family.embed
     try:

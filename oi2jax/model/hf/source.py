@@ -35,6 +35,7 @@ class SourceEntry:
     file: str
     dtype: str  # safetensors name: F32, BF16, ...
     shape: tuple[int, ...]
+    ggml: str | None = None  # kept GGML blocks (model/ggml.py): `read` gives the raw u8 rows, stored as-is
 
 
 class TensorSource:

@@ -1,0 +1,318 @@
+"""The tokenizer and chat template inside an `.oinf` file (issue #39 item 4, docs/models.md).
+
+Both converters store, as metadata entries (keys `META`):
+- `tokenizer.json`: the tokenizer as Hugging Face `tokenizers` JSON text: the checkpoint's own
+  file (convert-hf), or built from a GGUF's `tokenizer.ggml.tokens/merges/token_type` with the
+  `tokenizers` package (convert-gguf; GGUF tokenizer models `gpt2`, byte-level BPE with the
+  pre-tokenizers of `GGUF_PRE_TOKENIZERS`, and `llama`, SentencePiece; for anything else no
+  tokenizer.json is stored, with a note naming the key);
+- `tokenizer.chat_template`: tokenizer_config.json's `chat_template` (or chat_template.jinja), or
+  the GGUF's `tokenizer.chat_template`;
+- `tokenizer.bos_id`, `tokenizer.eos_id` (i32) and `tokenizer.stop_ids` (i32[]: generation_config.json's
+  `eos_token_id` list, else the config's or the tokenizer's EOS);
+- `example_graph` (written by `convert.convert_checkpoint`): the family's example decode graph.
+Every entry is optional: a model file without them runs with `oi2jax run` all the same.
+
+`render_chat` renders a chat template as transformers' `apply_chat_template` does (jinja2's
+ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, `raise_exception`, `strftime_now`,
+transformers' `tojson`); `encode_prompt` never adds a second BOS.
+"""
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from ..diagnostics import OiError
+
+__all__ = ["META", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
+           "gguf_tokenizer_unsupported", "render_chat",
+           "encode_prompt", "describe"]
+
+META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template", "bos": "tokenizer.bos_id",
+        "eos": "tokenizer.eos_id", "stop": "tokenizer.stop_ids", "graph": "example_graph"}
+GGUF_TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE; SentencePiece (BPE by piece scores, byte fallback)
+# tokenizer.ggml.pre -> (split regex before the byte-level step or None for GPT-2's own, digits one
+# by one first, ignore_merges): llama.cpp's llm_tokenizer_bpe regexes, in tokenizers' terms
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GGUF_PRE = {
+    "gpt2": (None, False, False),
+    "smollm": (None, True, False), "starcoder": (None, True, False), "refact": (None, True, False),
+    "codeshell": (None, True, False),
+    "llama-bpe": (_LLAMA3_SPLIT, False, True),
+    "qwen2": (_LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"), False, False),
+}
+GGUF_PRE_TOKENIZERS = tuple(_GGUF_PRE)
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types of special tokens
+
+
+def _ids(value) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return []
+
+
+def _entries(tokenizer_json: str | None, template: str | None, bos: int | None, eos: int | None,
+             stop: list[int]) -> dict:
+    out: dict[str, object] = {}
+    if tokenizer_json is not None:
+        out[META["tokenizer"]] = tokenizer_json
+    if template is not None:
+        out[META["chat_template"]] = template
+    if bos is not None:
+        out[META["bos"]] = np.int32(bos)
+    if eos is not None:
+        out[META["eos"]] = np.int32(eos)
+    if stop:
+        out[META["stop"]] = np.asarray(stop, np.int32)
+    return out
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise OiError(f"{path}: cannot read: {exc}") from None
+
+
+def _token_id(tokenizer: dict | None, token) -> int | None:
+    """The id of a token given as text (or as tokenizer_config's {"content": ...} form)."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str) or not isinstance(tokenizer, dict):
+        return None
+    for added in tokenizer.get("added_tokens") or ():
+        if isinstance(added, dict) and added.get("content") == token and isinstance(added.get("id"), int):
+            return added["id"]
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    return vocab.get(token) if isinstance(vocab, dict) else None
+
+
+def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
+    """The tokenizer entries of a Hugging Face checkpoint directory (whichever files it has)."""
+    text = None
+    tok_path = directory / "tokenizer.json"
+    if tok_path.is_file():
+        try:
+            text = tok_path.read_text(encoding="utf-8")
+            tokenizer = json.loads(text)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise OiError(f"{tok_path}: cannot read the tokenizer: {exc}") from None
+    else:
+        tokenizer = None
+    tok_config = _read_json(directory / "tokenizer_config.json") or {}
+    gen = _read_json(directory / "generation_config.json") or {}
+    if not isinstance(tok_config, dict) or not isinstance(gen, dict):
+        raise OiError(f"{directory}: tokenizer_config.json and generation_config.json must hold JSON objects")
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}]: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    jinja_path = directory / "chat_template.jinja"
+    if template is None and jinja_path.is_file():
+        template = jinja_path.read_text(encoding="utf-8")
+    if template is not None and not isinstance(template, str):
+        raise OiError(f"{directory / 'tokenizer_config.json'}: chat_template must be a string, got {template!r}")
+    bos = next(iter(_ids(gen.get("bos_token_id")) or _ids(config.get("bos_token_id"))
+                    or _ids(_token_id(tokenizer, tok_config.get("bos_token")))), None)
+    eos_list = _ids(config.get("eos_token_id")) or _ids(_token_id(tokenizer, tok_config.get("eos_token")))
+    stop = _ids(gen.get("eos_token_id")) or eos_list
+    return _entries(text, template, bos, eos_list[0] if eos_list else None, stop)
+
+
+def gguf_tokenizer_unsupported(fields: dict) -> str | None:
+    """Why a GGUF's tokenizer cannot be rebuilt (its model or pre-tokenizer), or None."""
+    model = fields.get("tokenizer.ggml.model")
+    if model not in GGUF_TOKENIZER_MODELS:
+        return (f"metadata tokenizer.ggml.model is {model!r}: supported GGUF tokenizer models are "
+                f"{', '.join(GGUF_TOKENIZER_MODELS)}")
+    if model == "llama":  # SentencePiece: no pre-tokenizer
+        return None
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in _GGUF_PRE:
+        return f"metadata tokenizer.ggml.pre is {pre!r}: supported pre-tokenizers are {', '.join(GGUF_PRE_TOKENIZERS)}"
+    return None
+
+
+def _byte_level_bpe(fields: dict, where: str, tokens: list[str]):
+    """llama.cpp's `gpt2` tokenizer: byte-level BPE over its merges, split as `tokenizer.ggml.pre` says."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # optional
+
+    split, digits, ignore_merges = _GGUF_PRE[fields.get("tokenizer.ggml.pre", "default")]
+    pairs = []
+    for m in fields.get("tokenizer.ggml.merges", []):
+        parts = m.split(" ") if isinstance(m, str) else []
+        if len(parts) != 2:
+            raise OiError(f"{where}: metadata tokenizer.ggml.merges: {m!r} is not two tokens separated by a space")
+        pairs.append((parts[0], parts[1]))
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs, ignore_merges=ignore_merges))
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    if split is not None:
+        steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None))
+    tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def _sentencepiece_bpe(fields: dict, where: str, tokens: list[str]):
+    """llama.cpp's `llama` (SentencePiece) tokenizer as transformers' GGUF loader rebuilds it: BPE whose
+    merges are every split of a piece into two pieces, ranked by the piece's score (llama.cpp merges
+    the adjacent pair whose concatenation scores highest), unknown characters as their UTF-8 bytes
+    (`<0xXX>` pieces), spaces as `▁` with one in front (`tokenizer.ggml.add_space_prefix`, default true)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers  # optional
+
+    scores = fields.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(tokens) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
+        raise OiError(f"{where}: metadata tokenizer.ggml.scores must hold one finite number per token ({len(tokens)})")
+    score = dict(zip(tokens, scores))
+    merges = []
+    for piece, piece_score in score.items():
+        local = [(piece[:k], piece[k:], piece_score) for k in range(1, len(piece))
+                 if piece[:k] in score and piece[k:] in score]
+        merges += sorted(local, key=lambda m: (score[m[0]], score[m[1]]), reverse=True)
+    merges.sort(key=lambda m: m[2], reverse=True)
+    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[(a, b) for a, b, _ in merges],
+                               unk_token=tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None,
+                               fuse_unk=True, byte_fallback=True))
+    prefix = fields.get("tokenizer.ggml.add_space_prefix", True)
+    replace = normalizers.Replace(" ", "\u2581")
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), replace]) if prefix else replace
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+_GGUF_MODELS = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
+
+
+def gguf_tokenizer_json(fields: dict, where: str) -> str:
+    """tokenizer.json text from a GGUF's `tokenizer.ggml.*` entries (`GGUF_TOKENIZER_MODELS`)."""
+    from tokenizers import AddedToken, processors  # optional
+
+    why = gguf_tokenizer_unsupported(fields)
+    if why is not None:
+        raise OiError(f"{where}: {why}")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    types = fields.get("tokenizer.ggml.token_type", [1] * len(tokens or ()))
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise OiError(f"{where}: metadata tokenizer.ggml.tokens must be an array of strings")
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise OiError(f"{where}: metadata tokenizer.ggml.token_type must have one entry per token ({len(tokens)})")
+    if len(set(tokens)) != len(tokens):
+        raise OiError(f"{where}: metadata tokenizer.ggml.tokens holds a token twice")
+    tok = _GGUF_MODELS[fields["tokenizer.ggml.model"]](fields, where, tokens)
+    special = [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types)
+               if kind in (_CONTROL, _USER_DEFINED)]
+    tok.add_special_tokens(special)
+    added = {}  # llama.cpp's add_bos_token / add_eos_token: the tokenizer adds them (a post-processor)
+    for which, key in (("bos", "tokenizer.ggml.add_bos_token"), ("eos", "tokenizer.ggml.add_eos_token")):
+        if fields.get(key):
+            token_id = fields.get(f"tokenizer.ggml.{which}_token_id")
+            if not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
+                raise OiError(f"{where}: metadata {key} is set but tokenizer.ggml.{which}_token_id is {token_id!r}")
+            added[which] = (tokens[token_id], token_id)
+    if added:
+        bos = f"{added['bos'][0]} " if "bos" in added else ""
+        eos = f" {added['eos'][0]}" if "eos" in added else ""
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos}$A{eos}", pair=f"{bos}$A $B{eos}",
+                                                           special_tokens=list(dict.fromkeys(added.values())))
+    return tok.to_str()
+
+
+def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
+    """(the tokenizer entries of a GGUF file, notes). A tokenizer of a model or pre-tokenizer that
+    cannot be rebuilt is left out with a note (the model's weights do not depend on it); a
+    damaged one is an error."""
+    text, notes = None, []
+    if "tokenizer.ggml.model" in fields:
+        why = gguf_tokenizer_unsupported(fields)
+        if why is None:
+            text = gguf_tokenizer_json(fields, where)
+        else:
+            notes.append(f"{where}: no tokenizer.json stored: {why} (tokenize prompts with the model's own tokenizer)")
+    bos = fields.get("tokenizer.ggml.bos_token_id")
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    eot = fields.get("tokenizer.ggml.eot_token_id")
+    stop = [i for i in (eos, eot) if isinstance(i, int)]
+    return _entries(text, fields.get("tokenizer.chat_template"), bos if isinstance(bos, int) else None,
+                    eos if isinstance(eos, int) else None, list(dict.fromkeys(stop))), notes
+
+
+# ---------------------------------------------------------------------------------- chat template
+
+def _raise_exception(message):
+    raise OiError(f"chat template: {message}")
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' tojson: json.dumps, not jinja2's HTML-escaping filter
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = False,
+                bos_token: str = "", eos_token: str = "", **kwargs) -> str:
+    """The text transformers' `apply_chat_template(..., tokenize=False)` renders."""
+    from jinja2 import TemplateError  # optional: only chat needs jinja2
+    from jinja2.ext import loopcontrols  # optional
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # optional
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                bos_token=bos_token, eos_token=eos_token, **kwargs)
+    except TemplateError as exc:
+        raise OiError(f"chat template: {exc}") from None
+
+
+def encode_prompt(tokenizer, text: str, bos_id: int | None) -> list[int]:
+    """Token ids of a rendered prompt (`tokenizer`: a `tokenizers.Tokenizer`): the tokenizer's own
+    special tokens as its post-processor adds them, but never a second BOS when the text (a chat
+    template's output) already begins with one."""
+    ids = tokenizer.encode(text).ids
+    if bos_id is not None and len(ids) >= 2 and ids[0] == bos_id and ids[1] == bos_id:
+        ids = ids[1:]
+    return ids
+
+
+def describe(metadata: dict) -> list[str]:
+    """`oi2jax inspect`'s summary of the tokenizer entries (values: reader MetaValues' `.value`)."""
+    lines = []
+    text = metadata.get(META["tokenizer"])
+    if isinstance(text, str):
+        try:
+            data = json.loads(text)
+            model = data.get("model") or {}
+            kind = model.get("type", "?")
+            ids = set((model.get("vocab") or {}).values()) | {t.get("id") for t in data.get("added_tokens") or ()}
+            lines.append(f"tokenizer: {kind}, {len(ids)} tokens ({len(text)} bytes of tokenizer.json)")
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            lines.append(f"tokenizer: unreadable tokenizer.json ({len(text)} bytes)")
+    template = metadata.get(META["chat_template"])
+    if isinstance(template, str):
+        lines.append(f"chat template: {len(template)} characters")
+    ids = [f"{k} {int(metadata[META[k]])}" for k in ("bos", "eos") if META[k] in metadata]
+    if META["stop"] in metadata:
+        ids.append("stop " + ", ".join(str(int(i)) for i in np.ravel(metadata[META["stop"]])))
+    if ids:
+        lines.append("special ids: " + "; ".join(ids))
+    if isinstance(metadata.get(META["graph"]), str):
+        lines.append(f"example graph: {metadata[META['graph']]}")
+    return lines
+

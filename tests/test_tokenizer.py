@@ -1,0 +1,278 @@
+"""The tokenizer in the model file (issue #39 item 4): a project-trained byte-level BPE stored by
+convert-hf (its tokenizer.json) and by convert-gguf (rebuilt from tokenizer.ggml.*) reads back
+encoding the same ids; the chat template renders as jinja2 renders it, with transformers' globals;
+`oi2jax inspect` summarises the entries (tests/test_gguf.py runs a model holding them)."""
+from __future__ import annotations
+
+import json
+
+import jinja2
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from oi2jax.diagnostics import OiError
+from oi2jax.model import open_model
+from oi2jax.model.convert import convert_hf
+from oi2jax.model.gguf import convert_gguf
+from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, gguf_tokenizer_metadata, render_chat
+
+from conftest import run_cli
+from test_gguf import SMALL, _twin
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for message in messages %}{{ bos_token if loop.first }}<|im_start|>{{ message['role'] }}\n"
+          "{{ message['content'] }}<|im_end|>\n{% endfor %}\n"
+          "{% if add_generation_prompt %}\n  <|im_start|>assistant\n{% endif %}")
+TEXTS = ["hello world, the quick brown fox", "héllo wörld 12345 ünïcode ✓", "<|im_start|>user\nhi<|im_end|>\n",
+         "  spaces\tand\nnewlines  ", "", "I'LL say it's 1234567\r\n\n\n  tabs\t\tend  "]
+
+
+# the pre-tokenizers of the published tokenizer.json files each GGUF `tokenizer.ggml.pre` stands for
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+          r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+         r"\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE = {
+    "gpt2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False),
+    "smollm": lambda: pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False)]),
+    "llama-bpe": lambda: pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"),
+                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+    "qwen2": lambda: pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), behavior="isolated"),
+                                              pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+}
+
+
+@pytest.fixture(scope="module", params=list(PRE))
+def bpe(request):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = PRE[request.param]()
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog"] * 50
+                            + ["héllo wörld 12345 tokens merge merge I'LL it's 2024\r\n\n  x"], trainer)
+    if request.param == "llama-bpe":  # Llama 3's tokenizer.json
+        data = json.loads(tok.to_str())
+        data["model"]["ignore_merges"] = True
+        tok = Tokenizer.from_str(json.dumps(data))
+    tok.pre = request.param
+    return tok
+
+
+@pytest.fixture(scope="module")
+def converted(bpe, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tok")
+    data = json.loads(bpe.to_str())
+    vocab = bpe.get_vocab(with_added_tokens=True)
+    tokens = sorted(vocab, key=vocab.get)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+
+    def kv(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(bpe.pre)
+        w.add_token_list(tokens)
+        w.add_token_merges(merges)
+        w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+        w.add_bos_token_id(vocab["<|endoftext|>"])
+        w.add_eos_token_id(vocab["<|im_end|>"])
+        w.add_chat_template(CHATML)
+    hf_dir, path, _ = _twin(tmp, "F32", SMALL, kv=kv)
+    config = json.loads((hf_dir / "config.json").read_text())  # the model's ids, as the tokenizer's
+    config.update(bos_token_id=vocab["<|endoftext|>"], eos_token_id=vocab["<|im_end|>"])
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    (hf_dir / "tokenizer.json").write_text(bpe.to_str())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML, "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"}))
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [vocab["<|im_end|>"], 0]}))
+    convert_hf(hf_dir, tmp / "hf.oinf")
+    convert_gguf(path, tmp / "gguf.oinf")
+    return {"hf": open_model(tmp / "hf.oinf"), "gguf": open_model(tmp / "gguf.oinf"), "vocab": vocab, "tmp": tmp}
+
+
+@pytest.mark.parametrize("which", ["hf", "gguf"])
+def test_stored_tokenizer_encodes_as_the_trained_one(bpe, converted, which):
+    m = converted[which]
+    back = Tokenizer.from_str(m.metadata[META["tokenizer"]].value)
+    for text in TEXTS:
+        assert back.encode(text).ids == bpe.encode(text).ids, text
+        assert back.decode(back.encode(text).ids, skip_special_tokens=False) == text
+    assert m.metadata[META["chat_template"]].value == CHATML
+    vocab = converted["vocab"]
+    assert int(m.metadata[META["bos"]].value) == vocab["<|endoftext|>"]
+    assert int(m.metadata[META["eos"]].value) == vocab["<|im_end|>"]
+    stop = {"hf": [vocab["<|im_end|>"], 0], "gguf": [vocab["<|im_end|>"]]}[which]  # generation_config's list
+    assert m.metadata[META["stop"]].value.tolist() == stop
+    assert m.metadata[META["graph"]].value == "examples/llama_decode.oi"
+
+
+def test_inspect_summarises_the_tokenizer(converted, capsys):
+    code, stdout, _ = run_cli(capsys, "inspect", converted["tmp"] / "gguf.oinf")
+    assert code == 0
+    assert f"tokenizer: BPE, {len(converted['vocab'])} tokens (" in stdout
+    assert f"chat template: {len(CHATML)} characters" in stdout
+    assert "special ids: bos 0; eos 2; stop 2" in stdout and "example graph: examples/llama_decode.oi" in stdout
+
+
+def test_chat_template_renders_as_jinja2_does():
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1 < 2 & \"x\""}]
+    for gen in (False, True):
+        want = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHATML).render(
+            messages=messages, add_generation_prompt=gen, bos_token="<s>", eos_token="</s>")
+        assert render_chat(CHATML, messages, add_generation_prompt=gen, bos_token="<s>", eos_token="</s>") == want
+    assert render_chat(CHATML, messages, add_generation_prompt=True).endswith("<|im_start|>assistant\n")
+
+
+def test_chat_template_globals_are_transformers():
+    # tojson: json.dumps (no HTML escaping, key order kept); raise_exception; strftime_now; a sandbox
+    assert render_chat("{{ messages | tojson }}", [{"b": "<&>", "a": 1}]) == '[{"b": "<&>", "a": 1}]'
+    assert render_chat("{{ x | tojson(indent=2) }}", [], x={"k": [1]}) == json.dumps({"k": [1]}, indent=2)
+    with pytest.raises(OiError, match="chat template: roles must alternate"):
+        render_chat("{{ raise_exception('roles must alternate') }}", [])
+    assert len(render_chat("{{ strftime_now('%Y') }}", [])) == 4
+    with pytest.raises(OiError, match="chat template: .*unsafe|chat template: .*immutable"):
+        render_chat("{{ messages.append(1) }}", [])
+
+
+def test_never_a_second_bos(bpe):
+    tok = Tokenizer.from_str(bpe.to_str())
+    bos = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
+                                                       special_tokens=[("<|endoftext|>", bos)])
+    text = render_chat(CHATML, [{"role": "user", "content": "hi"}], bos_token="<|endoftext|>")
+    ids = encode_prompt(tok, text, bos)
+    assert ids[0] == bos and ids[1] != bos and ids == tok.encode(text).ids[1:]
+    assert encode_prompt(tok, "hi", bos) == tok.encode("hi").ids  # a text without one gets the tokenizer's
+
+
+GPT2 = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"tokenizer.ggml.model": "bert"}, r"tokenizer.ggml.model is 'bert': supported GGUF tokenizer models are gpt2, "
+                                       r"llama"),
+    ({"tokenizer.ggml.model": "gpt2"}, r"tokenizer.ggml.pre is 'default': supported pre-tokenizers are gpt2, smollm, "
+                                       r"starcoder, refact, codeshell, llama-bpe, qwen2"),
+    ({**GPT2, "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": ["ab"]},
+     r"tokenizer.ggml.merges: 'ab' is not two tokens"),
+    ({**GPT2, "tokenizer.ggml.tokens": ["a", "a"]}, r"tokenizer.ggml.tokens holds a token twice"),
+])
+def test_unsupported_gguf_tokenizers_are_named(fields, message):
+    with pytest.raises(OiError, match=f"f.gguf: metadata {message}"):
+        gguf_tokenizer_json(fields, "f.gguf")
+    if "tokens" not in message and "merges" not in message:  # an unsupported one: left out, with a note
+        entries, notes = gguf_tokenizer_metadata({**fields, "tokenizer.ggml.bos_token_id": 1}, "f.gguf")
+        assert META["tokenizer"] not in entries and int(entries[META["bos"]]) == 1
+        assert len(notes) == 1 and "f.gguf: no tokenizer.json stored: metadata " in notes[0]
+    else:  # a damaged one: an error
+        with pytest.raises(OiError, match=f"f.gguf: metadata {message}"):
+            gguf_tokenizer_metadata(fields, "f.gguf")
+
+
+def test_add_bos_and_eos_token_become_the_post_processor(bpe):
+    vocab = bpe.get_vocab(with_added_tokens=True)
+    tokens = sorted(vocab, key=vocab.get)
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": bpe.pre, "tokenizer.ggml.tokens": tokens,
+              "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m)
+                                        for m in json.loads(bpe.to_str())["model"]["merges"]],
+              "tokenizer.ggml.token_type": [3 if t in SPECIAL else 1 for t in tokens],
+              "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
+              "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    tok = Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf"))
+    assert tok.encode("hello").ids == [0, *bpe.encode("hello").ids, 2]
+    with pytest.raises(OiError, match=r"add_eos_token is set but tokenizer.ggml.eos_token_id is None"):
+        gguf_tokenizer_json({**fields, "tokenizer.ggml.eos_token_id": None}, "f.gguf")
+
+
+# ------------------------------------------------------------------ SentencePiece (`llama`) GGUFs
+
+SPM_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello there", "tokens merge merge merged",
+              "théâtre et café", "the other thing then"]
+
+
+def _spm_vocab():
+    """A SentencePiece-like vocabulary as llama.cpp's GGUF holds it: <unk> <s> </s>, the 256 byte
+    pieces, single characters and frequent multi-character pieces (`▁` for spaces), each with a
+    distinct score (higher: merged first)."""
+    counts: dict[str, int] = {}
+    for line in SPM_CORPUS:
+        text = "\u2581" + line.replace(" ", "\u2581")
+        for n in range(2, 7):
+            for i in range(len(text) - n + 1):
+                counts[text[i:i + n]] = counts.get(text[i:i + n], 0) + 1
+    chars = sorted({c for line in SPM_CORPUS for c in "\u2581" + line.replace(" ", "\u2581")} - {"\u00e2"})
+    pieces = [p for p, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:120] if "\u00e2" not in p]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * (len(chars) + len(pieces))
+    scores = [0.0] * 259 + [-1000.0 - i for i in range(len(chars))] + [-float(i) for i in range(len(pieces))]
+    return tokens, types, scores
+
+
+def _llama_cpp_spm(text: str, tokens, scores, special=("<s>", "</s>")) -> list[int]:
+    """llama.cpp's llm_tokenizer_spm, written out: special tokens split first; each text fragment gets
+    a leading space after a special token (or at the start), spaces become `▁`, then the adjacent
+    pair whose concatenation is a piece with the highest score merges (ties: leftmost) until none
+    does; a symbol that is no piece becomes its UTF-8 byte pieces."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    score = dict(zip(tokens, scores))
+    out, prev_special, rest = [], True, text
+    while rest:
+        at = min(((rest.find(s), s) for s in special if s in rest), default=(len(rest), None))
+        if at[0] > 0:
+            symbols = list(((" " if prev_special else "") + rest[:at[0]]).replace(" ", "\u2581"))
+            while True:
+                best = None
+                for i in range(len(symbols) - 1):
+                    merged = symbols[i] + symbols[i + 1]
+                    if merged in ids and (best is None or score[merged] > best[0]):
+                        best = (score[merged], i)
+                if best is None:
+                    break
+                i = best[1]
+                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+            for sym in symbols:
+                out += [ids[sym]] if sym in ids else [ids[f"<0x{b:02X}>"] for b in sym.encode()]
+            prev_special = False
+        if at[1] is None:
+            break
+        out.append(ids[at[1]])
+        prev_special = True
+        rest = rest[at[0] + len(at[1]):]
+    return out
+
+
+def test_sentencepiece_gguf_tokenizer_encodes_as_llama_cpp():
+    tokens, types, scores = _spm_vocab()
+    fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+              "tokenizer.ggml.scores": scores, "tokenizer.ggml.unknown_token_id": 0,
+              "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+    tok = Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf"))
+    texts = [*SPM_CORPUS, "the brown dog merged  twice", "a théâtre ✓ 😀 fox", "<s>hello world</s>",
+             "  leading spaces and the end ", "hello<s>the fox"]
+    for text in texts:
+        want = _llama_cpp_spm(text, tokens, scores)
+        assert tok.encode(text).ids == want, text
+        if "<s>" not in text:  # the prefix space is stripped again
+            assert tok.decode(want) == text, text
+    assert len(tok.encode("a théâtre ✓").ids) > len("a théâtre ✓")  # â and ✓: byte pieces
+    with pytest.raises(OiError, match=r"f.gguf: metadata tokenizer.ggml.scores must hold one finite number per token"):
+        gguf_tokenizer_json({**fields, "tokenizer.ggml.scores": scores[:-1]}, "f.gguf")
+
+
+def test_sentencepiece_tokenizer_through_convert_gguf(tmp_path):
+    tokens, types, scores = _spm_vocab()
+
+    def kv(w):
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_scores(scores)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+    _, path, _ = _twin(tmp_path, "F32", SMALL, kv=kv)
+    summary = convert_gguf(path, tmp_path / "m.oinf")
+    m = open_model(summary.path)
+    tok = Tokenizer.from_str(m.metadata[META["tokenizer"]].value)
+    text = "the quick fox merged"
+    assert tok.encode(text).ids == [1, *_llama_cpp_spm(text, tokens, scores)]  # add_bos_token: BOS first
