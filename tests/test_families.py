@@ -184,8 +184,10 @@ def test_convert_checkpoint_from_any_tensor_source(tmp_path):
         def read(self, name):
             return weights[name].copy()
 
-    a = convert_hf(ck, tmp_path / "a.oinf")
-    b = convert_checkpoint(json.loads((ck / "config.json").read_text()), Memory(), tmp_path / "b.oinf")
+    from oi2jax.model.tokenizer import hf_tokenizer_metadata
+    config = json.loads((ck / "config.json").read_text())
+    a = convert_hf(ck, tmp_path / "a.oinf")  # the directory's tokenizer entries (ids from config.json) too
+    b = convert_checkpoint(config, Memory(), tmp_path / "b.oinf", extra_metadata=hf_tokenizer_metadata(ck, config))
     assert a.tensors == b.tensors and a.sizevars == b.sizevars and a.metadata == b.metadata
     assert (tmp_path / "a.oinf").read_bytes() == (tmp_path / "b.oinf").read_bytes()
     m = open_model(tmp_path / "b.oinf")
