@@ -15,7 +15,8 @@ from .normalize import softmax, rms_norm, layer_norm
 from .position import rope, embedding
 from .layout import transpose, reshape, concat
 from .matmul import linear, matmul_t, einsum
-from .normalize import argmax  # noqa: E402 (last: the set's order)
+from .normalize import argmax  # noqa: E402 (the set's order)
+from .sampling import sample
 
 OPS = (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, sin, cos, softmax, rms_norm, layer_norm, rope, embedding,
-       transpose, reshape, concat, linear, matmul_t, einsum, argmax)
+       transpose, reshape, concat, linear, matmul_t, einsum, argmax, sample)
