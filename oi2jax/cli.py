@@ -23,6 +23,7 @@ from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
 from .model.convert import convert_hf
+from .model.gguf import convert_gguf
 from .model.inspect import render_model
 from .npz import save_npz, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
@@ -401,9 +402,10 @@ def cmd_compile(args) -> int:
 def cmd_convert_hf(args) -> int:
     if args.max_positions is not None and args.max_positions <= 0:
         raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
-    summary = convert_hf(args.directory, args.output, dtype=args.dtype, max_positions=args.max_positions,
-                         progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
-                                                                 label="MiB", unit="MiB"))
+    convert = convert_gguf if args.command == "convert-gguf" else convert_hf
+    summary = convert(args.source, args.output, dtype=args.dtype, max_positions=args.max_positions,
+                      progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
+                                                                       label="MiB", unit="MiB"))
     for note in summary.notes:
         print(f"note: {note}", file=sys.stderr)
     if not args.quiet:
@@ -575,16 +577,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_graph)
 
     h = sub.add_parser("convert-hf", help="convert a Hugging Face Llama checkpoint directory to a .oinf model")
-    h.add_argument("directory", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
+    h.add_argument("source", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
                    "(or model-*.safetensors with model.safetensors.index.json)")
-    h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
-    h.add_argument("--dtype", choices=("f32", "bf16", "f16"),
-                   help="store every tensor in this dtype (default: keep the checkpoint's; narrowing rounds to "
-                        "nearest even)")
-    h.add_argument("--max-positions", type=int, metavar="N",
-                   help="the size variable T (default: the config's max_position_embeddings)")
-    h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
-    h.set_defaults(func=cmd_convert_hf)
+    gg = sub.add_parser("convert-gguf", help="convert a GGUF file (llama.cpp) to a .oinf model")
+    gg.add_argument("source", metavar="FILE.gguf", help="the GGUF file")
+    for h, keeps in ((h, "the checkpoint's"), (gg, "F32/F16/BF16, and the quantized types' raw blocks")):
+        h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
+        h.add_argument("--dtype", choices=("f32", "bf16", "f16"),
+                       help=f"store every tensor in this dtype (default: keep {keeps}; narrowing rounds to "
+                            f"nearest even)")
+        h.add_argument("--max-positions", type=int, metavar="N",
+                       help="the size variable T (default: the model's trained context length)")
+        h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
+        h.set_defaults(func=cmd_convert_hf)
     return p
 
 

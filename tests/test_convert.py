@@ -530,9 +530,12 @@ def test_cli_convert_hf_end_to_end(tmp_path, capsys):
     assert stderr == (f"wrote {out}: 21 tensors (f32, 76.6 KiB); V=64 D=32 L=2 H=4 KVH=2 HD=8 F=48 T=64 QD=32 KVD=16 G=2\n")
     m = open_model(out)
     assert dict(m.sizevars) == dict(EXPECT_SIZEVARS, T=64)
-    assert {k: v.value for k, v in m.metadata.items()} == {
+    meta = {k: v.value for k, v in m.metadata.items()}
+    assert meta.pop("tokenizer.stop_ids").tolist() == [2]  # config.json's eos_token_id (no generation_config.json)
+    assert meta == {
         "architecture": "LlamaForCausalLM", "rms_norm_eps": np.float32(1e-5), "rope_theta": np.float32(1e4),
-        "attn_scale": np.float32(8 ** -0.5)}
+        "attn_scale": np.float32(8 ** -0.5), "example_graph": "examples/llama_decode.oi",
+        "tokenizer.bos_id": np.int32(1), "tokenizer.eos_id": np.int32(2)}
     assert {t.dtype for t in m.tensors.values()} == {"f32"}
     np.testing.assert_array_equal(m.load("lm_head.weight"), m.load("model.embed_tokens.weight"))
     code, stdout, _ = run_cli(capsys, "inspect", out)

@@ -96,12 +96,12 @@ class DeclRules:
 
     def check_bound(self, d: ir.VarDecl, tname: str):
         info = self.model.tensors[tname]
-        if info.dtype != d.dtype:
-            self.error(f"model dtype mismatch for {d.name}: model {info.dtype}, graph {d.dtype}", d.span)
+        if info.value_dtype != d.dtype:  # GGML blocks bind as their f32 value (TensorInfo.value_*)
+            self.error(f"model dtype mismatch for {d.name}: model {info.value_dtype}, graph {d.dtype}", d.span)
             return
         shape = self.resolve_dims(d.dims)
-        if shape is not None and tuple(info.shape) != shape:
-            self.error(f"model shape mismatch for {d.name}: model {shape_text(info.shape)}, graph "
+        if shape is not None and tuple(info.value_shape) != shape:
+            self.error(f"model shape mismatch for {d.name}: model {shape_text(info.value_shape)}, graph "
                        f"{shape_text(shape)}", d.span)
 
     # ---------------------------------------------------------------- blocks

@@ -436,11 +436,11 @@ def _convert_exact(value: np.ndarray, src: str, dst: str) -> np.ndarray | None:
 
 
 def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> None:
-    label = label or decl.name
-    if info.dtype != decl.dtype:
-        raise OiError(f"model dtype mismatch for {label}: model {info.dtype}, graph {decl.dtype}", decl.span)
-    if tuple(info.shape) != tuple(shape):
-        raise OiError(f"model shape mismatch for {label}: model {_fmt_shape(info.shape)}, graph "
+    label = label or decl.name  # a tensor kept as GGML blocks binds as its f32 value (TensorInfo.value_*)
+    if info.value_dtype != decl.dtype:
+        raise OiError(f"model dtype mismatch for {label}: model {info.value_dtype}, graph {decl.dtype}", decl.span)
+    if tuple(info.value_shape) != tuple(shape):
+        raise OiError(f"model shape mismatch for {label}: model {_fmt_shape(info.value_shape)}, graph "
                       f"{_fmt_shape(shape)}", decl.span)
 
 

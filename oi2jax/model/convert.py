@@ -34,7 +34,9 @@ import ml_dtypes
 import numpy as np
 
 from ..diagnostics import OiError
+from .ggml import ggml_stored_shape, meta_key
 from .reader import NAME_RE
+from .tokenizer import hf_tokenizer_metadata
 from .writer import LazyTensor, save
 
 __all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSource", "SourceEntry", "read_llama_config", "ConvertSummary", "LlamaConfig", "expected_tensors", "DTYPES"]
@@ -257,6 +259,7 @@ class SourceEntry:
     file: str
     dtype: str  # safetensors name: F32, BF16, ...
     shape: tuple[int, ...]
+    ggml: str | None = None  # kept GGML blocks (model/ggml.py): `read` gives the raw u8 rows, stored as-is
 
 
 class TensorSource:
@@ -479,7 +482,8 @@ def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int |
         source = SafetensorsSource(directory, stack)
         return convert_checkpoint(raw_config, source, out_path, dtype=dtype, max_positions=max_positions,
                                   progress=progress, config_where=str(config_path),
-                                  inputs=("config.json", "model.safetensors.index.json"))
+                                  inputs=("config.json", "model.safetensors.index.json"),
+                                  extra_metadata=hf_tokenizer_metadata(directory, raw_config))
 
 
 def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtype: str | None = None,
@@ -532,11 +536,17 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         if entry.shape != shape:
             _fail(str(directory / entry.file), f"tensor {src_name} has shape {list(entry.shape)}, expected "
                                                f"{list(shape)} ({made_of}) from config.json")
+        if not NAME_RE.match(out_name):  # every Llama name does; never rename silently
+            _fail(str(directory), f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
+        if entry.ggml is not None:
+            if dtype is not None:
+                raise OiError(f"tensor {src_name}: {entry.ggml} blocks cannot be kept when dtype {dtype} is asked for")
+            stored[out_name] = "u8"
+            total += math.prod(ggml_stored_shape(entry.ggml, shape))
+            continue
         if entry.dtype not in _SOURCE_DTYPES:
             _fail(str(directory / entry.file), f"tensor {src_name} has dtype {entry.dtype}: only "
                                                f"floating-point checkpoints (F32, BF16, F16, F64) are supported")
-        if not NAME_RE.match(out_name):  # every Llama name does; never rename silently
-            _fail(str(directory), f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
         target = dtype or _SOURCE_DTYPES[entry.dtype]
         stored[out_name] = target
         total += math.prod(shape) * _np_dtype(target).itemsize
@@ -545,6 +555,10 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     def lazy(out_name: str, src_name: str) -> LazyTensor:
         target = stored[out_name]
         shape = expected[out_name][0]
+        kept = source.entries[src_name].ggml
+        if kept is not None:
+            shape = ggml_stored_shape(kept, shape)
+            return LazyTensor("u8", shape, lambda: (bar.tick(math.prod(shape)), source.read(src_name))[1])
 
         def load():
             bar.tick(math.prod(shape) * _np_dtype(target).itemsize)
@@ -553,7 +567,8 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
 
     for out_name, src_name in plan.items():
         tensors[out_name] = lazy(out_name, src_name)
-    metadata = {**cfg.metadata, **(extra_metadata or {})}
+    metadata = {**cfg.metadata, **(extra_metadata or {}),
+                **{meta_key(out): source.entries[src].ggml for out, src in plan.items() if source.entries[src].ggml}}
     try:
         save(out_s, sizevars=cfg.sizevars, metadata=metadata, tensors=tensors)
         bar.finish()

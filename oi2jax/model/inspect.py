@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import ggml
 from .reader import NOT_UPSTREAM_LOADABLE, MetaValue, Model
+from .tokenizer import describe as describe_tokenizer
 from .. import dtypes as dt
 
 
@@ -67,11 +69,20 @@ def render_model(model: Model) -> str:
         out.append("  (none)")
     out.append("")
     out.append(f"metadata ({len(model.metadata)}):")
-    if model.metadata:
-        rows = [[k, *_meta_text(v)] for k, v in sorted(model.metadata.items())]
+    shown = {k: v for k, v in model.metadata.items() if not k.startswith(ggml.META_PREFIX)}
+    if shown:
+        rows = [[k, *_meta_text(v)] for k, v in sorted(shown.items())]
         out += _table(["key", "type", "value"], rows)
-    else:
+    elif not model.metadata:
         out.append("  (none)")
+    if len(shown) < len(model.metadata):
+        out.append(f"  ({len(model.metadata) - len(shown)} {ggml.META_PREFIX}* entries: the tensors kept as GGML blocks, "
+                   f"noted below)")
+    chat = describe_tokenizer({k: v.value for k, v in model.metadata.items()})
+    if chat:
+        out.append("")
+        out.append("tokenizer and chat:")
+        out += [f"  {line}" for line in chat]
     out.append("")
     out.append(f"tensors ({len(model.tensors)}):")
     if model.tensors:
@@ -82,6 +93,9 @@ def render_model(model: Model) -> str:
                 rows[-1].append("not loadable by current upstream")
             if t.quant is not None:  # the upstream verifier's wording (SPEC-2026-03 D9)
                 notes[len(rows) - 1] = f"    - quant: {t.quant.describe()}"
+            if t.ggml is not None:
+                notes[len(rows) - 1] = (f"    - ggml {t.ggml} blocks of f32{_shape(t.value_shape)} (dequantized at "
+                                        f"load)")
         width = max(len(r) for r in rows)
         rows = [r + [""] * (width - len(r)) for r in rows]
         lines = _table(["name", "dtype", "shape", "bytes", "note"][:width], rows, right={3})

@@ -9,19 +9,19 @@ counts the tensor bytes actually read from the file. Every problem raises `Model
 """
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import re
 import stat
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes as dt
 from ..diagnostics import OiError
 from ..ir import MAX_RANK
-from . import packing
+from . import ggml, packing
 from .quant import QuantParams, parse as parse_quant
 
 MAGIC = b"OINF\x00"
@@ -53,7 +53,7 @@ class ModelError(OiError):
         super().__init__(f"{path}: {message}")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MetaValue:
     """A metadata value. `type`: a dtype name, 'string', 'bitset' or 'ndarray'.
 
@@ -83,7 +83,7 @@ class MetaValue:
 Meta = MetaValue  # the writer's explicit form: Meta("u8", 3), Meta("ndarray", arr, elem="i4")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class TensorInfo:
     name: str
     dtype: str
@@ -94,6 +94,19 @@ class TensorInfo:
     quant: QuantParams | None = None  # v2 only (SPEC-2026-03 §3.3); never applied to values
     quant_nbytes: int = 0
     quant_offset: int = 0
+    ggml: str | None = None  # kept GGML blocks (model/ggml.py): the type; dtype u8, shape [..., row_bytes]
+
+    @property
+    def value_dtype(self) -> str:
+        """The dtype of the tensor's value: f32 for kept GGML blocks (dequantized at load), else `dtype`."""
+        return "f32" if self.ggml is not None else self.dtype
+
+    @property
+    def value_shape(self) -> tuple[int, ...]:
+        """The shape of the tensor's value: the logical shape of kept GGML blocks, else `shape`."""
+        if self.ggml is None:
+            return self.shape
+        return ggml.ggml_logical_shape(self.ggml, self.shape)
 
     @property
     def numel(self) -> int:
@@ -215,6 +228,10 @@ class Model:
         except KeyError:
             raise ModelError(self.path, f"model tensor {name} not found") from None
 
+    def ggml_type(self, name: str) -> str | None:
+        """The GGML type of a tensor kept as raw GGUF blocks (`Q4_K`, ...), or None (model/ggml.py)."""
+        return self.info(name).ggml
+
     def quant(self, name: str) -> QuantParams | None:
         """The tensor's quantization metadata (v2 files), or None. Informational only: `load` gives
         the stored values (SPEC-2026-03 §4, D9)."""
@@ -271,12 +288,16 @@ class Model:
         self.bytes_loaded += want
 
     def load(self, name: str) -> np.ndarray:
-        """The tensor's value in its dtype's representation (dtypes.py); ModelError if it has no data."""
+        """The tensor's value in its dtype's representation (dtypes.py); ModelError if it has no data.
+        A tensor kept as GGML blocks is dequantized (float32, its logical shape: `value_shape`)
+        exactly as gguf.quants.dequantize; `load_packed` gives its raw blocks."""
         cached = self._cache.get(name)
         if cached is not None:
             return cached
         info = self.info(name)
-        if name in self._packed_cache:
+        if info.ggml is not None:
+            arr = ggml.dequantize(info.ggml, self.load_packed(name), info.value_shape)
+        elif name in self._packed_cache:
             arr = _decode(dt.get(info.dtype), self._packed_cache[name].tobytes(), info.shape)
         else:
             arr = _decode(dt.get(info.dtype), self._raw(info), info.shape)
@@ -504,7 +525,28 @@ def _parse(path: str, buf, size: int) -> Model:
     for (oa, na, wa), (ob, nb, wb) in zip(spans, spans[1:]):
         if oa + na > ob:
             raise ModelError(path, f"{wa} (offset {oa}, {na} bytes) overlaps {wb} (offset {ob})")
+    _apply_ggml_records(path, metadata, tensors)
     return Model(path, buf, size, sizevars, metadata, tensors, version)
+
+
+def _apply_ggml_records(path: str, metadata: dict, tensors: dict) -> None:
+    """Mark the tensors that `ggml_type.<name>` metadata entries say hold raw GGML blocks."""
+    for key, meta in metadata.items():
+        if not key.startswith(ggml.META_PREFIX):
+            continue
+        name = key[len(ggml.META_PREFIX):]
+        info = tensors.get(name)
+        if info is None:
+            raise ModelError(path, f"metadata {key}: no tensor {name}")
+        if meta.type != "string" or meta.value not in ggml.BLOCK_TYPES:
+            raise ModelError(path, f"metadata {key}: {meta.value!r} is not a GGML block type (one of "
+                                   f"{', '.join(ggml.BLOCK_TYPES)})")
+        if info.dtype != "u8" or not info.has_data or info.quant is not None \
+                or ggml.ggml_logical_shape(meta.value, info.shape) is None:
+            _, size = ggml.block_layout(meta.value)
+            raise ModelError(path, f"tensor {name}: {meta.value} blocks are stored as u8 with data, the last dim a "
+                                   f"multiple of {size} bytes; found {info.dtype}{list(info.shape)}")
+        tensors[name] = dataclasses.replace(info, ggml=meta.value)
 
 
 def _check_payload(path, what: str, offset_field: str, noun: str, offset: int, nbytes: int, off_data: int,

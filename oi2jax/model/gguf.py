@@ -1,0 +1,451 @@
+"""`oi2jax convert-gguf`: a GGUF file (llama.cpp's format) -> an `.oinf` model (issue #39).
+
+    convert_gguf("SmolLM2-135M-Instruct-Q4_1.gguf", "smollm.oinf")              # blocks kept
+    convert_gguf("SmolLM2-135M-Instruct-Q4_1.gguf", "smollm-f32.oinf", dtype="f32")
+
+As transformers' GGUF loader does: the file's metadata becomes a Hugging Face `config.json`
+dict (`gguf_config`, a table per architecture), its tensors are given under Hugging Face names and
+layouts (`GGUFSource`, with the named per-family transforms: `reverse_permute` of llama's Q/K rows,
+`norm_unshift` of gemma's `1 + w` norms), and `convert.convert_checkpoint` writes the model: the
+same tensor names, layouts and size variables as the same model's Hugging Face conversion, so one
+example graph runs either. A missing `output.weight` means tied embeddings.
+
+Tensor types: F32, F16 and BF16 keep their dtype; the block types (model/ggml.py: Q4_0 ... Q6_K)
+are kept as their raw GGUF blocks; with `dtype`, everything is dequantized exactly as
+`gguf.quants.dequantize` and then cast as `convert.convert_values`. Any other type is an error.
+
+The file is validated by `scan` before gguf's `GGUFReader` sees it: every count, length, type,
+shape and offset is bounded by the file's size, so a hostile header never allocates what it claims.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from gguf import GGUFReader
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ..diagnostics import OiError
+from . import ggml
+from .convert import ConvertSummary, SourceEntry, TensorSource, convert_checkpoint, DTYPES
+from .tokenizer import gguf_tokenizer_metadata
+
+__all__ = ["convert_gguf", "gguf_config", "GGUFSource", "scan", "GGUFHeader", "ARCHITECTURES",
+           "reverse_permute", "permute"]
+
+MAGIC = b"GGUF"
+MAX_DIMS = 4  # GGML_MAX_DIMS
+_KEPT_FLOATS = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16)}
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+# ------------------------------------------------------------------------------------ validation
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    kind: str  # GGML type name: F32, Q4_K, ...
+    shape: tuple[int, ...]  # NumPy order (GGUF's ne reversed): [out, in] for a projection
+    offset: int  # from the file's start
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """What `scan` found: the metadata keys (name -> GGUF value type) and the tensors."""
+
+    version: int
+    keys: dict[str, int]
+    tensors: dict[str, GGUFTensor]
+    data_offset: int
+
+
+class _Scan:
+    def __init__(self, path: str, f, size: int):
+        self.path, self.f, self.size = path, f, size
+
+    def fail(self, message: str):
+        raise OiError(f"{self.path}: {message}")
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or self.f.tell() + n > self.size:
+            self.fail(f"truncated: {what} needs {n} bytes at offset {self.f.tell()}, the file has {self.size}")
+        return self.f.read(n)
+
+    def num(self, fmt: str, what: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.num("<Q", f"the length of {what}")
+        raw = self.take(n, what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail(f"{what} is not UTF-8")
+
+    def skip_value(self, vtype: int, key: str, nested: bool = False) -> None:
+        if vtype in _SCALAR:
+            self.take(struct.calcsize(_SCALAR[vtype]), f"metadata {key}")
+        elif vtype == _STRING:
+            self.take(self.num("<Q", f"metadata {key}: string length"), f"metadata {key}")
+        elif vtype == _ARRAY and not nested:
+            etype = self.num("<I", f"metadata {key}: array type")
+            count = self.num("<Q", f"metadata {key}: array length")
+            least = struct.calcsize(_SCALAR[etype]) if etype in _SCALAR else 8 if etype == _STRING else None
+            if least is None:
+                self.fail(f"metadata {key}: array of value type {etype} is not supported")
+            if count * least > self.size - self.f.tell():  # bounded before anything is built
+                self.fail(f"metadata {key}: an array of {count} items does not fit in the file")
+            if etype == _STRING:
+                for _ in range(count):
+                    self.skip_value(_STRING, key, nested=True)
+            else:
+                self.take(count * least, f"metadata {key}")
+        else:
+            self.fail(f"metadata {key}: unknown value type {vtype}")
+
+
+def scan(path) -> GGUFHeader:
+    """Validate a GGUF file's header, metadata and tensor table against its size; OiError naming
+    the file and the key or tensor on anything wrong (the data itself is not read)."""
+    path_s = os.fspath(path)
+    try:
+        f = open(path_s, "rb")
+    except FileNotFoundError:
+        raise OiError(f"{path_s}: file not found") from None
+    except OSError as exc:
+        raise OiError(f"{path_s}: cannot read: {exc}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        s = _Scan(path_s, f, size)
+        if size < 4 or s.take(4, "the magic") != MAGIC:
+            s.fail("not a GGUF file (wrong magic; expected 'GGUF')")
+        version = s.num("<I", "the version")
+        if version not in (2, 3):
+            s.fail(f"GGUF version {version} is not supported (2 or 3)")
+        n_tensors = s.num("<Q", "the tensor count")
+        n_keys = s.num("<Q", "the metadata count")
+        if n_keys * 13 > size or n_tensors * 28 > size:
+            s.fail(f"{n_keys} metadata entries and {n_tensors} tensors cannot fit in {size} bytes")
+        keys: dict[str, int] = {}
+        alignment = 32
+        for _ in range(n_keys):
+            key = s.string("a metadata key")
+            if key in keys:
+                s.fail(f"metadata {key} appears twice")
+            vtype = s.num("<I", f"metadata {key}: value type")
+            if key == "general.alignment":
+                if vtype != 4:
+                    s.fail("metadata general.alignment must be a uint32")
+                alignment = s.num("<I", "metadata general.alignment")
+                if alignment == 0 or alignment & (alignment - 1):
+                    s.fail(f"metadata general.alignment is {alignment}: not a power of two")
+            else:
+                s.skip_value(vtype, key)
+            keys[key] = vtype
+        raw = []
+        for _ in range(n_tensors):
+            name = s.string("a tensor name")
+            n_dims = s.num("<I", f"tensor {name}: dimension count")
+            if not 1 <= n_dims <= MAX_DIMS:
+                s.fail(f"tensor {name}: {n_dims} dimensions (1 to {MAX_DIMS})")
+            ne = [s.num("<Q", f"tensor {name}: dims") for _ in range(n_dims)]
+            code = s.num("<I", f"tensor {name}: type")
+            offset = s.num("<Q", f"tensor {name}: offset")
+            raw.append((name, ne, code, offset))
+        data_offset = -(-f.tell() // alignment) * alignment
+        tensors: dict[str, GGUFTensor] = {}
+        for name, ne, code, offset in raw:
+            if name in tensors:
+                s.fail(f"tensor {name} appears twice")
+            try:
+                kind = GGMLQuantizationType(code).name
+            except ValueError:
+                s.fail(f"tensor {name}: unknown tensor type {code}")
+            if any(d == 0 for d in ne) or math.prod(ne) > size * 8:
+                s.fail(f"tensor {name}: dims {ne} are not a tensor this file can hold")
+            block, bsize = GGML_QUANT_SIZES[GGMLQuantizationType(code)]
+            if ne[0] % block:
+                s.fail(f"tensor {name}: row of {ne[0]} values is not a whole number of {kind} blocks ({block})")
+            nbytes = math.prod(ne) // block * bsize
+            if offset % alignment:
+                s.fail(f"tensor {name}: offset {offset} is not a multiple of the alignment {alignment}")
+            if data_offset + offset + nbytes > size:
+                s.fail(f"tensor {name}: data (offset {data_offset + offset}, {nbytes} bytes) runs past the end "
+                       f"of the file ({size} bytes)")
+            tensors[name] = GGUFTensor(name, kind, tuple(reversed(ne)), data_offset + offset, nbytes)
+    return GGUFHeader(version, keys, tensors, data_offset)
+
+
+def _open_reader(path: str) -> GGUFReader:
+    try:
+        return GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OSError) as exc:  # after `scan`, only a damaged file gets here
+        raise OiError(f"{path}: cannot read GGUF file: {exc}") from None
+
+
+def _fields(reader: GGUFReader) -> dict[str, object]:
+    """Metadata as Python values (strings, numbers, lists)."""
+    out = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        value = fld.contents()
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- per-family tables
+
+def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """llama.cpp's `LlamaModel.permute` (convert_hf_to_gguf.py): Q/K rows from Hugging Face's
+    rotate-half order to GGML's interleaved rotary order."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def reverse_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """transformers' `reverse_permute_weights`: undoes `permute` exactly. It moves whole rows, so it
+    applies to raw GGML block rows (u8 [rows, row_bytes]) as well as to values."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    dim = weights.shape[0] // n_head // 2
+    w = weights.reshape(n_head, dim, 2, *weights.shape[1:])
+    return np.ascontiguousarray(w.swapaxes(2, 1).reshape(weights.shape))
+
+
+def _q_unpermute(w, cfg):
+    return reverse_permute(w, cfg["num_attention_heads"])
+
+
+def _k_unpermute(w, cfg):
+    return reverse_permute(w, cfg["num_attention_heads"], cfg["num_key_value_heads"])
+
+
+def _norm_unshift(w, cfg):
+    """llama.cpp stores gemma's norm weights as `w + 1` (its RMSNorm multiplies by the weight);
+    transformers' loader subtracts 1 again (in float32)."""
+    return np.asarray(w, np.float32) - np.float32(1)
+
+
+_COMMON_KEYS = {  # GGUF `{arch}.` key -> Hugging Face config key
+    "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
+    "attention.key_length": "head_dim", "vocab_size": "vocab_size",
+    "attention.sliding_window": "sliding_window",
+    "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
+}
+# keys checked rather than mapped: `rope.dimension_count` must cover the whole head, value_length = key_length
+_CHECKED_KEYS = ("rope.dimension_count", "attention.value_length")
+
+_COMMON_TENSORS = {  # GGUF name -> Hugging Face name ({i}: the layer)
+    "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+_BIASES = {f"blk.{{i}}.attn_{x}.bias": f"model.layers.{{i}}.self_attn.{x}_proj.bias" for x in "qkv"}
+_QK_NORMS = {"blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+             "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight"}
+_GEMMA_NORMS = {"blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+                "blk.{i}.ffn_norm.weight": "model.layers.{i}.pre_feedforward_layernorm.weight",
+                "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight"}
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    """One GGUF architecture: its Hugging Face model_type and class, the config keys and tensor
+    names it maps, fixed config entries, and the named transforms per Hugging Face tensor name."""
+
+    model_type: str
+    architecture: str
+    tensors: dict[str, str]
+    config: dict[str, object] = field(default_factory=dict)  # fixed entries (the family's defaults)
+    transforms: tuple[tuple[str, object], ...] = ()  # (regex over HF names, fn(array, config) -> array)
+
+
+_GEMMA_TRANSFORMS = ((r".*norm\.weight\Z", _norm_unshift),)
+ARCHITECTURES: dict[str, GGUFArch] = {
+    "llama": GGUFArch("llama", "LlamaForCausalLM", _COMMON_TENSORS, {"hidden_act": "silu"},
+                      ((r".*\.q_proj\.weight\Z", _q_unpermute), (r".*\.k_proj\.weight\Z", _k_unpermute))),
+    "qwen2": GGUFArch("qwen2", "Qwen2ForCausalLM", {**_COMMON_TENSORS, **_BIASES}, {"hidden_act": "silu"}),
+    "qwen3": GGUFArch("qwen3", "Qwen3ForCausalLM", {**_COMMON_TENSORS, **_QK_NORMS}, {"hidden_act": "silu"}),
+    "phi3": GGUFArch("phi3", "Phi3ForCausalLM",
+                     {**{k: v for k, v in _COMMON_TENSORS.items() if "attn_q" not in k and "attn_k" not in k
+                         and "attn_v" not in k and "ffn_gate" not in k and "ffn_up" not in k},
+                      "blk.{i}.attn_qkv.weight": "model.layers.{i}.self_attn.qkv_proj.weight",
+                      "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.gate_up_proj.weight"},
+                     {"hidden_act": "silu"}),
+    "gemma2": GGUFArch("gemma2", "Gemma2ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS},
+                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS),
+    "gemma3": GGUFArch("gemma3_text", "Gemma3ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS, **_QK_NORMS},
+                       {"hidden_activation": "gelu_pytorch_tanh"}, _GEMMA_TRANSFORMS),
+}
+
+
+def _tensor_regexes(arch: GGUFArch) -> list[tuple[re.Pattern, str]]:
+    return [(re.compile(re.escape(g).replace(r"\{i\}", r"(?P<i>0|[1-9][0-9]*)") + r"\Z"), h)
+            for g, h in arch.tensors.items()]
+
+
+def hf_name(arch: GGUFArch, name: str) -> str | None:
+    """The Hugging Face name of GGUF tensor `name`, or None when the family has no such tensor."""
+    for rx, target in _tensor_regexes(arch):
+        m = rx.match(name)
+        if m:
+            return target.replace("{i}", m.group("i")) if "{i}" in target else target
+    return None
+
+
+def _int(where: str, key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise OiError(f"{where}: metadata {key} must be an integer, got {value!r}")
+    return int(value)
+
+
+def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dict:
+    """A Hugging Face `config.json` dict from a GGUF file's metadata (transformers'
+    GGUF_CONFIG_MAPPING); OiError naming the key for an architecture or setting not supported."""
+    name = fields.get("general.architecture")
+    if name is None:
+        raise OiError(f"{where}: missing required metadata general.architecture")
+    arch = ARCHITECTURES.get(name)
+    if arch is None:
+        raise OiError(f"{where}: metadata general.architecture is {name!r}: supported GGUF architectures are "
+                      f"{', '.join(ARCHITECTURES)}")
+    config: dict = {"model_type": arch.model_type, "architectures": [arch.architecture], **arch.config}
+    checked = {}
+    prefix = name + "."
+    for key, value in fields.items():
+        if not key.startswith(prefix):
+            continue
+        sub = key[len(prefix):]
+        if sub in _COMMON_KEYS:
+            config[_COMMON_KEYS[sub]] = value
+        elif sub in _CHECKED_KEYS:
+            checked[sub] = _int(where, key, value)
+        elif sub == "rope.scaling.type":
+            if value != "none":
+                raise OiError(f"{where}: metadata {key} is {value!r}: only the default rotary embedding is "
+                              f"supported")
+        else:
+            raise OiError(f"{where}: metadata {key} is not supported: its setting would be lost")
+    if "vocab_size" not in config:  # transformers: the tokenizer's size, else the embedding's rows
+        emb = tensors.get("token_embd.weight")
+        if emb is None:
+            raise OiError(f"{where}: no tensor token_embd.weight (and no {prefix}vocab_size)")
+        config["vocab_size"] = emb.shape[0]
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if "head_dim" not in config and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        config["head_dim"] = hidden // heads if hidden % heads == 0 else None
+    head_dim = config.get("head_dim")
+    for sub in _CHECKED_KEYS:
+        if sub in checked and checked[sub] != head_dim:
+            raise OiError(f"{where}: metadata {prefix}{sub} is {checked[sub]}, head dim is {head_dim}: "
+                          + ("a partial rotary embedding is not supported" if sub.startswith("rope")
+                             else "value heads wider or narrower than key heads are not supported"))
+    config["tie_word_embeddings"] = "output.weight" not in tensors
+    return config
+
+
+# -------------------------------------------------------------------------------------- source
+
+class GGUFSource(TensorSource):
+    """A GGUF file's tensors under Hugging Face names and layouts. `keep`: block-quantized tensors
+    are given as their raw blocks (`SourceEntry.ggml`); otherwise as float32 dequantized by
+    gguf.quants. The family's transforms apply to either (a transform of values on a block type
+    dequantizes that tensor, with a note)."""
+
+    def __init__(self, path: Path, reader: GGUFReader, header: GGUFHeader, arch: GGUFArch, config: dict,
+                 keep: bool):
+        self.directory = path.parent
+        self.files = [path.name]
+        self.notes: list[str] = []
+        self.entries: dict[str, SourceEntry] = {}
+        self._path, self._config, self._arch = str(path), config, arch
+        self._data = {t.name: t for t in reader.tensors}
+        self._source: dict[str, str] = {}
+        self._transform: dict[str, object] = {}
+        for name, t in header.tensors.items():
+            target = hf_name(arch, name)
+            if target is None:
+                raise OiError(f"{path}: tensor {name}: not part of a GGUF {config['model_type']} model (an "
+                              f"unsupported variant? rope_freqs.weight: scaled rotary frequencies)")
+            transform = next((fn for rx, fn in arch.transforms if re.match(rx, target)), None)
+            if t.kind in _KEPT_FLOATS:
+                dtype, kept = t.kind, None
+            elif t.kind in ggml.BLOCK_TYPES:
+                rowwise = transform in (None, _q_unpermute, _k_unpermute)
+                dtype, kept = ("F32", None) if not keep or not rowwise else (t.kind, t.kind)
+            else:
+                raise OiError(f"{path}: tensor {name} has type {t.kind}: supported types are F32, F16, BF16, "
+                              f"{', '.join(ggml.BLOCK_TYPES)}")
+            if transform is _norm_unshift:
+                dtype = "F32"
+            self.entries[target] = SourceEntry(path.name, dtype, t.shape, kept)
+            self._source[target] = name
+            if transform is not None:
+                self._transform[target] = transform
+
+    def read(self, name: str) -> np.ndarray:
+        entry = self.entries[name]
+        t = self._data[self._source[name]]
+        kind = t.tensor_type.name
+        try:
+            if entry.ggml is not None:
+                arr = np.array(t.data, dtype=np.uint8).reshape(ggml.ggml_stored_shape(kind, entry.shape))
+            elif kind in ("F32", "F16"):
+                arr = np.array(t.data, dtype=_KEPT_FLOATS[kind]).reshape(entry.shape)
+            elif kind == "BF16":
+                arr = np.array(t.data, dtype=np.uint8).view(_KEPT_FLOATS["BF16"]).reshape(entry.shape)
+            else:
+                arr = ggml.dequantize(kind, np.asarray(t.data), entry.shape)
+        except ValueError as exc:
+            raise OiError(f"{self._path}: tensor {self._source[name]}: cannot read its data: {exc}") from None
+        transform = self._transform.get(name)
+        if transform is not None:
+            arr = transform(arr, self._config)
+        want = np.dtype(np.uint8) if entry.ggml is not None else _KEPT_FLOATS.get(entry.dtype)
+        return np.asarray(arr, dtype=want)
+
+
+# ------------------------------------------------------------------------------------ converter
+
+def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | None = None,
+                 progress=None) -> ConvertSummary:
+    """Convert the GGUF file `src` to the `.oinf` file `out_path` (atomically; nothing is written on
+    an error). `dtype`: None keeps F32/F16/BF16 and the block types' raw blocks; f32/bf16/f16
+    dequantizes and converts every tensor. `max_positions`: T (default: the file's context length).
+    The tokenizer, chat template and special ids are stored in the metadata (model/tokenizer.py)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise OiError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    path = Path(os.path.expanduser(os.fspath(src)))
+    if path.is_dir():
+        raise OiError(f"{path}: is a directory, not a GGUF file")
+    header = scan(path)
+    reader = _open_reader(str(path))
+    fields = _fields(reader)
+    config = gguf_config(fields, header.tensors, str(path))
+    arch = ARCHITECTURES[fields["general.architecture"]]
+    extra = gguf_tokenizer_metadata(fields, str(path), config["model_type"])
+    source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
+    return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
+                              progress=progress, config_where=f"{path} (metadata)", extra_metadata=extra)

@@ -1,0 +1,338 @@
+"""`oi2jax convert-gguf` (issue #39 item 2, 5) on project-written GGUF twins of Hugging Face
+checkpoints: written with gguf.GGUFWriter, quantized with gguf.quants.quantize, Q/K permuted as
+llama.cpp's converter does. A twin converts to the same model as its Hugging Face form (f32
+bit-equal; each quantized type equal to gguf.quants.dequantize); kept blocks round-trip their
+bytes and run examples/llama_decode.oi with the logits of the f32 conversion; hostile files are
+errors naming the file and key or tensor, with nothing written."""
+from __future__ import annotations
+
+import importlib.util
+import struct
+
+import gguf
+import ml_dtypes
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as T
+
+import oi2jax
+from oi2jax.diagnostics import OiError
+from oi2jax.model import open_model
+from oi2jax.model.convert import convert_hf
+from oi2jax.model.gguf import (ARCHITECTURES, convert_gguf, gguf_config, hf_name, permute, reverse_permute)
+
+from conftest import EXAMPLES, run_cli
+
+spec = importlib.util.spec_from_file_location("llama_checkpoint", EXAMPLES / "llama_checkpoint.py")
+ex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ex)
+
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+KQUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+SMALL = dict(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, max_positions=16)
+WIDE = dict(vocab=16, hidden=256, layers=1, heads=2, kv_heads=1, intermediate=256, max_positions=8)
+# where each K-quant block keeps its f16 scales (d, and dmin where it has one): ggml-common.h
+_K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_TO_GGUF = {v: k for k, v in ARCHITECTURES["llama"].tensors.items()}
+
+
+def _gguf_name(hf: str) -> str:
+    for g, h in ARCHITECTURES["llama"].tensors.items():
+        if "{i}" in h:
+            prefix, suffix = h.split("{i}")
+            if hf.startswith(prefix) and hf.endswith(suffix) and hf[len(prefix):-len(suffix)].isdigit():
+                return g.replace("{i}", hf[len(prefix):-len(suffix)])
+        elif h == hf:
+            return g
+    raise KeyError(hf)
+
+
+def _k_blocks(kind: str, rows: int, cols: int, rng) -> np.ndarray:
+    """Valid `kind` blocks for a [rows, cols] tensor: gguf.quants has no K-quant quantizer, so the
+    quants are random bytes and the f16 scales small finite numbers."""
+    block, size = gguf.GGML_QUANT_SIZES[T[kind]]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for at in _K_SCALES[kind]:
+        scale = (rng.uniform(0.5, 1.0, (rows, cols // block)) * 1e-3).astype(np.float16)
+        raw[:, :, at:at + 2] = scale.view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, cols // block * size)
+
+
+def _twin(tmp, kind: str, sizes: dict, tied: bool = False, seed: int = 0, edit=None, kv=None):
+    """(HF directory, GGUF path, GGUF tensors as written): a random Llama, its 2-D weights stored
+    as `kind` in the GGUF (norms F32) and as their dequantized values in the HF form."""
+    rng = np.random.default_rng(seed)
+    config = ex.llama_config(**sizes, tied=tied)
+    weights = ex.random_llama_weights(config, seed=seed)
+    H, KVH = config["num_attention_heads"], config["num_key_value_heads"]
+    hf, written = {}, {}
+    for name, w in weights.items():
+        if w.ndim == 1 or kind in ("F32", "F16", "BF16"):
+            if kind == "F16" and w.ndim == 2:
+                w = w.astype(np.float16)
+            elif kind == "BF16" and w.ndim == 2:
+                w = w.astype(ml_dtypes.bfloat16)
+            hf[name] = w
+            stored = w
+        else:
+            blocks = quants.quantize(w, T[kind]) if kind in LEGACY else _k_blocks(kind, *w.shape, rng)
+            hf[name] = quants.dequantize(blocks, T[kind])
+            stored = blocks
+        if name.endswith("q_proj.weight"):  # llama.cpp: LlamaModel.permute(data, n_head, n_head)
+            stored = permute(stored, H, H)
+            if kind in LEGACY:  # permute-then-quantize == quantize-then-permute: whole rows move
+                np.testing.assert_array_equal(quants.quantize(permute(w, H, H), T[kind]), stored)
+        elif name.endswith("k_proj.weight"):
+            stored = permute(stored, H, KVH)
+        written[_gguf_name(name)] = stored
+    if edit:
+        edit(written)
+    directory = ex.write_checkpoint(tmp / f"hf-{kind}-{seed}", config,
+                                    {k: np.asarray(v) for k, v in hf.items()})
+    path = tmp / f"twin-{kind}-{seed}.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(KVH)
+    w.add_rope_dimension_count(config["head_dim"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    if kv:
+        kv(w)
+    for name, arr in written.items():
+        gkind = kind if arr.dtype == np.uint8 else {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[arr.dtype.name]
+        if gkind == "BF16":
+            w.add_tensor(name, np.ascontiguousarray(arr).view(np.uint8), raw_dtype=T.BF16)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(arr), raw_dtype=T[gkind])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return directory, path, written
+
+
+def _same_model(a, b):
+    ma, mb = open_model(a), open_model(b)
+    assert dict(ma.sizevars) == dict(mb.sizevars)
+    for key in ("rms_norm_eps", "rope_theta", "attn_scale", "architecture"):
+        assert ma.metadata[key] == mb.metadata[key], key
+    assert sorted(ma.tensors) == sorted(mb.tensors)
+    for name in ma.tensors:
+        x, y = ma.load(name), mb.load(name)
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert x.tobytes() == y.tobytes(), name
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16", *LEGACY, *KQUANTS])
+def test_twin_converts_to_the_hf_model(tmp_path, kind):
+    sizes = WIDE if kind in KQUANTS else SMALL
+    hf_dir, path, written = _twin(tmp_path, kind, sizes, tied=kind == "Q8_0")
+    convert_hf(hf_dir, tmp_path / "hf.oinf", dtype="f32")
+    convert_gguf(path, tmp_path / "gguf.oinf", dtype="f32")
+    _same_model(tmp_path / "hf.oinf", tmp_path / "gguf.oinf")
+    # the values are gguf.quants.dequantize of the file's blocks (Q/K rows put back in HF order)
+    m = open_model(tmp_path / "gguf.oinf")
+    H, KVH = sizes["heads"], sizes["kv_heads"]
+    for hf in ("model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
+        raw = written[_gguf_name(hf)]
+        want = quants.dequantize(raw.view(np.uint8) if kind == "BF16" else raw, T[kind])
+        if "k_proj" in hf:
+            want = reverse_permute(want, H, KVH)
+        assert m.load(hf).tobytes() == np.asarray(want, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16"])
+def test_float_types_keep_their_dtype(tmp_path, kind):
+    hf_dir, path, _ = _twin(tmp_path, kind, SMALL)
+    convert_hf(hf_dir, tmp_path / "hf.oinf")
+    convert_gguf(path, tmp_path / "gguf.oinf")
+    _same_model(tmp_path / "hf.oinf", tmp_path / "gguf.oinf")
+    assert open_model(tmp_path / "gguf.oinf").tensors["model.layers.1.mlp.up_proj.weight"].dtype == kind.lower()
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kept")
+    out = {}
+    for kind, sizes in (("Q4_1", SMALL), ("Q4_K", WIDE)):
+        _, path, written = _twin(tmp, kind, sizes, tied=True)
+        convert_gguf(path, tmp / f"{kind}.oinf")
+        convert_gguf(path, tmp / f"{kind}-f32.oinf", dtype="f32")
+        out[kind] = (tmp / f"{kind}.oinf", tmp / f"{kind}-f32.oinf", written, sizes)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
+def test_kept_blocks_round_trip_their_bytes(kept, kind):
+    path, f32_path, written, sizes = kept[kind]
+    m, f = open_model(path), open_model(f32_path)
+    H, KVH = sizes["heads"], sizes["kv_heads"]
+    for name, info in m.tensors.items():
+        if info.ggml is None:
+            assert info.dtype == "f32" and len(info.shape) == 1
+            continue
+        assert info.ggml == m.ggml_type(name) == kind and info.dtype == "u8"
+        assert info.value_shape == f.tensors[name].shape and info.value_dtype == "f32"
+        raw = written[_gguf_name("model.embed_tokens.weight" if name == "lm_head.weight" else name)]
+        if "q_proj" in name:
+            raw = reverse_permute(raw, H, H)
+        elif "k_proj" in name:
+            raw = reverse_permute(raw, H, KVH)
+        assert m.load_packed(name).tobytes() == np.ascontiguousarray(raw).tobytes(), name
+        assert m.load(name).tobytes() == f.load(name).tobytes(), name  # dequantized at load, exactly
+    assert m.metadata["ggml_type.model.layers.0.mlp.up_proj.weight"].value == kind
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
+def test_kept_blocks_run_the_llama_graph_like_the_f32_conversion(kept, kind):
+    path, f32_path, _, sizes = kept[kind]
+    tokens = [3, 1, 4, 1, 5][:sizes["max_positions"]]
+    runs = []
+    for model in (path, f32_path):
+        sess = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=model, ops=["nn"]).session()
+        logits = []
+        for tok in tokens:
+            sess.step(token=np.int32(tok % sizes["vocab"]))
+            logits.append(np.asarray(sess.read("logits")))
+        runs.append(np.stack(logits))
+    assert runs[0].tobytes() == runs[1].tobytes() and np.abs(runs[1]).max() > 0
+
+
+def test_inspect_shows_kept_blocks(kept, capsys):
+    code, stdout, _ = run_cli(capsys, "inspect", kept["Q4_1"][0])
+    assert code == 0
+    assert "ggml Q4_1 blocks of f32[64, 32] (dequantized at load)" in stdout
+    assert "ggml_type.* entries" in stdout and "example graph: examples/llama_decode.oi" in stdout
+
+
+def test_cli_convert_gguf(tmp_path, capsys):
+    _, path, _ = _twin(tmp_path, "Q8_0", SMALL)
+    out = tmp_path / "m.oinf"
+    code, stdout, stderr = run_cli(capsys, "convert-gguf", path, "-o", out, "--max-positions", "8")
+    assert code == 0 and stdout == "" and stderr == (f"wrote {out}: 21 tensors (f32, u8, 24.0 KiB); V=64 D=32 L=2 H=4 KVH=2 HD=8 F=64 T=8 QD=32 KVD=16 G=2\n")
+    assert open_model(out).sizevars["T"] == 8
+    code, _, stderr = run_cli(capsys, "convert-gguf", path, "-o", out, "--dtype", "bf16", "--quiet")
+    assert (code, stderr) == (0, "") and open_model(out).tensors["model.norm.weight"].dtype == "bf16"
+
+
+# ------------------------------------------------------------------------- the mapping tables
+
+def test_config_mapping_per_architecture():
+    tensors = {}
+    fields = {"general.architecture": "qwen3", "qwen3.context_length": 64, "qwen3.block_count": 2,
+              "qwen3.embedding_length": 32, "qwen3.feed_forward_length": 48, "qwen3.attention.head_count": 4,
+              "qwen3.attention.head_count_kv": 2, "qwen3.attention.key_length": 16,
+              "qwen3.attention.layer_norm_rms_epsilon": 1e-6, "qwen3.rope.freq_base": 1e6, "qwen3.vocab_size": 80}
+    assert gguf_config(fields, tensors, "f.gguf") == {
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu",
+        "max_position_embeddings": 64, "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 48,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+        "rope_theta": 1e6, "vocab_size": 80, "tie_word_embeddings": True}
+    with pytest.raises(OiError, match=r"f.gguf: metadata qwen3.rope.scaling.type is 'yarn'"):
+        gguf_config({**fields, "qwen3.rope.scaling.type": "yarn"}, tensors, "f.gguf")
+    with pytest.raises(OiError, match=r"metadata qwen3.expert_count is not supported"):
+        gguf_config({**fields, "qwen3.expert_count": 8}, tensors, "f.gguf")
+    with pytest.raises(OiError, match=r"general.architecture is 'mamba': supported GGUF architectures are llama, "):
+        gguf_config({"general.architecture": "mamba"}, tensors, "f.gguf")
+
+
+@pytest.mark.parametrize("arch, gguf_name, hf", [
+    ("llama", "blk.3.ffn_norm.weight", "model.layers.3.post_attention_layernorm.weight"),
+    ("qwen2", "blk.0.attn_k.bias", "model.layers.0.self_attn.k_proj.bias"),
+    ("qwen3", "blk.1.attn_q_norm.weight", "model.layers.1.self_attn.q_norm.weight"),
+    ("phi3", "blk.0.attn_qkv.weight", "model.layers.0.self_attn.qkv_proj.weight"),
+    ("phi3", "blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj.weight"),
+    ("gemma2", "blk.2.ffn_norm.weight", "model.layers.2.pre_feedforward_layernorm.weight"),
+    ("gemma2", "blk.2.post_ffw_norm.weight", "model.layers.2.post_feedforward_layernorm.weight"),
+    ("gemma3", "blk.0.attn_k_norm.weight", "model.layers.0.self_attn.k_norm.weight"),
+    ("llama", "blk.0.attn_q.bias", None), ("phi3", "blk.0.attn_q.weight", None),
+    ("llama", "rope_freqs.weight", None),
+])
+def test_tensor_names_per_architecture(arch, gguf_name, hf):
+    assert hf_name(ARCHITECTURES[arch], gguf_name) == hf
+
+
+def test_permute_is_llama_cpps_and_reverse_undoes_it():
+    w = np.arange(16 * 3).reshape(16, 3)
+    # llama.cpp: per head, rows [x0..x_{d/2-1}, y0..] -> interleaved [x0, y0, x1, y1, ...]
+    head = permute(w, 2)[:8, 0] // 3
+    assert head.tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    for n, kv in ((2, None), (4, 2), (8, 1)):
+        assert (reverse_permute(permute(w, n, kv), n, kv) == w).all()
+
+
+# ------------------------------------------------------------------------------ hostile files
+
+def _kv_string(key: str, value: str) -> bytes:
+    k, v = key.encode(), value.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<IQ", 8, len(v)) + v
+
+
+def _header(kvs: bytes, n_kv: int, tensors: bytes = b"", n_tensors: int = 0) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + kvs + tensors
+
+
+def _tensor_info(name: str, ne: list[int], code: int, offset: int) -> bytes:
+    n = name.encode()
+    return struct.pack("<Q", len(n)) + n + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne) + \
+        struct.pack("<IQ", code, offset)
+
+
+def _hostile(tmp_path, data: bytes):
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", r"not a GGUF file \(wrong magic"),
+    ("magic", r"not a GGUF file \(wrong magic"),
+    ("version", r"GGUF version 1 is not supported"),
+    ("huge array", r"metadata tokenizer.ggml.tokens: an array of 1099511627776 items does not fit"),
+    ("huge string", r"truncated: metadata general.name needs 1099511627776 bytes"),
+    ("unknown type", r"tensor token_embd.weight: unknown tensor type 99"),
+    ("past the end", r"tensor token_embd.weight: data \(offset 128, 1024 bytes\) runs past the end of the file \(126 bytes\)"),
+    ("truncated", r"truncated: the length of a tensor name"),
+    ("bad alignment", r"general.alignment is 3: not a power of two"),
+    ("iq type", r"tensor token_embd.weight has type IQ2_XXS: supported types are F32, F16, BF16, Q4_0"),
+])
+def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
+    arch = _kv_string("general.architecture", "llama")
+    data = {
+        "empty": b"",
+        "magic": b"GGUX" + bytes(20),
+        "version": b"GGUF" + struct.pack("<IQQ", 1, 0, 0),
+        "huge array": _header(arch + struct.pack("<Q", 21) + b"tokenizer.ggml.tokens" + struct.pack("<IIQ", 9, 8, 1 << 40),
+                              2),
+        "huge string": _header(struct.pack("<Q", 12) + b"general.name" + struct.pack("<IQ", 8, 1 << 40), 1),
+        "unknown type": _header(arch, 1, _tensor_info("token_embd.weight", [16, 16], 99, 0), 1),
+        "past the end": _header(arch, 1, _tensor_info("token_embd.weight", [16, 16], 0, 0), 1),
+        "truncated": _header(arch, 1, b"", 1),
+        "bad alignment": _header(arch + struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 3), 2),
+        "iq type": _header(arch, 1, _tensor_info("token_embd.weight", [256, 1], 16, 0), 1) + bytes(4096),
+    }[case]
+    path = _hostile(tmp_path, data)
+    out = tmp_path / "m.oinf"
+    out.write_bytes(b"keep me")
+    with pytest.raises(OiError, match=message) as e:
+        convert_gguf(path, out)
+    assert str(path) in str(e.value)
+    assert out.read_bytes() == b"keep me"
+
+
+def test_wrong_shapes_and_cli_errors(tmp_path, capsys):
+    def swap(written):
+        written["blk.0.ffn_up.weight"] = written["blk.0.ffn_down.weight"]
+    _, path, _ = _twin(tmp_path, "F32", SMALL, edit=swap)
+    out = tmp_path / "m.oinf"
+    code, stdout, stderr = run_cli(capsys, "convert-gguf", path, "-o", out)
+    assert code == 1 and stdout == "" and not out.exists()
+    assert stderr.startswith("error: ") and "model.layers.0.mlp.up_proj.weight" in stderr \
+        and "has shape [32, 64], expected [64, 32]" in stderr and "Traceback" not in stderr
+    code, _, stderr = run_cli(capsys, "convert-gguf", tmp_path / "nope.gguf", "-o", out)
+    assert code == 1 and stderr == f"error: {tmp_path / 'nope.gguf'}: file not found\n"
