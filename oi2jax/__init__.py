@@ -5,14 +5,14 @@
     outputs = prog.run({"x": x}, steps=1)
 """
 
-__all__ = ["compile", "parse", "check", "Program", "Session", "StepState", "OiError", "Diagnostic",
-           "model", "api", "ir", "runtime"]
+__all__ = ["compile", "parse", "check", "generate", "Generator", "Program", "Session", "StepState", "OiError",
+           "Diagnostic", "model", "api", "ir", "runtime"]
 __version__ = "0.1.0"
 
 # public submodules, imported on first access (`oi2jax.model.save(...)`): `oi2jax check` must not
 # pay for importing JAX, and only `api`, `runtime` and `lowering` import it
 _SUBMODULES = ("model", "api", "ir", "runtime", "lowering", "grammar", "graph_json", "export", "interpret",
-               "check", "dtypes", "diagnostics", "cli")
+               "check", "dtypes", "diagnostics", "cli", "generation")
 
 
 def __getattr__(name):  # deferred (PEP 562): `import oi2jax` and `oi2jax.model` stay JAX-free; `python -m
@@ -29,6 +29,9 @@ def __getattr__(name):  # deferred (PEP 562): `import oi2jax` and `oi2jax.model`
     if name in ("compile", "Program"):
         from . import api
         return getattr(api, name)
+    if name in ("generate", "Generator"):
+        from . import generation
+        return getattr(generation, name)
     if name == "parse":
         from .grammar.parse import parse
         return parse

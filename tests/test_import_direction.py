@@ -39,7 +39,7 @@ LAYERS = [
     ("front end", {"pipeline"}),
     ("backends", {"lowering/", "interpret", "interpret_caches"}),
     ("runtime", {"runtime/"}),
-    ("facade", {"api", "export", "cli", "oi2jax", "__main__"}),
+    ("facade", {"api", "export", "cli", "oi2jax", "__main__", "generation"}),
 ]
 RANK = {group: rank for rank, (_, groups) in enumerate(LAYERS) for group in groups}
 

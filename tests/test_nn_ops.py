@@ -39,7 +39,7 @@ FLOATS = ("f16", "bf16", "f32", "f64")
 REPRESENTATIVE = ("i32", "i8", "u8", "bool")  # besides the floats, for the any / index / numeric ops
 
 # Data movement, lookup and argmax: bit for bit, every dtype.
-EXACT = {"transpose", "reshape", "concat", "embedding", "argmax"}
+EXACT = {"transpose", "reshape", "concat", "embedding", "argmax", "sample"}
 # Ops whose result sums many terms (or, rope, mixes two products of a cos / sin): the "reduction" row.
 REDUCTION = {"softmax", "rms_norm", "layer_norm", "rope", "linear", "matmul_t", "einsum"}
 

@@ -16,6 +16,7 @@ from .position import rope, embedding
 from .layout import transpose, reshape, concat
 from .matmul import linear, matmul_t, einsum
 from .argmax import argmax
+from .sampling import sample
 
 OPS = (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, sin, cos, softmax, rms_norm, layer_norm, rope, embedding,
-       transpose, reshape, concat, linear, matmul_t, einsum, argmax)
+       transpose, reshape, concat, linear, matmul_t, einsum, argmax, sample)

@@ -1,0 +1,129 @@
+"""nn op `sample`: the next token drawn on the device with temperature, top-k, top-p and min-p.
+
+Every setting is an attribute that may be a variable (a runtime value: changing it does not
+recompile). The draw is counter-based: the noise of a draw is a pure function of `(seed,
+position)`, so a run is reproducible for a seed, a replayed step draws the same token, and two
+sequences with different seeds (or one sequence at different positions) draw independently. No
+PRNG state has to be carried or donated: the position (a cache's fill count) is the counter.
+
+The filters are transformers' logits warpers, in its order (`TemperatureLogitsWarper`,
+`TopKLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper`), computed in f32; the draw is the
+Gumbel-max trick over the kept logits, which samples exactly from their softmax.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..define import Attr, op
+from ..errors import OpTypeError
+from ._common import float_samples
+
+
+def gumbel_noise(seed, position, n: int):
+    """The Gumbel noise of one draw over `n` tokens: f32[n] from threefry keyed by
+    `fold_in(key(seed), position)`. The one definition: the kernel traces it, the NumPy reference
+    evaluates it on the host, so both draw the same token."""
+    key = jax.random.fold_in(jax.random.key(jnp.asarray(seed, jnp.uint32)), jnp.asarray(position, jnp.uint32))
+    return jax.random.gumbel(key, (n,), jnp.float32)
+
+
+def _sample_shape(shapes, attrs):
+    x = tuple(shapes[0])
+    if len(x) < 1:
+        raise OpTypeError("op sample: logits must have rank >= 1 (it draws over the last axis)", input=0)
+    return x[:-1]
+
+
+def _filter(z, top_k, top_p, min_p, xp):
+    """The kept logits (the others -inf) of z (f32 [..., V], already divided by the temperature),
+    written once for both array modules: `xp` is jax.numpy (the kernel) or numpy (the reference)."""
+    v = z.shape[-1]
+    neg = xp.asarray(-np.inf, np.float32)
+    top_k = xp.asarray(top_k)
+    top_p = xp.asarray(top_p, np.float32)
+    min_p = xp.asarray(min_p, np.float32)
+    # top-k: keep the values >= the k-th largest (ties at it kept); k <= 0 or k >= V keeps all
+    desc = -xp.sort(-z, axis=-1)
+    kth = xp.take_along_axis(desc, xp.clip(top_k - 1, 0, v - 1)[..., None].astype(np.int32), axis=-1)
+    z = xp.where(((top_k > 0) & (top_k < v))[..., None] & (z < kth), neg, z)
+    # top-p: in ascending order, drop the prefix whose cumulative probability is <= 1 - p (the most
+    # likely token always stays); p >= 1 keeps all
+    asc = xp.sort(z, axis=-1)
+    e = xp.exp(asc - asc[..., -1:])
+    cum = xp.cumsum(e / xp.sum(e, axis=-1, keepdims=True), axis=-1)
+    dropped = xp.sum((cum <= (1 - top_p)[..., None])[..., :-1], axis=-1)
+    threshold = xp.take_along_axis(asc, dropped[..., None].astype(np.int32), axis=-1)
+    z = xp.where((top_p < 1)[..., None] & (z < threshold), neg, z)
+    # min-p: drop the tokens whose probability is below min_p x the largest probability
+    e = xp.exp(z - xp.max(z, axis=-1, keepdims=True))
+    probs = e / xp.sum(e, axis=-1, keepdims=True)
+    z = xp.where((min_p > 0)[..., None] & (probs < min_p[..., None] * xp.max(probs, axis=-1, keepdims=True)), neg, z)
+    return z
+
+
+def _noise_for(seed, position, batch: tuple[int, ...], n: int, xp):
+    """Noise [*batch, n]: one draw per sequence, each with its own seed and position (a scalar
+    seed or position is shared by the batch)."""
+    seed = xp.broadcast_to(xp.asarray(seed), batch).reshape(-1)
+    position = xp.broadcast_to(xp.asarray(position), batch).reshape(-1)
+    if xp is np:
+        rows = [np.asarray(gumbel_noise(int(s), int(p), n)) for s, p in zip(seed, position)]
+        return np.stack(rows).reshape(*batch, n) if rows else np.zeros((*batch, n), np.float32)
+    return jax.vmap(lambda s, p: gumbel_noise(s, p, n))(seed, position).reshape(*batch, n)
+
+
+def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
+    x = xp.asarray(logits).astype(np.float32)
+    batch, v = x.shape[:-1], x.shape[-1]
+    t = xp.broadcast_to(xp.asarray(temperature, np.float32), batch)
+    greedy = xp.argmax(x, axis=-1).astype(np.int32)
+    z = x / xp.where(t > 0, t, xp.asarray(1, np.float32))[..., None]
+    kept = _filter(z, xp.broadcast_to(xp.asarray(top_k), batch), xp.broadcast_to(xp.asarray(top_p, np.float32), batch),
+                   xp.broadcast_to(xp.asarray(min_p, np.float32), batch), xp)
+    drawn = xp.argmax(kept + _noise_for(seed, position, batch, v, xp), axis=-1).astype(np.int32)
+    return xp.where(t > 0, drawn, greedy)
+
+
+def _bad_settings(logits, top_p, min_p, xp):
+    """What makes a draw undefined: a NaN logit, top_p outside (0, 1], min_p outside [0, 1]."""
+    return (xp.any(xp.isnan(xp.asarray(logits))) | xp.any(~((xp.asarray(top_p) > 0) & (xp.asarray(top_p) <= 1)))
+            | xp.any(~((xp.asarray(min_p) >= 0) & (xp.asarray(min_p) <= 1))))
+
+
+_MESSAGE = "sample: NaN logits, or top_p outside (0, 1] or min_p outside [0, 1] (flag {value})"
+
+
+def _sample_ref(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, position=0, ctx=None):
+    if ctx is not None and _bad_settings(logits, top_p, min_p, np):
+        ctx.fail_if(np.bool_(True), _MESSAGE, 1)
+    with np.errstate(all="ignore"):
+        return np.asarray(_draw(logits, temperature, top_k, top_p, min_p, seed, position, np))
+
+
+def _sample_samples(rng, d):
+    x = float_samples(rng, d, (3, 10), 2.0)
+    return [((x,), {}),
+            ((x,), {"temperature": 0.0}),
+            ((x,), {"temperature": np.array(0.7, np.float32), "top_k": np.array(3, np.int32), "seed": 7}),
+            ((x[0],), {"top_p": 0.9, "position": np.array(5, np.int32)}),
+            ((x,), {"min_p": 0.1, "top_k": 4, "top_p": 0.8, "seed": np.array(3, np.int32)})]
+
+
+@op(inputs={"logits": "float"}, attrs={"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                                       "seed": Attr("int", 0), "position": Attr("int", 0)},
+    out_dtype="i32", shape=_sample_shape, category="nn", op_set="nn", reference=_sample_ref, samples=_sample_samples)
+def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, position=0, ctx):
+    """The next token (i32, the last axis removed) drawn from the filtered softmax(logits / t).
+
+    The filters are transformers' warpers, in its order: top_k (keep the logits >= the k-th largest; k <= 0 or
+    k >= V keeps all), top_p (keep the smallest set of most likely tokens whose probability sum
+    exceeds p; p = 1 keeps all), min_p (drop the tokens below min_p x the largest probability;
+    0 keeps all). temperature <= 0 is greedy (the first maximum, as argmax). The draw is the
+    Gumbel-max trick with the noise of `gumbel_noise(seed, position)`: reproducible for a seed,
+    independent across seeds and positions; a scalar seed/position is shared by a batch, arrays
+    of the batch shape give each sequence its own. A NaN logit, top_p outside (0, 1] or min_p
+    outside [0, 1] is a runtime error of the node. All settings may be variables."""
+    ctx.fail_if(_bad_settings(logits, top_p, min_p, jnp), _MESSAGE, jnp.int32(1))
+    return _draw(logits, temperature, top_k, top_p, min_p, seed, position, jnp)

@@ -1,0 +1,145 @@
+"""`oi2jax generate` / `oi2jax.generation`: text in and out with a converted model.
+
+A random Llama checkpoint with a project-trained byte-level BPE, a chat template and stop ids
+(tokenizer.json, tokenizer_config.json, generation_config.json beside it), converted with
+convert-hf: greedy generation equals the NumPy Llama's greedy continuation token for token; a stop
+id ends it with nothing after it; sampling is reproducible for a seed; a run past the cache's
+capacity returns what it generated before the failing step; the CLI prints the text and the
+`--stats` lines other tools read."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from oi2jax.diagnostics import OiError
+from oi2jax.generation import Generator
+from oi2jax.model.convert import convert_hf
+
+from conftest import EXAMPLES, run_cli
+from llama_ref import LlamaRef
+
+sys.path.insert(0, str(EXAMPLES))
+import llama_checkpoint  # noqa: E402
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+VOCAB = 80
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gen")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL, show_progress=False)
+    tok.train_from_iterator(["hello world the quick brown fox jumps over the lazy dog, hi there"] * 20, trainer)
+    vocab = tok.get_vocab(with_added_tokens=True)  # every id the model can draw decodes to text
+    ck = llama_checkpoint.write_random_llama(tmp / "ck", vocab=len(vocab), hidden=32, layers=2, heads=4, kv_heads=2,
+                                             intermediate=64, max_positions=40, seed=3, std=0.3)
+    (ck / "tokenizer.json").write_text(tok.to_str())
+    (ck / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    (ck / "generation_config.json").write_text(json.dumps({"eos_token_id": [vocab["<|im_end|>"]]}))
+    path = tmp / "m.oinf"
+    convert_hf(ck, path)
+    from safetensors.numpy import load_file
+    weights = load_file(str(ck / "model.safetensors"))
+    config = json.loads((ck / "config.json").read_text())
+    return {"path": path, "weights": weights, "config": config, "tok": tok, "vocab": vocab, "tmp": tmp}
+
+
+@pytest.fixture(scope="module")
+def gen(model):
+    return Generator(model["path"], EXAMPLES / "llama_decode.oi")
+
+
+def greedy_reference(model, prompt_ids, n):
+    ref = LlamaRef(model["weights"], model["config"])
+    for t in prompt_ids[:-1]:
+        ref.step(t)
+    logits = ref.step(prompt_ids[-1])
+    out = []
+    for _ in range(n):
+        t = int(np.argmax(logits))
+        out.append(t)
+        logits = ref.step(t)
+    return out
+
+
+def test_greedy_text_equals_the_numpy_llama(model, gen):
+    pieces = []
+    res = gen.generate("hello world", max_tokens=8, ignore_eos=True, on_text=pieces.append)
+    want = greedy_reference(model, res.prompt_ids, 8)
+    assert res.prompt_ids == model["tok"].encode("hello world").ids
+    assert res.ids == want and res.finish == "length"
+    assert res.text == model["tok"].decode(want, skip_special_tokens=True) == "".join(pieces)
+    assert res.stats.prompt_tokens == len(res.prompt_ids) and res.stats.generated_tokens == 8
+
+
+def test_a_stop_id_ends_the_generation_with_nothing_after_it(model, gen):
+    ids = greedy_reference(model, [5, 6, 7], 10)
+    stop = ids[4]
+    first = ids.index(stop)
+    res = gen.generate(prompt_ids=[5, 6, 7], max_tokens=10, stop_ids=[stop], ignore_eos=True)
+    assert res.ids == ids[:first] and res.finish == "stop" and res.stop_id == stop
+
+
+def test_chat_renders_the_template_and_sampling_is_reproducible(model, gen):
+    ids = gen.prompt_ids("hi there", chat=True)
+    text = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
+    assert ids == model["tok"].encode(text).ids
+    a = gen.generate("hi", chat=True, max_tokens=12, temperature=1.0, top_k=20, seed=1, ignore_eos=True)
+    b = gen.generate("hi", chat=True, max_tokens=12, temperature=1.0, top_k=20, seed=1, ignore_eos=True)
+    c = gen.generate("hi", chat=True, max_tokens=12, temperature=1.0, top_k=20, seed=2, ignore_eos=True)
+    assert a.ids == b.ids and a.ids != c.ids
+
+
+def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):
+    prompt = [5, 6, 7, 8]
+    res = gen.generate(prompt_ids=prompt, max_tokens=100, ignore_eos=True)  # T = 40 positions
+    assert res.finish == "error" and "40" in str(res.error)
+    want = greedy_reference(model, prompt, len(res.ids))
+    assert res.ids == want and len(prompt) + len(res.ids) == 41  # the token of step 40 was drawn, not fed
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_p=0.0), dict(min_p=2.0), dict(top_k=-1),
+                                 dict(max_tokens=-2), dict(seed=-1)])
+def test_bad_settings_are_named(gen, bad):
+    with pytest.raises(OiError, match=next(iter(bad))):
+        gen.generate(prompt_ids=[1, 2], **bad)
+
+
+def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys):
+    ids_out = tmp_path / "ids.npy"
+    code, out, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt",
+                             "hello world", "--max-tokens", "6", "--ignore-eos", "--stats", "--ids-out", ids_out)
+    assert code == 0, err
+    ids = np.load(ids_out)
+    prompt = model["tok"].encode("hello world").ids
+    assert ids.tolist() == greedy_reference(model, prompt, 6)
+    assert out == model["tok"].decode(ids.tolist(), skip_special_tokens=True) + "\n"
+    assert re.search(rf"^prompt {len(prompt)} tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
+    assert re.search(r"^generated 6 tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
+
+
+def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys):
+    np.save(tmp_path / "p.npy", np.arange(30, dtype=np.int32))
+    code, out, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi",
+                             "--prompt-ids", tmp_path / "p.npy", "--max-tokens", "50", "--ignore-eos")
+    assert code == 1 and "error:" in err and "11 tokens were generated before the failing step" in err, err
+    assert out.strip()  # the text of the 11 tokens
+
+
+def test_cli_usage_errors(model, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "generate", model["path"])
+    assert code == 2 and "--prompt TEXT or --prompt-ids" in err
+    (tmp_path / "bad.npy").write_text("no")
+    code, _, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt-ids",
+                           tmp_path / "bad.npy")
+    assert code == 1 and "not a .npy array" in err
