@@ -28,7 +28,7 @@ import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["META", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
+__all__ = ["META", "config_token_ids", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
            "gguf_tokenizer_unsupported", "render_chat",
            "encode_prompt", "describe"]
 
@@ -96,6 +96,14 @@ def _token_id(tokenizer: dict | None, token) -> int | None:
             return added["id"]
     vocab = (tokenizer.get("model") or {}).get("vocab")
     return vocab.get(token) if isinstance(vocab, dict) else None
+
+
+def config_token_ids(config: dict) -> dict:
+    """The special-id entries a `config.json` alone gives (its bos_token_id, eos_token_id: one id or
+    a list): what `convert.convert_checkpoint` stores for any source; the checkpoint's other files
+    (`hf_tokenizer_metadata`) and a GGUF's tokenizer entries take precedence."""
+    bos, eos = _ids(config.get("bos_token_id")), _ids(config.get("eos_token_id"))
+    return _entries(None, None, bos[0] if bos else None, eos[0] if eos else None, eos)
 
 
 def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
