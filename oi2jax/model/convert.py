@@ -35,7 +35,7 @@ from .hf.families import FAMILIES, ModelConfig, read_config
 from .ggml import ggml_stored_shape, meta_key
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
 from .reader import NAME_RE
-from .tokenizer import META, hf_tokenizer_metadata
+from .tokenizer import META, config_token_ids, hf_tokenizer_metadata
 from .writer import LazyTensor, save
 
 __all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSource", "SourceEntry", "read_config",
@@ -244,7 +244,8 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         tensors[name] = value
         stored[name] = "i32" if value.dtype == np.int32 else "f32"
         total += value.nbytes
-    metadata = {**cfg.metadata, META["graph"]: f"examples/{cfg.family.graph}", **(extra_metadata or {}),
+    metadata = {**cfg.metadata, META["graph"]: f"examples/{cfg.family.graph}", **config_token_ids(raw_config),
+                **(extra_metadata or {}),
                 **{meta_key(out): source.entries[p.source].ggml for out, p in plan.items()
                    if source.entries[p.source].ggml is not None}}
     if cfg.tied:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["META", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
+__all__ = ["META", "config_token_ids", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
            "gguf_tokenizer_unsupported", "render_chat",
            "encode_prompt", "describe"]
 
@@ -98,6 +98,14 @@ def _token_id(tokenizer: dict | None, token) -> int | None:
     return vocab.get(token) if isinstance(vocab, dict) else None
 
 
+def config_token_ids(config: dict) -> dict:
+    """The special-id entries a `config.json` alone gives (its bos_token_id, eos_token_id: one id or
+    a list): what `convert.convert_checkpoint` stores for any source; the checkpoint's other files
+    (`hf_tokenizer_metadata`) and a GGUF's tokenizer entries take precedence."""
+    bos, eos = _ids(config.get("bos_token_id")), _ids(config.get("eos_token_id"))
+    return _entries(None, None, bos[0] if bos else None, eos[0] if eos else None, eos)
+
+
 def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     """The tokenizer entries of a Hugging Face checkpoint directory (whichever files it has)."""
     text = None
@@ -123,11 +131,14 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
         template = jinja_path.read_text(encoding="utf-8")
     if template is not None and not isinstance(template, str):
         raise OiError(f"{directory / 'tokenizer_config.json'}: chat_template must be a string, got {template!r}")
-    bos = next(iter(_ids(gen.get("bos_token_id")) or _ids(config.get("bos_token_id"))
-                    or _ids(_token_id(tokenizer, tok_config.get("bos_token")))), None)
-    eos_list = _ids(config.get("eos_token_id")) or _ids(_token_id(tokenizer, tok_config.get("eos_token")))
-    stop = _ids(gen.get("eos_token_id")) or eos_list
-    return _entries(text, template, bos, eos_list[0] if eos_list else None, stop)
+    # special ids, later layers first: generation_config.json, config.json, the tokenizer's tokens
+    tok_bos = _ids(_token_id(tokenizer, tok_config.get("bos_token")))
+    tok_eos = _ids(_token_id(tokenizer, tok_config.get("eos_token")))
+    gen_bos = _ids(gen.get("bos_token_id"))
+    ids = {**_entries(None, None, tok_bos[0] if tok_bos else None, tok_eos[0] if tok_eos else None, tok_eos),
+           **config_token_ids(config),
+           **_entries(None, None, gen_bos[0] if gen_bos else None, None, _ids(gen.get("eos_token_id")))}
+    return {**_entries(text, template, None, None, []), **ids}
 
 
 def gguf_tokenizer_unsupported(fields: dict) -> str | None:
