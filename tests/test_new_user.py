@@ -83,3 +83,50 @@ def test_collect_of_a_fixed_table_does_not_say_its_shape_changes():
     assert str(info.value) == ("error: collect: G is a cache table, whose shape changes from step to step (i grows); "
                                "cache.read it into a volatile and collect that")
     assert prog.run({}, steps=2, collect="y")["y"].shape == (2, 2)  # the way the message says
+
+
+LITERAL = """dynamic { x: f32[2] @init(2.0); }
+volatile { y: f32[2]; }
+block entry {
+    op mul(x, ARG) >> y;
+    return;
+}
+"""
+
+
+@pytest.mark.parametrize("arg,kind", [("0.125", "f32"), ("-1", "i32"), ("- 2.5e-1", "f32")])
+def test_a_literal_op_input_says_how_to_declare_a_variable(arg, kind):
+    with pytest.raises(OiError) as info:
+        oi2jax.parse(LITERAL.replace("ARG", arg))
+    text = arg.replace(" ", "")
+    assert str(info.value).startswith(
+        f"<string>:4:15: error: unexpected '{text}': an op input is a variable, not a literal; declare one holding the "
+        f"value, e.g. `c: {kind} @init({text});` in `volatile {{ ... }}` (the dtype of the op's other inputs), and "
+        f"write c in its place")
+    # the way the message says, as written
+    fixed = LITERAL.replace("volatile { y: f32[2]; }", "volatile { y: f32[2]; c: f32 @init(0.125); }").replace("ARG", "c")
+    np.testing.assert_array_equal(oi2jax.compile(fixed).run({})["y"], np.float32([0.25, 0.25]))
+
+
+LINEAR = """dynamic { h: f32[1, 4] @init(1.0); }
+constant { W(l): f32[3, 4] @pattern("w.{l}"); bq(l): f32[3] @pattern("b.{l}"); b: f32[3]; }
+volatile { y: f32[1, 3]; }
+block entry {
+    loop layers (l in 0..1) {
+        op linear(h, W[l], bias=ARG) >> y;
+    }
+    return;
+}
+"""
+
+
+@pytest.mark.parametrize("arg", ["bq[l]", "b"])
+def test_linear_bias_setting_says_bias_is_an_input(capsys, tmp_path, arg):
+    """`bias=bq[l]` is a parse error, `bias=b` an op-typing one: both say the same."""
+    g = tmp_path / "g.oi"
+    g.write_text(LINEAR.replace("ARG", arg))
+    code, _, err = run_cli(capsys, "check", g, "--no-model", "--ops", "nn")
+    assert code == 1
+    assert ("error: op linear has no setting bias: settings (NAME=value) are literals or a scalar variable's name, "
+            "and a tensor is given as an input; linear takes a bias as its optional third input: "
+            "op linear(h, W, b)") in err, err
