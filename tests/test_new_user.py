@@ -130,3 +130,32 @@ def test_linear_bias_setting_says_bias_is_an_input(capsys, tmp_path, arg):
     assert ("error: op linear has no setting bias: settings (NAME=value) are literals or a scalar variable's name, "
             "and a tensor is given as an input; linear takes a bias as its optional third input: "
             "op linear(h, W, b)") in err, err
+
+
+TRACED_BOOL = '''import jax.numpy as jnp
+from oi2jax.ops import op
+
+
+@op(inputs={"x": "float"}, elementwise=True)
+def bad_relu(x):
+    if x > 0:  # a Python `if` on a traced value
+        return x
+    return jnp.zeros_like(x)
+'''
+
+
+def test_a_user_kernel_raising_on_a_traced_value_is_three_lines(capsys, tmp_path):
+    """The located error keeps the exception's first line (JAX's reason) and the op's own line
+    that raised, not JAX's page of where each traced value came from."""
+    (tmp_path / "bad_ops.py").write_text(TRACED_BOOL)
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32 @init(1.0); }\nvolatile { y: f32; }\nblock entry {\n    op bad_relu(x) >> y;\n"
+                 "    return;\n}\n")
+    code, _, err = run_cli(capsys, "run", g, "--ops", tmp_path / "bad_ops.py", "--quiet")
+    assert code == 1
+    assert err.splitlines() == [
+        f"{g}:4:5: error: op bad_relu (defined in {tmp_path / 'bad_ops.py'}:5): its kernel raised "
+        f"TracerBoolConversionError: Attempted boolean conversion of traced array with shape bool[]. (at "
+        f"{tmp_path / 'bad_ops.py'}:7, in bad_relu)",
+        "        op bad_relu(x) >> y;",
+        "        ^"], err
