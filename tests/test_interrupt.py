@@ -68,7 +68,7 @@ def test_ctrl_c_at_any_moment_after_the_handler_is_one_line_and_130(tmp_path, en
     proc = _start_and_wait_for_handlers(ENTRIES[entry] + _long_run(tmp_path, tmp_path / "o.npz"))
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130 and err == "error: interrupted\n", (proc.returncode, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
 
@@ -110,7 +110,7 @@ def test_interrupted_run_leaves_no_partial_output(tmp_path):
         assert proc.poll() is None, proc.stderr.read()  # a billion steps: it cannot have finished
         proc.send_signal(getattr(signal, sig))
     for sig, (d, proc) in runs.items():
-        _, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=600)
         assert proc.returncode == 130 and err.strip() == "error: interrupted", (sig, err)
         assert (d / "out.npz").read_bytes() == b"previous result", sig
         assert sorted(p.name for p in d.iterdir()) == ["out.npz", "x.npy"], sig
