@@ -1,7 +1,8 @@
 """Every ```python and ```sh snippet of README.md and docs/*.md runs as printed (issue 41).
 
 The snippets of one document run in order in one fresh directory holding a copy of examples/ (a
-later snippet may use what an earlier one wrote, as a reader following the page would), with
+later snippet may use what an earlier one wrote, as a reader following the page would; each in a
+process of its own, as a reader's session would be), with
 `oi2jax` and `python` on PATH meaning this checkout's CLI and interpreter. A snippet that needs
 what a test machine does not have runs against a small stand-in, named below with the text
 replaced (STAND_INS) or the files and names made first (SETUP): a Hugging Face checkpoint
@@ -128,23 +129,31 @@ def _sandbox(directory: Path) -> dict:
                 OI2JAX_CACHE_DIR="none")
 
 
+# a python snippet: its setup (stand-ins), then the snippet as printed, in one namespace
+RUN_PYTHON = """import sys
+key, setup, code = sys.argv[1:]
+namespace = {"__name__": "__main__"}
+exec(compile(setup, "setup of " + key, "exec"), namespace)
+exec(compile(code, key, "exec"), namespace)
+"""
+
+
 @pytest.mark.parametrize("doc", RUN_DOCS)
-def test_snippets_run_as_printed(doc, tmp_path, monkeypatch):
+def test_snippets_run_as_printed(doc, tmp_path):
     env = _sandbox(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path / "examples"))
     for key, lang, code in SNIPPETS:
         if key.split(":")[0] != doc or key in NOT_RUN:
             continue
         for old, new in STAND_INS.get(key, ()):
             assert old in code, (key, old)
             code = code.replace(old, new)
-        namespace: dict = {"__name__": "__snippet__"}
-        if key in SETUP:
-            exec(compile(SETUP[key], f"setup of {key}", "exec"), namespace)
-        if lang == "python":
-            exec(compile(code, key, "exec"), namespace)
-            continue
-        proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=tmp_path, env={**env, **ENV.get(key, {})},
-                              capture_output=True, text=True, timeout=600)
+        setup = SETUP.get(key, "")
+        if lang == "python":  # in a process of its own: a snippet may set JAX's global config (x64)
+            argv = [sys.executable, "-c", RUN_PYTHON, key, setup, code]
+        else:
+            if setup:
+                subprocess.run([sys.executable, "-c", setup], cwd=tmp_path, env=env, check=True, timeout=600)
+            argv = ["bash", "-e", "-o", "pipefail", "-c", code]
+        proc = subprocess.run(argv, cwd=tmp_path, env={**env, **ENV.get(key, {})}, capture_output=True, text=True,
+                              timeout=600)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, f"{key}\n{code}\n{proc.stdout}\n{proc.stderr}"
