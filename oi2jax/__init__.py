@@ -6,12 +6,12 @@
 """
 
 __all__ = ["compile", "parse", "check", "generate", "Generator", "Program", "Session", "StepState", "OiError",
-           "Diagnostic", "model", "api", "ir", "runtime"]
+           "Diagnostic", "model", "api", "ir", "runtime", "ops"]
 __version__ = "0.1.0"
 
 # public submodules, imported on first access (`oi2jax.model.save(...)`): `oi2jax check` must not
 # pay for importing JAX, and only `api`, `runtime` and `lowering` import it
-_SUBMODULES = ("model", "api", "ir", "runtime", "lowering", "grammar", "graph_json", "export", "interpret",
+_SUBMODULES = ("model", "api", "ir", "runtime", "lowering", "grammar", "graph_json", "export", "interpret", "ops",
                "check", "dtypes", "diagnostics", "cli", "generation")
 
 

@@ -26,7 +26,7 @@ from .model.convert import convert_hf
 from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
 from .model.inspect import render_model
-from .npz import save_npz, write_atomic, write_text_atomic
+from .npz import save_npz, writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .trace import Trace
 from .values import check_every_step_input
@@ -70,7 +70,8 @@ def _sizes(pairs: list[str] | None) -> dict[str, int]:
 
 def _refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
     """An output path that resolves to an input file (the graph, the model, a state or input file)
-    is an error: writing it would destroy the input."""
+    is an error: writing it would destroy the input; so is one that is not a regular file
+    (`npz.writable_target`). Both are told before any work is done."""
     def same(a, b) -> bool:
         try:
             if os.path.exists(a) and os.path.exists(b):
@@ -82,6 +83,8 @@ def _refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
     for flag, out in outputs.items():
         if not out:
             continue
+        if flag != "--dump-dir":
+            writable_target(out)
         for what, path in inputs.items():
             if path and same(out, path):
                 raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
@@ -135,6 +138,8 @@ def cmd_check(args) -> int:
 
 def cmd_fmt(args) -> int:
     _ops(args)  # an op file that does not load is reported (fmt itself formats any op)
+    if args.in_place:
+        writable_target(args.graph)  # before reading: a FIFO would block the read
     graph = _load_graph(args.graph)
     text = format_graph(graph)
     if args.check:
@@ -342,7 +347,7 @@ def _report_trace(args, program, node_trace) -> None:
         for line in lines:
             print(line)
     if args.trace_json:
-        Path(args.trace_json).write_text(json.dumps(events, indent=1))
+        write_text_atomic(args.trace_json, json.dumps(events, indent=1))
 
 
 def cmd_export(args) -> int:
@@ -371,11 +376,12 @@ def cmd_graph(args) -> int:
     text = to_dot(graph, sizes)
     if fmt == "dot":
         if args.output:
-            Path(args.output).write_text(text)
+            write_text_atomic(args.output, text)
         else:
             sys.stdout.write(text)
         return 0
-    Path(args.output).write_bytes(render(text, fmt))
+    image = render(text, fmt)
+    write_atomic(args.output, lambda f: f.write(image))
     return 0
 
 

@@ -91,3 +91,20 @@ def prefix_member_missing(table: str, member: str) -> str:
     zeros). A compiled run names the tensor when the index is static (a literal, a loop over a
     static range); a traced index is reported by its value (`lowering/context.read_member`)."""
     return f"prefix table {table}: model tensor {member} not found"
+
+
+def setting_not_an_input(op: str, name: str) -> str:
+    """An op setting (`NAME=value`) given a tensor (the parser: `bias=bq[l]`; op typing: an
+    unsupported setting). Settings are literals or a scalar variable's name; a tensor is an input."""
+    hint = ("; linear takes a bias as its optional third input: op linear(h, W, b)"
+            if (op, name) == ("linear", "bias") else "")
+    return (f"op {op} has no setting {name}: settings (NAME=value) are literals or a scalar variable's name, and "
+            f"a tensor is given as an input{hint}")
+
+
+def literal_input(text: str) -> str:
+    """A literal where an op input goes (`op mul(x, 0.125)`): OpenInfer's op inputs are variables."""
+    kind = "f32" if any(c in text for c in ".eE") and not text.lower().startswith("0x") else "i32"
+    return (f"unexpected '{text}': an op input is a variable, not a literal; declare one holding the value, e.g. "
+            f"`c: {kind} @init({text});` in `volatile {{ ... }}` (the dtype of the op's other inputs), and write c "
+            f"in its place")

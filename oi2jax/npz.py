@@ -38,17 +38,45 @@ def output_mode(path) -> int:
         return 0o666 & ~umask()
 
 
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+class NotRegularFileError(OSError):
+    """The target of a write exists and is not a regular file (a device, a FIFO, a socket): it is
+    never replaced, as `cp` and editors refuse it. The CLI prints `error: PATH: not a regular file ...`."""
+
+
+def writable_target(path) -> str:
+    """The file a write to `path` replaces: `path`, or the file a symbolic link names (the link
+    stays a link). Raises `IsADirectoryError` or `NotRegularFileError` for an existing target that is
+    not a regular file; nothing has been written then."""
+    path = os.fspath(path)
+    target = os.path.realpath(path) if os.path.islink(path) else path
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:  # absent (it will be created) or unreadable (the write itself reports it)
+        return target
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(21, "is a directory", path)
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+        raise NotRegularFileError(17, f"not a regular file ({kind}); refusing to replace it", path)
+    return target
+
+
 def write_atomic(path, write) -> None:
     """Call `write(file_object)` on a temporary file next to `path`, then rename it to `path`
-    (with the permissions `output_mode` gives, as any other written file)."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(21, "is a directory", path)
+    (with the permissions `output_mode` gives, as any other written file). A target that exists
+    and is not a regular file is refused before anything is written (`writable_target`); a
+    symbolic link is followed, so the file it names is replaced and the link kept."""
+    shown = os.fspath(path)
+    path = writable_target(shown)
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".oi2jax-", suffix=".tmp", dir=directory)
     except OSError as exc:  # report the path the user gave, not the temporary name
-        raise type(exc)(exc.errno, exc.strerror, path) from None
+        raise type(exc)(exc.errno, exc.strerror, shown) from None
     try:
         os.chmod(tmp, output_mode(path))
         with os.fdopen(fd, "wb") as f:

@@ -123,10 +123,16 @@ def assert_same(a: dict, b: dict, what: str = "") -> None:
 #   ("ulp", n): |a - b| <= n * eps(dtype) * |b| (n units in the last place, an elementwise op);
 #   ("rel", k): |a - b| <= k * eps(dtype) * max|b| over the array (an accumulation).
 # An op not listed is exact on that device. Integer, bool and NaN results are always exact.
+# The bundled nn set (ops=["nn"]): its transcendental functions are XLA:GPU's (libdevice) where the
+# CPU has XLA's own polynomials, and its composite ops accumulate (normalizations, softmax, linear).
 EXACTNESS = {
     "cpu": {},
     "gpu": {"div": ("ulp", 2), "recip": ("ulp", 2), "mean_axis": ("rel", 64), "sum_axis": ("rel", 64),
-            "prod_axis": ("rel", 64), "matmul": ("rel", 64)},
+            "prod_axis": ("rel", 64), "matmul": ("rel", 64),
+            **{op: ("ulp", 4) for op in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "sin",
+                                         "cos")},
+            **{op: ("rel", 64) for op in ("softmax", "rms_norm", "layer_norm", "rope", "linear", "matmul_t",
+                                          "einsum")}},
 }
 EXACTNESS["tpu"] = EXACTNESS["gpu"]
 

@@ -18,20 +18,22 @@ from oi2jax.grammar.parse import parse
 from oi2jax.phases import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
-from conftest import MODELS, assert_same
+from conftest import MODELS, assert_matches, assert_same, graph_ops
 
 MODEL = MODELS / "streaming_pipeline.oinf"
 
 
 def both(src, inputs=None, steps=1, **kw) -> tuple[dict, oi2jax.Program]:
-    """Run fused and driver; assert they agree bit for bit (conftest.assert_same); return the
-    driver's outputs and program (the tests look at its kernels)."""
+    """Run fused and driver; assert they agree (conftest.assert_matches: bit for bit on a CPU, within
+    the device's EXACTNESS tolerance for the graph's ops elsewhere: two compiled kernels need not
+    accumulate in one order there); return the driver's outputs and program (the tests look at
+    its kernels)."""
     fused = oi2jax.compile(src, yield_mode="fused", **kw)
     drv = oi2jax.compile(src, **kw)
     assert drv.driver is not None and fused.driver is None
     out_f = fused.run(inputs or {}, steps=steps)
     out_d = drv.run(inputs or {}, steps=steps)
-    assert_same(out_f, out_d)
+    assert_matches(out_f, out_d, ops=graph_ops(src))
     return out_d, drv
 
 

@@ -133,7 +133,8 @@ def test_feedback_errors(graph):
                            "variable) (did you mean token?)"),
         ({"token": "nxt"}, "feedback token=nxt: nxt is not a variable a step leaves a value in (did you mean next?)"),
         ({"token": "w"}, "feedback token=w: w is not a variable a step leaves a value in"),
-        ({"token": "H"}, "feedback token=H: H is a cache table / auto_dim tensor"),
+        ({"token": "H"}, "feedback token=H: H is a cache table, whose shape changes from step to step (i grows); "
+                         "cache.read what to feed back into a volatile and feed that back"),
         ({"token": "y"}, "feedback token=y: y is f32[1, 8] but input token is i64[1]; a value fed back must "
                          "have the input's dtype and shape"),
         ({"h": "wide"}, "feedback h=wide: wide is f32[1, 3] but input h is f32[1, 8]"),
@@ -149,6 +150,11 @@ def test_feedback_errors(graph):
         prog.run({"token": tokens, "scale": scales[:3]}, steps=5, feedback={"token": "next"})
     with pytest.raises(OiError, match="3 steps asked for, but the per-step inputs hold 2 values"):
         prog.run({"token": tokens[:2]}, steps=3)  # without feedback: as before
+    with pytest.raises(OiError) as info:  # ... with the way on: the one output of token's dtype and shape
+        prog.run({"token": tokens[:2]}, steps=3)
+    assert ("3 steps asked for, but the per-step inputs hold 2 values (token); to run on past them, feed a step's "
+            "output back into token: --feedback token=next (Session.run: feedback={'token': 'next'}) (next has its "
+            "dtype and shape)") in str(info.value)
     with pytest.raises(OiError, match="feedback input token: its per-step values hold no step"):
         prog.run({"token": tokens[:0]}, steps=2, feedback={"token": "next"})
 

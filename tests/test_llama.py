@@ -15,7 +15,7 @@ import pytest
 import oi2jax
 from oi2jax.diagnostics import OiError
 
-from conftest import EXAMPLES, REPO, run_cli
+from conftest import EXAMPLES, REPO, assert_matches, graph_ops, run_cli
 from llama_ref import LlamaRef, converted_random_llama
 
 GRAPH = EXAMPLES / "llama_decode.oi"
@@ -74,7 +74,9 @@ def test_fused_greedy_generation_equals_a_host_loop(llama):
         tokens.append(int(tok))
         logits.append(sess.read("logits"))
     assert res["next"].tolist() == tokens
-    np.testing.assert_array_equal(res["logits"], np.stack(logits))
+    # bit for bit on a CPU; elsewhere the fused loop and the step kernel are two compilations that
+    # may accumulate in other orders: the device's EXACTNESS tolerance of the graph's ops
+    assert_matches({"logits": res["logits"]}, {"logits": np.stack(logits)}, ops=graph_ops(GRAPH))
 
 
 def test_save_and_resume_mid_way_equals_an_uninterrupted_run(llama, tmp_path):

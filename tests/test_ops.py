@@ -20,6 +20,8 @@ from oi2jax import host_numerics as HN
 from oi2jax.ops import REGISTRY, apply, cast_allowed
 from oi2jax.ops import jax_numerics as JN
 
+from conftest import assert_matches, tolerance
+
 RNG_SEED = 1234
 SHAPE = (4, 6)
 
@@ -335,7 +337,10 @@ def ref_cast(raw, src, dst, attrs):
 # ------------------------------------------------------------------ comparison
 
 
-def assert_same(got, want, d, name, tol=False):
+def assert_same(got, want, d, name, tol=False, op=None):
+    """A kernel's result against the NumPy reference: bit for bit (NaN equal to NaN); `tol`: within
+    atol/rtol (a reduction the reference sums in another order). Where neither holds, `op`'s entry
+    in conftest's per-device EXACTNESS table decides (none on a CPU: exact there)."""
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, (name, got.shape, want.shape)
     assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
@@ -349,6 +354,9 @@ def assert_same(got, want, d, name, tol=False):
                       "f8": (1e-2, 0.26)}[d]
         with np.errstate(invalid="ignore"):
             ok |= np.abs(g - w) <= atol + rtol * np.maximum(np.abs(g), np.abs(w))
+    if op is not None and not ok.all() and tolerance((op,)):  # this device's allowance for the op
+        assert_matches({name: np.where(ok, want, got)}, {name: want}, ops=(op,))
+        return
     bad = ~ok
     assert not bad.any(), f"{name}: got {got[bad][:8]} want {want[bad][:8]} (at {np.argwhere(bad)[:4].tolist()})"
 
@@ -472,7 +480,7 @@ def test_op_against_reference(op):
                    ({"alpha": c["attrs"]["negative_slope"]} if "negative_slope" in c["attrs"] else {}),
                    c["dtype"], c["out"], c["mode"])
         name = f"{op}[{c['dtype']}->{c['out']} {c['mode']} {c['attrs']}]"
-        assert_same(g, want, c["out"], name, tol=op in ROUNDED_SUMS and D.get(c["out"]).is_float)
+        assert_same(g, want, c["out"], name, tol=op in ROUNDED_SUMS and D.get(c["out"]).is_float, op=op)
 
 
 def test_cast_against_reference():
@@ -483,7 +491,7 @@ def test_cast_against_reference():
     got = run_cases("cast", cases)
     for c, g in zip(cases, got):
         want = ref_cast(c["xs"][0], c["dtype"], c["out"], c["attrs"])
-        assert_same(g, want, c["out"], f"cast[{c['dtype']}->{c['out']} {c['attrs']}]")
+        assert_same(g, want, c["out"], f"cast[{c['dtype']}->{c['out']} {c['attrs']}]", op="cast")
 
 
 def test_every_op_dtype_mode_is_covered():
@@ -603,7 +611,7 @@ def test_variable_valued_attrs_match_static(op, d, attrs):
         f = jax.jit(lambda xs, dyn: apply(op, xs, {**static, **dyn}, in_dtypes=[d] * spec.arity, out_dtype=out,
                                           mode="normal"))
         got = np.asarray(f(xs, {k: jnp.asarray(v) for k, v in dynamic.items()}))
-    assert_same(got, want, out, op)
+    assert_same(got, want, out, op, op=op)
 
 
 def test_without_x64_32bit_paths_work():
@@ -618,4 +626,4 @@ def test_without_x64_32bit_paths_work():
             out = attrs.get("to", d)
             got = np.asarray(apply(op, xs, attrs, in_dtypes=[d] * spec.arity, out_dtype=out, mode="normal"))
             want = ref_cast(xs[0], d, out, attrs) if op == "cast" else ref(op, xs, attrs, d, out, "normal")
-            assert_same(got, want, out, f"{op}[{d}] no-x64", tol=op in ROUNDED_SUMS)
+            assert_same(got, want, out, f"{op}[{d}] no-x64", tol=op in ROUNDED_SUMS, op=op)

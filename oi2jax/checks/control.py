@@ -9,6 +9,13 @@ class ControlRules:
     """Per-node rules for `branch`/`loop` and the whole-graph branch-recursion rule."""
 
     # ---- control
+    def loop_index_error(self, name: str, span: ir.Span, prefix: str = "", use: str = "v") -> None:
+        """A loop index where a variable is wanted (SPEC §3: it is not one), with the way forward."""
+        self.error(prefix + f"loop index {name} is not a variable: it is an integer for cache and prefix-table "
+                   f"indices only (K[{name}], W[{name}]); to use its value, count the iterations in a persistent "
+                   f"scalar (declare `c: i32 @init(0);`, write `cache.increment c;` in the loop body) and use {use}",
+                   span)
+
     def check_scalar_var(self, name: str, span: ir.Span, prefix: str = "") -> bool:
         if not self.known(name):
             self.error(f"{prefix}unknown variable {name}{self.near(name)}", span)
@@ -32,7 +39,7 @@ class ControlRules:
             return
         prefix = f"loop {which} bound {bound} is invalid: "
         if bound in loops:
-            self.error(prefix + f"loop index {bound} is not a variable", node.span)
+            self.loop_index_error(bound, node.span, prefix, use="c as the bound")
             return
         if not self.known(bound) and not self.strict:
             return  # may be a size variable of a model bound later

@@ -19,7 +19,7 @@ class OpRules:
     def check_ref(self, ref: ir.VarRef, loops, unknown_msg: str) -> bool:
         """A variable use (op input, transfer source); False when it cannot be typed."""
         if ref.name in loops and ref.indices is None:
-            self.error(f"loop index {ref.name} is not a variable", ref.span)
+            self.loop_index_error(ref.name, ref.span, use="it (`cache.read c >> v;` gives its value to a volatile v)")
             return False
         if not self.known(ref.name):
             self.error(f"{unknown_msg} {ref.name}{self.near(ref.name)}", ref.span)

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..host_numerics import bf16_encode, f8_encode
-from ..npz import write_atomic
+from ..npz import NotRegularFileError, write_atomic
 from . import packing
 from .quant import QuantParams
 from .reader import (ALIGN, DEFAULT_VERSION, HEADER_PADDED, MAGIC, NAME_RE, VERSIONS, HEADER, Meta, MetaValue,
@@ -399,5 +399,7 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
         # reading the old bytes, and an interrupted (or failing lazy) write never leaves a
         # half-written model nor damages the file already there
         write_atomic(path_s, write)
+    except (IsADirectoryError, NotRegularFileError) as exc:
+        raise ModelError(path_s, exc.strerror) from None
     except OSError as exc:
         raise ModelError(path_s, f"cannot write model file: {exc}") from None

@@ -6,7 +6,11 @@ than the checker typed, is an `OpTypeError` naming the op and where it is define
 locates it at the node), never a traceback."""
 from __future__ import annotations
 
+import os
+import sysconfig
+
 import jax
+import jaxlib
 import numpy as np
 
 from .. import dtypes as D
@@ -15,6 +19,26 @@ from . import accumulate
 from .errors import OpTypeError
 from .registry import Ctx, OpDef, builtin_registry
 from .typing import DYNAMIC, canonical_attrs
+
+
+# where a traceback frame is not the user's: JAX, jaxlib, NumPy, oi2jax itself, the standard library
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (jax, jaxlib, np)) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
+
+
+def _raised(spec: OpDef, exc: Exception, what: str, during: str = "") -> OpTypeError:
+    """An added op's code raised: its exception's type, the first line of its message (JAX adds a
+    page of where each traced value came from) and the line of the op's own code it came from."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    at = ""
+    tb = exc.__traceback__
+    while tb is not None:  # the innermost frame outside JAX, NumPy and oi2jax: the user's line
+        code = tb.tb_frame.f_code
+        if not os.path.abspath(code.co_filename).startswith(_LIBRARIES):
+            at = f" (at {code.co_filename}:{tb.tb_lineno}, in {code.co_name})"
+        tb = tb.tb_next
+    return OpTypeError(f"{spec.where()}: its {what} raised {type(exc).__name__}{during}: {first}{at}")
 
 
 def _full_attrs(spec: OpDef, attrs: dict, first: str) -> dict:
@@ -59,7 +83,7 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guar
     except OpTypeError:
         raise
     except Exception as exc:  # user code: reported at the node, never a traceback
-        raise OpTypeError(f"{spec.where()}: its kernel raised {type(exc).__name__}: {exc}") from None
+        raise _raised(spec, exc, "kernel") from None
     _check_result(spec, out, out_dtype, out_shape)
     return out
 
@@ -74,7 +98,7 @@ def reference(spec: OpDef, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mo
     try:
         out = np.asarray(spec.reference(list(inputs), full, ctx))
     except Exception as exc:  # user code
-        raise OpTypeError(f"{spec.where()}: its reference raised {type(exc).__name__}: {exc}") from None
+        raise _raised(spec, exc, "reference") from None
     if out_shape is not None and tuple(out.shape) != tuple(out_shape):
         raise OpTypeError(f"{spec.where()}: its reference returned shape {list(out.shape)}, expected "
                           f"{list(out_shape)}")
@@ -120,6 +144,6 @@ def trace_shape(spec: OpDef, in_dtypes, shapes, attrs: dict, out_dtype: str, mod
     except OpTypeError:
         raise
     except Exception as exc:  # user code
-        raise OpTypeError(f"{spec.where()}: its kernel raised {type(exc).__name__} while tracing: {exc}") from None
+        raise _raised(spec, exc, "kernel", " while tracing") from None
     _check_result(spec, out, out_dtype, None)
     return tuple(int(d) for d in out.shape)

@@ -206,7 +206,10 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
         raise OpTypeError(f"op {op} does not support accumulation", attr="acc")
     for name, lit in attrs.items():
         if name not in spec.attrs:
-            raise OpTypeError(f"unsupported {op} setting: {name}{suggest(name, spec.attrs)}", attr=name)
+            near = suggest(name, spec.attrs)
+            if not near and _lit_kind(lit) == "var":
+                raise OpTypeError(messages.setting_not_an_input(op, name), attr=name)
+            raise OpTypeError(f"unsupported {op} setting: {name}{near}", attr=name)
         _check_attr_kind(spec, name, lit)
 
     # mode

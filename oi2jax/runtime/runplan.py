@@ -69,8 +69,8 @@ def feedback_pairs(prog, feedback) -> tuple:
             raise OiError(f"{what}: {source} is not a variable a step leaves a value in{suggest(source, known)} "
                           f"(variables: {', '.join(known) or '(none)'})")
         if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
-            raise OiError(f"{what}: {source} is a cache table / auto_dim tensor, whose shape changes from step "
-                          f"to step; cache.read what to feed back into a volatile and feed that back")
+            raise OiError(f"{what}: {_cache_state(decl)}; cache.read what to feed back into a volatile and feed "
+                          f"that back")
         if source in prog.shaped:
             raise OiError(f"{what}: {source} takes the current shape of @auto_dim tensor {prog.shaped[source]}, "
                           f"which changes from step to step")
@@ -114,12 +114,36 @@ def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
         raise OiError(f"steps must be >= 0, got {steps}")
     if n is not None and steps > n:
         raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
-                      f"({', '.join(lengths)})" + ("; only inputs with feedback may hold fewer" if fed else ""))
+                      f"({', '.join(lengths)})" + ("; only inputs with feedback may hold fewer" if fed else
+                                                   _feedback_hint(prog, next(iter(lengths)))))
     empty = [k for k, v in fed_lengths.items() if v == 0]
     if empty and steps > 0:
         raise OiError(f"feedback input {empty[0]}: its per-step values hold no step; give at least the first "
                       f"step's value (or one value of its declared shape)")
     return per_step, fixed, steps
+
+
+def _feedback_hint(prog, name: str) -> str:
+    """How to run past the per-step values of input `name`: feed a step's output back into it."""
+    want = (prog.bound.dtype(name), tuple(prog.bound.shape(name)))
+    sources = [v.name for v in prog.graph.vars if v.name != name and v.kind != ir.MemKind.CONSTANT
+               and not (v.is_table or v.auto_dim or v.is_prefix_table or v.name in prog.shaped)
+               and (prog.bound.dtype(v.name), tuple(prog.bound.shape(v.name))) == want]
+    example = sources[0] if len(sources) == 1 else "OUTPUT"
+    also = f" ({', '.join(sources)} {'has' if len(sources) == 1 else 'have'} its dtype and shape)" if sources else ""
+    return (f"; to run on past them, feed a step's output back into {name}: --feedback {name}={example} "
+            f"(Session.run: feedback={{'{name}': '{example}'}}){also}")
+
+
+def _cache_state(decl) -> str:
+    """Why a cache table or @auto_dim tensor is not a step's value (collect, feedback)."""
+    fixed = dict(decl.fixed)
+    growing = [i for i in (*(decl.table_indices if decl.is_table else ()), *decl.auto_dim) if i not in fixed]
+    if growing:
+        what = "a cache table" if decl.is_table else "an @auto_dim tensor"
+        return f"{decl.name} is {what}, whose shape changes from step to step ({', '.join(growing)} grows)"
+    return (f"{decl.name} is a cache table: its entries are cache state (every index @fixed, so its shape does not "
+            f"change), not a value a step leaves")
 
 
 def collect_names(prog, collect) -> tuple:
@@ -138,8 +162,7 @@ def collect_names(prog, collect) -> tuple:
             raise OiError(f"collect: {name} takes the current shape of @auto_dim tensor {prog.shaped[name]}, "
                           f"which changes from step to step; read it after each step (session.step)")
         if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
-            raise OiError(f"collect: {name} is a cache table / auto_dim tensor, whose shape changes from "
-                          f"step to step; cache.read it into a volatile and collect that")
+            raise OiError(f"collect: {_cache_state(decl)}; cache.read it into a volatile and collect that")
         names.append(name)
     return tuple(dict.fromkeys(names))
 

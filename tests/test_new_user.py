@@ -1,0 +1,161 @@
+"""Issue 41, "tried as a new user would": what a first session with the docs runs into, each with
+the message (or the behaviour) it should have had."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.diagnostics import OiError
+
+from conftest import REPO, run_cli
+
+COUNTER = """dynamic { x: f32 @init(0.5); }
+volatile { v: i32; f: f32; }
+persistent { c: i32 @init(0); }
+block entry {
+    loop l (s in 0..3) {
+        OP
+    }
+    return;
+}
+"""
+
+
+def test_ops_is_an_attribute_after_import_oi2jax():
+    """docs/ops.md: `import oi2jax` then `oi2jax.ops.load([...])` (a fresh interpreter: no test
+    has imported oi2jax.ops yet)."""
+    code = "import oi2jax; print(oi2jax.ops.load(['nn']) is not None, 'ops' in dir(oi2jax) or 'ops' in oi2jax.__all__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "True"], proc.stderr
+
+
+def test_a_loop_index_as_an_op_input_says_how_to_get_its_value(capsys, tmp_path):
+    g = tmp_path / "g.oi"
+    g.write_text(COUNTER.replace("OP", "op add(x, s) >> x;"))
+    code, _, err = run_cli(capsys, "check", g)
+    assert code == 1
+    assert (f"{g}:6:19: error: loop index s is not a variable: it is an integer for cache and prefix-table indices "
+            f"only (K[s], W[s]); to use its value, count the iterations in a persistent scalar (declare "
+            f"`c: i32 @init(0);`, write `cache.increment c;` in the loop body) and use it (`cache.read c >> v;` "
+            f"gives its value to a volatile v)") in err
+    # the way forward, as the message words it, runs: x = 0.5 + 1 + 2 + 3
+    g.write_text(COUNTER.replace("OP", "cache.increment c;\n        cache.read c >> v;\n"
+                                       "        op cast(v, to=f32) >> f;\n        op add(x, f) >> x;"))
+    assert oi2jax.compile(str(g)).run({})["x"] == np.float32(6.5)
+
+
+def test_a_loop_index_as_a_bound_says_how_to_get_its_value(capsys, tmp_path):
+    g = tmp_path / "g.oi"
+    g.write_text(COUNTER.replace("OP", "loop m (t in 0..s) { cache.increment c; }"))
+    code, _, err = run_cli(capsys, "check", g)
+    assert code == 1
+    assert ("error: loop end bound s is invalid: loop index s is not a variable: it is an integer for cache and "
+            "prefix-table indices only (K[s], W[s]); to use its value, count the iterations in a persistent scalar "
+            "(declare `c: i32 @init(0);`, write `cache.increment c;` in the loop body) and use c as the bound") in err
+
+
+FIXED_TABLE = """dynamic { x: f32[2] @init(1.0); }
+volatile { y: f32[2]; }
+persistent { t: i32 @init(0); K(slot): f32[2] @table @fixed(slot=4); G(i): f32[2] @table; }
+block entry {
+    cache.write x >> K[t];
+    cache.write x >> G[t];
+    cache.read K[t] >> y;
+    cache.increment t;
+    return;
+}
+"""
+
+
+def test_collect_of_a_fixed_table_does_not_say_its_shape_changes():
+    prog = oi2jax.compile(FIXED_TABLE)
+    with pytest.raises(OiError) as info:
+        prog.run({}, steps=2, collect="K")
+    assert str(info.value) == ("error: collect: K is a cache table: its entries are cache state (every index @fixed, "
+                               "so its shape does not change), not a value a step leaves; cache.read it into a "
+                               "volatile and collect that")
+    with pytest.raises(OiError) as info:
+        prog.run({}, steps=2, collect="G")
+    assert str(info.value) == ("error: collect: G is a cache table, whose shape changes from step to step (i grows); "
+                               "cache.read it into a volatile and collect that")
+    assert prog.run({}, steps=2, collect="y")["y"].shape == (2, 2)  # the way the message says
+
+
+LITERAL = """dynamic { x: f32[2] @init(2.0); }
+volatile { y: f32[2]; }
+block entry {
+    op mul(x, ARG) >> y;
+    return;
+}
+"""
+
+
+@pytest.mark.parametrize("arg,kind", [("0.125", "f32"), ("-1", "i32"), ("- 2.5e-1", "f32")])
+def test_a_literal_op_input_says_how_to_declare_a_variable(arg, kind):
+    with pytest.raises(OiError) as info:
+        oi2jax.parse(LITERAL.replace("ARG", arg))
+    text = arg.replace(" ", "")
+    assert str(info.value).startswith(
+        f"<string>:4:15: error: unexpected '{text}': an op input is a variable, not a literal; declare one holding the "
+        f"value, e.g. `c: {kind} @init({text});` in `volatile {{ ... }}` (the dtype of the op's other inputs), and "
+        f"write c in its place")
+    # the way the message says, as written
+    fixed = LITERAL.replace("volatile { y: f32[2]; }", "volatile { y: f32[2]; c: f32 @init(0.125); }").replace("ARG", "c")
+    np.testing.assert_array_equal(oi2jax.compile(fixed).run({})["y"], np.float32([0.25, 0.25]))
+
+
+LINEAR = """dynamic { h: f32[1, 4] @init(1.0); }
+constant { W(l): f32[3, 4] @pattern("w.{l}"); bq(l): f32[3] @pattern("b.{l}"); b: f32[3]; }
+volatile { y: f32[1, 3]; }
+block entry {
+    loop layers (l in 0..1) {
+        op linear(h, W[l], bias=ARG) >> y;
+    }
+    return;
+}
+"""
+
+
+@pytest.mark.parametrize("arg", ["bq[l]", "b"])
+def test_linear_bias_setting_says_bias_is_an_input(capsys, tmp_path, arg):
+    """`bias=bq[l]` is a parse error, `bias=b` an op-typing one: both say the same."""
+    g = tmp_path / "g.oi"
+    g.write_text(LINEAR.replace("ARG", arg))
+    code, _, err = run_cli(capsys, "check", g, "--no-model", "--ops", "nn")
+    assert code == 1
+    assert ("error: op linear has no setting bias: settings (NAME=value) are literals or a scalar variable's name, "
+            "and a tensor is given as an input; linear takes a bias as its optional third input: "
+            "op linear(h, W, b)") in err, err
+
+
+TRACED_BOOL = '''import jax.numpy as jnp
+from oi2jax.ops import op
+
+
+@op(inputs={"x": "float"}, elementwise=True)
+def bad_relu(x):
+    if x > 0:  # a Python `if` on a traced value
+        return x
+    return jnp.zeros_like(x)
+'''
+
+
+def test_a_user_kernel_raising_on_a_traced_value_is_three_lines(capsys, tmp_path):
+    """The located error keeps the exception's first line (JAX's reason) and the op's own line
+    that raised, not JAX's page of where each traced value came from."""
+    (tmp_path / "bad_ops.py").write_text(TRACED_BOOL)
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32 @init(1.0); }\nvolatile { y: f32; }\nblock entry {\n    op bad_relu(x) >> y;\n"
+                 "    return;\n}\n")
+    code, _, err = run_cli(capsys, "run", g, "--ops", tmp_path / "bad_ops.py", "--quiet")
+    assert code == 1
+    assert err.splitlines() == [
+        f"{g}:4:5: error: op bad_relu (defined in {tmp_path / 'bad_ops.py'}:5): its kernel raised "
+        f"TracerBoolConversionError: Attempted boolean conversion of traced array with shape bool[]. (at "
+        f"{tmp_path / 'bad_ops.py'}:7, in bad_relu)",
+        "        op bad_relu(x) >> y;",
+        "        ^"], err
