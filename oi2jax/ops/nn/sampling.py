@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ..define import Attr, op
 from ..errors import OpTypeError
@@ -74,15 +75,23 @@ def _noise_for(seed, position, batch: tuple[int, ...], n: int, xp):
     return jax.vmap(lambda s, p: gumbel_noise(s, p, n))(seed, position).reshape(*batch, n)
 
 
+def _argmax(x, xp):
+    """The first maximum's index (i32) over the last axis; lax.argmax with an explicit index dtype
+    in the kernel (jnp.argmax's follows the x64 flag when lowered: tests/test_user_jit.py)."""
+    if xp is np:
+        return np.argmax(x, axis=-1).astype(np.int32)
+    return lax.argmax(x, x.ndim - 1, jnp.int32)
+
+
 def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
     x = xp.asarray(logits).astype(np.float32)
     batch, v = x.shape[:-1], x.shape[-1]
     t = xp.broadcast_to(xp.asarray(temperature, np.float32), batch)
-    greedy = xp.argmax(x, axis=-1).astype(np.int32)
+    greedy = _argmax(x, xp)
     z = x / xp.where(t > 0, t, xp.asarray(1, np.float32))[..., None]
     kept = _filter(z, xp.broadcast_to(xp.asarray(top_k), batch), xp.broadcast_to(xp.asarray(top_p, np.float32), batch),
                    xp.broadcast_to(xp.asarray(min_p, np.float32), batch), xp)
-    drawn = xp.argmax(kept + _noise_for(seed, position, batch, v, xp), axis=-1).astype(np.int32)
+    drawn = _argmax(kept + _noise_for(seed, position, batch, v, xp), xp)
     return xp.where(t > 0, drawn, greedy)
 
 
