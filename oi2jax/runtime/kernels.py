@@ -15,7 +15,7 @@
   source had after the step before: carried in the loop, no host round trip).
   The loop stops early after a step that recorded an error (that step is applied, its failing
   write skipped) or that needs more cache capacity (that step is undone); `status` is
-  `(err, errval, applied, grow...)`. So N fused steps equal N `single` calls bit for bit, and
+  a `StepOutcome` vector (`status_vector`). So N fused steps equal N `single` calls bit for bit, and
   growth resumes exactly at the undone step.
 """
 from __future__ import annotations
@@ -171,9 +171,7 @@ class StepKernels:
             new = spec.from_env(flat)
             if not guarded:  # the guards cannot change: passed through (donated, no copy)
                 new = StepState(new.vars, new.caches, state.guards)
-            flags = new.guards.flags
-            status = jnp.concatenate([flags[:2], i.astype(jnp.int64).reshape(1), flags[2:]])
-            return FusedRun(new, last, stacked, status, fb)
+            return FusedRun(new, last, stacked, status_vector(new.guards.flags, i), fb)
 
         self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
         self.clean = jax.jit(clean, donate_argnums=(1,))
@@ -285,13 +283,49 @@ class StepForms:
         return flat
 
 
+class StepOutcome(NamedTuple):
+    """What the host learns of dispatched steps: the recorded error (`err`: 0 = none, else 1 + its
+    guard site; `errval`: the offending value), how many steps were `applied`, and the capacity
+    each growable cache dim asked for (`grow`: any > 0 = the last step was undone). ONE layout on
+    the device too (`status_vector`): `[err, errval, applied, grow...]`."""
+
+    err: int
+    errval: int
+    applied: int
+    grow: tuple
+
+    @classmethod
+    def of_status(cls, status) -> "StepOutcome":
+        """From a fused run's status vector (`status_vector`; one host transfer)."""
+        values = np.asarray(status).tolist()
+        return cls(values[0], values[1], values[2], tuple(values[3:]))
+
+    @classmethod
+    def of_flags(cls, flags) -> "StepOutcome":
+        """From one step's guard flags `[err, errval, grow...]` (`Guards`): applied unless undone."""
+        values = np.asarray(flags).tolist()
+        grow = tuple(values[2:])
+        return cls(values[0], values[1], 0 if any(g > 0 for g in grow) else 1, grow)
+
+    @property
+    def undone(self) -> bool:
+        """The last step asked for more cache capacity: it was undone (the host grows, re-runs it)."""
+        return any(g > 0 for g in self.grow)
+
+
+def status_vector(flags, applied):
+    """The device form of a `StepOutcome`: guard `flags` `[err, errval, grow...]` and the count
+    of applied steps as ONE int64 vector `[err, errval, applied, grow...]`."""
+    return jnp.concatenate([flags[:2], applied.astype(jnp.int64).reshape(1), flags[2:]])
+
+
 class FusedRun(NamedTuple):
     """What one call of the fused loop returns (`StepKernels.multi`)."""
 
     state: StepState  # after the last applied step
     last: dict  # every variable's value at the last step run (of an undone one: never shown)
     stacked: dict  # collect name -> [total, ...] (rows base .. base + applied - 1 written)
-    status: object  # int64 (err, errval, applied, grow...)
+    status: object  # int64 `status_vector`: read it with `StepOutcome.of_status`
     fed: dict  # input with feedback -> the value its next step takes when fed back
 
 

@@ -29,11 +29,11 @@ from ..values import check_given_inputs, convert_input, convert_inputs, convert_
 from . import cache_state, chunked
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
-from .kernels import StepKernels
+from .kernels import StepKernels, StepOutcome
 from .placement import Placer, device_name, resolve_device, return_freed_memory
 from .session import Session
 
-warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+DONATION_NOTE = "Some donated buffers were not usable"  # JAX's note when XLA reuses no donated buffer
 
 
 class Program:
@@ -69,6 +69,7 @@ class Program:
         self.compile_log: list[str] = []  # why each (re)trace happened (--explain-recompiles)
         self.last_trace: list[dict] = []  # run(trace=True): one event per step (per kernel when driven)
         self._next_reason = "first call"
+        self.generation = 0  # bumped whenever the cache capacities change (the kernels are rebuilt for them)
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
         self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (runtime/runplan.py)
@@ -94,10 +95,6 @@ class Program:
         return_freed_memory()
 
     # ------------------------------------------------------------------ plumbing
-
-    precision = "highest"  # float matmul precision while tracing (CompileOptions.precision)
-    unroll = "auto"  # how `loop` lowers while tracing (CompileOptions.unroll; lowering/loops.py)
-    zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
 
     @property
     def model_path(self) -> str | None:
@@ -161,8 +158,6 @@ class Program:
         with self._count_lock:
             self.compiles += 1
             self.compile_log.append(f"compile #{self.compiles}: {self._next_reason} ({what})")
-
-    generation = 0  # bumped whenever the cache capacities change (the kernels are rebuilt for them)
 
     def _make_kernels(self):
         """The jitted kernels for the current cache capacities (rebuilt after growth)."""
@@ -283,22 +278,21 @@ class Program:
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
         was undone because a growable cache needs more capacity (run it under a session)."""
-        status = self.to_host(state.guards.flags)
-        error = self.status_error(status)
+        outcome = StepOutcome.of_flags(self.to_host(state.guards.flags))
+        error = self.status_error(outcome)
         if error is not None:
             raise error
-        if np.any(status[2:] > 0):
-            caches = sorted({self.lowering.growable[i][0] for i in np.nonzero(status[2:] > 0)[0]})
+        if outcome.undone:
+            caches = sorted({self.lowering.growable[i][0] for i, g in enumerate(outcome.grow) if g > 0})
             raise OiError(f"the last step was not applied: growable cache {', '.join(caches)} needs more "
                           f"capacity; run the graph with Program.session() or Program.run, which grow "
                           f"caches and re-run the step")
 
-    def status_error(self, status, step: int | None = None) -> "OiError | None":
-        """The OiError for a step status vector (err, errval, grow...), or None."""
-        code = int(status[0])
-        if not code:
+    def status_error(self, outcome: StepOutcome, step: int | None = None) -> "OiError | None":
+        """The OiError of the error `outcome` records, or None."""
+        if not outcome.err:
             return None
-        return self.lowering.error_for(code, int(status[1]), step=step)
+        return self.lowering.error_for(outcome.err, outcome.errval, step=step)
 
     def session(self, state=None, max_unchecked: int | None = None) -> "Session":
         """A decode-loop session owning the state: `step(**inputs)`, `run(...)`, `read`, `save`.
@@ -429,10 +423,11 @@ class Program:
             return self.driver.step(state, dynamic)
         return self.fused_session_step(state, dynamic)
 
-    def grow(self, state: StepState, status) -> StepState:
-        """Double the capacity of every cache dim that asked for more (and of every other growable
-        dim at least 3/4 full); rebuild the kernels. n growth steps cost O(log n) recompiles."""
-        need = np.asarray(status)[2:]
+    def grow(self, state: StepState, outcome: StepOutcome) -> StepState:
+        """Double the capacity of every cache dim that asked for more (`outcome.grow`; and of every
+        other growable dim at least 3/4 full); rebuild the kernels. n growth steps cost O(log n)
+        recompiles."""
+        need = np.asarray(outcome.grow, np.int64)
         host = self.host_state(state)
         layouts = dict(self.lowering.caches)
         per_cache = cache_state.plan_growth(layouts, self.lowering.growable, need,
@@ -578,14 +573,19 @@ class PureStepHot:
 
 
 class _Scope:
-    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the loop policy, the default device."""
-    __slots__ = ("program", "token", "loops", "x64", "dev")
+    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the loop policy, the default
+    device, and JAX's note on donated buffers XLA did not reuse kept quiet (the state is donated
+    to every step whether or not XLA reuses each buffer)."""
+    __slots__ = ("program", "token", "loops", "x64", "dev", "quiet")
 
     def __init__(self, program):
         self.program = program
 
     def __enter__(self):
         prog = self.program
+        self.quiet = warnings.catch_warnings()
+        self.quiet.__enter__()
+        warnings.filterwarnings("ignore", message=DONATION_NOTE)
         self.token = MATMUL_PRECISION.set(prog.precision)
         self.loops = loops.set_policy(prog.loop_policy())
         self.dev = None
@@ -595,6 +595,7 @@ class _Scope:
         except BaseException:
             loops.reset(self.loops)
             MATMUL_PRECISION.reset(self.token)
+            self.quiet.__exit__(None, None, None)
             raise
         if prog.device is not None:
             try:
@@ -615,4 +616,5 @@ class _Scope:
             finally:
                 loops.reset(self.loops)
                 MATMUL_PRECISION.reset(self.token)
+                self.quiet.__exit__(*exc)
         return False

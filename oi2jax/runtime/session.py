@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -39,6 +40,7 @@ from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
 from ..npz import save_npz
 from ..values import convert_input, convert_output
+from .kernels import StepOutcome
 from .runplan import collect_names, feedback_pairs, plan_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
@@ -54,9 +56,33 @@ def outcome_ready(flags) -> bool:
     return flags.is_ready()
 
 
-def read_flags(flags) -> np.ndarray:
-    """A dispatched step's guard flags `(err, errval, grow...)` on the host: waits for the step."""
-    return np.asarray(flags)
+def read_flags(flags) -> StepOutcome:
+    """A dispatched step's outcome, read from its guard flags: waits for the step."""
+    return StepOutcome.of_flags(flags)
+
+
+class Pending(NamedTuple):
+    """A dispatched step whose outcome the host has not read: its guard flags and its number."""
+
+    flags: object
+    step: int
+
+
+class StepValues(NamedTuple):
+    """The values a step left (its inputs and outputs), kept apart until merged (`Session._values`)."""
+
+    step: int
+    inputs: dict
+    outputs: dict
+    complete: bool  # every input given: these values supersede every earlier step's
+
+
+class InputSig(NamedTuple):
+    """A device input accepted as it is (`Session._inputs`): its shape, dtype and array type."""
+
+    shape: tuple
+    dtype: object
+    type: type
 
 
 class HotStep:
@@ -79,11 +105,11 @@ class Session:
             raise OiError(f"max_unchecked must be an integer >= 1, got {max_unchecked!r}")
         self.max_unchecked = max_unchecked  # K: dispatched steps whose outcome may stay unread
         self.steps = 0  # steps applied so far (a resumed session goes on counting)
-        self._pending: list = []  # (flags, step number) of dispatched steps whose outcome is unread, oldest first
+        self._pending: list[Pending] = []  # dispatched steps whose outcome is unread, oldest first
         self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
-        self._recent: list = []  # (step number, inputs, outputs, all inputs given?) of steps not merged into _vals
+        self._recent: list[StepValues] = []  # values of steps not merged into _vals
         self._hot: HotStep | None = None  # Session.step's hot path (see step)
-        self._fast: dict = {}  # input name -> (shape, dtype, type) accepted without conversion
+        self._fast: dict[str, InputSig] = {}  # device inputs accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._closed = False
         self._n_dynamic = len(program.defaults)
@@ -151,15 +177,15 @@ class Session:
         recent = self._recent
         start = n = 0
         for i, entry in enumerate(recent):
-            if entry[0] > through:
+            if entry.step > through:
                 break
             n = i + 1
-            if entry[3]:
+            if entry.complete:
                 start = i
         vals = self._vals
-        for _, dyn, outputs, _ in recent[start:n]:
-            vals.update(dyn)
-            vals.update(outputs)  # outputs hold every variable a step writes
+        for entry in recent[start:n]:
+            vals.update(entry.inputs)
+            vals.update(entry.outputs)  # outputs hold every variable a step writes
         del recent[:n]
 
     def _load(self, path: str):
@@ -242,10 +268,10 @@ class Session:
         the newest finished one (a step's flags carry any earlier unreported error: the steps
         after a failing one skip, passing its error on). Raises a step's error."""
         pending = self._pending
-        if not outcome_ready(pending[0][0]):  # in dispatch order: the oldest not finished, none is
+        if not outcome_ready(pending[0].flags):  # in dispatch order: the oldest not finished, none is
             return
         done, n = 0, len(pending)
-        while done + 1 < n and outcome_ready(pending[done + 1][0]):
+        while done + 1 < n and outcome_ready(pending[done + 1].flags):
             done += 1
         self._confirm(done)
 
@@ -253,29 +279,29 @@ class Session:
         """Read the outcome of unchecked step `_pending[i]` (waiting for it): no error -> it and
         every step before it are checked; an error -> raised for the first step that has it."""
         pending = self._pending
-        status = read_flags(pending[i][0])
-        if status[0]:
+        outcome = read_flags(pending[i].flags)
+        if outcome.err:
             # the steps after a failing one carry its error: the failing step starts that run
             while i > 0:
-                earlier = read_flags(pending[i - 1][0])
-                if not earlier[0]:
+                earlier = read_flags(pending[i - 1].flags)
+                if not earlier.err:
                     break
-                i, status = i - 1, earlier
-            self._fail(status, pending[i][1])
-        through = pending[i][1]
+                i, outcome = i - 1, earlier
+            self._fail(outcome, pending[i].step)
+        through = pending[i].step
         del pending[:i + 1]
         if not pending:
             self._clean = True
         if len(self._recent) > RECENT:
             self._merge(through)
 
-    def _fail(self, status, step: int) -> None:
+    def _fail(self, outcome: StepOutcome, step: int) -> None:
         """Step `step` failed: the steps dispatched after it did nothing (skipped in the kernel):
         forget them, so that the session is exactly where step `step` left it; raise its error."""
         self._pending = []
         self.steps = step
-        self._recent = [r for r in self._recent if r[0] <= step]  # the steps after it did nothing
-        self._raise_if_failed(status, step)
+        self._recent = [r for r in self._recent if r.step <= step]  # the steps after it did nothing
+        self._raise_if_failed(outcome, step)
 
     def read(self, name: str) -> np.ndarray:
         """A variable's current value, widened like `--out` (bf16/f8 -> float32, packed -> int8)."""
@@ -324,8 +350,8 @@ class Session:
 
     # ------------------------------------------------------------------ errors
 
-    def _raise_if_failed(self, status: np.ndarray, step: int) -> None:
-        error = self.program.status_error(status, step=step)
+    def _raise_if_failed(self, outcome: StepOutcome, step: int) -> None:
+        error = self.program.status_error(outcome, step=step)
         if error is not None:
             self._clear_error()
             raise error
@@ -360,14 +386,14 @@ class Session:
         all_fast = True
         for name, value in inputs.items():
             sig = fast.get(name)
-            if sig is not None and type(value) is sig[2] and value.shape == sig[0] and value.dtype == sig[1]:
+            if sig is not None and type(value) is sig.type and value.shape == sig.shape and value.dtype == sig.dtype:
                 out[name] = value
                 continue
             if name not in prog.defaults:
                 raise prog.unknown_input(name)
             want = prog.defaults[name]
             if isinstance(value, jax.Array) and value.shape == want.shape and value.dtype == want.dtype:
-                fast[name] = (value.shape, value.dtype, type(value))
+                fast[name] = InputSig(value.shape, value.dtype, type(value))
                 out[name] = value
                 continue
             all_fast = False
@@ -448,7 +474,7 @@ class Session:
             # every input a device array of its declared shape and dtype (`_inputs` passed them
             # through as given) and all of them given: the next such step takes the hot path
             fast = self._fast
-            self._hot = HotStep(forms, tuple((name, fast[name][2]) for name in inputs))
+            self._hot = HotStep(forms, tuple((name, fast[name].type) for name in inputs))
         self._dispatched(dyn, flags, outputs)
         if self._shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
             outputs = prog.trim_outputs(outputs)
@@ -460,8 +486,8 @@ class Session:
         unchecked steps: wait for the oldest ones (raises the error of a failed one; this step
         then did nothing and its outputs are never returned)."""
         self.steps += 1
-        entry = (self.steps, dyn, outputs, len(dyn) == self._n_dynamic)
-        if entry[3] and not self._pending:  # every input given, every earlier step checked: supersedes them
+        entry = StepValues(self.steps, dyn, outputs, len(dyn) == self._n_dynamic)
+        if entry.complete and not self._pending:  # every input given, every earlier step checked: supersedes them
             self._recent = [entry]
         else:
             self._recent.append(entry)
@@ -472,7 +498,7 @@ class Session:
         self._flags = flags
         self._clean = False
         pending = self._pending
-        pending.append((flags, self.steps))
+        pending.append(Pending(flags, self.steps))
         if len(pending) > self.max_unchecked:
             self._confirm(len(pending) - self.max_unchecked - 1)
 
@@ -490,15 +516,15 @@ class Session:
                 one = prog.session_step if use_driver else prog.fused_session_step
                 run = one if wrap is None else wrap(one)
                 self._state, outputs = run(self._state, full)
-            status = prog.to_host(self._state.guards.flags)
-            if np.any(status[2:] > 0):  # undone: needs more capacity; grow and re-run
-                self._state = prog.grow(self._state, status)
+            outcome = StepOutcome.of_flags(prog.to_host(self._state.guards.flags))
+            if outcome.undone:  # needs more capacity: grow and re-run
+                self._state = prog.grow(self._state, outcome)
                 continue
             break
         self.steps += 1
         self._values.update(dyn)
         self._values.update(outputs)
-        self._raise_if_failed(status, self.steps)
+        self._raise_if_failed(outcome, self.steps)
         self._clean = True
         return self._returned(prog.trim_outputs(outputs))
 
@@ -545,8 +571,8 @@ class Session:
                 res = kernels.multi(prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
                                     exes=plan.exes(kernels), feedback=plan.feedback, fed=fed)
                 self._state, fed = res.state, res.fed
-                status = np.asarray(res.status).tolist()  # (err, errval, applied, grow...): Python ints
-                applied = status[2]
+                outcome = StepOutcome.of_status(res.status)
+                applied = outcome.applied
                 if applied:
                     pace = kernels.timed(time.perf_counter() - t0, applied)
                     chunk = steps_per_call(pace)
@@ -555,12 +581,11 @@ class Session:
                         pieces[k].append(res.stacked[k][base:base + applied])
                 base += applied
                 self.steps += applied
-                step_status = status[:2] + status[3:]  # (err, errval, grow...)
-                if status[0]:
+                if outcome.err:
                     self._set_values(last)
-                    self._raise_if_failed(step_status, self.steps)
-                if any(g > 0 for g in status[3:]):  # the undone step asks for capacity: grow
-                    self._state = prog.grow(self._state, np.asarray(step_status, np.int64))
+                    self._raise_if_failed(outcome, self.steps)
+                if outcome.undone:  # the undone step asks for capacity: grow
+                    self._state = prog.grow(self._state, outcome)
                 if progress is not None:
                     progress(base)
             self._set_values(last)
