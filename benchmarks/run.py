@@ -169,7 +169,7 @@ def bench_case(case: Case, workdir: Path, device, prof: dict, do_slow: bool = Tr
     dyn = prog.dynamic_args(dev_inputs)
 
     def raw_step(state):
-        return prog.jit_step(prog.consts, state, dyn)
+        return prog.executable.jit_step(prog.consts, state, dyn)
 
     def a0_run(k, a0=Timed(None, prog.init_state, {}, case.steps)):
         with prog.scope():

@@ -171,7 +171,7 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
         np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
     np.testing.assert_array_equal(fused.read("A"), xs)
     np.testing.assert_array_equal(fused.read("F"), xs[:5])
-    compiled = [p for p in prog.run_plans.values() if p.exes(prog.step_kernels)]
+    compiled = [p for p in prog.run_plans.values() if p.exes(prog.executable.kernels)]
     assert bool(compiled) == placed
 
 
@@ -184,8 +184,8 @@ def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv, mo
     with kv.scope():
         dev = jax.device_put(qs)
     first = kv.session().run({"q": dev}, collect="k_hist")
-    plan = next(p for p in kv.run_plans.values() if p.exes(kv.step_kernels))
-    exes = plan.exes(kv.step_kernels)
+    plan = next(p for p in kv.run_plans.values() if p.exes(kv.executable.kernels))
+    exes = plan.exes(kv.executable.kernels)
 
     class Refuses:
         calls = 0
@@ -224,7 +224,7 @@ def test_fused_loop_indexes_in_int64_past_two_to_the_31(kv):
     than 2**31 steps with the same inputs): both give the same steps."""
     d = kv.bound.shape("q")[0]
     q = np.arange(d, dtype=np.float32)
-    kernels = kv.step_kernels
+    kernels = kv.executable.kernels
     results = []
     for base in (0, 2**31 - 2):
         sess = kv.session()
@@ -327,12 +327,12 @@ def test_hot_step_kernel_with_flat_state_equals_the_jitted_step(kv):
     sess = kv.session()
     sess.step(q=dev[0])
     sess.step(q=dev[1])  # the second step with the same device inputs: the hot path
-    assert isinstance(sess._hot.forms.clean, FlatStep) and sess._leaves is not None and sess._user_tree is None
+    assert isinstance(sess._hot.forms.from_clean, FlatStep) and sess._leaves is not None and sess._user_tree is None
     mid = sess.state  # the tree, made from the leaves
     np.testing.assert_array_equal(np.asarray(mid.caches["K"].data)[:2], qs[:2] + zero)
     with kv.scope():
         user = jax.tree.map(lambda a: a.copy(), (mid.vars, mid.caches))
-        want = kv.step_kernels.clean(kv.consts, user, {"q": dev[2]})
+        want = kv.executable.kernels.from_clean(kv.consts, user, {"q": dev[2]})
     sess.step(q=dev[2])
     got = sess.state
     for a, b in zip(jax.tree.leaves((want[0], want[1], want[2])), jax.tree.leaves((got.vars, got.caches, got.guards.flags))):
@@ -597,7 +597,7 @@ def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready
         monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
     monkeypatch.setattr(session, "outcome_ready", lambda flags: ready)
     prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
-    assert prog.step_kernels.select_skip is not cond
+    assert prog.executable.kernels.select_skip is not cond
     ns = np.array([1, 2, np.inf, 1, 3], np.float32)
     xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
     one = prog.session(max_unchecked=1)  # K=1: step k's error raises at the latest from call k+1

@@ -170,7 +170,7 @@ def test_steps_after_a_failing_one_change_nothing_and_lose_nothing(monkeypatch, 
         monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
     device = Device(monkeypatch)
     prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
-    assert prog.step_kernels.select_skip is not cond
+    assert prog.executable.kernels.select_skip is not cond
     ns, xs, dev = _five_steps_failing_at_3(prog)
     sess = prog.session(max_unchecked=4)
     for k in range(5):
@@ -214,7 +214,7 @@ def test_skipped_steps_leave_tables_in_place_and_untouched(monkeypatch):
     import re
     Device(monkeypatch)  # every step unfinished at the next call, as on a GPU
     prog = oi2jax.compile(TABLE_FAIL_SOURCE)
-    assert not prog.step_kernels.select_skip
+    assert not prog.executable.kernels.select_skip
     ns, xs, dev = _five_steps_failing_at_3(prog)
     sess = prog.session(max_unchecked=8)
     for k in range(5):
@@ -225,7 +225,7 @@ def test_skipped_steps_leave_tables_in_place_and_untouched(monkeypatch):
     want = np.zeros((8, 2), np.float32)
     want[:3] = xs[:3]  # step 3 wrote its row before its loop failed; steps 4 and 5 wrote nothing
     np.testing.assert_array_equal(sess.read("H"), want)
-    forms = [f for forms in prog.step_kernels._forms.values() for f in (forms.single,) if f is not None]
+    forms = [f for forms in prog.executable.kernels._forms.values() for f in (forms.after_unchecked,) if f is not None]
     assert forms, "the single form was not compiled"
     hlo = forms[0].exe.as_text()
     assert not re.search(r"f32\[8,2\]\{[^}]*\} copy\(", hlo), "a table is copied"

@@ -1,13 +1,13 @@
 """The compiled kernels a session runs, for one set of cache capacities (rebuilt after growth).
 
-- `single(consts, (vars, caches), flags, dynamic) -> (vars, caches, flags, outputs)`: one
+- `after_unchecked(consts, (vars, caches), flags, dynamic) -> (vars, caches, flags, outputs)`: one
   step. Only vars and caches are donated: the guard flags `(err, errval, grow...)` of step k
   stay readable after step k+1 was dispatched, so the host reads step k's outcome late. A step whose incoming state holds
   an unreported error does nothing: the session reports that error first, and the state stays
   exactly as the failing step left it.
-- `clean(consts, (vars, caches), dynamic) -> (vars, caches, flags, outputs)`: the same step for a
+- `from_clean(consts, (vars, caches), dynamic) -> (vars, caches, flags, outputs)`: the same step for a
   state the session knows holds no error (it read the previous step's flags): no skip, the
-  incoming guards the constant zero. Bit for bit what `single` computes from zero flags. A step
+  incoming guards the constant zero. Bit for bit what `after_unchecked` computes from zero flags. A step
   without any runtime guard returns `None` for its flags: it cannot fail, nothing is read.
 - `multi(consts, state, per_step, fixed, base, n, collect, feedback=...) -> FusedRun(state, last,
   stacked, status, fed)`: up to `n` steps as ONE `lax.while_loop` (state donated), step i reading
@@ -15,7 +15,7 @@
   source had after the step before: carried in the loop, no host round trip).
   The loop stops early after a step that recorded an error (that step is applied, its failing
   write skipped) or that needs more cache capacity (that step is undone); `status` is
-  a `StepOutcome` vector (`status_vector`). So N fused steps equal N `single` calls bit for bit, and
+  a `StepOutcome` vector (`status_vector`). So N fused steps equal N `after_unchecked` calls bit for bit, and
   growth resumes exactly at the undone step.
 """
 from __future__ import annotations
@@ -39,18 +39,21 @@ SELECT_SKIP_BYTES = 1 << 16
 
 
 class StepKernels:
-    def __init__(self, program):
-        self.program = program
-        builder, spec = program.builder, program.state_spec
-        growable = program.growable
+    """The kernels of one `Executable` (one generation of cache capacities): see the module doc."""
+
+    def __init__(self, exe):
+        self.exe = exe
+        builder, spec = exe.builder, exe.state_spec
+        growable = exe.growable
+        count, error_sites = exe.host.count, exe.lowering.error_sites
         self.input_avals = {name: jax.ShapeDtypeStruct(v.shape, v.dtype)
-                            for name, v in program.defaults.items()}
+                            for name, v in exe.defaults.items()}
 
         # A step after an unreported error must leave the state as it is. With tables (updated in
         # place) or a large state that is a `lax.cond` around the step; a small state of plain
         # variables is cheaper to select after the step (the skipped step's outputs are never
         # shown: the session raises the error instead).
-        layouts = program.lowering.caches
+        layouts = exe.lowering.caches
         tables = {n for n, layout in layouts.items() if layout.kind is LayoutKind.TABLE}
 
         def is_table_data(path) -> bool:
@@ -65,17 +68,17 @@ class StepKernels:
         def guarded_trace(trace):
             """(trace(), whether tracing it registered a runtime guard): every guard registers
             its site while it is traced; a step that registered none cannot record an error."""
-            sites = len(program.lowering.error_sites)
+            sites = len(error_sites)
             out = trace()
-            return out, len(program.lowering.error_sites) > sites
+            return out, len(error_sites) > sites
 
         def begin(consts, user, flags, dynamic):
             """The step's env, and the step as a function of it (shared by both forms)."""
-            program.count_trace("session step")
+            count("session step")
             env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
             return env, lambda e, skip=None: builder(consts, e, dynamic, extra=extra, skip=skip)
 
-        def single(consts, user, flags, dynamic):
+        def after_unchecked(consts, user, flags, dynamic):
             env, run = begin(consts, user, flags, dynamic)
             failed = env.guards.err != 0  # an unreported error from the step before: change nothing
             if select_skip:  # small plain state: run, then keep the old values
@@ -95,8 +98,8 @@ class StepKernels:
                     old, new)
             return new.vars, new.caches, new.guards.flags, outputs
 
-        def clean(consts, user, dynamic):
-            """`single` for a state known to hold no error (the session read the last step's flags):
+        def from_clean(consts, user, dynamic):
+            """`after_unchecked` for a state known to hold no error (the session read the last step's flags):
             no skip, and the incoming guards are the constant zero."""
             env, run = begin(consts, user, jnp.zeros((2 + spec.n_grow,), jnp.int64), dynamic)
             (flat, outputs), guarded = guarded_trace(lambda: run(env))
@@ -106,7 +109,7 @@ class StepKernels:
             return new.vars, new.caches, new.guards.flags, outputs
 
         def fused_steps(consts, state, per_step, fixed, fed, base, n, collect, total, feedback):
-            program.count_trace("fused steps")
+            count("fused steps")
             # trace constants of the state (sizes of all-@fixed tables) are not loop-carried
             env0 = spec.strip_constants(spec.to_env(state))
             # every variable's last value; an input the graph does not write is taken after the
@@ -173,10 +176,10 @@ class StepKernels:
                 new = StepState(new.vars, new.caches, state.guards)
             return FusedRun(new, last, stacked, status_vector(new.guards.flags, i), fb)
 
-        self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
-        self.clean = jax.jit(clean, donate_argnums=(1,))
-        self._form_fns = {True: clean, False: single}
-        self.generation = program.generation  # the program's cache capacities these kernels are for
+        self.after_unchecked = jax.jit(after_unchecked, donate_argnums=(1,))  # the flags stay readable
+        self.from_clean = jax.jit(from_clean, donate_argnums=(1,))
+        self._form_fns = {True: from_clean, False: after_unchecked}
+        self.generation = exe.generation  # the cache capacities these kernels are for
         self._forms: dict = {}  # input signature -> StepForms (the session step compiled ahead of time)
         self._pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(7, 8, 9))
@@ -210,9 +213,9 @@ class StepKernels:
             return flat.call(consts, leaves, flags, dynamic)
         except (TypeError, ValueError):
             user = flat.user_def.unflatten(leaves)
-            with self.program.scope():
-                vars_, caches, flags, outputs = self.clean(consts, user, dynamic) if clean else \
-                    self.single(consts, user, flags, dynamic)
+            with self.exe.scope():
+                vars_, caches, flags, outputs = self.from_clean(consts, user, dynamic) if clean else \
+                    self.after_unchecked(consts, user, flags, dynamic)
             return tuple(jax.tree.leaves((vars_, caches))), flags, outputs
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
@@ -264,22 +267,27 @@ class StepKernels:
 @dataclass(eq=False)
 class StepForms:
     """A session step compiled ahead of time for one input signature and one generation of
-    cache capacities (`StepKernels.session_forms`): `clean` for a state known to hold no error,
-    `single` for one that may follow unchecked steps (it skips a step whose incoming state holds
+    cache capacities (`StepKernels.session_forms`): `from_clean` for a state known to hold no
+    error, `after_unchecked` for one that may follow unchecked steps (it skips a step whose incoming state holds
     an error). `Session.step`'s hot path calls them directly."""
 
     kernels: StepKernels
     generation: int
-    clean: "FlatStep | None" = None
-    single: "FlatStep | None" = None
+    from_clean: "FlatStep | None" = None
+    after_unchecked: "FlatStep | None" = None
+
+    def form(self, clean: bool) -> "FlatStep | None":
+        """The form for a state known clean (else one that may follow unchecked steps), if compiled."""
+        return self.from_clean if clean else self.after_unchecked
 
     def compile(self, clean: bool, consts, user, flags, dynamic) -> "FlatStep":
-        """Compile the form `clean` (else `single`) for these arguments (`flags`: None for `clean`)."""
+        """Compile the form `from_clean` (`clean`; `flags` None) else `after_unchecked` for these
+        arguments."""
         flat = FlatStep(self.kernels._form_fns[clean], consts, user, None if clean else flags, dynamic)
         if clean:
-            self.clean = flat
+            self.from_clean = flat
         else:
-            self.single = flat
+            self.after_unchecked = flat
         return flat
 
 
@@ -330,7 +338,7 @@ class FusedRun(NamedTuple):
 
 
 class FlatStep:
-    """A session step (`clean` or `single`) compiled ahead of time, its state FLAT: called as
+    """A session step (`from_clean` or `after_unchecked`) compiled ahead of time, its state FLAT: called as
     `exe(consts, leaves, [flags,] dynamic) -> (leaves, [flags,] outputs)`, where `leaves` is
     the tuple of the leaves of (vars, caches). JAX flattens pytree arguments and rebuilds pytree
     results at every call of an executable; dicts it does in C++, but the state's dataclasses

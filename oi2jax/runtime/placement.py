@@ -49,7 +49,8 @@ class Placer:
             return jax.device_put(state, self.device)
         return jax.tree.map(lambda v: v if isinstance(v, jax.Array) else jax.device_put(v), state)
 
-    def jit_kwargs(self, program) -> dict:
+    def jit_kwargs(self, exe) -> dict:
+        """`jax.jit` arguments for executable `exe`'s pure step (shardings; none on one device)."""
         return {}
 
     def lazy_const(self, decl):

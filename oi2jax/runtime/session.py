@@ -85,15 +85,16 @@ class InputSig(NamedTuple):
     type: type
 
 
-class HotStep:
-    """`Session.step`'s hot path: the compiled forms for the signature of the last step, which
-    gave every input as a device array of its declared shape and dtype (`types`: each input's
-    name and array type, checked per call; the executable checks shapes and dtypes itself)."""
+class SessionHotPath:
+    """`Session.step`'s hot path: the executable and its compiled forms for the signature of the
+    last step, which gave every input as a device array of its declared shape and dtype (`types`:
+    each input's name and array type, checked per call; the compiled form checks shapes and dtypes
+    itself)."""
 
-    __slots__ = ("forms", "types")
+    __slots__ = ("executable", "forms", "types")
 
-    def __init__(self, forms, types: tuple):
-        self.forms, self.types = forms, types
+    def __init__(self, executable, forms, types: tuple):
+        self.executable, self.forms, self.types = executable, forms, types
 
 
 class Session:
@@ -108,7 +109,7 @@ class Session:
         self._pending: list[Pending] = []  # dispatched steps whose outcome is unread, oldest first
         self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
         self._recent: list[StepValues] = []  # values of steps not merged into _vals
-        self._hot: HotStep | None = None  # Session.step's hot path (see step)
+        self._hot: SessionHotPath | None = None  # Session.step's hot path (see step)
         self._fast: dict[str, InputSig] = {}  # device inputs accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._closed = False
@@ -119,7 +120,9 @@ class Session:
         # devices; otherwise the fused kernels run them (same results, one kernel per step)
         self._driver = program.driver is not None and bool(program.driver.placement)
         self._sync = program.growable or self._driver
-        self._all_returned = set(program.builder.step_outputs) == set(program.builder.all_names)
+        builder = program.executable.builder
+        self._returns = builder.step_outputs  # what a step returns (its `return`, else every output)
+        self._all_returned = set(builder.step_outputs) == set(builder.all_names)
         if state is None:
             self._state = program.init_state()
         elif isinstance(state, (str, os.PathLike)):
@@ -313,27 +316,28 @@ class Session:
             raise OiError(f"read: unknown variable {name}{suggest(name, known)} "
                           f"(variables: {', '.join(known) or '(none)'})")
         if decl.kind == ir.MemKind.PERSISTENT:
-            return prog.export_state(self._state)[name]
+            return prog.executable.export_state(self._state)[name]
         return self._current(decl, self._values)
 
     def _current(self, decl, values: dict) -> np.ndarray:
         """A dynamic or volatile variable's last value (else its default / initial value), on the
         host, widened."""
         prog = self.program
+        exe = prog.executable
         name = decl.name
         value = values.get(name)
         if value is None:
-            value = prog.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
+            value = exe.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
         else:
-            value = prog.trim(value)  # a runtime-shaped value: its current shape
-        return convert_output(prog.to_host(value), decl.dtype)
+            value = exe.trim(value)  # a runtime-shaped value: its current shape
+        return convert_output(exe.to_host(value), decl.dtype)
 
     def values(self) -> dict:
         """Every dynamic, volatile and persistent variable (the `--out` layout). The end of
         every `run`: kept to one host fetch and one widening per variable."""
         self.check()
         prog = self.program
-        persistent = prog.export_state(self._state)  # one host transfer of the state
+        persistent = prog.executable.export_state(self._state)  # one host transfer of the state
         out = {}
         values = self._values
         for decl in prog.result_vars:
@@ -351,7 +355,7 @@ class Session:
     # ------------------------------------------------------------------ errors
 
     def _raise_if_failed(self, outcome: StepOutcome, step: int) -> None:
-        error = self.program.status_error(outcome, step=step)
+        error = self.program.executable.status_error(outcome, step=step)
         if error is not None:
             self._clear_error()
             raise error
@@ -369,10 +373,11 @@ class Session:
         """Validated inputs, on the device; conversion is exact or an OiError. `steps`: the
         values carry a leading step axis of that length."""
         prog = self.program
+        defaults = prog.executable.defaults
         out = {}
         if steps is not None:
             for name, value in inputs.items():
-                want = prog.defaults[name]
+                want = defaults[name]
                 if isinstance(value, jax.Array) and value.shape == (steps,) + want.shape and value.dtype == want.dtype:
                     out[name] = value
                 else:
@@ -380,7 +385,7 @@ class Session:
             converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
             if converted:
                 with prog.scope():
-                    out.update(prog.placer.put("dynamic", converted))
+                    out.update(prog.executable.host.placer.put("dynamic", converted))
             return out
         fast = self._fast
         all_fast = True
@@ -389,9 +394,9 @@ class Session:
             if sig is not None and type(value) is sig.type and value.shape == sig.shape and value.dtype == sig.dtype:
                 out[name] = value
                 continue
-            if name not in prog.defaults:
+            if name not in defaults:
                 raise prog.unknown_input(name)
-            want = prog.defaults[name]
+            want = defaults[name]
             if isinstance(value, jax.Array) and value.shape == want.shape and value.dtype == want.dtype:
                 fast[name] = InputSig(value.shape, value.dtype, type(value))
                 out[name] = value
@@ -403,7 +408,7 @@ class Session:
         converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
         if converted:
             with prog.scope():
-                out.update(prog.placer.put("dynamic", converted))
+                out.update(prog.executable.host.placer.put("dynamic", converted))
         return out
 
     # ------------------------------------------------------------------ one step
@@ -413,7 +418,7 @@ class Session:
         keeps its default). Returns the step's outputs as device arrays: every volatile and
         every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
         hot = self._hot
-        if hot is not None and len(inputs) == len(hot.types) and hot.forms.generation == self.program.generation:
+        if hot is not None and len(inputs) == len(hot.types) and hot.executable is self.program.executable:
             # the common decode step: the same complete set of device inputs as the step that set
             # `_hot`, its kernel compiled. The same checks as the general path, in fewer Python
             # operations (a bare jitted call costs a few µs; this adds well under 1). The
@@ -426,14 +431,14 @@ class Session:
                 if self._pending:
                     self._poll()
                 clean = self._clean
-                flat = hot.forms.clean if clean else hot.forms.single
+                flat = hot.forms.from_clean if clean else hot.forms.after_unchecked
                 if flat is not None:
                     leaves = self._leaves
                     if leaves is None:
                         leaves = self._user_leaves()
                     try:
-                        out = flat.exe(self.program.consts, leaves, inputs) if clean else \
-                            flat.exe(self.program.consts, leaves, self._flags, inputs)
+                        out = flat.exe(hot.executable.consts, leaves, inputs) if clean else \
+                            flat.exe(hot.executable.consts, leaves, self._flags, inputs)
                     except (TypeError, ValueError):  # placed unlike the executable: the general path
                         pass
                     else:
@@ -449,6 +454,7 @@ class Session:
         if self._closed:
             raise OiError("this session is closed")
         prog = self.program
+        exe = prog.executable
         dyn = self._inputs(inputs)
         names = tuple(inputs)
         if names != self._given:  # the same names as last step: already known complete
@@ -457,27 +463,27 @@ class Session:
         if self._sync:
             self.check()
             return self._step_checked(dyn)
-        full = dyn if len(dyn) == self._n_dynamic else {**prog.defaults, **dyn}
+        full = dyn if len(dyn) == self._n_dynamic else {**exe.defaults, **dyn}
         if self._pending:
             self._poll()
         clean = self._clean  # the state holds no error: the step needs no skip
-        kernels = prog.step_kernels
+        kernels = exe.kernels
         forms = kernels.session_forms(full)
-        flat = forms.clean if clean else forms.single
+        flat = forms.form(clean)
         if flat is None:  # each form compiled on its first use
             with prog.scope():
-                flat = forms.compile(clean, prog.consts, self._user, self._flags, full)
-        leaves, flags, outputs = kernels.call_session_step(flat, clean, prog.consts, self._user_leaves(),
+                flat = forms.compile(clean, exe.consts, self._user, self._flags, full)
+        leaves, flags, outputs = kernels.call_session_step(flat, clean, exe.consts, self._user_leaves(),
                                                            self._flags, full)
         self._leaves, self._user_tree, self._user_def = leaves, None, flat.user_def
         if dyn is inputs and full is dyn and not self._shaped:
             # every input a device array of its declared shape and dtype (`_inputs` passed them
             # through as given) and all of them given: the next such step takes the hot path
             fast = self._fast
-            self._hot = HotStep(forms, tuple((name, fast[name].type) for name in inputs))
+            self._hot = SessionHotPath(exe, forms, tuple((name, fast[name].type) for name in inputs))
         self._dispatched(dyn, flags, outputs)
         if self._shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
-            outputs = prog.trim_outputs(outputs)
+            outputs = exe.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
 
     def _dispatched(self, dyn: dict, flags, outputs: dict) -> None:
@@ -503,20 +509,21 @@ class Session:
             self._confirm(len(pending) - self.max_unchecked - 1)
 
     def _returned(self, outputs: dict) -> dict:
-        return {k: outputs[k] for k in self.program.builder.step_outputs if k in outputs}
+        return {k: outputs[k] for k in self._returns if k in outputs}
 
     def _step_checked(self, dyn: dict, wrap=None, driver: bool | None = None) -> dict:
         """One step, its status read before returning; growth re-runs it. `driver`: run it with
         the yield/await driver (default: when the session does)."""
         prog = self.program
-        full = prog.dynamic_args(dyn)
+        full = prog.executable.dynamic_args(dyn)
         while True:
+            exe = prog.executable  # the next one after a growth
             with prog.scope():
                 use_driver = self._driver if driver is None else driver
-                one = prog.session_step if use_driver else prog.fused_session_step
+                one = prog.session_step if use_driver else exe.session_step
                 run = one if wrap is None else wrap(one)
                 self._state, outputs = run(self._state, full)
-            outcome = StepOutcome.of_flags(prog.to_host(self._state.guards.flags))
+            outcome = StepOutcome.of_flags(exe.to_host(self._state.guards.flags))
             if outcome.undone:  # needs more capacity: grow and re-run
                 self._state = prog.grow(self._state, outcome)
                 continue
@@ -526,7 +533,7 @@ class Session:
         self._values.update(outputs)
         self._raise_if_failed(outcome, self.steps)
         self._clean = True
-        return self._returned(prog.trim_outputs(outputs))
+        return self._returned(exe.trim_outputs(outputs))
 
     # ------------------------------------------------------------------ many steps
 
@@ -561,14 +568,15 @@ class Session:
             def steps_per_call(pace):
                 return max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
 
-            pace = prog.step_kernels.pace
+            pace = prog.executable.kernels.pace
             chunk = min(16, limit) if pace is None else steps_per_call(pace)
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
                 t0 = time.perf_counter()
-                kernels = prog.step_kernels  # new ones after a growth (and new executables)
-                res = kernels.multi(prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
+                exe = prog.executable  # the next one after a growth
+                kernels = exe.kernels
+                res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
                                     exes=plan.exes(kernels), feedback=plan.feedback, fed=fed)
                 self._state, fed = res.state, res.fed
                 outcome = StepOutcome.of_status(res.status)
@@ -593,7 +601,7 @@ class Session:
         result = self.values()
         for k in collect:
             if pieces[k]:
-                result[k] = convert_output(np.concatenate([prog.to_host(p) for p in pieces[k]]),
+                result[k] = convert_output(np.concatenate([prog.executable.to_host(p) for p in pieces[k]]),
                                            prog.bound.dtype(k))
             else:
                 result[k] = np.zeros((0,) + result[k].shape, result[k].dtype)

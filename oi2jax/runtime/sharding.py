@@ -259,11 +259,10 @@ class ShardingPlacer(Placer):
         """A host `StepState` placed buffer by buffer (`state_shardings`)."""
         return jax.tree.map(self._place_as, self.state_shardings(state), state)
 
-    def jit_kwargs(self, program) -> dict:
-        consts = {k: self.sharding_for(k, np.shape(v)) for k, v in program.consts.items()}
-        dynamic = {name: self.sharding_for(name, program.bound.shape(name))
-                   for name in program.builder.dynamic}
-        state = self.state_shardings(program.state_spec.avals())
+    def jit_kwargs(self, exe) -> dict:
+        consts = {k: self.sharding_for(k, np.shape(v)) for k, v in exe.consts.items()}
+        dynamic = {name: self.sharding_for(name, self.bound.shape(name)) for name in exe.builder.dynamic}
+        state = self.state_shardings(exe.state_spec.avals())
         return {"in_shardings": (consts, state, dynamic), "out_shardings": (state, None)}
 
 
