@@ -33,6 +33,7 @@ from jax.tree_util import tree_map_with_path
 from .. import dtypes as dt
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
+from .runplan import fed_back
 
 
 SELECT_SKIP_BYTES = 1 << 16
@@ -122,12 +123,12 @@ class StepKernels:
                 for k, v in per_step.items():
                     if k not in fb:
                         dyn[k] = lax.dynamic_index_in_dim(v, base + i, keepdims=False)
-                for k, v in fb.items():  # step g takes its given value while there is one, else the fed one
+                for k, v in fb.items():  # `fed_back`: an input not given per step starts from its value
                     if k in per_step:
                         given = per_step[k]
                         g = base + i
                         row = lax.dynamic_index_in_dim(given, jnp.minimum(g, given.shape[0] - 1), keepdims=False)
-                        v = jnp.where(g < given.shape[0], row, v)
+                        v = jnp.where(fed_back(g, given.shape[0]), v, row)
                     dyn[k] = v
                 flat, outputs = builder(consts, spec.with_constants(env), dyn, extra=extra)
                 return spec.strip_constants(flat), outputs

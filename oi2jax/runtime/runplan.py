@@ -85,6 +85,36 @@ def feedback_pairs(prog, feedback) -> tuple:
     return tuple(pairs)
 
 
+def fed_back(step, given_steps):
+    """THE feedback rule (`feedback={IN: OUT}`): step `step` (0-based in the run) takes IN from
+    OUT's value after the step before once IN's given values run out: `given_steps` is the number
+    of its per-step values, or 1 for an input given once or not at all (its first step takes that
+    value, or the default). Python ints and traced scalars alike: the fused loop, the host loop
+    (`Session.run_stepwise`) and `RunPlan.arguments` all follow it."""
+    return step >= given_steps
+
+
+def step_axis(name: str, value, shape: tuple) -> int | None:
+    """THE per-step input rule: a value of shape `[N, *shape]` gives one value per step (returns
+    N); one of `shape` is the same every step (None); any other shape is an OiError."""
+    vshape = tuple(np.shape(value))
+    if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
+        return vshape[0]
+    if vshape == shape:
+        return None
+    raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
+                  f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
+
+
+def check_per_step(name: str, value, shape: tuple, source: str) -> None:
+    """OiError unless `value` (from `source`, e.g. `--inputs-per-step`) holds one value per
+    step: shape `[N, *shape]` (`step_axis`)."""
+    if np.ndim(value) != len(shape) + 1:
+        raise OiError(f"{source} {name}: expected a leading step axis [N, {', '.join(map(str, shape))}], "
+                      f"got shape {list(np.shape(value))}")
+    step_axis(name, value, tuple(shape))
+
+
 def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
     """(per_step {name: [N, ...]}, fixed {name: value}, N). An input with `feedback` may hold
     fewer per-step values than the run has steps (the later steps take the fed-back value)."""
@@ -93,16 +123,12 @@ def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
     for name, value in inputs.items():
         if name not in prog.defaults:
             raise prog.unknown_input(name)
-        shape = tuple(prog.bound.shape(name))
-        vshape = tuple(np.shape(value))
-        if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
+        n = step_axis(name, value, tuple(prog.bound.shape(name)))
+        if n is not None:
             per_step[name] = value
-            (fed_lengths if name in fed else lengths)[name] = vshape[0]
-        elif vshape == shape:
-            fixed[name] = value
+            (fed_lengths if name in fed else lengths)[name] = n
         else:
-            raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
-                          f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
+            fixed[name] = value
     if len(set(lengths.values())) > 1:
         raise OiError("per-step inputs disagree on the number of steps: " +
                       ", ".join(f"{k} has {v}" for k, v in lengths.items()))
@@ -176,7 +202,7 @@ class RunPlan:
         per = {k: given[k] for k in per_names}
         fed = {}
         for name, _ in self.feedback:
-            if name not in per:
+            if name not in per:  # step 0 takes it as given (`fed_back`), the later steps what is fed back
                 fed[name] = fixed.pop(name)
             else:  # never read before the per-step values run out (none: steps=0, nothing runs)
                 fed[name] = per[name][0] if per[name].shape[0] else self.all_defaults[name]

@@ -41,7 +41,7 @@ from ..lowering.state import Guards, StepState
 from ..npz import save_npz
 from ..values import convert_input, convert_output
 from .kernels import StepOutcome
-from .runplan import collect_names, feedback_pairs, plan_run, split_inputs
+from .runplan import collect_names, fed_back, feedback_pairs, plan_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
@@ -631,7 +631,7 @@ class Session:
             dyn = dict(fixed_dev)
             given = {k: v[i] for k, v in per_host.items() if i < len(v)}
             for name, source in pairs:  # past its given values: what its source held after the last step
-                if name not in given and (name in per_host or i > 0):
+                if fed_back(i, len(per_host[name]) if name in per_host else 1):
                     given[name] = self.read(source)  # widened, and converted back exactly
             if given:
                 dyn.update(self._inputs(given))
