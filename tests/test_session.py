@@ -175,7 +175,7 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
     assert bool(compiled) == placed
 
 
-def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv, monkeypatch):
+def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv):
     """A plan's loop compiled ahead of time that refuses its arguments (placed unlike them) is
     dropped for the jitted loop: the same values, and the run is not lost."""
     import jax
@@ -592,15 +592,22 @@ def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready
     before dispatching anything (`ready`). Otherwise step k+1 is dispatched before step k's error
     is read; it must leave the state exactly as step k left it, whether the kernel skips it with
     a select (small plain state) or a cond."""
-    from oi2jax.runtime import kernels, session
+    from oi2jax.runtime import kernels
+    from oi2jax.runtime.session import DeviceOutcomes
     if cond:
         monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
-    monkeypatch.setattr(session, "outcome_ready", lambda flags: ready)
     prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
     assert prog.executable.kernels.select_skip is not cond
     ns = np.array([1, 2, np.inf, 1, 3], np.float32)
     xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
     one = prog.session(max_unchecked=1)  # K=1: step k's error raises at the latest from call k+1
+
+    class Steered(DeviceOutcomes):  # the documented hook: every step found finished, or none
+        @staticmethod
+        def ready(flags) -> bool:
+            return ready
+
+    one.outcomes = Steered
     one.step(n=ns[0], x=xs[0])
     one.step(n=ns[1], x=xs[1])
     one.step(n=ns[2], x=xs[2])  # fails; reported by the next call, which must do nothing
@@ -622,14 +629,17 @@ def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready
     np.testing.assert_array_equal(one.read("acc"), xs[0] + 2 * xs[1] + xs[3] + 3 * xs[4])
 
 
-def test_steps_without_runtime_guards_read_nothing_back(monkeypatch):
+def test_steps_without_runtime_guards_read_nothing_back():
     """A graph whose step has no runtime guard cannot fail: its session steps return no flags and
     never look at a step's outcome; values equal the fused run bit for bit."""
     import jax
-    from oi2jax.runtime import session
 
-    def never(flags):
-        raise AssertionError("a step without guards has no outcome to read")
+    class Never:  # the documented hook `Session.outcomes`: nothing may be asked of it
+        @staticmethod
+        def ready(flags):
+            raise AssertionError("a step without guards has no outcome to read")
+
+        read = ready
 
     prog = oi2jax.compile(EXAMPLES / "online_weight_update.oi", model=EXAMPLES / "online_weight_update.oinf")
     rng = np.random.default_rng(5)
@@ -639,7 +649,7 @@ def test_steps_without_runtime_guards_read_nothing_back(monkeypatch):
     with prog.scope():
         dev = [(jax.device_put(xs[k]), jax.device_put(deltas[k])) for k in range(n)]
     sess = prog.session()
-    monkeypatch.setattr(session, "outcome_ready", never)
+    sess.outcomes = Never
     for k in range(n):
         sess.step(x=dev[k][0], delta=dev[k][1])
     sess.check()

@@ -51,14 +51,19 @@ MAX_UNCHECKED = 8  # default K: steps `Session.step` may leave unchecked (docs/d
 RECENT = 32  # values of this many steps are kept apart before they are merged (see `_values`)
 
 
-def outcome_ready(flags) -> bool:
-    """Whether a dispatched step has finished (its guard flags can be read without waiting)."""
-    return flags.is_ready()
+class DeviceOutcomes:
+    """How a session learns the outcome of a dispatched step from its guard flags: `ready(flags)`
+    says whether the step has finished (the flags can be read without waiting), `read(flags)`
+    reads its `StepOutcome` (waiting for it). `Session.outcomes` is this by default; a test
+    replaces it (per session) to steer or count what the session sees of the device."""
 
+    @staticmethod
+    def ready(flags) -> bool:
+        return flags.is_ready()
 
-def read_flags(flags) -> StepOutcome:
-    """A dispatched step's outcome, read from its guard flags: waits for the step."""
-    return StepOutcome.of_flags(flags)
+    @staticmethod
+    def read(flags) -> StepOutcome:
+        return StepOutcome.of_flags(flags)
 
 
 class Pending(NamedTuple):
@@ -113,6 +118,9 @@ class Session:
         self._fast: dict[str, InputSig] = {}  # device inputs accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._closed = False
+        self.outcomes = DeviceOutcomes  # how dispatched steps' outcomes are read (a documented hook)
+        self.call_seconds = CALL_SECONDS  # `run`: the length of one fused call, about
+        self.general_steps = 0  # `step` calls that took the general path (validated, maybe compiled)
         self._n_dynamic = len(program.defaults)
         self._user_tree = self._leaves = self._user_def = None  # see _user
         self._shaped = bool(program.shaped)
@@ -241,6 +249,12 @@ class Session:
         if self._pending:
             self._confirm(len(self._pending) - 1)
 
+    @property
+    def unchecked(self) -> int:
+        """How many dispatched steps' outcomes the session has not read yet (at most
+        `max_unchecked`)."""
+        return len(self._pending)
+
     def close(self) -> None:
         """Raise the error of a step not yet reported, if any, and let the state go; the
         session cannot be used after. `with prog.session() as sess:` closes it at the end (an
@@ -271,10 +285,11 @@ class Session:
         the newest finished one (a step's flags carry any earlier unreported error: the steps
         after a failing one skip, passing its error on). Raises a step's error."""
         pending = self._pending
-        if not outcome_ready(pending[0].flags):  # in dispatch order: the oldest not finished, none is
+        ready = self.outcomes.ready
+        if not ready(pending[0].flags):  # in dispatch order: the oldest not finished, none is
             return
         done, n = 0, len(pending)
-        while done + 1 < n and outcome_ready(pending[done + 1].flags):
+        while done + 1 < n and ready(pending[done + 1].flags):
             done += 1
         self._confirm(done)
 
@@ -282,11 +297,12 @@ class Session:
         """Read the outcome of unchecked step `_pending[i]` (waiting for it): no error -> it and
         every step before it are checked; an error -> raised for the first step that has it."""
         pending = self._pending
-        outcome = read_flags(pending[i].flags)
+        read = self.outcomes.read
+        outcome = read(pending[i].flags)
         if outcome.err:
             # the steps after a failing one carry its error: the failing step starts that run
             while i > 0:
-                earlier = read_flags(pending[i - 1].flags)
+                earlier = read(pending[i - 1].flags)
                 if not earlier.err:
                     break
                 i, outcome = i - 1, earlier
@@ -453,6 +469,7 @@ class Session:
         compiles the kernel form for their signature, and sets up the hot path."""
         if self._closed:
             raise OiError("this session is closed")
+        self.general_steps += 1
         prog = self.program
         exe = prog.executable
         dyn = self._inputs(inputs)
@@ -566,7 +583,7 @@ class Session:
             limit = steps if progress is None else max(1, -(-steps // 50))
 
             def steps_per_call(pace):
-                return max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
+                return max(1, min(limit, int(self.call_seconds / max(pace, 1e-9))))
 
             pace = prog.executable.kernels.pace
             chunk = min(16, limit) if pace is None else steps_per_call(pace)
