@@ -213,11 +213,6 @@ def member_key(name: str, index: tuple[int, ...]) -> str:
     return f"{name}[{','.join(str(int(i)) for i in index)}]"
 
 
-def member_base(key: str) -> str:
-    """The family name of a member key (`W[3]` -> `W`); any other key as it is."""
-    return key.split("[", 1)[0] if key.endswith("]") else key
-
-
 def split_families(tr, policy: LoopPolicy) -> set[str]:
     """Prefix tables every read of which has static indices under `policy` (literals, sizes,
     constant scalars, indices of unrolled loops): the program holds them member by member

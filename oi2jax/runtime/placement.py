@@ -33,8 +33,9 @@ class Placer:
     def __init__(self, device=None):
         self.device = device
 
-    def put(self, role: str, values: dict) -> dict:
-        """role: 'consts' | 'dynamic' | 'defaults'."""
+    def put(self, role: str, values: dict, names: dict | None = None) -> dict:
+        """role: 'consts' | 'dynamic' | 'defaults'; `names`: the IR name of a key that is not one
+        (a family's member `W[3]`: W), where placement depends on the variable."""
         if self.device is not None:
             return jax.device_put(values, self.device)  # one batched transfer
         # jax.device_put, not jnp.asarray: in JAX 0.10 jnp.asarray compiles a `jit(stage)` per

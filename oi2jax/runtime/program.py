@@ -85,7 +85,8 @@ class Program:
         with self.scope():
             lowering = build_lowering(bound)
             builder = StepBuilder(lowering)
-            consts = self.placer.put("consts", self._host_consts(lowering, builder))
+            host, names = self._host_consts(lowering, builder)
+            consts = self.placer.put("consts", host, names)
             defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
             self.executable = Executable(1, lowering, builder, consts, defaults,
                                          Host(self.placer, self.scope, self.count_trace, self.note))
@@ -127,23 +128,26 @@ class Program:
         program's matmul precision and device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
-    def _host_consts(self, lowering, builder) -> dict:
-        """Every constant (packed types packed), prefix-table family and non-uniform initial value.
-        A family whose every read is at a static index under the loop policy is held member by
-        member (`W[0]`, `W[1]`, ...: lowering/loops.split_families), else stacked."""
+    def _host_consts(self, lowering, builder) -> tuple[dict, dict]:
+        """`(values, names)`: every constant (packed types packed), prefix-table family and
+        variable's non-uniform initial value, by its IR name; a family whose every read is at a
+        static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
+        loops.member_key, lowering/loops.split_families), else stacked. `names`: each member key's
+        family (placement reads it; no key is parsed back)."""
         split = loops.split_families(Tracer(lowering, {}), self.loop_policy())
-        consts = {}
+        consts, names = {}, {}
         for decl in self.graph.vars:
             if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
                 for index, value in self.bound.family_items(decl.name):
-                    consts[loops.member_key(decl.name, index)] = value
+                    key = loops.member_key(decl.name, index)
+                    consts[key], names[key] = value, decl.name
             elif decl.is_prefix_table:
                 consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
                 consts[decl.name] = self._const_value(decl)
-        for name, value in builder.init_args.items():
-            consts[f"__init__/{name}"] = value
-        return consts
+        for name, value in builder.init_args.items():  # a variable's non-uniform initial value
+            consts[name] = value
+        return consts, names
 
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, or what the placer loads lazily (sharded model tensors)."""
