@@ -213,7 +213,7 @@ def _load_npz(path: str, what: str) -> dict:
 
 def _per_step_inputs(args, program, inputs: dict) -> dict:
     """--inputs-per-step FILE.npz: arrays with a leading step axis, one value per step."""
-    from .runtime.runplan import check_per_step  # deferred: JAX
+    from .runtime.runargs import check_per_step  # deferred: JAX
     per_step = _load_npz(args.inputs_per_step, "--inputs-per-step")
     for name, value in per_step.items():
         if name in inputs:
@@ -291,7 +291,7 @@ def cmd_run(args) -> int:
         if feedback:
             run_kwargs["feedback"] = feedback
         if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
-            from .runtime.runplan import feedback_pairs, split_inputs  # deferred: JAX
+            from .runtime.runargs import feedback_pairs, split_inputs  # deferred: JAX
             steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
     bar = progress.progress_for(steps, quiet=args.quiet)
     if bar is not None:

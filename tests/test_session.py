@@ -171,7 +171,7 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
         np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
     np.testing.assert_array_equal(fused.read("A"), xs)
     np.testing.assert_array_equal(fused.read("F"), xs[:5])
-    compiled = [p for p in prog.run_plans.values() if p.exes(prog.executable.kernels)]
+    compiled = [p for p in prog.validated_runs.values() if p.exes(prog.executable.kernels)]
     assert bool(compiled) == placed
 
 
@@ -184,7 +184,7 @@ def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv):
     with kv.scope():
         dev = jax.device_put(qs)
     first = kv.session().run({"q": dev}, collect="k_hist")
-    plan = next(p for p in kv.run_plans.values() if p.exes(kv.executable.kernels))
+    plan = next(p for p in kv.validated_runs.values() if p.exes(kv.executable.kernels))
     exes = plan.exes(kv.executable.kernels)
 
     class Refuses:
@@ -355,7 +355,7 @@ def test_fused_runs_with_device_inputs_reuse_their_checks(kv):
         dev = jax.device_put(qs)
         inexact = jax.device_put(np.full((3, d), 0.1, np.float64))
     first = kv.session().run({"q": dev}, collect="k_hist")
-    assert kv.run_plans
+    assert kv.validated_runs
     second = kv.session().run({"q": dev}, collect="k_hist")
     assert first.keys() == second.keys()
     for name in first:

@@ -33,7 +33,7 @@ from jax.tree_util import tree_map_with_path
 from .. import dtypes as dt
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
-from .runplan import fed_back
+from .runargs import fed_back
 
 
 SELECT_SKIP_BYTES = 1 << 16
@@ -226,7 +226,7 @@ class StepKernels:
         its second step, for an input not given per step), the input takes the value its source
         had after the step before; `fed`: each such input's fed-back value before this call.
         `exes`: the loops compiled ahead of time for one validated signature of arguments (a
-        `Session.run` plan), by index type: called without the jit's dispatch (a hot path)."""
+        `ValidatedRun`), by index type: called without the jit's dispatch (a hot path)."""
         args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total, feedback, fed)
         if exes is None:
             return self.multi_jit(*args)

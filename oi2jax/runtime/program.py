@@ -72,8 +72,8 @@ class Program:
         self._next_reason = "first call"
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
-        self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (runtime/runplan.py)
-        self._step_hot: PureStepHot | None = None  # `step`'s hot path
+        self.validated_runs: dict = {}  # `Session.run` input signature -> its ValidatedRun (runtime/runargs.py)
+        self._step_hot: StepHotPath | None = None  # `step`'s hot path
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
@@ -249,7 +249,7 @@ class Program:
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
                     all(type(v) is array for v in checked.values()):
                 # concrete device inputs, all given: compile this signature for the next call
-                self._step_hot = PureStepHot(exe, exe.jit_step.lower(exe.consts, out[0], full).compile(),
+                self._step_hot = StepHotPath(exe, exe.jit_step.lower(exe.consts, out[0], full).compile(),
                                              tuple(full), array)
             return out
 
@@ -495,7 +495,7 @@ class Program:
 
 
 @dataclass(eq=False)
-class PureStepHot:
+class StepHotPath:
     """`Program.step`'s hot path: the jitted step compiled ahead of time for the signature of an
     eager call whose inputs were all given as device arrays of one type."""
 

@@ -41,14 +41,14 @@ from ..lowering.state import Guards, StepState
 from ..npz import save_npz
 from ..values import convert_input, convert_output
 from .kernels import StepOutcome
-from .runplan import collect_names, fed_back, feedback_pairs, plan_run, split_inputs
+from .runargs import collect_names, fed_back, feedback_pairs, validate_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
 
 
 MAX_UNCHECKED = 8  # default K: steps `Session.step` may leave unchecked (docs/decode.md, "When errors surface")
-RECENT = 32  # values of this many steps are kept apart before they are merged (see `_values`)
+RECENT = 32  # values of this many steps are kept apart before they are merged (see `_last_values`)
 
 
 class DeviceOutcomes:
@@ -74,7 +74,7 @@ class Pending(NamedTuple):
 
 
 class StepValues(NamedTuple):
-    """The values a step left (its inputs and outputs), kept apart until merged (`Session._values`)."""
+    """The values a step left (its inputs and outputs), kept apart until merged (`Session._last_values`)."""
 
     step: int
     inputs: dict
@@ -112,8 +112,8 @@ class Session:
         self.max_unchecked = max_unchecked  # K: dispatched steps whose outcome may stay unread
         self.steps = 0  # steps applied so far (a resumed session goes on counting)
         self._pending: list[Pending] = []  # dispatched steps whose outcome is unread, oldest first
-        self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
-        self._recent: list[StepValues] = []  # values of steps not merged into _vals
+        self._merged: dict = {}  # last value of each dynamic / volatile variable (see _last_values)
+        self._recent: list[StepValues] = []  # values of steps not merged into _merged
         self._hot: SessionHotPath | None = None  # Session.step's hot path (see step)
         self._fast: dict[str, InputSig] = {}  # device inputs accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
@@ -174,16 +174,16 @@ class Session:
         self._user, self._flags = (state.vars, state.caches), state.guards.flags
 
     @property
-    def _values(self) -> dict:
+    def _last_values(self) -> dict:
         """Every dynamic / volatile variable's last value (device or host arrays). Steps leave
         theirs in `_recent`, merged here in order; read only when no step is unchecked (a step
         found failing drops the entries of the steps after it, which did nothing)."""
         if self._recent:
             self._merge(self.steps)
-        return self._vals
+        return self._merged
 
     def _merge(self, through: int) -> None:
-        """Merge the values of the steps up to number `through` into `_vals` (from the last step
+        """Merge the values of the steps up to number `through` into `_merged` (from the last step
         given every input: its inputs and outputs hold every variable, superseding older ones)."""
         recent = self._recent
         start = n = 0
@@ -193,7 +193,7 @@ class Session:
             n = i + 1
             if entry.complete:
                 start = i
-        vals = self._vals
+        vals = self._merged
         for entry in recent[start:n]:
             vals.update(entry.inputs)
             vals.update(entry.outputs)  # outputs hold every variable a step writes
@@ -227,10 +227,10 @@ class Session:
                               f"{', '.join(known) or '(none)'})")
         for name, value in others.items():
             if name in prog.shaped:  # saved at its current shape: kept as such for `read`
-                self._values[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name),
+                self._last_values[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name),
                                                    np.shape(value))
                 continue
-            self._values[name] = prog.convert(name, value)
+            self._last_values[name] = prog.convert(name, value)
         return prog.import_state(persistent, source)
 
     @property
@@ -333,7 +333,7 @@ class Session:
                           f"(variables: {', '.join(known) or '(none)'})")
         if decl.kind == ir.MemKind.PERSISTENT:
             return prog.executable.export_state(self._state)[name]
-        return self._current(decl, self._values)
+        return self._current(decl, self._last_values)
 
     def _current(self, decl, values: dict) -> np.ndarray:
         """A dynamic or volatile variable's last value (else its default / initial value), on the
@@ -355,7 +355,7 @@ class Session:
         prog = self.program
         persistent = prog.executable.export_state(self._state)  # one host transfer of the state
         out = {}
-        values = self._values
+        values = self._last_values
         for decl in prog.result_vars:
             name = decl.name
             out[name] = persistent[name] if name in persistent else self._current(decl, values)
@@ -546,8 +546,8 @@ class Session:
                 continue
             break
         self.steps += 1
-        self._values.update(dyn)
-        self._values.update(outputs)
+        self._last_values.update(dyn)
+        self._last_values.update(outputs)
         self._raise_if_failed(outcome, self.steps)
         self._clean = True
         return self._returned(exe.trim_outputs(outputs))
@@ -571,9 +571,9 @@ class Session:
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        plan = plan_run(prog, inputs, steps, collect, self._inputs, feedback)
-        steps, collect = plan.steps, plan.collect
-        per_dev, fixed_dev, fed = plan.arguments(inputs)
+        call = validate_run(prog, inputs, steps, collect, self._inputs, feedback)
+        steps, collect = call.steps, call.collect
+        per_dev, fixed_dev, fed = call.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
         with prog.scope():
             base = 0
@@ -594,7 +594,7 @@ class Session:
                 exe = prog.executable  # the next one after a growth
                 kernels = exe.kernels
                 res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
-                                    exes=plan.exes(kernels), feedback=plan.feedback, fed=fed)
+                                    exes=call.exes(kernels), feedback=call.feedback, fed=fed)
                 self._state, fed = res.state, res.fed
                 outcome = StepOutcome.of_status(res.status)
                 applied = outcome.applied
@@ -628,7 +628,7 @@ class Session:
         """The last applied step's values (the fused loop returns every variable, inputs too);
         `last` is None when no step was applied."""
         if last is not None:
-            self._values.update(last)
+            self._last_values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
                      progress=None, driver: bool = False, feedback: dict | None = None) -> dict:
