@@ -14,7 +14,7 @@ from oi2jax.diagnostics import OiError
 
 from oi2jax.runtime.session import DeviceOutcomes
 
-from conftest import EXAMPLES, PLAIN_FAIL_SOURCE, assert_same
+from conftest import EXAMPLES, PLAIN_FAIL_LARGE_SOURCE, PLAIN_FAIL_SOURCE, assert_same
 
 KV = (EXAMPLES / "kv_cache_decode.oi", EXAMPLES / "kv_cache_decode.oinf")  # K @fixed(i=4): step 5 overflows
 OVERFLOW = r"dimension 0 of K: index 4 is past its fixed size 4 \(in step 5\)"
@@ -163,17 +163,14 @@ def _five_steps_failing_at_3(prog):
 
 
 @pytest.mark.parametrize("cond", [False, True], ids=["select", "entrywise"])
-def test_steps_after_a_failing_one_change_nothing_and_lose_nothing(monkeypatch, cond):
+def test_steps_after_a_failing_one_change_nothing_and_lose_nothing(cond):
     """Step 3 fails (a loop bound inf); steps 4 and 5, dispatched before its error is read, would
     succeed, yet leave the state as step 3 left it (skipped in the kernel, by a select after the
     step for a small plain state, else state entry by entry after a step whose table writes skip
     their rows). Given again after the error, they give what a fused run of all
     five steps gives: no write lost, none applied twice."""
-    from oi2jax.runtime import kernels
-    if cond:
-        monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
     device = Device()
-    prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
+    prog = oi2jax.compile(PLAIN_FAIL_LARGE_SOURCE if cond else PLAIN_FAIL_SOURCE)
     assert prog.executable.kernels.select_skip is not cond
     ns, xs, dev = _five_steps_failing_at_3(prog)
     sess = device.attach(prog.session(max_unchecked=4))
