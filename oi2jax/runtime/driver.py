@@ -2,10 +2,10 @@
 
 The checker's yield plan (`CheckedGraph.yield_plan`, `phases.yield_plan`) splits `entry` into
 phases at its top-level `yield` / `await` nodes and names each yield's consumers (§0 item 3);
-the checker already refused pairing errors and deadlocks. A `Program` built with `driver=` owns
-a `Driver`, which compiles every entry phase and every consumer block into its own jitted kernel
-(traced by the lowering: `StepBuilder.phase_kernel`, `StepBuilder.block_kernel`) and runs them
-from the host:
+the checker already refused pairing errors and deadlocks. A `Program` whose graph yields (under
+`yield_mode="driver"`) owns a `Driver`, which compiles every entry phase and every consumer block
+of the `Executable` it is handed into its own jitted kernel (traced by the lowering:
+`StepBuilder.phase_kernel`, `StepBuilder.block_kernel`) and runs them from the host:
 
     phase 0 -> [yield: dispatch consumers, no blocking] -> phase 1 (the window) -> [await: merge]
             -> phase 2 ... -> last phase (also commits the state / undoes a step that must grow)
@@ -14,8 +14,8 @@ Every kernel takes and returns a `PhaseIO` (lowering/state.py: the `Env`; the aw
 consumers' guards `pending`; the last phase's `old` state entries in, `new` committed ones out),
 passed as flat tuples of its leaves: (the constants it uses, the leaves it reads but does not
 replace, the leaves it replaces — donated). Which leaves (by their key path in the `PhaseIO`) a
-kernel reads and writes is found once (per cache capacity) by tracing it abstractly and
-inspecting the jaxpr. Consumers start from entry's env at the yield (the `Env` itself: it is
+kernel reads and writes is found once per executable (`trace_signature`: a `Signature`) by
+tracing it abstractly and inspecting the jaxpr. Consumers start from entry's env at the yield (the `Env` itself: it is
 immutable); at the await their written variables (`CheckedGraph.writes`, `Env.take`: as the
 fused lowering) are taken into entry's env on the host and their guards are merged in the next
 phase kernel (`TraceGuards.merge`), so both modes agree bit for bit. A consumer may be placed on

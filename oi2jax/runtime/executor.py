@@ -4,8 +4,8 @@ Build modes (`build=`):
 
 - `"sequential"`: every kernel is lowered and compiled, one after the other, before the first
   kernel runs.
-- `"concurrent"` (default): each kernel is lowered in the planning (main) thread as soon as it is
-  planned and its XLA compilation is handed to a thread pool (compilation releases the GIL); the
+- `"concurrent"` (default): each kernel is lowered in the main thread as soon as it is
+  traced and its XLA compilation is handed to a thread pool (compilation releases the GIL); the
   run starts as soon as the first kernel is built and waits only for kernels not yet built.
 
 Schedules (`schedule=`):
@@ -70,7 +70,7 @@ def compile_kernel(kernel, lowered):
 
 
 class KernelBuilder:
-    """Compiles the kernels of one plan, sequentially (inline) or on a thread pool."""
+    """Compiles the kernels of one `DriverKernels` build, sequentially (inline) or on a thread pool."""
 
     def __init__(self, graph, build: str, workers: int | None = None):
         self.graph = graph
@@ -147,7 +147,7 @@ def run_tasks(tasks: list[Task], schedule: str, builder: KernelBuilder | None, b
     pending = list(tasks)
     while pending:
         ready = [t for t in pending if all(tasks[d].dispatched for d in t.deps)]
-        if not ready:  # cannot happen for a well-formed plan
+        if not ready:  # cannot happen for well-formed kernels
             raise OiError("internal error: the driver's ready queue is empty but kernels remain")
         if schedule == "linear" or builder is None:
             task = ready[0] if schedule != "linear" else pending[0]

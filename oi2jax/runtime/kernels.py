@@ -311,15 +311,26 @@ class StepOutcome(NamedTuple):
 
     @classmethod
     def of_flags(cls, flags) -> "StepOutcome":
-        """From one step's guard flags `[err, errval, grow...]` (`Guards`): applied unless undone."""
+        """From one step's guard flags `[err, errval, grow...]` (`Guards`): applied unless undone.
+        A hot path (a session reads a step's flags about once per step): the common outcome, no
+        error and no growth, is one shared record per vector length."""
         values = np.asarray(flags).tolist()
+        if not any(values):
+            fine = _FINE.get(len(values))
+            if fine is None:
+                fine = _FINE[len(values)] = cls(0, 0, 1, (0,) * (len(values) - 2))
+            return fine
         grow = tuple(values[2:])
-        return cls(values[0], values[1], 0 if any(g > 0 for g in grow) else 1, grow)
+        return cls(values[0], values[1], 0 if any(grow) else 1, grow)
 
     @property
     def undone(self) -> bool:
-        """The last step asked for more cache capacity: it was undone (the host grows, re-runs it)."""
-        return any(g > 0 for g in self.grow)
+        """The last step asked for more cache capacity (`grow` >= 0 per dim, > 0: needed): it was
+        undone (the host grows, re-runs it)."""
+        return any(self.grow)
+
+
+_FINE: dict = {}  # flags length -> the `StepOutcome` of a step applied without error or growth
 
 
 def status_vector(flags, applied):

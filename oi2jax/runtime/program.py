@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import warnings
 from dataclasses import dataclass, replace
 
 import jax
@@ -33,9 +32,6 @@ from .executable import Executable, Host
 from .kernels import StepOutcome
 from .placement import Placer, device_name, resolve_device, return_freed_memory
 from .session import Session
-
-DONATION_NOTE = "Some donated buffers were not usable"  # JAX's note when XLA reuses no donated buffer
-
 
 class Program:
     """A graph lowered to one jitted step function. See docs/architecture.md and docs/decode.md.
@@ -506,19 +502,14 @@ class StepHotPath:
 
 
 class _Scope:
-    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the loop policy, the default
-    device, and JAX's note on donated buffers XLA did not reuse kept quiet (the state is donated
-    to every step whether or not XLA reuses each buffer)."""
-    __slots__ = ("program", "token", "loops", "x64", "dev", "quiet")
+    """`Program.scope()`: `jax.enable_x64(True)`, the matmul precision, the loop policy, the default device."""
+    __slots__ = ("program", "token", "loops", "x64", "dev")
 
     def __init__(self, program):
         self.program = program
 
     def __enter__(self):
         prog = self.program
-        self.quiet = warnings.catch_warnings()
-        self.quiet.__enter__()
-        warnings.filterwarnings("ignore", message=DONATION_NOTE)
         self.token = MATMUL_PRECISION.set(prog.precision)
         self.loops = loops.set_policy(prog.loop_policy())
         self.dev = None
@@ -528,7 +519,6 @@ class _Scope:
         except BaseException:
             loops.reset(self.loops)
             MATMUL_PRECISION.reset(self.token)
-            self.quiet.__exit__(None, None, None)
             raise
         if prog.device is not None:
             try:
@@ -549,5 +539,4 @@ class _Scope:
             finally:
                 loops.reset(self.loops)
                 MATMUL_PRECISION.reset(self.token)
-                self.quiet.__exit__(*exc)
         return False

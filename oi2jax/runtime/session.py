@@ -66,22 +66,6 @@ class DeviceOutcomes:
         return StepOutcome.of_flags(flags)
 
 
-class Pending(NamedTuple):
-    """A dispatched step whose outcome the host has not read: its guard flags and its number."""
-
-    flags: object
-    step: int
-
-
-class StepValues(NamedTuple):
-    """The values a step left (its inputs and outputs), kept apart until merged (`Session._last_values`)."""
-
-    step: int
-    inputs: dict
-    outputs: dict
-    complete: bool  # every input given: these values supersede every earlier step's
-
-
 class InputSig(NamedTuple):
     """A device input accepted as it is (`Session._inputs`): its shape, dtype and array type."""
 
@@ -111,9 +95,14 @@ class Session:
             raise OiError(f"max_unchecked must be an integer >= 1, got {max_unchecked!r}")
         self.max_unchecked = max_unchecked  # K: dispatched steps whose outcome may stay unread
         self.steps = 0  # steps applied so far (a resumed session goes on counting)
-        self._pending: list[Pending] = []  # dispatched steps whose outcome is unread, oldest first
+        # the guard flags of the newest dispatched steps whose outcome is unread, oldest first: the
+        # last is step `steps` (a step dispatched while any is unread may follow an error, so it
+        # returns flags), `_pending[i]` step `steps - len(_pending) + 1 + i`
+        self._pending: list = []
         self._merged: dict = {}  # last value of each dynamic / volatile variable (see _last_values)
-        self._recent: list[StepValues] = []  # values of steps not merged into _merged
+        # the values of the steps not merged into _merged, oldest first, each a tuple
+        # (step, inputs, outputs, complete: every input given, superseding every earlier step's)
+        self._recent: list[tuple] = []
         self._hot: SessionHotPath | None = None  # Session.step's hot path (see step)
         self._fast: dict[str, InputSig] = {}  # device inputs accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
@@ -187,16 +176,16 @@ class Session:
         given every input: its inputs and outputs hold every variable, superseding older ones)."""
         recent = self._recent
         start = n = 0
-        for i, entry in enumerate(recent):
-            if entry.step > through:
+        for i, (step, _, _, complete) in enumerate(recent):
+            if step > through:
                 break
             n = i + 1
-            if entry.complete:
+            if complete:
                 start = i
         vals = self._merged
-        for entry in recent[start:n]:
-            vals.update(entry.inputs)
-            vals.update(entry.outputs)  # outputs hold every variable a step writes
+        for _, inputs, outputs, _ in recent[start:n]:
+            vals.update(inputs)
+            vals.update(outputs)  # outputs hold every variable a step writes
         del recent[:n]
 
     def _load(self, path: str):
@@ -286,10 +275,10 @@ class Session:
         after a failing one skip, passing its error on). Raises a step's error."""
         pending = self._pending
         ready = self.outcomes.ready
-        if not ready(pending[0].flags):  # in dispatch order: the oldest not finished, none is
+        if not ready(pending[0]):  # in dispatch order: the oldest not finished, none is
             return
         done, n = 0, len(pending)
-        while done + 1 < n and ready(pending[done + 1].flags):
+        while done + 1 < n and ready(pending[done + 1]):
             done += 1
         self._confirm(done)
 
@@ -298,16 +287,17 @@ class Session:
         every step before it are checked; an error -> raised for the first step that has it."""
         pending = self._pending
         read = self.outcomes.read
-        outcome = read(pending[i].flags)
+        first = self.steps - len(pending) + 1  # the step of `pending[0]`
+        outcome = read(pending[i])
         if outcome.err:
             # the steps after a failing one carry its error: the failing step starts that run
             while i > 0:
-                earlier = read(pending[i - 1].flags)
+                earlier = read(pending[i - 1])
                 if not earlier.err:
                     break
                 i, outcome = i - 1, earlier
-            self._fail(outcome, pending[i].step)
-        through = pending[i].step
+            self._fail(outcome, first + i)
+        through = first + i
         del pending[:i + 1]
         if not pending:
             self._clean = True
@@ -319,7 +309,7 @@ class Session:
         forget them, so that the session is exactly where step `step` left it; raise its error."""
         self._pending = []
         self.steps = step
-        self._recent = [r for r in self._recent if r.step <= step]  # the steps after it did nothing
+        self._recent = [(n, i, o, c) for n, i, o, c in self._recent if n <= step]  # the steps after it did nothing
         self._raise_if_failed(outcome, step)
 
     def read(self, name: str) -> np.ndarray:
@@ -509,8 +499,9 @@ class Session:
         unchecked steps: wait for the oldest ones (raises the error of a failed one; this step
         then did nothing and its outputs are never returned)."""
         self.steps += 1
-        entry = StepValues(self.steps, dyn, outputs, len(dyn) == self._n_dynamic)
-        if entry.complete and not self._pending:  # every input given, every earlier step checked: supersedes them
+        complete = len(dyn) == self._n_dynamic
+        entry = (self.steps, dyn, outputs, complete)
+        if complete and not self._pending:  # every input given, every earlier step checked: supersedes them
             self._recent = [entry]
         else:
             self._recent.append(entry)
@@ -521,7 +512,7 @@ class Session:
         self._flags = flags
         self._clean = False
         pending = self._pending
-        pending.append(Pending(flags, self.steps))
+        pending.append(flags)
         if len(pending) > self.max_unchecked:
             self._confirm(len(pending) - self.max_unchecked - 1)
 
