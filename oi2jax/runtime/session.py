@@ -38,13 +38,12 @@ import numpy as np
 from .. import ir
 from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
-from ..npz import save_npz
-from ..values import convert_input, convert_output
+from ..values import convert_output
+from . import state_file
 from .kernels import StepOutcome
 from .runargs import collect_names, fed_back, feedback_pairs, validate_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
-STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
 
 
 MAX_UNCHECKED = 8  # default K: steps `Session.step` may leave unchecked (docs/decode.md, "When errors surface")
@@ -123,7 +122,8 @@ class Session:
         if state is None:
             self._state = program.init_state()
         elif isinstance(state, (str, os.PathLike)):
-            self._state = self._load(os.fspath(state))
+            path = os.fspath(state)
+            self._state = self._from_values(state_file.load(path), path)
         elif isinstance(state, dict):
             self._state = self._from_values(state, "state")
         else:
@@ -188,39 +188,13 @@ class Session:
             vals.update(outputs)  # outputs hold every variable a step writes
         del recent[:n]
 
-    def _load(self, path: str):
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                values = {k: npz[k] for k in npz.files}
-        except FileNotFoundError:
-            raise OiError(f"state file not found: {path}") from None
-        except Exception as exc:
-            raise OiError(f"{path}: not a state file (.npz): {exc}") from None
-        return self._from_values(values, path)
-
     def _from_values(self, values: dict, source: str):
-        prog = self.program
-        values = dict(values)
-        if STEPS_KEY in values:
-            self.steps = int(np.asarray(values.pop(STEPS_KEY)))
-        persistent, others = {}, {}
-        for name, value in values.items():
-            decl = prog.graph.var(name)
-            if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
-                persistent[name] = value
-            elif decl is not None and decl.kind in (ir.MemKind.DYNAMIC, ir.MemKind.VOLATILE):
-                others[name] = value  # last values, for `read` (a step recomputes them)
-            else:
-                known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
-                raise OiError(f"{source}: {name} is not a variable of the graph{suggest(name, known)} (variables: "
-                              f"{', '.join(known) or '(none)'})")
-        for name, value in others.items():
-            if name in prog.shaped:  # saved at its current shape: kept as such for `read`
-                self._last_values[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name),
-                                                   np.shape(value))
-                continue
-            self._last_values[name] = prog.convert(name, value)
-        return prog.import_state(persistent, source)
+        """The state of saved `values` (state_file.py); their step count and last values taken."""
+        steps, persistent, last = state_file.split_saved(self.program, values, source)
+        if steps is not None:
+            self.steps = steps
+        self._last_values.update(last)
+        return self.program.import_state(persistent, source)
 
     @property
     def state(self):
@@ -354,9 +328,7 @@ class Session:
     def save(self, path) -> None:
         """Write every variable (the `--out` layout) and the step count to an `.npz`, atomically;
         `Program.session(state=path)` resumes from it."""
-        arrays = self.values()
-        arrays[STEPS_KEY] = np.int64(self.steps)
-        save_npz(path, arrays)
+        state_file.save(path, self.values(), self.steps)
 
     # ------------------------------------------------------------------ errors
 
