@@ -48,15 +48,19 @@ class Executable:
                  "kernels", "__weakref__")
 
     def __init__(self, generation: int, lowering: Lowering, builder: StepBuilder, consts, defaults, host: Host):
-        self.generation = generation
-        self.lowering = lowering
-        self.builder = builder
-        self.state_spec = StateSpec(lowering.caches, len(lowering.growable))
-        self.consts = consts
-        self.defaults = defaults
-        self.host = host
-        self.jit_step = self._make_jit()
-        self.kernels = StepKernels(self)
+        init = object.__setattr__
+        init(self, "generation", generation)
+        init(self, "lowering", lowering)
+        init(self, "builder", builder)
+        init(self, "state_spec", StateSpec(lowering.caches, len(lowering.growable)))
+        init(self, "consts", consts)  # dicts: JAX takes them as pytrees; never changed after this
+        init(self, "defaults", defaults)
+        init(self, "host", host)
+        init(self, "jit_step", self._make_jit())
+        init(self, "kernels", StepKernels(self))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"an Executable does not change ({name}): Executable.grown builds the next one")
 
     def grown(self, layouts: dict) -> "Executable":
         """The next generation: these cache layouts (a growth, or a state imported at a larger
