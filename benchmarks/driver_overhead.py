@@ -37,9 +37,7 @@ def driver_overhead(iterations: int = 2000) -> dict:
     prog.run({"x": x})  # plans and compiles every kernel
     with jax.enable_x64(True):
         dynamic = prog.dynamic_args(prog.placer.put("dynamic", prog.convert_inputs({"x": x})))
-        phase_kernels, consumers = prog.driver.plan
-        kernels = phase_kernels + [ck for w in consumers.values() for ck, _, _ in w]
-        kernels = [k for k in kernels if k.out_keys]
+        kernels = [k for k in prog.driver.built.all() if k.sig.out_keys]
         state = prog.init_state()
         for _ in range(50):
             state, out = prog.step(state, **dynamic)
@@ -54,11 +52,11 @@ def driver_overhead(iterations: int = 2000) -> dict:
         env = dict(dynamic)
         env.update(state)
         for k in kernels:
-            env.update({key: jax.numpy.zeros(a.shape, a.dtype) for key, a in k.out_avals.items()})
+            env.update({key: jax.numpy.zeros(a.shape, a.dtype) for key, a in k.sig.out_avals.items()})
             env.update({key: jax.numpy.zeros(s.shape, s.dtype) for key, s in
-                        ((key, env[key]) for key in k.keep_keys + k.donate_keys)})
-        args = [(k.jitted, k.const_vals, tuple(env[key] for key in k.keep_keys),
-                 [tuple(env[key] + 0 for key in k.donate_keys) for _ in range(iterations + 50)])
+                        ((key, env[key]) for key in k.sig.keep_keys + k.sig.donate_keys)})
+        args = [(k.jitted, k.const_vals, tuple(env[key] for key in k.sig.keep_keys),
+                 [tuple(env[key] + 0 for key in k.sig.donate_keys) for _ in range(iterations + 50)])
                 for k in kernels]
         outs = None
         for i in range(50):

@@ -4,7 +4,7 @@ For every case (an example scaled up, benchmarks/cases.py), in ONE process, medi
 timed runs after warm-up, each run a loop of k steps ended by block_until_ready:
 
   (a)  oi2jax compiled: `Program.step` in a loop (state donated)
-  (a0) the same jitted function called directly (`Program.jit_step`, inside its x64 scope): the
+  (a0) the same jitted function called directly (`Program.executable.jit_step`, inside its x64 scope): the
        step without `Program.step`'s Python wrapper, to split host overhead from device time
   (b)  the model written by hand as idiomatic jax.jit code (benchmarks/handwritten/)
   (c)  the reference interpreter (`oi2jax.compile(..., mode="interpret").run`, per step)
@@ -169,7 +169,7 @@ def bench_case(case: Case, workdir: Path, device, prof: dict, do_slow: bool = Tr
     dyn = prog.dynamic_args(dev_inputs)
 
     def raw_step(state):
-        return prog.jit_step(prog.consts, state, dyn)
+        return prog.executable.jit_step(prog.consts, state, dyn)
 
     def a0_run(k, a0=Timed(None, prog.init_state, {}, case.steps)):
         with prog.scope():

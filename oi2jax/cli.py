@@ -220,15 +220,13 @@ def _load_npz(path: str, what: str) -> dict:
 
 def _per_step_inputs(args, program, inputs: dict) -> dict:
     """--inputs-per-step FILE.npz: arrays with a leading step axis, one value per step."""
+    from .runtime.runargs import check_per_step  # deferred: JAX
     per_step = _load_npz(args.inputs_per_step, "--inputs-per-step")
     for name, value in per_step.items():
         if name in inputs:
             raise OiError(f"input {name} is given twice (--input and --inputs-per-step)")
-        decl = program.graph.var(name)
-        if decl is not None and np.ndim(value) != len(program.bound.shape(name)) + 1:
-            shape = list(program.bound.shape(name))
-            raise OiError(f"--inputs-per-step {name}: expected a leading step axis [N, "
-                          f"{', '.join(map(str, shape))}], got shape {list(np.shape(value))}")
+        if program.graph.var(name) is not None:  # an unknown name: the run says so
+            check_per_step(name, value, tuple(program.bound.shape(name)), "--inputs-per-step")
     return per_step
 
 
@@ -300,7 +298,7 @@ def cmd_run(args) -> int:
         if feedback:
             run_kwargs["feedback"] = feedback
         if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
-            from .runtime.runplan import feedback_pairs, split_inputs  # deferred: JAX
+            from .runtime.runargs import feedback_pairs, split_inputs  # deferred: JAX
             steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
     bar = progress.progress_for(steps, quiet=args.quiet)
     if bar is not None:

@@ -60,7 +60,7 @@ from .graph_json import to_json
 from .lowering import loops
 from .lowering.caches import TABLE
 from .lowering.context import ErrorSites
-from .lowering.state import CacheState, Env, Shaped, TraceGuards
+from .lowering.state import Shaped
 from .npz import save_npz, write_atomic, write_text_atomic
 from .protocol import CompileOptions
 from .runtime.placement import lowering_platform
@@ -149,16 +149,17 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         _check_symbolic(graph, symbolic)
     fused = bound.checked.yield_phases.has_yield
     program = Program(bound, CompileOptions(yield_mode="fused", unroll=unroll, platform=loops.platform_of(platforms)))
-    builder = program.builder
+    exe = program.executable
+    builder, spec = exe.builder, exe.state_spec
     with program.scope():
-        state0 = _state_tree(program.initial_host_state(), program.lowering.caches)
-        defaults = {k: np.asarray(v) for k, v in program.defaults.items()}
-        consts = program.consts
-        lowering = program.lowering
+        state0 = jax.tree.map(np.asarray, spec.to_tree(spec.to_env(exe.initial_host_state())))
+        defaults = {k: np.asarray(v) for k, v in exe.defaults.items()}
+        consts = exe.consts
+        lowering = exe.lowering
         trace_builder = builder
         if symbolic:
             sbound = _symbolic_bound(bound, symbolic)
-            lowering = replace(program.lowering, bound=sbound, error_sites=ErrorSites())
+            lowering = replace(exe.lowering, bound=sbound, error_sites=ErrorSites())
             trace_builder = builder.for_lowering(lowering)
             for name in builder.init_args:
                 if sbound.shape(name) != bound.shape(name):
@@ -169,8 +170,8 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
             dyn_shapes = {n: defaults[n].shape for n in builder.dynamic}
 
         def step(state, dynamic):
-            new, outputs = trace_builder(consts, _env(state), dynamic)
-            return _tree(new), {k: _plain_output(v) for k, v in outputs.items()}
+            new, outputs = trace_builder(consts, spec.from_tree(state), dynamic)
+            return spec.to_tree(new), {k: _plain_output(v) for k, v in outputs.items()}
 
         state_spec = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state0)
         dyn_spec = {n: jax.ShapeDtypeStruct(dyn_shapes[n], defaults[n].dtype) for n in builder.dynamic}
@@ -199,7 +200,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         npz[key] = value
         return {"shape": list(value.shape), "dtype": _dtype_name(value.dtype), "npz_key": key}
 
-    layouts = program.lowering.caches
+    layouts = exe.lowering.caches
     state_entries = {
         "vars": [{"name": name, "dsl_dtype": layouts[name].dtype, **buffer(value)}
                  for name, value in sorted(state0["vars"].items())],
@@ -262,41 +263,10 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     return exported, manifest, npz
 
 
-def _state_tree(host, layouts) -> dict:
-    """The artifact's state, plain nested dicts, from a host `StepState`: an all-@fixed table's
-    sizes given too (constant), the guards apart (`TraceGuards`)."""
-    flags = np.asarray(host.guards.flags)
-    caches = {}
-    for name, cache in host.caches.items():
-        caches[name] = {"data": cache.data, "size": layouts[name].fixed_sizes() if cache.size is None else cache.size}
-        if cache.present is not None:
-            caches[name]["present"] = cache.present
-    return {"vars": dict(host.vars), "caches": caches,
-            "guards": {"err": np.int32(flags[0]), "errval": np.int64(flags[1]), "grow": flags[2:]}}
-
-
-def _env(tree: dict):
-    """The trace's `Env` of the artifact's state (`_state_tree`)."""
-    return Env(dict(tree["vars"]), {n: CacheState(c["data"], c["size"], c.get("present")) for n, c in tree["caches"].items()},
-               TraceGuards(**tree["guards"]))
-
-
 def _plain_output(value):
     """A step output as the artifact returns it: an array, or for a runtime-shaped value (a
     `Shaped`) `{"value": array at capacity, "logical_shape": int64[rank]}` (plain dicts only)."""
     return {"value": value.value, "logical_shape": value.shape} if isinstance(value, Shaped) else value
-
-
-def _tree(env) -> dict:
-    """The inverse of `_env`."""
-    caches = {}
-    for name, cache in env.caches.items():
-        caches[name] = {"data": cache.data, "size": cache.size}
-        if cache.present is not None:
-            caches[name]["present"] = cache.present
-    guards = env.guards
-    return {"vars": dict(env.values), "caches": caches,
-            "guards": {"err": guards.err, "errval": guards.errval, "grow": guards.grow}}
 
 
 def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None,

@@ -100,7 +100,7 @@ def test_unknown_build_or_schedule_is_an_error():
         oi2jax.compile(MULTI, schedule="random")
 
 
-def test_compile_error_in_a_consumer_surfaces_once_naming_the_block(monkeypatch):
+def test_compile_error_in_a_consumer_surfaces_once_naming_the_block():
     calls = []
     real = executor.compile_kernel
 
@@ -110,9 +110,9 @@ def test_compile_error_in_a_consumer_surfaces_once_naming_the_block(monkeypatch)
             raise RuntimeError("injected XLA failure")
         return real(kernel, lowered)
 
-    monkeypatch.setattr(executor, "compile_kernel", failing)
     for build in ("concurrent", "sequential"):
         prog = oi2jax.compile(MULTI, build=build)
+        prog.driver.compile = failing  # the documented hook: a kernel's XLA compilation
         with pytest.raises(OiError) as info:
             prog.run({"a": A, "b": B})
         text = str(info.value)
@@ -122,22 +122,21 @@ def test_compile_error_in_a_consumer_surfaces_once_naming_the_block(monkeypatch)
         assert text.count("injected") == 1
         assert no_compile_threads()
     assert calls == ["r_w", "r_w"]
-    monkeypatch.setattr(executor, "compile_kernel", real)
     same(oi2jax.compile(MULTI).run({"a": A, "b": B}),
          oi2jax.compile(MULTI, yield_mode="fused").run({"a": A, "b": B}))
 
 
-def test_runtime_error_in_a_consumer_kernel_surfaces_once(monkeypatch):
+def test_runtime_error_in_a_consumer_kernel_surfaces_once():
     prog = oi2jax.compile(MULTI)
     prog.run({"a": A, "b": B})  # built
-    kern = next(ck for w in prog.driver.plan[1].values() for ck, _, _ in w if ck.name == "mb")
+    kern = next(k for k in prog.driver.built.all() if k.block == "mb")
     hits = []
 
     def boom(*args):
         hits.append(1)
         raise RuntimeError("device fault")
 
-    kern.compiled = boom
+    kern.build.compiled = boom
     with pytest.raises(OiError) as info:
         prog.run({"a": A, "b": B})
     text = str(info.value)
@@ -197,7 +196,7 @@ def test_concurrent_runs_never_hang():
 
     def one(i):
         try:
-            prog.driver.plan = None  # force a fresh concurrent build of every kernel
+            prog.driver.forget()  # force a fresh concurrent build of every kernel
             same(expect, prog.run({"x": x}))
         except BaseException as exc:  # reported by the main thread
             failures.append((i, exc))
@@ -242,7 +241,7 @@ def test_ready_consumer_starts_before_earlier_declared_waiting_one(schedule):
     assert order == prog.driver.last_order
 
 
-def test_dataflow_dispatches_the_consumer_whose_kernel_is_built_first(monkeypatch):
+def test_dataflow_dispatches_the_consumer_whose_kernel_is_built_first():
     src = """
     dynamic { x: f32[2]; }
     volatile { p: f32[2]; q: f32[2]; }
@@ -257,11 +256,11 @@ def test_dataflow_dispatches_the_consumer_whose_kernel_is_built_first(monkeypatc
             time.sleep(1.0)
         return real(kernel, lowered)
 
-    monkeypatch.setattr(executor, "compile_kernel", slow)
     x = np.array([2.0, 3.0], np.float32)
     outs, orders = [], {}
     for schedule in ("dataflow", "linear"):
         prog = oi2jax.compile(src, build="concurrent", schedule=schedule)
+        prog.driver.compile = slow  # the documented hook: a kernel's XLA compilation
         outs.append(prog.run({"x": x}, trace=True))
         orders[schedule] = [e["kernel"] for e in prog.last_trace]
     same(outs[0], outs[1])

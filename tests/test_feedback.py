@@ -78,21 +78,21 @@ def host_loop(prog, steps: int = STEPS) -> dict:
 
 
 @pytest.mark.parametrize("way", ["fused", "fused-one-step-calls", "stepwise"])
-def test_feedback_run_equals_a_host_loop(graph, monkeypatch, way):
+def test_feedback_run_equals_a_host_loop(graph, way):
     """The fused loop feeds `next` back as `token` (after a 3-token prompt) and `y` back as `h`
     (given once) inside the loop, across growth of H (4 -> 8 -> 16 -> 32 rows: an undone step is
     not fed back) and across calls of the loop (`fused-one-step-calls`: the fed-back values are
     carried from call to call); `stepwise` (a traced run) feeds back through the host. All equal
     a hand-written loop of `Session.step` bit for bit."""
-    from oi2jax.runtime import session as session_mod
-    if way == "fused-one-step-calls":
-        monkeypatch.setattr(session_mod, "CALL_SECONDS", 1e-12)
     g, m = graph
     expected = host_loop(oi2jax.compile(g, model=m))
     tokens, h0, scales = _prompt()
     prog = oi2jax.compile(g, model=m)
+    sess = prog.session()
+    if way == "fused-one-step-calls":
+        sess.call_seconds = 1e-12  # `Session.call_seconds`: each fused call runs one step
     got = prog.run({"token": tokens, "h": h0, "scale": scales}, steps=STEPS, feedback={"token": "next", "h": "y"},
-                   collect=("next", "token", "y"), trace=way == "stepwise")
+                   collect=("next", "token", "y"), trace=way == "stepwise", session=sess)
     assert_same(got, expected, way)
     assert got["H"].shape == (STEPS, 1) and list(got["H"][:4, 0]) == [3, 1, 4, int(got["next"][2, 0])]
     assert len(set(got["token"][:, 0].tolist())) > 3  # generated, not the prompt repeated

@@ -168,3 +168,46 @@ def test_imports_inside_functions_say_why():
     offenders = [o for o in offenders if not re.match(r"oi2jax/(ops/)?__init__\.py:", o)]
     assert not offenders, "move to module level, or say why not (# cycle / # optional / # deferred):\n" + \
         "\n".join(offenders)
+
+
+# Inside runtime/, lowest first (a module imports its own layer and lower ones only): the parts an
+# executable is made of, the `Executable` (one generation of a compiled program), its clients (each
+# uses the executable's surface and never `Program`), the `Program` (the user's handle: compiles,
+# keeps the current executable, delegates), and what builds programs.
+RUNTIME_LAYERS = [
+    ("parts", {"placement", "cache_state", "runargs", "executor", "state_file"}),
+    ("kernels", {"kernels"}),
+    ("executable", {"executable"}),
+    ("clients", {"session", "driver", "chunked", "emit"}),
+    ("program", {"program"}),
+    ("builders", {"sharding", "runtime"}),
+]
+RUNTIME_RANK = {m: rank for rank, (_, mods) in enumerate(RUNTIME_LAYERS) for m in mods}
+# the executable's clients are independent of each other
+RUNTIME_NEVER = {(a, b) for a in RUNTIME_LAYERS[3][1] for b in RUNTIME_LAYERS[3][1] if a != b}
+
+
+def _runtime_name(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["oi2jax", "runtime"]:
+        return None
+    return parts[2] if len(parts) > 2 else "runtime"
+
+
+def test_runtime_layers_flow_one_way():
+    """Executable below Session, Driver, chunked and emit; those below Program; export (the
+    facade) a client of the executable too. Every runtime module is placed."""
+    runtime = {_runtime_name(m) for m in MODULES} - {None}
+    assert runtime <= set(RUNTIME_RANK), f"place in RUNTIME_LAYERS: {sorted(runtime - set(RUNTIME_RANK))}"
+    offenders = []
+    for module, path, line, target in _imports():
+        src, dst = _runtime_name(module), _runtime_name(target)
+        if src is None or dst is None or src == dst:
+            continue
+        where = f"{path.relative_to(REPO)}:{line}: {module} imports {target}"
+        if RUNTIME_RANK[dst] > RUNTIME_RANK[src]:
+            offenders.append(f"{where} ({RUNTIME_LAYERS[RUNTIME_RANK[src]][0]} -> "
+                             f"{RUNTIME_LAYERS[RUNTIME_RANK[dst]][0]}: upward)")
+        elif (src, dst) in RUNTIME_NEVER:
+            offenders.append(f"{where} (the executable's clients are independent)")
+    assert not offenders, "\n".join(offenders)

@@ -9,7 +9,7 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.lowering.state import StepState
 
-from conftest import EXAMPLES, PLAIN_FAIL_SOURCE, run_both, run_cli
+from conftest import EXAMPLES, PLAIN_FAIL_LARGE_SOURCE, PLAIN_FAIL_SOURCE, run_both, run_cli
 
 D = 4
 KV_SOURCE = EXAMPLES / "kv_cache_decode.oi"
@@ -171,11 +171,11 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
         np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
     np.testing.assert_array_equal(fused.read("A"), xs)
     np.testing.assert_array_equal(fused.read("F"), xs[:5])
-    compiled = [p for p in prog.run_plans.values() if p.exes(prog.step_kernels)]
+    compiled = [p for p in prog.validated_runs.values() if p.exes(prog.executable.kernels)]
     assert bool(compiled) == placed
 
 
-def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv, monkeypatch):
+def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv):
     """A plan's loop compiled ahead of time that refuses its arguments (placed unlike them) is
     dropped for the jitted loop: the same values, and the run is not lost."""
     import jax
@@ -184,8 +184,8 @@ def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv, mo
     with kv.scope():
         dev = jax.device_put(qs)
     first = kv.session().run({"q": dev}, collect="k_hist")
-    plan = next(p for p in kv.run_plans.values() if p.exes(kv.step_kernels))
-    exes = plan.exes(kv.step_kernels)
+    plan = next(p for p in kv.validated_runs.values() if p.exes(kv.executable.kernels))
+    exes = plan.exes(kv.executable.kernels)
 
     class Refuses:
         calls = 0
@@ -224,7 +224,7 @@ def test_fused_loop_indexes_in_int64_past_two_to_the_31(kv):
     than 2**31 steps with the same inputs): both give the same steps."""
     d = kv.bound.shape("q")[0]
     q = np.arange(d, dtype=np.float32)
-    kernels = kv.step_kernels
+    kernels = kv.executable.kernels
     results = []
     for base in (0, 2**31 - 2):
         sess = kv.session()
@@ -327,12 +327,12 @@ def test_hot_step_kernel_with_flat_state_equals_the_jitted_step(kv):
     sess = kv.session()
     sess.step(q=dev[0])
     sess.step(q=dev[1])  # the second step with the same device inputs: the hot path
-    assert isinstance(sess._hot.forms.clean, FlatStep) and sess._leaves is not None and sess._user_tree is None
+    assert isinstance(sess._hot.forms.from_clean, FlatStep) and sess._leaves is not None and sess._user_tree is None
     mid = sess.state  # the tree, made from the leaves
     np.testing.assert_array_equal(np.asarray(mid.caches["K"].data)[:2], qs[:2] + zero)
     with kv.scope():
         user = jax.tree.map(lambda a: a.copy(), (mid.vars, mid.caches))
-        want = kv.step_kernels.clean(kv.consts, user, {"q": dev[2]})
+        want = kv.executable.kernels.from_clean(kv.consts, user, {"q": dev[2]})
     sess.step(q=dev[2])
     got = sess.state
     for a, b in zip(jax.tree.leaves((want[0], want[1], want[2])), jax.tree.leaves((got.vars, got.caches, got.guards.flags))):
@@ -355,7 +355,7 @@ def test_fused_runs_with_device_inputs_reuse_their_checks(kv):
         dev = jax.device_put(qs)
         inexact = jax.device_put(np.full((3, d), 0.1, np.float64))
     first = kv.session().run({"q": dev}, collect="k_hist")
-    assert kv.run_plans
+    assert kv.validated_runs
     second = kv.session().run({"q": dev}, collect="k_hist")
     assert first.keys() == second.keys()
     for name in first:
@@ -584,20 +584,24 @@ def test_missing_inputs_are_errors_unless_zeros_are_asked_for(capsys, tmp_path):
 
 @pytest.mark.parametrize("cond", [False, True])
 @pytest.mark.parametrize("ready", [False, True])
-def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready):
+def test_step_after_an_unreported_error_changes_nothing(cond, ready):
     """When step k is done by the next call, the session reads its outcome first and raises
     before dispatching anything (`ready`). Otherwise step k+1 is dispatched before step k's error
     is read; it must leave the state exactly as step k left it, whether the kernel skips it with
     a select (small plain state) or a cond."""
-    from oi2jax.runtime import kernels, session
-    if cond:
-        monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
-    monkeypatch.setattr(session, "outcome_ready", lambda flags: ready)
-    prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
-    assert prog.step_kernels.select_skip is not cond
+    from oi2jax.runtime.session import DeviceOutcomes
+    prog = oi2jax.compile(PLAIN_FAIL_LARGE_SOURCE if cond else PLAIN_FAIL_SOURCE)
+    assert prog.executable.kernels.select_skip is not cond
     ns = np.array([1, 2, np.inf, 1, 3], np.float32)
     xs = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
     one = prog.session(max_unchecked=1)  # K=1: step k's error raises at the latest from call k+1
+
+    class Steered(DeviceOutcomes):  # the documented hook: every step found finished, or none
+        @staticmethod
+        def ready(flags) -> bool:
+            return ready
+
+    one.outcomes = Steered
     one.step(n=ns[0], x=xs[0])
     one.step(n=ns[1], x=xs[1])
     one.step(n=ns[2], x=xs[2])  # fails; reported by the next call, which must do nothing
@@ -619,14 +623,17 @@ def test_step_after_an_unreported_error_changes_nothing(monkeypatch, cond, ready
     np.testing.assert_array_equal(one.read("acc"), xs[0] + 2 * xs[1] + xs[3] + 3 * xs[4])
 
 
-def test_steps_without_runtime_guards_read_nothing_back(monkeypatch):
+def test_steps_without_runtime_guards_read_nothing_back():
     """A graph whose step has no runtime guard cannot fail: its session steps return no flags and
     never look at a step's outcome; values equal the fused run bit for bit."""
     import jax
-    from oi2jax.runtime import session
 
-    def never(flags):
-        raise AssertionError("a step without guards has no outcome to read")
+    class Never:  # the documented hook `Session.outcomes`: nothing may be asked of it
+        @staticmethod
+        def ready(flags):
+            raise AssertionError("a step without guards has no outcome to read")
+
+        read = ready
 
     prog = oi2jax.compile(EXAMPLES / "online_weight_update.oi", model=EXAMPLES / "online_weight_update.oinf")
     rng = np.random.default_rng(5)
@@ -636,7 +643,7 @@ def test_steps_without_runtime_guards_read_nothing_back(monkeypatch):
     with prog.scope():
         dev = [(jax.device_put(xs[k]), jax.device_put(deltas[k])) for k in range(n)]
     sess = prog.session()
-    monkeypatch.setattr(session, "outcome_ready", never)
+    sess.outcomes = Never
     for k in range(n):
         sess.step(x=dev[k][0], delta=dev[k][1])
     sess.check()

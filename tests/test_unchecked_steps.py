@@ -12,35 +12,39 @@ import pytest
 import oi2jax
 from oi2jax.diagnostics import OiError
 
-from conftest import EXAMPLES, PLAIN_FAIL_SOURCE, assert_same
+from oi2jax.runtime.session import DeviceOutcomes
+
+from conftest import EXAMPLES, PLAIN_FAIL_LARGE_SOURCE, PLAIN_FAIL_SOURCE, assert_same
 
 KV = (EXAMPLES / "kv_cache_decode.oi", EXAMPLES / "kv_cache_decode.oinf")  # K @fixed(i=4): step 5 overflows
 OVERFLOW = r"dimension 0 of K: index 4 is past its fixed size 4 \(in step 5\)"
 
 
 class Device:
-    """What the session sees of the device: `finished` says whether a step's flags are ready
-    (default: never, as on a GPU that is always behind the host); `reads` counts host reads of
-    flags (each waits for its step); `general` counts steps that left the hot path."""
+    """What a session sees of the device, through its documented hook `Session.outcomes`:
+    `finished` says whether a step's flags are ready (default: never, as on a GPU that is always
+    behind the host); `reads` counts host reads of flags (each waits for its step); `general`
+    counts the attached session's steps that left the hot path (`Session.general_steps`)."""
 
-    def __init__(self, monkeypatch, finished=lambda: False):
-        from oi2jax.runtime import session
+    def __init__(self, finished=lambda: False):
         self.reads = 0
-        self.general = 0
         self.finished = finished
-        real_read, real_general = session.read_flags, session.Session._step_general
+        self.session = None
 
-        def read_flags(flags):
-            self.reads += 1
-            return real_read(flags)
+    def ready(self, flags) -> bool:
+        return self.finished()
 
-        def general(sess, inputs):
-            self.general += 1
-            return real_general(sess, inputs)
+    def read(self, flags):
+        self.reads += 1
+        return DeviceOutcomes.read(flags)
 
-        monkeypatch.setattr(session, "outcome_ready", lambda flags: self.finished())
-        monkeypatch.setattr(session, "read_flags", read_flags)
-        monkeypatch.setattr(session.Session, "_step_general", general)
+    def attach(self, sess):
+        sess.outcomes, self.session = self, sess
+        return sess
+
+    @property
+    def general(self) -> int:
+        return self.session.general_steps
 
 
 @pytest.fixture(scope="module")
@@ -69,27 +73,27 @@ def reference(kv, qs, steps: int) -> dict:
 
 
 @pytest.mark.parametrize("K", [1, 3, 8])
-def test_unfinished_steps_raise_at_the_first_sync_point_after_them(kv, monkeypatch, K):
+def test_unfinished_steps_raise_at_the_first_sync_point_after_them(kv, K):
     """Step 5 fails. With every step unfinished, the session reads nothing back for the first K
     calls, then one step's flags per call (the step K calls back: more than K would be
     unchecked); step 5's error raises from call 5 + K (K=1: call 6, today's timing), the state
     exactly what step 5 left (K's rows 0-3 written, the failing 5th write skipped, t = 5), the
     steps dispatched after it (6 .. 5+K-1) undone in effect: they did nothing."""
-    device = Device(monkeypatch)
+    device = Device()
     qs, dev = queries(kv, 5 + K)
-    sess = kv.session(max_unchecked=K)
+    sess = device.attach(kv.session(max_unchecked=K))
     assert sess.max_unchecked == K
     for k in range(5 + K - 1):  # calls 1 .. 5+K-1: none raises
         sess.step(q=dev[k])
         assert device.reads == max(0, k + 1 - K), k  # nothing read before more than K are unchecked
-        assert len(sess._pending) == min(k + 1, K)
+        assert sess.unchecked == min(k + 1, K)
         if k == 1:  # the first call sets up the hot path; the second compiles the `single` form
             general = device.general  # (where an earlier session of the program has not)
             assert general <= 2
     assert device.general == general  # every later call took the hot path
     with pytest.raises(OiError, match=OVERFLOW) as info:
         sess.step(q=dev[5 + K - 1])  # more than K unchecked: step 5's flags read, its error raised
-    assert info.value.step == 5 and sess.steps == 5 and not sess._pending
+    assert info.value.step == 5 and sess.steps == 5 and not sess.unchecked
     assert device.general == general
     assert_same(sess.values(), reference(kv, qs, 5))
     assert int(sess.read("t")) == 5  # steps 6.. did not increment it
@@ -97,12 +101,12 @@ def test_unfinished_steps_raise_at_the_first_sync_point_after_them(kv, monkeypat
 
 
 @pytest.mark.parametrize("sync", ["read", "state", "save", "values", "check", "run", "close"])
-def test_a_sync_point_raises_an_unchecked_error(kv, monkeypatch, tmp_path, sync):
+def test_a_sync_point_raises_an_unchecked_error(kv, tmp_path, sync):
     """Every point where the session hands data to the host raises step 5's error, though no
     call ever found a step finished and K (8) was never exceeded."""
-    device = Device(monkeypatch)
+    device = Device()
     qs, dev = queries(kv, 7)
-    sess = kv.session()
+    sess = device.attach(kv.session())
     assert sess.max_unchecked == 8
     for k in range(7):
         sess.step(q=dev[k])
@@ -131,13 +135,13 @@ def test_a_sync_point_raises_an_unchecked_error(kv, monkeypatch, tmp_path, sync)
     assert_same(sess.values(), reference(kv, qs, 5))
 
 
-def test_a_finished_step_raises_before_anything_is_dispatched(kv, monkeypatch):
+def test_a_finished_step_raises_before_anything_is_dispatched(kv):
     """As soon as a call finds the steps finished (without waiting), it takes their outcome
     first: step 5's error raises from call 7 before call 7 dispatches anything."""
     done = {"now": False}
-    device = Device(monkeypatch, finished=lambda: done["now"])
+    device = Device(finished=lambda: done["now"])
     qs, dev = queries(kv, 7)
-    sess = kv.session()
+    sess = device.attach(kv.session())
     for k in range(6):
         sess.step(q=dev[k])
     assert device.reads == 0
@@ -159,20 +163,17 @@ def _five_steps_failing_at_3(prog):
 
 
 @pytest.mark.parametrize("cond", [False, True], ids=["select", "entrywise"])
-def test_steps_after_a_failing_one_change_nothing_and_lose_nothing(monkeypatch, cond):
+def test_steps_after_a_failing_one_change_nothing_and_lose_nothing(cond):
     """Step 3 fails (a loop bound inf); steps 4 and 5, dispatched before its error is read, would
     succeed, yet leave the state as step 3 left it (skipped in the kernel, by a select after the
     step for a small plain state, else state entry by entry after a step whose table writes skip
     their rows). Given again after the error, they give what a fused run of all
     five steps gives: no write lost, none applied twice."""
-    from oi2jax.runtime import kernels
-    if cond:
-        monkeypatch.setattr(kernels, "SELECT_SKIP_BYTES", -1)
-    device = Device(monkeypatch)
-    prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
-    assert prog.step_kernels.select_skip is not cond
+    device = Device()
+    prog = oi2jax.compile(PLAIN_FAIL_LARGE_SOURCE if cond else PLAIN_FAIL_SOURCE)
+    assert prog.executable.kernels.select_skip is not cond
     ns, xs, dev = _five_steps_failing_at_3(prog)
-    sess = prog.session(max_unchecked=4)
+    sess = device.attach(prog.session(max_unchecked=4))
     for k in range(5):
         sess.step(n=dev[k][0], x=dev[k][1])
     assert device.reads == 1 and device.general == 2  # 5 > K: step 1 read (clean); calls 3-5 hot
@@ -206,17 +207,16 @@ block entry {
 """
 
 
-def test_skipped_steps_leave_tables_in_place_and_untouched(monkeypatch):
+def test_skipped_steps_leave_tables_in_place_and_untouched():
     """The `single` form skips a step after an unreported error row by row (no conditional around
     the step: XLA copies every table through one): steps 4 and 5, dispatched before step 3's
     error is read, would write rows 3 and 4 of H in range, yet write nothing; the compiled kernel
     copies no table."""
     import re
-    Device(monkeypatch)  # every step unfinished at the next call, as on a GPU
     prog = oi2jax.compile(TABLE_FAIL_SOURCE)
-    assert not prog.step_kernels.select_skip
+    assert not prog.executable.kernels.select_skip
     ns, xs, dev = _five_steps_failing_at_3(prog)
-    sess = prog.session(max_unchecked=8)
+    sess = Device().attach(prog.session(max_unchecked=8))  # every step unfinished at the next call, as on a GPU
     for k in range(5):
         sess.step(n=dev[k][0], x=dev[k][1])
     with pytest.raises(OiError, match=r"loop bound n is not finite \(in step 3\)"):
@@ -225,7 +225,7 @@ def test_skipped_steps_leave_tables_in_place_and_untouched(monkeypatch):
     want = np.zeros((8, 2), np.float32)
     want[:3] = xs[:3]  # step 3 wrote its row before its loop failed; steps 4 and 5 wrote nothing
     np.testing.assert_array_equal(sess.read("H"), want)
-    forms = [f for forms in prog.step_kernels._forms.values() for f in (forms.single,) if f is not None]
+    forms = [f for forms in prog.executable.kernels._forms.values() for f in (forms.after_unchecked,) if f is not None]
     assert forms, "the single form was not compiled"
     hlo = forms[0].exe.as_text()
     assert not re.search(r"f32\[8,2\]\{[^}]*\} copy\(", hlo), "a table is copied"
@@ -249,18 +249,18 @@ block entry {
 """
 
 
-def test_growth_still_reruns_the_step_that_needed_it(monkeypatch):
+def test_growth_still_reruns_the_step_that_needed_it():
     """A growable table: each step is checked before it returns (its outputs must never be an
     undone step's), so growth re-runs the step that needed more capacity whatever the device's
     pace; 20 steps equal the fused run, in O(log n) compiles."""
-    device = Device(monkeypatch)
+    device = Device()
     prog = oi2jax.compile(GROW_SOURCE)
     xs = np.arange(40, dtype=np.float32).reshape(20, 2)
-    sess = prog.session()
+    sess = device.attach(prog.session())
     for k in range(20):
         out = sess.step(x=xs[k])
         np.testing.assert_array_equal(np.asarray(out["last"]), xs[k])  # never an undone step's
-    assert sess.steps == 20 and not sess._pending and device.general == 20  # each step checked
+    assert sess.steps == 20 and not sess.unchecked and device.general == 20  # each step checked
     np.testing.assert_array_equal(sess.read("A"), xs)
     ref = oi2jax.compile(GROW_SOURCE).session()
     ref.run({"x": xs})

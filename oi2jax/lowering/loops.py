@@ -200,11 +200,6 @@ def member_key(name: str, index: tuple[int, ...]) -> MemberKey:
     return MemberKey(name, index)
 
 
-def member_base(key: str) -> str:
-    """The family name of a member key (`W[3]` -> `W`); any other key as it is."""
-    return key.family if isinstance(key, MemberKey) else key
-
-
 def split_families(tr, policy: LoopPolicy) -> set[str]:
     """Prefix tables every read of which has static indices under `policy` (literals, sizes,
     constant scalars, indices of unrolled loops): the program holds them member by member

@@ -256,6 +256,26 @@ class StateSpec:
                   for name, layout in self.layouts.items() if layout.is_cache}
         return StepState(vars_, caches, Guards(env.guards.vector()))
 
+    def to_tree(self, env: Env) -> dict:
+        """A state `Env` as plain nested dicts, what an exported artifact takes and returns:
+        `{"vars": {P: value}, "caches": {T: {"data", "size"[, "present"]}}, "guards": {"err",
+        "errval", "grow"}}` (an all-@fixed table's sizes included, as `to_env` makes them)."""
+        caches = {}
+        for name, layout in self.layouts.items():
+            if layout.is_cache:
+                cache = env.caches[name]
+                caches[name] = {"data": cache.data, "size": cache.size}
+                if cache.present is not None:
+                    caches[name]["present"] = cache.present
+        guards = env.guards
+        return {"vars": {name: env.values[name] for name, layout in self.layouts.items() if not layout.is_cache},
+                "caches": caches, "guards": {"err": guards.err, "errval": guards.errval, "grow": guards.grow}}
+
+    def from_tree(self, tree: dict) -> Env:
+        """The inverse of `to_tree`."""
+        return Env(dict(tree["vars"]), {n: CacheState(c["data"], c["size"], c.get("present"))
+                                        for n, c in tree["caches"].items()}, TraceGuards(**tree["guards"]))
+
     def avals(self) -> StepState:
         """The `StepState` of `jax.ShapeDtypeStruct`s: every buffer's shape and dtype."""
         def aval(shape, dtype):

@@ -102,7 +102,7 @@ class StepBuilder:
         (runtime-shaped ones at the capacity shape, logically as declared), and no capacity
         requested yet."""
         values = {name: fill_array(shape, dtype, fill) for name, (shape, dtype, fill) in self.fills.items()}
-        values.update({name: consts[f"__init__/{name}"] for name in self.init_args})
+        values.update({name: consts[name] for name in self.init_args})  # keyed by the variable's name
         env = replace(env, values={**env.values, **values},
                       guards=replace(env.guards, grow=jnp.zeros((len(self.lowering.growable),), jnp.int64)))
         if self.lowering.shaped:

@@ -69,7 +69,7 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                       f"(sizes: {', '.join(sorted(bound.sizes)) or 'none'})")
     if steps < 1:
         raise OiError("run_batched: steps must be >= 1")
-    if program.lowering.growable:
+    if program.growable:
         raise OiError("run_batched: graphs with growable caches are not supported (capacity growth "
                       "needs the host between steps); give the caches @fixed sizes or use run")
     B = int(bound.sizes[batch_var])
@@ -108,7 +108,8 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         host[name] = convert_input(name, value, decl.dtype, shape)
 
     tail = _tail_program(program, rem, batch_var) if rem else None
-    builder = program.builder
+    exe = program.executable  # a graph without growable caches: one generation
+    builder = exe.builder
     out_batched = [n for n in builder.dynamic + builder.volatile if n in batched]
 
     with program.scope():
@@ -119,10 +120,11 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         full_in = put("dynamic", full_in) if n_full else {}
         tail_in = put("dynamic", tail_in) if rem else {}
         other = put("dynamic", other)
-        defaults = {k: v for k, v in program.defaults.items() if k not in host}
-        tail_defaults = {k: v for k, v in tail.defaults.items() if k not in host} if rem else {}
-        tail_consts = tail.consts if rem else {}
-        state = program.state_spec.to_env(program.init_state())  # the flat state the builder steps
+        tail_exe = tail.executable if rem else None
+        defaults = {k: v for k, v in exe.defaults.items() if k not in host}
+        tail_defaults = {k: v for k, v in tail_exe.defaults.items() if k not in host} if rem else {}
+        tail_consts = tail_exe.consts if rem else {}
+        state = exe.state_spec.to_env(exe.init_state())  # the flat state the builder steps
 
         def run_steps(step_fn, consts, state, dyn):
             state, outs = step_fn(consts, state, dyn)
@@ -140,13 +142,13 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                 state, outs_full = lax.scan(body, state, full_in)
             if rem:
                 dyn = {**tdefaults, **other, **tail_in}
-                state, outs_tail = run_steps(tail.builder, tconsts, state, dyn)
+                state, outs_tail = run_steps(tail_exe.builder, tconsts, state, dyn)
             return state, outs_full, outs_tail
 
-        program.compile_log.append(f"run_batched: {N} rows over {batch_var}={B}: {n_full} full chunk(s)"
+        program.note(f"run_batched: {N} rows over {batch_var}={B}: {n_full} full chunk(s)"
                                    + (f" + a last chunk of {rem} row(s)" if rem else "") + ", one program")
         fn = jax.jit(chunked, donate_argnums=(2,))
-        state, outs_full, outs_tail = fn(program.consts, tail_consts, state, full_in, tail_in, other,
+        state, outs_full, outs_tail = fn(exe.consts, tail_consts, state, full_in, tail_in, other,
                                          defaults, tail_defaults)
         outputs: dict = {}
         names = (outs_tail or outs_full).keys()
@@ -161,8 +163,8 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                 outputs[name] = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
             else:
                 outputs[name] = outs_tail[name] if outs_tail is not None else outs_full[name][-1]
-        state = program.state_spec.from_env(state)
+        state = exe.state_spec.from_env(state)
         program.check(state)
         for name in builder.dynamic:  # inputs the graph never writes are reported as given
-            outputs.setdefault(name, host[name] if name in host else program.defaults[name])
-        return program.collect_result(state, outputs)
+            outputs.setdefault(name, host[name] if name in host else exe.defaults[name])
+        return exe.collect_result(state, outputs)

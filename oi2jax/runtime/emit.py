@@ -17,12 +17,13 @@ def emit(program, kind: str = "stablehlo") -> str:
     """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
     if kind == "graph-json":
         return json.dumps(to_json(program.graph), indent=2)
+    exe = program.executable
     with program.scope():
-        state = program.init_state()
-        dynamic = program.dynamic_args({})
+        state = exe.init_state()
+        dynamic = exe.dynamic_args({})
         if kind == "jaxpr":
-            return str(jax.make_jaxpr(program.builder)(program.consts, program.state_spec.to_env(state), dynamic))
-        lowered = program.jit_step.lower(program.consts, state, dynamic)
+            return str(jax.make_jaxpr(exe.builder)(exe.consts, exe.state_spec.to_env(state), dynamic))
+        lowered = exe.jit_step.lower(exe.consts, state, dynamic)
         if kind == "stablehlo":  # named scopes (entry/3:matmul) with the node's .oi file:line:col
             return _located(program, lowered)
         if kind == "hlo":
@@ -49,13 +50,14 @@ def dump(program, directory) -> list[str]:
     for kind, suffix in (("jaxpr", "jaxpr.txt"), ("stablehlo", "stablehlo.mlir"), ("hlo", "hlo.txt"),
                          ("optimized-hlo", "optimized-hlo.txt")):
         write(f"step.{suffix}", emit(program, kind))
+    exe = program.executable
     with program.scope():
-        state = program.init_state()
-        dynamic = program.dynamic_args({})
-        env = program.builder.start_env(program.consts, program.state_spec.to_env(state), dynamic)
+        state = exe.init_state()
+        dynamic = exe.dynamic_args({})
+        env = exe.builder.start_env(exe.consts, exe.state_spec.to_env(state), dynamic)
         for block in program.graph.blocks:
-            kernel = jax.jit(program.builder.block_kernel(block.name))
-            write(f"block.{block.name}.stablehlo.mlir", _located(program, kernel.lower(program.consts, env)))
+            kernel = jax.jit(exe.builder.block_kernel(block.name))
+            write(f"block.{block.name}.stablehlo.mlir", _located(program, kernel.lower(exe.consts, env)))
         for name, lowered in run_kernels(program, state, dynamic):
             write(f"{name}.stablehlo.mlir", _located(program, lowered))
     return written
@@ -63,12 +65,13 @@ def dump(program, directory) -> list[str]:
 
 def run_kernels(program, state, dynamic):
     """(file stem, Lowered) of every kernel a run of this program executes."""
-    k = program.step_kernels
-    yield "kernel.session_step", k.single.lower(program.consts, (state.vars, state.caches), state.guards.flags,
-                                                dynamic)
-    yield "kernel.fused_steps", k.multi_jit.lower(*k.multi_args(program.consts, state, {}, dynamic, 0, 1))
+    exe = program.executable
+    k = exe.kernels
+    yield "kernel.session_step", k.after_unchecked.lower(exe.consts, (state.vars, state.caches), state.guards.flags,
+                                                         dynamic)
+    yield "kernel.fused_steps", k.multi_jit.lower(*k.multi_args(exe.consts, state, {}, dynamic, 0, 1))
     if program.driver is not None:
-        yield from program.driver.lowered_kernels(state, dynamic)
+        yield from program.driver.lowered_kernels(program.executable, state, dynamic)
 
 
 def _located(program, lowered) -> str:

@@ -4,8 +4,8 @@ Build modes (`build=`):
 
 - `"sequential"`: every kernel is lowered and compiled, one after the other, before the first
   kernel runs.
-- `"concurrent"` (default): each kernel is lowered in the planning (main) thread as soon as it is
-  planned and its XLA compilation is handed to a thread pool (compilation releases the GIL); the
+- `"concurrent"` (default): each kernel is lowered in the main thread as soon as it is
+  traced and its XLA compilation is handed to a thread pool (compilation releases the GIL); the
   run starts as soon as the first kernel is built and waits only for kernels not yet built.
 
 Schedules (`schedule=`):
@@ -48,16 +48,11 @@ def check_schedule(schedule: str) -> str:
     return schedule
 
 
-def block_of(kernel_name: str) -> str:
-    """'entry:2' -> 'entry'; a consumer kernel is named after its block."""
-    return kernel_name.split(":", 1)[0]
-
-
 def kernel_error(graph, kernel, exc: BaseException, what: str) -> OiError:
     """An OiError naming the kernel's block and its DSL location (the phase's first node for entry)."""
     if isinstance(exc, OiError):
         return exc
-    block_name = block_of(kernel.name)
+    block_name = kernel.block
     span = getattr(kernel, "span", None)
     if span is None:
         block = graph.block(block_name)
@@ -69,13 +64,13 @@ def kernel_error(graph, kernel, exc: BaseException, what: str) -> OiError:
 
 
 def compile_kernel(kernel, lowered):
-    """XLA compilation of `kernel`'s `jax.stages.Lowered` (runs in worker threads; module-level so
-    tests can inject a failing or slow compile)."""
+    """XLA compilation of `kernel`'s `jax.stages.Lowered` (runs in worker threads): the default
+    of `Driver.compile`, the hook through which a test injects a failing or slow compile."""
     return lowered.compile()
 
 
 class KernelBuilder:
-    """Compiles the kernels of one plan, sequentially (inline) or on a thread pool."""
+    """Compiles the kernels of one `DriverKernels` build, sequentially (inline) or on a thread pool."""
 
     def __init__(self, graph, build: str, workers: int | None = None):
         self.graph = graph
@@ -86,19 +81,20 @@ class KernelBuilder:
         self._lock = threading.Lock()
         self.closed = False
 
-    def submit(self, kernel, lowered) -> Future:
-        """Compile `lowered` for `kernel`; sets and returns `kernel.future` (its result: the executable)."""
+    def submit(self, kernel, lowered, compile=compile_kernel) -> Future:
+        """Compile `lowered` for `kernel` with `compile(kernel, lowered)`; sets and returns
+        `kernel.build.future` (its result: the executable)."""
         if self._pool is None:
             fut: Future = Future()
             try:
-                fut.set_result(compile_kernel(kernel, lowered))
+                fut.set_result(compile(kernel, lowered))
             except BaseException as exc:  # reported when the kernel is needed, like a worker's error
                 fut.set_exception(exc)
         else:
-            fut = self._pool.submit(compile_kernel, kernel, lowered)
+            fut = self._pool.submit(compile, kernel, lowered)
         with self._lock:
             self._futures.append(fut)
-        kernel.future = fut
+        kernel.build.future = fut
         return fut
 
     def fail(self, kernel, exc: BaseException, what: str = "compile"):
@@ -106,7 +102,7 @@ class KernelBuilder:
 
     def result(self, kernel):
         """The kernel's executable, waiting for its compilation; OiError (block + location) on failure."""
-        fut = kernel.future
+        fut = kernel.build.future
         try:
             return fut.result()
         except BaseException as exc:
@@ -151,17 +147,16 @@ def run_tasks(tasks: list[Task], schedule: str, builder: KernelBuilder | None, b
     pending = list(tasks)
     while pending:
         ready = [t for t in pending if all(tasks[d].dispatched for d in t.deps)]
-        if not ready:  # cannot happen for a well-formed plan
+        if not ready:  # cannot happen for well-formed kernels
             raise OiError("internal error: the driver's ready queue is empty but kernels remain")
         if schedule == "linear" or builder is None:
             task = ready[0] if schedule != "linear" else pending[0]
         else:
-            futures = [t.kernel.future for t in ready if getattr(t.kernel, "future", None) is not None]
-            task = next((t for t in ready if getattr(t.kernel, "future", None) is None
-                         or t.kernel.future.done()), None)
+            futures = [t.kernel.build.future for t in ready if t.kernel.build.future is not None]
+            task = next((t for t in ready if t.kernel.build.future is None or t.kernel.build.future.done()), None)
             if task is None:
                 wait(futures, return_when=FIRST_COMPLETED)
-                task = next(t for t in ready if t.kernel.future.done())
+                task = next(t for t in ready if t.kernel.build.future.done())
         outs = task.run()
         if schedule == "linear" and block is not None and outs is not None:
             block(outs)

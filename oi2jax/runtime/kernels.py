@@ -1,13 +1,13 @@
 """The compiled kernels a session runs, for one set of cache capacities (rebuilt after growth).
 
-- `single(consts, (vars, caches), flags, dynamic) -> (vars, caches, flags, outputs)`: one
+- `after_unchecked(consts, (vars, caches), flags, dynamic) -> (vars, caches, flags, outputs)`: one
   step. Only vars and caches are donated: the guard flags `(err, errval, grow...)` of step k
   stay readable after step k+1 was dispatched, so the host reads step k's outcome late. A step whose incoming state holds
   an unreported error does nothing: the session reports that error first, and the state stays
   exactly as the failing step left it.
-- `clean(consts, (vars, caches), dynamic) -> (vars, caches, flags, outputs)`: the same step for a
+- `from_clean(consts, (vars, caches), dynamic) -> (vars, caches, flags, outputs)`: the same step for a
   state the session knows holds no error (it read the previous step's flags): no skip, the
-  incoming guards the constant zero. Bit for bit what `single` computes from zero flags. A step
+  incoming guards the constant zero. Bit for bit what `after_unchecked` computes from zero flags. A step
   without any runtime guard returns `None` for its flags: it cannot fail, nothing is read.
 - `multi(consts, state, per_step, fixed, base, n, collect, feedback=...) -> FusedRun(state, last,
   stacked, status, fed)`: up to `n` steps as ONE `lax.while_loop` (state donated), step i reading
@@ -15,7 +15,7 @@
   source had after the step before: carried in the loop, no host round trip).
   The loop stops early after a step that recorded an error (that step is applied, its failing
   write skipped) or that needs more cache capacity (that step is undone); `status` is
-  `(err, errval, applied, grow...)`. So N fused steps equal N `single` calls bit for bit, and
+  a `StepOutcome` vector (`status_vector`). So N fused steps equal N `after_unchecked` calls bit for bit, and
   growth resumes exactly at the undone step.
 """
 from __future__ import annotations
@@ -33,24 +33,28 @@ from jax.tree_util import tree_map_with_path
 from .. import dtypes as dt
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
+from .runargs import fed_back
 
 
 SELECT_SKIP_BYTES = 1 << 16
 
 
 class StepKernels:
-    def __init__(self, program):
-        self.program = program
-        builder, spec = program.builder, program.state_spec
-        growable = program.growable
+    """The kernels of one `Executable` (one generation of cache capacities): see the module doc."""
+
+    def __init__(self, exe):
+        self.exe = exe
+        builder, spec = exe.builder, exe.state_spec
+        growable = exe.growable
+        count, error_sites = exe.host.count, exe.lowering.error_sites
         self.input_avals = {name: jax.ShapeDtypeStruct(v.shape, v.dtype)
-                            for name, v in program.defaults.items()}
+                            for name, v in exe.defaults.items()}
 
         # A step after an unreported error must leave the state as it is. With tables (updated in
         # place) or a large state that is a `lax.cond` around the step; a small state of plain
         # variables is cheaper to select after the step (the skipped step's outputs are never
         # shown: the session raises the error instead).
-        layouts = program.lowering.caches
+        layouts = exe.lowering.caches
         tables = {n for n, layout in layouts.items() if layout.kind is LayoutKind.TABLE}
 
         def is_table_data(path) -> bool:
@@ -65,17 +69,17 @@ class StepKernels:
         def guarded_trace(trace):
             """(trace(), whether tracing it registered a runtime guard): every guard registers
             its site while it is traced; a step that registered none cannot record an error."""
-            sites = len(program.lowering.error_sites)
+            sites = len(error_sites)
             out = trace()
-            return out, len(program.lowering.error_sites) > sites
+            return out, len(error_sites) > sites
 
         def begin(consts, user, flags, dynamic):
             """The step's env, and the step as a function of it (shared by both forms)."""
-            program.count_trace("session step")
+            count("session step")
             env = spec.to_env(StepState(user[0], user[1], Guards(flags)))
             return env, lambda e, skip=None: builder(consts, e, dynamic, extra=extra, skip=skip)
 
-        def single(consts, user, flags, dynamic):
+        def after_unchecked(consts, user, flags, dynamic):
             env, run = begin(consts, user, flags, dynamic)
             failed = env.guards.err != 0  # an unreported error from the step before: change nothing
             if select_skip:  # small plain state: run, then keep the old values
@@ -95,8 +99,8 @@ class StepKernels:
                     old, new)
             return new.vars, new.caches, new.guards.flags, outputs
 
-        def clean(consts, user, dynamic):
-            """`single` for a state known to hold no error (the session read the last step's flags):
+        def from_clean(consts, user, dynamic):
+            """`after_unchecked` for a state known to hold no error (the session read the last step's flags):
             no skip, and the incoming guards are the constant zero."""
             env, run = begin(consts, user, jnp.zeros((2 + spec.n_grow,), jnp.int64), dynamic)
             (flat, outputs), guarded = guarded_trace(lambda: run(env))
@@ -106,7 +110,7 @@ class StepKernels:
             return new.vars, new.caches, new.guards.flags, outputs
 
         def fused_steps(consts, state, per_step, fixed, fed, base, n, collect, total, feedback):
-            program.count_trace("fused steps")
+            count("fused steps")
             # trace constants of the state (sizes of all-@fixed tables) are not loop-carried
             env0 = spec.strip_constants(spec.to_env(state))
             # every variable's last value; an input the graph does not write is taken after the
@@ -119,12 +123,12 @@ class StepKernels:
                 for k, v in per_step.items():
                     if k not in fb:
                         dyn[k] = lax.dynamic_index_in_dim(v, base + i, keepdims=False)
-                for k, v in fb.items():  # step g takes its given value while there is one, else the fed one
+                for k, v in fb.items():  # `fed_back`: an input not given per step starts from its value
                     if k in per_step:
                         given = per_step[k]
                         g = base + i
                         row = lax.dynamic_index_in_dim(given, jnp.minimum(g, given.shape[0] - 1), keepdims=False)
-                        v = jnp.where(g < given.shape[0], row, v)
+                        v = jnp.where(fed_back(g, given.shape[0]), v, row)
                     dyn[k] = v
                 flat, outputs = builder(consts, spec.with_constants(env), dyn, extra=extra)
                 return spec.strip_constants(flat), outputs
@@ -171,14 +175,12 @@ class StepKernels:
             new = spec.from_env(flat)
             if not guarded:  # the guards cannot change: passed through (donated, no copy)
                 new = StepState(new.vars, new.caches, state.guards)
-            flags = new.guards.flags
-            status = jnp.concatenate([flags[:2], i.astype(jnp.int64).reshape(1), flags[2:]])
-            return FusedRun(new, last, stacked, status, fb)
+            return FusedRun(new, last, stacked, status_vector(new.guards.flags, i), fb)
 
-        self.single = jax.jit(single, donate_argnums=(1,))  # the flags stay readable (not donated)
-        self.clean = jax.jit(clean, donate_argnums=(1,))
-        self._form_fns = {True: clean, False: single}
-        self.generation = program.generation  # the program's cache capacities these kernels are for
+        self.after_unchecked = jax.jit(after_unchecked, donate_argnums=(1,))  # the flags stay readable
+        self.from_clean = jax.jit(from_clean, donate_argnums=(1,))
+        self._form_fns = {True: from_clean, False: after_unchecked}
+        self.generation = exe.generation  # the cache capacities these kernels are for
         self._forms: dict = {}  # input signature -> StepForms (the session step compiled ahead of time)
         self._pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
         self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(7, 8, 9))
@@ -212,9 +214,9 @@ class StepKernels:
             return flat.call(consts, leaves, flags, dynamic)
         except (TypeError, ValueError):
             user = flat.user_def.unflatten(leaves)
-            with self.program.scope():
-                vars_, caches, flags, outputs = self.clean(consts, user, dynamic) if clean else \
-                    self.single(consts, user, flags, dynamic)
+            with self.exe.scope():
+                vars_, caches, flags, outputs = self.from_clean(consts, user, dynamic) if clean else \
+                    self.after_unchecked(consts, user, flags, dynamic)
             return tuple(jax.tree.leaves((vars_, caches))), flags, outputs
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
@@ -224,7 +226,7 @@ class StepKernels:
         its second step, for an input not given per step), the input takes the value its source
         had after the step before; `fed`: each such input's fed-back value before this call.
         `exes`: the loops compiled ahead of time for one validated signature of arguments (a
-        `Session.run` plan), by index type: called without the jit's dispatch (a hot path)."""
+        `ValidatedRun`), by index type: called without the jit's dispatch (a hot path)."""
         args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total, feedback, fed)
         if exes is None:
             return self.multi_jit(*args)
@@ -266,23 +268,75 @@ class StepKernels:
 @dataclass(eq=False)
 class StepForms:
     """A session step compiled ahead of time for one input signature and one generation of
-    cache capacities (`StepKernels.session_forms`): `clean` for a state known to hold no error,
-    `single` for one that may follow unchecked steps (it skips a step whose incoming state holds
+    cache capacities (`StepKernels.session_forms`): `from_clean` for a state known to hold no
+    error, `after_unchecked` for one that may follow unchecked steps (it skips a step whose incoming state holds
     an error). `Session.step`'s hot path calls them directly."""
 
     kernels: StepKernels
     generation: int
-    clean: "FlatStep | None" = None
-    single: "FlatStep | None" = None
+    from_clean: "FlatStep | None" = None
+    after_unchecked: "FlatStep | None" = None
+
+    def form(self, clean: bool) -> "FlatStep | None":
+        """The form for a state known clean (else one that may follow unchecked steps), if compiled."""
+        return self.from_clean if clean else self.after_unchecked
 
     def compile(self, clean: bool, consts, user, flags, dynamic) -> "FlatStep":
-        """Compile the form `clean` (else `single`) for these arguments (`flags`: None for `clean`)."""
+        """Compile the form `from_clean` (`clean`; `flags` None) else `after_unchecked` for these
+        arguments."""
         flat = FlatStep(self.kernels._form_fns[clean], consts, user, None if clean else flags, dynamic)
         if clean:
-            self.clean = flat
+            self.from_clean = flat
         else:
-            self.single = flat
+            self.after_unchecked = flat
         return flat
+
+
+class StepOutcome(NamedTuple):
+    """What the host learns of dispatched steps: the recorded error (`err`: 0 = none, else 1 + its
+    guard site; `errval`: the offending value), how many steps were `applied`, and the capacity
+    each growable cache dim asked for (`grow`: any > 0 = the last step was undone). ONE layout on
+    the device too (`status_vector`): `[err, errval, applied, grow...]`."""
+
+    err: int
+    errval: int
+    applied: int
+    grow: tuple
+
+    @classmethod
+    def of_status(cls, status) -> "StepOutcome":
+        """From a fused run's status vector (`status_vector`; one host transfer)."""
+        values = np.asarray(status).tolist()
+        return cls(values[0], values[1], values[2], tuple(values[3:]))
+
+    @classmethod
+    def of_flags(cls, flags) -> "StepOutcome":
+        """From one step's guard flags `[err, errval, grow...]` (`Guards`): applied unless undone.
+        A hot path (a session reads a step's flags about once per step): the common outcome, no
+        error and no growth, is one shared record per vector length."""
+        values = np.asarray(flags).tolist()
+        if not any(values):
+            fine = _FINE.get(len(values))
+            if fine is None:
+                fine = _FINE[len(values)] = cls(0, 0, 1, (0,) * (len(values) - 2))
+            return fine
+        grow = tuple(values[2:])
+        return cls(values[0], values[1], 0 if any(grow) else 1, grow)
+
+    @property
+    def undone(self) -> bool:
+        """The last step asked for more cache capacity (`grow` >= 0 per dim, > 0: needed): it was
+        undone (the host grows, re-runs it)."""
+        return any(self.grow)
+
+
+_FINE: dict = {}  # flags length -> the `StepOutcome` of a step applied without error or growth
+
+
+def status_vector(flags, applied):
+    """The device form of a `StepOutcome`: guard `flags` `[err, errval, grow...]` and the count
+    of applied steps as ONE int64 vector `[err, errval, applied, grow...]`."""
+    return jnp.concatenate([flags[:2], applied.astype(jnp.int64).reshape(1), flags[2:]])
 
 
 class FusedRun(NamedTuple):
@@ -291,12 +345,12 @@ class FusedRun(NamedTuple):
     state: StepState  # after the last applied step
     last: dict  # every variable's value at the last step run (of an undone one: never shown)
     stacked: dict  # collect name -> [total, ...] (rows base .. base + applied - 1 written)
-    status: object  # int64 (err, errval, applied, grow...)
+    status: object  # int64 `status_vector`: read it with `StepOutcome.of_status`
     fed: dict  # input with feedback -> the value its next step takes when fed back
 
 
 class FlatStep:
-    """A session step (`clean` or `single`) compiled ahead of time, its state FLAT: called as
+    """A session step (`from_clean` or `after_unchecked`) compiled ahead of time, its state FLAT: called as
     `exe(consts, leaves, [flags,] dynamic) -> (leaves, [flags,] outputs)`, where `leaves` is
     the tuple of the leaves of (vars, caches). JAX flattens pytree arguments and rebuilds pytree
     results at every call of an executable; dicts it does in C++, but the state's dataclasses

@@ -33,9 +33,11 @@ class Placer:
     def __init__(self, device=None):
         self.device = device
 
-    def put(self, role: str, values: dict) -> dict:
-        """role: 'consts' | 'dynamic' | 'defaults'. One host array given under several names (a
-        tied embedding bound through a model alias) is placed once: the names share the buffer."""
+    def put(self, role: str, values: dict, names: dict | None = None) -> dict:
+        """role: 'consts' | 'dynamic' | 'defaults'; `names`: the IR name of a key that is not one
+        (a family's member `W[3]`: W), where placement depends on the variable. One host array
+        given under several names (a tied embedding bound through a model alias) is placed once:
+        the names share the buffer."""
         if self.device is not None:
             return _once(values, lambda v: jax.device_put(v, self.device))  # one batched transfer
         # jax.device_put, not jnp.asarray: in JAX 0.10 jnp.asarray compiles a `jit(stage)` per
@@ -50,7 +52,8 @@ class Placer:
             return jax.device_put(state, self.device)
         return jax.tree.map(lambda v: v if isinstance(v, jax.Array) else jax.device_put(v), state)
 
-    def jit_kwargs(self, program) -> dict:
+    def jit_kwargs(self, exe) -> dict:
+        """`jax.jit` arguments for executable `exe`'s pure step (shardings; none on one device)."""
         return {}
 
     def lazy_const(self, decl):

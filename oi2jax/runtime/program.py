@@ -1,14 +1,13 @@
-"""`Program`: a compiled graph. Holds the device constants, the jitted step (state donated),
-the step kernels a session runs (kernels.py), cache growth (capacity doubling + recompile) and
-error reporting."""
+"""`Program`: a compiled graph, the user's handle. It compiles (the lowering, the placed
+constants), keeps the current `Executable` (executable.py: one generation of cache capacities
+with its kernels) and delegates to it; a cache growth builds the next executable. It validates
+inputs, runs, traces and reports errors."""
 from __future__ import annotations
 
 import math
 import threading
 import time
-import warnings
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 
 import jax
 import numpy as np
@@ -19,20 +18,18 @@ from ..diagnostics import OiError
 from ..limits import limit_note, allocation_error, check_sizes, memory_limit
 from ..lowering import loops
 from ..lowering.loops import LoopPolicy
-from ..lowering.state import CacheState, Guards, Shaped, StateSpec, StepState
+from ..lowering.state import Guards, StepState
 from ..lowering.step import StepBuilder, build_lowering
 from ..model.packing import pack
 from ..protocol import CompileOptions
-from ..values import check_given_inputs, convert_input, convert_inputs, convert_output, unknown_input
+from ..values import check_given_inputs, convert_input, convert_inputs, unknown_input
 from . import cache_state, chunked
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
-from .kernels import StepKernels
+from .executable import Executable, Host
+from .kernels import StepOutcome
 from .placement import Placer, device_name, resolve_device, return_freed_memory
 from .session import Session
-
-warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-
 
 class Program:
     """A graph lowered to one jitted step function. See docs/architecture.md and docs/decode.md.
@@ -69,33 +66,30 @@ class Program:
         self._next_reason = "first call"
         self._count_lock = threading.Lock()
         self._given_ok: set = set()  # input name sets known to leave no input without a value
-        self.run_plans: dict = {}  # `Session.run` input signature -> validated plan (runtime/runplan.py)
-        self._step_hot: PureStepHot | None = None  # `step`'s hot path
+        self.validated_runs: dict = {}  # `Session.run` input signature -> its ValidatedRun (runtime/runargs.py)
+        self._step_hot: StepHotPath | None = None  # `step`'s hot path
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
         self.driver = None
         if options.yield_mode == "driver" and bound.checked.yield_phases.has_yield:
-            self.driver = Driver(self, placement=options.placement, build=options.build, schedule=options.schedule)
+            self.driver = Driver(bound, self.device, aot=type(self.placer) is Placer, placement=options.placement,
+                                 build=options.build, schedule=options.schedule)
         with self.scope():
-            self.lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
-            self.builder = StepBuilder(self.lowering)
-            self.state_spec = StateSpec(self.lowering.caches, len(self.lowering.growable))
-            self.consts = self.placer.put("consts", self._host_consts())
-            self.defaults = self.placer.put("defaults", {name: bound.initial(name)
-                                                             for name in self.builder.dynamic})
-            self._make_kernels()
+            lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
+            builder = StepBuilder(lowering)
+            host, names = self._host_consts(lowering, builder)
+            consts = self.placer.put("consts", host, names)
+            defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
+            self.executable = Executable(1, lowering, builder, consts, defaults,
+                                         Host(self.placer, self.scope, self.count_trace, self.note))
         # the constants are on the device now: no host copy of the model stays (a Llama's
         # weights held twice made its peak memory 1.5x the hand-written program's)
         bound.release_host_values()
         return_freed_memory()
 
     # ------------------------------------------------------------------ plumbing
-
-    precision = "highest"  # float matmul precision while tracing (CompileOptions.precision)
-    unroll = "auto"  # how `loop` lowers while tracing (CompileOptions.unroll; lowering/loops.py)
-    zero_missing_inputs = False  # run without an input that has no default: zeros (else an error)
 
     @property
     def model_path(self) -> str | None:
@@ -130,23 +124,26 @@ class Program:
         program's device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
-    def _host_consts(self) -> dict:
-        """Every constant (packed types packed), prefix-table family and non-uniform initial value.
-        A family whose every read is at a static index under the loop policy is held member by
-        member (`W[0]`, `W[1]`, ...: `Lowering.split`), else stacked."""
-        split = self.lowering.split
-        consts = {}
+    def _host_consts(self, lowering, builder) -> tuple[dict, dict]:
+        """`(values, names)`: every constant (packed types packed), prefix-table family and
+        variable's non-uniform initial value, by its IR name; a family whose every read is at a
+        static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
+        loops.member_key, lowering/loops.split_families), else stacked. `names`: each member key's
+        family (placement reads it; no key is parsed back)."""
+        split = lowering.split
+        consts, names = {}, {}
         for decl in self.graph.vars:
             if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
                 for index, value in self.bound.family_items(decl.name):
-                    consts[loops.member_key(decl.name, index)] = value
+                    key = loops.member_key(decl.name, index)
+                    consts[key], names[key] = value, decl.name
             elif decl.is_prefix_table:
                 consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
                 consts[decl.name] = self._const_value(decl)
-        for name, value in self.builder.init_args.items():
-            consts[f"__init__/{name}"] = value
-        return consts
+        for name, value in builder.init_args.items():  # a variable's non-uniform initial value
+            consts[name] = value
+        return consts, names
 
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, or what the placer loads lazily (sharded model tensors)."""
@@ -162,70 +159,51 @@ class Program:
             self.compiles += 1
             self.compile_log.append(f"compile #{self.compiles}: {self._next_reason} ({what})")
 
-    generation = 0  # bumped whenever the cache capacities change (the kernels are rebuilt for them)
+    def note(self, text: str) -> None:
+        """A line of the compile log besides a (re)trace (--explain-recompiles)."""
+        with self._count_lock:
+            self.compile_log.append(text)
 
-    def _make_kernels(self):
-        """The jitted kernels for the current cache capacities (rebuilt after growth)."""
-        self.generation += 1
-        self.jit_step = self._make_jit()
-        self.step_kernels = StepKernels(self)
+    # ------------------------------------------------------------------ the current executable
 
-    def _make_jit(self):
-        builder, spec = self.builder, self.state_spec
+    @property
+    def lowering(self):
+        """The current executable's lowering (its cache layouts change with growth)."""
+        return self.executable.lowering
 
-        def step(consts, state, dynamic):
-            self.count_trace("step")
-            flat, outputs = builder(consts, spec.to_env(state), dynamic)
-            return spec.from_env(flat), outputs
+    @property
+    def consts(self) -> dict:
+        """The placed constants, by IR name (the same in every generation)."""
+        return self.executable.consts
 
-        return jax.jit(step, donate_argnums=(1,), **self.placer.jit_kwargs(self))
+    @property
+    def defaults(self) -> dict:
+        """Each input's placed default value (its @init, else zeros)."""
+        return self.executable.defaults
+
+    @property
+    def generation(self) -> int:
+        """The current executable's generation: 1, bumped by each change of cache capacities."""
+        return self.executable.generation
 
     # ------------------------------------------------------------------ public API
 
     @property
     def dynamic_names(self) -> list[str]:
-        return list(self.builder.dynamic)
+        return list(self.executable.builder.dynamic)
 
     @property
     def growable(self) -> bool:
         """Whether some cache grows at run time (a step may be undone and re-run after growth)."""
-        return bool(self.lowering.growable)
-
-    def initial_values(self) -> dict:
-        """Every persistent variable's host value at program start (honours @init):
-        runtime/cache_state.py."""
-        values = {}
-        for layout in self.lowering.caches.values():
-            try:
-                values[layout.name] = cache_state.initial_state(layout)
-            except MemoryError as exc:
-                nbytes = dt.get(layout.dtype).nbytes(math.prod(layout.data_shape()))
-                raise allocation_error(exc, f"{layout.name} ({nbytes} bytes)") from None
-        return values
-
-    def initial_host_state(self) -> StepState:
-        """The state at program start (honours @init) as host arrays."""
-        return cache_state.assemble(self.lowering.caches, self.initial_values(),
-                                    cache_state.no_error(len(self.lowering.growable)))
+        return self.executable.growable
 
     def init_state(self) -> StepState:
         """The state at program start (honours @init): a `StepState` pytree on the device."""
-        with self.scope():
-            host = self.initial_host_state()
-            try:
-                return self.placer.put_state(host)
-            except Exception as exc:
-                error = allocation_error(exc, f"the state on the device ({sum(np.asarray(v).nbytes for v in jax.tree.leaves(host))}"
-                                              f" bytes)")
-                if error is None:
-                    raise
-                raise error from None
+        return self.executable.init_state()
 
     def dynamic_args(self, dynamic: dict) -> dict:
-        """Every dynamic variable: the given value, else its default (a hot path: kept minimal)."""
-        if dynamic.keys() <= self.defaults.keys():
-            return {**self.defaults, **dynamic} if dynamic else self.defaults
-        raise self.unknown_input(sorted(dynamic.keys() - self.defaults.keys())[0])
+        """Every dynamic variable: the given value, else its default."""
+        return self.executable.dynamic_args(dynamic)
 
     def unknown_input(self, name: str) -> OiError:
         return unknown_input(name, self.graph)
@@ -240,8 +218,8 @@ class Program:
         the first error wins) and **the caller must call `check(state)`** to see them. A step of
         a graph with growable caches that needs more capacity returns the old state with
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
-        hot = self._step_hot
-        if hot is not None and hot.generation == self.generation and len(dynamic) == len(hot.names):
+        hot, exe = self._step_hot, self.executable
+        if hot is not None and hot.executable is exe and len(dynamic) == len(hot.names):
             # called eagerly again with every input a device array, as the last call: the step
             # compiled ahead of time, no JAX configuration entered. The executable refuses another
             # shape, dtype or a traced value (TypeError), or a used state's buffers (ValueError):
@@ -251,23 +229,23 @@ class Program:
                     break
             else:
                 try:
-                    return hot.exe(self.consts, state, dynamic)
+                    return hot.exe(exe.consts, state, dynamic)
                 except (TypeError, ValueError):
                     self.refuse_used(state)
         checked = self.validate_inputs(dynamic)
         with self.scope():
-            full = self.dynamic_args(checked)
+            full = exe.dynamic_args(checked)
             try:
-                out = self.jit_step(self.consts, state, full)
+                out = exe.jit_step(exe.consts, state, full)
             except (RuntimeError, ValueError):
                 self.refuse_used(state)
                 raise
             array = type(out[0].guards.flags)  # a concrete jax.Array type, unless traced
-            if (hot is None or hot.generation != self.generation) and len(checked) == len(full) and \
+            if (hot is None or hot.executable is not exe) and len(checked) == len(full) and \
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
                     all(type(v) is array for v in checked.values()):
                 # concrete device inputs, all given: compile this signature for the next call
-                self._step_hot = PureStepHot(self.generation, self.jit_step.lower(self.consts, out[0], full).compile(),
+                self._step_hot = StepHotPath(exe, exe.jit_step.lower(exe.consts, out[0], full).compile(),
                                              tuple(full), array)
             return out
 
@@ -283,22 +261,16 @@ class Program:
     def check(self, state: StepState) -> None:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
         was undone because a growable cache needs more capacity (run it under a session)."""
-        status = self.to_host(state.guards.flags)
-        error = self.status_error(status)
+        exe = self.executable
+        outcome = StepOutcome.of_flags(exe.to_host(state.guards.flags))
+        error = exe.status_error(outcome)
         if error is not None:
             raise error
-        if np.any(status[2:] > 0):
-            caches = sorted({self.lowering.growable[i][0] for i in np.nonzero(status[2:] > 0)[0]})
+        if outcome.undone:
+            caches = sorted({exe.lowering.growable[i][0] for i, g in enumerate(outcome.grow) if g > 0})
             raise OiError(f"the last step was not applied: growable cache {', '.join(caches)} needs more "
                           f"capacity; run the graph with Program.session() or Program.run, which grow "
                           f"caches and re-run the step")
-
-    def status_error(self, status, step: int | None = None) -> "OiError | None":
-        """The OiError for a step status vector (err, errval, grow...), or None."""
-        code = int(status[0])
-        if not code:
-            return None
-        return self.lowering.error_for(code, int(status[1]), step=step)
 
     def session(self, state=None, max_unchecked: int | None = None) -> "Session":
         """A decode-loop session owning the state: `step(**inputs)`, `run(...)`, `read`, `save`.
@@ -311,10 +283,10 @@ class Program:
 
     def lower(self, state: StepState | None = None, **dynamic):
         """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
+        exe = self.executable
         with self.scope():
-            state = self.init_state() if state is None else state
-            return self.jit_step.lower(self.consts, state,
-                                   self.dynamic_args(self.validate_inputs(dynamic, running=False)))
+            state = exe.init_state() if state is None else state
+            return exe.jit_step.lower(exe.consts, state, exe.dynamic_args(self.validate_inputs(dynamic, running=False)))
 
     def validate_inputs(self, inputs: dict, running: bool = True) -> dict:
         """Check names, shapes and dtypes of step inputs; convert host arrays exactly.
@@ -323,7 +295,7 @@ class Program:
         if running:
             self.check_given(inputs)
         out = {}
-        expected = self.step_kernels.input_avals
+        expected = self.executable.kernels.input_avals
         for name, value in inputs.items():
             want = expected.get(name)
             if want is None:
@@ -369,7 +341,9 @@ class Program:
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
         if self.driver is not None:
-            return self.driver.run(session, inputs or {}, steps, trace, progress, collect, feedback)
+            result, events = self.driver.run(session, inputs or {}, steps, bool(trace), progress, collect, feedback)
+            self.last_trace = events
+            return result
         if trace:
             return self._traced_run(session, inputs, steps, collect, feedback)
         return session.run(inputs or {}, steps=steps, collect=collect, progress=progress, feedback=feedback)
@@ -414,29 +388,23 @@ class Program:
 
     # ------------------------------------------------------------------ host side of a step
 
-    def fused_session_step(self, state: StepState, dynamic: dict):
-        """One step for a session: `(state, outputs)`; `dynamic` complete and placed. The new
-        state's `guards.flags` are not donated by the next `session_step`, so the host may read
-        them after dispatching it. A step whose incoming state holds an unreported error does
-        nothing (the session reports that error before anything else)."""
-        vars_, caches, flags, outputs = self.step_kernels.single(self.consts, (state.vars, state.caches),
-                                                             state.guards.flags, dynamic)
-        return StepState(vars_, caches, Guards(flags)), outputs
-
     def session_step(self, state: StepState, dynamic: dict):
-        """One step for a session: the yield/await driver's when the program has one, else fused."""
+        """One step for a session: the yield/await driver's when the program has one, else the
+        executable's fused session step."""
         if self.driver is not None:
-            return self.driver.step(state, dynamic)
-        return self.fused_session_step(state, dynamic)
+            return self.driver.step(self.executable, state, dynamic)
+        return self.executable.session_step(state, dynamic)
 
-    def grow(self, state: StepState, status) -> StepState:
-        """Double the capacity of every cache dim that asked for more (and of every other growable
-        dim at least 3/4 full); rebuild the kernels. n growth steps cost O(log n) recompiles."""
-        need = np.asarray(status)[2:]
-        host = self.host_state(state)
-        layouts = dict(self.lowering.caches)
-        per_cache = cache_state.plan_growth(layouts, self.lowering.growable, need,
-                                            {name: host.caches[name].size for name, _ in self.lowering.growable})
+    def grow(self, state: StepState, outcome: StepOutcome) -> StepState:
+        """Double the capacity of every cache dim that asked for more (`outcome.grow`; and of every
+        other growable dim at least 3/4 full); rebuild the kernels. n growth steps cost O(log n)
+        recompiles."""
+        exe = self.executable
+        need = np.asarray(outcome.grow, np.int64)
+        host = exe.host_state(state)
+        layouts = dict(exe.lowering.caches)
+        per_cache = cache_state.plan_growth(layouts, exe.lowering.growable, need,
+                                            {name: host.caches[name].size for name, _ in exe.lowering.growable})
         for name, cap in per_cache.items():  # refuse before allocating: a write at index 10**9 ...
             layout = layouts[name]
             probe = replace(layout, capacity=tuple(cap))
@@ -463,19 +431,9 @@ class Program:
         flags = np.array(host.guards.flags, np.int64)
         flags[2:] = 0  # the capacity asked for is there now
         self._next_reason = "growth: " + "; ".join(reasons)
-        self._on_grow(layouts)
+        self.executable = exe = exe.grown(layouts)
         with self.scope():
             return self.placer.put_state(StepState(host.vars, caches, Guards(flags)))
-
-    def _on_grow(self, layouts: dict):
-        """The cache capacities changed to `layouts`: a new lowering (its static facts are
-        immutable) and everything built for the old one rebuilt."""
-        self.lowering = replace(self.lowering, caches=MappingProxyType(layouts))
-        self.builder = self.builder.for_lowering(self.lowering)
-        self.state_spec = StateSpec(self.lowering.caches, len(self.lowering.growable))
-        self._make_kernels()
-        if self.driver is not None:
-            self.driver.invalidate()
 
     def to_host(self, value) -> np.ndarray:
         """A device value as a full host array (gathered when sharded)."""
@@ -489,43 +447,23 @@ class Program:
     @property
     def shaped(self) -> dict:
         """Runtime-shaped variables (phases.runtime_shaped): name -> @auto_dim tensor."""
-        return self.lowering.shaped
+        return self.executable.shaped
 
     def trim(self, value):
         """A runtime-shaped variable's value (a `Shaped` output) cut to its logical shape, on the
         host; any other value as it is."""
-        if not isinstance(value, Shaped):
-            return value
-        return self.to_host(value.value)[tuple(slice(0, int(n)) for n in self.to_host(value.shape))]
-
-    def trim_outputs(self, outputs: dict) -> dict:
-        """Step outputs with runtime-shaped values cut to their logical shapes."""
-        if not self.lowering.shaped:
-            return outputs
-        return {k: self.trim(v) for k, v in outputs.items()}
-
-    def host_state(self, state: StepState) -> StepState:
-        """The state as host arrays."""
-        return jax.tree.map(self.to_host, state)
+        return self.executable.trim(value)
 
     def export_state(self, state: StepState) -> dict:
-        """Every persistent variable's user-visible value (widened like `--out`). Fetches only
-        the buffers the values need (not the guards, not `present`): the end of every `run`."""
-        out = {}
-        for name, layout in self.lowering.caches.items():
-            if layout.is_cache:
-                cache = state.caches[name]
-                host = CacheState(self.to_host(cache.data), None if cache.size is None else self.to_host(cache.size))
-            else:
-                host = self.to_host(state.vars[name])
-            out[name] = convert_output(cache_state.export(layout, host), layout.dtype)
-        return out
+        """Every persistent variable's user-visible value (widened like `--out`)."""
+        return self.executable.export_state(state)
 
     def import_state(self, values: dict, source: str = "state") -> StepState:
         """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);
         a variable not given keeps its initial value. Tables take their sizes from the array."""
-        host = self.initial_values()
-        layouts = dict(self.lowering.caches)
+        exe = self.executable
+        host = exe.initial_values()
+        layouts = dict(exe.lowering.caches)
         unknown = sorted(set(values) - set(layouts))
         if unknown:
             raise OiError(f"{source}: {unknown[0]} is not a persistent variable of the graph "
@@ -537,22 +475,8 @@ class Program:
             grew = grew or layouts[name] is not layout
         if grew:
             self._next_reason = f"{source}: caches restored at a larger capacity"
-            self._on_grow(layouts)
-        state = cache_state.assemble(layouts, host, cache_state.no_error(len(self.lowering.growable)))
-        with self.scope():
-            return self.placer.put_state(state)
-
-    def collect_result(self, state: StepState, values: dict) -> dict:
-        """The user-facing result: every dynamic and volatile variable from `values` (device or
-        host arrays), every persistent variable from `state`; widened like `--out`."""
-        result = {}
-        for name in self.builder.dynamic + self.builder.volatile:
-            if name in values:
-                value = values[name]
-                value = value.value if isinstance(value, Shaped) else value  # at capacity, as it came
-                result[name] = convert_output(self.to_host(value), self.bound.dtype(name))
-        result.update(self.export_state(state))
-        return result
+            self.executable = exe = exe.grown(layouts)
+        return exe.place(exe.assemble(host))
 
     # ------------------------------------------------------------------ inspection (runtime/emit.py)
 
@@ -567,11 +491,11 @@ class Program:
 
 
 @dataclass(eq=False)
-class PureStepHot:
+class StepHotPath:
     """`Program.step`'s hot path: the jitted step compiled ahead of time for the signature of an
     eager call whose inputs were all given as device arrays of one type."""
 
-    generation: int  # `Program.generation` it was compiled for (a growth makes it stale)
+    executable: Executable  # the generation it was compiled for (a growth makes it stale)
     exe: object  # the compiled executable: (consts, state, dynamic) -> (state, outputs)
     names: tuple  # the input names (every dynamic variable)
     array_type: type  # the inputs' concrete array type (checked per call; the executable checks the rest)

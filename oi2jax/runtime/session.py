@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -37,37 +38,51 @@ import numpy as np
 from .. import ir
 from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
-from ..npz import save_npz
-from ..values import convert_input, convert_output
-from .runplan import collect_names, feedback_pairs, plan_run, split_inputs
+from ..values import convert_output
+from . import state_file
+from .kernels import StepOutcome
+from .runargs import collect_names, fed_back, feedback_pairs, validate_run, split_inputs
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
-STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
 
 
 MAX_UNCHECKED = 8  # default K: steps `Session.step` may leave unchecked (docs/decode.md, "When errors surface")
-RECENT = 32  # values of this many steps are kept apart before they are merged (see `_values`)
+RECENT = 32  # values of this many steps are kept apart before they are merged (see `_last_values`)
 
 
-def outcome_ready(flags) -> bool:
-    """Whether a dispatched step has finished (its guard flags can be read without waiting)."""
-    return flags.is_ready()
+class DeviceOutcomes:
+    """How a session learns the outcome of a dispatched step from its guard flags: `ready(flags)`
+    says whether the step has finished (the flags can be read without waiting), `read(flags)`
+    reads its `StepOutcome` (waiting for it). `Session.outcomes` is this by default; a test
+    replaces it (per session) to steer or count what the session sees of the device."""
+
+    @staticmethod
+    def ready(flags) -> bool:
+        return flags.is_ready()
+
+    @staticmethod
+    def read(flags) -> StepOutcome:
+        return StepOutcome.of_flags(flags)
 
 
-def read_flags(flags) -> np.ndarray:
-    """A dispatched step's guard flags `(err, errval, grow...)` on the host: waits for the step."""
-    return np.asarray(flags)
+class InputSig(NamedTuple):
+    """A device input accepted as it is (`Session._inputs`): its shape, dtype and array type."""
+
+    shape: tuple
+    dtype: object
+    type: type
 
 
-class HotStep:
-    """`Session.step`'s hot path: the compiled forms for the signature of the last step, which
-    gave every input as a device array of its declared shape and dtype (`types`: each input's
-    name and array type, checked per call; the executable checks shapes and dtypes itself)."""
+class SessionHotPath:
+    """`Session.step`'s hot path: the executable and its compiled forms for the signature of the
+    last step, which gave every input as a device array of its declared shape and dtype (`types`:
+    each input's name and array type, checked per call; the compiled form checks shapes and dtypes
+    itself)."""
 
-    __slots__ = ("forms", "types")
+    __slots__ = ("executable", "forms", "types")
 
-    def __init__(self, forms, types: tuple):
-        self.forms, self.types = forms, types
+    def __init__(self, executable, forms, types: tuple):
+        self.executable, self.forms, self.types = executable, forms, types
 
 
 class Session:
@@ -79,13 +94,21 @@ class Session:
             raise OiError(f"max_unchecked must be an integer >= 1, got {max_unchecked!r}")
         self.max_unchecked = max_unchecked  # K: dispatched steps whose outcome may stay unread
         self.steps = 0  # steps applied so far (a resumed session goes on counting)
-        self._pending: list = []  # (flags, step number) of dispatched steps whose outcome is unread, oldest first
-        self._vals: dict = {}  # last value of each dynamic / volatile variable (see _values)
-        self._recent: list = []  # (step number, inputs, outputs, all inputs given?) of steps not merged into _vals
-        self._hot: HotStep | None = None  # Session.step's hot path (see step)
-        self._fast: dict = {}  # input name -> (shape, dtype, type) accepted without conversion
+        # the guard flags of the newest dispatched steps whose outcome is unread, oldest first: the
+        # last is step `steps` (a step dispatched while any is unread may follow an error, so it
+        # returns flags), `_pending[i]` step `steps - len(_pending) + 1 + i`
+        self._pending: list = []
+        self._merged: dict = {}  # last value of each dynamic / volatile variable (see _last_values)
+        # the values of the steps not merged into _merged, oldest first, each a tuple
+        # (step, inputs, outputs, complete: every input given, superseding every earlier step's)
+        self._recent: list[tuple] = []
+        self._hot: SessionHotPath | None = None  # Session.step's hot path (see step)
+        self._fast: dict[str, InputSig] = {}  # device inputs accepted without conversion
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._closed = False
+        self.outcomes = DeviceOutcomes  # how dispatched steps' outcomes are read (a documented hook)
+        self.call_seconds = CALL_SECONDS  # `run`: the length of one fused call, about
+        self.general_steps = 0  # `step` calls that took the general path (validated, maybe compiled)
         self._n_dynamic = len(program.defaults)
         self._user_tree = self._leaves = self._user_def = None  # see _user
         self._shaped = bool(program.shaped)
@@ -93,11 +116,14 @@ class Session:
         # devices; otherwise the fused kernels run them (same results, one kernel per step)
         self._driver = program.driver is not None and bool(program.driver.placement)
         self._sync = program.growable or self._driver
-        self._all_returned = set(program.builder.step_outputs) == set(program.builder.all_names)
+        builder = program.executable.builder
+        self._returns = builder.step_outputs  # what a step returns (its `return`, else every output)
+        self._all_returned = set(builder.step_outputs) == set(builder.all_names)
         if state is None:
             self._state = program.init_state()
         elif isinstance(state, (str, os.PathLike)):
-            self._state = self._load(os.fspath(state))
+            path = os.fspath(state)
+            self._state = self._from_values(state_file.load(path), path)
         elif isinstance(state, dict):
             self._state = self._from_values(state, "state")
         else:
@@ -137,64 +163,38 @@ class Session:
         self._user, self._flags = (state.vars, state.caches), state.guards.flags
 
     @property
-    def _values(self) -> dict:
+    def _last_values(self) -> dict:
         """Every dynamic / volatile variable's last value (device or host arrays). Steps leave
         theirs in `_recent`, merged here in order; read only when no step is unchecked (a step
         found failing drops the entries of the steps after it, which did nothing)."""
         if self._recent:
             self._merge(self.steps)
-        return self._vals
+        return self._merged
 
     def _merge(self, through: int) -> None:
-        """Merge the values of the steps up to number `through` into `_vals` (from the last step
+        """Merge the values of the steps up to number `through` into `_merged` (from the last step
         given every input: its inputs and outputs hold every variable, superseding older ones)."""
         recent = self._recent
         start = n = 0
-        for i, entry in enumerate(recent):
-            if entry[0] > through:
+        for i, (step, _, _, complete) in enumerate(recent):
+            if step > through:
                 break
             n = i + 1
-            if entry[3]:
+            if complete:
                 start = i
-        vals = self._vals
-        for _, dyn, outputs, _ in recent[start:n]:
-            vals.update(dyn)
+        vals = self._merged
+        for _, inputs, outputs, _ in recent[start:n]:
+            vals.update(inputs)
             vals.update(outputs)  # outputs hold every variable a step writes
         del recent[:n]
 
-    def _load(self, path: str):
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                values = {k: npz[k] for k in npz.files}
-        except FileNotFoundError:
-            raise OiError(f"state file not found: {path}") from None
-        except Exception as exc:
-            raise OiError(f"{path}: not a state file (.npz): {exc}") from None
-        return self._from_values(values, path)
-
     def _from_values(self, values: dict, source: str):
-        prog = self.program
-        values = dict(values)
-        if STEPS_KEY in values:
-            self.steps = int(np.asarray(values.pop(STEPS_KEY)))
-        persistent, others = {}, {}
-        for name, value in values.items():
-            decl = prog.graph.var(name)
-            if decl is not None and decl.kind == ir.MemKind.PERSISTENT:
-                persistent[name] = value
-            elif decl is not None and decl.kind in (ir.MemKind.DYNAMIC, ir.MemKind.VOLATILE):
-                others[name] = value  # last values, for `read` (a step recomputes them)
-            else:
-                known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
-                raise OiError(f"{source}: {name} is not a variable of the graph{suggest(name, known)} (variables: "
-                              f"{', '.join(known) or '(none)'})")
-        for name, value in others.items():
-            if name in prog.shaped:  # saved at its current shape: kept as such for `read`
-                self._values[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name),
-                                                   np.shape(value))
-                continue
-            self._values[name] = prog.convert(name, value)
-        return prog.import_state(persistent, source)
+        """The state of saved `values` (state_file.py); their step count and last values taken."""
+        steps, persistent, last = state_file.split_saved(self.program, values, source)
+        if steps is not None:
+            self.steps = steps
+        self._last_values.update(last)
+        return self.program.import_state(persistent, source)
 
     @property
     def state(self):
@@ -211,6 +211,12 @@ class Session:
             raise OiError("this session is closed")
         if self._pending:
             self._confirm(len(self._pending) - 1)
+
+    @property
+    def unchecked(self) -> int:
+        """How many dispatched steps' outcomes the session has not read yet (at most
+        `max_unchecked`)."""
+        return len(self._pending)
 
     def close(self) -> None:
         """Raise the error of a step not yet reported, if any, and let the state go; the
@@ -242,10 +248,11 @@ class Session:
         the newest finished one (a step's flags carry any earlier unreported error: the steps
         after a failing one skip, passing its error on). Raises a step's error."""
         pending = self._pending
-        if not outcome_ready(pending[0][0]):  # in dispatch order: the oldest not finished, none is
+        ready = self.outcomes.ready
+        if not ready(pending[0]):  # in dispatch order: the oldest not finished, none is
             return
         done, n = 0, len(pending)
-        while done + 1 < n and outcome_ready(pending[done + 1][0]):
+        while done + 1 < n and ready(pending[done + 1]):
             done += 1
         self._confirm(done)
 
@@ -253,29 +260,31 @@ class Session:
         """Read the outcome of unchecked step `_pending[i]` (waiting for it): no error -> it and
         every step before it are checked; an error -> raised for the first step that has it."""
         pending = self._pending
-        status = read_flags(pending[i][0])
-        if status[0]:
+        read = self.outcomes.read
+        first = self.steps - len(pending) + 1  # the step of `pending[0]`
+        outcome = read(pending[i])
+        if outcome.err:
             # the steps after a failing one carry its error: the failing step starts that run
             while i > 0:
-                earlier = read_flags(pending[i - 1][0])
-                if not earlier[0]:
+                earlier = read(pending[i - 1])
+                if not earlier.err:
                     break
-                i, status = i - 1, earlier
-            self._fail(status, pending[i][1])
-        through = pending[i][1]
+                i, outcome = i - 1, earlier
+            self._fail(outcome, first + i)
+        through = first + i
         del pending[:i + 1]
         if not pending:
             self._clean = True
         if len(self._recent) > RECENT:
             self._merge(through)
 
-    def _fail(self, status, step: int) -> None:
+    def _fail(self, outcome: StepOutcome, step: int) -> None:
         """Step `step` failed: the steps dispatched after it did nothing (skipped in the kernel):
         forget them, so that the session is exactly where step `step` left it; raise its error."""
         self._pending = []
         self.steps = step
-        self._recent = [r for r in self._recent if r[0] <= step]  # the steps after it did nothing
-        self._raise_if_failed(status, step)
+        self._recent = [(n, i, o, c) for n, i, o, c in self._recent if n <= step]  # the steps after it did nothing
+        self._raise_if_failed(outcome, step)
 
     def read(self, name: str) -> np.ndarray:
         """A variable's current value, widened like `--out` (bf16/f8 -> float32, packed -> int8)."""
@@ -287,29 +296,30 @@ class Session:
             raise OiError(f"read: unknown variable {name}{suggest(name, known)} "
                           f"(variables: {', '.join(known) or '(none)'})")
         if decl.kind == ir.MemKind.PERSISTENT:
-            return prog.export_state(self._state)[name]
-        return self._current(decl, self._values)
+            return prog.executable.export_state(self._state)[name]
+        return self._current(decl, self._last_values)
 
     def _current(self, decl, values: dict) -> np.ndarray:
         """A dynamic or volatile variable's last value (else its default / initial value), on the
         host, widened."""
         prog = self.program
+        exe = prog.executable
         name = decl.name
         value = values.get(name)
         if value is None:
-            value = prog.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
+            value = exe.defaults[name] if decl.kind == ir.MemKind.DYNAMIC else prog.bound.initial(name)
         else:
-            value = prog.trim(value)  # a runtime-shaped value: its current shape
-        return convert_output(prog.to_host(value), decl.dtype)
+            value = exe.trim(value)  # a runtime-shaped value: its current shape
+        return convert_output(exe.to_host(value), decl.dtype)
 
     def values(self) -> dict:
         """Every dynamic, volatile and persistent variable (the `--out` layout). The end of
         every `run`: kept to one host fetch and one widening per variable."""
         self.check()
         prog = self.program
-        persistent = prog.export_state(self._state)  # one host transfer of the state
+        persistent = prog.executable.export_state(self._state)  # one host transfer of the state
         out = {}
-        values = self._values
+        values = self._last_values
         for decl in prog.result_vars:
             name = decl.name
             out[name] = persistent[name] if name in persistent else self._current(decl, values)
@@ -318,14 +328,12 @@ class Session:
     def save(self, path) -> None:
         """Write every variable (the `--out` layout) and the step count to an `.npz`, atomically;
         `Program.session(state=path)` resumes from it."""
-        arrays = self.values()
-        arrays[STEPS_KEY] = np.int64(self.steps)
-        save_npz(path, arrays)
+        state_file.save(path, self.values(), self.steps)
 
     # ------------------------------------------------------------------ errors
 
-    def _raise_if_failed(self, status: np.ndarray, step: int) -> None:
-        error = self.program.status_error(status, step=step)
+    def _raise_if_failed(self, outcome: StepOutcome, step: int) -> None:
+        error = self.program.executable.status_error(outcome, step=step)
         if error is not None:
             self._clear_error()
             raise error
@@ -343,10 +351,11 @@ class Session:
         """Validated inputs, on the device; conversion is exact or an OiError. `steps`: the
         values carry a leading step axis of that length."""
         prog = self.program
+        defaults = prog.executable.defaults
         out = {}
         if steps is not None:
             for name, value in inputs.items():
-                want = prog.defaults[name]
+                want = defaults[name]
                 if isinstance(value, jax.Array) and value.shape == (steps,) + want.shape and value.dtype == want.dtype:
                     out[name] = value
                 else:
@@ -354,20 +363,20 @@ class Session:
             converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
             if converted:
                 with prog.scope():
-                    out.update(prog.placer.put("dynamic", converted))
+                    out.update(prog.executable.host.placer.put("dynamic", converted))
             return out
         fast = self._fast
         all_fast = True
         for name, value in inputs.items():
             sig = fast.get(name)
-            if sig is not None and type(value) is sig[2] and value.shape == sig[0] and value.dtype == sig[1]:
+            if sig is not None and type(value) is sig.type and value.shape == sig.shape and value.dtype == sig.dtype:
                 out[name] = value
                 continue
-            if name not in prog.defaults:
+            if name not in defaults:
                 raise prog.unknown_input(name)
-            want = prog.defaults[name]
+            want = defaults[name]
             if isinstance(value, jax.Array) and value.shape == want.shape and value.dtype == want.dtype:
-                fast[name] = (value.shape, value.dtype, type(value))
+                fast[name] = InputSig(value.shape, value.dtype, type(value))
                 out[name] = value
                 continue
             all_fast = False
@@ -377,7 +386,7 @@ class Session:
         converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
         if converted:
             with prog.scope():
-                out.update(prog.placer.put("dynamic", converted))
+                out.update(prog.executable.host.placer.put("dynamic", converted))
         return out
 
     # ------------------------------------------------------------------ one step
@@ -387,7 +396,7 @@ class Session:
         keeps its default). Returns the step's outputs as device arrays: every volatile and
         every dynamic the graph writes (or the names of a `return`). A hot path: kept lean."""
         hot = self._hot
-        if hot is not None and len(inputs) == len(hot.types) and hot.forms.generation == self.program.generation:
+        if hot is not None and len(inputs) == len(hot.types) and hot.executable is self.program.executable:
             # the common decode step: the same complete set of device inputs as the step that set
             # `_hot`, its kernel compiled. The same checks as the general path, in fewer Python
             # operations (a bare jitted call costs a few µs; this adds well under 1). The
@@ -400,14 +409,14 @@ class Session:
                 if self._pending:
                     self._poll()
                 clean = self._clean
-                flat = hot.forms.clean if clean else hot.forms.single
+                flat = hot.forms.from_clean if clean else hot.forms.after_unchecked
                 if flat is not None:
                     leaves = self._leaves
                     if leaves is None:
                         leaves = self._user_leaves()
                     try:
-                        out = flat.exe(self.program.consts, leaves, inputs) if clean else \
-                            flat.exe(self.program.consts, leaves, self._flags, inputs)
+                        out = flat.exe(hot.executable.consts, leaves, inputs) if clean else \
+                            flat.exe(hot.executable.consts, leaves, self._flags, inputs)
                     except (TypeError, ValueError):  # placed unlike the executable: the general path
                         pass
                     else:
@@ -422,7 +431,9 @@ class Session:
         compiles the kernel form for their signature, and sets up the hot path."""
         if self._closed:
             raise OiError("this session is closed")
+        self.general_steps += 1
         prog = self.program
+        exe = prog.executable
         dyn = self._inputs(inputs)
         names = tuple(inputs)
         if names != self._given:  # the same names as last step: already known complete
@@ -431,27 +442,27 @@ class Session:
         if self._sync:
             self.check()
             return self._step_checked(dyn)
-        full = dyn if len(dyn) == self._n_dynamic else {**prog.defaults, **dyn}
+        full = dyn if len(dyn) == self._n_dynamic else {**exe.defaults, **dyn}
         if self._pending:
             self._poll()
         clean = self._clean  # the state holds no error: the step needs no skip
-        kernels = prog.step_kernels
+        kernels = exe.kernels
         forms = kernels.session_forms(full)
-        flat = forms.clean if clean else forms.single
+        flat = forms.form(clean)
         if flat is None:  # each form compiled on its first use
             with prog.scope():
-                flat = forms.compile(clean, prog.consts, self._user, self._flags, full)
-        leaves, flags, outputs = kernels.call_session_step(flat, clean, prog.consts, self._user_leaves(),
+                flat = forms.compile(clean, exe.consts, self._user, self._flags, full)
+        leaves, flags, outputs = kernels.call_session_step(flat, clean, exe.consts, self._user_leaves(),
                                                            self._flags, full)
         self._leaves, self._user_tree, self._user_def = leaves, None, flat.user_def
         if dyn is inputs and full is dyn and not self._shaped:
             # every input a device array of its declared shape and dtype (`_inputs` passed them
             # through as given) and all of them given: the next such step takes the hot path
             fast = self._fast
-            self._hot = HotStep(forms, tuple((name, fast[name][2]) for name in inputs))
+            self._hot = SessionHotPath(exe, forms, tuple((name, fast[name].type) for name in inputs))
         self._dispatched(dyn, flags, outputs)
         if self._shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
-            outputs = prog.trim_outputs(outputs)
+            outputs = exe.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
 
     def _dispatched(self, dyn: dict, flags, outputs: dict) -> None:
@@ -460,8 +471,9 @@ class Session:
         unchecked steps: wait for the oldest ones (raises the error of a failed one; this step
         then did nothing and its outputs are never returned)."""
         self.steps += 1
-        entry = (self.steps, dyn, outputs, len(dyn) == self._n_dynamic)
-        if entry[3] and not self._pending:  # every input given, every earlier step checked: supersedes them
+        complete = len(dyn) == self._n_dynamic
+        entry = (self.steps, dyn, outputs, complete)
+        if complete and not self._pending:  # every input given, every earlier step checked: supersedes them
             self._recent = [entry]
         else:
             self._recent.append(entry)
@@ -472,35 +484,36 @@ class Session:
         self._flags = flags
         self._clean = False
         pending = self._pending
-        pending.append((flags, self.steps))
+        pending.append(flags)
         if len(pending) > self.max_unchecked:
             self._confirm(len(pending) - self.max_unchecked - 1)
 
     def _returned(self, outputs: dict) -> dict:
-        return {k: outputs[k] for k in self.program.builder.step_outputs if k in outputs}
+        return {k: outputs[k] for k in self._returns if k in outputs}
 
     def _step_checked(self, dyn: dict, wrap=None, driver: bool | None = None) -> dict:
         """One step, its status read before returning; growth re-runs it. `driver`: run it with
         the yield/await driver (default: when the session does)."""
         prog = self.program
-        full = prog.dynamic_args(dyn)
+        full = prog.executable.dynamic_args(dyn)
         while True:
+            exe = prog.executable  # the next one after a growth
             with prog.scope():
                 use_driver = self._driver if driver is None else driver
-                one = prog.session_step if use_driver else prog.fused_session_step
+                one = prog.session_step if use_driver else exe.session_step
                 run = one if wrap is None else wrap(one)
                 self._state, outputs = run(self._state, full)
-            status = prog.to_host(self._state.guards.flags)
-            if np.any(status[2:] > 0):  # undone: needs more capacity; grow and re-run
-                self._state = prog.grow(self._state, status)
+            outcome = StepOutcome.of_flags(exe.to_host(self._state.guards.flags))
+            if outcome.undone:  # needs more capacity: grow and re-run
+                self._state = prog.grow(self._state, outcome)
                 continue
             break
         self.steps += 1
-        self._values.update(dyn)
-        self._values.update(outputs)
-        self._raise_if_failed(status, self.steps)
+        self._last_values.update(dyn)
+        self._last_values.update(outputs)
+        self._raise_if_failed(outcome, self.steps)
         self._clean = True
-        return self._returned(prog.trim_outputs(outputs))
+        return self._returned(exe.trim_outputs(outputs))
 
     # ------------------------------------------------------------------ many steps
 
@@ -521,9 +534,9 @@ class Session:
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        plan = plan_run(prog, inputs, steps, collect, self._inputs, feedback)
-        steps, collect = plan.steps, plan.collect
-        per_dev, fixed_dev, fed = plan.arguments(inputs)
+        call = validate_run(prog, inputs, steps, collect, self._inputs, feedback)
+        steps, collect = call.steps, call.collect
+        per_dev, fixed_dev, fed = call.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
         with prog.scope():
             base = 0
@@ -533,20 +546,21 @@ class Session:
             limit = steps if progress is None else max(1, -(-steps // 50))
 
             def steps_per_call(pace):
-                return max(1, min(limit, int(CALL_SECONDS / max(pace, 1e-9))))
+                return max(1, min(limit, int(self.call_seconds / max(pace, 1e-9))))
 
-            pace = prog.step_kernels.pace
+            pace = prog.executable.kernels.pace
             chunk = min(16, limit) if pace is None else steps_per_call(pace)
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
                 t0 = time.perf_counter()
-                kernels = prog.step_kernels  # new ones after a growth (and new executables)
-                res = kernels.multi(prog.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
-                                    exes=plan.exes(kernels), feedback=plan.feedback, fed=fed)
+                exe = prog.executable  # the next one after a growth
+                kernels = exe.kernels
+                res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
+                                    exes=call.exes(kernels), feedback=call.feedback, fed=fed)
                 self._state, fed = res.state, res.fed
-                status = np.asarray(res.status).tolist()  # (err, errval, applied, grow...): Python ints
-                applied = status[2]
+                outcome = StepOutcome.of_status(res.status)
+                applied = outcome.applied
                 if applied:
                     pace = kernels.timed(time.perf_counter() - t0, applied)
                     chunk = steps_per_call(pace)
@@ -555,12 +569,11 @@ class Session:
                         pieces[k].append(res.stacked[k][base:base + applied])
                 base += applied
                 self.steps += applied
-                step_status = status[:2] + status[3:]  # (err, errval, grow...)
-                if status[0]:
+                if outcome.err:
                     self._set_values(last)
-                    self._raise_if_failed(step_status, self.steps)
-                if any(g > 0 for g in status[3:]):  # the undone step asks for capacity: grow
-                    self._state = prog.grow(self._state, np.asarray(step_status, np.int64))
+                    self._raise_if_failed(outcome, self.steps)
+                if outcome.undone:  # the undone step asks for capacity: grow
+                    self._state = prog.grow(self._state, outcome)
                 if progress is not None:
                     progress(base)
             self._set_values(last)
@@ -568,7 +581,7 @@ class Session:
         result = self.values()
         for k in collect:
             if pieces[k]:
-                result[k] = convert_output(np.concatenate([prog.to_host(p) for p in pieces[k]]),
+                result[k] = convert_output(np.concatenate([prog.executable.to_host(p) for p in pieces[k]]),
                                            prog.bound.dtype(k))
             else:
                 result[k] = np.zeros((0,) + result[k].shape, result[k].dtype)
@@ -578,7 +591,7 @@ class Session:
         """The last applied step's values (the fused loop returns every variable, inputs too);
         `last` is None when no step was applied."""
         if last is not None:
-            self._values.update(last)
+            self._last_values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
                      progress=None, driver: bool = False, feedback: dict | None = None) -> dict:
@@ -598,7 +611,7 @@ class Session:
             dyn = dict(fixed_dev)
             given = {k: v[i] for k, v in per_host.items() if i < len(v)}
             for name, source in pairs:  # past its given values: what its source held after the last step
-                if name not in given and (name in per_host or i > 0):
+                if fed_back(i, len(per_host[name]) if name in per_host else 1):
                     given[name] = self.read(source)  # widened, and converted back exactly
             if given:
                 dyn.update(self._inputs(given))

@@ -27,13 +27,11 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from .. import dtypes as dt
 from .. import ir
 from ..diagnostics import OiError
-from ..lowering.loops import member_base
 from ..lowering.state import CacheState, Guards, StepState
 from ..protocol import CompileOptions
 from .placement import Placer
 from .program import Program
 
-INIT_PREFIX = "__init__/"
 
 
 # ---------------------------------------------------------------------------- specs & meshes
@@ -171,9 +169,9 @@ class ShardingPlacer(Placer):
             axes.append(axis)
         return axes
 
-    def spec_for(self, key: str, shape: tuple[int, ...]) -> P:
-        """PartitionSpec for a value named `key` (state / const / dynamic key) of `shape`."""
-        name = key[len(INIT_PREFIX):] if key.startswith(INIT_PREFIX) else member_base(key)  # W[3]: as W's member
+    def spec_for(self, name: str, shape: tuple[int, ...]) -> P:
+        """PartitionSpec for a value of variable `name` (its IR name: a family's member as the
+        family) of `shape`."""
         decl = self.graph.var(name)
         if decl is None or decl.is_auto_dim or (decl.auto_dim and decl.is_table) or not decl.dims:
             return P()
@@ -241,8 +239,9 @@ class ShardingPlacer(Placer):
             return np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return np.asarray(value)
 
-    def put(self, role: str, values: dict) -> dict:
-        out = {k: self._place(k, v) for k, v in values.items()}
+    def put(self, role: str, values: dict, names: dict | None = None) -> dict:
+        names = names or {}
+        out = {k: self._place(names.get(k, k), v) for k, v in values.items()}
         self.placed.setdefault(role, {}).update({k: a.sharding for k, a in out.items()})
         return out
 
@@ -259,11 +258,10 @@ class ShardingPlacer(Placer):
         """A host `StepState` placed buffer by buffer (`state_shardings`)."""
         return jax.tree.map(self._place_as, self.state_shardings(state), state)
 
-    def jit_kwargs(self, program) -> dict:
-        consts = {k: self.sharding_for(k, np.shape(v)) for k, v in program.consts.items()}
-        dynamic = {name: self.sharding_for(name, program.bound.shape(name))
-                   for name in program.builder.dynamic}
-        state = self.state_shardings(program.state_spec.avals())
+    def jit_kwargs(self, exe) -> dict:
+        consts = {k: v.sharding for k, v in exe.consts.items()}  # as `put` placed them
+        dynamic = {name: self.sharding_for(name, self.bound.shape(name)) for name in exe.builder.dynamic}
+        state = self.state_shardings(exe.state_spec.avals())
         return {"in_shardings": (consts, state, dynamic), "out_shardings": (state, None)}
 
 

@@ -1,8 +1,8 @@
 """What a fused `Session.run` is asked to do, validated once: which inputs carry a step axis
 `[N, ...]` and which are the same every step, how many steps, which variables to collect, the
 defaults of the inputs not given. Validating device arrays of their declared dtype depends only
-on their names, types, shapes and dtypes, `steps` and `collect`, so such a plan is remembered per
-signature (`Program.run_plans`) together with the fused loop compiled ahead of time for it: a
+on their names, types, shapes and dtypes, `steps` and `collect`, so such a `ValidatedRun` is remembered per
+signature (`Program.validated_runs`) together with the fused loop compiled ahead of time for it: a
 decode loop calling `run` again checks nothing twice (a hot path)."""
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ import numpy as np
 from .. import ir
 from ..diagnostics import OiError, suggest
 
-MAX_PLANS = 64  # signatures remembered per program (then forgotten all at once)
+MAX_VALIDATED = 64  # signatures remembered per program (then forgotten all at once)
 
 
-def plan_run(prog, inputs: dict, steps, collect, convert, feedback=None) -> "RunPlan":
-    """The validated plan of `run(inputs, steps, collect, feedback)`; `convert(inputs, steps=None)`
+def validate_run(prog, inputs: dict, steps, collect, convert, feedback=None) -> "ValidatedRun":
+    """`run(inputs, steps, collect, feedback)` validated; `convert(inputs, steps=None)`
     is the session's input check and conversion (it passes a valid device array through as it is)."""
     try:
         key = (tuple((k, type(v), v.shape, v.dtype) for k, v in inputs.items()), steps,
                (collect,) if isinstance(collect, str) else tuple(collect),
                tuple(feedback.items()) if feedback else ())
-        plan = prog.run_plans.get(key)
-    except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no plan
-        key = plan = None
-    if plan is not None:
-        return plan
+        run = prog.validated_runs.get(key)
+    except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no run
+        key = run = None
+    if run is not None:
+        return run
     pairs = feedback_pairs(prog, feedback)
     per_step, fixed, steps = split_inputs(prog, inputs, steps, pairs)
     collect = collect_names(prog, collect)
@@ -36,13 +36,13 @@ def plan_run(prog, inputs: dict, steps, collect, convert, feedback=None) -> "Run
     fixed_dev = convert(fixed)
     prog.check_given(inputs)
     if key is not None and all(v is per_dev.get(k, fixed_dev.get(k)) for k, v in inputs.items()):
-        plan = RunPlan(prog, tuple(per_dev), steps, collect, feedback=pairs)
-        if len(prog.run_plans) >= MAX_PLANS:
-            prog.run_plans.clear()
-        prog.run_plans[key] = plan  # nothing converted: reusable
-        return plan
-    # converted inputs: a plan of this call's own
-    return RunPlan(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev}, feedback=pairs)
+        run = ValidatedRun(prog, tuple(per_dev), steps, collect, feedback=pairs)
+        if len(prog.validated_runs) >= MAX_VALIDATED:
+            prog.validated_runs.clear()
+        prog.validated_runs[key] = run  # nothing converted: reusable
+        return run
+    # converted inputs: a run of this call's own
+    return ValidatedRun(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev}, feedback=pairs)
 
 
 def feedback_pairs(prog, feedback) -> tuple:
@@ -85,6 +85,36 @@ def feedback_pairs(prog, feedback) -> tuple:
     return tuple(pairs)
 
 
+def fed_back(step, given_steps):
+    """THE feedback rule (`feedback={IN: OUT}`): step `step` (0-based in the run) takes IN from
+    OUT's value after the step before once IN's given values run out: `given_steps` is the number
+    of its per-step values, or 1 for an input given once or not at all (its first step takes that
+    value, or the default). Python ints and traced scalars alike: the fused loop, the host loop
+    (`Session.run_stepwise`) and `ValidatedRun.arguments` all follow it."""
+    return step >= given_steps
+
+
+def step_axis(name: str, value, shape: tuple) -> int | None:
+    """THE per-step input rule: a value of shape `[N, *shape]` gives one value per step (returns
+    N); one of `shape` is the same every step (None); any other shape is an OiError."""
+    vshape = tuple(np.shape(value))
+    if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
+        return vshape[0]
+    if vshape == shape:
+        return None
+    raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
+                  f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
+
+
+def check_per_step(name: str, value, shape: tuple, source: str) -> None:
+    """OiError unless `value` (from `source`, e.g. `--inputs-per-step`) holds one value per
+    step: shape `[N, *shape]` (`step_axis`)."""
+    if np.ndim(value) != len(shape) + 1:
+        raise OiError(f"{source} {name}: expected a leading step axis [N, {', '.join(map(str, shape))}], "
+                      f"got shape {list(np.shape(value))}")
+    step_axis(name, value, tuple(shape))
+
+
 def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
     """(per_step {name: [N, ...]}, fixed {name: value}, N). An input with `feedback` may hold
     fewer per-step values than the run has steps (the later steps take the fed-back value)."""
@@ -93,16 +123,12 @@ def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
     for name, value in inputs.items():
         if name not in prog.defaults:
             raise prog.unknown_input(name)
-        shape = tuple(prog.bound.shape(name))
-        vshape = tuple(np.shape(value))
-        if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
+        n = step_axis(name, value, tuple(prog.bound.shape(name)))
+        if n is not None:
             per_step[name] = value
-            (fed_lengths if name in fed else lengths)[name] = vshape[0]
-        elif vshape == shape:
-            fixed[name] = value
+            (fed_lengths if name in fed else lengths)[name] = n
         else:
-            raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
-                          f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
+            fixed[name] = value
     if len(set(lengths.values())) > 1:
         raise OiError("per-step inputs disagree on the number of steps: " +
                       ", ".join(f"{k} has {v}" for k, v in lengths.items()))
@@ -167,11 +193,11 @@ def collect_names(prog, collect) -> tuple:
     return tuple(dict.fromkeys(names))
 
 
-class RunPlan:
+class ValidatedRun:
     """A validated `Session.run` call: the names of the inputs with a step axis, the steps, the
     collect names, the feedback pairs, the default of every dynamic variable not given, and the
     fused loop compiled ahead of time for these arguments (per kernels: a growth rebuilds them).
-    Stored per input signature in `Program.run_plans` when its inputs passed through unconverted."""
+    Stored per input signature in `Program.validated_runs` when its inputs passed through unconverted."""
 
     __slots__ = ("per_names", "steps", "collect", "feedback", "defaults", "all_defaults", "values", "_exes",
                  "_generation")
@@ -181,8 +207,8 @@ class RunPlan:
         self.per_names, self.steps, self.collect, self.feedback = per_names, steps, collect, feedback
         self.defaults = {k: v for k, v in prog.defaults.items() if k not in per_names}
         self.all_defaults = prog.defaults
-        self.values = values  # this call's converted inputs (a plan that is not stored), else None
-        self._exes: dict = {}  # index dtype -> the fused loop compiled for this plan (or None: use the jit)
+        self.values = values  # this call's converted inputs (a run that is not stored), else None
+        self._exes: dict = {}  # index dtype -> the fused loop compiled for this run (or None: use the jit)
         self._generation = None  # the kernels' generation `_exes` were compiled for
 
     def arguments(self, inputs: dict) -> tuple[dict, dict, dict]:
@@ -199,15 +225,15 @@ class RunPlan:
         per = {k: given[k] for k in per_names}
         fed = {}
         for name, _ in self.feedback:
-            if name not in per:
+            if name not in per:  # step 0 takes it as given (`fed_back`), the later steps what is fed back
                 fed[name] = fixed.pop(name)
             else:  # never read before the per-step values run out (none: steps=0, nothing runs)
                 fed[name] = per[name][0] if per[name].shape[0] else self.all_defaults[name]
         return per, fixed, fed
 
     def exes(self, kernels) -> dict | None:
-        """The fused loops compiled for this plan on `kernels` (`StepKernels.multi` fills it);
-        None for a plan of converted inputs (one call's own: the jitted loop, no AOT compile)."""
+        """The fused loops compiled for this run on `kernels` (`StepKernels.multi` fills it);
+        None for a run of converted inputs (one call's own: the jitted loop, no AOT compile)."""
         if self.values is not None:
             return None
         if self._generation != kernels.generation:  # a growth: new kernels, new executables

@@ -1,0 +1,56 @@
+"""The runtime's Executable (issue 38): one generation of a compiled program, immutable; a
+growth builds the next one, and the program, its sessions and its driver move to it. Its step
+outcome record reads the one status layout."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.runtime.kernels import StepOutcome
+
+GROW_SOURCE = """\
+dynamic { x: f32[2]; }
+volatile { last: f32[2]; }
+persistent { t: i32 @init(0); A(i): f32[2] @table; }
+block entry {
+    cache.write x >> A[t];
+    cache.read A[t] >> last;
+    cache.increment t;
+    return;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def grown():
+    """A program, its first executable, and the values of 10 steps that grew table A."""
+    prog = oi2jax.compile(GROW_SOURCE)
+    first = prog.executable
+    xs = np.arange(20, dtype=np.float32).reshape(10, 2)
+    sess = prog.session()
+    for x in xs:
+        sess.step(x=x)
+    return prog, first, xs, sess
+
+
+def test_growth_builds_the_next_executable_and_leaves_the_old_one_as_it_was(grown):
+    prog, first, xs, sess = grown
+    now = prog.executable
+    assert now is not first and now.generation > first.generation == 1
+    assert first.lowering.caches["A"].capacity == (4,)  # the first generation's layout, unchanged
+    assert now.lowering.caches["A"].capacity[0] >= 10
+    assert now.consts is first.consts and now.defaults is first.defaults  # placed once
+    assert prog.generation == now.generation and prog.lowering is now.lowering
+    np.testing.assert_array_equal(sess.read("A"), xs)
+    with pytest.raises(AttributeError, match="Executable.grown builds the next one"):
+        first.lowering = now.lowering
+
+
+def test_step_outcome_reads_both_forms_of_the_one_layout():
+    fine = StepOutcome.of_flags(np.zeros(3, np.int64))
+    assert fine == StepOutcome(0, 0, 1, (0,)) and not fine.undone
+    assert StepOutcome.of_flags(np.array([2, 7, 0], np.int64)) == StepOutcome(2, 7, 1, (0,))
+    undone = StepOutcome.of_flags(np.array([0, 0, 5], np.int64))
+    assert undone.undone and undone.applied == 0 and undone.grow == (5,)
+    assert StepOutcome.of_status(np.array([1, 4, 3, 0, 8], np.int64)) == StepOutcome(1, 4, 3, (0, 8))
