@@ -23,7 +23,8 @@ multiple of 32, Q4_K a multiple of 256 (e.g. `--hidden 256 --intermediate 256 --
 gguf-py has no K-quant quantizer, so `quantize_q4_k` here is a plain one (per 32-value
 sub-block: scale (max - min) / 15 and offset -min, both as 6-bit multiples of two f16 block
 scales); llama.cpp's own searches for better scales, so its values differ. The file is written
-to a temporary name and renamed, so a failed run leaves no partial file.
+to a temporary name and renamed, so a failed run leaves no partial file. It holds every weight in
+memory as float32: it is meant for small checkpoints (llama.cpp's converter is the tool for real ones).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K")
 FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
               "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
               "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
-              "Q5_1": gguf.LlamaFileType.MOSTLY_Q5_1, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M}
+              "Q5_1": gguf.LlamaFileType.MOSTLY_Q5_1, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S}
 _UNSUPPORTED_CONFIG = {"rope_scaling": None, "attention_bias": False, "mlp_bias": False}
 _CONTROL, _NORMAL = 3, 1  # llama.cpp's token types
 
@@ -84,14 +85,31 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """{name: float32 array} of one safetensors file (its header read here: NumPy has no bfloat16)."""
+    import ml_dtypes  # installed with JAX
+    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in dtypes:
+            raise ValueError(f"{path}: tensor {name} is {info['dtype']}; this example reads {', '.join(dtypes)}")
+        start, end = info["data_offsets"]
+        out[name] = np.frombuffer(data[start:end], dtypes[info["dtype"]]).reshape(info["shape"]).astype(np.float32)
+    return out
+
+
 def read_weights(directory: Path) -> dict[str, np.ndarray]:
     """{Hugging Face name: float32 array} of model.safetensors or a sharded checkpoint's files."""
-    from safetensors.numpy import load_file
     index = directory / "model.safetensors.index.json"
     files = sorted(set(_read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
     weights = {}
     for file in files:
-        weights.update({k: np.asarray(v, np.float32) for k, v in load_file(str(directory / file)).items()})
+        weights.update(_read_safetensors(directory / file))
     return weights
 
 
@@ -154,6 +172,8 @@ def write_gguf(directory, out, kind: str = "Q8_0") -> Path:
     directory, out = Path(directory), Path(out)
     if kind not in TYPES:
         raise ValueError(f"type must be one of {', '.join(TYPES)}, got {kind!r}")
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{directory}: no config.json (not a Hugging Face checkpoint directory)")
     config = _read_json(directory / "config.json")
     if config.get("model_type") != "llama":
         raise ValueError(f"{directory / 'config.json'}: model_type {config.get('model_type')!r}; this "
