@@ -5,9 +5,11 @@ later snippet may use what an earlier one wrote, as a reader following the page 
 process of its own, as a reader's session would be), with
 `oi2jax` and `python` on PATH meaning this checkout's CLI and interpreter. A snippet that needs
 what a test machine does not have runs against a small stand-in, named below with the text
-replaced (STAND_INS) or the files and names made first (SETUP): a Hugging Face checkpoint
-directory is a random one of the same vocabulary written by examples/llama_checkpoint.py, an
-absolute /tmp path is the snippet's directory. A snippet that cannot run at all (a synopsis with
+replaced (STAND_INS) or the files and names made first (SETUP): a Hugging Face Llama checkpoint
+directory is a random one of the same vocabulary written by examples/llama_checkpoint.py (a chat
+model's with its `--tokenizer`), a GGUF file that checkpoint written by examples/gguf_file.py,
+another family's checkpoint a random one of tests/gemma_gpt2_checkpoints.py, an absolute /tmp
+path is the snippet's directory. A snippet that cannot run at all (a synopsis with
 `[--flag]` and `a|b`, a structure drawn with `...`, the reader's own files, more devices than a
 CPU test has) is listed in NOT_RUN with the reason; a new snippet must be run or listed."""
 from __future__ import annotations

@@ -43,6 +43,17 @@ def _tokenizer_meta(path):
         "stop": np.ravel(m.metadata[META["stop"]].value).tolist()}
 
 
+def test_checkpoint_tokenizer_decodes_every_id(ck):
+    _, directory = ck
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    vocab = tok.get_vocab(with_added_tokens=True)
+    assert sorted(vocab.values()) == list(range(llama_checkpoint.TOKENIZER_VOCAB))  # exactly the model's V
+    assert [tok.id_to_token(i) for i in range(3)] == list(llama_checkpoint.SPECIAL_TOKENS)
+    assert all(tok.decode([i]) for i in range(3, len(vocab)))  # every other id is text (bytes or merges)
+    text = "Any text at all: ÿ €, 日本, \t tabs\n"
+    assert tok.decode(tok.encode(text).ids) == text  # byte-level: nothing is unknown
+
+
 def test_f32_file_is_the_checkpoint(ck):
     tmp, directory = ck
     gguf_file.write_gguf(directory, tmp / "f32.gguf", "F32")
