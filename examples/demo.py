@@ -1,11 +1,14 @@
 """`make demo`: compile examples/mlp_regression.oi with its model and run it, then generate
-with the DSL Llama decoder from a small random Hugging Face checkpoint.
+with the DSL Llama decoder from a small random Hugging Face checkpoint, then chat with it.
 
 Builds examples/mlp_regression.oinf first when it is missing (examples/models.py),
 runs one step on a fixed input, prints the outputs, then times the compiled step
 function (median of several steps after warm-up). Then writes a tiny random Llama checkpoint
 directory (examples/llama_checkpoint.py), converts it (`convert_hf`, as `oi2jax convert-hf`),
-and runs examples/llama_decode.oi greedily from a prompt inside one fused loop.
+and runs examples/llama_decode.oi greedily from a prompt inside one fused loop. Last, the same
+checkpoint with a tokenizer and chat template (`tokenizer=True`) converted and chatted with
+through `oi2jax.Generator`, as `oi2jax generate --chat --stats` does: the text and the stats
+lines. The weights are random, so the text is gibberish.
 """
 from __future__ import annotations
 
@@ -76,8 +79,9 @@ def llama_demo() -> None:
     import llama_checkpoint
     from oi2jax.model.convert import convert_hf
     with tempfile.TemporaryDirectory() as tmp:
-        ck = llama_checkpoint.write_random_llama(Path(tmp) / "tiny-llama-hf", vocab=256, hidden=64, layers=2,
-                                                 heads=4, kv_heads=2, intermediate=128, max_positions=64)
+        ck = llama_checkpoint.write_random_llama(Path(tmp) / "tiny-llama-hf", vocab=320, hidden=64, layers=2,
+                                                 heads=4, kv_heads=2, intermediate=128, max_positions=64,
+                                                 tokenizer=True)
         model = Path(tmp) / "tiny-llama.oinf"
         summary = convert_hf(ck, model)
         print(f"\nconverted a random Llama checkpoint: "
@@ -88,6 +92,19 @@ def llama_demo() -> None:
         res = prog.session().run({"token": prompt}, steps=24, feedback={"token": "next"}, collect=("next",))
         print(f"examples/llama_decode.oi: prompt {prompt.tolist()} -> greedy tokens {res['next'].tolist()[3:]} "
               f"({(time.perf_counter() - t0) * 1e3:.0f} ms with compilation)")
+        chat_demo(model)
+
+
+def chat_demo(model: Path) -> None:
+    """`oi2jax generate MODEL --chat --prompt ... --stats` through the API."""
+    question = "What is the capital of France?"
+    gen = oi2jax.Generator(model)  # the model's tokenizer, chat template, stop ids and example graph
+    res = gen.generate(question, chat=True, max_tokens=24)
+    print(f"\nchat (its tokenizer and ChatML template; random weights, so the answer is gibberish):\n"
+          f"user: {question}\nassistant: {res.text!r} ({res.finish})")
+    print(f"compile {gen.compile_s:.3f} s ({gen.graph_path})")
+    for line in res.stats.lines():
+        print(line)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ later snippet may use what an earlier one wrote, as a reader following the page 
 process of its own, as a reader's session would be), with
 `oi2jax` and `python` on PATH meaning this checkout's CLI and interpreter. A snippet that needs
 what a test machine does not have runs against a small stand-in, named below with the text
-replaced (STAND_INS) or the files and names made first (SETUP): a Hugging Face checkpoint
-directory is a random one of the same vocabulary written by examples/llama_checkpoint.py, an
-absolute /tmp path is the snippet's directory. A snippet that cannot run at all (a synopsis with
+replaced (STAND_INS) or the files and names made first (SETUP): a Hugging Face Llama checkpoint
+directory is a random one of the same vocabulary written by examples/llama_checkpoint.py (a chat
+model's with its `--tokenizer`), a GGUF file that checkpoint written by examples/gguf_file.py,
+another family's checkpoint a random one of tests/gemma_gpt2_checkpoints.py, an absolute /tmp
+path is the snippet's directory. A snippet that cannot run at all (a synopsis with
 `[--flag]` and `a|b`, a structure drawn with `...`, the reader's own files, more devices than a
 CPU test has) is listed in NOT_RUN with the reason; a new snippet must be run or listed."""
 from __future__ import annotations
@@ -42,8 +44,8 @@ def _snippets() -> list[tuple[str, str, str]]:
 
 SYNOPSIS = "a synopsis of the command's flags ([--flag], a|b), not a command line"
 NOT_RUN = {
-    "README.md: make demo   # creates .venv, installs, runs examples/mlp_regression.oi, then generates with the "
-    "DSL Llama": "creates a virtual environment and runs the whole suite (make demo's steps are each run below)",
+    "README.md: make demo   # creates .venv, installs, runs examples/mlp_regression.oi, then generates and chats "
+    "with the DSL Llama": "creates a virtual environment and runs the whole suite (make demo's steps are each run below)",
     "README.md: from oi2jax.ops import op": "a sketch of a user op (its graph g.oi and my_ops.py are the "
                                             "reader's); docs/ops.md's my_ops.py, run here, is the full form",
     "README.md: oi2jax check graph.oi [--model m.oinf] [--size B=8]          # exit 0 valid, 1 diagnostics": SYNOPSIS,
@@ -55,8 +57,10 @@ NOT_RUN = {
     "B] [--platforms cpu,cuda]": SYNOPSIS,
     "docs/ecosystem.md: oi2jax graph GRAPH.oi              # DOT on stdout": "GRAPH.oi is a placeholder, and .svg "
                                                                              "needs Graphviz (tests/test_cfg.py)",
-    "docs/models.md: oi2jax convert-hf DIR -o MODEL.oinf [--dtype f32|bf16|f16] [--max-positions N] [--quiet]":
-        SYNOPSIS,
+    "docs/models.md: oi2jax convert-hf DIR -o MODEL.oinf [--dtype f32|bf16|f16] [--max-positions N] [--nonfinite "
+    "note|error] [--quiet]": SYNOPSIS,
+    "docs/models.md: oi2jax convert-gguf FILE.gguf -o MODEL.oinf [--dtype f32|bf16|f16] [--max-positions N] "
+    "[--nonfinite note|error] [--quiet]": SYNOPSIS,
     "docs/models.md: from oi2jax.runtime.sharding import make_mesh": "a mesh of 4 devices (tests/test_llama.py runs "
                                                                       "it on 4 forced host devices)",
     "docs/models.md: oi2jax run examples/llama_decode.oi --model tiny.oinf --ops nn --mesh model=4 \\":
@@ -75,7 +79,28 @@ NOT_RUN = {
 TINYLLAMA = ("from llama_checkpoint import write_random_llama\n"  # a TinyLlama-sized vocabulary, tiny otherwise
              "write_random_llama('TinyLlama', vocab=32000, hidden=16, layers=1, heads=2, kv_heads=1, "
              "intermediate=32, max_positions=64)\n")
+CHAT = ("from llama_checkpoint import write_random_llama\n"  # a random checkpoint with a tokenizer and chat template,
+        # room for a prompt and generate's default 256 tokens (random weights may never draw the stop id)
+        "write_random_llama('SmolLM2-135M-Instruct', tokenizer=True, layers=1, max_positions=512)\n")
+CHAT_GGUF = ("from llama_checkpoint import write_random_llama\nfrom gguf_file import write_gguf\n"  # its Q4_1 file
+             "write_gguf(write_random_llama('SmolLM2-gguf-source', tokenizer=True, layers=1, max_positions=512), "
+             "'SmolLM2-135M-Instruct-Q4_1.gguf', 'Q4_1')\n")
+FAMILIES = ("import sys\nsys.path.insert(0, %r)\n" % str(REPO / "tests")  # tests/gemma_gpt2_checkpoints.py
+            + "import numpy as np, gemma_gpt2_checkpoints as ck\n"
+            "sizes = dict(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=48, "
+            "max_positions=48, sliding_window=8)\n"
+            "for name, config in (('gemma-2-2b-it', ck.gemma2_config(**sizes)), "
+            "('gemma-3-1b-it', ck.gemma3_text_config(**sizes)), "
+            "('gpt2', ck.gpt2_config(vocab=64, hidden=32, layers=2, heads=4, positions=48))):\n"
+            "    ck.write_checkpoint(name, config, ck.random_weights(config))\n"
+            "np.savez('prompt.npz', token=np.array([1, 15, 29], np.int32))\n")  # the ids of README's prompt.npz: < 64
 STAND_INS = {
+    "README.md: oi2jax convert-hf ~/models/SmolLM2-135M-Instruct -o smollm.oinf":
+        [("~/models/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct")],
+    "docs/models.md: python examples/llama_checkpoint.py /tmp/chat --tokenizer     # V=320, + tokenizer and chat "
+    "template": [("/tmp/", "./")],
+    "docs/models.md: oi2jax convert-hf ~/models/gemma-2-2b-it -o gemma2.oinf --dtype f32      # model_type gemma2":
+        [("~/models/", "")],
     "README.md: oi2jax convert-hf ~/models/TinyLlama-1.1B-Chat-v1.0 -o tinyllama.oinf     # or SmolLM, any "
     "Llama-family dir": [("~/models/TinyLlama-1.1B-Chat-v1.0", "TinyLlama")],
     "docs/models.md: oi2jax convert-hf ~/models/TinyLlama-1.1B-Chat-v1.0 -o tinyllama.oinf --dtype bf16":
@@ -86,6 +111,10 @@ STAND_INS = {
     "directory": [("/tmp/", "./")],
 }
 SETUP = {
+    "README.md: oi2jax convert-hf ~/models/SmolLM2-135M-Instruct -o smollm.oinf": CHAT,
+    "README.md: oi2jax convert-gguf SmolLM2-135M-Instruct-Q4_1.gguf -o smollm-q4.oinf": CHAT_GGUF,
+    "docs/models.md: oi2jax convert-hf ~/models/gemma-2-2b-it -o gemma2.oinf --dtype f32      # model_type gemma2":
+        FAMILIES,
     "README.md: oi2jax convert-hf ~/models/TinyLlama-1.1B-Chat-v1.0 -o tinyllama.oinf     # or SmolLM, any "
     "Llama-family dir": TINYLLAMA,
     "docs/models.md: oi2jax convert-hf ~/models/TinyLlama-1.1B-Chat-v1.0 -o tinyllama.oinf --dtype bf16": TINYLLAMA,

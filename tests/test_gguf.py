@@ -204,7 +204,7 @@ def test_kept_blocks_round_trip_their_bytes(kept, kind):
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
 def test_kept_blocks_run_the_llama_graph_like_the_f32_conversion(kept, kind, tmp_path, capsys):
-    """The f32 conversion through the API; the kept one as README's second command (`oi2jax run`)."""
+    """The f32 conversion through the API; the kept one through the CLI (`oi2jax run`)."""
     path, f32_path, _, sizes = kept[kind]
     tokens = np.array([3, 1, 4, 1, 5][:sizes["max_positions"]], np.int32) % sizes["vocab"]
     sess = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=f32_path, ops=["nn"]).session()
