@@ -163,7 +163,7 @@ def kind_name(kind) -> str:
     """A ggml type given as a name ("Q4_K") or a `gguf.GGMLQuantizationType` -> its name, checked."""
     name = kind.name if isinstance(kind, GGMLQuantizationType) else str(kind).upper()
     if name not in FORMATS:
-        raise OiError(f"error: ggml type {kind!r} has no quantized kernels; supported: {', '.join(KINDS)}")
+        raise OiError(f"ggml type {kind!r} has no quantized kernels; supported: {', '.join(KINDS)}")
     return name
 
 
@@ -189,10 +189,10 @@ def prepare(kind, raw, shape) -> QuantTensor:
     shape = tuple(int(n) for n in shape)
     per, size = block_size(name)
     if not shape or shape[-1] % per:
-        raise OiError(f"error: a {name} tensor's last axis must be a multiple of {per}, got shape {list(shape)}")
+        raise OiError(f"a {name} tensor's last axis must be a multiple of {per}, got shape {list(shape)}")
     raw = jnp.asarray(raw)
     if raw.dtype != jnp.uint8 or raw.size != raw_nbytes(name, shape):
-        raise OiError(f"error: {name} data of shape {list(shape)} is {raw_nbytes(name, shape)} bytes of uint8, "
+        raise OiError(f"{name} data of shape {list(shape)} is {raw_nbytes(name, shape)} bytes of uint8, "
                       f"got {raw.size} values of {raw.dtype}")
     blocks = raw.reshape(shape[:-1] + (shape[-1] // per, size))
     fields, at = {}, 0

@@ -1,0 +1,121 @@
+"""The matrix-vector product over a quantized weight with its dequantization fused in: one XLA
+reduction that reads each packed byte once and never writes a dequantized copy.
+
+Each kind's weight is written as "planes": f32 expressions [..., out, blocks, (groups,) width],
+each the exact dequantized value of the weights it covers (the f32 operations gguf.quants uses),
+paired with the view of x [..., blocks, (groups,) width] those weights multiply. A 4-bit byte holds
+two weights that meet different x values, so its low and high nibbles are two planes against two
+slices of x, never concatenated back into ggml's order (XLA's CPU code for a concatenate inside a
+reduction is several times slower: docs/performance.md). Nibbles come out of a byte as floats:
+hi = floor(v / 16), lo = v - 16 hi, exact in f32.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .blocks import QK_K, QuantTensor
+
+F32 = jnp.float32
+
+
+def _nib(qs):
+    """Packed bytes -> (low, high) nibbles as f32 (exact)."""
+    v = qs.astype(F32)
+    hi = jnp.floor(v * (1 / 16))
+    return v - 16 * hi, hi
+
+
+def _col(a):
+    return a.astype(F32)[..., None]
+
+
+def _bits(qh, first):
+    """Q5_0/Q5_1: bit first+j of each block's uint32, j < 16, as f32 [..., blocks, 16]."""
+    return ((qh[..., None] >> jnp.arange(first, first + 16, dtype=jnp.uint32)) & 1).astype(F32)
+
+
+def _q8_0(f, x):
+    return [(f["qs"].astype(F32) * _col(f["d"]), x.reshape(x.shape[:-1] + (-1, 32)))]
+
+
+def _halves(f, x, lo, hi, lo_off, hi_off):
+    """32-value blocks split as values 0..15 (low nibbles) and 16..31 (high): w = d * q (+ m)."""
+    xb = x.reshape(x.shape[:-1] + (-1, 2, 16))
+    d = _col(f["d"])
+    if "m" in f:
+        m = _col(f["m"])
+        return [(d * (lo + lo_off) + m, xb[..., 0, :]), (d * (hi + hi_off) + m, xb[..., 1, :])]
+    return [(d * (lo + lo_off), xb[..., 0, :]), (d * (hi + hi_off), xb[..., 1, :])]
+
+
+def _q4(f, x):
+    lo, hi = _nib(f["qs"])
+    off = 0.0 if "m" in f else -8.0
+    return _halves(f, x, lo, hi, off, off)
+
+
+def _q5(f, x):
+    lo, hi = _nib(f["qs"])
+    lo, hi = lo + 16 * _bits(f["qh"], 0), hi + 16 * _bits(f["qh"], 16)
+    off = 0.0 if "m" in f else -16.0
+    return _halves(f, x, lo, hi, off, off)
+
+
+def _k_planes(f, x, extra_lo=None, extra_hi=None):
+    """Q4_K / Q5_K: 128 bytes = 4 groups of 32; group g's low nibbles are sub-block 2g, its high
+    ones sub-block 2g+1, each with scale d * sc and min dmin * m."""
+    lead = f["qs"].shape[:-1]
+    lo, hi = _nib(f["qs"].reshape(lead + (4, 32)))
+    if extra_lo is not None:
+        lo, hi = lo + extra_lo, hi + extra_hi
+    d = _col(f["d"]) * f["sc"].astype(F32)
+    dm = _col(f["dmin"]) * f["m"].astype(F32)
+    xb = x.reshape(x.shape[:-1] + (-1, 4, 2, 32))
+    return [(d[..., 0::2, None] * lo - dm[..., 0::2, None], xb[..., 0, :]),
+            (d[..., 1::2, None] * hi - dm[..., 1::2, None], xb[..., 1, :])]
+
+
+def _q4_k(f, x):
+    return _k_planes(f, x)
+
+
+def _q5_k(f, x):
+    lead = f["qh"].shape[:-1]
+    bit = (f["qh"][..., None, :] >> jnp.arange(8, dtype=jnp.uint8)[:, None]) & 1  # [..., 8 sub-blocks, 32]
+    bit = (16 * bit.astype(F32)).reshape(lead + (4, 2, 32))
+    return _k_planes(f, x, bit[..., 0, :], bit[..., 1, :])
+
+
+def _q6_k(f, x):
+    """Q6_K: per half of 128 values, bytes ql[64] and qh[32]: value (n, a, l) of the half, at
+    64 n + 32 a + l, is nibble n of ql[32 a + l] with bits 4n + 2a of qh[l] above it, minus 32;
+    scale index 8 half + 4 n + 2 a + l // 16."""
+    lead = f["ql"].shape[:-1]
+    lo, hi = _nib(f["ql"].reshape(lead + (2, 2, 32)))  # [..., half, a, l]
+    qh = f["qh"].reshape(lead + (2, 1, 32))
+    h = ((qh >> jnp.array([0, 2, 4, 6], jnp.uint8)[:, None]) & 3).astype(F32) * 16  # [..., half, 4n+2a >> 1, l]
+    h = h.reshape(lead + (2, 2, 2, 32))  # [..., half, n, a, l]
+    s = (_col(f["d"]) * f["scales"].astype(F32)).reshape(lead + (2, 2, 2, 2, 1))  # [..., half, n, a, l//16, 1]
+    xb = x.reshape(x.shape[:-1] + (-1, 2, 2, 2, 2, 16))  # [..., blocks, half, n, a, l//16, l%16]
+
+    def plane(q, n):
+        q = (q + h[..., n, :, :] - 32).reshape(lead + (2, 2, 2, 16))
+        return s[..., n, :, :, :] * q, xb[..., n, :, :, :]
+    return [plane(lo, 0), plane(hi, 1)]
+
+
+PLANES = {"Q8_0": _q8_0, "Q4_0": _q4, "Q4_1": _q4, "Q5_0": _q5, "Q5_1": _q5, "Q4_K": _q4_k, "Q5_K": _q5_k,
+          "Q6_K": _q6_k}
+assert QK_K == 256
+
+
+def matvec(x, w: QuantTensor):
+    """x [..., in] @ W^T for a quantized W [out, in], fused: for a few rows of x (decode)."""
+    lead = x.shape[:-1]
+    x = x.astype(F32).reshape((-1, 1, x.shape[-1]))  # [rows, 1 (out), in]
+    total = None
+    for weight, xs in PLANES[w.kind](w.fields, x):
+        term = weight * xs
+        total = term if total is None else total + term
+    axes = tuple(range(2, total.ndim))
+    return jnp.sum(total, axis=axes).reshape(lead + (w.shape[0],))
