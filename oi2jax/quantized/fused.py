@@ -12,6 +12,7 @@ hi = floor(v / 16), lo = v - 16 hi, exact in f32.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 from .blocks import QK_K, QuantTensor
 
@@ -112,9 +113,13 @@ assert QK_K == 256
 def matvec(x, w: QuantTensor):
     """x [..., in] @ W^T for a quantized W [out, in], fused: for a few rows of x (decode)."""
     lead = x.shape[:-1]
+    # the barrier keeps each product's broadcast of x its own: XLA's CPU pipeline otherwise merges
+    # the identical broadcasts of one x against same-shaped weights and writes it to memory as an
+    # [out, in] f32 array that every reduction then reads (as many bytes as an f32 weight)
+    x, fields = lax.optimization_barrier((x, w.fields))
     x = x.astype(F32).reshape((-1, 1, x.shape[-1]))  # [rows, 1 (out), in]
     total = None
-    for weight, xs in PLANES[w.kind](w.fields, x):
+    for weight, xs in PLANES[w.kind](fields, x):
         term = weight * xs
         total = term if total is None else total + term
     axes = tuple(range(2, total.ndim))
