@@ -119,3 +119,13 @@ def test_errors_name_the_kind_and_the_sizes():
     w = Q.prepare("Q8_0", np.zeros(68, np.uint8), (2, 32))
     with pytest.raises(OiError, match=r"linear: x has shape \[3, 16\], the Q8_0 weight \[2, 32\]"):
         Q.linear(jnp.zeros((3, 16)), w)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q5_1", "Q4_K", "Q5_K"])
+def test_dequantize_rounds_each_product_before_adding_the_min(kind):
+    """d * q + m with the product rounded first, as NumPy does (XLA's CPU code may fuse a multiply
+    and an add inside a loop fusion: ops.numerics.no_contract prevents it); many values, jitted."""
+    per, _ = Q.block_size(kind)
+    raw = random_blocks(np.random.default_rng(7), kind, 64, 2048 // per)
+    got = jax.jit(lambda r: Q.dequantize(kind, r, (64, 2048)) * 1.0)(jnp.asarray(raw))
+    np.testing.assert_array_equal(np.asarray(got), gguf.quants.dequantize(raw, T[kind]))

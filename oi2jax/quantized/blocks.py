@@ -1,6 +1,7 @@
 """GGML's quantized block formats in JAX: a weight's raw GGUF bytes split once into per-field
 arrays (`prepare`), and those fields dequantized to floats (`dequantize`), value for value what
-`gguf.quants.dequantize` computes (the same f32 operations in the same order).
+`gguf.quants.dequantize` computes (the same f32 operations in the same order, each product
+rounded before the add that follows it: `ops.numerics.no_contract`).
 
 A quantized tensor of logical shape [..., N] (NumPy order: N = GGUF's ne0, the innermost axis) is
 stored in a GGUF file as rows of N / block_size blocks, each block `type_size` bytes
@@ -19,6 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from jax import lax
 
 from ..diagnostics import OiError
+from ..ops.numerics import no_contract
 
 QK_K = 256
 
@@ -96,7 +98,7 @@ def _q4_0(f):
 
 
 def _q4_1(f):
-    return _f32(f["d"])[..., None] * _f32(nibbles(f["qs"])) + _f32(f["m"])[..., None]
+    return no_contract(_f32(f["d"])[..., None] * _f32(nibbles(f["qs"]))) + _f32(f["m"])[..., None]
 
 
 def _q5(f):
@@ -108,14 +110,14 @@ def _q5_0(f):
 
 
 def _q5_1(f):
-    return _f32(f["d"])[..., None] * _f32(_q5(f)) + _f32(f["m"])[..., None]
+    return no_contract(_f32(f["d"])[..., None] * _f32(_q5(f))) + _f32(f["m"])[..., None]
 
 
 def _k_sub(f, q):
     """Q4_K / Q5_K: q [..., blocks, 8, 32] with the per-32 scales and mins -> [..., blocks, 256]."""
     d = (_f32(f["d"])[..., None] * _f32(f["sc"]))[..., None]
     dm = (_f32(f["dmin"])[..., None] * _f32(f["m"]))[..., None]
-    return (d * _f32(q) - dm).reshape(q.shape[:-2] + (QK_K,))
+    return (no_contract(d * _f32(q)) - dm).reshape(q.shape[:-2] + (QK_K,))
 
 
 def _q4_k_quants(qs):
