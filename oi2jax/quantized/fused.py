@@ -1,15 +1,21 @@
 """The matrix-vector product over a quantized weight with its dequantization fused in: one XLA
 reduction that reads each packed byte once and never writes a dequantized copy.
 
-Each kind's weight is written as "planes": f32 expressions [..., out, blocks, (groups,) width],
-each the exact dequantized value of the weights it covers (the f32 operations gguf.quants uses),
-paired with the view of x [..., blocks, (groups,) width] those weights multiply. A 4-bit byte holds
-two weights that meet different x values, so its low and high nibbles are two planes against two
-slices of x, never concatenated back into ggml's order (XLA's CPU code for a concatenate inside a
-reduction is several times slower: docs/performance.md). Nibbles come out of a byte as floats:
+Two forms, each kind the faster one measured (docs/performance.md):
+- block sums (Q4_0, Q4_1, Q5_0, Q5_1): the block's integer quants against x summed first, the
+  scale (and min) applied once per block -- fewer operations per weight; the products round like
+  a reassociation of the dot product, within its f32 error bound.
+- planes (Q8_0, Q4_K, Q5_K, Q6_K): f32 expressions [..., out, blocks, (groups,) width], each the
+  exact dequantized value of the weights it covers (gguf.quants' f32 operations), paired with the
+  view of x [..., blocks, (groups,) width] those weights multiply.
+A 4-bit byte holds two weights that meet different x values, so its low and high nibbles are two
+planes against two slices of x, never concatenated back into ggml's order (XLA's CPU code for a
+concatenate inside a reduction is several times slower). Nibbles come out of a byte as floats:
 hi = floor(v / 16), lo = v - 16 hi, exact in f32.
 """
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -39,27 +45,24 @@ def _q8_0(f, x):
     return [(f["qs"].astype(F32) * _col(f["d"]), x.reshape(x.shape[:-1] + (-1, 32)))]
 
 
-def _halves(f, x, lo, hi, lo_off, hi_off):
-    """32-value blocks split as values 0..15 (low nibbles) and 16..31 (high): w = d * q (+ m)."""
+def _block_sums(f, x, with_high_bits):
+    """Q4_0/Q4_1/Q5_0/Q5_1, the block's scale factored out: per block b, the integer quants q
+    against x, s_b = sum_j q_j x_j, and X_b = sum_j x_j; then y = sum_b d_b (s_b + off X_b) + m_b X_b.
+    A byte v holds q_j = lo and q_{j+16} = hi: lo x_j + hi x_{j+16} = v x_j + hi (x_{j+16} - 16 x_j),
+    so each byte costs one conversion, one floor and two products."""
     xb = x.reshape(x.shape[:-1] + (-1, 2, 16))
-    d = _col(f["d"])
+    xl, xh = xb[..., 0, :], xb[..., 1, :]
+    v = f["qs"].astype(F32)
+    hi = jnp.floor(v * (1 / 16))
+    terms = v * xl + hi * (xh - 16 * xl)
+    if with_high_bits:
+        terms = terms + 16 * (_bits(f["qh"], 0) * xl + _bits(f["qh"], 16) * xh)
+    s = jnp.sum(terms, axis=-1)
+    total = jnp.sum(xb, axis=(-2, -1))
+    d = f["d"].astype(F32)
     if "m" in f:
-        m = _col(f["m"])
-        return [(d * (lo + lo_off) + m, xb[..., 0, :]), (d * (hi + hi_off) + m, xb[..., 1, :])]
-    return [(d * (lo + lo_off), xb[..., 0, :]), (d * (hi + hi_off), xb[..., 1, :])]
-
-
-def _q4(f, x):
-    lo, hi = _nib(f["qs"])
-    off = 0.0 if "m" in f else -8.0
-    return _halves(f, x, lo, hi, off, off)
-
-
-def _q5(f, x):
-    lo, hi = _nib(f["qs"])
-    lo, hi = lo + 16 * _bits(f["qh"], 0), hi + 16 * _bits(f["qh"], 16)
-    off = 0.0 if "m" in f else -16.0
-    return _halves(f, x, lo, hi, off, off)
+        return d * s + f["m"].astype(F32) * total
+    return d * (s - (16.0 if with_high_bits else 8.0) * total)
 
 
 def _k_planes(f, x, extra_lo=None, extra_hi=None):
@@ -105,8 +108,9 @@ def _q6_k(f, x):
     return [plane(lo, 0), plane(hi, 1)]
 
 
-PLANES = {"Q8_0": _q8_0, "Q4_0": _q4, "Q4_1": _q4, "Q5_0": _q5, "Q5_1": _q5, "Q4_K": _q4_k, "Q5_K": _q5_k,
-          "Q6_K": _q6_k}
+PLANES = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+# kinds whose blocks are summed with the scale factored out: -> per-block terms [..., blocks]
+BLOCK_SUMS = {"Q4_0": False, "Q4_1": False, "Q5_0": True, "Q5_1": True}
 assert QK_K == 256
 
 
@@ -117,10 +121,17 @@ def matvec(x, w: QuantTensor):
     # the identical broadcasts of one x against same-shaped weights and writes it to memory as an
     # [out, in] f32 array that every reduction then reads (as many bytes as an f32 weight)
     x, fields = lax.optimization_barrier((x, w.fields))
-    x = x.astype(F32).reshape((-1, 1, x.shape[-1]))  # [rows, 1 (out), in]
-    total = None
-    for weight, xs in PLANES[w.kind](fields, x):
-        term = weight * xs
-        total = term if total is None else total + term
-    axes = tuple(range(2, total.ndim))
-    return jnp.sum(total, axis=axes).reshape(lead + (w.shape[0],))
+    one = math.prod(lead) == 1
+    # one row: x [in] against W [out, ...]; more: x [rows, 1 (out), in] (a leading axis of 1 makes
+    # XLA's code for the single row slower)
+    x = x.astype(F32).reshape((x.shape[-1],) if one else (-1, 1, x.shape[-1]))
+    first = 1 if one else 2
+    if w.kind in BLOCK_SUMS:
+        y = jnp.sum(_block_sums(fields, x, BLOCK_SUMS[w.kind]), axis=-1)
+    else:
+        total = None
+        for weight, xs in PLANES[w.kind](fields, x):
+            term = weight * xs
+            total = term if total is None else total + term
+        y = jnp.sum(total, axis=tuple(range(first, total.ndim)))
+    return y.reshape(lead + (w.shape[0],))
