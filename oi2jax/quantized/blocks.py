@@ -56,10 +56,11 @@ def _f16(b):
     return lax.bitcast_convert_type(u, jnp.float16)
 
 
-def _u32(b):
-    """Little-endian byte quads [..., 4] -> uint32 [...]."""
-    b = b.astype(jnp.uint32)
-    return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+def _u16_halves(b):
+    """Q5_0/Q5_1's 4 bytes of fifth bits -> fields qh_lo (bits of values 0..15) and qh_hi (16..31),
+    uint16 each: the same bytes, in halves a float conversion holds exactly."""
+    u = b.astype(jnp.uint16)
+    return {"qh_lo": u[..., 0] | (u[..., 1] << 8), "qh_hi": u[..., 2] | (u[..., 3] << 8)}
 
 
 def _i8(b):
@@ -80,9 +81,11 @@ def nibbles(qs):
     return jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
-def _fifth_bits(qh):
-    """Q5_0/Q5_1's uint32 [...] of high bits -> uint8 [..., 32], bit j of the block's value j."""
-    return ((qh[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1).astype(jnp.uint8)
+def _fifth_bits(f):
+    """Q5_0/Q5_1's fifth bits -> uint8 [..., 32], bit j of the block's value j."""
+    shifts = jnp.arange(16, dtype=jnp.uint16)
+    return jnp.concatenate([(f["qh_lo"][..., None] >> shifts) & 1, (f["qh_hi"][..., None] >> shifts) & 1],
+                           axis=-1).astype(jnp.uint8)
 
 
 def _f32(a):
@@ -102,7 +105,7 @@ def _q4_1(f):
 
 
 def _q5(f):
-    return nibbles(f["qs"]) | (_fifth_bits(f["qh"]) << 4)
+    return nibbles(f["qs"]) | (_fifth_bits(f) << 4)
 
 
 def _q5_0(f):
@@ -151,8 +154,8 @@ FORMATS = {
     "Q8_0": Format((("d", 2, _f16), ("qs", 32, _i8)), _q8_0),
     "Q4_0": Format((("d", 2, _f16), ("qs", 16, None)), _q4_0),
     "Q4_1": Format((("d", 2, _f16), ("m", 2, _f16), ("qs", 16, None)), _q4_1),
-    "Q5_0": Format((("d", 2, _f16), ("qh", 4, _u32), ("qs", 16, None)), _q5_0),
-    "Q5_1": Format((("d", 2, _f16), ("m", 2, _f16), ("qh", 4, _u32), ("qs", 16, None)), _q5_1),
+    "Q5_0": Format((("d", 2, _f16), ("qh", 4, _u16_halves), ("qs", 16, None)), _q5_0),
+    "Q5_1": Format((("d", 2, _f16), ("m", 2, _f16), ("qh", 4, _u16_halves), ("qs", 16, None)), _q5_1),
     "Q4_K": Format((("d", 2, _f16), ("dmin", 2, _f16), ("scales", 12, _k4_scales), ("qs", 128, None)), _q4_k),
     "Q5_K": Format((("d", 2, _f16), ("dmin", 2, _f16), ("scales", 12, _k4_scales), ("qh", 32, None),
                     ("qs", 128, None)), _q5_k),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .blocks import QK_K, QuantTensor
@@ -36,9 +37,13 @@ def _col(a):
     return a.astype(F32)[..., None]
 
 
-def _bits(qh, first):
-    """Q5_0/Q5_1: bit first+j of each block's uint32, j < 16, as f32 [..., blocks, 16]."""
-    return ((qh[..., None] >> jnp.arange(first, first + 16, dtype=jnp.uint32)) & 1).astype(F32)
+def _bits(half):
+    """Q5_0/Q5_1: bits 0..15 of a uint16 field [..., blocks] as f32 [..., blocks, 16], with float
+    operations only (exact: h < 2^16), which XLA keeps inside the reduction's fusion (integer
+    shifts there are split off and written to memory as f32 arrays)."""
+    h = half.astype(F32)[..., None]
+    scale = np.float32(2.0) ** -np.arange(16, dtype=np.float32)
+    return jnp.floor(h * scale) - 2 * jnp.floor(h * (scale * 0.5))
 
 
 def _q8_0(f, x):
@@ -56,7 +61,7 @@ def _block_sums(f, x, with_high_bits):
     hi = jnp.floor(v * (1 / 16))
     terms = v * xl + hi * (xh - 16 * xl)
     if with_high_bits:
-        terms = terms + 16 * (_bits(f["qh"], 0) * xl + _bits(f["qh"], 16) * xh)
+        terms = terms + 16 * (_bits(f["qh_lo"]) * xl + _bits(f["qh_hi"]) * xh)
     s = jnp.sum(terms, axis=-1)
     total = jnp.sum(xb, axis=(-2, -1))
     d = f["d"].astype(F32)
