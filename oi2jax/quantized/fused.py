@@ -50,6 +50,15 @@ def _q8_0(f, x):
     return [(f["qs"].astype(F32) * _col(f["d"]), x.reshape(x.shape[:-1] + (-1, 32)))]
 
 
+def _fields(byte, width, first, count):
+    """Bytes [..., n] -> their fields first..first+count-1 of `width` bits, as f32 [..., count, n]
+    (floor(v / 2^(w k)) - 2^w floor(v / 2^(w (k + 1))): float operations that stay in the fusion;
+    each plane computes its own fields, as a slice of fields shared by two planes is written out)."""
+    v = byte.astype(F32)[..., None, :]
+    scale = (np.float32(2.0) ** -(width * np.arange(first, first + count, dtype=np.float32)))[:, None]
+    return jnp.floor(v * scale) - 2.0 ** width * jnp.floor(v * (scale * 2.0 ** -width))
+
+
 def _block_sums(f, x, with_high_bits):
     """Q4_0/Q4_1/Q5_0/Q5_1, the block's scale factored out: per block b, the integer quants q
     against x, s_b = sum_j q_j x_j, and X_b = sum_j x_j; then y = sum_b d_b (s_b + off X_b) + m_b X_b.
@@ -70,18 +79,21 @@ def _block_sums(f, x, with_high_bits):
     return d * (s - (16.0 if with_high_bits else 8.0) * total)
 
 
-def _k_planes(f, x, extra_lo=None, extra_hi=None):
+def _k_planes(f, x, fifth=False):
     """Q4_K / Q5_K: 128 bytes = 4 groups of 32; group g's low nibbles are sub-block 2g, its high
     ones sub-block 2g+1, each with scale d * sc and min dmin * m."""
     lead = f["qs"].shape[:-1]
     lo, hi = _nib(f["qs"].reshape(lead + (4, 32)))
-    if extra_lo is not None:
-        lo, hi = lo + extra_lo, hi + extra_hi
-    d = _col(f["d"]) * f["sc"].astype(F32)
-    dm = _col(f["dmin"]) * f["m"].astype(F32)
+    if fifth:  # Q5_K: bit i of qh[l] is value l of sub-block i = 2 g + n
+        lo = lo + 16 * _fields(f["qh"], 1, 0, 8)[..., 0::2, :]
+        hi = hi + 16 * _fields(f["qh"], 1, 0, 8)[..., 1::2, :]
     xb = x.reshape(x.shape[:-1] + (-1, 4, 2, 32))
-    return [(d[..., 0::2, None] * lo - dm[..., 0::2, None], xb[..., 0, :]),
-            (d[..., 1::2, None] * hi - dm[..., 1::2, None], xb[..., 1, :])]
+
+    def plane(q, n):  # each plane scales from its own slice of sc and m (a shared product is written out)
+        d = _col(f["d"]) * f["sc"][..., n::2].astype(F32)
+        dm = _col(f["dmin"]) * f["m"][..., n::2].astype(F32)
+        return d[..., None] * q - dm[..., None], xb[..., n, :]
+    return [plane(lo, 0), plane(hi, 1)]
 
 
 def _q4_k(f, x):
@@ -89,10 +101,7 @@ def _q4_k(f, x):
 
 
 def _q5_k(f, x):
-    lead = f["qh"].shape[:-1]
-    bit = (f["qh"][..., None, :] >> jnp.arange(8, dtype=jnp.uint8)[:, None]) & 1  # [..., 8 sub-blocks, 32]
-    bit = (16 * bit.astype(F32)).reshape(lead + (4, 2, 32))
-    return _k_planes(f, x, bit[..., 0, :], bit[..., 1, :])
+    return _k_planes(f, x, fifth=True)
 
 
 def _q6_k(f, x):
@@ -101,15 +110,14 @@ def _q6_k(f, x):
     scale index 8 half + 4 n + 2 a + l // 16."""
     lead = f["ql"].shape[:-1]
     lo, hi = _nib(f["ql"].reshape(lead + (2, 2, 32)))  # [..., half, a, l]
-    qh = f["qh"].reshape(lead + (2, 1, 32))
-    h = ((qh >> jnp.array([0, 2, 4, 6], jnp.uint8)[:, None]) & 3).astype(F32) * 16  # [..., half, 4n+2a >> 1, l]
-    h = h.reshape(lead + (2, 2, 2, 32))  # [..., half, n, a, l]
-    s = (_col(f["d"]) * f["scales"].astype(F32)).reshape(lead + (2, 2, 2, 2, 1))  # [..., half, n, a, l//16, 1]
+    qh = f["qh"].reshape(lead + (2, 32))
+    scales = f["scales"].reshape(lead + (2, 2, 2, 2))  # [..., half, n, a, l//16]
     xb = x.reshape(x.shape[:-1] + (-1, 2, 2, 2, 2, 16))  # [..., blocks, half, n, a, l//16, l%16]
 
     def plane(q, n):
-        q = (q + h[..., n, :, :] - 32).reshape(lead + (2, 2, 2, 16))
-        return s[..., n, :, :, :] * q, xb[..., n, :, :, :]
+        q = (q + 16 * _fields(qh, 2, 2 * n, 2) - 32).reshape(lead + (2, 2, 2, 16))  # fields 2n + a
+        scale = f["d"].astype(F32)[..., None, None, None] * scales[..., n, :, :].astype(F32)
+        return scale[..., None] * q, xb[..., n, :, :, :]
     return [plane(lo, 0), plane(hi, 1)]
 
 
