@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .blocks import QK_K, QuantTensor
+from .blocks import QuantTensor
 
 F32 = jnp.float32
 
@@ -37,26 +37,24 @@ def _col(a):
     return a.astype(F32)[..., None]
 
 
-def _bits(half):
-    """Q5_0/Q5_1: bits 0..15 of a uint16 field [..., blocks] as f32 [..., blocks, 16], with float
-    operations only (exact: h < 2^16), which XLA keeps inside the reduction's fusion (integer
-    shifts there are split off and written to memory as f32 arrays)."""
-    h = half.astype(F32)[..., None]
-    scale = np.float32(2.0) ** -np.arange(16, dtype=np.float32)
-    return jnp.floor(h * scale) - 2 * jnp.floor(h * (scale * 0.5))
-
-
 def _q8_0(f, x):
     return [(f["qs"].astype(F32) * _col(f["d"]), x.reshape(x.shape[:-1] + (-1, 32)))]
 
 
-def _fields(byte, width, first, count):
-    """Bytes [..., n] -> their fields first..first+count-1 of `width` bits, as f32 [..., count, n]
-    (floor(v / 2^(w k)) - 2^w floor(v / 2^(w (k + 1))): float operations that stay in the fusion;
-    each plane computes its own fields, as a slice of fields shared by two planes is written out)."""
-    v = byte.astype(F32)[..., None, :]
-    scale = (np.float32(2.0) ** -(width * np.arange(first, first + count, dtype=np.float32)))[:, None]
+def _fields(v, width, ks):
+    """Unsigned integers [..., n] (bytes, uint16) -> their `width`-bit fields number ks, as f32
+    [..., len(ks), n]: floor(v / 2^(w k)) - 2^w floor(v / 2^(w (k + 1))), exact, and float
+    operations, which XLA keeps inside the reduction's fusion (integer shifts and masks there are
+    split off and written to memory as f32 arrays). Each plane computes its own fields: a slice of
+    fields shared by two planes is written out too."""
+    v = v.astype(F32)[..., None, :]
+    scale = (np.float32(2.0) ** -(width * np.asarray(ks, dtype=np.float32)))[:, None]
     return jnp.floor(v * scale) - 2.0 ** width * jnp.floor(v * (scale * 2.0 ** -width))
+
+
+def _bits(half):
+    """Q5_0/Q5_1: bits 0..15 of a uint16 field [..., blocks] as f32 [..., blocks, 16]."""
+    return _fields(half[..., None], 1, range(16))[..., 0]
 
 
 def _block_sums(f, x, with_high_bits):
@@ -85,8 +83,8 @@ def _k_planes(f, x, fifth=False):
     lead = f["qs"].shape[:-1]
     lo, hi = _nib(f["qs"].reshape(lead + (4, 32)))
     if fifth:  # Q5_K: bit i of qh[l] is value l of sub-block i = 2 g + n
-        lo = lo + 16 * _fields(f["qh"], 1, 0, 8)[..., 0::2, :]
-        hi = hi + 16 * _fields(f["qh"], 1, 0, 8)[..., 1::2, :]
+        lo = lo + 16 * _fields(f["qh"], 1, (0, 2, 4, 6))
+        hi = hi + 16 * _fields(f["qh"], 1, (1, 3, 5, 7))
     xb = x.reshape(x.shape[:-1] + (-1, 4, 2, 32))
 
     def plane(q, n):  # each plane scales from its own slice of sc and m (a shared product is written out)
@@ -115,7 +113,7 @@ def _q6_k(f, x):
     xb = x.reshape(x.shape[:-1] + (-1, 2, 2, 2, 2, 16))  # [..., blocks, half, n, a, l//16, l%16]
 
     def plane(q, n):
-        q = (q + 16 * _fields(qh, 2, 2 * n, 2) - 32).reshape(lead + (2, 2, 2, 16))  # fields 2n + a
+        q = (q + 16 * _fields(qh, 2, (2 * n, 2 * n + 1)) - 32).reshape(lead + (2, 2, 2, 16))  # fields 2n + a
         scale = f["d"].astype(F32)[..., None, None, None] * scales[..., n, :, :].astype(F32)
         return scale[..., None] * q, xb[..., n, :, :, :]
     return [plane(lo, 0), plane(hi, 1)]
@@ -124,7 +122,6 @@ def _q6_k(f, x):
 PLANES = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
 # kinds whose blocks are summed with the scale factored out: -> per-block terms [..., blocks]
 BLOCK_SUMS = {"Q4_0": False, "Q4_1": False, "Q5_0": True, "Q5_1": True}
-assert QK_K == 256
 
 
 def matvec(x, w: QuantTensor):
