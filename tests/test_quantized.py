@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as T
 from oi2jax import quantized as Q
 from oi2jax.diagnostics import OiError
 from oi2jax.quantized.blocks import FORMATS
+from oi2jax.quantized.kernels import FUSED_MAX_ROWS
 
 EPS32 = float(np.finfo(np.float32).eps)
 QUANTIZABLE = [k for k in Q.KINDS if "_K" not in k]  # gguf.quants.quantize has no K-quants
@@ -81,8 +82,10 @@ def _assert_matmul_close(y, x, w):
 
 
 @pytest.mark.parametrize("kind", Q.KINDS)
-@pytest.mark.parametrize("lead", [(), (1,), (2, 3)])
+@pytest.mark.parametrize("lead", [(), (1,), (2, 3), (3, 4)])
 def test_linear_is_the_f32_matmul_of_the_dequantized_weight(weights, kind, lead):
+    """1 and 6 rows take the fused reduction, 12 rows dequantize once and run one matmul."""
+    assert 6 <= FUSED_MAX_ROWS < 12
     raw, shape, ref = weights[kind]
     x = np.random.default_rng(len(lead)).normal(size=lead + (shape[1],)).astype(np.float32)
     y = np.asarray(jax.jit(Q.linear)(jnp.asarray(x), Q.prepare(kind, raw, shape)))

@@ -14,7 +14,7 @@ from .fused import matvec
 
 # x with at most this many rows (tokens) takes the fused matrix-vector product; more rows dequantize
 # the weight once and run one f32 matmul (docs/performance.md measures both)
-FUSED_MAX_ROWS = 4
+FUSED_MAX_ROWS = 8
 
 
 def _out_dtype(x):
