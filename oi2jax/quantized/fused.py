@@ -41,20 +41,20 @@ def _q8_0(f, x):
     return [(f["qs"].astype(F32) * _col(f["d"]), x.reshape(x.shape[:-1] + (-1, 32)))]
 
 
-def _fields(v, width, ks):
+def _fields(v, width, ks, last=False):
     """Unsigned integers [..., n] (bytes, uint16) -> their `width`-bit fields number ks, as f32
-    [..., len(ks), n]: floor(v / 2^(w k)) - 2^w floor(v / 2^(w (k + 1))), exact, and float
-    operations, which XLA keeps inside the reduction's fusion (integer shifts and masks there are
+    [..., len(ks), n] (`last`: [..., n, len(ks)]): floor(v / 2^(w k)) - 2^w floor(v / 2^(w (k + 1))),
+    exact, and float operations, which XLA keeps inside the reduction's fusion (integer shifts and masks there are
     split off and written to memory as f32 arrays). Each plane computes its own fields: a slice of
     fields shared by two planes is written out too."""
-    v = v.astype(F32)[..., None, :]
-    scale = (np.float32(2.0) ** -(width * np.asarray(ks, dtype=np.float32)))[:, None]
+    scale = np.float32(2.0) ** -(width * np.asarray(ks, dtype=np.float32))
+    v, scale = (v.astype(F32)[..., None], scale) if last else (v.astype(F32)[..., None, :], scale[:, None])
     return jnp.floor(v * scale) - 2.0 ** width * jnp.floor(v * (scale * 2.0 ** -width))
 
 
 def _bits(half):
     """Q5_0/Q5_1: bits 0..15 of a uint16 field [..., blocks] as f32 [..., blocks, 16]."""
-    return _fields(half[..., None], 1, range(16))[..., 0]
+    return _fields(half, 1, range(16), last=True)
 
 
 def _block_sums(f, x, with_high_bits):
