@@ -10,7 +10,8 @@ Layers, lowest first (a module may import its own layer and every lower one):
                    values, npz, progress, protocol (CompileOptions, the Program protocol),
                    xla_cache, _signals
     2 text         grammar/ (text <-> IR), graph_json, trace, cfg
-    3 ops          ops/: the op registry every stage shares (typing, kernels, references)
+    3 ops          ops/: the op registry every stage shares (typing, kernels, references); quantized/:
+                   the kernels over GGML-quantized weights
     4 checked      check.py, checks/ -> CheckedGraph
     5 bound        model/: the .oinf reader/writer and bind.py (CheckedGraph + model -> BoundGraph)
     6 front end    pipeline.py: load -> check -> bind, the loaders, the default-model rule
@@ -33,7 +34,7 @@ LAYERS = [
     ("foundation", {"diagnostics", "dtypes", "host_numerics", "messages", "naming", "phases", "limits", "values", "npz",
                     "progress", "protocol", "xla_cache", "_signals"}),
     ("text", {"grammar/", "graph_json", "trace", "cfg"}),
-    ("ops", {"ops/"}),
+    ("ops", {"ops/", "quantized/"}),
     ("checked", {"check", "checks/"}),
     ("bound", {"model/"}),
     ("front end", {"pipeline"}),

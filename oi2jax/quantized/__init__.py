@@ -1,0 +1,10 @@
+"""Weights kept in GGML's quantized block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
+and the pure JAX ops over them: `prepare` raw GGUF bytes once at load, then `linear`, `embedding`
+and `dequantize` inside a step. docs/performance.md says how the kernels were chosen."""
+from __future__ import annotations
+
+from .blocks import KINDS, QuantTensor, block_size, dequantize, dequantize_prepared, prepare, raw_nbytes
+from .kernels import embedding, linear
+
+__all__ = ["KINDS", "QuantTensor", "block_size", "dequantize", "dequantize_prepared", "embedding", "linear",
+           "prepare", "raw_nbytes"]
