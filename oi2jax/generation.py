@@ -119,10 +119,12 @@ class Generator:
         self.program = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision)
         self._check_interface()
         self._sample = jax.jit(_sampler)
-        warm = self.program.session()  # compile the steps and the sampler now: counted apart
-        for _ in range(2):  # a session's first step and the steps after it
+        warm = self.program.session()  # compile every step form a generation uses now: counted apart
+        for _ in range(3):  # a session's first step, then steps after unchecked ones (the prompt)
             out = warm.step(token=np.int32(0))
-            warm.check()
+        warm.check()
+        out = warm.step(token=np.int32(0))  # a step after a checked one (the generated tokens)
+        warm.check()
         self._draw(out["logits"], 0.0, 0, 1.0, 0.0, 0, 0)
         warm.close()
         self.compile_s = time.perf_counter() - t0
