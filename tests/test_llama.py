@@ -129,16 +129,26 @@ shard = {"QD": "model", "KVD": "model", "F": "model", "H": "model", "KVH": "mode
 prog = oi2jax.compile(graph, model=model, ops=["nn"], mesh=make_mesh({"model": 4}), shard=shard)
 sharded = prog.session().run({"token": tokens}, collect=("logits",))
 a, b = plain["logits"].astype(np.float64), sharded["logits"].astype(np.float64)
+tied = sys.argv[3]  # a tied model: its embedding placed once on the mesh, read as embed and lm_head
+tied_plain = oi2jax.compile(graph, model=tied, ops=["nn"]).session().run({"token": tokens}, collect=("logits",))
+tied_prog = oi2jax.compile(graph, model=tied, ops=["nn"], mesh=make_mesh({"model": 4}), shard={**shard, "V": "model"})
+tied_sharded = tied_prog.session().run({"token": tokens}, collect=("logits",))
+c, d = tied_plain["logits"].astype(np.float64), tied_sharded["logits"].astype(np.float64)
 print(json.dumps({"rel": float(np.max(np.abs(a - b)) / np.max(np.abs(a))),
-                  "next_equal": plain["next"].tolist() == sharded["next"].tolist()}))
+                  "next_equal": plain["next"].tolist() == sharded["next"].tolist(),
+                  "tied_rel": float(np.max(np.abs(c - d)) / np.max(np.abs(c))),
+                  "tied_once": tied_prog.consts["embed"] is tied_prog.consts["lm_head"],
+                  "tied_sharded": not tied_prog.consts["embed"].sharding.is_fully_replicated}))
 """
 
 
 def test_tensor_parallel_over_a_4_device_mesh_equals_unsharded(llama):
-    _, model, *_ = llama
+    _, model, *_, tmp = llama
+    tied, *_ = converted_random_llama(tmp / "tied", seed=4, **{**SIZES, "tied": True})
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", MESH_WORKER, str(GRAPH), str(model)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", MESH_WORKER, str(GRAPH), str(model), str(tied)], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["rel"] <= 1e-6 and res["next_equal"], res
+    assert res["tied_rel"] <= 1e-6 and res["tied_once"] and res["tied_sharded"], res

@@ -240,8 +240,19 @@ class ShardingPlacer(Placer):
         return np.asarray(value)
 
     def put(self, role: str, values: dict, names: dict | None = None) -> dict:
+        """As `Placer.put`, each value with its variable's sharding; one source (a host array, or a
+        model tensor read lazily) given under several names with the same sharding (a tied
+        embedding bound through a model alias) is placed once, the names sharing the buffer."""
         names = names or {}
-        out = {k: self._place(names.get(k, k), v) for k, v in values.items()}
+        placed: dict = {}
+        out = {}
+        for k, v in values.items():
+            name = names.get(k, k)
+            source = (v.model.path, v.info.name) if isinstance(v, LazyConst) else id(v)
+            once = (source, self.spec_for(name, np.shape(v) if not isinstance(v, LazyConst) else v.shape))
+            if once not in placed:
+                placed[once] = self._place(name, v)
+            out[k] = placed[once]
         self.placed.setdefault(role, {}).update({k: a.sharding for k, a in out.items()})
         return out
 
