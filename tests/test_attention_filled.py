@@ -1,0 +1,128 @@
+"""nn op attention in the family decode graphs (issue #42 item 3): attention over the filled
+positions of the per-layer K/V cache only, block by block with an online softmax.
+
+- equal to the full-table form it replaced (the einsum / softmax(valid=n, window=W) / einsum
+  over all T slots, rebuilt here from the shipped graph) and to the NumPy reference of the
+  Hugging Face modeling code at every step of a teacher-forced run: logits within 1e-4 of the
+  largest |logit| (test_families' bound), greedy tokens equal; with blocks of 4 positions so the
+  run crosses block boundaries, with and without a sliding window that cuts blocks;
+- the cost claim from XLA's cost analysis of the compiled step (not a timing): the same bytes and
+  FLOPs at capacities T=256 and T=4096 (the loop over filled blocks is the only attention work;
+  nothing in the step has a size that grows with T), where the full-table form's grow with T."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.model.convert import convert_hf
+
+from conftest import EXAMPLES
+from hf_ref import FamilyRef, write_family
+
+TOL = 1e-4
+STEPS = 11  # blocks of 4: positions 0-3, 4-7, 8-10
+SIZES = dict(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=40, max_positions=16)
+ATTENTION = re.compile(r"op attention\((\w+), kc, vc, layer=li, valid=n(, window=\w+)?, scale=attn_scale\) >> (\w+);")
+
+
+def full_table_form(text: str) -> str:
+    """The graph as it read before the attention op: the layer's whole table, masked by softmax."""
+    text = text.replace("    assign kc: f32[L, T, KVH, HD];\n    assign vc: f32[L, T, KVH, HD];\n",
+                        "    assign kc: f32[T, KVH, HD];\n    assign vc: f32[T, KVH, HD];\n"
+                        "    assign scores: f32[KVH, G, T];\n    assign probs: f32[KVH, G, T];\n")
+    text = text.replace("cache.read Kc[..] >> kc;", "cache.read Kc[l] >> kc;")
+    text = text.replace("cache.read Vc[..] >> vc;", "cache.read Vc[l] >> vc;")
+    m = ATTENTION.search(text)
+    assert m is not None
+    q, window, out = m.groups()
+    old = (f'op einsum({q}, kc, spec="kgd,tkd->kgt") >> scores;\n'
+           f"        op mul(scores, attn_scale) >> scores;\n"
+           f"        op softmax(scores, axis=-1, valid=n{window or ''}) >> probs;\n"
+           f'        op einsum(probs, vc, spec="kgt,tkd->kgd") >> {out};')
+    return text[:m.start()] + old + text[m.end():]
+
+
+def with_block(text: str, block: int) -> str:
+    text, n = ATTENTION.subn(lambda m: m.group(0).replace("scale=attn_scale)", f"scale=attn_scale, block={block})"),
+                             text)
+    assert n == 1
+    return text
+
+
+def _rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
+
+
+@pytest.fixture(scope="module", params=[("llama", None), ("mistral", 3), ("mistral", 6)],
+                ids=["llama", "mistral-window-3", "mistral-window-6"])
+def family(request, tmp_path_factory):
+    model_type, window = request.param
+    tmp = tmp_path_factory.mktemp(f"{model_type}{window}")
+    kw = {} if window is None else {"sliding_window": window}
+    ck, weights, config = write_family(tmp / "ck", model_type, seed=3, **SIZES, **kw)
+    summary = convert_hf(ck, tmp / "m.oinf")
+    text = (EXAMPLES / summary.graph).read_text()
+    progs = {}
+    for name, graph in (("blocks", with_block(text, 4)), ("full", full_table_form(text))):
+        (tmp / f"{name}.oi").write_text(graph)
+        progs[name] = oi2jax.compile(tmp / f"{name}.oi", model=tmp / "m.oinf", ops=["nn"])
+    return progs, weights, config
+
+
+def test_blocks_equal_the_full_table_form_and_the_reference_at_every_step(family):
+    progs, weights, config = family
+    ref = FamilyRef(weights, config)
+    blocks, full = progs["blocks"].session(), progs["full"].session()
+    for k, tok in enumerate(np.random.default_rng(4).integers(0, config["vocab_size"], STEPS)):
+        blocks.step(token=np.int32(tok))
+        full.step(token=np.int32(tok))
+        want = ref.step(int(tok))
+        got = blocks.read("logits")
+        assert _rel(got, want) <= TOL, (k, _rel(got, want))
+        assert _rel(got, np.asarray(full.read("logits"), np.float64)) <= TOL, k
+        assert int(blocks.read("next")) == int(full.read("next")) == int(np.argmax(want)), k
+
+
+def test_greedy_runs_agree(family):
+    progs, weights, config = family
+    prompt = np.array([5, 7, 11], np.int32)
+    runs = [progs[name].session().run({"token": prompt}, steps=STEPS, feedback={"token": "next"}, collect=("next",))
+            for name in ("blocks", "full")]
+    ref, tok, greedy = FamilyRef(weights, config), None, []
+    for k in range(STEPS):
+        tok = int(prompt[k]) if k < len(prompt) else tok
+        tok = int(np.argmax(ref.step(tok)))
+        greedy.append(tok)
+    assert runs[0]["next"].tolist() == runs[1]["next"].tolist() == greedy
+
+
+@pytest.fixture(scope="module")
+def costs(tmp_path_factory):
+    """XLA's cost analysis of the compiled step of llama_decode.oi and of its full-table form, at
+    capacities T=256 and T=4096 of the same weights."""
+    tmp = tmp_path_factory.mktemp("cost")
+    text = (EXAMPLES / "llama_decode.oi").read_text()
+    (tmp / "full.oi").write_text(full_table_form(text))
+    out = {}
+    for t in (256, 4096):
+        ck, _, _ = write_family(tmp / f"ck{t}", "llama", seed=5, **dict(SIZES, max_positions=t))
+        convert_hf(ck, tmp / f"m{t}.oinf")
+        for name, graph in (("blocks", EXAMPLES / "llama_decode.oi"), ("full", tmp / "full.oi")):
+            prog = oi2jax.compile(graph, model=tmp / f"m{t}.oinf", ops=["nn"])
+            ca = prog.lower(token=np.int32(1)).compile().cost_analysis()
+            ca = ca[0] if isinstance(ca, list) else ca
+            out[name, t] = (ca["bytes accessed"], ca["flops"])
+    return out
+
+
+def test_the_step_costs_the_same_at_any_capacity(costs):
+    """The attention loop reads ceil(n / block) blocks (a while loop: its body counted once by
+    the cost analysis); nothing else in the step is sized by T, so a 16x larger cache costs
+    exactly the same bytes and FLOPs. The full-table form reads and soft-maxes all T slots."""
+    assert costs["blocks", 256] == costs["blocks", 4096]
+    assert costs["full", 4096][0] > 4 * costs["full", 256][0]
+    assert costs["full", 4096][1] > 4 * costs["full", 256][1]
+    assert costs["blocks", 4096][0] < costs["full", 4096][0] / 4
