@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -126,3 +127,43 @@ def test_the_step_costs_the_same_at_any_capacity(costs):
     assert costs["full", 4096][0] > 4 * costs["full", 256][0]
     assert costs["full", 4096][1] > 4 * costs["full", 256][1]
     assert costs["blocks", 4096][0] < costs["full", 4096][0] / 4
+
+
+def bf16_cache_form(text: str) -> str:
+    """A family graph with its K/V cache in bf16 (docs/decode.md, *A bf16 KV cache*): the tables
+    and their whole-cache reads declared bf16, k and v cast to bf16 before the write."""
+    for c in ("Kc", "Vc"):
+        text = text.replace(f"{c}(layer, slot): f32[", f"{c}(layer, slot): bf16[")
+    text = text.replace("assign kc: f32[L", "assign kc: bf16[L").replace("assign vc: f32[L", "assign vc: bf16[L")
+    text = text.replace("    assign kh: f32[KVH, HD];\n",
+                        "    assign kh: f32[KVH, HD];\n    assign k16: bf16[KVH, HD];\n    assign v16: bf16[KVH, HD];\n")
+    for x, c in (("k", "Kc"), ("v", "Vc")):
+        text = text.replace(f"cache.write {x}h >> {c}[l, pos];",
+                            f"op cast({x}h, to=bf16) >> {x}16;\n        cache.write {x}16 >> {c}[l, pos];")
+    return text
+
+
+class _Bf16Rows(list):
+    """The reference's per-layer K or V rows, each stored as the graph stores it: f32, then bf16."""
+
+    def __setitem__(self, i, rows):
+        super().__setitem__(i, rows.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64))
+
+
+def test_a_bf16_cache_halves_the_cache_and_matches_the_reference_with_bf16_k_v(tmp_path):
+    ck, weights, config = write_family(tmp_path / "ck", "llama", seed=3, **SIZES)
+    convert_hf(ck, tmp_path / "m.oinf")
+    text = (EXAMPLES / "llama_decode.oi").read_text()
+    (tmp_path / "g.oi").write_text(with_block(bf16_cache_form(text), 4))
+    prog = oi2jax.compile(tmp_path / "g.oi", model=tmp_path / "m.oinf", ops=["nn"])
+    f32 = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=tmp_path / "m.oinf", ops=["nn"])
+    state, state32 = prog.init_state(), f32.init_state()
+    for name in ("Kc", "Vc"):  # the table's bytes, halved
+        assert 2 * state.caches[name].data.nbytes == state32.caches[name].data.nbytes
+    ref = FamilyRef(weights, config)
+    ref.k, ref.v = _Bf16Rows(ref.k), _Bf16Rows(ref.v)
+    sess = prog.session()
+    for k, tok in enumerate(np.random.default_rng(4).integers(0, config["vocab_size"], STEPS)):
+        sess.step(token=np.int32(tok))
+        want = ref.step(int(tok))
+        assert _rel(sess.read("logits"), want) <= TOL, (k, _rel(sess.read("logits"), want))
