@@ -113,9 +113,12 @@ def costs(tmp_path_factory):
         convert_hf(ck, tmp / f"m{t}.oinf")
         for name, graph in (("blocks", EXAMPLES / "llama_decode.oi"), ("full", tmp / "full.oi")):
             prog = oi2jax.compile(graph, model=tmp / f"m{t}.oinf", ops=["nn"])
-            ca = prog.lower(token=np.int32(1)).compile().cost_analysis()
+            compiled = prog.lower(token=np.int32(1)).compile()
+            ca = compiled.cost_analysis()
             ca = ca[0] if isinstance(ca, list) else ca
             out[name, t] = (ca["bytes accessed"], ca["flops"])
+            out[name, t, "copies"] = [line for line in compiled.as_text().splitlines()
+                                      if re.search(rf"\[[^\]]*\b{t}\b[^\]]*\][^=]*\bcopy\(", line)]
     return out
 
 
@@ -124,6 +127,8 @@ def test_the_step_costs_the_same_at_any_capacity(costs):
     the cost analysis); nothing else in the step is sized by T, so a 16x larger cache costs
     exactly the same bytes and FLOPs. The full-table form reads and soft-maxes all T slots."""
     assert costs["blocks", 256] == costs["blocks", 4096]
+    assert costs["blocks", 4096, "copies"] == []  # the optimized HLO copies nothing of T's size
+    assert costs["full", 4096, "copies"] != []  # (the full-table form lays each layer's table out anew)
     assert costs["full", 4096][0] > 4 * costs["full", 256][0]
     assert costs["full", 4096][1] > 4 * costs["full", 256][1]
     assert costs["blocks", 4096][0] < costs["full", 4096][0] / 4
