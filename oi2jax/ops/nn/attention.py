@@ -21,6 +21,10 @@ def _window_message() -> str:
     return "attention: window {value} is not positive"
 
 
+def _layer_message(n: int) -> str:
+    return f"attention: layer {{value}} is not in 0..{n - 1}"
+
+
 def _int_scalar(value, attr: str):
     """An integer attribute: a Python int (a literal) or a 0-d integer array (a variable)."""
     if isinstance(value, (bool, int, np.integer)):
@@ -59,7 +63,11 @@ def _attention_ref(q, k, v, layer=None, valid=None, window=None, scale=1.0, soft
     softmax-normalised, times v."""
     q, k, v = as_f64(q), as_f64(k), as_f64(v)
     if k.ndim == 4:
-        k, v = k[int(np.asarray(layer))], v[int(np.asarray(layer))]
+        li = int(np.asarray(layer))
+        if not 0 <= li < k.shape[0] and ctx is not None:
+            ctx.fail_if(np.bool_(True), _layer_message(k.shape[0]), li)
+        li = min(max(li, 0), k.shape[0] - 1)
+        k, v = k[li], v[li]
     t = k.shape[0]
     n = t if valid is None else int(np.asarray(valid))
     if not 1 <= n <= t and ctx is not None:
@@ -94,6 +102,7 @@ def _attention_samples(rng, d):
             ((f(2, 4), f(6, 2, 4), f(6, 2, 4)), {"valid": 4, "block": 8}),  # block > T: one block of T
             ((f(1, 2, 4), f(3, 5, 1, 4), f(3, 5, 1, 4)), {"layer": i32(1), "valid": i32(2), "block": 2,
                                                              "softcap": np.array(2.0, np.float32), "scale": 4.0}),
+            ((f(1, 2, 4), f(2, 3, 1, 4), f(2, 3, 1, 4)), {"layer": i32(2), "valid": 3}),  # a runtime error
             ((f(1, 2, 4), f(4, 1, 4), f(4, 1, 4)), {"valid": i32(0)})]  # a runtime error
 
 
@@ -115,8 +124,8 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     block) (a `while` when n or W is a variable: its cost grows with n, not T) keeping the running
     maximum, sum and weighted sum (an online softmax; equal to the masked softmax up to
     summation order). A block past T is read at T - block, its positions before the block's start
-    masked. f16/bf16: computed in f32, rounded once. valid outside 1..T or window < 1 is a runtime
-    error of the node."""
+    masked. f16/bf16: computed in f32, rounded once. valid outside 1..T, window < 1 or layer outside
+    0..L-1 is a runtime error of the node."""
     ct = N.compute_dtype(ctx.dtype)
     prec = matmul_precision(ctx)
     t, kvh, hd = k.shape[-3:]
@@ -136,7 +145,11 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     if (k.ndim == 4) != (layer is not None):
         raise OpTypeError("op attention: layer= picks the table of a stacked k/v [L, T, KVH, HD] and is given "
                           "exactly when k has rank 4", attr="layer")
-    lead = [] if k.ndim == 3 else [jnp.clip(jnp.asarray(_int_scalar(layer, "layer"), jnp.int32), 0, k.shape[0] - 1)]
+    lead = []
+    if k.ndim == 4:
+        li = jnp.asarray(_int_scalar(layer, "layer"), jnp.int32)
+        ctx.fail_if((li < 0) | (li >= k.shape[0]), _layer_message(k.shape[0]), li)
+        lead = [jnp.clip(li, 0, k.shape[0] - 1)]
     qg = N.to_compute(q if q.ndim == 3 else q[:, None, :], ctx.dtype)
     sc = float_attr(scale, ctx.dtype)
     cap = None if softcap is None else float_attr(softcap, ctx.dtype)
