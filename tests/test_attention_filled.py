@@ -6,6 +6,9 @@ positions of the per-layer K/V cache only, block by block with an online softmax
   Hugging Face modeling code at every step of a teacher-forced run: logits within 1e-4 of the
   largest |logit| (test_families' bound), greedy tokens equal; with blocks of 4 positions so the
   run crosses block boundaries, with and without a sliding window that cuts blocks;
+- gemma2 (soft-capping, windows) and gpt2 (q [H, HD]) in blocks of 6 of a T=20 cache, whose last
+  block is read at T - 6, against their references;
+- a bf16 K/V cache: half the bytes, the reference's result with K and V rounded to bf16;
 - the cost claim from XLA's cost analysis of the compiled step (not a timing): the same bytes and
   FLOPs at capacities T=256 and T=4096 (the loop over filled blocks is the only attention work;
   nothing in the step has a size that grows with T), where the full-table form's grow with T."""
@@ -20,8 +23,10 @@ import pytest
 import oi2jax
 from oi2jax.model.convert import convert_hf
 
+import gemma_gpt2_checkpoints
 from conftest import EXAMPLES
 from hf_ref import FamilyRef, write_family
+from test_convert_gemma_gpt2 import config_of, reference
 
 TOL = 1e-4
 STEPS = 11  # blocks of 4: positions 0-3, 4-7, 8-10
@@ -159,3 +164,23 @@ def test_a_bf16_cache_halves_the_cache_and_matches_the_reference_with_bf16_k_v(t
         sess.step(token=np.int32(tok))
         want = ref.step(int(tok))
         assert _rel(sess.read("logits"), want) <= TOL, (k, _rel(sess.read("logits"), want))
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt2"])
+def test_softcap_window_and_single_row_heads_in_blocks_of_6(name, tmp_path):
+    """gemma2 (soft-capped scores, a window of 5 over layers alternating with full attention) and
+    gpt2 (q [H, HD]) with blocks of 6 in a T=20 cache: the last block is read at 14..19 with
+    14..17 already counted; against their Hugging Face references at every step."""
+    config = config_of(name)
+    weights = gemma_gpt2_checkpoints.random_weights(config, seed=7)
+    summary = convert_hf(gemma_gpt2_checkpoints.write_checkpoint(tmp_path / "ck", config, weights),
+                         tmp_path / "m.oinf", max_positions=20 if name == "gpt2" else None)
+    (tmp_path / "g.oi").write_text(re.sub(r"(op attention\([^)]*)\)", r"\1, block=6)",
+                                          (EXAMPLES / summary.graph).read_text()))
+    sess = oi2jax.compile(tmp_path / "g.oi", model=tmp_path / "m.oinf", ops=["nn"]).session()
+    ref = reference(name, weights, config)
+    for k, tok in enumerate(np.random.default_rng(1).integers(0, 64, 20)):
+        sess.step(token=np.int32(tok))
+        want = ref.step(int(tok))
+        assert _rel(sess.read("logits"), want) <= TOL, (k, _rel(sess.read("logits"), want))
+        assert int(sess.read("next")) == int(np.argmax(want)), k
