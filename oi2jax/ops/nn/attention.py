@@ -1,0 +1,182 @@
+"""nn op attention: one query row over the filled positions of a K/V cache table, block by block
+with an online softmax, so that a decode step reads the positions filled so far, not the table's
+capacity."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import jax_numerics as N
+from ..define import Attr, op
+from ..errors import OpTypeError
+from ._common import as_f64, float_attr, float_samples, matmul_precision, static_int
+
+
+def _valid_message(n: int) -> str:
+    return f"attention: valid length {{value}} is not in 1..{n}"
+
+
+def _window_message() -> str:
+    return "attention: window {value} is not positive"
+
+
+def _layer_message(n: int) -> str:
+    return f"attention: layer {{value}} is not in 0..{n - 1}"
+
+
+def _int_scalar(value, attr: str):
+    """An integer attribute: a Python int (a literal) or a 0-d integer array (a variable)."""
+    if isinstance(value, (bool, int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) or not jnp.issubdtype(value.dtype, jnp.integer):
+        raise OpTypeError(f"op attention: {attr} must be an integer, got {getattr(value, 'dtype', type(value).__name__)}",
+                          attr=attr)
+    return jnp.asarray(value).reshape(()).astype(jnp.int32)
+
+
+def _attention_shape(shapes, attrs):
+    q, k, v = shapes
+    if tuple(k) != tuple(v):
+        raise OpTypeError(f"op attention: k {list(k)} and v {list(v)} differ in shape", input=2)
+    if len(k) not in (3, 4):
+        raise OpTypeError(f"op attention: k must be a table [T, KVH, HD] or a stack of them [L, T, KVH, HD], "
+                          f"got shape {list(k)}", input=1)
+    kvh, hd = k[-2], k[-1]
+    if len(q) not in (2, 3) or q[0] != kvh or q[-1] != hd:
+        raise OpTypeError(f"op attention: q must be [KVH, G, HD] or [KVH, HD] with KVH={kvh}, HD={hd} of k, "
+                          f"got shape {list(q)}", input=0)
+    t = k[-3]
+    valid = attrs.get("valid")
+    if valid is not None and not 1 <= int(valid) <= t:
+        raise OpTypeError(f"op attention: valid length {int(valid)} is not in 1..{t}", attr="valid")
+    window = attrs.get("window")
+    if window is not None and int(window) < 1:
+        raise OpTypeError(f"op attention: window {int(window)} is not positive", attr="window")
+    if static_int(attrs.get("block", 64), "attention", "block") < 1:
+        raise OpTypeError("op attention: block must be positive", attr="block")
+    return q
+
+
+def _attention_ref(q, k, v, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=64, ctx=None):
+    """float64: the scores of positions [max(n - window, 0), n) of the table, scaled, soft-capped,
+    softmax-normalised, times v."""
+    q, k, v = as_f64(q), as_f64(k), as_f64(v)
+    t = k.shape[-3]
+    n = t if valid is None else int(np.asarray(valid))
+    if not 1 <= n <= t and ctx is not None:
+        ctx.fail_if(np.bool_(True), _valid_message(t), n)
+    n = min(max(n, 0), t)
+    lo = 0
+    if window is not None:
+        w = int(np.asarray(window))
+        if w < 1 and ctx is not None:
+            ctx.fail_if(np.bool_(True), _window_message(), w)
+        lo = min(max(n - w, 0), n)
+    if k.ndim == 4:
+        li = int(np.asarray(layer))
+        if not 0 <= li < k.shape[0] and ctx is not None:
+            ctx.fail_if(np.bool_(True), _layer_message(k.shape[0]), li)
+        li = min(max(li, 0), k.shape[0] - 1)
+        k, v = k[li], v[li]
+    qg = q if q.ndim == 3 else q[:, None, :]
+    s = np.einsum("kgd,tkd->kgt", qg, k[lo:n]) * float(np.asarray(scale))
+    if softcap is not None:
+        cap = float(np.asarray(softcap))
+        s = np.tanh(s / cap) * cap
+    out = np.zeros(qg.shape)
+    if n > lo:
+        with np.errstate(all="ignore"):
+            e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+            out = np.einsum("kgt,tkd->kgd", e / np.sum(e, axis=-1, keepdims=True), v[lo:n])
+    return out if q.ndim == 3 else out[:, 0, :]
+
+
+def _attention_samples(rng, d):
+    def f(*shape, scale=1.0):
+        return float_samples(rng, d, shape, scale)
+    def i32(value):
+        return np.array(value, np.int32)
+    return [((f(2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32(7), "block": 3, "scale": 0.5}),
+            ((f(2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32(5), "window": i32(3), "block": 2}),  # 2..4
+            ((f(2, 4), f(6, 2, 4), f(6, 2, 4)), {"valid": 4, "block": 8}),  # block > T: one block of T
+            ((f(1, 2, 4), f(3, 5, 1, 4), f(3, 5, 1, 4)), {"layer": i32(1), "valid": i32(2), "block": 2,
+                                                             "softcap": np.array(2.0, np.float32), "scale": 4.0}),
+            ((f(1, 2, 4), f(2, 3, 1, 4), f(2, 3, 1, 4)), {"layer": i32(2), "valid": i32(0)})]  # runtime errors
+
+
+@op(inputs={"q": "float", "k": "float", "v": "float"},
+    attrs={"layer": Attr("int"), "valid": Attr("int"), "window": Attr("int"), "scale": 1.0,
+           "softcap": Attr("float"), "block": Attr("int", 64, static=True)},
+    shape=_attention_shape, category="nn", op_set="nn", reference=_attention_ref, samples=_attention_samples)
+def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=64, ctx):
+    """Attention of one query row over the filled positions of a K/V table (an online softmax).
+
+    It reads positions max(n - window, 0)..n-1 only: the blocks of `block` positions that hold them.
+
+    q [KVH, G, HD] (query head h = kv head h / G; or [KVH, HD]: G = 1), k and v [T, KVH, HD] (a
+    table as `cache.read K[..]` gives it) or [L, T, KVH, HD] with `layer=l` picking table l
+    (`cache.read Kc[..]` of a per-layer cache: the kernel slices the blocks out of the whole
+    cache, no copy of a layer's table). Per position t: s = (q . k[t]) * scale, soft-capped to
+    tanh(s / softcap) * softcap when `softcap` is given; out = sum_t softmax(s)[t] v[t] over the
+    read positions. `valid=n` (default T) and `window=W` (default: none) as softmax's: the
+    positions n-W..n-1 of the first n. The kernel loops over blocks ceil(lo / block) .. ceil(n /
+    block) (a `while` when n or W is a variable: its cost grows with n, not T) keeping the running
+    maximum, sum and weighted sum (an online softmax; equal to the masked softmax up to
+    summation order). A block past T is read at T - block, its positions before the block's start
+    masked. f16/bf16: computed in f32, rounded once. valid outside 1..T, window < 1 or layer outside
+    0..L-1 is a runtime error of the node."""
+    ct = N.compute_dtype(ctx.dtype)
+    prec = matmul_precision(ctx)
+    t, kvh, hd = k.shape[-3:]
+    b = min(static_int(block, "attention", "block"), t)
+    n = t if valid is None else _int_scalar(valid, "valid")
+    if isinstance(n, int):
+        if not 1 <= n <= t:
+            ctx.fail_if(jnp.asarray(True), _valid_message(t), n)
+    else:
+        ctx.fail_if((n < 1) | (n > t), _valid_message(t), n)
+    n = jnp.clip(jnp.asarray(n, jnp.int32), 0, t)
+    lo = jnp.int32(0)
+    if window is not None:
+        w = _int_scalar(window, "window")
+        ctx.fail_if(jnp.asarray(w < 1), _window_message(), w)
+        lo = jnp.clip(n - w, 0, n)
+    if (k.ndim == 4) != (layer is not None):
+        raise OpTypeError("op attention: layer= picks the table of a stacked k/v [L, T, KVH, HD] and is given "
+                          "exactly when k has rank 4", attr="layer")
+    lead = []
+    if k.ndim == 4:
+        li = jnp.asarray(_int_scalar(layer, "layer"), jnp.int32)
+        ctx.fail_if((li < 0) | (li >= k.shape[0]), _layer_message(k.shape[0]), li)
+        lead = [jnp.clip(li, 0, k.shape[0] - 1)]
+    qg = N.to_compute(q if q.ndim == 3 else q[:, None, :], ctx.dtype)
+    sc = float_attr(scale, ctx.dtype)
+    cap = None if softcap is None else float_attr(softcap, ctx.dtype)
+
+    def read(table, start):
+        return N.to_compute(lax.dynamic_slice(table, lead + [start, jnp.int32(0), jnp.int32(0)], [1] * len(lead) + [b, kvh, hd])
+                            .reshape(b, kvh, hd), ctx.dtype)
+
+    def body(i, carry):
+        m, total, acc = carry
+        a = (i * b).astype(jnp.int32)
+        start = jnp.minimum(a, jnp.int32(t - b))
+        s = jnp.einsum("kgd,tkd->kgt", qg, read(k, start), precision=prec) * sc
+        if cap is not None:
+            s = jnp.tanh(s / cap) * cap
+        pos = start + lax.broadcasted_iota(jnp.int32, (b,), 0)
+        keep = (pos >= jnp.maximum(a, lo)) & (pos < n)
+        s = jnp.where(keep, s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        corr = jnp.exp(m - m_new)
+        p = jnp.where(keep, jnp.exp(s - m_new[..., None]), jnp.zeros((), ct))
+        total = total * corr + jnp.sum(p, axis=-1)
+        acc = acc * corr[..., None] + jnp.einsum("kgt,tkd->kgd", p, read(v, start), precision=prec)
+        return m_new, total, acc
+
+    rows = qg.shape[:2]
+    init = (jnp.full(rows, -jnp.inf, ct), jnp.zeros(rows, ct), jnp.zeros(qg.shape, ct))
+    _, total, acc = lax.fori_loop(lo // b, (n + b - 1) // b, body, init)
+    out = acc / total[..., None]
+    return N.store(out if q.ndim == 3 else out[:, 0, :], ctx.out_dtype)

@@ -1,0 +1,186 @@
+"""nn op attention in the family decode graphs (issue #42 item 3): attention over the filled
+positions of the per-layer K/V cache only, block by block with an online softmax.
+
+- equal to the full-table form it replaced (the einsum / softmax(valid=n, window=W) / einsum
+  over all T slots, rebuilt here from the shipped graph) and to the NumPy reference of the
+  Hugging Face modeling code at every step of a teacher-forced run: logits within 1e-4 of the
+  largest |logit| (test_families' bound), greedy tokens equal; with blocks of 4 positions so the
+  run crosses block boundaries, with and without a sliding window that cuts blocks;
+- gemma2 (soft-capping, windows) and gpt2 (q [H, HD]) in blocks of 6 of a T=20 cache, whose last
+  block is read at T - 6, against their references;
+- a bf16 K/V cache: half the bytes, the reference's result with K and V rounded to bf16;
+- the cost claim from XLA's cost analysis of the compiled step (not a timing): the same bytes and
+  FLOPs at capacities T=256 and T=4096 (the loop over filled blocks is the only attention work;
+  nothing in the step has a size that grows with T), where the full-table form's grow with T."""
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.model.convert import convert_hf
+
+import gemma_gpt2_checkpoints
+from conftest import EXAMPLES
+from hf_ref import FamilyRef, write_family
+from test_convert_gemma_gpt2 import config_of, reference
+
+TOL = 1e-4
+STEPS = 11  # blocks of 4: positions 0-3, 4-7, 8-10
+SIZES = dict(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=40, max_positions=16)
+ATTENTION = re.compile(r"op attention\((\w+), kc, vc, layer=li, valid=n(, window=\w+)?, scale=attn_scale\) >> (\w+);")
+
+
+def full_table_form(text: str) -> str:
+    """The graph as it read before the attention op: the layer's whole table, masked by softmax."""
+    text = text.replace("    assign kc: f32[L, T, KVH, HD];\n    assign vc: f32[L, T, KVH, HD];\n",
+                        "    assign kc: f32[T, KVH, HD];\n    assign vc: f32[T, KVH, HD];\n"
+                        "    assign scores: f32[KVH, G, T];\n    assign probs: f32[KVH, G, T];\n")
+    text = text.replace("cache.read Kc[..] >> kc;", "cache.read Kc[l] >> kc;")
+    text = text.replace("cache.read Vc[..] >> vc;", "cache.read Vc[l] >> vc;")
+    m = ATTENTION.search(text)
+    assert m is not None
+    q, window, out = m.groups()
+    old = (f'op einsum({q}, kc, spec="kgd,tkd->kgt") >> scores;\n'
+           f"        op mul(scores, attn_scale) >> scores;\n"
+           f"        op softmax(scores, axis=-1, valid=n{window or ''}) >> probs;\n"
+           f'        op einsum(probs, vc, spec="kgt,tkd->kgd") >> {out};')
+    return text[:m.start()] + old + text[m.end():]
+
+
+def with_block(text: str, block: int) -> str:
+    text, n = ATTENTION.subn(lambda m: m.group(0).replace("scale=attn_scale)", f"scale=attn_scale, block={block})"),
+                             text)
+    assert n == 1
+    return text
+
+
+def _rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
+
+
+@pytest.fixture(scope="module", params=[("llama", None), ("mistral", 3), ("mistral", 6)],
+                ids=["llama", "mistral-window-3", "mistral-window-6"])
+def family(request, tmp_path_factory):
+    model_type, window = request.param
+    tmp = tmp_path_factory.mktemp(f"{model_type}{window}")
+    kw = {} if window is None else {"sliding_window": window}
+    ck, weights, config = write_family(tmp / "ck", model_type, seed=3, **SIZES, **kw)
+    summary = convert_hf(ck, tmp / "m.oinf")
+    text = (EXAMPLES / summary.graph).read_text()
+    progs = {}
+    for name, graph in (("blocks", with_block(text, 4)), ("full", full_table_form(text))):
+        (tmp / f"{name}.oi").write_text(graph)
+        progs[name] = oi2jax.compile(tmp / f"{name}.oi", model=tmp / "m.oinf", ops=["nn"])
+    return progs, weights, config
+
+
+def test_blocks_equal_the_full_table_form_and_the_reference_at_every_step(family):
+    progs, weights, config = family
+    ref = FamilyRef(weights, config)
+    blocks, full = progs["blocks"].session(), progs["full"].session()
+    for k, tok in enumerate(np.random.default_rng(4).integers(0, config["vocab_size"], STEPS)):
+        blocks.step(token=np.int32(tok))
+        full.step(token=np.int32(tok))
+        want = ref.step(int(tok))
+        got = blocks.read("logits")
+        assert _rel(got, want) <= TOL, (k, _rel(got, want))
+        assert _rel(got, np.asarray(full.read("logits"), np.float64)) <= TOL, k
+        assert int(blocks.read("next")) == int(full.read("next")) == int(np.argmax(want)), k
+
+
+@pytest.fixture(scope="module")
+def costs(tmp_path_factory):
+    """XLA's cost analysis of the compiled step of llama_decode.oi and of its full-table form, at
+    capacities T=256 and T=4096 of the same weights."""
+    tmp = tmp_path_factory.mktemp("cost")
+    text = (EXAMPLES / "llama_decode.oi").read_text()
+    (tmp / "full.oi").write_text(full_table_form(text))
+    out = {}
+    for t in (256, 4096):
+        ck, _, _ = write_family(tmp / f"ck{t}", "llama", seed=5, **dict(SIZES, max_positions=t))
+        convert_hf(ck, tmp / f"m{t}.oinf")
+        for name, graph in (("blocks", EXAMPLES / "llama_decode.oi"), ("full", tmp / "full.oi")):
+            prog = oi2jax.compile(graph, model=tmp / f"m{t}.oinf", ops=["nn"])
+            compiled = prog.lower(token=np.int32(1)).compile()
+            ca = compiled.cost_analysis()
+            ca = ca[0] if isinstance(ca, list) else ca
+            out[name, t] = (ca["bytes accessed"], ca["flops"])
+            out[name, t, "copies"] = [line for line in compiled.as_text().splitlines()
+                                      if re.search(rf"\[[^\]]*\b{t}\b[^\]]*\][^=]*\bcopy\(", line)]
+    return out
+
+
+def test_the_step_costs_the_same_at_any_capacity(costs):
+    """The attention loop reads ceil(n / block) blocks (a while loop: its body counted once by
+    the cost analysis); nothing else in the step is sized by T, so a 16x larger cache costs
+    exactly the same bytes and FLOPs. The full-table form reads and soft-maxes all T slots."""
+    assert costs["blocks", 256] == costs["blocks", 4096]
+    assert costs["blocks", 4096, "copies"] == []  # the optimized HLO copies nothing of T's size
+    assert costs["full", 4096, "copies"] != []  # (the full-table form lays each layer's table out anew)
+    assert costs["full", 4096][0] > 4 * costs["full", 256][0]
+    assert costs["full", 4096][1] > 4 * costs["full", 256][1]
+    assert costs["blocks", 4096][0] < costs["full", 4096][0] / 4
+
+
+def bf16_cache_form(text: str) -> str:
+    """A family graph with its K/V cache in bf16 (docs/decode.md, *A bf16 KV cache*): the tables
+    and their whole-cache reads declared bf16, k and v cast to bf16 before the write."""
+    for c in ("Kc", "Vc"):
+        text = text.replace(f"{c}(layer, slot): f32[", f"{c}(layer, slot): bf16[")
+    text = text.replace("assign kc: f32[L", "assign kc: bf16[L").replace("assign vc: f32[L", "assign vc: bf16[L")
+    text = text.replace("    assign kh: f32[KVH, HD];\n",
+                        "    assign kh: f32[KVH, HD];\n    assign k16: bf16[KVH, HD];\n    assign v16: bf16[KVH, HD];\n")
+    for x, c in (("k", "Kc"), ("v", "Vc")):
+        text = text.replace(f"cache.write {x}h >> {c}[l, pos];",
+                            f"op cast({x}h, to=bf16) >> {x}16;\n        cache.write {x}16 >> {c}[l, pos];")
+    return text
+
+
+class _Bf16Rows(list):
+    """The reference's per-layer K or V rows, each stored as the graph stores it: f32, then bf16."""
+
+    def __setitem__(self, i, rows):
+        super().__setitem__(i, rows.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64))
+
+
+def test_a_bf16_cache_halves_the_cache_and_matches_the_reference_with_bf16_k_v(tmp_path):
+    ck, weights, config = write_family(tmp_path / "ck", "llama", seed=3, **SIZES)
+    convert_hf(ck, tmp_path / "m.oinf")
+    text = (EXAMPLES / "llama_decode.oi").read_text()
+    (tmp_path / "g.oi").write_text(with_block(bf16_cache_form(text), 4))
+    prog = oi2jax.compile(tmp_path / "g.oi", model=tmp_path / "m.oinf", ops=["nn"])
+    f32 = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=tmp_path / "m.oinf", ops=["nn"])
+    state, state32 = prog.init_state(), f32.init_state()
+    for name in ("Kc", "Vc"):  # the table's bytes, halved
+        assert 2 * state.caches[name].data.nbytes == state32.caches[name].data.nbytes
+    ref = FamilyRef(weights, config)
+    ref.k, ref.v = _Bf16Rows(ref.k), _Bf16Rows(ref.v)
+    sess = prog.session()
+    for k, tok in enumerate(np.random.default_rng(4).integers(0, config["vocab_size"], STEPS)):
+        sess.step(token=np.int32(tok))
+        want = ref.step(int(tok))
+        assert _rel(sess.read("logits"), want) <= TOL, (k, _rel(sess.read("logits"), want))
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt2"])
+def test_softcap_window_and_single_row_heads_in_blocks_of_6(name, tmp_path):
+    """gemma2 (soft-capped scores, a window of 5 over layers alternating with full attention) and
+    gpt2 (q [H, HD]) with blocks of 6 in a T=20 cache: the last block is read at 14..19 with
+    14..17 already counted; against their Hugging Face references at every step."""
+    config = config_of(name)
+    weights = gemma_gpt2_checkpoints.random_weights(config, seed=7)
+    summary = convert_hf(gemma_gpt2_checkpoints.write_checkpoint(tmp_path / "ck", config, weights),
+                         tmp_path / "m.oinf", max_positions=20 if name == "gpt2" else None)
+    (tmp_path / "g.oi").write_text(re.sub(r"(op attention\([^)]*)\)", r"\1, block=6)",
+                                          (EXAMPLES / summary.graph).read_text()))
+    sess = oi2jax.compile(tmp_path / "g.oi", model=tmp_path / "m.oinf", ops=["nn"]).session()
+    ref = reference(name, weights, config)
+    for k, tok in enumerate(np.random.default_rng(1).integers(0, 64, 20)):
+        sess.step(token=np.int32(tok))
+        want = ref.step(int(tok))
+        assert _rel(sess.read("logits"), want) <= TOL, (k, _rel(sess.read("logits"), want))
+        assert int(sess.read("next")) == int(np.argmax(want)), k
