@@ -62,6 +62,7 @@ class AttrSpec:
     scalar_kinds: tuple[str, ...] = ()
     doc: str = ""
     static: bool = False  # a literal only: the value fixes a shape (an axis), a variable is an error
+    rows: bool = False  # a variable may hold one value per row (any shape; the kernel checks it against its inputs)
 
     def default_for(self, dtype: str | None):
         return self.default(dtype) if callable(self.default) else self.default
