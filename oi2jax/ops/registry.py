@@ -103,6 +103,13 @@ class Ctx:
             self.guards.append((cond, message, value))
 
 
+def attr_variable_value(op: "OpDef", name: str, value):
+    """A setting given as a variable, as the kernel takes it: a 0-d value, or as held where the
+    setting takes one value per row (`AttrSpec.rows`, checked by checks/ops)."""
+    spec = op.attrs.get(name)
+    return value if spec is not None and spec.rows else value.reshape(())
+
+
 @dataclass(frozen=True)
 class OpDef:
     """One op: its whole contract (see the module docstring).
