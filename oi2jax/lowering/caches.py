@@ -379,7 +379,7 @@ class CacheRules:
         """`cache.write v >> M[i, a..b]` (every dimension @fixed, checked): rows a..b take v[0..b-a],
         v [S, *entry], b - a in 0..S. A failing write is skipped whole, never clamped; the rows are
         scattered with their positions past the table dropped, so a write near the end is never moved."""
-        tr, access, span = self.tr, node.dst, node.dst.span
+        tr, access, span = self.tr, node.dst, node.span  # located at the node, as the interpreter locates them
         rows = src.shape[0]
         assert tuple(src.shape[1:]) == layout.shape, CHECKED
         sizes = env.caches[layout.name].size
