@@ -234,3 +234,60 @@ def test_row_constructs_compiled_equal_interpreted(pos, ns, error):
         assert err is None and int(out["pos"]) == pos + sum(ns)
     else:
         assert err is not None and error in err, err
+
+
+def _row_samples(name):
+    """Per-row cases of rope and softmax (test_nn_ops holds at most five samples per dtype)."""
+    from oi2jax.ops.nn._common import float_samples
+
+    def rope(rng, d):
+        inv = float_samples(rng, d, (4,), 0.1) ** 2
+        return [((float_samples(rng, d, (3, 2, 8), 1.0), np.array([4, 5, 6], np.int32), inv), {}),
+                ((float_samples(rng, d, (3, 2, 8), 1.0), np.array([[0, 7], [1, 9], [2, 30]], np.int32)), {})]
+
+    def softmax(rng, d):
+        masked = float_samples(rng, d, (3, 5), 2.0)
+        masked[0, 4] = np.nan  # past row 0's valid length: never read
+        return [((float_samples(rng, d, (2, 3, 5), 2.0),), {"valid": np.array([3, 4, 5], np.int32)}),  # causal rows
+                ((masked,), {"valid": np.array([2, 3, 5], np.int32), "window": 2}),
+                ((float_samples(rng, d, (4, 3), 2.0),), {"axis": 0, "valid": np.array([1, 4, 5], np.int32)})]  # error
+    return {"rope": rope, "softmax": softmax}[name]
+
+
+@pytest.mark.parametrize("name", ["rope", "softmax"])
+def test_per_row_positions_and_lengths_against_the_references(name):
+    """test_nn_ops's kernel-against-NumPy check, on per-row `pos` and `valid`."""
+    import dataclasses
+
+    from test_nn_ops import NN_OPS, assert_close, cases_for, out_shape, reference_of, run_cases
+    op_def = dataclasses.replace(NN_OPS[name], samples=_row_samples(name))
+    cases = cases_for(op_def)
+    got, fired = run_cases(op_def, cases)
+    assert any(fired) == (name == "softmax")
+    for c, g, errs in zip(cases, got, fired):
+        what = f"{name}[{c['in_dtypes']} {c['attrs']}]"
+        want, want_errs = reference_of(op_def, c)
+        assert errs == want_errs, what
+        assert tuple(g.shape) == tuple(out_shape(op_def, c)), what
+        if not errs:
+            assert_close(g, want, name, c["sig"].out_dtype, what)
+
+
+@pytest.mark.parametrize("decl, write, message", [
+    ("K(i): f32[2] @table @fixed(i=4);", "cache.write x >> K[0..2];", "cache.write K does not support slice indices"),
+    ("K(i, j): f32[2] @table @fixed(i=4, j=4);", "cache.write r >> K[0..2, 0..2];",
+     "cache.write K: a write takes at most one slice index, got 2"),
+    ("K(i): f32[2] @table @fixed(i=4);", "cache.write r >> K[1..];", "cache.write K: a slice write names both ends (a..b)"),
+    ("K(i): f32[2] @table @fixed(i=4);", "cache.write r >> K[0..-1];",
+     "cache.write K: a slice write's end cannot be negative"),
+    ("K(i): f32[2] @table;", "cache.write r >> K[0..2];",
+     "cache.write K: a slice write needs every table dimension @fixed (i is not)"),
+    ("K(i): f32[3] @table @fixed(i=4);", "cache.write r >> K[0..2];",
+     "cache.write K: a slice write takes S rows of [3] (shape [S] + [3]), got [3, 2]"),
+])
+def test_slice_write_check_errors(decl, write, message):
+    src = (f"dynamic {{ x: f32[2]; r: f32[3, 2]; }}\npersistent {{ {decl} }}\n"
+           f"block entry {{\n    {write}\n    return;\n}}\n")
+    with pytest.raises(OiError) as exc:
+        oi2jax.compile(src, model=False)
+    assert message in str(exc.value) and ":4:" in str(exc.value), str(exc.value)

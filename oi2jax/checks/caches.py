@@ -157,9 +157,9 @@ class CacheRules:
             if len(info) < len(d.table_indices):
                 self.error(f"cache.write {d.name} does not support slice indices", node.dst.span)
                 return
-            if any(i[0] == "slice" for i in info) and not self.check_slice_write(d, node, info):
-                return
             rows = any(i[0] == "slice" for i in info)
+            if rows and not self.check_slice_write(d, node, info):
+                return
         elif not d.auto_dim and node.dst.indices:
             self.error(f"cache.write {d.name} does not support indexed writes", node.dst.span)
             return
@@ -180,8 +180,15 @@ class CacheRules:
                        node.src.span)
 
     def check_slice_write(self, d: ir.VarDecl, node: ir.CacheWrite, info: list) -> bool:
-        """`cache.write v >> M[i, a..b]`: one slice, with both ends, over @fixed dimensions only."""
+        """`cache.write v >> M[i, a..b]`: one slice, with both ends, over @fixed dimensions only, of
+        a value with a leading row axis (the opt-in: a value of one entry's shape, what an OpenInfer
+        program would write, keeps OpenInfer's error)."""
         span = node.dst.span
+        entry, got = self.resolve_dims(d.dims), self.shape(node.src.name)
+        if entry is not None and got is not None and len(got) != len(entry) + 1:  # unknown: checked with the sizes
+            self.error(f"cache.write {d.name} does not support slice indices (a write of several rows takes "
+                       f"a value of shape [S] + the entry's {shape_text(entry)})", span)
+            return False
         slices = [i for i in info if i[0] == "slice"]
         if len(slices) > 1:
             self.error(f"cache.write {d.name}: a write takes at most one slice index, got {len(slices)}", span)

@@ -122,10 +122,7 @@ def _softmax_samples(rng, d):
             ((big,), {"axis": -1}),
             ((masked,), {"valid": 3, "window": np.array(2, np.int32)}),  # positions 1, 2 of the first 3
             ((float_samples(rng, d, (4, 3), 2.0),), {"axis": 0, "valid": np.array(2, np.int32)}),
-            ((float_samples(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)}),  # a runtime error
-            ((float_samples(rng, d, (2, 3, 5), 2.0),), {"valid": np.array([3, 4, 5], np.int32)}),  # causal rows
-            ((masked,), {"valid": np.array([2, 3, 5], np.int32), "window": 2}),
-            ((float_samples(rng, d, (4, 3), 2.0),), {"axis": 0, "valid": np.array([1, 4, 5], np.int32)})]  # error
+            ((float_samples(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)})]  # a runtime error
 
 
 @op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int", rows=True), "window": Attr("int")},

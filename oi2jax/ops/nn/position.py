@@ -47,9 +47,7 @@ def _rope_samples(rng, d):
             ((float_samples(rng, d, (2, 8), 1.0), np.array(5, np.int32)), {}),
             ((float_samples(rng, d, (3, 2, 8), 2.0), np.array(100, np.int64)), {"theta": 500000.0}),
             ((float_samples(rng, d, (4, 6), 1.0), np.array(37, np.uint16)), {"theta": np.array(10000.0, np.float32)}),
-            ((float_samples(rng, d, (2, 8), 1.0), np.array(9, np.int32), _inv_freq_samples(rng, d, 4)), {}),
-            ((float_samples(rng, d, (3, 2, 8), 1.0), np.array([4, 5, 6], np.int32), _inv_freq_samples(rng, d, 4)), {}),
-            ((float_samples(rng, d, (3, 2, 8), 1.0), np.array([[0, 7], [1, 9], [2, 30]], np.int32)), {})]
+            ((float_samples(rng, d, (2, 8), 1.0), np.array(9, np.int32), _inv_freq_samples(rng, d, 4)), {})]
 
 
 def _inv_freq_samples(rng, d, n):
@@ -182,8 +180,9 @@ def _positions_samples(rng, d):
 @op(inputs={"start": "index"}, attrs={"shape": Attr("int_list", required=True)}, shape=_positions_shape,
     category="nn", op_set="nn", reference=_positions_ref, samples=_positions_samples)
 def positions(start, *, shape, ctx):
-    """The S positions start, start+1, ..., start+S-1 (`shape=[S]`, a literal or size name), in
-    start's integer dtype: the positions of a step's S tokens after the `start` already cached
+    """The S positions start, start+1, ..., start+S-1 (`shape=[S]`), in start's integer dtype.
+
+    S is a literal or a size name. These are the positions of a step's S tokens after the `start` already cached
     (`rope(q, ps)`, softmax's per-row `valid`). A last position past the dtype's largest value is
     a runtime error of the node, never a wrap."""
     start = jnp.asarray(start)
