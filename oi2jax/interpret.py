@@ -402,8 +402,7 @@ class InterpretedProgram(CacheOps):
         attrs = self.bound.op_attrs(node)  # the one preparation; a variable is read from the state
         for name, value in attrs.items():
             if isinstance(value, AttrVar):
-                v, _ = self._scalar(value.name, st, node, f"attribute {name}")
-                attrs[name] = jnp.asarray(v)
+                attrs[name] = jnp.asarray(ops.attr_variable_value(sig.op, name, np.asarray(st.values[value.name])))
         t0 = time.perf_counter_ns()
         try:
             guards: list = []

@@ -232,8 +232,11 @@ class CacheOps:
         if decl.is_table:
             t = st.tables[decl.name]
             assert access.bracketed and len(access.indices) == len(t.sizes), CHECKED
-            assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
             entry = decl.shape(self._sizes)
+            if any(isinstance(s, ir.Slice) for s in access.indices):
+                self._write_rows(decl, t, access, src, entry, frames, st, node)
+                ctx.wrote(decl.name)
+                return
             if tuple(src.shape) != entry:  # a runtime-shaped source (phases.runtime_shaped)
                 raise self._err(messages.write_shape(decl.name, entry, src.shape), node)
             combo = []
@@ -255,6 +258,31 @@ class CacheOps:
                 raise self._err(messages.write_shape(decl.name, cur.shape, src.shape), node)
             st.values[decl.name] = src
         ctx.wrote(decl.name)
+
+    def _write_rows(self, decl: ir.VarDecl, t: Table, access: ir.CacheAccess, src, entry, frames, st, node) -> None:
+        """`cache.write v >> M[i, a..b]` (every dimension @fixed, checked): rows a..b take v[0..b-a];
+        the checks in the lowering's order, the whole write refused on the first failure."""
+        assert tuple(src.shape[1:]) == entry, CHECKED
+        rows = src.shape[0]
+        heads = []
+        for d, sel in enumerate(access.indices):
+            if isinstance(sel, ir.Single):
+                k = self._single(decl, sel, frames, st, node)
+                self._grow(decl, t, d, k + 1, node)
+                heads.append(range(k, k + 1))
+                continue
+            a = self._index(sel.start, frames, st, node)
+            b = self._index(sel.end, frames, st, node)
+            if a < 0:
+                raise self._err(messages.negative_index(decl.name, "slice start", a), node)
+            if b < a:
+                raise self._err(messages.slice_end_before_start(decl.name, b), node)
+            if b - a > rows:
+                raise self._err(messages.write_rows_count(decl.name, b - a, rows), node)
+            self._grow(decl, t, d, b, node, what="slice end")
+            heads.append(range(a, b))
+        for i, combo in enumerate(itertools.product(*heads)):  # one slice: combo i is row a + i
+            t.entries[combo] = src[i]
 
     def _cache_step(self, node, st: State, ctx: Ctx) -> None:
         up = isinstance(node, ir.CacheIncrement)

@@ -77,6 +77,16 @@ def write_shape(table: str, want, got) -> str:
     return f"cache.write {table} expects shape {_dims(want)}, got {_dims(got)}"
 
 
+def write_rows_shape(table: str, entry, got) -> str:
+    """A slice write's value: one row per slice position, [S, *entry]."""
+    return f"cache.write {table}: a slice write takes S rows of {_dims(entry)} (shape [S] + {_dims(entry)}), got {_dims(got)}"
+
+
+def write_rows_count(table: str, count, rows: int) -> str:
+    """A slice write of more rows than its value holds."""
+    return f"cache.write {table}: slice of {count} rows, but the value holds {rows}"
+
+
 def read_slice_length(table: str, length, dim: int) -> str:
     return f"cache.read {table}: slice of length {length} does not match the destination's dimension {dim}"
 

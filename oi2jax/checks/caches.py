@@ -152,9 +152,13 @@ class CacheRules:
         info = self.check_access(d, node.dst, loops, "write")
         if info is None:
             return
+        rows = False  # a slice write (docs/semantics.md, "Writes of several rows"): the value has a leading row axis
         if d.is_table:
-            if len(info) < len(d.table_indices) or any(i[0] == "slice" for i in info):
+            if len(info) < len(d.table_indices):
                 self.error(f"cache.write {d.name} does not support slice indices", node.dst.span)
+                return
+            rows = any(i[0] == "slice" for i in info)
+            if rows and not self.check_slice_write(d, node, info):
                 return
         elif not d.auto_dim and node.dst.indices:
             self.error(f"cache.write {d.name} does not support indexed writes", node.dst.span)
@@ -169,9 +173,43 @@ class CacheRules:
             return
         entry = self.resolve_dims(d.dims)
         got = self.shape(node.src.name)
-        if entry is not None and got is not None and entry != got:
+        if rows and entry is not None and got is not None and (len(got) != len(entry) + 1 or got[1:] != entry):
+            self.error(messages.write_rows_shape(d.name, entry, got), node.src.span)
+        elif not rows and entry is not None and got is not None and entry != got:
             self.error(messages.write_shape(d.name, entry, got),
                        node.src.span)
+
+    def check_slice_write(self, d: ir.VarDecl, node: ir.CacheWrite, info: list) -> bool:
+        """`cache.write v >> M[i, a..b]`: one slice, with both ends, over @fixed dimensions only, of
+        a value with a leading row axis (the opt-in: a value of one entry's shape, what an OpenInfer
+        program would write, keeps OpenInfer's error)."""
+        span = node.dst.span
+        entry, got = self.resolve_dims(d.dims), self.shape(node.src.name)
+        if entry is not None and got is not None and len(got) != len(entry) + 1:  # unknown: checked with the sizes
+            self.error(f"cache.write {d.name} does not support slice indices (a write of several rows takes "
+                       f"a value of shape [S] + the entry's {shape_text(entry)})", span)
+            return False
+        slices = [i for i in info if i[0] == "slice"]
+        if len(slices) > 1:
+            self.error(f"cache.write {d.name}: a write takes at most one slice index, got {len(slices)}", span)
+            return False
+        _, no_start, start, no_end, end = slices[0]
+        if no_start or no_end:
+            self.error(f"cache.write {d.name}: a slice write names both ends (a..b)", span)
+            return False
+        if end is not None and end < 0:
+            self.error(f"cache.write {d.name}: a slice write's end cannot be negative", span)
+            return False
+        try:
+            fixed = d.fixed_sizes(self.sizes)
+        except KeyError:  # an unknown size variable: checks/decls reports it
+            return False
+        loose = [n for n in d.table_indices if n not in fixed]
+        if loose:
+            self.error(f"cache.write {d.name}: a slice write needs every table dimension @fixed "
+                       f"({', '.join(loose)} is not)", span)
+            return False
+        return True
 
     def check_cache_reset(self, node: ir.CacheReset, loops):
         d = self.cache_target(node.target.base, node.target.span, "cache.reset")

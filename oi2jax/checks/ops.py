@@ -110,7 +110,7 @@ class OpRules:
                     continue
                 if not self.known(var):
                     self.error(f"unknown attribute variable {var}{self.near(var)}", attr.span)
-                elif not self.is_scalar(var):
+                elif not self.is_scalar(var) and not aspec.rows:
                     self.error(f"attribute {var} must be scalar", attr.span)
                 elif not _VAR_KIND_OK[aspec.kind](self.dtype(var)):
                     self.error(f"op {node.op} setting {attr.name} is {_KIND_WORD[aspec.kind]}, but {var} is "

@@ -27,7 +27,7 @@ def _dtype_of(tr: Tracer, name: str) -> str:
 
 def attr_values(node: ir.Op, env: Env, tr: Tracer) -> dict:
     """The op's attributes (`BoundGraph.op_attrs`, the one preparation) with each variable read:
-    a constant scalar as its static value, any other as a 0-d array of the trace."""
+    a constant scalar as its static value, any other as a 0-d array of the trace (a per-row setting as held)."""
     values = tr.bound.op_attrs(node)
     for name, value in values.items():
         if isinstance(value, AttrVar):
@@ -35,7 +35,7 @@ def attr_values(node: ir.Op, env: Env, tr: Tracer) -> dict:
                 values[name] = value.static
             else:
                 assert value.name in env.values, CHECKED
-                values[name] = env.values[value.name].reshape(())
+                values[name] = ops.attr_variable_value(tr.bound.op_sig(node).op, name, env.values[value.name])
     return values
 
 

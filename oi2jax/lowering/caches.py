@@ -340,7 +340,8 @@ class CacheRules:
         if layout.kind is TABLE:
             k = len(layout.capacity)
             assert access.bracketed and len(access.indices) == k, CHECKED
-            assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
+            if any(isinstance(s, ir.Slice) for s in access.indices):
+                return self._write_rows(node, layout, env, frame, src)
             if tuple(src.shape) != layout.shape:
                 raise self._err(messages.write_shape(layout.name, layout.shape, src.shape), node.span)
             sizes = env.caches[layout.name].size
@@ -373,6 +374,48 @@ class CacheRules:
             env = env.set_cache(layout.name, data=jax.lax.dynamic_update_slice(zeros, src.astype(data.dtype),
                                                                               [0] * data.ndim))
         return env
+
+    def _write_rows(self, node: ir.CacheWrite, layout: CacheLayout, env, frame: Frame, src):
+        """`cache.write v >> M[i, a..b]` (every dimension @fixed, checked): rows a..b take v[0..b-a],
+        v [S, *entry], b - a in 0..S. A failing write is skipped whole, never clamped; the rows are
+        scattered with their positions past the table dropped, so a write near the end is never moved."""
+        tr, access, span = self.tr, node.dst, node.span  # located at the node, as the interpreter locates them
+        rows = src.shape[0]
+        assert tuple(src.shape[1:]) == layout.shape, CHECKED
+        sizes = env.caches[layout.name].size
+        ok = jnp.bool_(True) if tr.writes_on is None else tr.writes_on
+        idx, starts, lengths = [], [], []
+        for j, s in enumerate(access.indices):
+            if isinstance(s, ir.Single):
+                env, v, _ = self._single(env, frame, layout, j, s.value, span, size=sizes[j])
+                v = jnp.asarray(v, jnp.int64)
+                ok = ok & (v >= 0) & (v < layout.fixed[j])
+                idx.append(jnp.clip(v, 0, layout.capacity[j] - 1).astype(jnp.int32))
+                starts.append(v)
+                lengths.append(1)
+                continue
+            a = jnp.asarray(tr.index_value(s.start, frame, env), jnp.int64)
+            b = jnp.asarray(tr.index_value(s.end, frame, env), jnp.int64)
+            code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
+            env = tr.fail_if(env, a < 0, code, a)
+            code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
+            env = tr.fail_if(env, (a >= 0) & (b < a), code, b)
+            code = tr.lowering.site(messages.write_rows_count(layout.name, "{value}", rows), span)
+            env = tr.fail_if(env, (a >= 0) & (b >= a) & (b - a > rows), code, b - a)
+            env = self._bound(env, layout, j, b, span, what="slice end")
+            ok = ok & (a >= 0) & (b >= a) & (b - a <= rows) & (b <= layout.fixed[j])
+            i = jnp.arange(rows, dtype=jnp.int64)
+            idx.append(jnp.where(i < b - a, a + i, layout.capacity[j]).astype(jnp.int32))
+            starts.append(a)
+            lengths.append(b - a)
+        data = env.caches[layout.name].data
+        drop = [jnp.where(ok, x, c).astype(jnp.int32) for x, c in zip(idx, layout.capacity)]
+        data = data.at[tuple(drop)].set(src.astype(data.dtype), mode="drop")
+        env = env.set_cache(layout.name, data=data)
+        if env.caches[layout.name].present is None:
+            return env
+        marked = self._mark_present(env, layout, starts, lengths, True).caches[layout.name].present
+        return env.set_cache(layout.name, present=jnp.where(ok, marked, env.caches[layout.name].present))
 
     def _write_shaped(self, node: ir.CacheWrite, layout: CacheLayout, env, src):
         """`cache.write v >> M[...]` with a runtime-shaped v: its logical shape must equal M's

@@ -14,7 +14,7 @@ import importlib
 from .errors import OpTypeError
 from .shapes import broadcast_shapes, normalize_axes
 from .registry import (DTYPE_GROUPS, DYNAMIC, ROUNDING_MODES, AttrSpec, Ctx, InputSpec, OpDef, Registry,
-                       builtin_registry)
+                       attr_variable_value, builtin_registry)
 from .typing import OpSig, canonical_attrs, cast_allowed, infer
 
 _LAZY = {"apply": ("dispatch", "apply"), "reference": ("dispatch", "reference"), "Attr": ("define", "Attr"), "op": ("define", "op"), "load": ("loading", "load"),
@@ -40,4 +40,5 @@ def default_for(op: str, attr: str, dtype: str | None = None):
 
 __all__ = ["REGISTRY", "Registry", "OpDef", "AttrSpec", "InputSpec", "OpSig", "OpTypeError", "infer",
            "apply", "op", "load", "load_schema", "cast_allowed", "broadcast_shapes", "normalize_axes", "default_for",
-           "canonical_attrs", "ROUNDING_MODES", "Ctx", "DYNAMIC", "DTYPE_GROUPS", "builtin_registry"]
+           "canonical_attrs", "ROUNDING_MODES", "Ctx", "DYNAMIC", "DTYPE_GROUPS", "builtin_registry",
+           "attr_variable_value"]

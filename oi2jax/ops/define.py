@@ -44,6 +44,7 @@ class Attr:
     required: bool = False
     doc: str = ""
     static: bool = False  # a literal only (it fixes the output's shape): a variable is a check error
+    rows: bool = False  # a variable may hold one value per row, not only a scalar (softmax's valid=)
 
 
 def _attr_from(name: str, value, where: str) -> AttrSpec:
@@ -67,7 +68,8 @@ def _attr_from(name: str, value, where: str) -> AttrSpec:
     if a.kind not in ATTR_KINDS:
         raise OpTypeError(f"{where}: attribute {name}: unknown kind {a.kind!r} (expected one of "
                           f"{', '.join(ATTR_KINDS)})")
-    return AttrSpec(name, a.kind, a.default, a.required and a.default is None, None, (), a.doc, a.static)
+    return AttrSpec(name, a.kind, a.default, a.required and a.default is None, None, (), a.doc, a.static,
+                    a.rows)
 
 
 def _inputs_from(inputs, where: str) -> tuple[InputSpec, ...]:

@@ -62,6 +62,7 @@ class AttrSpec:
     scalar_kinds: tuple[str, ...] = ()
     doc: str = ""
     static: bool = False  # a literal only: the value fixes a shape (an axis), a variable is an error
+    rows: bool = False  # a variable may hold one value per row (any shape; the kernel checks it against its inputs)
 
     def default_for(self, dtype: str | None):
         return self.default(dtype) if callable(self.default) else self.default
@@ -100,6 +101,13 @@ class Ctx:
     def fail_if(self, cond, message: str, value=0) -> None:
         if self.guards is not None:  # None: traced for its shape only (jax.eval_shape)
             self.guards.append((cond, message, value))
+
+
+def attr_variable_value(op: "OpDef", name: str, value):
+    """A setting given as a variable, as the kernel takes it: a 0-d value, or as held where the
+    setting takes one value per row (`AttrSpec.rows`, checked by checks/ops)."""
+    spec = op.attrs.get(name)
+    return value if spec is not None and spec.rows else value.reshape(())
 
 
 @dataclass(frozen=True)

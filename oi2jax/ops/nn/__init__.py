@@ -13,11 +13,12 @@ from __future__ import annotations
 from .elementwise import exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, sin, cos
 from .normalize import softmax, rms_norm, layer_norm
 from .attention import attention
-from .position import rope, embedding
+from .position import rope, positions, embedding
 from .layout import transpose, reshape, concat
 from .matmul import linear, matmul_t, einsum
 from .argmax import argmax
 from .sampling import sample
 
-OPS = (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, sin, cos, softmax, attention, rms_norm, layer_norm, rope, embedding,
+OPS = (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, sin, cos, softmax, attention, rms_norm, layer_norm, rope,
+       positions, embedding,
        transpose, reshape, concat, linear, matmul_t, einsum, argmax, sample)

@@ -17,9 +17,21 @@ def _valid_message(n: int) -> str:
     return f"softmax: valid length {{value}} is not in 1..{n}"
 
 
-def _valid_length(valid, n: int, ctx):
-    """`valid` (a literal, a constant or a 0-d integer variable) clipped to 0..n, with the runtime
-    check 1 <= valid <= n recorded."""
+def _valid_rows(valid, rows: tuple[int, ...]) -> None:
+    """A per-row `valid` broadcasts to x's shape without the axis (right-aligned, as NumPy)."""
+    shape = tuple(np.shape(valid))
+    try:
+        ok = np.broadcast_shapes(shape, rows) == rows
+    except ValueError:
+        ok = False
+    if not ok:
+        raise OpTypeError(f"op softmax: valid has shape {list(shape)}, which does not broadcast to the rows "
+                          f"{list(rows)} (x's shape without the axis)", attr="valid")
+
+
+def _valid_length(valid, n: int, rows: tuple[int, ...], ctx):
+    """`valid` (a literal, a constant, or an integer variable: one value, or one per row) clipped to
+    0..n, with the runtime check 1 <= valid <= n recorded (the first value outside, in row order)."""
     if isinstance(valid, (float, np.floating)) or (hasattr(valid, "dtype") and not (
             jnp.issubdtype(valid.dtype, jnp.integer) or valid.dtype == jnp.bool_)):
         raise OpTypeError(f"op softmax: valid must be an integer, got {getattr(valid, 'dtype', type(valid).__name__)}",
@@ -29,10 +41,12 @@ def _valid_length(valid, n: int, ctx):
         if not 1 <= v <= n:
             ctx.fail_if(jnp.asarray(True), _valid_message(n), v)
         return min(max(v, 0), n)
-    v = jnp.asarray(valid).reshape(())
+    _valid_rows(valid, rows)
+    v = jnp.asarray(valid)
     if v.dtype == jnp.bool_:
         v = v.astype(jnp.int32)
-    ctx.fail_if((v < 1) | (v > n), _valid_message(n), v)
+    bad = ((v < 1) | (v > n)).reshape(-1)
+    ctx.fail_if(jnp.any(bad), _valid_message(n), v.reshape(-1)[jnp.argmax(bad)])
     return jnp.clip(v, 0, n).astype(jnp.int32)
 
 
@@ -68,28 +82,34 @@ def _softmax_ref(x, axis=-1, valid=None, window=None, ctx=None):
     x = as_f64(x)
     ax = axis % x.ndim
     n = x.shape[ax]
-    k = n
+    rows = x.shape[:ax] + x.shape[ax + 1:]
+    k = np.full(rows, n)
     if valid is not None:
         if np.asarray(valid).dtype.kind not in "iub":
             raise OpTypeError(f"op softmax: valid must be an integer, got {np.asarray(valid).dtype}", attr="valid")
-        v = int(np.asarray(valid))
-        if not 1 <= v <= n and ctx is not None:
-            ctx.fail_if(np.bool_(True), _valid_message(n), v)
-        k = min(max(v, 0), n)
-    start = 0
+        _valid_rows(valid, rows)
+        v = np.broadcast_to(np.asarray(valid).astype(np.int64), rows)
+        bad = (v < 1) | (v > n)
+        if bad.any() and ctx is not None:
+            ctx.fail_if(np.bool_(True), _valid_message(n), int(np.asarray(valid).reshape(-1)[
+                np.argmax(((np.asarray(valid) < 1) | (np.asarray(valid) > n)).reshape(-1))]))
+        k = np.clip(v, 0, n)
+    start = np.zeros(rows, np.int64)
     if window is not None:
         if np.asarray(window).dtype.kind not in "iu":
             raise OpTypeError(f"op softmax: window must be an integer, got {np.asarray(window).dtype}", attr="window")
         w = int(np.asarray(window))
         if w < 1 and ctx is not None:
             ctx.fail_if(np.bool_(True), _window_message(), w)
-        start = min(max(k - w, 0), k)
+        start = np.minimum(np.maximum(k - w, 0), k)
     out = np.zeros_like(x)
-    part = tuple(slice(start, k) if i == ax else slice(None) for i in range(x.ndim))
-    if k > start:
-        with np.errstate(all="ignore"):
-            e = np.exp(x[part] - np.max(x[part], axis=ax, keepdims=True))
-            out[part] = e / np.sum(e, axis=ax, keepdims=True)
+    xm, om = np.moveaxis(x, ax, -1), np.moveaxis(out, ax, -1)  # om: a view of out
+    for r in np.ndindex(*rows):
+        a, b = int(start[r]), int(k[r])
+        if b > a:
+            with np.errstate(all="ignore"):
+                e = np.exp(xm[r][a:b] - np.max(xm[r][a:b]))
+                om[r][a:b] = e / np.sum(e)
     return out
 
 
@@ -105,7 +125,7 @@ def _softmax_samples(rng, d):
             ((float_samples(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)})]  # a runtime error
 
 
-@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int"), "window": Attr("int")},
+@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int", rows=True), "window": Attr("int")},
     shape=_softmax_shape, category="nn", op_set="nn", reference=_softmax_ref, samples=_softmax_samples)
 def softmax(x, *, axis=-1, valid=None, window=None, ctx):
     """Softmax over `axis`; with `valid=n` only the first n positions take part, the others are exactly 0.
@@ -114,7 +134,9 @@ def softmax(x, *, axis=-1, valid=None, window=None, ctx):
     rounded once. The positions past `valid` are masked with the compute type's most negative finite
     value (never -inf, so a row is never all -inf by masking) and their results set to 0; they are
     never read (a NaN there has no effect). `valid` is a literal or an integer variable (e.g. a
-    cache's fill count); outside 1..N (N the axis length) it is a runtime error of the node. A NaN
+    cache's fill count), one value or one per row (a shape broadcasting to x's shape without the
+    axis: a prompt step's causal mask, row i reading positions 0..valid[i]-1); outside 1..N (N the
+    axis length) it is a runtime error of the node. A NaN
     or +inf among the read positions makes the whole row NaN (as torch); so does a row whose read
     positions are all -inf.
 
@@ -125,8 +147,11 @@ def softmax(x, *, axis=-1, valid=None, window=None, ctx):
     xc = N.to_compute(x, ctx.dtype)
     ax = norm_axis("softmax", axis, xc.ndim)
     n = xc.shape[ax]
+    rows = xc.shape[:ax] + xc.shape[ax + 1:]
     keep = None
-    v = n if valid is None else _valid_length(valid, n, ctx)
+    v = n if valid is None else _valid_length(valid, n, rows, ctx)
+    if not isinstance(v, int):  # one value or one per row: along the axis
+        v = jnp.expand_dims(jnp.broadcast_to(v, rows), ax)
     if not (isinstance(v, int) and v == n):
         keep = lax.broadcasted_iota(jnp.int32, xc.shape, ax) < v
     if window is not None:

@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ... import dtypes as D
 from ... import host_numerics as HN
 from .. import jax_numerics as N
-from ..define import op
+from ..define import Attr, op
 from ..errors import OpTypeError
 from ._common import as_f64, float_samples, sample_values
 
@@ -18,8 +19,9 @@ def _rope_shape(shapes, attrs):
     x, pos = shapes[:2]
     if len(x) < 1 or x[-1] % 2 or x[-1] == 0:
         raise OpTypeError(f"op rope: x must end in an even head dimension, got shape {list(x)}", input=0)
-    if tuple(pos) != ():
-        raise OpTypeError(f"op rope: pos must be a scalar position (shape []), got shape {list(pos)}", input=1)
+    if tuple(pos) != tuple(x[:len(pos)]) or len(pos) >= len(x):
+        raise OpTypeError(f"op rope: pos must be one position (shape []) or one per leading row of x "
+                          f"(shape {list(x[:1])}, a leading part of {list(x[:-1])}), got shape {list(pos)}", input=1)
     if len(shapes) > 2 and tuple(shapes[2]) != (x[-1] // 2,):
         raise OpTypeError(f"op rope: inv_freq has shape {list(shapes[2])}, expected [{x[-1] // 2}] (one frequency "
                           f"per pair of the head dimension {x[-1]})", input=2)
@@ -33,8 +35,9 @@ def _rope_ref(x, pos, inv_freq=None, theta=10000.0):
     hd = x.shape[-1]
     theta = float(np.asarray(theta, np.float64 if f64 else np.float32))
     inv = HN.default_inv_freq(theta, hd, f64) if inv_freq is None else np.asarray(inv_freq).astype(f)
-    freqs = (f(np.asarray(pos)) * inv).astype(np.float64)  # rounded to f32: HF's angles
-    emb = np.concatenate([freqs, freqs])
+    pos = np.asarray(pos).reshape(np.shape(pos) + (1,) * (x.ndim - 1 - np.ndim(pos)) + (1,))
+    freqs = (f(pos) * inv).astype(np.float64)  # rounded to f32: HF's angles
+    emb = np.concatenate([freqs, freqs], axis=-1)
     rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
     return x * np.cos(emb) + rot * np.sin(emb)
 
@@ -57,7 +60,11 @@ def _inv_freq_samples(rng, d, n):
 @op(inputs={"x": "float", "pos": "index", "inv_freq?": "float"}, attrs={"theta": 10000.0}, shape=_rope_shape,
     category="nn", op_set="nn", reference=_rope_ref, samples=_rope_samples)
 def rope(x, pos, inv_freq=None, *, theta=10000.0, ctx):
-    """Rotary position embedding of x [..., HD] at the integer position `pos` (shape []), in Hugging Face Llama's form.
+    """Rotary position embedding of x [..., HD] at the integer position `pos`, in Hugging Face Llama's form.
+
+    `pos` is one position (shape []) or one per leading row: x [S, ..., HD] with pos [S] (a prompt's
+    S tokens at their own positions; more generally pos's shape is a leading part of x's shape
+    without HD), each row rotated at its own position.
 
     With a third input `inv_freq` [HD/2] (any float dtype, used in f32; e.g. the `rope.inv_freq` tensor convert-hf
     computes for any rope type, default, linear or llama3, as transformers does) those are the
@@ -81,8 +88,10 @@ def rope(x, pos, inv_freq=None, *, theta=10000.0, ctx):
     else:
         t = jnp.asarray(theta).astype(ct)
         inv = jnp.asarray(1.0, ct) / t ** (jnp.arange(0, hd, 2).astype(ct) / jnp.asarray(hd, ct))
-    freqs = jnp.asarray(pos).astype(ct) * inv
-    emb = jnp.concatenate([freqs, freqs])
+    pos = jnp.asarray(pos)
+    pos = pos.reshape(pos.shape + (1,) * (x.ndim - 1 - pos.ndim) + (1,))
+    freqs = pos.astype(ct) * inv
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
     xc = N.to_compute(x, ctx.dtype)
     rot = jnp.concatenate([-xc[..., hd // 2:], xc[..., :hd // 2]], axis=-1)
     return N.store(xc * jnp.cos(emb) + rot * jnp.sin(emb), ctx.out_dtype)
@@ -134,3 +143,52 @@ def embedding(table, ids, *, ctx):
     if ids.size:
         ctx.fail_if(bad, _embedding_message(v), ids.reshape(-1)[lax.argmax(bad.reshape(-1).astype(jnp.int32), 0, jnp.int32)])
     return jnp.take(table, jnp.clip(ids, 0, v - 1), axis=0, mode="clip")
+
+
+# ====================================================================== positions
+
+
+def _positions_shape(shapes, attrs):
+    if tuple(shapes[0]) != ():
+        raise OpTypeError(f"op positions: start must be one position (shape []), got shape {list(shapes[0])}", input=0)
+    shape = tuple(int(s) for s in attrs["shape"])
+    if len(shape) != 1 or shape[0] < 1:
+        raise OpTypeError(f"op positions: shape must be one positive length [S], got {list(shape)}", attr="shape")
+    return shape
+
+
+def _positions_message(dtype: str, last: int) -> str:
+    return f"positions: start {{value}} + {last} is past the largest {dtype}"
+
+
+def _positions_ref(start, shape, ctx=None):
+    start = np.asarray(start)
+    n = int(shape[0])
+    top = int(np.iinfo(start.dtype).max)
+    if int(start) > top - (n - 1) and ctx is not None:
+        ctx.fail_if(np.bool_(True), _positions_message(start.dtype.name, n - 1), int(start))
+    return (np.clip(int(start), None, top - (n - 1)) + np.arange(n)).astype(start.dtype)
+
+
+def _positions_samples(rng, d):
+    d = d if D.get(d).is_int else "i32"  # asked for another dtype's cases (test_user_jit): an index's
+    np_dtype, top = D.get(d).np_dtype, int(D.get(d).max)
+    return [((np.array(0, np_dtype),), {"shape": (4,)}), ((np.array(9, np_dtype),), {"shape": (1,)}),
+            ((np.array(top - 3, np_dtype),), {"shape": (4,)}),  # up to the largest value
+            ((np.array(top - 1, np_dtype),), {"shape": (3,)})]  # a runtime error: past it
+
+
+@op(inputs={"start": "index"}, attrs={"shape": Attr("int_list", required=True)}, shape=_positions_shape,
+    category="nn", op_set="nn", reference=_positions_ref, samples=_positions_samples)
+def positions(start, *, shape, ctx):
+    """The S positions start, start+1, ..., start+S-1 (`shape=[S]`), in start's integer dtype.
+
+    S is a literal or a size name. These are the positions of a step's S tokens after the `start` already cached
+    (`rope(q, ps)`, softmax's per-row `valid`). A last position past the dtype's largest value is
+    a runtime error of the node, never a wrap."""
+    start = jnp.asarray(start)
+    n = int(shape[0])
+    top = int(np.iinfo(start.dtype).max)
+    ctx.fail_if(start > top - (n - 1), _positions_message(start.dtype.name, n - 1), start)
+    first = jnp.minimum(start, jnp.asarray(max(top - (n - 1), 0), start.dtype))
+    return (first + jnp.arange(n, dtype=start.dtype)).astype(start.dtype)
