@@ -44,6 +44,9 @@ def _snippets() -> list[tuple[str, str, str]]:
 
 SYNOPSIS = "a synopsis of the command's flags ([--flag], a|b), not a command line"
 NOT_RUN = {
+    "docs/performance.md: python -m benchmarks.quantized_matvec --quick   # 6 layers, decode only (~1 minute)":
+        "benchmark runs (one minute and more, timings only); tests/test_quantized.py holds the kernels to "
+        "gguf.quants",
     "README.md: make demo   # creates .venv, installs, runs examples/mlp_regression.oi, then generates and chats "
     "with the DSL Llama": "creates a virtual environment and runs the whole suite (make demo's steps are each run below)",
     "README.md: from oi2jax.ops import op": "a sketch of a user op (its graph g.oi and my_ops.py are the "

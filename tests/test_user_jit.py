@@ -144,11 +144,16 @@ def test_pure_step_under_users_vmap_without_x64_equals_run(every_op):
         _same(want, {k: v[1]}, [k])
 
 
+FORWARD_ONLY = {"attention"}
+
+
 def test_pure_step_under_users_grad_without_x64(every_op):
     """grad of the float outputs of the differentiable ops: the same under the user's default
     configuration as with x64 enabled (one lowering, either way)."""
     prog, inputs, covered, _, _ = every_op
-    floats = [n for n in covered if prog.bound.dtype(f"{n}_out") == "f32"
+    # attention loops over a run-time number of cache blocks (a lax.while_loop): forward only, as
+    # docs/ops.md says; every other float op is differentiated
+    floats = [n for n in covered if n not in FORWARD_ONLY and prog.bound.dtype(f"{n}_out") == "f32"
               and all(prog.bound.dtype(k) == "f32" for k in inputs if k.rsplit("_in", 1)[0] == n)]  # the node's inputs
     state = prog.init_state()
     fixed = {k: jnp.asarray(v) for k, v in inputs.items()}

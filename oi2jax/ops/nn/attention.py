@@ -10,6 +10,7 @@ from jax import lax
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
+from ..registry import DYNAMIC
 from ._common import as_f64, float_attr, float_samples, matmul_precision, static_int
 
 
@@ -48,10 +49,10 @@ def _attention_shape(shapes, attrs):
                           f"got shape {list(q)}", input=0)
     t = k[-3]
     valid = attrs.get("valid")
-    if valid is not None and not 1 <= int(valid) <= t:
+    if valid is not None and valid is not DYNAMIC and not 1 <= int(valid) <= t:
         raise OpTypeError(f"op attention: valid length {int(valid)} is not in 1..{t}", attr="valid")
     window = attrs.get("window")
-    if window is not None and int(window) < 1:
+    if window is not None and window is not DYNAMIC and int(window) < 1:
         raise OpTypeError(f"op attention: window {int(window)} is not positive", attr="window")
     if static_int(attrs.get("block", 64), "attention", "block") < 1:
         raise OpTypeError("op attention: block must be positive", attr="block")
@@ -97,9 +98,9 @@ def _attention_samples(rng, d):
         return float_samples(rng, d, shape, scale)
     def i32(value):
         return np.array(value, np.int32)
-    return [((f(2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32(7), "block": 3, "scale": 0.5}),
+    return [((f(2, 4), f(6, 2, 4), f(6, 2, 4)), {"valid": 4, "block": 8}),  # block > T: one block of T
+            ((f(2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32(7), "block": 3, "scale": 0.5}),
             ((f(2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32(5), "window": i32(3), "block": 2}),  # 2..4
-            ((f(2, 4), f(6, 2, 4), f(6, 2, 4)), {"valid": 4, "block": 8}),  # block > T: one block of T
             ((f(1, 2, 4), f(3, 5, 1, 4), f(3, 5, 1, 4)), {"layer": i32(1), "valid": i32(2), "block": 2,
                                                              "softcap": np.array(2.0, np.float32), "scale": 4.0}),
             ((f(1, 2, 4), f(2, 3, 1, 4), f(2, 3, 1, 4)), {"layer": i32(2), "valid": i32(0)})]  # runtime errors

@@ -8,6 +8,7 @@ from jax import lax
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
+from ..registry import DYNAMIC
 from ._common import as_f64, norm_axis, float_attr, rep_values, float_samples
 
 # ====================================================================== softmax
@@ -70,10 +71,10 @@ def _softmax_shape(shapes, attrs):
     x = shapes[0]
     ax = norm_axis("softmax", attrs.get("axis", -1), len(x))
     valid = attrs.get("valid")
-    if valid is not None and not 1 <= int(valid) <= x[ax]:
+    if valid is not None and valid is not DYNAMIC and not 1 <= int(valid) <= x[ax]:
         raise OpTypeError(f"op softmax: valid length {int(valid)} is not in 1..{x[ax]}", attr="valid")
     window = attrs.get("window")
-    if window is not None and int(window) < 1:
+    if window is not None and window is not DYNAMIC and int(window) < 1:
         raise OpTypeError(f"op softmax: window {int(window)} is not positive", attr="window")
     return x
 
