@@ -13,8 +13,6 @@ zero point per tensor or per axis) cannot describe these nested block scales, he
 from __future__ import annotations
 
 import numpy as np
-from gguf import quants as _quants
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..diagnostics import OiError
 
@@ -35,6 +33,7 @@ def block_layout(kind: str) -> tuple[int, int]:
     """(values per block, bytes per block) of a kept GGML type; OiError for any other name."""
     if kind not in BLOCK_TYPES:
         raise OiError(f"GGML type {kind!r} is not a kept block type (one of {', '.join(BLOCK_TYPES)})")
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # deferred: gguf (30 ms with YAML), for kept blocks only
     return GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
 
 
@@ -60,6 +59,8 @@ def dequantize(kind: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray
     with logical `shape`: exactly `gguf.quants.dequantize`."""
     stored = ggml_stored_shape(kind, tuple(shape))
     rows = np.asarray(raw, dtype=np.uint8).reshape(stored)
-    out = _quants.dequantize(rows, GGMLQuantizationType[kind])
+    from gguf import quants  # deferred: gguf (30 ms with YAML), for kept blocks only
+    from gguf.constants import GGMLQuantizationType  # deferred: as above
+    out = quants.dequantize(rows, GGMLQuantizationType[kind])
     assert out.shape == tuple(shape), (out.shape, shape)
     return np.asarray(out, dtype=np.float32)
