@@ -26,6 +26,19 @@ NIGHTLY = os.environ.get("OI2JAX_PROFILE") == "nightly"
 
 # a graph whose step fails at run time when n is not finite (its loop bound), otherwise adds x to
 # acc n times: the session and unchecked-step tests run steps after a failing one with it
+# a table that grows (no @fixed): 10 steps double its capacity several times (executable and session tests)
+GROW_SOURCE = """\
+dynamic { x: f32[2]; }
+volatile { last: f32[2]; }
+persistent { t: i32 @init(0); A(i): f32[2] @table; }
+block entry {
+    cache.write x >> A[t];
+    cache.read A[t] >> last;
+    cache.increment t;
+    return;
+}
+"""
+
 PLAIN_FAIL_SOURCE = """
 dynamic { n: f32; x: f32[2]; }
 volatile { y: f32[2]; }

@@ -17,21 +17,30 @@ from pathlib import Path
 import numpy as np
 
 
-def gemma2_config(*, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int,
-                  intermediate: int, max_positions: int, sliding_window: int, rope_form: str = "new",
-                  **extra) -> dict:
-    """A Gemma2ForCausalLM `config.json` (transformers 5 with `rope_form="new"`, 4.x with "old")."""
-    config = {
-        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+def _gemma_common(architecture: str, model_type: str, *, vocab, hidden, layers, heads, kv_heads, head_dim,
+                  intermediate, max_positions, sliding_window) -> dict:
+    """The `config.json` keys Gemma 2 and Gemma 3 (text) write alike."""
+    return {
+        "architectures": [architecture], "model_type": model_type,
         "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
         "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
         "head_dim": head_dim, "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": max_positions, "initializer_range": 0.02, "rms_norm_eps": 1e-6,
         "use_cache": True, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
         "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0,
-        "query_pre_attn_scalar": head_dim * 2, "sliding_window": sliding_window,
-        "final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0,
-        "torch_dtype": "float32",
+        "sliding_window": sliding_window, "torch_dtype": "float32",
+    }
+
+
+def gemma2_config(*, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int,
+                  intermediate: int, max_positions: int, sliding_window: int, rope_form: str = "new",
+                  **extra) -> dict:
+    """A Gemma2ForCausalLM `config.json` (transformers 5 with `rope_form="new"`, 4.x with "old")."""
+    config = {
+        **_gemma_common("Gemma2ForCausalLM", "gemma2", vocab=vocab, hidden=hidden, layers=layers, heads=heads,
+                        kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate,
+                        max_positions=max_positions, sliding_window=sliding_window),
+        "query_pre_attn_scalar": head_dim * 2, "final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0,
     }
     if rope_form == "new":
         config["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
@@ -50,16 +59,11 @@ def gemma3_text_config(*, vocab: int, hidden: int, layers: int, heads: int, kv_h
     """A Gemma3ForCausalLM (model_type gemma3_text) `config.json`: `rope_parameters` keyed by layer
     type (transformers 5, "new") or rope_theta + rope_local_base_freq + sliding_window_pattern (4.5x)."""
     config = {
-        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
-        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-        "head_dim": head_dim, "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": max_positions, "initializer_range": 0.02, "rms_norm_eps": 1e-6,
-        "use_cache": True, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
-        "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0,
-        "query_pre_attn_scalar": head_dim, "sliding_window": sliding_window,
-        "final_logit_softcapping": None, "attn_logit_softcapping": None,
-        "use_bidirectional_attention": False, "torch_dtype": "float32",
+        **_gemma_common("Gemma3ForCausalLM", "gemma3_text", vocab=vocab, hidden=hidden, layers=layers, heads=heads,
+                        kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate,
+                        max_positions=max_positions, sliding_window=sliding_window),
+        "query_pre_attn_scalar": head_dim, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
     }
     if rope_form == "new":
         config["layer_types"] = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(layers)]

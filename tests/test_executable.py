@@ -9,17 +9,7 @@ import pytest
 import oi2jax
 from oi2jax.runtime.kernels import StepOutcome
 
-GROW_SOURCE = """\
-dynamic { x: f32[2]; }
-volatile { last: f32[2]; }
-persistent { t: i32 @init(0); A(i): f32[2] @table; }
-block entry {
-    cache.write x >> A[t];
-    cache.read A[t] >> last;
-    cache.increment t;
-    return;
-}
-"""
+from conftest import GROW_SOURCE
 
 
 @pytest.fixture(scope="module")

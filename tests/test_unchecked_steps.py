@@ -14,7 +14,7 @@ from oi2jax.diagnostics import OiError
 
 from oi2jax.runtime.session import DeviceOutcomes
 
-from conftest import EXAMPLES, PLAIN_FAIL_LARGE_SOURCE, PLAIN_FAIL_SOURCE, assert_same
+from conftest import EXAMPLES, GROW_SOURCE, PLAIN_FAIL_LARGE_SOURCE, PLAIN_FAIL_SOURCE, assert_same
 
 KV = (EXAMPLES / "kv_cache_decode.oi", EXAMPLES / "kv_cache_decode.oinf")  # K @fixed(i=4): step 5 overflows
 OVERFLOW = r"dimension 0 of K: index 4 is past its fixed size 4 \(in step 5\)"
@@ -234,19 +234,6 @@ def test_skipped_steps_leave_tables_in_place_and_untouched():
     sess.check()
     want[3:5] = xs[3:5]
     np.testing.assert_array_equal(sess.read("H"), want)
-
-
-GROW_SOURCE = """\
-dynamic { x: f32[2]; }
-volatile { last: f32[2]; }
-persistent { t: i32 @init(0); A(i): f32[2] @table; }
-block entry {
-    cache.write x >> A[t];
-    cache.read A[t] >> last;
-    cache.increment t;
-    return;
-}
-"""
 
 
 def test_growth_still_reruns_the_step_that_needed_it():
