@@ -18,7 +18,7 @@ from . import ir
 from .checks.caches import CacheRules
 from .checks.control import ControlRules
 from .checks.decls import DeclRules
-from .checks.ops import OpRules
+from .checks.ops import LiteralValue, OpRules
 from .checks.shapes import RuntimeShapeRules
 from .checks.yield_await import PhaseRules
 from .diagnostics import source_lines, suggest, Diagnostic, OiError
@@ -53,11 +53,19 @@ class CheckedGraph:
     yield_phases: YieldPhases  # phases.yield_phases: windows, phases, consumers of each yield (no errors)
     writes: Mapping[str, frozenset]  # phases.block_writes: block -> what it (and the blocks it calls) may write
     read_before_written: frozenset  # phases.read_before_written: what a step may read before writing it
+    # literal op inputs (docs/semantics.md): (op node's index, input position) -> its dtype and value
+    literals: Mapping[tuple[int, int], LiteralValue]
 
     def op_sig(self, node: ir.Op):
         sig = self.op_sigs.get(node.index)
         assert sig is not None, f"op {node.op} at {node.span} was not typed by the checker (a node built after check?)"
         return sig
+
+    def literal(self, node: ir.Op, pos: int) -> LiteralValue:
+        """The dtype and value of the literal that is `node`'s input `pos`."""
+        lit = self.literals.get((node.index, pos))
+        assert lit is not None, f"op {node.op} input {pos} at {node.span} is not a literal the checker typed"
+        return lit
 
 
 def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
@@ -72,7 +80,7 @@ def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None
     plan = checker.yield_phases
     return CheckedGraph(graph, tuple(diags), MappingProxyType(dict(checker.op_sigs)), checker.registry,
                         MappingProxyType(dict(checker.shaped)), plan, block_writes(graph),
-                        read_before_written(graph, plan))
+                        read_before_written(graph, plan), MappingProxyType(dict(checker.literals)))
 
 
 def check_or_raise(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> list[Diagnostic]:
@@ -103,6 +111,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
         self.decls: dict[str, ir.VarDecl] = {}
         self.temps: dict[str, ir.Assign] = {}
         self.op_sigs: dict = {}  # op node's index -> ops.OpSig (CheckedGraph)
+        self.literals: dict = {}  # (op node's index, input position) -> LiteralValue (CheckedGraph)
 
     # ---------------------------------------------------------------- helpers
     def error(self, message: str, span: ir.Span | None, related=()):

@@ -5,7 +5,9 @@
 Round trip .oi -> JSON -> IR equals the parsed IR up to spans, except where JSON has no
 room for the distinction: an `@init` written as an int on a bool variable comes back as a
 bool; f16/bf16/f8 `@init` values come back as the stored (rounded) value; `cache.increment 1 x`
-comes back as `cache.increment x`. oi2jax extension: `return a, b;` is `{"Return": {"vars": [...]}}`.
+comes back as `cache.increment x`; a literal op input comes back with its value and dtype, written plainly
+(`0x10` as `16`, `2.0f32` as `2.0` with dtype f32). oi2jax extensions: `return a, b;` is
+`{"Return": {"vars": [...]}}`; a literal op input is `{"Literal": {"Double": 0.125}, "dtype": null}`.
 """
 from __future__ import annotations
 
@@ -35,6 +37,14 @@ def node_uuid(index: int) -> str:
 
 def _ref(r: ir.VarRef) -> str:
     return r.name if r.indices is None else f"{r.name}[{','.join(str(i) for i in r.indices)}]"
+
+
+def _input(r) -> str | dict:
+    """An op input: a variable reference's text, or (oi2jax extension) a literal input as
+    `{"Literal": <setting value>, "dtype": <its suffix's dtype or null>}`."""
+    if isinstance(r, ir.LiteralInput):
+        return {"Literal": _attr(r.value), "dtype": None if r.dtype is None else _dt(r.dtype)}
+    return _ref(r)
 
 
 def _val(v) -> dict:
@@ -92,7 +102,7 @@ class _ToJson(ir.NodeVisitor):
 
     def visit_Op(self, n: ir.Op):
         return {"Op": {"op": n.op, "attrs": {"items": [{"name": a.name, "value": _attr(a.value)} for a in n.attrs]},
-                       "inputs": [_ref(r) for r in n.inputs], "output": n.output}}
+                       "inputs": [_input(r) for r in n.inputs], "output": n.output}}
 
     def visit_Branch(self, n: ir.Branch):
         return {"Branch": {"cond": n.cond, "then_block": n.then_block, "else_block": n.else_block}}
@@ -173,6 +183,18 @@ def _ref_back(s: str, span) -> ir.VarRef:
     return ir.VarRef(m[1], span, tuple(_atom(x.strip()) for x in m[2].split(",") if x.strip()))
 
 
+def _input_back(x, span):
+    if not isinstance(x, dict):
+        return _ref_back(x, span)
+    lit = _attr_back(x["Literal"])
+    if lit.kind not in ("float", "int", "bool"):
+        raise ValueError(f"literal op input {x['Literal']!r}: expected a Double, Int or Bool value")
+    dtype = None if x.get("dtype") is None else _dt_back(x["dtype"])
+    if dtype is not None and not dtypes.is_dtype(dtype):
+        raise ValueError(f"literal op input dtype {x['dtype']!r} is not a dtype")
+    return ir.LiteralInput(lit, span, dtype)
+
+
 def _val_back(v):
     return None if v is None else (v["Lit"] if "Lit" in v else v["Ident"])
 
@@ -235,7 +257,7 @@ _FROM_JSON = {  # serde variant (= the IR node type's name) -> (index, span, fie
     "Assign": lambda i, span, v: ir.Assign(index=i, span=span, name=v["name"], dtype=_dt_back(v["dtype"]),
                                            dims=tuple(_dim(x) for x in v["dims"])),
     "Op": lambda i, span, v: ir.Op(
-        index=i, span=span, op=v["op"], inputs=tuple(_ref_back(x, span) for x in v["inputs"]),
+        index=i, span=span, op=v["op"], inputs=tuple(_input_back(x, span) for x in v["inputs"]),
         attrs=tuple(ir.Attr(a["name"], _attr_back(a["value"]), span) for a in v["attrs"]["items"]),
         output=v["output"], output_span=span),
     "Branch": lambda i, span, v: ir.Branch(index=i, span=span, cond=v["cond"], then_block=v["then_block"],

@@ -396,8 +396,15 @@ class InterpretedProgram(CacheOps):
     # ----------------------------------------------------------------------------------- ops
 
     def _op(self, node: ir.Op, frames, st: State, ctx: Ctx) -> int:
-        inputs = [self._read_ref(r, frames, st, node) for r in node.inputs]
-        in_dtypes = [self._ref_dtype(r) for r in node.inputs]
+        inputs, in_dtypes = [], []
+        for pos, ref in enumerate(node.inputs):
+            if isinstance(ref, ir.LiteralInput):  # typed by the checker: its dtype and value
+                lit = self.bound.checked.literal(node, pos)
+                inputs.append(lit.value)
+                in_dtypes.append(lit.dtype)
+            else:
+                inputs.append(self._read_ref(ref, frames, st, node))
+                in_dtypes.append(self._ref_dtype(ref))
         sig = self.bound.op_sig(node)  # typed by the checker (check.CheckedGraph), not re-inferred
         attrs = self.bound.op_attrs(node)  # the one preparation; a variable is read from the state
         for name, value in attrs.items():

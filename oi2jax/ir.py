@@ -178,6 +178,18 @@ class VarRef:
 
 
 @dataclass(frozen=True)
+class LiteralInput:
+    """A scalar literal as an op input (`op mul(x, 0.125)`, `op add(i, -1)`): an oi2jax extension
+    (docs/semantics.md). `value` is a `Literal` of kind float | int | bool (its text kept as written,
+    `IntLit` / `FloatLit`); `dtype` is the one its suffix names (`2.0f32`, `3i8`), else None and the
+    checker gives it the dtype of the op's first input that has one (`CheckedGraph.literal`)."""
+
+    value: Literal
+    span: Span
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
 class Single:
     """One cache index position holding a single index."""
 
@@ -228,10 +240,15 @@ class Attr:
 @dataclass(frozen=True, kw_only=True)
 class Op(Node):
     op: str
-    inputs: tuple[VarRef, ...]
+    inputs: tuple[VarRef | LiteralInput, ...]
     attrs: tuple[Attr, ...]
     output: str
     output_span: Span
+
+    @property
+    def refs(self) -> tuple[VarRef, ...]:
+        """The inputs that read a variable (every input but the literals)."""
+        return tuple(r for r in self.inputs if isinstance(r, VarRef))
 
     @property
     def attr_map(self) -> dict[str, Literal]:

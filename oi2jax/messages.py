@@ -112,9 +112,10 @@ def setting_not_an_input(op: str, name: str) -> str:
             f"a tensor is given as an input{hint}")
 
 
-def literal_input(text: str) -> str:
-    """A literal where an op input goes (`op mul(x, 0.125)`): OpenInfer's op inputs are variables."""
-    kind = "f32" if any(c in text for c in ".eE") and not text.lower().startswith("0x") else "i32"
-    return (f"unexpected '{text}': an op input is a variable, not a literal; declare one holding the value, e.g. "
-            f"`c: {kind} @init({text});` in `volatile {{ ... }}` (the dtype of the op's other inputs), and write c "
-            f"in its place")
+def untyped_literal_input(op: str, text: str, kind: str) -> str:
+    """An op whose inputs are all literals, none with a suffix (`op add(1, 2)`): nothing gives them
+    a dtype. `text`: the first literal as written; `kind`: the literal's kind (float | int | bool)."""
+    dtype = {"float": "f32", "int": "i32"}.get(kind, "bool")
+    suffix = f"write its dtype as a suffix (`{text}{dtype}`), or " if kind != "bool" else ""
+    return (f"op {op}: every input is a literal, so nothing gives {text} a dtype; {suffix}declare a variable holding "
+            f"it, e.g. `c: {dtype} @init({text});` in `volatile {{ ... }}`, and write c in its place")

@@ -72,7 +72,7 @@ class _Reads(ir.NodeVisitor):
             self._index(v, out)
 
     def visit_Op(self, node: ir.Op, out: set):
-        for r in node.inputs:
+        for r in node.refs:
             self._ref(r, out)
         for attr in node.attrs:
             if attr.value.kind == "var":  # a variable-valued setting reads that variable
@@ -475,7 +475,7 @@ def runtime_shaped(graph: ir.Graph) -> dict[str, str]:
         changed = False
         for node in nodes:
             if isinstance(node, ir.Op) and node.output not in out:
-                src = next((out[r.name] for r in node.inputs if r.indices is None and r.name in out), None)
+                src = next((out[r.name] for r in node.refs if r.indices is None and r.name in out), None)
                 if src is not None:
                     out[node.output] = src
                     changed = True

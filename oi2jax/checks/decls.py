@@ -147,24 +147,26 @@ _PACKED_RANGES = {"i4": (-8, 7), "i2": (-2, 1), "i1": (-1, 0), "u4": (0, 15), "u
                   "t2": (-1, 1)}
 
 
-def init_error(dtype: str, lit: ir.Literal) -> str | None:
+def init_error(dtype: str, lit: ir.Literal, what: str = "init") -> str | None:
+    """Why literal `lit` cannot be a value of `dtype` (SPEC §2.3, THE rule of `@init` and of a
+    literal op input, `what` naming which), or None when it can."""
     dt = dtypes.get(dtype)
     if lit.kind == "float":
         if not dt.is_float:
-            return "float init requires f8/bf16/f16/f32/f64 dtype"
+            return f"float {what} requires f8/bf16/f16/f32/f64 dtype"
         v = lit.value
         if v == v and abs(v) != float("inf") and abs(v) > float(dt.max):  # e.g. 100000.0 on f16: not inf
-            return f"{dtype} init {v!r} is out of range (largest finite {dtype} is {dt.max:g})"
+            return f"{dtype} {what} {v!r} is out of range (largest finite {dtype} is {dt.max:g})"
         return None
     if lit.kind == "bool":
-        return None if dtype == "bool" else "bool init requires bool dtype"
+        return None if dtype == "bool" else f"bool {what} requires bool dtype"
     if lit.kind != "int":
-        return f"unsupported init value kind {lit.kind}"
+        return f"unsupported {what} value kind {lit.kind}"
     v = lit.value
     if dt.is_float:
-        return f"int init requires an integer, bool or bitset dtype, got {dtype} (write {v}.0)"
+        return f"int {what} requires an integer, bool or bitset dtype, got {dtype} (write {int(v)}.0)"
     if dtype == "t1":
-        return None if v in (-1, 1) else "t1 init out of range"
+        return None if v in (-1, 1) else f"t1 {what} out of range"
     if dtype in _PACKED_RANGES:
         lo, hi = _PACKED_RANGES[dtype]
     elif dtype == "bool":
@@ -173,4 +175,4 @@ def init_error(dtype: str, lit: ir.Literal) -> str | None:
         lo, hi = 0, 255
     else:
         lo, hi = dt.min, dt.max
-    return None if lo <= v <= hi else f"{dtype} init out of range"
+    return None if lo <= v <= hi else f"{dtype} {what} out of range"

@@ -1,15 +1,30 @@
 """Op, transfer and variable-use rules: inputs, outputs, attributes and op typing via `oi2jax.ops.infer`."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
+
 from .. import dtypes as D
 from .. import ir
 from .. import messages
 from .. import ops
 from ..diagnostics import suggest
 from ..grammar.build import INT_SUFFIX_RANGES
+from ..grammar.fmt import format_ref
+from ..host_numerics import init_scalar
 from ..ops.loading import bundled_set_of
 from ..ir import MemKind
 from . import shape_text
+from .decls import init_error
+
+
+class LiteralValue(NamedTuple):
+    """A literal op input as the checker typed it (`CheckedGraph.literal`): its dtype and its value,
+    a 0-d array in that dtype's representation (dtypes.py)."""
+
+    dtype: str
+    value: np.ndarray
 
 
 class OpRules:
@@ -66,9 +81,11 @@ class OpRules:
             return
         spec = self.registry[node.op]
         ok = True
-        for ref in node.inputs:
+        for ref in node.refs:
             if not self.check_source(ref, loops, "unknown input variable"):
                 ok = False
+        if ok and not self.type_literal_inputs(node):
+            ok = False
         out = node.output
         out_ok = True
         if not self.known(out):
@@ -117,9 +134,9 @@ class OpRules:
                                f"{self.dtype(var)}", attr.span)
         if not ok:
             return
-        in_dtypes = [self.dtype(r.name) for r in node.inputs]
-        in_shapes = [self.shape(r.name) for r in node.inputs]
-        in_names = [r.name if r.indices is None else str(r) for r in node.inputs]
+        in_dtypes = [self.input_dtype(node, i) for i in range(len(node.inputs))]
+        in_shapes = [() if isinstance(r, ir.LiteralInput) else self.shape(r.name) for r in node.inputs]
+        in_names = [format_ref(r) for r in node.inputs]
         try:
             sig = ops.infer(node.op, in_dtypes, in_shapes, node.attr_map, out_name=out, in_names=in_names,
                             registry=self.registry, sizes=self.size_scope())
@@ -149,6 +166,39 @@ class OpRules:
         if sig.out_shape is not None and out_shape is not None and tuple(sig.out_shape) != out_shape:
             self.error(messages.op_output_shape(node.op, out, out_shape, sig.out_shape), node.output_span)
 
+
+    def input_dtype(self, node: ir.Op, pos: int) -> str | None:
+        """The dtype of an op's input: its variable's, or a literal's as `type_literal_inputs` typed it."""
+        ref = node.inputs[pos]
+        if isinstance(ref, ir.LiteralInput):
+            return self.literals[(node.index, pos)].dtype
+        return self.dtype(ref.name)
+
+    def type_literal_inputs(self, node: ir.Op) -> bool:
+        """Type each literal input (docs/semantics.md): its suffix's dtype, else that of the op's
+        first input that has one (a variable, or a literal with a suffix); its value must fit that
+        dtype as an `@init` literal must (SPEC §2.3: no narrowing, no int for a float). Records the
+        value in that dtype (`CheckedGraph.literal`); False after an error."""
+        typed = [r.dtype if isinstance(r, ir.LiteralInput) else self.dtype(r.name) for r in node.inputs]
+        first = next((i for i, d in enumerate(typed) if d is not None), None)
+        ok = True
+        for pos, ref in enumerate(node.inputs):
+            if not isinstance(ref, ir.LiteralInput):
+                continue
+            text = format_ref(ref)
+            if first is None:
+                self.error(messages.untyped_literal_input(node.op, text, ref.value.kind), ref.span)
+                return False
+            dtype = typed[pos] or typed[first]
+            problem = init_error(dtype, ref.value, "literal")
+            if problem is not None:
+                source = "its suffix" if ref.dtype else f"the dtype of {format_ref(node.inputs[first])}"
+                self.error(f"op {node.op} input {pos}: the literal {text} takes {dtype} ({source}): {problem}",
+                           ref.span)
+                ok = False
+                continue
+            self.literals[(node.index, pos)] = LiteralValue(dtype, init_scalar(dtype, ref.value))
+        return ok
 
     def size_scope(self):
         """The sizes an op's int-list attribute may name; unknown names are errors only when the

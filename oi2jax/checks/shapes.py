@@ -28,7 +28,7 @@ class RuntimeShapeRules:
                 elif isinstance(node, ir.Op) and node.output in shaped:
                     first_write.setdefault(node.output, node)
                     sources.setdefault(node.output, set()).update(
-                        shaped[r.name] for r in node.inputs if r.indices is None and r.name in shaped)
+                        shaped[r.name] for r in node.refs if r.indices is None and r.name in shaped)
         for v, src in shaped.items():
             node = first_write.get(v)
             span = node.span if node is not None else None
@@ -54,7 +54,7 @@ class RuntimeShapeRules:
             return f"{v} has the current shape of @auto_dim tensor {shaped[v]}"
 
         if isinstance(node, ir.Op):
-            moving = [r.name for r in node.inputs if r.indices is None and r.name in shaped]
+            moving = [r.name for r in node.refs if r.indices is None and r.name in shaped]
             for attr in node.attrs:
                 if attr.value.kind == "var" and attr.value.value in shaped:
                     self.error(f"op {node.op}: setting {attr.name} must be a scalar; {named(attr.value.value)}",
@@ -65,7 +65,7 @@ class RuntimeShapeRules:
             if spec is None or not spec.elementwise:
                 self.error(f"op {node.op} cannot take a runtime-shaped operand: {named(moving[0])}", node.span)
                 return
-            for r in node.inputs:
+            for r in node.refs:
                 if r.name in shaped or r.name in moving:
                     continue
                 dims = self.decls[r.name].dims if r.name in self.decls else \

@@ -332,6 +332,24 @@ class Builder(Transformer):
             raise self.err("prefix access must include at least one index", children[1])
         return ir.VarRef(self.name(name_tok), self.tspan(name_tok), indices)
 
+    def literal_input(self, meta, children):
+        """A scalar literal as an op input (oi2jax extension, docs/semantics.md). A suffix names
+        its dtype (`2.0f32`, `3i8`; `1f32` is the float 1.0, as in Rust); without one the checker
+        types it from the op's other inputs."""
+        minus, tok = children
+        lit = self.literal(minus, tok)
+        span = self.tspan(minus if minus is not None else tok)
+        suffix = self.int_parts(tok)[1] if tok.type == "INT" else self.float_parts(tok)[1] if tok.type == "FLOAT" \
+            else ""
+        if not suffix:
+            return ir.LiteralInput(lit, span)
+        if not dtypes.is_dtype(suffix):
+            raise self.err(f"literal {shown(str(tok))}: {suffix} is not an OpenInfer dtype (a literal input's suffix "
+                           f"is its dtype: i8..i64, u8..u64, f32 or f64)", tok)
+        if lit.kind == "int" and dtypes.get(suffix).is_float:
+            lit = ir.Literal("float", ir.FloatLit(float(lit.value), ("-" if minus is not None else "") + str(tok)))
+        return ir.LiteralInput(lit, span, suffix)
+
     def cval(self, meta, children):
         minus, tok = children
         if minus is not None:
@@ -385,7 +403,7 @@ class Builder(Transformer):
         for arg in args:
             if arg is None:
                 continue
-            if isinstance(arg, ir.VarRef):
+            if isinstance(arg, (ir.VarRef, ir.LiteralInput)):
                 if attrs:
                     raise self.err("positional args must come before settings", arg.span)
                 inputs.append(arg)

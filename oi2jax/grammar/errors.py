@@ -4,8 +4,6 @@ from __future__ import annotations
 from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
-import re
-
 from .. import ir, messages
 from ..diagnostics import OiError
 
@@ -71,7 +69,7 @@ def translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
         if end is not None and end[0] < line:  # on the same line the caret is already right there
             return OiError(f"expected ';' before {_describe_token(tok)}", ir.Span(path, end[0], end[1]),
                            source=text)
-    msg = _in_op_arguments(ip, tok, expected, text) if ip is not None else None
+    msg = _in_op_arguments(ip, tok) if ip is not None else None
     if msg is not None:
         pass
     elif expected == {"DTYPE"} and tok.type == "NAME":
@@ -95,21 +93,13 @@ def translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
     return OiError(msg, ir.Span(path, line, col), source=text)
 
 
-_NUMBER = re.compile(r"-?\s*[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9_]+)?[A-Za-z0-9_]*")
-
-
-def _in_op_arguments(ip, tok, expected, text: str) -> str | None:
-    """The message for a literal where an op input goes (`op mul(x, 0.125)`) or a tensor where a
-    setting's value goes (`bias=bq[l]`); None elsewhere."""
+def _in_op_arguments(ip, tok) -> str | None:
+    """The message for a tensor where a setting's value goes (`bias=bq[l]`); None elsewhere."""
     stack = ip.parser_state.value_stack
     starts = [i for i, item in enumerate(stack) if isinstance(item, Token) and item.type == "OP"]
     if not starts or len(stack) < starts[-1] + 3 or not isinstance(stack[starts[-1] + 1], Token):
         return None
     op = str(stack[starts[-1] + 1])
-    top = stack[-1].type if isinstance(stack[-1], Token) else None
-    if tok.type in ("FLOAT", "INT", "MINUS", "TRUE", "FALSE") and top in ("LPAR", "COMMA") and "NAME" in expected:
-        found = _NUMBER.match(text, tok.start_pos) if tok.type in ("FLOAT", "INT", "MINUS") else None
-        return messages.literal_input(re.sub(r"\s+", "", found.group()) if found else str(tok))
     if tok.type == "LSQB" and len(stack) >= 3 and [getattr(t, "type", None) for t in stack[-3:]] == ["NAME", "EQUAL",
                                                                                                      "NAME"]:
         return messages.setting_not_an_input(op, str(stack[-3]))

@@ -282,7 +282,10 @@ def format_literal(lit: ir.Literal) -> str:
     return str(lit.value)  # var, dtype
 
 
-def format_ref(r: ir.VarRef, sep: str = ", ") -> str:
+def format_ref(r: "ir.VarRef | ir.LiteralInput", sep: str = ", ") -> str:
+    """An op input, transfer or cache operand as written: `x`, `W[l]`, a literal input `0.125`."""
+    if isinstance(r, ir.LiteralInput):
+        return format_literal(r.value)
     if r.indices is None:
         return r.name
     return f"{r.name}[{sep.join(str(i) for i in r.indices)}]"

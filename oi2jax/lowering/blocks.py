@@ -41,11 +41,16 @@ def attr_values(node: ir.Op, env: Env, tr: Tracer) -> dict:
 
 @rule(ir.Op)
 def _op(node: ir.Op, env, frame, tr):
-    inputs = []
-    for ref in node.inputs:
-        env, value = tr.read(ref, env, frame)
-        inputs.append(value)
-    in_dtypes = [_dtype_of(tr, ref.name) for ref in node.inputs]
+    inputs, in_dtypes = [], []
+    for pos, ref in enumerate(node.inputs):
+        if isinstance(ref, ir.LiteralInput):  # a constant of the dtype the checker gave it
+            lit = tr.bound.checked.literal(node, pos)
+            inputs.append(jnp.asarray(lit.value))
+            in_dtypes.append(lit.dtype)
+        else:
+            env, value = tr.read(ref, env, frame)
+            inputs.append(value)
+            in_dtypes.append(_dtype_of(tr, ref.name))
     sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
     guards: list = []
     try:

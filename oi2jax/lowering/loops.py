@@ -97,7 +97,7 @@ def _refs(n):
     """The variable references of one node (op inputs and output, transfers, cache sources and
     destinations)."""
     if isinstance(n, ir.Op):
-        yield from n.inputs
+        yield from n.refs
         yield ir.VarRef(n.output, n.output_span)
     elif isinstance(n, ir.Transfer):
         yield n.src
