@@ -8,7 +8,7 @@ sizes, unknown size names are accepted and shape checks that involve them are sk
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -83,6 +83,25 @@ def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None
                         read_before_written(graph, plan), MappingProxyType(dict(checker.literals)))
 
 
+def resize(checked: CheckedGraph, model=None, sizes: dict[str, int] | None = None) -> CheckedGraph:
+    """`checked` at other sizes (`BoundGraph.rebind`), or `OiError` with every error: only the rules
+    that read a size run again (`_Checker.run_sized`). They must: a size changes the shapes the
+    checker compared -- an op's output shape and broadcasting (`add(a, b)` with `a: f32[T]`,
+    `b: f32[S]` types at T = S only) and its int-list settings, a declaration against its model
+    tensor, a constant cache index against its table's extent, the two shapes of a transfer or a
+    cache access, whether a setting, condition or loop bound is a scalar (`f32[N]` at N = 1) -- so
+    the op signatures are recomputed and those equalities checked again. What reads no size is
+    kept as checked: names, dtypes and memory kinds, the block structure and branch graph, the
+    yield/await plan, what each block writes and reads first, the runtime-shaped variables, the
+    literal inputs' values and the warnings (no warning reads a size)."""
+    checker = _Checker(checked.graph, model, sizes, checked.ops)
+    checker.run_sized()
+    errors = sorted((d for d in checker.diags if d.severity == "error"), key=_sort_key)
+    if errors:
+        raise OiError(errors, source=checked.graph.source)
+    return replace(checked, op_sigs=MappingProxyType(dict(checker.op_sigs)))
+
+
 def check_or_raise(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None) -> list[Diagnostic]:
     """Raise `OiError` (all errors) when there are errors; otherwise return the warnings."""
     return list(check_graph(graph, model, sizes, ops).warnings)
@@ -112,6 +131,7 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
         self.temps: dict[str, ir.Assign] = {}
         self.op_sigs: dict = {}  # op node's index -> ops.OpSig (CheckedGraph)
         self.literals: dict = {}  # (op node's index, input position) -> LiteralValue (CheckedGraph)
+        self.node_rules = _NODE_RULES  # node type -> rule (`run_sized`: the rules that read a size)
 
     # ---------------------------------------------------------------- helpers
     def error(self, message: str, span: ir.Span | None, related=()):
@@ -189,11 +209,23 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
         self.check_yield_await()
         self.check_runtime_shapes()
 
+    def run_sized(self):
+        """The rules that read a size (`resize` says which and why): the size names, the
+        declarations (their model tensors' shapes), the temporaries they look up, and the node
+        rules of `_SIZED_RULES`."""
+        for message in unknown_sizes(self.g, self.model, self.given_sizes):
+            self.error(message, None)
+        self.check_vars()
+        self.collect_temps()
+        self.node_rules = _SIZED_RULES
+        for block in self.g.blocks:
+            self.check_nodes(block, block.nodes, (), top=True)
+
     # ---------------------------------------------------------------- node walk
     def check_nodes(self, block: ir.Block, nodes, loops: tuple[str, ...], top: bool):
-        """Check each node with its rule (`_NODE_RULES`: node type -> method, every node type)."""
+        """Check each node with its rule (`self.node_rules`: node type -> method, every node type)."""
         for pos, node in enumerate(nodes):
-            _NODE_RULES[type(node)](self, node, _At(block, nodes, pos, loops, top))
+            self.node_rules[type(node)](self, node, _At(block, nodes, pos, loops, top))
 
     def _no_rule(self, node, at: "_At"):
         pass  # assign (collect_temps), barrier and dep: nothing to check per node
@@ -276,3 +308,8 @@ _NODE_RULES = {
     ir.Yield: _Checker._yield_await_rule,
     ir.Await: _Checker._yield_await_rule,
 }
+
+_SIZED_RULES = {**_NODE_RULES, **{t: _Checker._no_rule for t in (ir.Return, ir.Yield, ir.Await)}}
+"""The node rules that read a size (`resize`): ops, cache reads, writes, resets, increments and
+decrements (a scalar is `[]` or of one element), transfers, branch conditions and loop bounds;
+return, yield and await name variables only."""

@@ -275,3 +275,48 @@ def test_unknown_size_names_are_errors_with_suggestions(capsys):
     assert main(["check", graph, "--model", model, "--size", "Q=3"]) == 1
     assert "error: unknown size Q: the graph and model sizes are B, D, H, O" in capsys.readouterr().err
     assert main(["check", graph, "--model", model, "--size", "B=8"]) == 0
+
+
+# ---------------------------------------------------------------- resize (BoundGraph.rebind, issue 38 item 5)
+
+SIZED = """dynamic { a: f32[T]; b: f32[S]; }
+volatile { y: f32[T]; t: f32[N]; }
+persistent { n: i32 @init(0); K(i): f32[T] @table; }
+block entry {
+    op add(a, b) >> y;
+    op mul(y, 2.0) >> y;
+    cache.write y >> K[n];
+    op sum_axis(y, axes=[0], keepdims=true) >> t;
+    cache.increment n;
+    yield y;
+    await y;
+    return;
+}
+"""
+
+
+def test_resize_retypes_the_ops_and_keeps_what_reads_no_size():
+    from oi2jax.check import check_graph, resize
+    checked = check_graph(parse(SIZED), sizes={"T": 4, "S": 4, "N": 1})
+    again = resize(checked, sizes={"T": 2, "S": 2, "N": 1})
+    fresh = check_graph(parse(SIZED), sizes={"T": 2, "S": 2, "N": 1})
+    ops = [n for n in checked.graph.blocks[0].nodes if isinstance(n, ir.Op)]
+    assert [again.op_sig(n).out_shape for n in ops] == [fresh.op_sig(n).out_shape for n in ops] == [(2,), (2,), (1,)]
+    assert [checked.op_sig(n).out_shape for n in ops] == [(4,), (4,), (1,)]
+    for kept in ("graph", "ops", "warnings", "yield_phases", "writes", "read_before_written", "runtime_shaped",
+                 "literals"):
+        assert getattr(again, kept) is getattr(checked, kept), kept
+
+
+@pytest.mark.parametrize("sizes,message", [
+    ({"T": 2, "S": 3, "N": 1}, "5:8: error: incompatible broadcast dims 2 and 3"),
+    ({"T": 2, "S": 2, "N": 2}, "8:48: error: op sum_axis output shape mismatch for t: t is [2], the result is [1]"),
+])
+def test_resize_reports_what_the_new_sizes_break_as_the_checker_does(sizes, message):
+    from oi2jax.check import check_graph, resize
+    checked = check_graph(parse(SIZED), sizes={"T": 4, "S": 4, "N": 1})
+    with pytest.raises(OiError) as resized:
+        resize(checked, sizes=sizes)
+    with pytest.raises(OiError) as fresh:
+        check_graph(parse(SIZED), sizes=sizes)
+    assert str(resized.value) == str(fresh.value) and message in str(resized.value)

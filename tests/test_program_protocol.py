@@ -54,8 +54,9 @@ def test_loaders_live_in_the_pipeline_and_the_facade_reexports_them():
 def test_a_program_rebinds_itself_at_other_sizes():
     prog = oi2jax.compile(MLP)
     sizes = {**prog.bound.sizes, "B": 1}
-    tail = prog.rebound(sizes)  # no front end: the bound graph checks and binds itself again
+    tail = prog.rebound(sizes)  # no front end: the bound graph rebinds itself (check.resize: the size rules only)
     assert isinstance(tail, Program) and tail.bound.sizes["B"] == 1 and tail.bound.shape("x")[0] == 1
     assert tail.bound.checked.ops is prog.bound.checked.ops and tail.bound.model is prog.bound.model
+    assert tail.bound.checked.yield_phases is prog.bound.checked.yield_phases  # kept, not checked again
     x = np.ones((1,) + tuple(prog.bound.shape("x")[1:]), np.float32)
     np.testing.assert_array_equal(tail.run({"x": x})["y"], oi2jax.compile(MLP, sizes={"B": 1}).run({"x": x})["y"])

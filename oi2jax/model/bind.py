@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import ir, messages
-from ..check import check_graph
+from ..check import resize
 from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
 from ..host_numerics import bf16_encode, f8_encode, fill_value
@@ -106,10 +106,10 @@ class BoundGraph:
         return BoundGraph(self.graph, self.model, sizes, shapes, self.checked, self.zero_missing_inputs)
 
     def rebind(self, sizes: dict) -> "BoundGraph":
-        """The same graph, model and op registry checked and bound at other `sizes` (a chunked
-        run's tail: runtime/chunked.py), with this binding's `zero_missing_inputs`."""
-        checked = self._checked()
-        return bind(check_graph(self.graph, self.model, sizes, ops=checked.ops), self.model, sizes,
+        """The same checked graph and model bound at other `sizes` (a chunked run's tail:
+        runtime/chunked.py), with this binding's `zero_missing_inputs`: `check.resize` runs only
+        the checker's rules that read a size; the rest of the CheckedGraph is kept."""
+        return bind(resize(self._checked(), self.model, sizes), self.model, sizes,
                     zero_missing_inputs=self.zero_missing_inputs)
 
     def __repr__(self) -> str:
