@@ -175,3 +175,12 @@ def test_the_trace_shows_a_literal_input_as_written():
     src = "dynamic { x: f32[2]; } volatile { y: f32[2]; }\nblock entry { op mul(x, 0.125) >> y; return; }"
     oi2jax.compile(src, mode="interpret", trace=tr).run({"x": np.float32([1, 2])})
     assert tr.events[0].text == "op mul(x,0.125) >> y" and tr.events[0].params == ["x", "0.125"]
+
+
+def test_a_literal_beside_a_runtime_shaped_operand():
+    """`op add(a, 0.5)` on an `@auto_dim` read: the literal is a scalar beside the current shape."""
+    from test_auto_dim_reads import CACHE_AUTO_DIM, SIZES, numpy_model
+    graph = CACHE_AUTO_DIM.replace("op add(a, bias) >> a;", "op add(a, 0.5) >> a;")
+    out = oi2jax.compile(graph, sizes=SIZES).run({"bias": np.float32(0.5)})
+    for name, want in numpy_model([0.5])[0].items():
+        np.testing.assert_array_equal(out[name], want, err_msg=name)

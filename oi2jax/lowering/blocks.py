@@ -76,7 +76,7 @@ def _shaped_op_output(node: ir.Op, env, tr, out):
     """An op on runtime-shaped operands: computed over the capacity arrays (the padding is masked
     when written back to a tensor and trimmed from outputs); the result takes their logical shape,
     which must agree between operands."""
-    moving = [r.name for r in node.inputs if r.indices is None and r.name in tr.lowering.shaped]
+    moving = [r.name for r in node.refs if r.indices is None and r.name in tr.lowering.shaped]
     if not moving:  # e.g. a fill of a fixed-shape input: a value of its own shape
         return tr.embed(env, node.output, out)
     logical = env.shapes[moving[0]]
