@@ -279,7 +279,7 @@ def test_unknown_size_names_are_errors_with_suggestions(capsys):
 
 # ---------------------------------------------------------------- resize (BoundGraph.rebind, issue 38 item 5)
 
-SIZED = """dynamic { a: f32[T]; b: f32[S]; }
+RESIZED = """dynamic { a: f32[T]; b: f32[S]; }
 volatile { y: f32[T]; t: f32[N]; }
 persistent { n: i32 @init(0); K(i): f32[T] @table; }
 block entry {
@@ -297,9 +297,9 @@ block entry {
 
 def test_resize_retypes_the_ops_and_keeps_what_reads_no_size():
     from oi2jax.check import check_graph, resize
-    checked = check_graph(parse(SIZED), sizes={"T": 4, "S": 4, "N": 1})
+    checked = check_graph(parse(RESIZED), sizes={"T": 4, "S": 4, "N": 1})
     again = resize(checked, sizes={"T": 2, "S": 2, "N": 1})
-    fresh = check_graph(parse(SIZED), sizes={"T": 2, "S": 2, "N": 1})
+    fresh = check_graph(parse(RESIZED), sizes={"T": 2, "S": 2, "N": 1})
     ops = [n for n in checked.graph.blocks[0].nodes if isinstance(n, ir.Op)]
     assert [again.op_sig(n).out_shape for n in ops] == [fresh.op_sig(n).out_shape for n in ops] == [(2,), (2,), (1,)]
     assert [checked.op_sig(n).out_shape for n in ops] == [(4,), (4,), (1,)]
@@ -314,9 +314,9 @@ def test_resize_retypes_the_ops_and_keeps_what_reads_no_size():
 ])
 def test_resize_reports_what_the_new_sizes_break_as_the_checker_does(sizes, message):
     from oi2jax.check import check_graph, resize
-    checked = check_graph(parse(SIZED), sizes={"T": 4, "S": 4, "N": 1})
+    checked = check_graph(parse(RESIZED), sizes={"T": 4, "S": 4, "N": 1})
     with pytest.raises(OiError) as resized:
         resize(checked, sizes=sizes)
     with pytest.raises(OiError) as fresh:
-        check_graph(parse(SIZED), sizes=sizes)
+        check_graph(parse(RESIZED), sizes=sizes)
     assert str(resized.value) == str(fresh.value) and message in str(resized.value)
