@@ -112,10 +112,10 @@ def setting_not_an_input(op: str, name: str) -> str:
             f"a tensor is given as an input{hint}")
 
 
-def untyped_literal_input(op: str, text: str, kind: str) -> str:
+def untyped_literal_input(op: str, text: str, dtype: str, suffix: bool) -> str:
     """An op whose inputs are all literals, none with a suffix (`op add(1, 2)`): nothing gives them
-    a dtype. `text`: the first literal as written; `kind`: the literal's kind (float | int | bool)."""
-    dtype = {"float": "f32", "int": "i32"}.get(kind, "bool")
-    suffix = f"write its dtype as a suffix (`{text}{dtype}`), or " if kind != "bool" else ""
-    return (f"op {op}: every input is a literal, so nothing gives {text} a dtype; {suffix}declare a variable holding "
+    a dtype. `text`: the first literal as written; `dtype`: the one to suggest; `suffix`: whether a
+    suffix can name it."""
+    how = f"write its dtype as a suffix (`{text}{dtype}`), or " if suffix else ""
+    return (f"op {op}: every input is a literal, so nothing gives {text} a dtype; {how}declare a variable holding "
             f"it, e.g. `c: {dtype} @init({text});` in `volatile {{ ... }}`, and write c in its place")

@@ -96,7 +96,7 @@ def test_literal_inputs_compute_as_numpy_exactly(outputs, mode):
 
 
 def _errors(body: str, decls: str = "dynamic { x: f32[2]; i: i32; b: i8; u: u8; } volatile { y: f32[2]; j: i32; "
-                                      "k: i8; w: u8; }") -> list[tuple[str, int, int]]:
+                                      "k: i8; w: u8; bb: bool; }") -> list[tuple[str, int, int]]:
     return [(d.message, d.span.line, d.span.col) for d in check(parse(f"{decls}\nblock entry {{\n{body}\n}}"))
             if d.severity == "error"]
 
@@ -113,9 +113,15 @@ def _errors(body: str, decls: str = "dynamic { x: f32[2]; i: i32; b: i8; u: u8; 
     ("op add(300u8, b) >> k;", "op add input 0: the literal 300u8 takes u8 (its suffix): u8 literal out of range", 8),
     ("op add(i, true) >> j;", "op add input 1: the literal true takes i32 (the dtype of i): bool literal requires "
                               "bool dtype", 11),
-    ("op add(1, 2) >> j;", "op add: every input is a literal, so nothing gives 1 a dtype; write its dtype as a "
+    ("op add(1, 2) >> k;", "op add: every input is a literal, so nothing gives 1 a dtype; write its dtype as a "
+                           "suffix (`1i8`), or declare a variable holding it, e.g. `c: i8 @init(1);` in "
+                           "`volatile { ... }`, and write c in its place", 8),  # the output's dtype
+    ("op add(1, 2) >> y;", "op add: every input is a literal, so nothing gives 1 a dtype; write its dtype as a "
                            "suffix (`1i32`), or declare a variable holding it, e.g. `c: i32 @init(1);` in "
-                           "`volatile { ... }`, and write c in its place", 8),
+                           "`volatile { ... }`, and write c in its place", 8),  # 1 cannot be the output's f32
+    ("op add(true, false) >> bb;", "op add: every input is a literal, so nothing gives true a dtype; declare a "
+                                   "variable holding it, e.g. `c: bool @init(true);` in `volatile { ... }`, and write "
+                                   "c in its place", 8),
     ("op add(- 0.5, 1.0) >> y;", "op add: every input is a literal, so nothing gives -0.5 a dtype; write its dtype as "
                                  "a suffix (`-0.5f32`), or declare a variable holding it, e.g. `c: f32 @init(-0.5);` "
                                  "in `volatile { ... }`, and write c in its place", 8),
@@ -131,7 +137,7 @@ def test_an_unknown_variable_beside_a_literal_is_reported_once():
 
 @pytest.mark.parametrize("body,message", [
     ("op add(i, 1i128) >> j;", "<string>:3:11: error: literal 1i128: i128 is not an OpenInfer dtype (a literal "
-                               "input's suffix is its dtype: i8..i64, u8..u64, f32 or f64)"),
+                               "input's suffix is its dtype: i8, i16, i32, i64, u8, u16, u32, u64, f32, f64)"),
     ("op add(x, 1.0f16) >> y;", "<string>:3:11: error: invalid literal suffix `f16` in 1.0f16 (floats take f32 or "
                                 "f64)"),
     ("op relu(x, alpha=0.5, 1.0) >> y;", "<string>:3:23: error: positional args must come before settings"),

@@ -10,7 +10,7 @@ from .. import ir
 from .. import messages
 from .. import ops
 from ..diagnostics import suggest
-from ..grammar.build import INT_SUFFIX_RANGES
+from ..grammar.build import INT_SUFFIX_RANGES, SUFFIX_DTYPES
 from ..grammar.fmt import format_ref
 from ..host_numerics import init_scalar
 from ..ops.loading import bundled_set_of
@@ -186,8 +186,11 @@ class OpRules:
             if not isinstance(ref, ir.LiteralInput):
                 continue
             text = format_ref(ref)
-            if first is None:
-                self.error(messages.untyped_literal_input(node.op, text, ref.value.kind), ref.span)
+            if first is None:  # suggest the output's dtype where the literal fits it
+                out = self.dtype(node.output)
+                hint = out if out is not None and init_error(out, ref.value) is None else \
+                    {"float": "f32", "int": "i32"}.get(ref.value.kind, "bool")
+                self.error(messages.untyped_literal_input(node.op, text, hint, hint in SUFFIX_DTYPES), ref.span)
                 return False
             dtype = typed[pos] or typed[first]
             problem = init_error(dtype, ref.value, "literal")

@@ -20,6 +20,8 @@ INT_SUFFIX_RANGES = {
     **{f"u{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64, 128)},
     "isize": (-(1 << 63), (1 << 63) - 1), "usize": (0, (1 << 64) - 1), "f32": None, "f64": None, "": None,
 }
+# the suffixes that name an OpenInfer dtype: a literal op input's dtype (docs/semantics.md)
+SUFFIX_DTYPES = tuple(s for s in INT_SUFFIX_RANGES if dtypes.is_dtype(s))
 _FLOAT_RE = re.compile(r"([0-9][0-9_]*(?:\.(?:[0-9][0-9_]*)?)?(?:[eE][+-]?_*[0-9][0-9_]*)?)")
 
 # Rust keywords (strict + reserved): never identifiers (SPEC §1.2); `_` is not one either.
@@ -343,9 +345,9 @@ class Builder(Transformer):
             else ""
         if not suffix:
             return ir.LiteralInput(lit, span)
-        if not dtypes.is_dtype(suffix):
+        if suffix not in SUFFIX_DTYPES:
             raise self.err(f"literal {shown(str(tok))}: {suffix} is not an OpenInfer dtype (a literal input's suffix "
-                           f"is its dtype: i8..i64, u8..u64, f32 or f64)", tok)
+                           f"is its dtype: {', '.join(SUFFIX_DTYPES)})", tok)
         if lit.kind == "int" and dtypes.get(suffix).is_float:
             lit = ir.Literal("float", ir.FloatLit(float(lit.value), ("-" if minus is not None else "") + str(tok)))
         return ir.LiteralInput(lit, span, suffix)
