@@ -94,7 +94,7 @@ block entry {
 """
 
 
-@pytest.mark.parametrize("arg", ["0.125", "- 2.5e-1", "0.125f32"])
+@pytest.mark.parametrize("arg", ["0.125", "- 2.5e-1"])
 def test_a_literal_op_input_is_the_variable_holding_it(arg):
     """A literal op input (an oi2jax extension, docs/semantics.md) computes exactly what the variable
     declared to hold it does, compiled and interpreted."""
