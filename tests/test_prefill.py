@@ -277,19 +277,31 @@ def _row_samples(name):
         return [((float_samples(rng, d, (2, 3, 5), 2.0),), {"valid": np.array([3, 4, 5], np.int32)}),  # causal rows
                 ((masked,), {"valid": np.array([2, 3, 5], np.int32), "window": 2}),
                 ((float_samples(rng, d, (4, 3), 2.0),), {"axis": 0, "valid": np.array([1, 4, 5], np.int32)})]  # error
-    return {"rope": rope, "softmax": softmax}[name]
+    def attention(rng, d):
+        def f(*shape):
+            return float_samples(rng, d, shape, 1.0)
+        rows = np.array([3, 4, 5], np.int32)  # a prompt step of 3 rows at pos 2: row i reads 0..2+i
+        return [((f(3, 2, 2, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": rows, "block": 2}),
+                ((f(3, 2, 2, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": rows, "window": np.array(2, np.int32), "block": 2}),
+                ((f(3, 1, 2, 4), f(2, 9, 1, 4), f(2, 9, 1, 4)),   # blocks of 4 of 9: the last read at 5..8
+                 {"layer": np.array(1, np.int32), "valid": np.array([6, 8, 9], np.int32), "block": 4,
+                  "softcap": np.array(2.0, np.float32), "window": 5}),
+                ((f(2, 2, 1, 4), f(5, 2, 4), f(5, 2, 4)), {"valid": np.array(4, np.int32)}),  # one length for all rows
+                ((f(3, 2, 1, 4), f(5, 2, 4), f(5, 2, 4)), {"valid": np.array([2, 6, 3], np.int32)})]  # an error: 6
+    return {"rope": rope, "softmax": softmax, "attention": attention}[name]
 
 
-@pytest.mark.parametrize("name", ["rope", "softmax"])
+@pytest.mark.parametrize("name", ["rope", "softmax", "attention"])
 def test_per_row_positions_and_lengths_against_the_references(name):
-    """test_nn_ops's kernel-against-NumPy check, on per-row `pos` and `valid`."""
+    """test_nn_ops's kernel-against-NumPy check, on per-row `pos` and `valid` (attention: S query
+    rows, each its own causal length, with windows, soft-capping and a stacked cache)."""
     import dataclasses
 
     from test_nn_ops import NN_OPS, assert_close, cases_for, out_shape, reference_of, run_cases
     op_def = dataclasses.replace(NN_OPS[name], samples=_row_samples(name))
     cases = cases_for(op_def)
     got, fired = run_cases(op_def, cases)
-    assert any(fired) == (name == "softmax")
+    assert any(fired) == (name != "rope")
     for c, g, errs in zip(cases, got, fired):
         what = f"{name}[{c['in_dtypes']} {c['attrs']}]"
         want, want_errs = reference_of(op_def, c)
