@@ -3,7 +3,9 @@
 and against token-by-token steps; decode goes on from the prompt step's state; the prompt
 lengths that fall in one bucket S compile once; a prompt past the cache is an error naming its
 step; the new constructs (slice writes, per-row rope positions and softmax lengths, `positions`)
-agree compiled and interpreted."""
+agree compiled and interpreted; the S-row nn op attention against its NumPy reference; each
+family's prefill graph (mistral, qwen2, qwen3, gemma2, gemma3_text, gpt2) against its NumPy
+reference, prompt step then decode."""
 from __future__ import annotations
 
 import numpy as np
@@ -352,23 +354,47 @@ def family(request, tmp_path_factory):
     return tmp / "m.oinf", weights, config, EXAMPLES / prefill
 
 
+def _prompt_then_decode(model, graph, ref, vocab: int):
+    """A prompt of 7 tokens in one S=8 step, then 4 decode steps (S=1) from its state: the last
+    real row's logits and every decode step's against `ref.step` (a NumPy reference fed the same
+    tokens one by one), greedy `next` equal to its argmax."""
+    prompt = oi2jax.compile(graph, model=model, ops=["nn"], sizes={"S": 8})
+    decode = oi2jax.compile(graph, model=model, ops=["nn"], sizes={"S": 1})
+    tokens = np.random.default_rng(8).integers(0, vocab, 7).astype(np.int32)
+    want = [ref.step(int(t)) for t in tokens][-1]
+    sess = prompt.session()
+    out = sess.step(tokens=_padded(tokens, 8), n=np.int32(7))
+    assert _rel(np.asarray(out["logits"]), want) <= TOL
+    tok = int(np.asarray(out["next"])[0])
+    assert tok == int(np.argmax(out["logits"]))
+    dec = decode.session(state=sess.state)
+    for _ in range(4):  # decode (past the windows), from the prompt step's state
+        logits = np.asarray(dec.step(tokens=np.array([tok], np.int32))["logits"])
+        assert _rel(logits, ref.step(tok)) <= TOL
+        tok = int(np.argmax(logits))
+    assert int(dec.read("pos")) == 11
+
+
 def test_family_prompt_step_matches_the_reference(family):
     """The prompt step and decode after it, per family, against the NumPy reference (which
     test_families holds each family's decode graph to); mistral's window composes with the per-row
     lengths (each prompt row sees its own last 3 positions)."""
     from hf_ref import FamilyRef
     model, weights, config, graph = family
-    prompt = oi2jax.compile(graph, model=model, ops=["nn"], sizes={"S": 8})
-    decode = oi2jax.compile(graph, model=model, ops=["nn"], sizes={"S": 1})
-    tokens = np.random.default_rng(8).integers(0, 48, 7).astype(np.int32)
-    ref = FamilyRef(weights, config)
-    want = np.stack([ref.step(int(t)) for t in tokens])
-    sess = prompt.session()
-    out = sess.step(tokens=_padded(tokens, 8), n=np.int32(7))
-    assert _rel(np.asarray(out["logits"]), want[-1]) <= TOL
-    tok = int(np.asarray(out["next"])[0])
-    dec = decode.session(state=sess.state)
-    for _ in range(4):  # decode (past mistral's window), from the prompt step's state
-        logits = np.asarray(dec.step(tokens=np.array([tok], np.int32))["logits"])
-        assert _rel(logits, ref.step(tok)) <= TOL
-        tok = int(np.argmax(logits))
+    _prompt_then_decode(model, graph, FamilyRef(weights, config), 48)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3_text", "gpt2"])
+def test_gemma_gpt2_prompt_step_matches_the_reference(name, tmp_path):
+    """gemma2 (soft-capped scores and logits, sliding-window layers alternating with full ones),
+    gemma3_text (per-head q/k norms, a rotary embedding per layer type) and gpt2 (learned
+    positions, one query head per kv head) against their NumPy references (tests/gemma_gpt2_ref.py)."""
+    import gemma_gpt2_checkpoints
+    from test_convert_gemma_gpt2 import config_of, reference
+
+    from oi2jax.model.convert import convert_hf
+    config = config_of(name)
+    weights = gemma_gpt2_checkpoints.random_weights(config, seed=7)
+    convert_hf(gemma_gpt2_checkpoints.write_checkpoint(tmp_path / "ck", config, weights), tmp_path / "m.oinf",
+               max_positions=20 if name == "gpt2" else None)
+    _prompt_then_decode(tmp_path / "m.oinf", EXAMPLES / f"{name}_prefill.oi", reference(name, weights, config), 64)

@@ -127,8 +127,9 @@ def _attention_samples(rng, d):
            "softcap": Attr("float"), "block": Attr("int", 64, static=True)},
     shape=_attention_shape, category="nn", op_set="nn", reference=_attention_ref, samples=_attention_samples)
 def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=64, ctx):
-    """Attention of one query row, or of S rows, over the filled positions of a K/V table (an
-    online softmax).
+    """Attention of one query row, or of S rows, over the filled positions of a K/V table.
+
+    An online softmax over blocks of the table.
 
     A row reads positions max(n - window, 0)..n-1 only: the blocks of `block` positions that hold them.
 
