@@ -135,6 +135,23 @@ def test_decode_after_a_prompt_step_equals_decode_after_token_by_token(llama):
     assert int(after_prompt.read("pos")) == 21
 
 
+def test_the_hand_written_prefill_is_the_same_math(llama):
+    """benchmarks/llama_prompt.py's baseline (benchmarks/handwritten/llama.py `prefill`: one jitted
+    causal step) gives the prompt step's logits, next token and K/V rows."""
+    from benchmarks.handwritten.llama import LlamaJax
+    prompt, _, model, weights, config = llama
+    tokens = _tokens(BUCKET, seed=11)
+    hand = LlamaJax.from_model(model)
+    (k, v), logits, nxt = hand.prefill(hand.params, hand.init_cache(), tokens)
+    sess = prompt.session()
+    out = sess.step(tokens=tokens, n=np.int32(BUCKET))
+    assert _rel(logits, forward_full(weights, config, tokens)[-1]) <= TOL
+    assert _rel(out["logits"], np.asarray(logits, np.float64)) <= TOL
+    assert np.asarray(out["next"]).tolist() == [int(nxt)]
+    assert _rel(sess.read("Kc")[:, :BUCKET], np.asarray(k)[:, :BUCKET]) <= TOL
+    assert _rel(sess.read("Vc")[:, :BUCKET], np.asarray(v)[:, :BUCKET]) <= TOL
+
+
 def test_prompts_of_several_lengths_in_one_bucket_compile_once(llama):
     _, _, model, *_ = llama
     prog = oi2jax.compile(GRAPH, model=model, ops=["nn"], sizes={"S": BUCKET})
