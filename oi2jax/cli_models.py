@@ -56,8 +56,6 @@ def cmd_generate(args) -> int:
             raise OiError(f"{args.prompt_ids}: --prompt-ids takes a 1-D array of integer token ids, got "
                           f"{prompt_ids.dtype}{list(prompt_ids.shape)}")
     gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"])
-    if args.stats:
-        print(f"compile {gen.compile_s:.3f} s ({gen.graph_path})", file=sys.stderr)
     printed = []
 
     def show(piece: str) -> None:
@@ -75,6 +73,8 @@ def cmd_generate(args) -> int:
     if args.ids_out is not None:
         write_atomic(args.ids_out, lambda f: np.save(f, np.asarray(result.ids, np.int32), allow_pickle=False))
     if args.stats:
+        print(f"compile {gen.compile_s + result.stats.compile_s:.3f} s ({gen.graph_path}: {gen.mode})",
+              file=sys.stderr)
         for line in result.stats.lines():
             print(line, file=sys.stderr)
     if result.error is not None:

@@ -54,8 +54,42 @@ def model(tmp_path_factory):
     return {"path": path, "weights": weights, "config": config, "tok": tok, "vocab": vocab, "tmp": tmp}
 
 
+def contract_graph(src: str) -> str:
+    """examples/llama_prefill.oi in the step-graph contract's interface (sampling inputs, the last
+    real row's logits f32[V], `next: i32[1]` drawn by `sample` at position pos + n)."""
+    s = src.replace("    n: i32 @init(1);\n}", "    n: i32 @init(1);\n    temperature: f32 @init(0.0);\n"
+                    "    top_k: i32 @init(0);\n    top_p: f32 @init(1.0);\n    min_p: f32 @init(0.0);\n"
+                    "    seed: i32 @init(0);\n}")
+    s = s.replace("    logits: f32[S, V];\n    next: i32[S];", "    logits: f32[V];\n    next: i32[1];")
+    s = s.replace("    assign p: i32;\n", "    assign p: i32;\n    assign r: i32;\n    assign hl: f32[D];\n"
+                  "    assign tok: i32;\n")
+    s = s.replace("""    op rms_norm(x, final_norm, eps=rms_norm_eps) >> h;
+    op linear(h, lm_head) >> logits;
+    op argmax(logits, axis=-1) >> next;""", """    op sub(n, one) >> r;
+    op embedding(x, r) >> hl;
+    op rms_norm(hl, final_norm, eps=rms_norm_eps) >> hl;
+    op linear(hl, lm_head) >> logits;
+    op sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, position=e) >> tok;
+    op reshape(tok, shape=[1]) >> next;""")
+    assert "sample(" in s and "next: i32[1]" in s
+    return s
+
+
 @pytest.fixture(scope="module")
-def gen(model):
+def step_graph(model):
+    path = model["tmp"] / "llama_prefill.oi"
+    path.write_text(contract_graph((EXAMPLES / "llama_prefill.oi").read_text()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gen(model, step_graph):
+    return Generator(model["path"], step_graph)
+
+
+@pytest.fixture(scope="module")
+def token_gen(model):
+    """The token-by-token interface (llama_decode.oi): greedy through its `next`."""
     return Generator(model["path"], EXAMPLES / "llama_decode.oi")
 
 
@@ -102,7 +136,7 @@ def test_chat_renders_the_template_and_sampling_is_reproducible(model, gen):
 
 def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):
     prompt = [5, 6, 7, 8]
-    res = gen.generate(prompt_ids=prompt, max_tokens=100, ignore_eos=True)  # T = 40 positions
+    res = gen.generate(prompt_ids=prompt, max_tokens=60, ignore_eos=True)  # T = 40 positions
     assert res.finish == "error" and "40" in str(res.error)
     want = greedy_reference(model, prompt, len(res.ids))
     assert res.ids == want and len(prompt) + len(res.ids) == 41  # the token of step 40 was drawn, not fed
@@ -143,3 +177,35 @@ def test_cli_usage_errors(model, tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt-ids",
                            tmp_path / "bad.npy")
     assert code == 1 and "not a .npy array" in err
+
+
+def test_the_prompt_step_equals_token_by_token(model, gen, token_gen):
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    a, b = gen.prompt_step(ids), token_gen.prompt_step(ids)
+    np.testing.assert_allclose(a.logits, b.logits, rtol=0, atol=1e-4)
+    a.session.close()
+    b.session.close()
+    assert a.next == b.next == int(np.argmax(b.logits))
+    want = greedy_reference(model, ids, 6)
+    assert gen.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids == want
+    assert token_gen.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids == want
+    with pytest.raises(OiError, match="the graph has no dynamic `temperature`"):
+        token_gen.generate(prompt_ids=ids, temperature=0.5)
+
+
+def test_prompts_of_17_lengths_compile_only_their_buckets(model, step_graph):
+    g = Generator(model["path"], step_graph)
+    assert g.mode == "prompt steps" and g.buckets == (1, 16, 32)  # T = 40
+    lengths = list(range(1, 18))
+    seen = set()
+    for m in (1, 16, 17):  # one prompt per bucket: each bucket's step program compiled once
+        g.generate(prompt_ids=list(range(3, 3 + m)), max_tokens=1, ignore_eos=True)
+        seen.add(min(s for s in g.buckets if s >= m))
+    warm = g.compiles
+    for m in lengths:
+        g.generate(prompt_ids=[(7 * i) % 60 + 3 for i in range(m)], max_tokens=1, ignore_eos=True)
+    assert sorted(g.programs) == sorted(seen) == [1, 16, 32]
+    assert g.compiles == warm  # 17 lengths: not one more trace
+    long = list(range(3, 3 + 38))  # 38 tokens: one step of 32, then 6 in the bucket of 16
+    res = g.generate(prompt_ids=long, max_tokens=1, ignore_eos=True)
+    assert res.ids == greedy_reference(model, long, 1) and g.compiles == warm

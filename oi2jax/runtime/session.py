@@ -555,6 +555,8 @@ class Session:
             raise OiError(f"every must be an integer >= 1, got {every!r}")
         per_dev, fixed_dev, fed = call.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
+        # the collected stacks hold a power of two of rows (>= 64): runs of many lengths share a loop
+        rows = max(64, 1 << (steps - 1).bit_length()) if collect else 0
         clock = RunClock()
         with prog.scope():
             stop_dev = {k: jnp.asarray(v) for k, v in stop_ids.items()}
@@ -581,7 +583,7 @@ class Session:
                 clock.start()
                 exe = prog.executable  # the next one after a growth
                 kernels = exe.kernels
-                res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
+                res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, rows,
                                     exes=call.exes(kernels), feedback=call.feedback, fed=fed, stop=stop_dev,
                                     done=done)
                 self._state, fed, done = res.state, res.fed, res.done
@@ -594,8 +596,8 @@ class Session:
                         pace = kernels.timed(running, applied)
                         chunk = steps_per_call(pace)
                     last = res.last
-                    for k in collect:
-                        pieces[k].append(res.stacked[k][base:base + applied])
+                    for k in collect:  # sliced on the host: a device slice per (base, applied) compiles
+                        pieces[k].append(exe.to_host(res.stacked[k])[base:base + applied])
                 base += applied
                 self.steps += applied
                 if outcome.err:
@@ -619,9 +621,8 @@ class Session:
         return self._result(pieces)
 
     def _collected(self, pieces: list, name: str) -> np.ndarray:
-        """A collected variable's rows from the pieces the fused calls left (device), on the host, widened."""
-        prog = self.program
-        return convert_output(np.concatenate([prog.executable.to_host(p) for p in pieces]), prog.bound.dtype(name))
+        """A collected variable's rows from the pieces the fused calls left (host), widened."""
+        return convert_output(np.concatenate(pieces), self.program.bound.dtype(name))
 
     def _result(self, pieces: dict, drop: int = 0) -> dict:
         """`run`'s result: every variable (`values`), each collected one as its rows stacked, the
