@@ -54,37 +54,12 @@ def model(tmp_path_factory):
     return {"path": path, "weights": weights, "config": config, "tok": tok, "vocab": vocab, "tmp": tmp}
 
 
-def contract_graph(src: str) -> str:
-    """examples/llama_prefill.oi in the step-graph contract's interface (sampling inputs, the last
-    real row's logits f32[V], `next: i32[1]` drawn by `sample` at position pos + n)."""
-    s = src.replace("    n: i32 @init(1);\n}", "    n: i32 @init(1);\n    temperature: f32 @init(0.0);\n"
-                    "    top_k: i32 @init(0);\n    top_p: f32 @init(1.0);\n    min_p: f32 @init(0.0);\n"
-                    "    seed: i32 @init(0);\n}")
-    s = s.replace("    logits: f32[S, V];\n    next: i32[S];", "    logits: f32[V];\n    next: i32[1];")
-    s = s.replace("    assign p: i32;\n", "    assign p: i32;\n    assign r: i32;\n    assign hl: f32[D];\n"
-                  "    assign tok: i32;\n")
-    s = s.replace("""    op rms_norm(x, final_norm, eps=rms_norm_eps) >> h;
-    op linear(h, lm_head) >> logits;
-    op argmax(logits, axis=-1) >> next;""", """    op sub(n, one) >> r;
-    op embedding(x, r) >> hl;
-    op rms_norm(hl, final_norm, eps=rms_norm_eps) >> hl;
-    op linear(hl, lm_head) >> logits;
-    op sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, position=e) >> tok;
-    op reshape(tok, shape=[1]) >> next;""")
-    assert "sample(" in s and "next: i32[1]" in s
-    return s
-
-
 @pytest.fixture(scope="module")
-def step_graph(model):
-    path = model["tmp"] / "llama_prefill.oi"
-    path.write_text(contract_graph((EXAMPLES / "llama_prefill.oi").read_text()))
-    return path
-
-
-@pytest.fixture(scope="module")
-def gen(model, step_graph):
-    return Generator(model["path"], step_graph)
+def gen(model):
+    """The default: the model names llama_decode.oi; the step graph llama_prefill.oi beside it runs."""
+    g = Generator(model["path"])
+    assert g.mode == "prompt steps" and g.graph_path.endswith("llama_prefill.oi")
+    return g
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +126,8 @@ def test_bad_settings_are_named(gen, bad):
 
 def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys):
     ids_out = tmp_path / "ids.npy"
-    code, out, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt",
-                             "hello world", "--max-tokens", "6", "--ignore-eos", "--stats", "--ids-out", ids_out)
+    code, out, err = run_cli(capsys, "generate", model["path"], "--prompt", "hello world", "--max-tokens", "6",
+                             "--ignore-eos", "--stats", "--ids-out", ids_out)
     assert code == 0, err
     ids = np.load(ids_out)
     prompt = model["tok"].encode("hello world").ids
@@ -160,6 +135,7 @@ def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys):
     assert out == model["tok"].decode(ids.tolist(), skip_special_tokens=True) + "\n"
     assert re.search(rf"^prompt {len(prompt)} tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
     assert re.search(r"^generated 6 tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
+    assert re.search(r"^compile [0-9.]+ s \(.*llama_prefill.oi: prompt steps\)$", err, re.M), err
 
 
 def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys):
@@ -193,8 +169,8 @@ def test_the_prompt_step_equals_token_by_token(model, gen, token_gen):
         token_gen.generate(prompt_ids=ids, temperature=0.5)
 
 
-def test_prompts_of_17_lengths_compile_only_their_buckets(model, step_graph):
-    g = Generator(model["path"], step_graph)
+def test_prompts_of_17_lengths_compile_only_their_buckets(model, gen):
+    g = gen
     assert g.mode == "prompt steps" and g.buckets == (1, 16, 32)  # T = 40
     lengths = list(range(1, 18))
     seen = set()
