@@ -165,7 +165,6 @@ class Generator:
         sizes = {"S": 1} if self.mode == PROMPT_STEPS else None
         decode = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision, sizes=sizes)
         self.programs = {1: decode}
-        self.feedback = {"tokens" if self.mode == PROMPT_STEPS else "token": "next"}
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
                          decode.graph.var(k).kind == ir.MemKind.DYNAMIC}
         capacity = decode.bound.sizes.get("T", 1)
@@ -275,20 +274,19 @@ class Generator:
         if out and out[-1] in stops:
             finish, stop_id = "stop", out.pop()
         elif 0 < len(out) < max_tokens:
+            sess = first.session
+            token = np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next, np.int32)
             try:
-                rows = first.session.run(
-                    {self.feedback_input: np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next,
-                                                     np.int32), **self._inputs(settings)},
-                    steps=max_tokens - 1, feedback=self.feedback, collect="next",
-                    stop={"next": _stop_slots(stops)},
-                    on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
-                    every=STREAM_EVERY if on_text is not None else None)["next"]
-            except OiError as exc:  # the failing step's error; the tokens before it are kept
-                rows, finish, error = exc.partial["next"] if getattr(exc, "partial", None) is not None else [], \
-                    "error", exc
-            new = [int(i) for i in np.ravel(rows)]
-            out[1:] = new
-            if new and new[-1] in stops and finish != "error":
+                rows = sess.run({self.token_input: token, **self._inputs(settings)}, steps=max_tokens - 1,
+                                feedback={self.token_input: "next"}, collect="next", stop={"next": _stop_slots(stops)},
+                                on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
+                                every=STREAM_EVERY if on_text is not None else None)["next"]
+            except OiError as exc:  # a step's error: the tokens before it are kept
+                if getattr(exc, "partial", None) is None:
+                    raise
+                rows, finish, error = exc.partial["next"], "error", exc
+            out[1:] = [int(i) for i in np.ravel(rows)]
+            if error is None and sess.last_run.stopped:  # the stop id is the last row
                 finish, stop_id = "stop", out.pop()
         c2, t2 = compile_seconds(), time.perf_counter()
         first.session.close()
@@ -299,8 +297,9 @@ class Generator:
         return Generation(prompt_ids=ids, ids=out, text=text, finish=finish, stats=stats, stop_id=stop_id, error=error)
 
     @property
-    def feedback_input(self) -> str:
-        return next(iter(self.feedback))
+    def token_input(self) -> str:
+        """The input a drawn token is fed back into: `tokens` (the step graph) or `token`."""
+        return "tokens" if self.mode == PROMPT_STEPS else "token"
 
 
 PROMPT_STEPS, TOKEN_BY_TOKEN = "prompt steps", "token by token"
