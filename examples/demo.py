@@ -102,7 +102,7 @@ def chat_demo(model: Path) -> None:
     res = gen.generate(question, chat=True, max_tokens=24)
     print(f"\nchat (its tokenizer and ChatML template; random weights, so the answer is gibberish):\n"
           f"user: {question}\nassistant: {res.text!r} ({res.finish})")
-    print(f"compile {gen.compile_s:.3f} s ({gen.graph_path})")
+    print(f"compile {gen.compile_s + res.stats.compile_s:.3f} s ({gen.graph_path}: {gen.mode})")
     for line in res.stats.lines():
         print(line)
 

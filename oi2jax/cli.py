@@ -1,4 +1,5 @@
-"""`oi2jax` command line: check, fmt, inspect, run, compile, export, graph, convert-hf.
+"""`oi2jax` command line: check, fmt, inspect, run, compile, export, graph; the model-file commands
+(convert-hf, convert-gguf, generate) in cli_models.py.
 
 Exit codes: 0 success, 1 user error (diagnostics printed), 2 usage error. Never a traceback
 (set OI2JAX_DEBUG=1 to see one for an internal error).
@@ -10,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +24,11 @@ from .grammar.parse import parse_file
 from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
-from .model.convert import convert_hf
-from .model.gguf import convert_gguf
-from .model.hf.config import MAX_SIZE
 from .model.inspect import render_model
 from .npz import save_npz, writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .trace import Trace
+from .cli_models import UsageError, add_model_commands
 from .values import check_every_step_input
 
 # The imports left inside functions below pull in JAX (the op registry, the checker, the lowering,
@@ -36,10 +36,6 @@ from .values import check_every_step_input
 # start without it (about a second).
 
 EMIT_KINDS = ("jaxpr", "stablehlo", "hlo", "optimized-hlo", "graph-json")
-
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -240,8 +236,8 @@ def cmd_run(args) -> int:
     if args.steps is not None and args.steps < 0:
         raise UsageError("--steps must be >= 0")
     session_flags = [f for f, v in (("--inputs-per-step", args.inputs_per_step), ("--collect", args.collect),
-                                    ("--feedback", args.feedback), ("--state-in", args.state_in),
-                                    ("--state-out", args.state_out)) if v]
+                                    ("--feedback", args.feedback), ("--stop", args.stop), ("--state-in", args.state_in),
+                                    ("--state-out", args.state_out), ("--stats", args.stats)) if v]
     feedback = {}
     for item in args.feedback or []:
         for pair in (p.strip() for p in item.split(",") if p.strip()):
@@ -251,6 +247,7 @@ def cmd_run(args) -> int:
             if name in feedback:
                 raise UsageError(f"--feedback {name}: given twice ({name}={feedback[name]}, {pair})")
             feedback[name] = source
+    stop = _stop_ids(args.stop)
     if args.interpret and session_flags:
         raise UsageError(f"{session_flags[0]} needs a compiled run (not --interpret)")
     sharding = _sharding_kwargs(args)
@@ -262,11 +259,13 @@ def cmd_run(args) -> int:
     node_trace = None
     if tracing and args.interpret:
         node_trace = Trace()
+    t0 = time.perf_counter()
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size),
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
                           zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
                           **sharding)
+    compile_s = time.perf_counter() - t0
     inputs = _load_inputs(args.input)
     for name, value in inputs.items():
         decl = program.graph.var(name)
@@ -287,7 +286,7 @@ def cmd_run(args) -> int:
         if steps is None or steps < 1:
             raise UsageError("a batch-chunked run needs --steps >= 1")
         outputs = program.run_batched(inputs, batch_var=batch_var, steps=steps)
-        _write_outputs(args, outputs)
+        _write_outputs(args, outputs, _main_outputs(program, ()))
         return 0
     run_kwargs = {}
     if not args.interpret:
@@ -297,6 +296,8 @@ def cmd_run(args) -> int:
             run_kwargs["collect"] = tuple(n.strip() for item in args.collect for n in item.split(",") if n.strip())
         if feedback:
             run_kwargs["feedback"] = feedback
+        if stop:
+            run_kwargs["stop"] = stop
         if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
             from .runtime.runargs import feedback_pairs, split_inputs  # deferred: JAX
             steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
@@ -307,9 +308,16 @@ def cmd_run(args) -> int:
         run_kwargs["trace"] = True
     try:
         outputs = program.run(inputs, steps=steps, **run_kwargs)
+    except OiError as exc:  # what the steps before the failing one produced is written, not lost
+        partial = getattr(exc, "partial", None)
+        if partial is not None:
+            _write_outputs(args, partial, _main_outputs(program, run_kwargs.get("collect", ())), partial=exc.step)
+        raise
     finally:
         if bar is not None:
             bar.close()
+    if args.stats and "session" in run_kwargs and session.last_run is not None:
+        print(session.last_run.line(compile_before=compile_s), file=sys.stderr)
     if args.state_out:
         session.save(args.state_out)
     if tracing:
@@ -319,17 +327,59 @@ def cmd_run(args) -> int:
             print(f"note: {line}", file=sys.stderr)
     if getattr(args, "coordinator", None) is not None and args.process_id != 0:
         return 0  # every process computed the same gathered outputs; process 0 reports them
-    _write_outputs(args, outputs)
+    _write_outputs(args, outputs, _main_outputs(program, run_kwargs.get("collect", ())))
     return 0
 
 
-def _write_outputs(args, outputs) -> None:
+def _main_outputs(program, collect) -> set:
+    """What `run` shows by default besides small values: the collected variables, else the volatile ones."""
+    return set(collect) or {v.name for v in program.graph.vars if v.kind == MemKind.VOLATILE}
+
+
+def _stop_ids(items: list[str] | None) -> dict:
+    """--stop OUT=ID[,ID...] (repeatable): {OUT: [ID, ...]}."""
+    stop: dict = {}
+    for item in items or []:
+        name, eq, ids = (x.strip() for x in item.partition("="))
+        try:
+            values = [int(i) for i in ids.split(",") if i.strip()]
+        except ValueError:
+            values = []
+        if not (eq and name and values):
+            raise UsageError(f"--stop expects OUTPUT=ID[,ID...] (e.g. next=2,32000), got {item!r}")
+        if name in stop:
+            raise UsageError(f"--stop {name}: given twice")
+        stop[name] = values
+    return stop
+
+
+def _write_outputs(args, outputs, main, partial: int | None = None) -> None:
+    """--out gets every variable; stdout (unless --quiet) what `--show` asks for: by default the
+    `main` ones (the collected variables, else the volatile ones: `_main_outputs`) and every
+    scalar, not whole caches. `partial`: the step that failed (the outputs are those before it)."""
     if args.out:
         save_npz(args.out, outputs)
-    if not args.quiet:
-        for name, value in outputs.items():
-            print(f"{name}: {value.dtype}{list(value.shape)}")
-            print(np.array2string(value, threshold=64, edgeitems=3, precision=5))
+        if partial is not None:
+            print(f"note: wrote {args.out}: the steps before the failing step {partial}", file=sys.stderr)
+    if args.quiet:
+        return
+    show = [n.strip() for item in args.show or [] for n in item.split(",") if n.strip()]
+    if show and show != ["all"]:
+        unknown = [n for n in show if n not in outputs]
+        if unknown:
+            raise UsageError(f"--show {unknown[0]}: not a variable of the graph (variables: {', '.join(outputs)})")
+        names = show
+    elif show:
+        names = list(outputs)
+    else:
+        names = [n for n, v in outputs.items() if n in main or np.ndim(v) == 0]
+    for name in names:
+        value = outputs[name]
+        print(f"{name}: {value.dtype}{list(value.shape)}")
+        print(np.array2string(value, threshold=64, edgeitems=3, precision=5))
+    hidden = [n for n in outputs if n not in names]
+    if hidden:
+        print(f"(not shown: {', '.join(hidden)}; --show all or --show NAME,...)")
 
 
 def _report_trace(args, program, node_trace) -> None:
@@ -402,80 +452,6 @@ def cmd_compile(args) -> int:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
     return _write_output(args.output, program.emit(args.emit))
-
-
-def cmd_convert_hf(args) -> int:
-    if args.max_positions is not None and args.max_positions <= 0:
-        raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
-    if args.max_positions is not None and args.max_positions > MAX_SIZE:
-        raise UsageError(f"--max-positions {args.max_positions} is out of range (1..{MAX_SIZE})")
-    convert = convert_gguf if args.command == "convert-gguf" else convert_hf
-    summary = convert(args.source, args.output, dtype=args.dtype, max_positions=args.max_positions,
-                      nonfinite=args.nonfinite,
-                      progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
-                                                                       label="MiB", unit="MiB"))
-    for note in summary.notes:
-        print(f"note: {note}", file=sys.stderr)
-    if not args.quiet:
-        sizes = " ".join(f"{k}={v}" for k, v in summary.sizevars.items())
-        dtypes = ", ".join(sorted(set(summary.tensors.values())))
-        n = summary.nbytes
-        size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
-        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}; {summary.model_type}: "
-              f"run it with examples/{summary.graph}", file=sys.stderr)
-    return 0
-
-
-def cmd_generate(args) -> int:
-    from .generation import Generator  # deferred: JAX
-
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy")
-    prompt_ids = None
-    if args.prompt_ids is not None:
-        prompt_ids = _load_npy(args.prompt_ids, "--prompt-ids")
-        if args.ids_out is not None and os.path.exists(args.ids_out) and os.path.samefile(args.ids_out, args.prompt_ids):
-            raise UsageError("--ids-out would overwrite --prompt-ids: choose another path")
-        if prompt_ids.dtype.kind not in "iu" or prompt_ids.ndim != 1:
-            raise OiError(f"{args.prompt_ids}: --prompt-ids takes a 1-D array of integer token ids, got "
-                          f"{prompt_ids.dtype}{list(prompt_ids.shape)}")
-    gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"])
-    if args.stats:
-        print(f"compile {gen.compile_s:.3f} s ({gen.graph_path})", file=sys.stderr)
-    printed = []
-
-    def show(piece: str) -> None:
-        printed.append(piece)
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    result = gen.generate(args.prompt, prompt_ids=prompt_ids, chat=args.chat, system=args.system,
-                          max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop_ids=args.stop_id,
-                          ignore_eos=args.ignore_eos, on_text=show)
-    if result.text is None:  # no tokenizer: the ids
-        print(" ".join(str(i) for i in result.ids))
-    elif printed:
-        print()
-    if args.ids_out is not None:
-        write_atomic(args.ids_out, lambda f: np.save(f, np.asarray(result.ids, np.int32), allow_pickle=False))
-    if args.stats:
-        for line in result.stats.lines():
-            print(line, file=sys.stderr)
-    if result.error is not None:
-        print(result.error.render(), file=sys.stderr)
-        print(f"note: {len(result.ids)} tokens were generated before the failing step (shown above)",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-def _load_npy(path: str, flag: str) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise OiError(f"{path}: {flag}: no such file") from None
-    except Exception as exc:  # a corrupt or foreign file: numpy raises several kinds
-        raise OiError(f"{path}: {flag}: not a .npy array ({exc})") from None
 
 
 def _write_output(output: str | None, text: str) -> int:
@@ -575,6 +551,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--feedback", action="append", metavar="INPUT=OUTPUT",
                    help="once INPUT's per-step values run out, each step takes INPUT from the previous step's "
                         "OUTPUT, inside the fused loop (generation: --feedback token=next; repeatable)")
+    r.add_argument("--stop", action="append", metavar="OUTPUT=ID[,ID...]",
+                   help="end the run after the step whose OUTPUT is one of the ids, inside the fused loop (that "
+                        "step kept; --steps is the budget), e.g. --stop next=2,32000 (repeatable)")
+    r.add_argument("--show", action="append", metavar="all|NAME[,NAME...]",
+                   help="what to print (default: the collected variables, else the volatile ones, and the "
+                        "scalars; not whole caches)")
+    r.add_argument("--stats", action="store_true",
+                   help="print one line on stderr: compile time, first step, steady steps/s")
     r.add_argument("--state-in", metavar="S.npz", help="start from this saved state (--state-out / --out)")
     r.add_argument("--state-out", metavar="S.npz", help="save the state after the last step (resume with --state-in)")
     r.add_argument("--out", help="write every variable after the last step to this .npz (exactly this path)")
@@ -637,51 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops_flag(g)
     g.set_defaults(func=cmd_graph)
 
-    h = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint directory (llama, mistral, qwen2, "
-                                          "qwen3, phi3, ...: docs/models.md) to a .oinf model")
-    h.add_argument("source", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
-                   "(or model-*.safetensors with model.safetensors.index.json)")
-    gg = sub.add_parser("convert-gguf", help="convert a GGUF file (llama.cpp: llama, qwen2, qwen3, phi3, gemma2, "
-                                             "gemma3) to a .oinf model")
-    gg.add_argument("source", metavar="FILE.gguf", help="the GGUF file")
-    for h, keeps in ((h, "the checkpoint's"), (gg, "F32/F16/BF16, and the quantized types' raw blocks")):
-        h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
-        h.add_argument("--dtype", choices=("f32", "bf16", "f16"),
-                       help=f"store every tensor in this dtype (default: keep {keeps}; narrowing rounds to "
-                            f"nearest even)")
-        h.add_argument("--max-positions", type=int, metavar="N",
-                       help="the size variable T (default: the model's trained context length)")
-        h.add_argument("--nonfinite", choices=("note", "error"), default="note",
-                       help="NaN/Inf weights: convert them with a note naming each tensor and the counts (default), "
-                            "or refuse the model")
-        h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
-        h.set_defaults(func=cmd_convert_hf)
-    gen = sub.add_parser("generate", help="generate text with a converted model (its tokenizer, chat template, "
-                                          "stop ids and example graph)")
-    gen.add_argument("model", metavar="MODEL.oinf", help="a model from convert-hf or convert-gguf")
-    gen.add_argument("--prompt", metavar="TEXT", help="the prompt text")
-    gen.add_argument("--prompt-ids", metavar="IDS.npy", help="the prompt as token ids (a 1-D integer .npy)")
-    gen.add_argument("--chat", action="store_true", help="render the prompt as a user message with the model's "
-                                                        "chat template")
-    gen.add_argument("--system", metavar="TEXT", help="a system message (with --chat)")
-    gen.add_argument("--max-tokens", type=int, default=256, metavar="N", help="at most N new tokens (default 256)")
-    gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                     help="sampling temperature (default 0: greedy)")
-    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: off)")
-    gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (1: off)")
-    gen.add_argument("--min-p", type=float, default=0.0, metavar="P",
-                     help="drop tokens below P x the top probability (0: off)")
-    gen.add_argument("--seed", type=int, default=0, metavar="S", help="the sampling seed (default 0)")
-    gen.add_argument("--stop-id", type=int, action="append", metavar="ID",
-                     help="another stop token id (repeatable; besides the model's)")
-    gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's stop ids")
-    gen.add_argument("--ids-out", metavar="OUT.npy", help="write the generated token ids")
-    gen.add_argument("--stats", action="store_true", help="print compile time, prompt and generation rates on "
-                                                          "stderr")
-    gen.add_argument("--graph", metavar="G.oi", help="the graph to run (default: the model's example graph)")
-    gen.add_argument("--tokenizer", metavar="tokenizer.json", help="a tokenizer (default: the model's own)")
-    gen.add_argument("--ops", action="append", metavar="SPEC", help="op sets (default: nn)")
-    gen.set_defaults(func=cmd_generate)
+    add_model_commands(sub)
     return p
 
 

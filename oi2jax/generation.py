@@ -2,11 +2,22 @@
 
 A `Generator` opens a model file, takes from it what a generation needs (the tokenizer as
 `tokenizer.json` text, the chat template, the stop ids and the name of the family's example graph:
-`model/tokenizer.py`), compiles the graph once and runs generations on it: the prompt's tokens
-teacher-forced, then each drawn token fed back, with temperature / top-k / top-p / min-p drawn on
-the device by the nn op `sample` (a runtime value each: no recompile), until a stop id, the token
-budget or the cache's capacity. The graph's interface is `llama_decode.oi`'s: a dynamic
-`token: i32` in, a volatile `logits: f32[V]` out.
+`model/tokenizer.py`), compiles the family's step graph and runs generations on it:
+
+- **The prompt in steps of S tokens** (the step-graph contract, `examples/<family>_prefill.oi`
+  beside the `<family>_decode.oi` the model names): a prompt of m tokens runs in the smallest
+  bucket S >= m of `buckets(T)` (1, then powers of two from 16 up to the cache capacity T), padded;
+  a longer one in steps of the largest bucket, then the rest. Each bucket is one program
+  (`Program.rebound`), compiled on first use and kept: prompts of any length compile no more step
+  programs than the buckets they fall in. The last prompt step draws the first token.
+- **The decode** is the S=1 program, one fused `Session.run`: each drawn token fed back
+  (`feedback={"tokens": "next"}`), the stop ids and the token budget on the device (`stop=`),
+  the tokens streamed to the host every `STREAM_EVERY` steps (`on_chunk`).
+- **Sampling** on the device through the graph's inputs (`temperature`, `top_k`, `top_p`,
+  `min_p`, `seed`: the nn op `sample`; runtime values, no recompile).
+- A graph of the token-by-token interface (`llama_decode.oi`: a dynamic `token: i32`, a volatile
+  `next: i32`) runs the prompt as a fused run of 1-token steps, then the same decode (`mode`
+  says which; `--stats` names it); without sampling inputs it is greedy only (its `next`).
 
 Nothing produced is lost: a runtime error in the middle of a generation (a cache past its
 capacity, ...) ends it with what was generated before the failing step and the error, which the
@@ -18,19 +29,43 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from . import api, ir
 from .diagnostics import OiError
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
-from .ops.nn.sampling import sample
+from .runtime.runstats import compile_seconds
 
-__all__ = ["Generator", "Generation", "Stats", "generate"]
+__all__ = ["Generator", "Generation", "Stats", "generate", "buckets"]
 
 _REPO = Path(__file__).resolve().parent.parent  # a source checkout: where `examples/` lives
+SMALLEST, LARGEST = 16, 1024  # the prompt buckets: powers of two from SMALLEST up to T (at most LARGEST)
+STREAM_EVERY = 8  # tokens per fused call when the text is streamed (`on_text`)
+SETTINGS = {"temperature": (np.float32, 0.0), "top_k": (np.int32, 0), "top_p": (np.float32, 1.0),
+            "min_p": (np.float32, 0.0), "seed": (np.int32, 0)}  # the graph inputs of sampling, and their "off"
+
+
+def buckets(capacity: int) -> tuple[int, ...]:
+    """The prompt step sizes S compiled for a cache of `capacity` positions: 1 (the decode step),
+    then 16, 32, 64, ... up to `capacity` (at most 1024). A prompt of m tokens runs in the
+    smallest S >= m, a longer one in steps of the largest, then the rest (`prompt_steps`)."""
+    sizes, s = [1], SMALLEST
+    while s <= min(capacity, LARGEST):
+        sizes.append(s)
+        s *= 2
+    return tuple(sizes)
+
+
+def prompt_steps(m: int, sizes: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(S, n) of each prompt step of an m-token prompt: steps of the largest bucket while more
+    tokens remain than it holds, then the smallest bucket that holds the rest."""
+    largest, steps = sizes[-1], []
+    while m > largest:
+        steps.append((largest, largest))
+        m -= largest
+    steps.append((min(s for s in sizes if s >= m), m))
+    return steps
 
 
 @dataclass(frozen=True)
@@ -41,6 +76,7 @@ class Stats:
     prompt_s: float
     generated_tokens: int
     generate_s: float
+    compile_s: float = 0.0  # compiling during this generation (a bucket's first use, the decode loop's first run)
 
     def lines(self) -> list[str]:
         """The two lines `--stats` prints (other tools read these phrases)."""
@@ -98,10 +134,14 @@ def _tokenizer(meta: dict, model_path: str, tokenizer):
 
 
 class Generator:
-    """A model file, its graph compiled once, its tokenizer: `generate(...)` runs a generation.
+    """A model file, its step graph compiled once per prompt bucket, its tokenizer: `generate(...)`
+    runs a generation (see the module doc).
 
-    `graph`: the `.oi` to run (default: the model's example graph); `tokenizer`: a
-    `tokenizer.json` path (default: the model's own); `ops`: op sets (default `["nn"]`)."""
+    `graph`: the `.oi` to run (default: the model's family's step graph `<family>_prefill.oi`
+    beside the `<family>_decode.oi` the model names, else that decode graph token by token);
+    `tokenizer`: a `tokenizer.json` path (default: the model's own); `ops`: op sets (default
+    `["nn"]`). `mode`: "prompt steps" or "token by token"; `programs`: the compiled step
+    programs by S (1: the decode step)."""
 
     def __init__(self, model, graph=None, *, tokenizer=None, ops=("nn",), precision: str = "highest"):
         self.model_path = str(model)
@@ -116,35 +156,68 @@ class Generator:
         self.stop_ids = [int(i) for i in np.ravel(stops)] if stops is not None else (
             [self.eos_id] if self.eos_id is not None else [])
         self.graph_path = _graph_path(meta, self.model_path, graph)
-        self.program = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision)
-        self._check_interface()
-        self._sample = jax.jit(_sampler)
-        warm = self.program.session()  # compile every step form a generation uses now: counted apart
-        for _ in range(3):  # a session's first step, then steps after unchecked ones (the prompt)
-            out = warm.step(token=np.int32(0))
-        warm.check()
-        out = warm.step(token=np.int32(0))  # a step after a checked one (the generated tokens)
-        warm.check()
-        self._draw(out["logits"], 0.0, 0, 1.0, 0.0, 0, 0)
-        warm.close()
-        self.compile_s = time.perf_counter() - t0
+        if graph is None:  # the family's step graph beside the decode graph the model names, if it has one
+            prefill = Path(self.graph_path).with_name(Path(self.graph_path).name.replace("_decode.oi", "_prefill.oi"))
+            if prefill != Path(self.graph_path) and prefill.is_file() and \
+                    _interface(str(prefill), api.load_graph(prefill), strict=False) == PROMPT_STEPS:
+                self.graph_path = str(prefill)
+        self.mode = _interface(self.graph_path, api.load_graph(self.graph_path))
+        sizes = {"S": 1} if self.mode == PROMPT_STEPS else None
+        decode = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision, sizes=sizes)
+        self.programs = {1: decode}
+        self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
+                         decode.graph.var(k).kind == ir.MemKind.DYNAMIC}
+        capacity = decode.bound.sizes.get("T", 1)
+        self.buckets = buckets(capacity) if self.mode == PROMPT_STEPS else (1,)
+        # compiling is counted apart: what compiles during a generation (a bucket's first use, the
+        # fused decode loop's first run) is measured there and left out of its rates
+        self.compile_s = time.perf_counter() - t0  # reading the model file and compiling the S=1 program
 
-    def _check_interface(self) -> None:
-        g = self.program.graph
-        token, logits = g.var("token"), g.var("logits")
-        if token is None or token.kind != ir.MemKind.DYNAMIC or token.dtype != "i32" or token.dims:
-            raise OiError(f"{self.graph_path}: generate needs a dynamic `token: i32` (the interface of "
-                          f"examples/llama_decode.oi)")
-        if logits is None or logits.kind != ir.MemKind.VOLATILE or len(logits.dims) != 1:
-            raise OiError(f"{self.graph_path}: generate needs a volatile `logits: f32[V]` (the interface of "
-                          f"examples/llama_decode.oi)")
+    @property
+    def compiles(self) -> int:
+        """Traces of step kernels over every program compiled so far (the recompile counter)."""
+        return sum(p.compiles for p in self.programs.values())
 
-    def _draw(self, logits, temperature, top_k, top_p, min_p, seed, position) -> int:
-        tok, nan = self._sample(logits, np.float32(temperature), np.int32(top_k), np.float32(top_p),
-                                np.float32(min_p), np.uint32(seed), np.int32(position))
-        if bool(nan):
-            raise OiError(f"sample: the logits of position {position} hold a NaN")
-        return int(tok)
+    def program(self, size: int):
+        """The step program of S = `size` (a bucket), compiled on first use and kept."""
+        prog = self.programs.get(size)
+        if prog is None:
+            prog = self.programs[size] = self.programs[1].rebound({"S": size})
+        return prog
+
+    def _inputs(self, settings: dict) -> dict:
+        """The sampling settings as the graph's inputs (its dtypes); one the graph lacks must be off."""
+        out = {}
+        for name, value in settings.items():
+            typ, off = SETTINGS[name]
+            if name in self.settings:
+                out[name] = typ(value)
+            elif value != off:
+                raise OiError(f"{self.graph_path}: {name}={value}: the graph has no dynamic `{name}` (it samples "
+                              f"greedily through its `next`); run a graph with sampling inputs (the step-graph "
+                              f"contract, examples/llama_prefill.oi)")
+        return out
+
+    def prompt_step(self, ids, **settings) -> "PromptResult":
+        """Run the prompt `ids`: the session after it (its state goes on in the S=1 program), the
+        first drawn token and the last prompt token's logits (f32[V], host)."""
+        ids = np.asarray(ids, np.int32)
+        given = self._inputs({**{k: off for k, (_, off) in SETTINGS.items()}, **settings})
+        if self.mode != PROMPT_STEPS:  # token by token: one step per prompt token (a fused run would compile per length)
+            sess = self.programs[1].session()
+            for tok in ids:
+                out = sess.step(token=tok, **given)
+            sess.check()  # the prompt's error, if any, raises here
+            return PromptResult(sess, int(out["next"]), np.asarray(out["logits"]))
+        state, start = self.programs[1].init_state(), 0  # every prompt step: one kernel form (from a state)
+        for size, n in prompt_steps(len(ids), self.buckets):
+            sess = self.program(size).session(state=state)
+            tokens = np.zeros(size, np.int32)
+            tokens[:n] = ids[start:start + n]
+            out = sess.step(tokens=tokens, n=np.int32(n), **given)
+            state, start = sess.state, start + n  # `state` raises the step's error, if any
+        sess = self.programs[1].session(state=state)
+        return PromptResult(sess, int(np.asarray(out["next"])[0]), np.asarray(out["logits"]))
 
     def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
         """The token ids of a text prompt (`chat`: rendered with the model's chat template first)."""
@@ -178,8 +251,8 @@ class Generator:
         """Generate from a text `prompt` (or `prompt_ids`) until a stop id, `max_tokens` or an error.
 
         `temperature` 0 is greedy (the default); `stop_ids`: more stop ids besides the model's
-        (`ignore_eos`: only these). `on_text(piece)` is called with the text as it is produced
-        (pieces that end inside a multi-byte character wait for the next token)."""
+        (`ignore_eos`: only these). `on_text(piece)` is called with the text as it is produced,
+        every `STREAM_EVERY` tokens (pieces that end inside a multi-byte character wait)."""
         if (prompt is None) == (prompt_ids is None):
             raise OiError("give a prompt (text) or prompt_ids, not both")
         ids = self.prompt_ids(prompt, chat=chat, system=system) if prompt is not None else [
@@ -188,60 +261,112 @@ class Generator:
             raise OiError("the prompt has no tokens")
         _check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         seed=seed)
-        stops = set(() if ignore_eos else self.stop_ids) | {int(i) for i in (stop_ids or ())}
-        sess = self.program.session()
-        t0 = time.perf_counter()
-        for tok in ids[:-1]:
-            sess.step(token=np.int32(tok))
-        logits = sess.step(token=np.int32(ids[-1]))["logits"]
-        sess.check()  # the prompt's error, if any, raises here: nothing was generated
-        t1 = time.perf_counter()
-        out, shown, finish, stop_id, error = [], "", "length", None, None
-        position = len(ids)
-        try:
-            while len(out) < max_tokens:
-                tok = self._draw(logits, temperature, top_k, top_p, min_p, seed, position)
-                if tok in stops:
-                    finish, stop_id = "stop", tok
-                    break
-                out.append(tok)
-                if on_text is not None and self.tokenizer is not None:
-                    text = self.decode(out)
-                    if not text.endswith("\ufffd") and len(text) > len(shown):
-                        on_text(text[len(shown):])
-                        shown = text
-                if len(out) == max_tokens:
-                    break
-                logits = sess.step(token=np.int32(tok))["logits"]
-                sess.check()  # a failed step's logits are never drawn from (a host read of its flags)
-                position += 1
-        except OiError as exc:  # the failing step's error; the tokens before it are kept
-            finish, error = "error", exc
-        t2 = time.perf_counter()
-        sess.close()
+        settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
+        stops = sorted(set(() if ignore_eos else self.stop_ids) | {int(i) for i in (stop_ids or ())})
+        c0, t0 = compile_seconds(), time.perf_counter()
+        first = self.prompt_step(ids, **settings)  # the prompt's error, if any, raises here: nothing generated
+        c1, t1 = compile_seconds(), time.perf_counter()
+        out, finish, stop_id, error = [], "length", None, None
+        stream = _Stream(self, on_text, stops)
+        if max_tokens > 0:
+            out.append(first.next)
+            stream.add(out)
+        if out and out[-1] in stops:
+            finish, stop_id = "stop", out.pop()
+        elif 0 < len(out) < max_tokens:
+            sess = first.session
+            token = np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next, np.int32)
+            try:
+                rows = sess.run({self.token_input: token, **self._inputs(settings)}, steps=max_tokens - 1,
+                                feedback={self.token_input: "next"}, collect="next", stop={"next": _stop_slots(stops)},
+                                on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
+                                every=STREAM_EVERY if on_text is not None else None)["next"]
+            except OiError as exc:  # a step's error: the tokens before it are kept
+                if getattr(exc, "partial", None) is None:
+                    raise
+                rows, finish, error = exc.partial["next"], "error", exc
+            out[1:] = [int(i) for i in np.ravel(rows)]
+            if error is None and sess.last_run.stopped:  # the stop id is the last row
+                finish, stop_id = "stop", out.pop()
+        c2, t2 = compile_seconds(), time.perf_counter()
+        first.session.close()
         text = self.decode(out)
-        if on_text is not None and text is not None and len(text) > len(shown):
-            on_text(text[len(shown):])
-        stats = Stats(prompt_tokens=len(ids), prompt_s=t1 - t0, generated_tokens=len(out), generate_s=t2 - t1)
+        stream.finish(text)
+        stats = Stats(prompt_tokens=len(ids), prompt_s=(t1 - t0) - (c1 - c0), generated_tokens=len(out),
+                      generate_s=(t2 - t1) - (c2 - c1), compile_s=c2 - c0)
         return Generation(prompt_ids=ids, ids=out, text=text, finish=finish, stats=stats, stop_id=stop_id, error=error)
 
-
-class _NanFlag:
-    """The sampler's op context outside a graph: records whether the logits held a NaN (the
-    settings are checked on the host first, `_check_settings`)."""
-
-    def __init__(self):
-        self.nan = jnp.bool_(False)
-
-    def fail_if(self, cond, message, value):
-        self.nan = self.nan | cond
+    @property
+    def token_input(self) -> str:
+        """The input a drawn token is fed back into: `tokens` (the step graph) or `token`."""
+        return "tokens" if self.mode == PROMPT_STEPS else "token"
 
 
-def _sampler(logits, temperature, top_k, top_p, min_p, seed, position):
-    flag = _NanFlag()
-    tok = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                 position=position, ctx=flag)
-    return tok, flag.nan
+PROMPT_STEPS, TOKEN_BY_TOKEN = "prompt steps", "token by token"
+STOP_SLOTS = 8  # the decode loop takes its stop ids in slots of 8 (one compiled loop whatever the ids)
+
+
+def _stop_slots(stops: list[int]) -> list[int]:
+    """The stop ids filling a multiple of STOP_SLOTS (repeated; -1, never a token id, for none): the
+    same set for `runargs.stop_hits`, one shape, so the decode loop compiles once."""
+    ids = list(stops) or [-1]
+    return ids + [ids[0]] * (-len(ids) % STOP_SLOTS)
+
+
+def _interface(path: str, graph, strict: bool = True) -> str | None:
+    """Which interface the graph has: the step-graph contract (`tokens: i32[S]`, `n`, a volatile
+    `next: i32[1]` and `logits: f32[V]`) or the token-by-token one (`token: i32`, `next: i32`);
+    neither: an OiError (`strict`) or None."""
+    def var(name, kind):
+        decl = graph.var(name)
+        return decl if decl is not None and decl.kind == kind else None
+
+    tokens, token, n = var("tokens", ir.MemKind.DYNAMIC), var("token", ir.MemKind.DYNAMIC), var("n", ir.MemKind.DYNAMIC)
+    nxt, logits = var("next", ir.MemKind.VOLATILE), var("logits", ir.MemKind.VOLATILE)
+    if nxt is not None and logits is not None and nxt.dtype == "i32" and len(logits.dims) == 1:
+        if tokens is not None and n is not None and tokens.dtype == "i32" and len(tokens.dims) == 1 and \
+                len(nxt.dims) == 1:
+            return PROMPT_STEPS
+        if token is not None and token.dtype == "i32" and not token.dims and not nxt.dims:
+            return TOKEN_BY_TOKEN
+    if not strict:
+        return None
+    raise OiError(f"{path}: generate needs the step-graph interface (dynamic `tokens: i32[S]` and `n: i32`, "
+                  f"volatile `next: i32[1]` and `logits: f32[V]`: examples/llama_prefill.oi) or the token-by-token "
+                  f"one (dynamic `token: i32`, volatile `next: i32` and `logits: f32[V]`: examples/llama_decode.oi)")
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    """After the prompt: the session whose state goes on in the S=1 program, the first drawn
+    token, the last prompt token's logits."""
+
+    session: object
+    next: int
+    logits: np.ndarray
+
+
+class _Stream:
+    """The text of the generated tokens handed to `on_text` as it grows (a piece that ends inside a
+    multi-byte character waits for the next token)."""
+
+    def __init__(self, gen: Generator, on_text, stops):
+        self.gen, self.on_text, self.stops, self.shown, self.seen = gen, on_text, set(stops), "", []
+
+    def add(self, out: list, rows=()) -> None:
+        """`out`: the tokens so far (the first token), or `rows`: the next ones (a chunk)."""
+        if self.on_text is None or self.gen.tokenizer is None:
+            return
+        self.seen = list(out) if not len(rows) else self.seen + [int(i) for i in np.ravel(rows)]
+        cut = next((i for i, t in enumerate(self.seen) if t in self.stops), len(self.seen))  # never the stop id
+        text = self.gen.decode(self.seen[:cut])
+        if not text.endswith("\ufffd") and len(text) > len(self.shown):
+            self.on_text(text[len(self.shown):])
+            self.shown = text
+
+    def finish(self, text: str | None) -> None:
+        if self.on_text is not None and text is not None and len(text) > len(self.shown):
+            self.on_text(text[len(self.shown):])
 
 
 def _check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> None:
@@ -258,7 +383,7 @@ def _check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> No
 
     whole("max_tokens", max_tokens, 0)
     whole("top_k", top_k, 0, 2**31 - 1)
-    whole("seed", seed, 0, 2**32 - 1)
+    whole("seed", seed, 0, 2**31 - 1)  # the graph's `seed: i32`
     number("temperature", temperature, lambda v: v >= 0, "a number >= 0 (0: greedy)")
     number("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1] (1: off)")
     number("min_p", min_p, lambda v: 0 <= v <= 1, "in [0, 1] (0: off)")

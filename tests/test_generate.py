@@ -56,6 +56,15 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gen(model):
+    """The default: the model names llama_decode.oi; the step graph llama_prefill.oi beside it runs."""
+    g = Generator(model["path"])
+    assert g.mode == "prompt steps" and g.graph_path.endswith("llama_prefill.oi")
+    return g
+
+
+@pytest.fixture(scope="module")
+def token_gen(model):
+    """The token-by-token interface (llama_decode.oi): greedy through its `next`."""
     return Generator(model["path"], EXAMPLES / "llama_decode.oi")
 
 
@@ -102,7 +111,7 @@ def test_chat_renders_the_template_and_sampling_is_reproducible(model, gen):
 
 def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):
     prompt = [5, 6, 7, 8]
-    res = gen.generate(prompt_ids=prompt, max_tokens=100, ignore_eos=True)  # T = 40 positions
+    res = gen.generate(prompt_ids=prompt, max_tokens=60, ignore_eos=True)  # T = 40 positions
     assert res.finish == "error" and "40" in str(res.error)
     want = greedy_reference(model, prompt, len(res.ids))
     assert res.ids == want and len(prompt) + len(res.ids) == 41  # the token of step 40 was drawn, not fed
@@ -117,8 +126,8 @@ def test_bad_settings_are_named(gen, bad):
 
 def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys):
     ids_out = tmp_path / "ids.npy"
-    code, out, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt",
-                             "hello world", "--max-tokens", "6", "--ignore-eos", "--stats", "--ids-out", ids_out)
+    code, out, err = run_cli(capsys, "generate", model["path"], "--prompt", "hello world", "--max-tokens", "6",
+                             "--ignore-eos", "--stats", "--ids-out", ids_out)
     assert code == 0, err
     ids = np.load(ids_out)
     prompt = model["tok"].encode("hello world").ids
@@ -126,6 +135,7 @@ def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys):
     assert out == model["tok"].decode(ids.tolist(), skip_special_tokens=True) + "\n"
     assert re.search(rf"^prompt {len(prompt)} tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
     assert re.search(r"^generated 6 tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
+    assert re.search(r"^compile [0-9.]+ s \(.*llama_prefill.oi: prompt steps\)$", err, re.M), err
 
 
 def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys):
@@ -143,3 +153,35 @@ def test_cli_usage_errors(model, tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt-ids",
                            tmp_path / "bad.npy")
     assert code == 1 and "not a .npy array" in err
+
+
+def test_the_prompt_step_equals_token_by_token(model, gen, token_gen):
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    a, b = gen.prompt_step(ids), token_gen.prompt_step(ids)
+    np.testing.assert_allclose(a.logits, b.logits, rtol=0, atol=1e-4)
+    a.session.close()
+    b.session.close()
+    assert a.next == b.next == int(np.argmax(b.logits))
+    want = greedy_reference(model, ids, 6)
+    assert gen.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids == want
+    assert token_gen.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids == want
+    with pytest.raises(OiError, match="the graph has no dynamic `temperature`"):
+        token_gen.generate(prompt_ids=ids, temperature=0.5)
+
+
+def test_prompts_of_17_lengths_compile_only_their_buckets(model, gen):
+    g = gen
+    assert g.mode == "prompt steps" and g.buckets == (1, 16, 32)  # T = 40
+    lengths = list(range(1, 18))
+    seen = set()
+    for m in (1, 16, 17):  # one prompt per bucket: each bucket's step program compiled once
+        g.generate(prompt_ids=list(range(3, 3 + m)), max_tokens=1, ignore_eos=True)
+        seen.add(min(s for s in g.buckets if s >= m))
+    warm = g.compiles
+    for m in lengths:
+        g.generate(prompt_ids=[(7 * i) % 60 + 3 for i in range(m)], max_tokens=1, ignore_eos=True)
+    assert sorted(g.programs) == sorted(seen) == [1, 16, 32]
+    assert g.compiles == warm  # 17 lengths: not one more trace
+    long = list(range(3, 3 + 38))  # 38 tokens: one step of 32, then 6 in the bucket of 16
+    res = g.generate(prompt_ids=long, max_tokens=1, ignore_eos=True)
+    assert res.ids == greedy_reference(model, long, 1) and g.compiles == warm

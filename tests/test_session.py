@@ -512,7 +512,13 @@ def test_cli_run_overflow_names_the_step(capsys, tmp_path):
                            "--out", tmp_path / "o.npz")
     assert code == 1
     assert "kv_cache_decode.oi:23:22: error: dimension 0 of K: index 4 is past its fixed size 4 (in step 5)" in err
-    assert not (tmp_path / "o.npz").exists()
+    # nothing lost (issue 40 item 5): --out holds what the steps before the failing one produced
+    assert "note: wrote" in err and "the steps before the failing step 5" in err
+    code, _, err = run_cli(capsys, "run", KV_SOURCE, "--inputs-per-step", tmp_path / "qs.npz", "--steps", "4",
+                           "--out", tmp_path / "o4.npz", "--quiet")
+    assert code == 0, err
+    with np.load(tmp_path / "o.npz") as partial, np.load(tmp_path / "o4.npz") as four:
+        assert partial["K"].tobytes() == four["K"].tobytes()  # the failing write skipped, never clamped
 
 
 def test_out_members_named_like_numpy_keywords(capsys, tmp_path):

@@ -9,12 +9,13 @@
   state the session knows holds no error (it read the previous step's flags): no skip, the
   incoming guards the constant zero. Bit for bit what `after_unchecked` computes from zero flags. A step
   without any runtime guard returns `None` for its flags: it cannot fail, nothing is read.
-- `multi(consts, state, per_step, fixed, base, n, collect, feedback=...) -> FusedRun(state, last,
-  stacked, status, fed)`: up to `n` steps as ONE `lax.while_loop` (state donated), step i reading
-  `per_step[base + i]` (an input with feedback, once its per-step values run out, the value its
-  source had after the step before: carried in the loop, no host round trip).
+- `multi(consts, state, per_step, fixed, base, n, collect, feedback=..., stop=...) -> FusedRun(state,
+  last, stacked, status, fed, done)`: up to `n` steps as ONE `lax.while_loop` (state donated), step i
+  reading `per_step[base + i]` (an input with feedback, once its per-step values run out, the value
+  its source had after the step before: carried in the loop, no host round trip).
   The loop stops early after a step that recorded an error (that step is applied, its failing
-  write skipped) or that needs more cache capacity (that step is undone); `status` is
+  write skipped), that needs more cache capacity (that step is undone), or whose output is a stop
+  id (`stop`: that step is applied; `runargs.stop_hits`, `runargs.stopped`); `status` is
   a `StepOutcome` vector (`status_vector`). So N fused steps equal N `after_unchecked` calls bit for bit, and
   growth resumes exactly at the undone step.
 """
@@ -33,7 +34,7 @@ from jax.tree_util import tree_map_with_path
 from .. import dtypes as dt
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
-from .runargs import fed_back
+from .runargs import fed_back, stop_hits, stopped
 
 
 SELECT_SKIP_BYTES = 1 << 16
@@ -109,14 +110,15 @@ class StepKernels:
                 return new.vars, new.caches, None, outputs
             return new.vars, new.caches, new.guards.flags, outputs
 
-        def fused_steps(consts, state, per_step, fixed, fed, base, n, collect, total, feedback):
+        def fused_steps(consts, state, per_step, fixed, fed, base, n, stop_ids, done, collect, total, feedback):
             count("fused steps")
             # trace constants of the state (sizes of all-@fixed tables) are not loop-carried
             env0 = spec.strip_constants(spec.to_env(state))
             # every variable's last value; an input the graph does not write is taken after the
             # loop from the last applied step's slice (no per-step copy of it). An input with
             # feedback and its source are outputs of every step (the value it took, the value fed)
-            extra = tuple(dict.fromkeys(collect + builder.all_names + tuple(x for pair in feedback for x in pair)))
+            extra = tuple(dict.fromkeys(collect + builder.all_names + tuple(x for pair in feedback for x in pair)
+                                        + tuple(stop_ids)))
 
             def one(env, fb, i):
                 dyn = dict(fixed)
@@ -144,25 +146,30 @@ class StepKernels:
                 # stop after a step that recorded an error or was undone for growth (it asks for
                 # capacity): read from the carried state, no flag of its own to compute and carry
                 i, env = carry[0], carry[1]
+                go = i < n
+                if stop_ids:  # ends after the step whose output is a stop id (every sequence's)
+                    go = go & ~stopped(carry[5], jnp)
                 if not guarded:
-                    return i < n
-                go = (i < n) & (env.guards.err == 0)
+                    return go
+                go = go & (env.guards.err == 0)
                 return go & ~jnp.any(env.guards.grow > 0) if growable else go
 
             def body(carry):
-                i, env, _, stacked, fb = carry
+                i, env, _, stacked, fb, hit = carry
                 flat, outputs = one(env, fb, i)
                 stacked = {k: lax.dynamic_update_index_in_dim(v, outputs[k], base + i, 0)
                            for k, v in stacked.items()}
                 new_fb = {k: outputs[source] for k, source in feedback}
+                new_hit = {k: hit[k] | stop_hits(outputs[k], ids, jnp) for k, ids in stop_ids.items()}
                 if growable:  # an undone step is not counted: the host re-runs it after growing
                     undone = jnp.any(flat.guards.grow > 0)
                     new_fb = {k: jnp.where(undone, fb[k], v) for k, v in new_fb.items()}  # nor fed back
-                    return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, new_fb
-                return i + 1, flat, outputs, stacked, new_fb
+                    new_hit = {k: jnp.where(undone, hit[k], v) for k, v in new_hit.items()}  # nor a stop
+                    return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, new_fb, new_hit
+                return i + 1, flat, outputs, stacked, new_fb, new_hit
 
-            init = (jnp.zeros((), n.dtype), env0, last0, stacked0, fed)
-            i, flat, last, stacked, fb = lax.while_loop(cond_fn, body, init)
+            init = (jnp.zeros((), n.dtype), env0, last0, stacked0, fed, done)
+            i, flat, last, stacked, fb, done = lax.while_loop(cond_fn, body, init)
             last = dict(last)
             for name in builder.dynamic:
                 if name in last:
@@ -175,7 +182,7 @@ class StepKernels:
             new = spec.from_env(flat)
             if not guarded:  # the guards cannot change: passed through (donated, no copy)
                 new = StepState(new.vars, new.caches, state.guards)
-            return FusedRun(new, last, stacked, status_vector(new.guards.flags, i), fb)
+            return FusedRun(new, last, stacked, status_vector(new.guards.flags, i), fb, done)
 
         self.after_unchecked = jax.jit(after_unchecked, donate_argnums=(1,))  # the flags stay readable
         self.from_clean = jax.jit(from_clean, donate_argnums=(1,))
@@ -183,7 +190,7 @@ class StepKernels:
         self.generation = exe.generation  # the cache capacities these kernels are for
         self._forms: dict = {}  # input signature -> StepForms (the session step compiled ahead of time)
         self._pace = None  # seconds per step of the last fused call (`Session.run` sizes its calls by it)
-        self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(7, 8, 9))
+        self.multi_jit = jax.jit(fused_steps, donate_argnums=(1,), static_argnums=(9, 10, 11))
         self._scalars: dict = {}  # (index type, value) -> device scalar (`multi`'s base and n)
 
     @property
@@ -220,14 +227,19 @@ class StepKernels:
             return tuple(jax.tree.leaves((vars_, caches))), flags, outputs
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
-              total: int = 0, exes: dict | None = None, feedback: tuple = (), fed: dict | None = None) -> "FusedRun":
+              total: int = 0, exes: dict | None = None, feedback: tuple = (), fed: dict | None = None,
+              stop: dict | None = None, done: dict | None = None) -> "FusedRun":
         """Up to `n` steps from global step `base`; `total`: length of the collected stacks.
         `feedback`: ((input, source), ...): from the step where its per-step values run out (or
         its second step, for an input not given per step), the input takes the value its source
         had after the step before; `fed`: each such input's fed-back value before this call.
+        `stop`: {output: device array of stop ids}; `done`: {output: bool array of the output's
+        shape}, the elements already stopped (all False at a run's start, then `FusedRun.done` of
+        the call before): the loop ends after the step that leaves every element of one output
+        stopped (`runargs.stopped`).
         `exes`: the loops compiled ahead of time for one validated signature of arguments (a
         `ValidatedRun`), by index type: called without the jit's dispatch (a hot path)."""
-        args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total, feedback, fed)
+        args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total, feedback, fed, stop, done)
         if exes is None:
             return self.multi_jit(*args)
         index = args[5].dtype
@@ -236,13 +248,14 @@ class StepKernels:
         exe = exes[index]
         if exe is not None:
             try:
-                return exe(*args[:7])
+                return exe(*args[:9])
             except (TypeError, ValueError):  # placed unlike the executable (refused before running): the jit
                 exes[index] = None  # from now on
         return self.multi_jit(*args)
 
     def multi_args(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
-                   total: int = 0, feedback: tuple = (), fed: dict | None = None) -> tuple:
+                   total: int = 0, feedback: tuple = (), fed: dict | None = None, stop: dict | None = None,
+                   done: dict | None = None) -> tuple:
         """`multi_jit`'s arguments (also what `--dump-dir` lowers: the kernel a run executes)."""
         # the loop counts and indexes in int32 while every index fits (fewer bytes per iteration:
         # XLA:CPU runs a while loop that touches under 1 KiB per iteration as one compiled
@@ -250,7 +263,7 @@ class StepKernels:
         longest = max([v.shape[0] for v in per_step.values()] + [int(total) if collect else 0, base + n])
         index = np.int32 if longest < 2**31 else np.int64
         return (consts, state, per_step, fixed, dict(fed or {}), self._scalar(index, base), self._scalar(index, n),
-                tuple(collect), int(total) if collect else 0, tuple(feedback))
+                dict(stop or {}), dict(done or {}), tuple(collect), int(total) if collect else 0, tuple(feedback))
 
     def _scalar(self, index, value: int):
         """`base` / `n` as a device scalar kept for reuse (a host scalar is put on the device at
@@ -347,6 +360,7 @@ class FusedRun(NamedTuple):
     stacked: dict  # collect name -> [total, ...] (rows base .. base + applied - 1 written)
     status: object  # int64 `status_vector`: read it with `StepOutcome.of_status`
     fed: dict  # input with feedback -> the value its next step takes when fed back
+    done: dict  # stop output -> bool [output's shape]: the elements that gave a stop id so far
 
 
 class FlatStep:

@@ -327,7 +327,7 @@ class Program:
         return convert_inputs(inputs, self.graph, self.bound.shape)
 
     def run(self, inputs: dict | None = None, steps: int | None = None, progress=None, trace: bool = False,
-            collect=(), session=None, feedback: dict | None = None) -> dict:
+            collect=(), session=None, feedback: dict | None = None, stop: dict | None = None) -> dict:
         """Run `steps` steps from the program's initial state (or `session`'s state); every
         dynamic, volatile and persistent variable after the last step (widened like `--out`).
 
@@ -337,18 +337,22 @@ class Program:
         (`Session.run`). `collect=("y", ...)`: those names hold every step's value, stacked
         `[N, ...]`, instead of the last one. `feedback={"token": "next"}`: once `token`'s per-step
         values run out, each step takes it from the step before's `next` (inside the one loop;
-        `Session.run`).
+        `Session.run`). `stop={"next": [2, 32000]}`: the run ends after the step whose `next` is one
+        of the ids, that step kept (`Session.run`).
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
         if self.driver is not None:
+            if stop:
+                raise OiError("stop: a graph run by the yield/await driver has no fused loop to stop; run it "
+                              "step by step (Session.step) and stop on the host")
             result, events = self.driver.run(session, inputs or {}, steps, bool(trace), progress, collect, feedback)
             self.last_trace = events
             return result
         if trace:
-            return self._traced_run(session, inputs, steps, collect, feedback)
-        return session.run(inputs or {}, steps=steps, collect=collect, progress=progress, feedback=feedback)
+            return self._traced_run(session, inputs, steps, collect, feedback, stop)
+        return session.run(inputs or {}, steps=steps, collect=collect, progress=progress, feedback=feedback, stop=stop)
 
-    def _traced_run(self, session, inputs, steps: int | None, collect=(), feedback=None) -> dict:
+    def _traced_run(self, session, inputs, steps: int | None, collect=(), feedback=None, stop=None) -> dict:
         events = []
         device = device_name(self.device or jax.devices()[0])  # the device's own name (cpu:0, gpu:0)
 
@@ -366,7 +370,8 @@ class Program:
             return one_step
 
         self.last_trace = events
-        return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect, feedback=feedback)
+        return session.run_stepwise(inputs or {}, steps=steps, wrap=timed, collect=collect, feedback=feedback,
+                                    stop=stop)
 
     def trace_text(self, events: list[dict] | None = None) -> str:
         """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""

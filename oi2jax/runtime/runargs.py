@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ir
+from .. import dtypes, ir
 from ..diagnostics import OiError, suggest
 
 MAX_VALIDATED = 64  # signatures remembered per program (then forgotten all at once)
 
 
-def validate_run(prog, inputs: dict, steps, collect, convert, feedback=None) -> "ValidatedRun":
+def validate_run(prog, inputs: dict, steps, collect, convert, feedback=None, stop=None) -> "ValidatedRun":
     """`run(inputs, steps, collect, feedback)` validated; `convert(inputs, steps=None)`
-    is the session's input check and conversion (it passes a valid device array through as it is)."""
+    is the session's input check and conversion (it passes a valid device array through as it is);
+    `stop`: the checked stop set (`stop_set`: its names and id counts are part of the signature)."""
     try:
         key = (tuple((k, type(v), v.shape, v.dtype) for k, v in inputs.items()), steps,
                (collect,) if isinstance(collect, str) else tuple(collect),
-               tuple(feedback.items()) if feedback else ())
+               tuple(feedback.items()) if feedback else (), tuple((k, v.shape) for k, v in (stop or {}).items()))
         run = prog.validated_runs.get(key)
     except (AttributeError, TypeError):  # host lists / scalars, unhashable arguments: no run
         key = run = None
@@ -83,6 +84,58 @@ def feedback_pairs(prog, feedback) -> tuple:
                           f"must have the input's dtype and shape")
         pairs.append((name, source))
     return tuple(pairs)
+
+
+def stop_set(prog, stop) -> dict:
+    """`stop={OUT: [ID, ...], ...}` checked: {OUT: ids as a 1-D array of OUT's dtype}. OUT is a
+    variable a step leaves a value in (dynamic, volatile or plain persistent, as a feedback
+    source), of an integer dtype; every id fits that dtype exactly (none is narrowed)."""
+    if not stop:
+        return {}
+    if not isinstance(stop, dict):
+        raise OiError(f"stop: expected a dict {{output: [id, ...]}}, got {type(stop).__name__}")
+    graph, bound = prog.graph, prog.bound
+    out = {}
+    for name, ids in stop.items():
+        decl = graph.var(name)
+        if decl is None or decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
+            known = [v.name for v in graph.vars if v.kind != ir.MemKind.CONSTANT and not v.is_prefix_table]
+            raise OiError(f"stop {name}: not a variable a step leaves a value in{suggest(name, known)} "
+                          f"(variables: {', '.join(known) or '(none)'})")
+        if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
+            raise OiError(f"stop {name}: {_cache_state(decl)}; cache.read it into a volatile and stop on that")
+        if name in prog.shaped:
+            raise OiError(f"stop {name}: it takes the current shape of @auto_dim tensor {prog.shaped[name]}, "
+                          f"which changes from step to step")
+        d = dtypes.get(bound.dtype(name))
+        if not d.is_int:
+            raise OiError(f"stop {name}: {name} is {d.name}; stop ids need an integer output (a token id)")
+        values = list(np.ravel(np.asarray(ids, dtype=object)))
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not d.min <= v <= d.max:
+                raise OiError(f"stop {name}: {v!r} is not a {d.name} value (stop ids are whole numbers "
+                              f"{d.min}..{d.max})")
+        if not values:
+            raise OiError(f"stop {name}: no stop ids given")
+        out[name] = np.asarray(values, d.np_dtype)
+    return out
+
+
+def stop_hits(value, ids, xp=np):
+    """THE stop rule, per element of a step's output `value` (per sequence when its leading axis
+    is a batch): whether it is one of the stop `ids`. NumPy and traced arrays alike (`xp`: numpy
+    or jax.numpy): the fused loop, the host loop and a batch of sequences all follow it."""
+    return xp.isin(value, ids)
+
+
+def stopped(done: dict, xp=np):
+    """Whether a run is over: `done` holds, per stop output, which of its elements have given a
+    stop id in some step (`stop_hits`, or-ed step by step); the run ends after the step that
+    leaves every element of one output stopped (the step that gave the stop id is kept)."""
+    over = xp.asarray(False)
+    for hit in done.values():
+        over = over | xp.all(hit)
+    return over
 
 
 def fed_back(step, given_steps):

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import ir
@@ -41,7 +41,8 @@ from ..lowering.state import Guards, StepState
 from ..values import convert_output
 from . import state_file
 from .kernels import StepOutcome
-from .runargs import collect_names, fed_back, feedback_pairs, validate_run, split_inputs
+from .runstats import RunClock
+from .runargs import collect_names, fed_back, feedback_pairs, split_inputs, stop_hits, stop_set, stopped, validate_run
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 
@@ -109,6 +110,7 @@ class Session:
         self.outcomes = DeviceOutcomes  # how dispatched steps' outcomes are read (a documented hook)
         self.call_seconds = CALL_SECONDS  # `run`: the length of one fused call, about
         self.general_steps = 0  # `step` calls that took the general path (validated, maybe compiled)
+        self.last_run = None  # `RunStats` of the last `run` (runtime/runstats.py)
         self._n_dynamic = len(program.defaults)
         self._user_tree = self._leaves = self._user_def = None  # see _user
         self._shaped = bool(program.shaped)
@@ -518,7 +520,7 @@ class Session:
     # ------------------------------------------------------------------ many steps
 
     def run(self, inputs: dict | None = None, steps: int | None = None, collect=(), progress=None,
-            feedback: dict | None = None) -> dict:
+            feedback: dict | None = None, stop: dict | None = None, on_chunk=None, every: int | None = None) -> dict:
         """Run N steps as ONE compiled loop (`lax.while_loop`, state donated).
 
         An input of its declared shape is the same every step; one with a leading step axis
@@ -529,62 +531,106 @@ class Session:
         is given once or not at all), step i takes IN from step i-1's OUT, inside the loop
         (generation: a prompt teacher-forced, then each token fed back); `steps` may exceed the
         per-step values only of inputs with feedback.
-        Errors raise from the step that failed (with its number); growth re-runs the step that
-        needed it after doubling the capacity; the result equals `steps` calls of `step`."""
+        `stop={OUT: [ID, ...]}`: the loop ends after the step whose OUT is one of the ids (every
+        element of OUT, each of a batch's sequences at its own step: `runargs.stopped`), on the
+        device, no host read per step; that step is the run's last and is kept (its OUT, the stop
+        id, is in the result), no later step runs; `steps` is then a budget.
+        `on_chunk(rows, done)`: streaming; called after each fused call with the collected rows
+        that call produced (`{name: [k, ...]}`, host arrays widened like the result) and the steps
+        done so far. The first call runs one step (the first token reaches the host at once), the
+        others at most `every` steps (default: about `call_seconds` of steps).
+        Errors raise from the step that failed (with its number); nothing is lost: the error's
+        `partial` is the run's result up to the step before the failing one (the collected rows of
+        the steps before it; every other variable as the session holds it: the failing step's
+        state, its failing write skipped). Growth re-runs the step that needed it after doubling
+        the capacity; the result equals `steps` calls of `step`. `last_run` (`RunStats`): steps,
+        seconds, compiling, the first call and the steady rate of this run."""
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
-        call = validate_run(prog, inputs, steps, collect, self._inputs, feedback)
+        stop_ids = stop_set(prog, stop)
+        call = validate_run(prog, inputs, steps, collect, self._inputs, feedback, stop_ids)
         steps, collect = call.steps, call.collect
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise OiError(f"every must be an integer >= 1, got {every!r}")
         per_dev, fixed_dev, fed = call.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
+        # the collected stacks hold a power of two of rows (>= 64): runs of many lengths share a loop
+        rows = max(64, 1 << (steps - 1).bit_length()) if collect else 0
+        clock = RunClock()
         with prog.scope():
+            stop_dev = {k: jnp.asarray(v) for k, v in stop_ids.items()}
+            done = {k: jnp.zeros(tuple(prog.bound.shape(k)), bool) for k in stop_ids}
             base = 0
             # calls of about CALL_SECONDS each, so that Ctrl-C, progress and growth are never more
-            # than a call away; the loop is traced once whatever n. The pace (seconds per step) is
-            # the last call's, kept with the kernels; a program's first run measures it on 16 steps
+            # than a call away; the loop is traced once whatever n. The pace (seconds per step, its
+            # compiling left out) is the last call's, kept with the kernels; a program's first run
+            # measures it on 16 steps
             limit = steps if progress is None else max(1, -(-steps // 50))
+            if every is not None:
+                limit = min(limit, every)
 
             def steps_per_call(pace):
                 return max(1, min(limit, int(self.call_seconds / max(pace, 1e-9))))
 
             pace = prog.executable.kernels.pace
             chunk = min(16, limit) if pace is None else steps_per_call(pace)
+            if on_chunk is not None:
+                chunk = 1
             last = None
             while base < steps:
                 n = min(chunk, steps - base)
-                t0 = time.perf_counter()
+                clock.start()
                 exe = prog.executable  # the next one after a growth
                 kernels = exe.kernels
-                res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, steps,
-                                    exes=call.exes(kernels), feedback=call.feedback, fed=fed)
-                self._state, fed = res.state, res.fed
+                res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, rows,
+                                    exes=call.exes(kernels), feedback=call.feedback, fed=fed, stop=stop_dev,
+                                    done=done)
+                self._state, fed, done = res.state, res.fed, res.done
                 outcome = StepOutcome.of_status(res.status)
+                over = bool(stopped(jax.device_get(done))) if done else False
                 applied = outcome.applied
+                running = clock.stop(applied)
                 if applied:
-                    pace = kernels.timed(time.perf_counter() - t0, applied)
-                    chunk = steps_per_call(pace)
+                    if running > 0:
+                        pace = kernels.timed(running, applied)
+                        chunk = steps_per_call(pace)
                     last = res.last
-                    for k in collect:
-                        pieces[k].append(res.stacked[k][base:base + applied])
+                    for k in collect:  # sliced on the host: a device slice per (base, applied) compiles
+                        pieces[k].append(exe.to_host(res.stacked[k])[base:base + applied])
                 base += applied
                 self.steps += applied
                 if outcome.err:
                     self._set_values(last)
-                    self._raise_if_failed(outcome, self.steps)
+                    error = exe.status_error(outcome, step=self.steps)
+                    self._clear_error()
+                    self.last_run = clock.stats(stopped=False)
+                    error.partial = self._result(pieces, drop=1)
+                    raise error
                 if outcome.undone:  # the undone step asks for capacity: grow
                     self._state = prog.grow(self._state, outcome)
+                if on_chunk is not None and applied:
+                    on_chunk({k: self._collected([pieces[k][-1]], k) for k in collect}, base)
                 if progress is not None:
                     progress(base)
+                if over:
+                    break
             self._set_values(last)
         self._clean = True  # the last status read said: no error, no growth pending
+        self.last_run = clock.stats(stopped=over if steps else False)
+        return self._result(pieces)
+
+    def _collected(self, pieces: list, name: str) -> np.ndarray:
+        """A collected variable's rows from the pieces the fused calls left (host), widened."""
+        return convert_output(np.concatenate(pieces), self.program.bound.dtype(name))
+
+    def _result(self, pieces: dict, drop: int = 0) -> dict:
+        """`run`'s result: every variable (`values`), each collected one as its rows stacked, the
+        last `drop` rows left out (those of a failing step)."""
         result = self.values()
-        for k in collect:
-            if pieces[k]:
-                result[k] = convert_output(np.concatenate([prog.executable.to_host(p) for p in pieces[k]]),
-                                           prog.bound.dtype(k))
-            else:
-                result[k] = np.zeros((0,) + result[k].shape, result[k].dtype)
+        for k, parts in pieces.items():
+            rows = self._collected(parts, k) if parts else np.zeros((0,) + result[k].shape, result[k].dtype)
+            result[k] = rows[:len(rows) - drop] if drop else rows
         return result
 
     def _set_values(self, last) -> None:
@@ -594,14 +640,16 @@ class Session:
             self._last_values.update(last)
 
     def run_stepwise(self, inputs: dict | None = None, steps: int | None = None, wrap=None, collect=(),
-                     progress=None, driver: bool = False, feedback: dict | None = None) -> dict:
+                     progress=None, driver: bool = False, feedback: dict | None = None, stop: dict | None = None) -> dict:
         """`run` as one checked step at a time (the yield/await driver, traced runs): same inputs,
         same result. `wrap(step_fn)` may wrap each kernel call (timing); `driver=True` runs each
-        step with the program's yield/await driver. `feedback` as in `run`, through the host."""
+        step with the program's yield/await driver. `feedback` and `stop` as in `run`, through the host."""
         self.check()
         prog = self.program
         prog.check_given(inputs or {})
         pairs = feedback_pairs(prog, feedback)
+        stop_ids = stop_set(prog, stop)
+        done = {k: np.zeros(tuple(prog.bound.shape(k)), bool) for k in stop_ids}
         per_step, fixed, steps = split_inputs(prog, dict(inputs or {}), steps, pairs)
         collect = collect_names(prog, collect)
         per_host = {k: prog.convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
@@ -620,6 +668,10 @@ class Session:
                 stacks[k].append(self.read(k))
             if progress is not None:
                 progress(i + 1)
+            for k, ids in stop_ids.items():
+                done[k] = done[k] | stop_hits(self.read(k), ids)
+            if done and stopped(done):
+                break
         result = self.values()
         for k in collect:
             result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)

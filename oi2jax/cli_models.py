@@ -1,0 +1,143 @@
+"""The model-file commands of `oi2jax`: convert-hf, convert-gguf (a checkpoint to an .oinf) and
+generate (text in, text out: oi2jax/generation.py); `add_model_commands` adds them to the parser
+(docs/cli.md). `UsageError`: a usage error of any command (exit 2)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from .diagnostics import OiError
+from .model.convert import convert_hf
+from .model.gguf import convert_gguf
+from .model.hf.config import MAX_SIZE
+from .npz import write_atomic
+from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
+
+
+class UsageError(Exception):
+    pass
+
+
+def cmd_convert_hf(args) -> int:
+    if args.max_positions is not None and args.max_positions <= 0:
+        raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
+    if args.max_positions is not None and args.max_positions > MAX_SIZE:
+        raise UsageError(f"--max-positions {args.max_positions} is out of range (1..{MAX_SIZE})")
+    convert = convert_gguf if args.command == "convert-gguf" else convert_hf
+    summary = convert(args.source, args.output, dtype=args.dtype, max_positions=args.max_positions,
+                      nonfinite=args.nonfinite,
+                      progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
+                                                                       label="MiB", unit="MiB"))
+    for note in summary.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if not args.quiet:
+        sizes = " ".join(f"{k}={v}" for k, v in summary.sizevars.items())
+        dtypes = ", ".join(sorted(set(summary.tensors.values())))
+        n = summary.nbytes
+        size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+        print(f"wrote {summary.path}: {len(summary.tensors)} tensors ({dtypes}, {size}); {sizes}; {summary.model_type}: "
+              f"run it with examples/{summary.graph}", file=sys.stderr)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from .generation import Generator  # deferred: JAX
+
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy")
+    prompt_ids = None
+    if args.prompt_ids is not None:
+        prompt_ids = _load_npy(args.prompt_ids, "--prompt-ids")
+        if args.ids_out is not None and os.path.exists(args.ids_out) and os.path.samefile(args.ids_out, args.prompt_ids):
+            raise UsageError("--ids-out would overwrite --prompt-ids: choose another path")
+        if prompt_ids.dtype.kind not in "iu" or prompt_ids.ndim != 1:
+            raise OiError(f"{args.prompt_ids}: --prompt-ids takes a 1-D array of integer token ids, got "
+                          f"{prompt_ids.dtype}{list(prompt_ids.shape)}")
+    gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"])
+    printed = []
+
+    def show(piece: str) -> None:
+        printed.append(piece)
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    result = gen.generate(args.prompt, prompt_ids=prompt_ids, chat=args.chat, system=args.system,
+                          max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop_ids=args.stop_id,
+                          ignore_eos=args.ignore_eos, on_text=show)
+    if result.text is None:  # no tokenizer: the ids
+        print(" ".join(str(i) for i in result.ids))
+    elif printed:
+        print()
+    if args.ids_out is not None:
+        write_atomic(args.ids_out, lambda f: np.save(f, np.asarray(result.ids, np.int32), allow_pickle=False))
+    if args.stats:
+        print(f"compile {gen.compile_s + result.stats.compile_s:.3f} s ({gen.graph_path}: {gen.mode})",
+              file=sys.stderr)
+        for line in result.stats.lines():
+            print(line, file=sys.stderr)
+    if result.error is not None:
+        print(result.error.render(), file=sys.stderr)
+        print(f"note: {len(result.ids)} tokens were generated before the failing step (shown above)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _load_npy(path: str, flag: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise OiError(f"{path}: {flag}: no such file") from None
+    except Exception as exc:  # a corrupt or foreign file: numpy raises several kinds
+        raise OiError(f"{path}: {flag}: not a .npy array ({exc})") from None
+
+
+def add_model_commands(sub) -> None:
+    """convert-hf, convert-gguf and generate on the `oi2jax` subcommand parser `sub`."""
+    h = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint directory (llama, mistral, qwen2, "
+                                          "qwen3, phi3, ...: docs/models.md) to a .oinf model")
+    h.add_argument("source", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
+                   "(or model-*.safetensors with model.safetensors.index.json)")
+    gg = sub.add_parser("convert-gguf", help="convert a GGUF file (llama.cpp: llama, qwen2, qwen3, phi3, gemma2, "
+                                             "gemma3) to a .oinf model")
+    gg.add_argument("source", metavar="FILE.gguf", help="the GGUF file")
+    for h, keeps in ((h, "the checkpoint's"), (gg, "F32/F16/BF16, and the quantized types' raw blocks")):
+        h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
+        h.add_argument("--dtype", choices=("f32", "bf16", "f16"),
+                       help=f"store every tensor in this dtype (default: keep {keeps}; narrowing rounds to "
+                            f"nearest even)")
+        h.add_argument("--max-positions", type=int, metavar="N",
+                       help="the size variable T (default: the model's trained context length)")
+        h.add_argument("--nonfinite", choices=("note", "error"), default="note",
+                       help="NaN/Inf weights: convert them with a note naming each tensor and the counts (default), "
+                            "or refuse the model")
+        h.add_argument("--quiet", action="store_true", help="no progress bar and no summary line (notes still shown)")
+        h.set_defaults(func=cmd_convert_hf)
+    gen = sub.add_parser("generate", help="generate text with a converted model (its tokenizer, chat template, "
+                                          "stop ids and example graph)")
+    gen.add_argument("model", metavar="MODEL.oinf", help="a model from convert-hf or convert-gguf")
+    gen.add_argument("--prompt", metavar="TEXT", help="the prompt text")
+    gen.add_argument("--prompt-ids", metavar="IDS.npy", help="the prompt as token ids (a 1-D integer .npy)")
+    gen.add_argument("--chat", action="store_true", help="render the prompt as a user message with the model's "
+                                                        "chat template")
+    gen.add_argument("--system", metavar="TEXT", help="a system message (with --chat)")
+    gen.add_argument("--max-tokens", type=int, default=256, metavar="N", help="at most N new tokens (default 256)")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                     help="sampling temperature (default 0: greedy)")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: off)")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (1: off)")
+    gen.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                     help="drop tokens below P x the top probability (0: off)")
+    gen.add_argument("--seed", type=int, default=0, metavar="S", help="the sampling seed (default 0)")
+    gen.add_argument("--stop-id", type=int, action="append", metavar="ID",
+                     help="another stop token id (repeatable; besides the model's)")
+    gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's stop ids")
+    gen.add_argument("--ids-out", metavar="OUT.npy", help="write the generated token ids")
+    gen.add_argument("--stats", action="store_true", help="print compile time, prompt and generation rates on "
+                                                          "stderr")
+    gen.add_argument("--graph", metavar="G.oi", help="the graph to run (default: the model's example graph)")
+    gen.add_argument("--tokenizer", metavar="tokenizer.json", help="a tokenizer (default: the model's own)")
+    gen.add_argument("--ops", action="append", metavar="SPEC", help="op sets (default: nn)")
+    gen.set_defaults(func=cmd_generate)
