@@ -12,6 +12,7 @@ select over those small buffers), and the one cache row at its position that the
 valid entry (rows at and past `pos` are read by no step)."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import jax
@@ -31,6 +32,9 @@ _NO_TOKEN = -1  # an unused stop-id entry; a step that produced no token for a s
 RUNNING, STOPPED, LENGTH, FAILED = 0, 1, 2, 3
 FINISH = {RUNNING: None, STOPPED: "stop", LENGTH: "length", FAILED: "error"}
 NO_BUDGET = np.iinfo(np.int32).max
+# per program: its prompt programs by S, and the jitted batch functions by (B, chunk): a new batch
+# of a program compiles nothing a batch before it compiled
+_COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -68,7 +72,7 @@ class Batch:
         self.settings = tuple(name for name in SETTINGS if name in exe.defaults)
         self._shared = {k: v for k, v in exe.defaults.items() if k not in ("tokens", "n") + self.settings}
         self.mesh, self._axis = _batch_mesh(program, mesh, axis, self.size)
-        self._prompts: dict[int, object] = {}
+        self._compiled = _COMPILED.setdefault(program, {})
         self._fresh = exe.host_state(program.init_state())  # a slot's state at program start
         self._results: list[SlotResult | None] = [None] * self.size
         self._prompt_steps = [0] * self.size  # each slot's prompt steps (a decode error names its step)
@@ -85,13 +89,17 @@ class Batch:
             if self.mesh is not None and program.mesh is None:  # a one-device program: constants replicated
                 self._consts = jax.device_put(exe.consts, NamedSharding(self.mesh, P()))
             self._state = self._place(stacked, batched=True)
-        self._build()
+        key = (exe, self.size, self.chunk, self.mesh, self._axis)
+        if key not in self._compiled:
+            self._compiled[key] = self._build()
+        self._step, self._chunk, self._put = self._compiled[key]
 
     # ------------------------------------------------------------------ compiled functions
 
-    def _build(self) -> None:
+    def _build(self) -> tuple:
+        """The jitted (step, chunk, put) of this batch's shape."""
         one = self._exe.pure_step("batch step")
-        settings = self.settings
+        settings, size, steps = self.settings, self.size, self.chunk  # no `self` in the cached closures
 
         def vstep(consts, shared, state, slots):
             per_slot = {"tokens": slots["token"][:, None], "n": jnp.ones_like(slots["token"]),
@@ -104,7 +112,7 @@ class Batch:
             return state, slots, token, outputs
 
         def chunk(consts, shared, state, slots, limit):
-            buf = jnp.full((self.chunk, self.size), _NO_TOKEN, jnp.int32)
+            buf = jnp.full((steps, size), _NO_TOKEN, jnp.int32)
 
             def more(carry):
                 i, _, slots, _ = carry
@@ -122,9 +130,8 @@ class Batch:
         def put(state, one_state, slot):
             return jax.tree.map(lambda a, x: a.at[slot].set(x), state, one_state)
 
-        self._step = jax.jit(step, donate_argnums=(2,))
-        self._chunk = jax.jit(chunk, donate_argnums=(2,))
-        self._put = jax.jit(put, donate_argnums=(0,))
+        return (jax.jit(step, donate_argnums=(2,)), jax.jit(chunk, donate_argnums=(2,)),
+                jax.jit(put, donate_argnums=(0,)))
 
     def _place(self, state, batched: bool):
         """A host state on the batch's devices: stacked (`batched`, the slot axis over the mesh's
@@ -161,9 +168,9 @@ class Batch:
 
     def prompt_program(self, size: int):
         """The step graph compiled at S = `size` (once per bucket; the same state layout)."""
-        prog = self._prompts.get(size)
+        prog = self._compiled.get(size)
         if prog is None:
-            prog = self._prompts[size] = self.program.rebound({"S": size})
+            prog = self._compiled[size] = self.program.rebound({"S": size})
         return prog
 
     def insert(self, slot: int, prompt, *, max_tokens: int | None = None, stop=(), **settings) -> SlotResult:
@@ -329,19 +336,22 @@ class Batch:
 def _advance(new: StepState, old: StepState, outputs: dict, slots: dict):
     """The slots after one vmapped step: (state, slots, the token each slot produced or
     `_NO_TOKEN`). A slot not running keeps its old variables, cache sizes and guard flags; a
-    running slot whose step recorded an error ends FAILED, one that drew a stop id STOPPED (the
+    running slot whose step recorded an error ends FAILED with the state before that step and the
+    step's flags, one that drew a stop id STOPPED (the
     id is not produced), one that reaches its budget LENGTH."""
     active = slots["active"]
+    failed = active & (new.guards.flags[:, 0] != 0)
+    applied = active & ~failed  # a failed step's variables are dropped too: the state before it stays
 
-    def keep(a, b):
-        return jnp.where(active.reshape(active.shape + (1,) * (a.ndim - 1)), a, b)
+    def keep(a, b, mask=applied):
+        return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b)
 
     caches = {name: CacheState(c.data, None if c.size is None else keep(c.size, old.caches[name].size),
                                None if c.present is None else keep(c.present, old.caches[name].present))
               for name, c in new.caches.items()}
-    state = StepState(jax.tree.map(keep, new.vars, old.vars), caches, Guards(keep(new.guards.flags, old.guards.flags)))
+    state = StepState(jax.tree.map(keep, new.vars, old.vars), caches,
+                      Guards(keep(new.guards.flags, old.guards.flags, active)))
     nxt = outputs["next"].reshape(active.shape[0], -1)[:, -1].astype(jnp.int32)
-    failed = active & (state.guards.flags[:, 0] != 0)
     stopped = active & ~failed & (nxt[:, None] == slots["stops"]).any(axis=1)
     emitted = active & ~failed & ~stopped
     count = slots["count"] + emitted.astype(jnp.int32)
