@@ -179,7 +179,7 @@ RUNTIME_LAYERS = [
     ("parts", {"placement", "cache_state", "runargs", "executor", "state_file"}),
     ("kernels", {"kernels"}),
     ("executable", {"executable"}),
-    ("clients", {"session", "driver", "chunked", "emit"}),
+    ("clients", {"session", "driver", "chunked", "emit", "batch"}),
     ("program", {"program"}),
     ("builders", {"sharding", "runtime"}),
 ]

@@ -92,12 +92,12 @@ class Batch:
         key = (exe, self.size, self.chunk, self.mesh, self._axis)
         if key not in self._compiled:
             self._compiled[key] = self._build()
-        self._step, self._chunk, self._put = self._compiled[key]
+        self._chunk, self._put = self._compiled[key]
 
     # ------------------------------------------------------------------ compiled functions
 
     def _build(self) -> tuple:
-        """The jitted (step, chunk, put) of this batch's shape."""
+        """The jitted (chunk, put) of this batch's shape."""
         one = self._exe.pure_step("batch step")
         settings, size, steps = self.settings, self.size, self.chunk  # no `self` in the cached closures
 
@@ -106,32 +106,29 @@ class Batch:
                         **{name: slots[name] for name in settings}}
             return jax.vmap(lambda s, d: one(consts, s, {**shared, **d}))(state, per_slot)
 
-        def step(consts, shared, state, slots):
-            new, outputs = vstep(consts, shared, state, slots)
-            state, slots, token = _advance(new, state, outputs, slots)
-            return state, slots, token, outputs
-
         def chunk(consts, shared, state, slots, limit):
+            """Up to `limit` steps (while a slot runs): (state, slots, tokens [chunk, B], steps
+            run, the last step's outputs). `step()` is this at limit 1: one compiled program."""
             buf = jnp.full((steps, size), _NO_TOKEN, jnp.int32)
+            shapes = jax.eval_shape(vstep, consts, shared, state, slots)[1]
+            outputs = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
 
             def more(carry):
-                i, _, slots, _ = carry
+                i, _, slots, _, _ = carry
                 return (i < limit) & slots["active"].any()
 
             def body(carry):
-                i, state, slots, buf = carry
+                i, state, slots, buf, _ = carry
                 new, outputs = vstep(consts, shared, state, slots)
                 state, slots, token = _advance(new, state, outputs, slots)
-                return i + 1, state, slots, buf.at[i].set(token)
+                return i + 1, state, slots, buf.at[i].set(token), outputs
 
-            i, state, slots, buf = jax.lax.while_loop(more, body, (jnp.int32(0), state, slots, buf))
-            return state, slots, buf, i
+            return jax.lax.while_loop(more, body, (jnp.int32(0), state, slots, buf, outputs))
 
         def put(state, one_state, slot):
             return jax.tree.map(lambda a, x: a.at[slot].set(x), state, one_state)
 
-        return (jax.jit(step, donate_argnums=(2,)), jax.jit(chunk, donate_argnums=(2,)),
-                jax.jit(put, donate_argnums=(0,)))
+        return jax.jit(chunk, donate_argnums=(2,)), jax.jit(put, donate_argnums=(0,))
 
     def _place(self, state, batched: bool):
         """A host state on the batch's devices: stacked (`batched`, the slot axis over the mesh's
@@ -267,9 +264,8 @@ class Batch:
     def step(self) -> dict:
         """One decode step of every slot (one compiled call); the step's outputs, each with the
         slot axis first (device arrays; a free or finished slot's row means nothing)."""
-        state, slots, token, outputs = self._run_compiled(self._step, self._state, self._slots)
-        self._state = state
-        self._take(slots, np.asarray(token)[None])
+        _, self._state, slots, buf, outputs = self._run_compiled(self._chunk, self._state, self._slots, np.int32(1))
+        self._take(slots, np.asarray(buf)[:1])
         return outputs
 
     def run(self, steps: int, stop=()) -> dict[int, list[int]]:
@@ -292,8 +288,8 @@ class Batch:
             left = int(steps)
             while left > 0 and self._slots["active"].any():
                 limit = min(left, self.chunk)
-                state, slots, buf, done = self._run_compiled(self._chunk, self._state, self._slots, np.int32(limit))
-                self._state = state
+                done, self._state, slots, buf, _ = self._run_compiled(self._chunk, self._state, self._slots,
+                                                                      np.int32(limit))
                 self._take(slots, np.asarray(buf)[:int(done)])
                 left -= int(done)
         finally:
