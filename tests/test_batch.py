@@ -213,3 +213,30 @@ def test_a_four_device_mesh_gives_the_tokens_of_one_device(llama):
     assert report["data"][0] == one and report["both"][0] == one
     assert report["data"][1] == "P('data',)"  # the slots over the mesh
     assert report["both"][1] == "P('data', None, None, 'model')"  # and the KV heads over the model axis
+
+
+def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, tmp_path, capsys):
+    from oi2jax.batch_generate import read_prompts
+    from oi2jax.cli import main
+    model, _, _ = llama
+    prompts = tmp_path / "p.npz"
+    np.savez(prompts, a=PROMPTS[0], b=PROMPTS[2], c=PROMPTS[1])  # 3 prompts through 2 slots
+    out = tmp_path / "ids.npz"
+    assert main(["generate", str(model), "--batch", str(prompts), "--batch-size", "2", "--graph", str(GRAPH),
+                 "--max-tokens", "6", "--ids-out", str(out)]) == 0
+    ids = np.load(out)
+    for name, k in zip(("prompt_0", "prompt_1", "prompt_2"), (0, 2, 1)):
+        assert ids[name].tolist() == _solo(llama, k, 6)[0], name
+    printed = capsys.readouterr().out
+    assert printed.index("=== 0 (length) ===") < printed.index("=== 1 (length) ===") < printed.index("=== 2")
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.stack([PROMPTS[0], PROMPTS[0]]))
+    assert [p.tolist() for p in read_prompts(rows)] == [PROMPTS[0].tolist()] * 2
+    text = tmp_path / "p.txt"
+    text.write_text("one\n\ntwo\n")
+    assert [p.tolist() for p in read_prompts(text, encode=lambda s: [len(s)])] == [[3], [3]]
+    with pytest.raises(OiError, match="text prompts need a tokenizer"):
+        read_prompts(text)
+    np.save(rows, np.zeros((2, 2), np.float32))
+    with pytest.raises(OiError, match="row 0: a prompt is a non-empty 1-D array of integer token ids"):
+        read_prompts(rows)
