@@ -11,7 +11,7 @@ prompt a different length; the prompt steps are not timed); and the tokens/s of 
 at B = 8 against B = 1.
 
 Targets (reported, never asserted): per step <= 1.10x the hand-written batched step; total
-tokens/s at B = 8 >= 4x B = 1. Writes results/batch[-quick].md.
+tokens/s at B = 8 >= 4x B = 1. Writes results/batch[-gpu][-quick].md (JAX's default device).
 """
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ def main(argv=None) -> int:
                 jax=jax.__version__, load_before=load_before, load_after=os.getloadavg()[0])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / ("batch" + ("-quick" if args.quick else "") + ".md")
+    gpu = jax.devices()[0].platform == "gpu"
+    path = out / ("batch" + ("-gpu" if gpu else "") + ("-quick" if args.quick else "") + ".md")
     path.write_text(report(results, meta))
     print(f"wrote {path}", file=sys.stderr)
     return 0
