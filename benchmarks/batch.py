@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -37,6 +38,15 @@ GRAPH = EXAMPLES / "llama_prefill.oi"
 B = 8
 BUCKET = 16  # every prompt fits one prompt step
 TARGETS = {"step": 1.10, "scale": 4.0}
+
+
+def cases(profile: str) -> list[LlamaCase]:
+    """benchmarks/llama.py's case, and for the full profile the same model with a short cache
+    (T = 128): a step whose cost is the weights' (the T = 1024 one reads B caches of T rows)."""
+    out = case_list(profile, gpu=False)
+    if profile == "full":
+        out.append(replace(out[0], name="cpu-full-T128", max_positions=128))
+    return out
 
 
 def prompts(case: LlamaCase) -> list[np.ndarray]:
@@ -124,7 +134,7 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()[0]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for case in case_list(profile, gpu=False):
+        for case in cases(profile):
             model = make_model(case, Path(tmp))
             t0 = time.perf_counter()
             r = bench(case, model, steps, reps)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ..diagnostics import OiError
+from ..diagnostics import OiError, suggest
 from ..lowering.state import CacheState, Guards, StepState
 from .kernels import StepOutcome
 
@@ -188,9 +188,10 @@ class Batch:
         for name, value in settings.items():
             if name not in self.settings:
                 known = ", ".join(self.settings) or "none"
-                raise OiError(f"the step graph has no sampling input {name} (its sampling inputs: {known})")
+                raise OiError(f"the step graph has no sampling input {name}{suggest(name, self.settings)} "
+                              f"(its sampling inputs: {known})")
             values[name] = self.program.convert(name, value)
-        state, first, prompt_steps, failed = self._prefill(ids, values)
+        state, first, self._prompt_steps[slot] = self._prefill(ids, values)
         result = SlotResult(ids)
         slots = self._slots
         slots["stops"][slot] = _NO_TOKEN
@@ -198,9 +199,6 @@ class Batch:
         slots["budget"][slot] = NO_BUDGET if max_tokens is None else min(int(max_tokens), NO_BUDGET)
         for name in self.settings:
             slots[name][slot] = values.get(name, self._fresh_setting(name))
-        if failed is not None:
-            raise failed
-        self._prompt_steps[slot] = prompt_steps
         if first in stops:
             result.finish, why = "stop", STOPPED
         else:
@@ -219,7 +217,7 @@ class Batch:
 
     def _prefill(self, ids: np.ndarray, values: dict):
         """Run the prompt on a fresh one-slot state: (state as host arrays, first token, the number
-        of prompt steps, the error of a failed prompt step or None)."""
+        of prompt steps); a prompt step's error raises, naming the step."""
         state = self._fresh
         first, done, steps = None, 0, 0
         while done < len(ids):
@@ -235,12 +233,12 @@ class Batch:
             try:
                 prog.check(new)
             except OiError as exc:
-                return None, None, steps, exc.in_step(steps)
+                raise exc.in_step(steps) from None
             state = prog.executable.host_state(new)
             nxt = np.asarray(out["next"]).reshape(-1)
             first = int(nxt[len(part) - 1] if nxt.shape[0] > 1 else nxt[0])
             done += len(part)
-        return state, first, steps, None
+        return state, first, steps
 
     def evict(self, slot: int) -> SlotResult | None:
         """Stop `slot` and free it; its result (None for a slot never used)."""
