@@ -11,7 +11,8 @@ positions of the per-layer K/V cache only, block by block with an online softmax
 - a bf16 K/V cache: half the bytes, the reference's result with K and V rounded to bf16;
 - the cost claim from XLA's cost analysis of the compiled step (not a timing): the same bytes and
   FLOPs at capacities T=256 and T=4096 (the loop over filled blocks is the only attention work;
-  nothing in the step has a size that grows with T), where the full-table form's grow with T."""
+  nothing in the step has a size that grows with T), where the full-table form's grow with T; the
+  same for a prompt step of S=16 rows (llama_prefill.oi: attention with one length per row)."""
 from __future__ import annotations
 
 import re
@@ -94,8 +95,8 @@ def test_blocks_equal_the_full_table_form_and_the_reference_at_every_step(family
 
 @pytest.fixture(scope="module")
 def costs(tmp_path_factory):
-    """XLA's cost analysis of the compiled step of llama_decode.oi and of its full-table form, at
-    capacities T=256 and T=4096 of the same weights."""
+    """XLA's cost analysis of the compiled step of llama_decode.oi, of its full-table form and of
+    llama_prefill.oi at S=16, at capacities T=256 and T=4096 of the same weights."""
     tmp = tmp_path_factory.mktemp("cost")
     text = (EXAMPLES / "llama_decode.oi").read_text()
     (tmp / "full.oi").write_text(full_table_form(text))
@@ -103,14 +104,18 @@ def costs(tmp_path_factory):
     for t in (256, 4096):
         ck, _, _ = write_family(tmp / f"ck{t}", "llama", seed=5, **dict(SIZES, max_positions=t))
         convert_hf(ck, tmp / f"m{t}.oinf")
-        for name, graph in (("blocks", EXAMPLES / "llama_decode.oi"), ("full", tmp / "full.oi")):
-            prog = oi2jax.compile(graph, model=tmp / f"m{t}.oinf", ops=["nn"])
-            compiled = prog.lower(token=np.int32(1)).compile()
+        for name, graph, sizes, inputs in (
+                ("blocks", EXAMPLES / "llama_decode.oi", None, dict(token=np.int32(1))),
+                ("full", tmp / "full.oi", None, dict(token=np.int32(1))),
+                ("prompt", EXAMPLES / "llama_prefill.oi", {"S": 16}, dict(tokens=np.ones(16, np.int32), n=np.int32(9)))):
+            prog = oi2jax.compile(graph, model=tmp / f"m{t}.oinf", ops=["nn"], sizes=sizes)
+            compiled = prog.lower(**inputs).compile()
             ca = compiled.cost_analysis()
             ca = ca[0] if isinstance(ca, list) else ca
             out[name, t] = (ca["bytes accessed"], ca["flops"])
-            out[name, t, "copies"] = [line for line in compiled.as_text().splitlines()
-                                      if re.search(rf"\[[^\]]*\b{t}\b[^\]]*\][^=]*\bcopy\(", line)]
+            hlo = compiled.as_text().splitlines()
+            out[name, t, "copies"] = [line for line in hlo if re.search(rf"\[[^\]]*\b{t}\b[^\]]*\][^=]*\bcopy\(", line)]
+            out[name, t, "scatters"] = [line for line in hlo if re.search(rf"= f32\[2,{t},2,8\]\S* scatter\(", line)]
     return out
 
 
@@ -124,6 +129,21 @@ def test_the_step_costs_the_same_at_any_capacity(costs):
     assert costs["full", 4096][0] > 4 * costs["full", 256][0]
     assert costs["full", 4096][1] > 4 * costs["full", 256][1]
     assert costs["blocks", 4096][0] < costs["full", 4096][0] / 4
+
+
+def test_a_prompt_step_costs_the_same_at_any_capacity(costs):
+    """The S rows of a prompt step share one loop over the blocks that any of them reads: its
+    FLOPs depend on pos + S, never on T, and nothing T-sized is copied. The one T-sized term in
+    XLA's byte count is its accounting of the slice writes (`cache.write kh >> Kc[l, pos..end]`,
+    a scatter of n rows): HloCostAnalysis counts a scatter as reading and writing its whole
+    operand, though it runs in place on the donated table (no copy). Exactly that term differs:
+    2 x (table bytes at 4096 - at 256) per write, 2 writes (K and V) a layer."""
+    assert costs["prompt", 256][1] == costs["prompt", 4096][1]
+    assert costs["prompt", 4096, "copies"] == []
+    writes = len(costs["prompt", 4096, "scatters"])
+    assert writes == len(costs["prompt", 256, "scatters"]) == 2 * SIZES["layers"]
+    table = SIZES["layers"] * (4096 - 256) * SIZES["kv_heads"] * (SIZES["hidden"] // SIZES["heads"]) * 4
+    assert costs["prompt", 4096][0] - costs["prompt", 256][0] == writes * 2 * table
 
 
 def bf16_cache_form(text: str) -> str:

@@ -46,7 +46,7 @@ def _tokens(n: int, seed: int = 0) -> np.ndarray:
 def _one_by_one(decode, tokens):
     """Token-by-token steps of the S=1 program: (session, [steps, V] logits)."""
     sess = decode.session()
-    rows = [np.asarray(sess.step(tokens=np.array([t], np.int32))["logits"])[0] for t in tokens]
+    rows = [np.asarray(sess.step(tokens=np.array([t], np.int32))["logits"]) for t in tokens]
     return sess, np.stack(rows)
 
 
@@ -55,46 +55,72 @@ def _greedy(sess, first: int, steps: int):
     toks, logits, tok = [], [], first
     for _ in range(steps):
         out = sess.step(tokens=np.array([tok], np.int32))
-        logits.append(np.asarray(out["logits"])[0])
+        logits.append(np.asarray(out["logits"]))
         tok = int(np.asarray(out["next"])[0])
         toks.append(tok)
     return toks, np.stack(logits)
 
 
 def test_prompt_step_matches_the_numpy_llama_and_token_by_token(llama):
+    """`logits` is the last real row's: a prompt of m tokens gives row m-1 of the full forward
+    pass and of the token-by-token run, for every m of the bucket tried."""
     prompt, decode, _, weights, config = llama
     tokens = _tokens(11)
-    sess = prompt.session()
-    out = sess.step(tokens=_padded(tokens), n=np.int32(11))
-    got = np.asarray(out["logits"])[:11]
-    assert _rel(got, forward_full(weights, config, tokens)) <= TOL
+    full = forward_full(weights, config, tokens)
     one, by_one = _one_by_one(decode, tokens)
-    assert _rel(got, by_one) <= TOL
+    assert _rel(by_one, full) <= TOL
+    for m in (1, 6, 11):
+        sess = prompt.session()
+        out = sess.step(tokens=_padded(tokens[:m]), n=np.int32(m))
+        got = np.asarray(out["logits"])
+        assert got.shape == (SIZES["vocab"],)
+        assert _rel(got, full[m - 1]) <= TOL and _rel(got, by_one[m - 1]) <= TOL
+        assert np.asarray(out["next"]).tolist() == [int(np.argmax(got))]  # temperature 0: argmax
     assert int(sess.read("pos")) == 11 == int(one.read("pos"))
     kc, kc_one = sess.read("Kc"), one.read("Kc")
     assert _rel(kc[:, :11], kc_one[:, :11]) <= TOL
     assert not kc[:, 11:].any() and not sess.read("Vc")[:, 11:].any()  # no padding row written
-    assert np.array_equal(np.asarray(out["next"])[:11], np.argmax(got, axis=-1))
 
 
 def test_padding_changes_no_real_row(llama):
     prompt, *_ = llama
     tokens = _tokens(5, seed=1)
     a = prompt.session()
-    la = np.asarray(a.step(tokens=_padded(tokens), n=np.int32(5))["logits"])[:5]
+    la = np.asarray(a.step(tokens=_padded(tokens), n=np.int32(5))["logits"])
     b = prompt.session()
     other = _padded(tokens)
     other[5:] = _tokens(BUCKET - 5, seed=9)
-    lb = np.asarray(b.step(tokens=other, n=np.int32(5))["logits"])[:5]
+    lb = np.asarray(b.step(tokens=other, n=np.int32(5))["logits"])
     assert np.array_equal(la, lb)
     assert np.array_equal(a.read("Kc"), b.read("Kc")) and np.array_equal(a.read("Vc"), b.read("Vc"))
+
+
+def test_sampling_settings_are_runtime_values(llama):
+    """`next` is the nn op sample's draw from the last real row's logits at position pos + n
+    (its NumPy reference, same noise); changing the settings compiles nothing."""
+    from oi2jax.ops.nn.sampling import _sample_ref
+    _, _, model, *_ = llama
+    prog = oi2jax.compile(GRAPH, model=model, ops=["nn"], sizes={"S": BUCKET})
+    tokens = _padded(_tokens(9, seed=3))
+    settings = [dict(), dict(temperature=1.0, seed=4), dict(temperature=0.8, top_k=5, seed=1),
+                dict(temperature=1.5, top_p=0.7, min_p=0.05, seed=2)]
+    compiled = None
+    for kw in settings:
+        sess = prog.session()
+        sess.step(tokens=tokens, n=np.int32(4))  # pos 4: the draw is at position 4 + 9
+        typed = {k: (np.int32 if k in ("top_k", "seed") else np.float32)(v) for k, v in kw.items()}
+        out = sess.step(tokens=tokens, n=np.int32(9), **typed)
+        want = _sample_ref(np.asarray(out["logits"]), position=13, **{"temperature": 0.0, **kw})
+        assert np.asarray(out["next"]).tolist() == [int(want)], kw
+        compiled = prog.compiles if compiled is None else compiled
+        assert prog.compiles == compiled, prog.compile_log
 
 
 def test_decode_after_a_prompt_step_equals_decode_after_token_by_token(llama):
     prompt, decode, _, weights, config = llama
     tokens = _tokens(13, seed=2)
     sess = prompt.session()
-    first = int(np.asarray(sess.step(tokens=_padded(tokens), n=np.int32(13))["next"])[12])
+    first = int(np.asarray(sess.step(tokens=_padded(tokens), n=np.int32(13))["next"])[0])
     after_prompt = decode.session(state=sess.state)  # the same state goes on with 1-token steps
     toks, logits = _greedy(after_prompt, first, 8)
     one, by_one = _one_by_one(decode, tokens)
@@ -185,7 +211,7 @@ def test_interpreter_agrees_on_a_prompt_step_then_a_second(llama):
     out, _ = _both(GRAPH, steps, exact=False, model=model, ops=["nn"], sizes={"S": 4})
     assert int(out["pos"]) == 7
     seq = np.concatenate([tokens[0][:3], tokens[1]])
-    assert _rel(out["logits"], forward_full(weights, config, seq)[3:]) <= TOL
+    assert _rel(out["logits"], forward_full(weights, config, seq)[-1]) <= TOL
 
 
 ROWS = """
@@ -251,19 +277,31 @@ def _row_samples(name):
         return [((float_samples(rng, d, (2, 3, 5), 2.0),), {"valid": np.array([3, 4, 5], np.int32)}),  # causal rows
                 ((masked,), {"valid": np.array([2, 3, 5], np.int32), "window": 2}),
                 ((float_samples(rng, d, (4, 3), 2.0),), {"axis": 0, "valid": np.array([1, 4, 5], np.int32)})]  # error
-    return {"rope": rope, "softmax": softmax}[name]
+    def attention(rng, d):
+        def f(*shape):
+            return float_samples(rng, d, shape, 1.0)
+        rows = np.array([3, 4, 5], np.int32)  # a prompt step of 3 rows at pos 2: row i reads 0..2+i
+        return [((f(3, 2, 2, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": rows, "block": 2}),
+                ((f(3, 2, 2, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": rows, "window": np.array(2, np.int32), "block": 2}),
+                ((f(3, 1, 2, 4), f(2, 9, 1, 4), f(2, 9, 1, 4)),   # blocks of 4 of 9: the last read at 5..8
+                 {"layer": np.array(1, np.int32), "valid": np.array([6, 8, 9], np.int32), "block": 4,
+                  "softcap": np.array(2.0, np.float32), "window": 5}),
+                ((f(2, 2, 1, 4), f(5, 2, 4), f(5, 2, 4)), {"valid": np.array(4, np.int32)}),  # one length for all rows
+                ((f(3, 2, 1, 4), f(5, 2, 4), f(5, 2, 4)), {"valid": np.array([2, 6, 3], np.int32)})]  # an error: 6
+    return {"rope": rope, "softmax": softmax, "attention": attention}[name]
 
 
-@pytest.mark.parametrize("name", ["rope", "softmax"])
+@pytest.mark.parametrize("name", ["rope", "softmax", "attention"])
 def test_per_row_positions_and_lengths_against_the_references(name):
-    """test_nn_ops's kernel-against-NumPy check, on per-row `pos` and `valid`."""
+    """test_nn_ops's kernel-against-NumPy check, on per-row `pos` and `valid` (attention: S query
+    rows, each its own causal length, with windows, soft-capping and a stacked cache)."""
     import dataclasses
 
     from test_nn_ops import NN_OPS, assert_close, cases_for, out_shape, reference_of, run_cases
     op_def = dataclasses.replace(NN_OPS[name], samples=_row_samples(name))
     cases = cases_for(op_def)
     got, fired = run_cases(op_def, cases)
-    assert any(fired) == (name == "softmax")
+    assert any(fired) == (name != "rope")
     for c, g, errs in zip(cases, got, fired):
         what = f"{name}[{c['in_dtypes']} {c['attrs']}]"
         want, want_errs = reference_of(op_def, c)
@@ -327,10 +365,10 @@ def test_family_prompt_step_matches_the_reference(family):
     want = np.stack([ref.step(int(t)) for t in tokens])
     sess = prompt.session()
     out = sess.step(tokens=_padded(tokens, 8), n=np.int32(7))
-    assert _rel(np.asarray(out["logits"])[:7], want) <= TOL
-    tok = int(np.asarray(out["next"])[6])
+    assert _rel(np.asarray(out["logits"]), want[-1]) <= TOL
+    tok = int(np.asarray(out["next"])[0])
     dec = decode.session(state=sess.state)
     for _ in range(4):  # decode (past mistral's window), from the prompt step's state
-        logits = np.asarray(dec.step(tokens=np.array([tok], np.int32))["logits"])[0]
+        logits = np.asarray(dec.step(tokens=np.array([tok], np.int32))["logits"])
         assert _rel(logits, ref.step(tok)) <= TOL
         tok = int(np.argmax(logits))

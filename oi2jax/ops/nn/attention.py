@@ -1,6 +1,6 @@
-"""nn op attention: one query row over the filled positions of a K/V cache table, block by block
-with an online softmax, so that a decode step reads the positions filled so far, not the table's
-capacity."""
+"""nn op attention: one query row, or S causal rows of a prompt step, over the filled positions of
+a K/V cache table, block by block with an online softmax, so that a step reads the positions
+filled so far, not the table's capacity."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -30,11 +30,20 @@ def _int_scalar(value, attr: str):
     """An integer attribute: a Python int (a literal) or a 0-d integer array (a variable)."""
     if isinstance(value, (bool, int, np.integer)):
         return int(value)
+    return _int_rows(value, attr, ()).reshape(())
+
+
+def _int_rows(value, attr: str, rows: tuple[int, ...]):
+    """An integer variable holding one value ([] or [1]) or, with `rows` = (S,), one per query row
+    ([S]), as i32 of shape `rows` (or []: one value for all)."""
     if isinstance(value, (float, np.floating)) or not jnp.issubdtype(value.dtype, jnp.integer):
         raise OpTypeError(f"op attention: {attr} must be an integer, got {getattr(value, 'dtype', type(value).__name__)}",
                           attr=attr)
-    return jnp.asarray(value).reshape(()).astype(jnp.int32)
-
+    shape = tuple(np.shape(value))
+    if shape not in ((), (1,), rows):
+        raise OpTypeError(f"op attention: {attr} has shape {list(shape)}; it holds one value or one per query row "
+                          f"{list(rows)}", attr=attr)
+    return jnp.asarray(value).astype(jnp.int32).reshape(shape if shape == rows else ())
 
 def _attention_shape(shapes, attrs):
     q, k, v = shapes
@@ -44,9 +53,9 @@ def _attention_shape(shapes, attrs):
         raise OpTypeError(f"op attention: k must be a table [T, KVH, HD] or a stack of them [L, T, KVH, HD], "
                           f"got shape {list(k)}", input=1)
     kvh, hd = k[-2], k[-1]
-    if len(q) not in (2, 3) or q[0] != kvh or q[-1] != hd:
-        raise OpTypeError(f"op attention: q must be [KVH, G, HD] or [KVH, HD] with KVH={kvh}, HD={hd} of k, "
-                          f"got shape {list(q)}", input=0)
+    if len(q) not in (2, 3, 4) or q[-3 if len(q) == 4 else 0] != kvh or q[-1] != hd:
+        raise OpTypeError(f"op attention: q must be [S, KVH, G, HD] (S rows), [KVH, G, HD] or [KVH, HD] (one row) "
+                          f"with KVH={kvh}, HD={hd} of k, got shape {list(q)}", input=0)
     t = k[-3]
     valid = attrs.get("valid")
     if valid is not None and valid is not DYNAMIC and not 1 <= int(valid) <= t:
@@ -60,10 +69,17 @@ def _attention_shape(shapes, attrs):
 
 
 def _attention_ref(q, k, v, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=64, ctx=None):
-    """float64: the scores of positions [max(n - window, 0), n) of the table, scaled, soft-capped,
-    softmax-normalised, times v."""
+    """float64: per query row, the scores of positions [max(n - window, 0), n) of the table
+    (n: the row's valid length), scaled, soft-capped, softmax-normalised, times v."""
     q, k, v = as_f64(q), as_f64(k), as_f64(v)
     t = k.shape[-3]
+    if q.ndim == 4:  # S rows: each row's own length
+        ns = np.broadcast_to(np.asarray(t if valid is None else valid), q.shape[:1])
+        bad = [int(x) for x in ns if not 1 <= int(x) <= t]
+        if bad and ctx is not None:
+            ctx.fail_if(np.bool_(True), _valid_message(t), bad[0])
+        return np.stack([_attention_ref(q[i], k, v, layer, np.clip(ns[i], 1, t), window, scale, softcap, block, ctx)
+                         for i in range(q.shape[0])])
     n = t if valid is None else int(np.asarray(valid))
     if not 1 <= n <= t and ctx is not None:
         ctx.fail_if(np.bool_(True), _valid_message(t), n)
@@ -99,7 +115,7 @@ def _attention_samples(rng, d):
     def i32(value):
         return np.array(value, np.int32)
     return [((f(2, 4), f(6, 2, 4), f(6, 2, 4)), {"valid": 4, "block": 8}),  # block > T: one block of T
-            ((f(2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32(7), "block": 3, "scale": 0.5}),
+            ((f(3, 2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32([5, 6, 7]), "block": 3, "scale": 0.5}),  # rows
             ((f(2, 3, 4), f(7, 2, 4), f(7, 2, 4)), {"valid": i32(5), "window": i32(3), "block": 2}),  # 2..4
             ((f(1, 2, 4), f(3, 5, 1, 4), f(3, 5, 1, 4)), {"layer": i32(1), "valid": i32(2), "block": 2,
                                                              "softcap": np.array(2.0, np.float32), "scale": 4.0}),
@@ -107,15 +123,18 @@ def _attention_samples(rng, d):
 
 
 @op(inputs={"q": "float", "k": "float", "v": "float"},
-    attrs={"layer": Attr("int"), "valid": Attr("int"), "window": Attr("int"), "scale": 1.0,
+    attrs={"layer": Attr("int"), "valid": Attr("int", rows=True), "window": Attr("int"), "scale": 1.0,
            "softcap": Attr("float"), "block": Attr("int", 64, static=True)},
     shape=_attention_shape, category="nn", op_set="nn", reference=_attention_ref, samples=_attention_samples)
 def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=64, ctx):
-    """Attention of one query row over the filled positions of a K/V table (an online softmax).
+    """Attention of one query row, or of S rows, over the filled positions of a K/V table (an
+    online softmax).
 
-    It reads positions max(n - window, 0)..n-1 only: the blocks of `block` positions that hold them.
+    A row reads positions max(n - window, 0)..n-1 only: the blocks of `block` positions that hold them.
 
-    q [KVH, G, HD] (query head h = kv head h / G; or [KVH, HD]: G = 1), k and v [T, KVH, HD] (a
+    q [KVH, G, HD] (one row; query head h = kv head h / G; or [KVH, HD]: G = 1) or [S, KVH, G, HD]
+    (S rows: a prompt step's queries, with `valid` one length per row: row i at position p + i
+    reads 0..p+i, causal), k and v [T, KVH, HD] (a
     table as `cache.read K[..]` gives it) or [L, T, KVH, HD] with `layer=l` picking table l
     (`cache.read Kc[..]` of a per-layer cache: the kernel slices the blocks out of the whole
     cache, no copy of a layer's table). Per position t: s = (q . k[t]) * scale, soft-capped to
@@ -124,21 +143,28 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     positions n-W..n-1 of the first n. The kernel loops over blocks ceil(lo / block) .. ceil(n /
     block) (a `while` when n or W is a variable: its cost grows with n, not T) keeping the running
     maximum, sum and weighted sum (an online softmax; equal to the masked softmax up to
-    summation order). A block past T is read at T - block, its positions before the block's start
+    summation order). S rows share one loop over the blocks any of them reads (from the smallest
+    row's start to the largest n), each block's scores computed for all rows at once and masked
+    per row: their cost grows with S x (the positions read), not S x T. A block past T is read at T - block, its positions before the block's start
     masked. f16/bf16: computed in f32, rounded once. valid outside 1..T, window < 1 or layer outside
     0..L-1 is a runtime error of the node."""
     ct = N.compute_dtype(ctx.dtype)
     prec = matmul_precision(ctx)
     t, kvh, hd = k.shape[-3:]
     b = min(static_int(block, "attention", "block"), t)
-    n = t if valid is None else _int_scalar(valid, "valid")
-    if isinstance(n, int):
+    qr = q if q.ndim == 4 else (q if q.ndim == 3 else q[:, None, :])[None]  # [S, KVH, G, HD]
+    rows = qr.shape[:1]
+    if valid is None or isinstance(valid, (bool, int, np.integer)):
+        n = t if valid is None else int(valid)
         if not 1 <= n <= t:
             ctx.fail_if(jnp.asarray(True), _valid_message(t), n)
+        n = jnp.full(rows, min(max(n, 0), t), jnp.int32)
     else:
-        ctx.fail_if((n < 1) | (n > t), _valid_message(t), n)
-    n = jnp.clip(jnp.asarray(n, jnp.int32), 0, t)
-    lo = jnp.int32(0)
+        n = _int_rows(valid, "valid", rows if q.ndim == 4 else ())
+        bad = ((n < 1) | (n > t)).reshape(-1)
+        ctx.fail_if(jnp.any(bad), _valid_message(t), n.reshape(-1)[lax.argmax(bad.astype(jnp.int32), 0, jnp.int32)])
+        n = jnp.broadcast_to(jnp.clip(n, 0, t), rows)
+    lo = jnp.zeros(rows, jnp.int32)
     if window is not None:
         w = _int_scalar(window, "window")
         ctx.fail_if(jnp.asarray(w < 1), _window_message(), w)
@@ -151,7 +177,7 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
         li = jnp.asarray(_int_scalar(layer, "layer"), jnp.int32)
         ctx.fail_if((li < 0) | (li >= k.shape[0]), _layer_message(k.shape[0]), li)
         lead = [jnp.clip(li, 0, k.shape[0] - 1)]
-    qg = N.to_compute(q if q.ndim == 3 else q[:, None, :], ctx.dtype)
+    qg = N.to_compute(qr, ctx.dtype)
     sc = float_attr(scale, ctx.dtype)
     cap = None if softcap is None else float_attr(softcap, ctx.dtype)
 
@@ -163,21 +189,22 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
         m, total, acc = carry
         a = (i * b).astype(jnp.int32)
         start = jnp.minimum(a, jnp.int32(t - b))
-        s = jnp.einsum("kgd,tkd->kgt", qg, read(k, start), precision=prec) * sc
+        s = jnp.einsum("skgd,tkd->skgt", qg, read(k, start), precision=prec) * sc
         if cap is not None:
             s = jnp.tanh(s / cap) * cap
         pos = start + lax.broadcasted_iota(jnp.int32, (b,), 0)
-        keep = (pos >= jnp.maximum(a, lo)) & (pos < n)
+        keep = ((pos >= jnp.maximum(a, lo)[:, None]) & (pos < n[:, None]))[:, None, None, :]
         s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        corr = jnp.exp(m - m_new)
-        p = jnp.where(keep, jnp.exp(s - m_new[..., None]), jnp.zeros((), ct))
+        m_sub = jnp.where(m_new == -jnp.inf, jnp.zeros((), ct), m_new)  # a row none of whose positions is read yet
+        corr = jnp.exp(m - m_sub)
+        p = jnp.where(keep, jnp.exp(s - m_sub[..., None]), jnp.zeros((), ct))
         total = total * corr + jnp.sum(p, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum("kgt,tkd->kgd", p, read(v, start), precision=prec)
+        acc = acc * corr[..., None] + jnp.einsum("skgt,tkd->skgd", p, read(v, start), precision=prec)
         return m_new, total, acc
 
-    rows = qg.shape[:2]
-    init = (jnp.full(rows, -jnp.inf, ct), jnp.zeros(rows, ct), jnp.zeros(qg.shape, ct))
-    _, total, acc = lax.fori_loop(lo // b, (n + b - 1) // b, body, init)
+    heads = qg.shape[:3]
+    init = (jnp.full(heads, -jnp.inf, ct), jnp.zeros(heads, ct), jnp.zeros(qg.shape, ct))
+    _, total, acc = lax.fori_loop(jnp.min(lo) // b, (jnp.max(n) + b - 1) // b, body, init)
     out = acc / total[..., None]
-    return N.store(out if q.ndim == 3 else out[:, 0, :], ctx.out_dtype)
+    return N.store(out if q.ndim == 4 else out[0] if q.ndim == 3 else out[0, :, 0, :], ctx.out_dtype)
