@@ -1,6 +1,6 @@
 """Continuous batching (issue 40, item 2; oi2jax/runtime/batch.py): B sequences of a random
 converted Llama decode in one compiled step (examples/llama_prefill.oi at S=1), each equal to its
-solo run (the same graph: a prompt session at S=16, then S=1 steps) -- tokens exactly, logits
+solo run (the same graph: prompt steps at S=16, then S=1 steps) -- tokens exactly, logits
 within the EXACTNESS tolerance; prompts of different lengths at once; a finished slot takes a new
 prompt without a recompile and without disturbing the others; per-slot budgets and stop ids; a slot
 that passes the cache's capacity ends with its tokens and the error; a 4-device mesh (data
@@ -43,29 +43,32 @@ def llama(tmp_path_factory):
     return model, decode, {}
 
 
-def _solo(llama, k: int, steps: int):
-    """Prompt k run alone: its prompt in steps of the S=16 program, then `steps - 1` S=1 steps
-    feeding each token back: (tokens, [steps - 1, V] decode logits). Cached per prompt."""
+def _solo(llama, k: int, steps: int, **settings):
+    """Prompt k run alone: its prompt in steps of the S=16 program, then `steps - 1` S=1 steps (the
+    programs' pure steps)
+    feeding each token back, with sampling `settings`: (tokens, [steps - 1, V] decode logits).
+    Cached per prompt and settings."""
     _, decode, cache = llama
-    if k in cache and len(cache[k][0]) >= steps:
-        toks, logits = cache[k]
+    key = (k, tuple(sorted(settings.items())))
+    if key in cache and len(cache[key][0]) >= steps:
+        toks, logits = cache[key]
         return toks[:steps], logits[:steps - 1]
-    prompt = _prompt_program(llama)
+    prompt = _prompt_program(llama)  # its pure step: the one the batch's prompts compiled
     ids = PROMPTS[k]
-    sess = prompt.session()
+    state = prompt.init_state()
     for start in range(0, len(ids), BUCKET):
         part = ids[start:start + BUCKET]
         tokens = np.zeros(BUCKET, np.int32)
         tokens[:len(part)] = part
-        out = sess.step(tokens=tokens, n=np.int32(len(part)))
-    toks = [int(np.asarray(out["next"])[len(part) - 1])]
-    dec = decode.session(state=sess.state)
+        state, out = prompt.step(state, tokens=tokens, n=np.int32(len(part)), **settings)
+    toks = [int(np.asarray(out["next"])[0])]  # drawn after the last real row
     logits = []
-    for _ in range(steps - 1):
-        out = dec.step(tokens=np.array([toks[-1]], np.int32))
-        logits.append(np.asarray(out["logits"])[0])
+    for _ in range(steps - 1):  # the S=1 program goes on from the same state
+        state, out = decode.step(state, tokens=np.array([toks[-1]], np.int32), **settings)
+        logits.append(np.asarray(out["logits"]))
         toks.append(int(np.asarray(out["next"])[0]))
-    cache[k] = (toks, np.stack(logits))
+    decode.check(state)
+    cache[key] = (toks, np.stack(logits))
     return toks, np.stack(logits)
 
 
@@ -84,7 +87,7 @@ def test_each_slot_equals_its_solo_run(llama):
         out = batch.step()
         for slot in range(B):
             want = _solo(llama, slot, 12)[1][j]
-            assert_matches({"logits": np.asarray(out["logits"])[slot, 0]}, {"logits": want}, ops=ops,
+            assert_matches({"logits": np.asarray(out["logits"])[slot]}, {"logits": want}, ops=ops,
                            what=f"slot {slot} step {j}", platform=REORDERED)
     new = batch.run(100)  # stops early: every slot reaches its budget
     for slot in range(B):
@@ -120,6 +123,23 @@ def test_a_finished_slot_takes_a_new_prompt_without_recompiling_or_disturbing_th
     again.insert(1, PROMPTS[1], max_tokens=2)
     again.run(3)
     assert again.result(1).tokens == solo[1][:2] and (decode.compiles, prompt.compiles) == compiles
+
+
+SAMPLED = dict(temperature=np.float32(0.9), top_k=np.int32(20), top_p=np.float32(0.95), seed=np.int32(7))
+
+
+def test_per_slot_sampling_settings(llama):
+    _, decode, _ = llama
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch.insert(0, PROMPTS[0], max_tokens=10, **SAMPLED)
+    batch.insert(1, PROMPTS[1], max_tokens=10)  # greedy, beside a sampled slot
+    batch.insert(2, PROMPTS[0], max_tokens=10, **{**SAMPLED, "seed": np.int32(8)})
+    batch.run(20)
+    sampled = _solo(llama, 0, 10, **SAMPLED)[0]
+    assert batch.result(0).tokens == sampled
+    assert batch.result(1).tokens == _solo(llama, 1, 10)[0]
+    assert batch.result(2).tokens == _solo(llama, 0, 10, **{**SAMPLED, "seed": np.int32(8)})[0]
+    assert sampled != _solo(llama, 0, 10)[0] and batch.result(2).tokens != sampled  # the settings count
 
 
 def test_stops_per_slot(llama):
@@ -163,8 +183,8 @@ def test_batch_errors(llama):
         batch.insert(2, PROMPTS[0])
     with pytest.raises(OiError, match="slot 0 is still generating: evict it"):
         batch.insert(0, PROMPTS[0])
-    with pytest.raises(OiError, match="no sampling input temperature"):
-        batch.insert(1, PROMPTS[0], temperature=0.5)
+    with pytest.raises(OiError, match=r"no sampling input temprature \(did you mean temperature\?\)"):
+        batch.insert(1, PROMPTS[0], temprature=0.5)
     with pytest.raises(OiError, match="a prompt is a non-empty vector"):
         batch.insert(1, np.zeros((0,), np.int32))
     with pytest.raises(OiError, match="batch size must be a positive integer"):
