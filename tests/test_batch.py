@@ -260,3 +260,24 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     np.save(rows, np.zeros((2, 2), np.float32))
     with pytest.raises(OiError, match="row 0: a prompt is a non-empty 1-D array of integer token ids"):
         read_prompts(rows)
+
+
+def test_the_benchmarks_handwritten_batched_step_gives_the_batchs_tokens(llama):
+    """benchmarks/batch.py's baseline computes what it is compared with: from each slot's cache
+    after its prompt, the hand-written batched decode draws the batch's greedy tokens."""
+    import jax.numpy as jnp
+
+    from oi2jax.model import open_model
+
+    from benchmarks.handwritten.llama_batch import LlamaBatchJax
+    model, decode, _ = llama
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    for slot in range(B):
+        batch.insert(slot, PROMPTS[slot], max_tokens=7)
+    caches = tuple(jnp.asarray(np.stack([batch.read(slot, name) for slot in range(B)])) for name in ("Kc", "Vc"))
+    first = np.array([batch.result(slot).tokens[0] for slot in range(B)], np.int32)
+    pos = np.array([len(p) for p in PROMPTS[:B]], np.int32)
+    batch.run(10)
+    hand = LlamaBatchJax.from_model(open_model(str(model)), batch=B)
+    _, nexts = hand.decode(hand.params, caches, first, pos, 6)
+    assert np.asarray(nexts).T.tolist() == [batch.result(slot).tokens[1:] for slot in range(B)]
