@@ -45,6 +45,9 @@ def cmd_convert_hf(args) -> int:
 def cmd_generate(args) -> int:
     from .generation import Generator  # deferred: JAX
 
+    if args.batch is not None:
+        from .batch_generate import cmd_generate_batch  # deferred: JAX
+        return cmd_generate_batch(args, Generator(args.model, tokenizer=args.tokenizer, ops=args.ops or ["nn"]))
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy")
     prompt_ids = None
@@ -140,4 +143,7 @@ def add_model_commands(sub) -> None:
     gen.add_argument("--graph", metavar="G.oi", help="the graph to run (default: the model's example graph)")
     gen.add_argument("--tokenizer", metavar="tokenizer.json", help="a tokenizer (default: the model's own)")
     gen.add_argument("--ops", action="append", metavar="SPEC", help="op sets (default: nn)")
+    gen.add_argument("--batch", metavar="FILE", help="generate every prompt of FILE together (a text file, one "
+                                                     "prompt a line; .npy / .npz token ids): docs/decode.md")
+    gen.add_argument("--batch-size", type=int, default=8, metavar="B", help="sequences at once with --batch (8)")
     gen.set_defaults(func=cmd_generate)

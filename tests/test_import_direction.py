@@ -40,7 +40,7 @@ LAYERS = [
     ("front end", {"pipeline"}),
     ("backends", {"lowering/", "interpret", "interpret_caches"}),
     ("runtime", {"runtime/"}),
-    ("facade", {"api", "export", "cli", "cli_models", "oi2jax", "__main__", "generation"}),
+    ("facade", {"api", "export", "cli", "cli_models", "oi2jax", "__main__", "generation", "batch_generate"}),
 ]
 RANK = {group: rank for rank, (_, groups) in enumerate(LAYERS) for group in groups}
 
@@ -179,7 +179,7 @@ RUNTIME_LAYERS = [
     ("parts", {"placement", "cache_state", "runargs", "runstats", "executor", "state_file"}),
     ("kernels", {"kernels"}),
     ("executable", {"executable"}),
-    ("clients", {"session", "driver", "chunked", "emit"}),
+    ("clients", {"session", "driver", "chunked", "emit", "batch"}),
     ("program", {"program"}),
     ("builders", {"sharding", "runtime"}),
 ]

@@ -70,14 +70,19 @@ class Executable:
                           self.defaults, self.host)
 
     def _make_jit(self):
+        return jax.jit(self.pure_step(), donate_argnums=(1,), **self.host.placer.jit_kwargs(self))
+
+    def pure_step(self, what: str = "step"):
+        """The step as a plain function `(consts, state, dynamic) -> (state, outputs)`, each trace
+        counted as `what` (`jit_step` jits it; runtime/batch.py vmaps it over stacked states)."""
         builder, spec, count = self.builder, self.state_spec, self.host.count
 
         def step(consts, state, dynamic):
-            count("step")
+            count(what)
             flat, outputs = builder(consts, spec.to_env(state), dynamic)
             return spec.from_env(flat), outputs
 
-        return jax.jit(step, donate_argnums=(1,), **self.host.placer.jit_kwargs(self))
+        return step
 
     # ------------------------------------------------------------------ facts
 

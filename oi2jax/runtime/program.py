@@ -24,6 +24,7 @@ from ..model.packing import pack
 from ..protocol import CompileOptions
 from ..values import check_given_inputs, convert_input, convert_inputs, unknown_input
 from . import cache_state, chunked
+from .batch import Batch
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
 from .executable import Executable, Host
@@ -280,6 +281,12 @@ class Program:
         how many dispatched steps `step` may leave unchecked before it waits for the oldest;
         1 raises step k's error by call k+1 at the latest (docs/decode.md)."""
         return Session(self, state, max_unchecked)
+
+    def batch(self, size: int, **options) -> Batch:
+        """`size` sequences decoding together in one compiled step (continuous batching:
+        runtime/batch.py, docs/decode.md "Batches"); this program is the S=1 step graph.
+        `options`: `buckets`, `chunk`, `mesh`, `axis` (`Batch`)."""
+        return Batch(self, size, **options)
 
     def lower(self, state: StepState | None = None, **dynamic):
         """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""

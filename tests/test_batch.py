@@ -1,0 +1,283 @@
+"""Continuous batching (issue 40, item 2; oi2jax/runtime/batch.py): B sequences of a random
+converted Llama decode in one compiled step (examples/llama_prefill.oi at S=1), each equal to its
+solo run (the same graph: prompt steps at S=16, then S=1 steps) -- tokens exactly, logits
+within the EXACTNESS tolerance; prompts of different lengths at once; a finished slot takes a new
+prompt without a recompile and without disturbing the others; per-slot budgets and stop ids; a slot
+that passes the cache's capacity ends with its tokens and the error; a 4-device mesh (data
+parallel, and composed with a tensor-parallel spec) gives the tokens of one device."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.diagnostics import OiError
+
+from conftest import EXAMPLES, REPO, assert_matches, device_platform, graph_ops
+from llama_ref import converted_random_llama
+
+GRAPH = EXAMPLES / "llama_prefill.oi"
+SIZES = dict(vocab=64, hidden=32, layers=2, heads=8, kv_heads=4, intermediate=48, max_positions=40)
+BUCKET = 16
+B = 4
+CHUNK = 4  # small: every run crosses chunk boundaries
+# The tolerance of a slot's logits against its solo run: a batched step multiplies B rows by each
+# weight (a gemm) where the solo step multiplies one (a gemv), and XLA:CPU's kernels sum those in
+# another order -- the accumulation-order difference the EXACTNESS table's accelerator row bounds
+# (linear, einsum, rms_norm, softmax: rel 64 eps). Tokens are compared exactly.
+REORDERED = "gpu" if device_platform() == "cpu" else device_platform()
+PROMPTS = [np.random.default_rng(seed).integers(0, SIZES["vocab"], m).astype(np.int32)
+           for seed, m in enumerate((5, 11, 3, 20, 9))]  # 20: two prompt steps (16 + 4)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    model, _, _ = converted_random_llama(tmp_path_factory.mktemp("batch"), seed=3, **SIZES)
+    decode = oi2jax.compile(GRAPH, model=model, ops=["nn"], sizes={"S": 1})
+    return model, decode, {}
+
+
+def _solo(llama, k: int, steps: int, **settings):
+    """Prompt k run alone: its prompt in steps of the S=16 program, then `steps - 1` S=1 steps (the
+    programs' pure steps)
+    feeding each token back, with sampling `settings`: (tokens, [steps - 1, V] decode logits).
+    Cached per prompt and settings."""
+    _, decode, cache = llama
+    key = (k, tuple(sorted(settings.items())))
+    if key in cache and len(cache[key][0]) >= steps:
+        toks, logits = cache[key]
+        return toks[:steps], logits[:steps - 1]
+    prompt = _prompt_program(llama)  # its pure step: the one the batch's prompts compiled
+    ids = PROMPTS[k]
+    state = prompt.init_state()
+    for start in range(0, len(ids), BUCKET):
+        part = ids[start:start + BUCKET]
+        tokens = np.zeros(BUCKET, np.int32)
+        tokens[:len(part)] = part
+        state, out = prompt.step(state, tokens=tokens, n=np.int32(len(part)), **settings)
+    toks = [int(np.asarray(out["next"])[0])]  # drawn after the last real row
+    logits = []
+    for _ in range(steps - 1):  # the S=1 program goes on from the same state
+        state, out = decode.step(state, tokens=np.array([toks[-1]], np.int32), **settings)
+        logits.append(np.asarray(out["logits"]))
+        toks.append(int(np.asarray(out["next"])[0]))
+    decode.check(state)
+    cache[key] = (toks, np.stack(logits))
+    return toks, np.stack(logits)
+
+
+def _prompt_program(llama):
+    _, decode, _ = llama
+    return decode.batch(B, chunk=CHUNK, buckets=(BUCKET,)).prompt_program(BUCKET)  # the one the batches use
+
+
+def test_each_slot_equals_its_solo_run(llama):
+    _, decode, _ = llama
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    for slot in range(B):
+        batch.insert(slot, PROMPTS[slot], max_tokens=12)
+    ops = graph_ops(GRAPH)
+    for j in range(3):  # single steps: every slot's logits against its solo run's
+        out = batch.step()
+        for slot in range(B):
+            want = _solo(llama, slot, 12)[1][j]
+            assert_matches({"logits": np.asarray(out["logits"])[slot]}, {"logits": want}, ops=ops,
+                           what=f"slot {slot} step {j}", platform=REORDERED)
+    new = batch.run(100)  # stops early: every slot reaches its budget
+    for slot in range(B):
+        result = batch.result(slot)
+        assert result.tokens == _solo(llama, slot, 12)[0], slot
+        assert new[slot] == result.tokens[4:] and result.finish == "length"
+        assert int(batch.read(slot, "pos")) == len(PROMPTS[slot]) + 11
+    assert batch.active == []
+
+
+def test_a_finished_slot_takes_a_new_prompt_without_recompiling_or_disturbing_the_others(llama):
+    _, decode, _ = llama
+    solo = {k: _solo(llama, k, 14)[0] for k in range(5)}  # before the compile counts are taken
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch.insert(0, PROMPTS[0], max_tokens=3)
+    for slot in (1, 2, 3):
+        batch.insert(slot, PROMPTS[slot], max_tokens=14)
+    batch.run(5)
+    assert batch.result(0).finish == "length" and batch.active == [1, 2, 3]
+    prompt = _prompt_program(llama)
+    compiles = decode.compiles, prompt.compiles
+    batch.insert(0, PROMPTS[4], max_tokens=8)  # the finished slot takes a new prompt: no recompile
+    batch.run(2)
+    evicted = batch.evict(2)  # slot 2 stops here: the others go on
+    assert evicted.tokens == solo[2][:len(evicted.tokens)] and 2 not in batch.active
+    batch.run(20)
+    assert (decode.compiles, prompt.compiles) == compiles
+    assert batch.result(0).tokens == solo[4][:8]
+    assert batch.result(2) is None
+    for slot in (1, 3):
+        assert batch.result(slot).tokens == solo[slot], slot
+    again = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))  # a new batch of the program compiles nothing either
+    again.insert(1, PROMPTS[1], max_tokens=2)
+    again.run(3)
+    assert again.result(1).tokens == solo[1][:2] and (decode.compiles, prompt.compiles) == compiles
+
+
+SAMPLED = dict(temperature=np.float32(0.9), top_k=np.int32(20), top_p=np.float32(0.95), seed=np.int32(7))
+
+
+def test_per_slot_sampling_settings(llama):
+    _, decode, _ = llama
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch.insert(0, PROMPTS[0], max_tokens=10, **SAMPLED)
+    batch.insert(1, PROMPTS[1], max_tokens=10)  # greedy, beside a sampled slot
+    batch.insert(2, PROMPTS[0], max_tokens=10, **{**SAMPLED, "seed": np.int32(8)})
+    batch.run(20)
+    sampled = _solo(llama, 0, 10, **SAMPLED)[0]
+    assert batch.result(0).tokens == sampled
+    assert batch.result(1).tokens == _solo(llama, 1, 10)[0]
+    assert batch.result(2).tokens == _solo(llama, 0, 10, **{**SAMPLED, "seed": np.int32(8)})[0]
+    assert sampled != _solo(llama, 0, 10)[0] and batch.result(2).tokens != sampled  # the settings count
+
+
+def test_stops_per_slot(llama):
+    _, decode, _ = llama
+    solo = [_solo(llama, k, 12)[0] for k in range(3)]
+    cut = next(i for i in range(1, 12) if solo[0][i] not in solo[0][:i])  # a first occurrence past the first token
+    common = next(t for t in range(SIZES["vocab"]) if t not in solo[0] + solo[2])
+    cut1 = next((i for i in range(1, 12) if solo[1][i] not in solo[1][:i]), None)
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch.insert(0, PROMPTS[0], stop=[solo[0][cut]], max_tokens=12)
+    batch.insert(1, PROMPTS[1], max_tokens=12)
+    batch.insert(2, PROMPTS[2], max_tokens=12, stop=[solo[2][0]])  # the first token is a stop: nothing
+    assert batch.result(2).tokens == [] and batch.result(2).finish == "stop"
+    stop = [common] if cut1 is None else [common, solo[1][cut1]]
+    batch.run(30, stop=stop)  # `stop` ends any slot, with its own
+    assert batch.result(0).tokens == solo[0][:cut] and batch.result(0).finish == "stop"
+    want1 = solo[1] if cut1 is None else solo[1][:cut1]
+    assert batch.result(1).tokens == want1
+    assert batch.result(1).finish == ("length" if cut1 is None else "stop")
+    assert batch.active == [] and batch.run(5) == {0: [], 1: [], 2: [], 3: []}
+
+
+def test_a_slot_past_the_cache_ends_with_its_tokens_and_the_error(llama):
+    _, decode, _ = llama
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch.insert(3, PROMPTS[3])  # 20 prompt tokens, no budget: T = 40 fills after 21 tokens
+    batch.insert(1, PROMPTS[1], max_tokens=14)
+    batch.run(40)
+    full = batch.result(3)
+    assert full.finish == "error" and len(full.tokens) == 21 and int(batch.read(3, "pos")) == 40
+    assert full.tokens == _solo(llama, 3, 21)[0]
+    assert "(in step 23)" in str(full.error) and full.error.step == 23  # 2 prompt steps, 21 decode steps
+    assert batch.result(1).tokens == _solo(llama, 1, 14)[0]
+
+
+def test_batch_errors(llama):
+    model, decode, _ = llama
+    batch = decode.batch(2, chunk=CHUNK, buckets=(BUCKET,))
+    batch.insert(0, PROMPTS[2], max_tokens=5)
+    with pytest.raises(OiError, match=r"slot 2 is not in 0\.\.1"):
+        batch.insert(2, PROMPTS[0])
+    with pytest.raises(OiError, match="slot 0 is still generating: evict it"):
+        batch.insert(0, PROMPTS[0])
+    with pytest.raises(OiError, match=r"no sampling input temprature \(did you mean temperature\?\)"):
+        batch.insert(1, PROMPTS[0], temprature=0.5)
+    with pytest.raises(OiError, match="a prompt is a non-empty vector"):
+        batch.insert(1, np.zeros((0,), np.int32))
+    with pytest.raises(OiError, match="batch size must be a positive integer"):
+        decode.batch(0)
+    with pytest.raises(OiError, match="axis='data' needs a mesh"):
+        decode.batch(2, axis="data")
+    prompt = _prompt_program(llama)
+    with pytest.raises(OiError, match="a batch runs a step graph at S=1"):
+        prompt.batch(2)
+    with pytest.raises(OiError, match=r"slice end 41 is past its fixed size 40 \(in step 3\)"):
+        batch.insert(1, np.arange(41, dtype=np.int32) % SIZES["vocab"])  # the third prompt step fails
+    assert batch.result(1) is None and batch.active == [0]
+
+
+WORKER = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[2])
+    import numpy as np, oi2jax
+    from oi2jax.runtime.sharding import make_mesh
+    graph, model, prompts = sys.argv[1], sys.argv[3], [np.array(p, np.int32) for p in json.loads(sys.argv[4])]
+
+    def tokens(prog, **options):
+        batch = prog.batch(4, chunk=4, buckets=(16,), **options)
+        for slot, p in enumerate(prompts):
+            batch.insert(slot, p, max_tokens=9)
+        batch.run(20)
+        return [batch.result(slot).tokens for slot in range(4)], str(getattr(batch._state.caches["Kc"].data.sharding, "spec", None))
+
+    compile = lambda **kw: oi2jax.compile(graph, model=model, ops=["nn"], sizes={"S": 1}, **kw)
+    data = tokens(compile(), mesh=make_mesh({"data": 4}))
+    both = tokens(compile(mesh=make_mesh({"data": 2, "model": 2}), shard={"KVH": "model"}), axis="data")
+    print("REPORT " + json.dumps({"data": data, "both": both}))
+''')
+
+
+def test_a_four_device_mesh_gives_the_tokens_of_one_device(llama):
+    model, _, _ = llama
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    prompts = json.dumps([p.tolist() for p in PROMPTS[:4]])
+    proc = subprocess.run([sys.executable, "-c", WORKER, str(GRAPH), str(REPO / "tests"), str(model), prompts],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")][-1][len("REPORT "):])
+    one = [_solo(llama, k, 9)[0] for k in range(4)]  # = one device's batch (the tests above)
+    assert report["data"][0] == one and report["both"][0] == one
+    assert report["data"][1] == "P('data',)"  # the slots over the mesh
+    assert report["both"][1] == "P('data', None, None, 'model')"  # and the KV heads over the model axis
+
+
+def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, tmp_path, capsys):
+    from oi2jax.batch_generate import read_prompts
+    from oi2jax.cli import main
+    model, _, _ = llama
+    prompts = tmp_path / "p.npz"
+    np.savez(prompts, a=PROMPTS[0], b=PROMPTS[2], c=PROMPTS[1])  # 3 prompts through 2 slots
+    out = tmp_path / "ids.npz"
+    assert main(["generate", str(model), "--batch", str(prompts), "--batch-size", "2", "--graph", str(GRAPH),
+                 "--max-tokens", "6", "--ids-out", str(out)]) == 0
+    ids = np.load(out)
+    for name, k in zip(("prompt_0", "prompt_1", "prompt_2"), (0, 2, 1)):
+        assert ids[name].tolist() == _solo(llama, k, 6)[0], name
+    printed = capsys.readouterr().out
+    assert printed.index("=== 0 (length) ===") < printed.index("=== 1 (length) ===") < printed.index("=== 2")
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.stack([PROMPTS[0], PROMPTS[0]]))
+    assert [p.tolist() for p in read_prompts(rows)] == [PROMPTS[0].tolist()] * 2
+    text = tmp_path / "p.txt"
+    text.write_text("one\n\ntwo\n")
+    assert [p.tolist() for p in read_prompts(text, encode=lambda s: [len(s)])] == [[3], [3]]
+    with pytest.raises(OiError, match="text prompts need a tokenizer"):
+        read_prompts(text)
+    np.save(rows, np.zeros((2, 2), np.float32))
+    with pytest.raises(OiError, match="row 0: a prompt is a non-empty 1-D array of integer token ids"):
+        read_prompts(rows)
+
+
+def test_the_benchmarks_handwritten_batched_step_gives_the_batchs_tokens(llama):
+    """benchmarks/batch.py's baseline computes what it is compared with: from each slot's cache
+    after its prompt, the hand-written batched decode draws the batch's greedy tokens."""
+    import jax.numpy as jnp
+
+    from oi2jax.model import open_model
+
+    from benchmarks.handwritten.llama_batch import LlamaBatchJax
+    model, decode, _ = llama
+    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    for slot in range(B):
+        batch.insert(slot, PROMPTS[slot], max_tokens=7)
+    caches = tuple(jnp.asarray(np.stack([batch.read(slot, name) for slot in range(B)])) for name in ("Kc", "Vc"))
+    first = np.array([batch.result(slot).tokens[0] for slot in range(B)], np.int32)
+    pos = np.array([len(p) for p in PROMPTS[:B]], np.int32)
+    batch.run(10)
+    hand = LlamaBatchJax.from_model(open_model(str(model)), batch=B)
+    _, nexts = hand.decode(hand.params, caches, first, pos, 6)
+    assert np.asarray(nexts).T.tolist() == [batch.result(slot).tokens[1:] for slot in range(B)]
