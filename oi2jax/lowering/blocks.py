@@ -41,12 +41,13 @@ def attr_values(node: ir.Op, env: Env, tr: Tracer) -> dict:
 
 @rule(ir.Op)
 def _op(node: ir.Op, env, frame, tr):
+    sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
     inputs = []
-    for ref in node.inputs:
-        env, value = tr.read(ref, env, frame)
+    kept = {i for i, spec in enumerate(sig.op.inputs) if spec.name in sig.op.quantized_inputs}
+    for i, ref in enumerate(node.inputs):
+        env, value = tr.read(ref, env, frame, kept=i in kept)
         inputs.append(value)
     in_dtypes = [_dtype_of(tr, ref.name) for ref in node.inputs]
-    sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
     guards: list = []
     try:
         out = ops.apply(sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,

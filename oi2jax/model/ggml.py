@@ -12,16 +12,34 @@ zero point per tensor or per axis) cannot describe these nested block scales, he
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["BLOCK_TYPES", "META_PREFIX", "meta_key", "block_layout", "ggml_stored_shape", "ggml_logical_shape",
-           "dequantize"]
+__all__ = ["BLOCK_TYPES", "META_PREFIX", "KeptBlocks", "meta_key", "block_layout", "ggml_stored_shape",
+           "ggml_logical_shape", "dequantize"]
 
 # the block-quantized types gguf.quants dequantizes, which an .oinf keeps as raw blocks
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 META_PREFIX = "ggml_type."
+
+
+@dataclass(frozen=True, eq=False)
+class KeptBlocks:
+    """The bound value of a float constant (or a stacked prefix-table family) whose model tensor
+    is kept as GGML blocks: `raw` (uint8, GGUF's bytes, row-major over the blocks of the last axis)
+    of ggml type `kind` and logical `shape`. A compiled program places it as its packed form
+    (oi2jax/quantized: `prepare`), never dequantized; the interpreter reads its values."""
+
+    kind: str
+    raw: np.ndarray
+    shape: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
 
 
 def meta_key(tensor: str) -> str:
