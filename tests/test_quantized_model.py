@@ -1,0 +1,150 @@
+"""Weights kept in GGML blocks stay packed on the device (issue #42 items 1-3): through a graph,
+the nn ops `linear` and `embedding` over each kept type equal gguf.quants.dequantize followed by
+NumPy (linear up to the matmul's summation order), any other op sees the dequantized values; a
+compiled Llama's logits are its dequantized f32 twin's within conftest's KEPT_QUANTIZED_REL; the
+placed constants hold the packed bytes, never a dequantized copy."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as T
+
+import oi2jax
+from oi2jax import quantized as Q
+from oi2jax.model.gguf import convert_gguf
+from oi2jax.model.writer import save
+
+from conftest import EXAMPLES, assert_kept_close
+from test_gguf import SMALL, WIDE, _twin
+from test_quantized import random_blocks
+
+EPS32 = float(np.finfo(np.float32).eps)
+O, I, S = 8, 256, 12  # S rows: more than quantized.kernels.FUSED_MAX_ROWS (the prompt path)
+# a K-quant block's 12 bytes of 6-bit scales are held unpacked, as 16 (quantized/blocks.py)
+PREPARED_EXTRA = {"Q4_K": 4, "Q5_K": 4}
+
+
+def _graph(kinds) -> str:
+    consts = "".join(f"    W{k}: f32[O, I];\n" for k in kinds)
+    outs = "".join(f"    y1{k}: f32[O];\n    ys{k}: f32[S, O];\n    e{k}: f32[S, I];\n    d{k}: f32[O, I];\n"
+                   for k in kinds)
+    body = "".join(f"    op linear(x1, W{k}) >> y1{k};\n    op linear(xs, W{k}) >> ys{k};\n"
+                   f"    op embedding(W{k}, ids) >> e{k};\n    op add(W{k}, W{k}) >> d{k};\n" for k in kinds)
+    return (f"dynamic {{\n    x1: f32[I];\n    xs: f32[S, I];\n    ids: i32[S];\n}}\n"
+            f"constant {{\n{consts}}}\nvolatile {{\n{outs}}}\nblock entry {{\n{body}}}\n")
+
+
+@pytest.fixture(scope="module")
+def ops_run(tmp_path_factory):
+    """Every kept type's ops in one compiled program: (outputs, inputs, kind -> (raw, values), program)."""
+    rng = np.random.default_rng(7)
+    kinds = [k.replace("_", "") for k in Q.KINDS]
+    weights, tensors, meta = {}, {}, {}
+    for kind, name in zip(Q.KINDS, kinds):
+        raw = random_blocks(rng, kind, O, I // Q.block_size(kind)[0])
+        weights[name] = raw, quants.dequantize(raw, T[kind])
+        tensors[f"W{name}"] = raw
+        meta[f"ggml_type.W{name}"] = kind
+    path = tmp_path_factory.mktemp("ops") / "kept.oinf"
+    save(path, sizevars={"O": O, "I": I, "S": S}, metadata=meta, tensors=tensors)
+    inputs = {"x1": rng.standard_normal(I).astype(np.float32), "xs": rng.standard_normal((S, I)).astype(np.float32),
+              "ids": rng.integers(0, O, S).astype(np.int32)}
+    program = oi2jax.compile(_graph(kinds), model=path, ops=["nn"])
+    return program.run(inputs), inputs, weights, program
+
+
+def _within_dot_bound(got, x, w):
+    """got == x @ w.T up to the forward error bound of an f32 dot of length n (n eps sum |w x|)."""
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = w.shape[1] * EPS32 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
+    assert got.dtype == np.float32 and np.all(np.abs(got - want) <= bound + 1e-30)
+
+
+@pytest.mark.parametrize("kind", Q.KINDS)
+def test_linear_and_embedding_through_a_graph_are_gguf_then_numpy(ops_run, kind):
+    out, inputs, weights, _ = ops_run
+    name = kind.replace("_", "")
+    _, w = weights[name]
+    _within_dot_bound(out[f"y1{name}"], inputs["x1"][None], w)  # one row: the fused matrix-vector product
+    _within_dot_bound(out[f"ys{name}"], inputs["xs"], w)  # S rows: dequantized once, one matmul
+    np.testing.assert_array_equal(out[f"e{name}"], w[inputs["ids"]])  # rows, bit for bit
+    np.testing.assert_array_equal(out[f"d{name}"], w + w)  # another op: the values, dequantized at the use
+
+
+def test_the_placed_constants_are_the_packed_blocks(ops_run):
+    *_, weights, program = ops_run
+    consts = program.executable.consts
+    for name, (raw, _) in weights.items():
+        q = consts[f"W{name}"]
+        assert isinstance(q, Q.QuantTensor) and all(isinstance(a, jax.Array) for a in q.fields.values())
+        blocks = raw.shape[0] * raw.shape[1] // Q.block_size(q.kind)[1]
+        assert q.nbytes == raw.nbytes + PREPARED_EXTRA.get(q.kind, 0) * blocks, name
+    assert sum(a.nbytes for a in jax.tree.leaves(consts)) == sum(
+        raw.nbytes + PREPARED_EXTRA.get(consts[f"W{n}"].kind, 0) * raw.size // Q.block_size(consts[f"W{n}"].kind)[1]
+        for n, (raw, _) in weights.items())
+
+
+# ---------------------------------------------------------------- a Llama, kept vs its f32 twin
+
+MODELS = {"Q8_0": (SMALL, True), "Q4_1": (SMALL, False), "Q4_K": (WIDE, True), "Q6_K": (WIDE, False)}
+TOKENS = [3, 1, 4]
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("twins")
+    out = {}
+    for kind, (sizes, tied) in MODELS.items():
+        _, gguf_path, written = _twin(tmp, kind, sizes, tied=tied)
+        convert_gguf(gguf_path, tmp / f"{kind}.oinf")
+        convert_gguf(gguf_path, tmp / f"{kind}-f32.oinf", dtype="f32")
+        out[kind] = tmp / f"{kind}.oinf", tmp / f"{kind}-f32.oinf", written, sizes
+    return out
+
+
+F32_LOGITS: dict = {}  # kind -> the f32 twin's logits (compiled once)
+
+
+def _logits(program, vocab):
+    sess = program.session()
+    got = []
+    for tok in TOKENS:
+        sess.step(token=np.int32(tok % vocab))
+        got.append(np.asarray(sess.read("logits")))
+    return np.stack(got)
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_a_kept_llama_decodes_as_its_f32_twin_holding_only_packed_bytes(twins, kind):
+    path, f32_path, written, sizes = twins[kind]
+    kept = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=path, ops=["nn"])
+    f32 = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=f32_path, ops=["nn"])
+    F32_LOGITS[kind] = _logits(f32, sizes["vocab"])
+    assert_kept_close(_logits(kept, sizes["vocab"]), F32_LOGITS[kind], kind)
+    # memory: the packed blocks (each GGUF tensor once: a tied lm_head is the embedding's), then
+    # only what the GGUF holds in f32 (norms) and the converter's computed tensors and scalars
+    consts = kept.executable.consts
+    packed = {id(v): v for v in consts.values() if isinstance(v, Q.QuantTensor)}
+    per_block = Q.block_size(kind)[1] + PREPARED_EXTRA.get(kind, 0)
+    quantized_raw = [a for a in written.values() if a.dtype == np.uint8]
+    assert sum(q.nbytes for q in packed.values()) == sum(a.size // Q.block_size(kind)[1] * per_block
+                                                         for a in quantized_raw)
+    floats = sum(a.nbytes for v in consts.values() if not isinstance(v, Q.QuantTensor) for a in jax.tree.leaves(v))
+    f32_in_gguf = sum(a.nbytes for a in written.values() if a.dtype == np.float32)
+    assert floats <= f32_in_gguf + 4 * (sizes["hidden"] // sizes["heads"]) // 2 + 64  # + rope.inv_freq, scalars
+    if MODELS[kind][1]:
+        assert consts["embed"] is consts["lm_head"]  # a tied embedding: one packed copy
+
+
+def test_stacked_families_read_their_members_packed(twins):
+    """unroll none: the layers' weights stacked ([L, ...] blocks), each layer's read by a traced index."""
+    path, f32_path, _, sizes = twins["Q4_1"]
+    kept = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=path, ops=["nn"], unroll="none")
+    assert isinstance(kept.executable.consts["Wq"], Q.QuantTensor)
+    assert kept.executable.consts["Wq"].shape[0] == sizes["layers"]
+    if "Q4_1" not in F32_LOGITS:  # run on its own
+        F32_LOGITS["Q4_1"] = _logits(oi2jax.compile(EXAMPLES / "llama_decode.oi", model=f32_path, ops=["nn"]),
+                                     sizes["vocab"])
+    assert_kept_close(_logits(kept, sizes["vocab"]), F32_LOGITS["Q4_1"], "stacked")
