@@ -148,3 +148,12 @@ def test_stacked_families_read_their_members_packed(twins):
         F32_LOGITS["Q4_1"] = _logits(oi2jax.compile(EXAMPLES / "llama_decode.oi", model=f32_path, ops=["nn"]),
                                      sizes["vocab"])
     assert_kept_close(_logits(kept, sizes["vocab"]), F32_LOGITS["Q4_1"], "stacked")
+
+
+def test_a_mesh_refuses_kept_blocks_by_name(ops_run):
+    from jax.sharding import Mesh
+    *_, program = ops_run
+    with pytest.raises(oi2jax.OiError, match="constant WQ80: its model tensor is kept as Q8_0 blocks, which a "
+                                             "mesh cannot shard yet; convert the model with --dtype f32"):
+        oi2jax.compile(program.graph.source, model=program.model_path, ops=["nn"],
+                       mesh=Mesh(np.array(jax.devices()[:1]), ("model",)), shard={"O": "model"})
