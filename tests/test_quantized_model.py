@@ -13,11 +13,13 @@ from gguf.constants import GGMLQuantizationType as T
 
 import oi2jax
 from oi2jax import quantized as Q
+from oi2jax.model import ggml, open_model
+from oi2jax.model.convert import convert_hf
 from oi2jax.model.gguf import convert_gguf
 from oi2jax.model.writer import save
 
-from conftest import EXAMPLES, assert_kept_close
-from test_gguf import SMALL, WIDE, _twin
+from conftest import EXAMPLES, assert_kept_close, run_cli
+from test_gguf import SMALL, WIDE, _twin, ex
 from test_quantized import random_blocks
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -157,3 +159,41 @@ def test_a_mesh_refuses_kept_blocks_by_name(ops_run):
                                              "mesh cannot shard yet; convert the model with --dtype f32"):
         oi2jax.compile(program.graph.source, model=program.model_path, ops=["nn"],
                        mesh=Mesh(np.array(jax.devices()[:1]), ("model",)), shard={"O": "model"})
+
+
+
+# ---------------------------------------------------------------- convert-hf --quantize
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_k_quantizers_are_read_back_by_gguf_within_a_step(kind):
+    """gguf-py has no K-quant quantizer: oi2jax's (model/ggml.quantize) writes blocks gguf.quants
+    dequantizes to within one quantization step of each group (Q4_K: (max - min) / 15 of 32
+    values, with the 6-bit scales' rounding; Q6_K: max |x| / 31 of 16)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 512)).astype(np.float32) * np.float32(0.05)
+    x[1, :256] = 0  # an all-zero block
+    got = quants.dequantize(ggml.quantize(kind, x), T[kind])
+    group = 32 if kind == "Q4_K" else 16
+    xs, err = x.reshape(-1, group), np.abs(got - x).reshape(-1, group).max(axis=-1)
+    step = (xs.max(-1) - np.minimum(xs.min(-1), 0)) / 15 if kind == "Q4_K" else np.abs(xs).max(-1) / 31
+    assert np.all(err <= 1.05 * step + 1e-7) and np.all(got[1, :256] == 0)
+
+
+def test_convert_hf_quantize_stores_the_matrices_as_blocks(tmp_path, capsys):
+    directory = ex.write_random_llama(tmp_path / "ck", vocab=64, tied=True)
+    convert_hf(directory, tmp_path / "q8.oinf", quantize="q8_0")
+    m = open_model(tmp_path / "q8.oinf")
+    f32 = open_model(convert_hf(directory, tmp_path / "f32.oinf").path)
+    assert m.metadata["alias.lm_head.weight"].value == "model.embed_tokens.weight"
+    for name, info in f32.tensors.items():
+        if len(info.shape) == 2:  # every matrix, the embedding too: gguf.quants' Q8_0 blocks of its values
+            assert m.ggml_type(name) == "Q8_0" and m.tensors[name].value_shape == info.shape
+            assert m.load_packed(name).tobytes() == quants.quantize(f32.load(name), T.Q8_0).tobytes(), name
+        else:  # norms and rope.inv_freq: as they were
+            assert m.ggml_type(name) is None and m.load(name).tobytes() == f32.load(name).tobytes(), name
+    # rows of 32 values are no Q4_K block (256): each matrix stays f32, said by name
+    code, _, err = run_cli(capsys, "convert-hf", directory, "-o", tmp_path / "q4k.oinf", "--quantize", "q4_k", "--quiet")
+    assert code == 0, err
+    assert ("note: tensor model.layers.0.mlp.down_proj.weight is kept as f32: its rows of 64 values are not whole "
+            "Q4_K blocks of 256") in err
+    assert not any(t.ggml for t in open_model(tmp_path / "q4k.oinf").tensors.values())
