@@ -197,3 +197,50 @@ def test_convert_hf_quantize_stores_the_matrices_as_blocks(tmp_path, capsys):
     assert ("note: tensor model.layers.0.mlp.down_proj.weight is kept as f32: its rows of 64 values are not whole "
             "Q4_K blocks of 256") in err
     assert not any(t.ggml for t in open_model(tmp_path / "q4k.oinf").tensors.values())
+
+
+# ---------------------------------------------------------------- OpenInfer v2 QuantParams
+
+QP_GRAPH = """dynamic {
+    x: f32[I];
+}
+constant {
+    Wf: f32[O, I] @ref("w");
+    Wi: u8[O, I] @ref("w");
+    Sf: f32[O, I] @ref("s");
+}
+volatile {
+    y: f32[O];
+    z: f32[O];
+    raw: u8[O, I];
+}
+block entry {
+    op linear(x, Wf) >> y;
+    op linear(x, Sf) >> z;
+    op add(Wi, Wi) >> raw;
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_quant_params_are_honoured_by_a_float_constant_only(tmp_path, mode):
+    """An i8/u8 tensor with v2 QuantParams bound to an f32 constant reads scale[c] * (q - zp[c])
+    (per-channel asymmetric u8, per-tensor symmetric i8); bound to its stored dtype, the stored
+    values (OpenInfer's meaning, unchanged)."""
+    from oi2jax.model.quant import QuantParams
+    from oi2jax.model.writer import Tensor
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 256, (3, 8), dtype=np.uint8)
+    s = rng.integers(-128, 128, (3, 8), dtype=np.int8)
+    scales, zps = np.array([0.5, 0.25, 0.125], np.float32), np.array([128, 100, 3], np.int32)
+    save(tmp_path / "m.oinf", sizevars={"O": 3, "I": 8}, tensors={
+        "w": Tensor("u8", q, quant=QuantParams("asymmetric", "per_channel", scales, "per_channel", zps)),
+        "s": Tensor("i8", s, quant=QuantParams("symmetric", "per_tensor", np.array([0.0625], np.float32)))})
+    x = rng.standard_normal(8).astype(np.float32)
+    out = oi2jax.compile(QP_GRAPH, model=tmp_path / "m.oinf", ops=["nn"], mode=mode).run({"x": x})
+    _within_dot_bound(out["y"][None], x[None], scales[:, None] * (q.astype(np.float32) - zps[:, None]))
+    _within_dot_bound(out["z"][None], x[None], np.float32(0.0625) * s.astype(np.float32))
+    np.testing.assert_array_equal(out["raw"], q + q)  # u8 arithmetic on the stored values
+    with pytest.raises(oi2jax.OiError, match="model dtype mismatch for Wf: model u8, graph bf16"):
+        oi2jax.compile(QP_GRAPH.replace("Wf: f32", "Wf: bf16").replace("y: f32", "y: bf16")
+                       .replace("x: f32", "x: bf16"), model=tmp_path / "m.oinf", ops=["nn"])

@@ -21,6 +21,7 @@ from ..messages import CHECKED
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
 from .ggml import KeptBlocks
+from .quant import dequantize as quant_dequantize
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph"]
@@ -215,7 +216,7 @@ class BoundGraph:
         if info is not None:
             if not info.has_data:
                 return None
-            return self.model.load(key)
+            return _load_as(self.model, key, decl.dtype)
         meta = self.model.metadata.get(key)
         if meta is not None:
             return _meta_as_tensor(decl, meta, shape)
@@ -318,7 +319,7 @@ class BoundGraph:
         _check_tensor(decl, info, shape, f"{decl.name}[{', '.join(map(str, idx))}]")
         if kept and info.ggml is not None:
             return KeptBlocks(info.ggml, self.model.load_packed(tensor), tuple(info.value_shape))
-        return self.model.load(tensor) if info.has_data else fill_value(decl.dtype, shape, decl.init)
+        return _load_as(self.model, tensor, decl.dtype) if info.has_data else fill_value(decl.dtype, shape, decl.init)
 
     # ------------------------------------------------------------ weights kept as GGML blocks
 
@@ -401,6 +402,16 @@ class BoundGraph:
         return out
 
 
+def _load_as(model: Model, tensor: str, dtype: str) -> np.ndarray:
+    """A model tensor's value for a declaration of `dtype` (`TensorInfo.binds_as` allowed it): an
+    i8/u8 tensor with v2 QuantParams read by an `f32` declaration is their affine reading
+    (model/quant.dequantize, an oi2jax extension: docs/semantics.md); otherwise `Model.load`."""
+    info = model.tensors[tensor]
+    if info.quant is not None and dtype != info.dtype:
+        return quant_dequantize(info.quant, model.load(tensor))
+    return model.load(tensor)
+
+
 def _scalar_int(name: str, v: np.ndarray, dtype: str, span) -> int:
     d = dt.get(dtype)
     if d.is_float:
@@ -471,8 +482,8 @@ def _convert_exact(value: np.ndarray, src: str, dst: str) -> np.ndarray | None:
 
 
 def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> None:
-    label = label or decl.name  # a tensor kept as GGML blocks binds as its f32 value (TensorInfo.value_*)
-    if info.value_dtype != decl.dtype:
+    label = label or decl.name  # GGML blocks bind as their f32 value, QuantParams' integers as f32 too
+    if not info.binds_as(decl.dtype):
         raise OiError(f"model dtype mismatch for {label}: model {info.value_dtype}, graph {decl.dtype}", decl.span)
     if tuple(info.value_shape) != tuple(shape):
         raise OiError(f"model shape mismatch for {label}: model {_fmt_shape(info.value_shape)}, graph "
