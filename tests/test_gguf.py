@@ -231,7 +231,7 @@ def test_kept_blocks_run_the_llama_graph_like_the_f32_conversion(kept, kind, tmp
 def test_inspect_shows_kept_blocks(kept, capsys):
     code, stdout, _ = run_cli(capsys, "inspect", kept["Q4_1"][0])
     assert code == 0
-    assert "ggml Q4_1 blocks of f32[64, 32] (dequantized at load)" in stdout
+    assert "ggml Q4_1 blocks of f32[64, 32] (kept packed when compiled)" in stdout
     assert "ggml_type.* entries" in stdout and "example graph: examples/llama_decode.oi" in stdout
 
 

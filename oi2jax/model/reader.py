@@ -98,7 +98,7 @@ class TensorInfo:
 
     @property
     def value_dtype(self) -> str:
-        """The dtype of the tensor's value: f32 for kept GGML blocks (dequantized at load), else `dtype`."""
+        """The dtype of the tensor's value: f32 for kept GGML blocks (their values), else `dtype`."""
         return "f32" if self.ggml is not None else self.dtype
 
     def binds_as(self, dtype: str) -> bool:
