@@ -20,9 +20,9 @@ name map):
 
 Block types quantize along each row (the input dimension): Q8_0/Q4_*/Q5_* need rows that are a
 multiple of 32, Q4_K a multiple of 256 (e.g. `--hidden 256 --intermediate 256 --heads 2`).
-gguf-py has no K-quant quantizer, so `quantize_q4_k` here is a plain one (per 32-value
+gguf-py has no K-quant quantizer, so `quantize_q4_k` is oi2jax's plain one (per 32-value
 sub-block: scale (max - min) / 15 and offset -min, both as 6-bit multiples of two f16 block
-scales); llama.cpp's own searches for better scales, so its values differ. The file is written
+scales: `oi2jax.model.ggml.quantize`); llama.cpp's own searches for better scales, so its values differ. The file is written
 to a temporary name and renamed, so a failed run leaves no partial file. It holds every weight in
 memory as float32: it is meant for small checkpoints (llama.cpp's converter is the tool for real ones).
 """
@@ -38,6 +38,8 @@ import gguf
 import numpy as np
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
+
+from oi2jax.model import ggml
 
 TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K")
 FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
@@ -57,28 +59,9 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> n
 
 
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """float32 [rows, cols] (cols a multiple of 256) -> Q4_K blocks, u8 [rows, cols // 256 * 144]
-    (ggml-common.h's block_q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles)."""
-    rows, cols = x.shape
-    sub = x.astype(np.float32).reshape(rows, cols // 256, 8, 32)
-    lo = np.minimum(sub.min(axis=-1), 0)
-    scale = (sub.max(axis=-1) - lo) / 15
-    d = (scale.max(axis=-1) / 63).astype(np.float16)
-    dmin = (lo.min(axis=-1) / -63).astype(np.float16)
-    df, dminf = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
-    sc = np.clip(np.round(np.divide(scale, df, out=np.zeros_like(scale), where=df > 0)), 0, 63).astype(np.uint8)
-    mn = np.clip(np.round(np.divide(-lo, dminf, out=np.zeros_like(lo), where=dminf > 0)), 0, 63).astype(np.uint8)
-    step = (df * sc)[..., None]
-    q = np.divide(sub + (dminf * mn)[..., None], step, out=np.zeros_like(sub), where=step > 0)
-    q = np.clip(np.round(q), 0, 15).astype(np.uint8)
-    packed = np.zeros((rows, cols // 256, 12), np.uint8)  # get_scale_min_k4's layout
-    packed[..., 0:4] = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
-    packed[..., 4:8] = mn[..., 0:4] | ((mn[..., 4:8] >> 4) << 6)
-    packed[..., 8:12] = (sc[..., 4:8] & 15) | ((mn[..., 4:8] & 15) << 4)
-    nibbles = q.reshape(rows, cols // 256, 4, 2, 32)  # 64 values a chunk: sub-block 2c low, 2c+1 high
-    qs = (nibbles[:, :, :, 0] | (nibbles[:, :, :, 1] << 4)).reshape(rows, cols // 256, 128)
-    blocks = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), packed, qs], axis=-1)
-    return blocks.reshape(rows, cols // 256 * 144)
+    """float32 [rows, cols] (cols a multiple of 256) -> Q4_K blocks, u8 [rows, cols // 256 * 144]:
+    oi2jax's plain Q4_K quantizer (`oi2jax.model.ggml.quantize`, as `convert-hf --quantize q4_k`)."""
+    return ggml.quantize("Q4_K", x)
 
 
 def _read_json(path: Path) -> dict:

@@ -3,6 +3,7 @@ generate (text in, text out: oi2jax/generation.py); `add_model_commands` adds th
 (docs/cli.md). `UsageError`: a usage error of any command (exit 2)."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from .diagnostics import OiError
 from .model.convert import convert_hf
+from .model.ggml import QUANTIZE_TYPES
 from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
 from .npz import write_atomic
@@ -25,7 +27,7 @@ def cmd_convert_hf(args) -> int:
         raise UsageError(f"--max-positions must be a positive integer, got {args.max_positions}")
     if args.max_positions is not None and args.max_positions > MAX_SIZE:
         raise UsageError(f"--max-positions {args.max_positions} is out of range (1..{MAX_SIZE})")
-    convert = convert_gguf if args.command == "convert-gguf" else convert_hf
+    convert = convert_gguf if args.command == "convert-gguf" else functools.partial(convert_hf, quantize=args.quantize)
     summary = convert(args.source, args.output, dtype=args.dtype, max_positions=args.max_positions,
                       nonfinite=args.nonfinite,
                       progress=lambda total_mib: progress.progress_for(total_mib, quiet=args.quiet, min_steps=64,
@@ -103,6 +105,8 @@ def add_model_commands(sub) -> None:
                                           "qwen3, phi3, ...: docs/models.md) to a .oinf model")
     h.add_argument("source", metavar="DIR", help="the checkpoint directory: config.json + model.safetensors "
                    "(or model-*.safetensors with model.safetensors.index.json)")
+    h.add_argument("--quantize", type=str.lower, choices=[t.lower() for t in QUANTIZE_TYPES],
+                   help="store the 2-D weights as these GGML blocks, kept packed when run (docs/models.md)")
     gg = sub.add_parser("convert-gguf", help="convert a GGUF file (llama.cpp: llama, qwen2, qwen3, phi3, gemma2, "
                                              "gemma3) to a .oinf model")
     gg.add_argument("source", metavar="FILE.gguf", help="the GGUF file")

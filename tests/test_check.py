@@ -7,6 +7,7 @@ from oi2jax import ir
 from oi2jax.check import check, check_or_raise
 from oi2jax.diagnostics import OiError
 from oi2jax.grammar import parse
+from oi2jax.model.reader import TensorInfo
 
 from conftest import REPO
 
@@ -202,10 +203,8 @@ class FakeModel:
         self.tensors = tensors or {}
 
 
-class TI:  # a model tensor as the checker reads it (reader.TensorInfo: value_* differ only for GGML blocks)
-    def __init__(self, dtype, shape):
-        self.dtype, self.shape = dtype, shape
-        self.value_dtype, self.value_shape = dtype, shape
+def TI(dtype, shape):  # a model tensor as the checker reads it
+    return TensorInfo("t", dtype, tuple(shape), True, 0, 0)
 
 
 class MV:

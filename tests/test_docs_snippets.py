@@ -44,6 +44,8 @@ def _snippets() -> list[tuple[str, str, str]]:
 
 SYNOPSIS = "a synopsis of the command's flags ([--flag], a|b), not a command line"
 NOT_RUN = {
+    "docs/performance.md: python -m benchmarks.quantized_model --quick   # tiny and mid Llama, kept vs f32 (~5 minutes "
+    "loaded)": "benchmark runs (minutes, timings only); tests/test_quantized_model.py holds the values and the bytes",
     "docs/performance.md: python -m benchmarks.quantized_matvec --quick   # 6 layers, decode only (~1 minute)":
         "benchmark runs (one minute and more, timings only); tests/test_quantized.py holds the kernels to "
         "gguf.quants",

@@ -21,7 +21,7 @@ from oi2jax.model.gguf import ARCHITECTURES, convert_gguf
 
 import gemma_gpt2_checkpoints as gemma_ck
 import hf_ref
-from conftest import EXAMPLES
+from conftest import EXAMPLES, assert_kept_close
 from test_gguf import _same_model
 
 SIZES = dict(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, max_positions=16)
@@ -156,5 +156,5 @@ def test_kept_q8_blocks_load_and_run_as_the_f32_conversion(family):
     if family["arch"] != "phi3":  # the values are bit-equal above; phi3 (fused rows of blocks) also runs
         return
     got, want = _logits(tmp / "gguf-q8.oinf"), _logits(tmp / "hf-q8.oinf")
-    assert got.tobytes() == want.tobytes() and np.abs(want).max() > 0
+    assert_kept_close(got, want, "phi3")  # the blocks stay packed on the device: another summation order
 

@@ -95,7 +95,7 @@ class DeclRules:
 
     def check_bound(self, d: ir.VarDecl, tname: str):
         info = self.model.tensors[tname]
-        if info.value_dtype != d.dtype:  # GGML blocks bind as their f32 value (TensorInfo.value_*)
+        if not info.binds_as(d.dtype):  # GGML blocks as their f32 value, QuantParams' integers as f32 too
             self.error(f"model dtype mismatch for {d.name}: model {info.value_dtype}, graph {d.dtype}", d.span)
             return
         shape = self.resolve_dims(d.dims)

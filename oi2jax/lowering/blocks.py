@@ -41,6 +41,8 @@ def attr_values(node: ir.Op, env: Env, tr: Tracer) -> dict:
 
 @rule(ir.Op)
 def _op(node: ir.Op, env, frame, tr):
+    sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
+    kept = {i for i, spec in enumerate(sig.op.inputs) if spec.name in sig.op.quantized_inputs}
     inputs, in_dtypes = [], []
     for pos, ref in enumerate(node.inputs):
         if isinstance(ref, ir.LiteralInput):  # a constant of the dtype the checker gave it
@@ -48,10 +50,9 @@ def _op(node: ir.Op, env, frame, tr):
             inputs.append(jnp.asarray(lit.value))
             in_dtypes.append(lit.dtype)
         else:
-            env, value = tr.read(ref, env, frame)
+            env, value = tr.read(ref, env, frame, kept=pos in kept)
             inputs.append(value)
             in_dtypes.append(_dtype_of(tr, ref.name))
-    sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
     guards: list = []
     try:
         out = ops.apply(sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from .. import dtypes as dt
 from .. import ir
-from .. import messages
+from .. import messages, quantized
 from ..diagnostics import OiError
 from ..model.bind import BoundGraph
 
@@ -181,8 +181,16 @@ class Tracer:
             value = jnp.pad(value, [(0, c - s) for s, c in zip(value.shape, cap)])
         return env.set_shaped(name, value, jnp.asarray(logical, jnp.int64))
 
-    def read(self, ref: ir.VarRef, env: Env, frame: Frame):
-        """(env, value) of an op input / transfer source; env may gain a runtime guard."""
+    def read(self, ref: ir.VarRef, env: Env, frame: Frame, kept: bool = False):
+        """(env, value) of an op input / transfer source; env may gain a runtime guard. A constant
+        kept in GGML blocks (a `quantized.QuantTensor`) comes packed where `kept` (an op input
+        whose kernel takes it: `OpDef.quantized_inputs`), else dequantized here, at this use."""
+        env, value = self._read(ref, env, frame)
+        if isinstance(value, quantized.QuantTensor) and not kept:
+            value = quantized.dequantize_prepared(value)
+        return env, value
+
+    def _read(self, ref: ir.VarRef, env: Env, frame: Frame):
         name = ref.name
         if ref.indices is not None:
             return self.read_member(ref, env, frame)
@@ -200,7 +208,8 @@ class Tracer:
         """`W[l]`: one member of a prefix-table family, selected with a (maybe traced) index.
         An index outside the family is an error naming the missing tensor: at compile time when
         the index (or its loop's range) is static, else a runtime guard. A family held member by
-        member (`Lowering.split`) is read as its member's own buffer."""
+        member (`Lowering.split`) is read as its member's own buffer; a stacked family kept in
+        GGML blocks gives its member's blocks (`quantized.member`)."""
         decl = self.graph.var(ref.name)
         value = self.consts.get(ref.name)  # None: held member by member
         counts = value.shape if value is not None else self.bound.family_counts(ref.name)
@@ -234,10 +243,12 @@ class Tracer:
             return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
         for idx, extent in indices:
             if isinstance(idx, int):  # a static slice (a literal, a size, an unrolled loop's index)
-                value = jax.lax.index_in_dim(value, idx, axis=0, keepdims=False)
+                def pick(a, idx=idx):
+                    return jax.lax.index_in_dim(a, idx, axis=0, keepdims=False)
             else:
-                value = jax.lax.dynamic_index_in_dim(value, jnp.clip(idx, 0, extent - 1).astype(jnp.int32),
-                                                     axis=0, keepdims=False)
+                def pick(a, idx=jnp.clip(idx, 0, extent - 1).astype(jnp.int32)):
+                    return jax.lax.dynamic_index_in_dim(a, idx, axis=0, keepdims=False)
+            value = quantized.member(value, pick) if isinstance(value, quantized.QuantTensor) else pick(value)
         return env, value
 
     def _placeholder(self, ref: ir.VarRef, pos: int, value: int) -> tuple[int, ...]:

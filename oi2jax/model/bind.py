@@ -20,6 +20,8 @@ from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
+from .ggml import KeptBlocks
+from .quant import dequantize as quant_dequantize
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph"]
@@ -214,7 +216,7 @@ class BoundGraph:
         if info is not None:
             if not info.has_data:
                 return None
-            return self.model.load(key)
+            return _load_as(self.model, key, decl.dtype)
         meta = self.model.metadata.get(key)
         if meta is not None:
             return _meta_as_tensor(decl, meta, shape)
@@ -292,20 +294,22 @@ class BoundGraph:
         self._families[name] = out
         return out
 
-    def family_items(self, name: str):
+    def family_items(self, name: str, kept: bool = False):
         """(index, value) of every member of prefix table `name` in index order, each read on
         its own (not stacked, not kept): what `family` stacks, for a program that holds the
-        members as separate buffers."""
+        members as separate buffers. `kept`: a member kept as GGML blocks comes as its
+        `KeptBlocks` (each member its own type), not its values."""
         decl = self._prefix_decl(name)
         members = self.family_members(name)
         if not members:
             self.family(name)  # raises: no model tensor matches the pattern
         for idx in np.ndindex(*self.family_counts(name)):
-            yield idx, self._member(decl, members, idx)
+            yield idx, self._member(decl, members, idx, kept)
 
-    def _member(self, decl: ir.VarDecl, members: dict, idx: tuple[int, ...]) -> np.ndarray:
+    def _member(self, decl: ir.VarDecl, members: dict, idx: tuple[int, ...], kept: bool = False):
         """One member's value: its model tensor (checked against the declaration), or the `@init`
-        fill for a member stored without data; a hole in the grid is an error naming it."""
+        fill for a member stored without data; a hole in the grid is an error naming it. `kept`:
+        a member kept as GGML blocks is its `KeptBlocks`."""
         shape = self.shape(decl.name)
         tensor = members.get(idx)
         if tensor is None:
@@ -313,7 +317,41 @@ class BoundGraph:
                           decl.span)
         info = self.model.tensors[tensor]
         _check_tensor(decl, info, shape, f"{decl.name}[{', '.join(map(str, idx))}]")
-        return self.model.load(tensor) if info.has_data else fill_value(decl.dtype, shape, decl.init)
+        if kept and info.ggml is not None:
+            return KeptBlocks(info.ggml, self.model.load_packed(tensor), tuple(info.value_shape))
+        return _load_as(self.model, tensor, decl.dtype) if info.has_data else fill_value(decl.dtype, shape, decl.init)
+
+    # ------------------------------------------------------------ weights kept as GGML blocks
+
+    def kept_blocks(self, name: str) -> KeptBlocks | None:
+        """The GGML blocks a constant is bound to (its model tensor kept as blocks: model/ggml.py),
+        which a compiled program places packed and never dequantized (docs/models.md); None for
+        any other constant. A prefix table: its members' blocks stacked ([n_1, ..., *shape]),
+        when every member is kept in one type; None when none is kept; an error when they differ
+        (a stacked family holds one type: a family read member by member keeps each member's)."""
+        decl = self.graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.CONSTANT or self.model is None:
+            return None
+        if not decl.is_prefix_table:
+            key = self.model_name(decl)
+            info = self.model.tensors.get(key)
+            if info is None or info.ggml is None:
+                return None
+            return KeptBlocks(info.ggml, self.model.load_packed(key), tuple(info.value_shape))
+        members = self.family_members(name)
+        kinds = {self.model.tensors[t].ggml for t in members.values()}
+        if kinds == {None} or not members:
+            return None
+        if len(kinds) > 1:
+            stored = ", ".join(sorted(k or decl.dtype for k in kinds))
+            raise OiError(f"prefix table {name}: its members are stored as {stored}, and a stacked family holds "
+                          f"one type; unroll the loop that reads it (--unroll full: each member keeps its own "
+                          f"type) or convert the model with --dtype f32", decl.span)
+        counts = self.family_counts(name)
+        parts = [self._member(decl, members, idx, kept=True) for idx in np.ndindex(*counts)]
+        raw = np.stack([p.raw.reshape(p.shape[:-1] + (-1,)) for p in parts]).reshape(counts + parts[0].shape[:-1]
+                                                                                     + (-1,))
+        return KeptBlocks(parts[0].kind, raw, counts + parts[0].shape)
 
     def release_host_values(self) -> None:
         """Drop the host copies of the values read so far, this graph's and the model reader's
@@ -362,6 +400,16 @@ class BoundGraph:
             if key not in self.model.tensors and key not in self.model.metadata:
                 out.append(decl)
         return out
+
+
+def _load_as(model: Model, tensor: str, dtype: str) -> np.ndarray:
+    """A model tensor's value for a declaration of `dtype` (`TensorInfo.binds_as` allowed it): an
+    i8/u8 tensor with v2 QuantParams read by an `f32` declaration is their affine reading
+    (model/quant.dequantize, an oi2jax extension: docs/semantics.md); otherwise `Model.load`."""
+    info = model.tensors[tensor]
+    if info.quant is not None and dtype != info.dtype:
+        return quant_dequantize(info.quant, model.load(tensor))
+    return model.load(tensor)
 
 
 def _scalar_int(name: str, v: np.ndarray, dtype: str, span) -> int:
@@ -434,8 +482,8 @@ def _convert_exact(value: np.ndarray, src: str, dst: str) -> np.ndarray | None:
 
 
 def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> None:
-    label = label or decl.name  # a tensor kept as GGML blocks binds as its f32 value (TensorInfo.value_*)
-    if info.value_dtype != decl.dtype:
+    label = label or decl.name  # GGML blocks bind as their f32 value, QuantParams' integers as f32 too
+    if not info.binds_as(decl.dtype):
         raise OiError(f"model dtype mismatch for {label}: model {info.value_dtype}, graph {decl.dtype}", decl.span)
     if tuple(info.value_shape) != tuple(shape):
         raise OiError(f"model shape mismatch for {label}: model {_fmt_shape(info.value_shape)}, graph "

@@ -32,7 +32,7 @@ from ..diagnostics import OiError
 from ..naming import ALIAS_PREFIX
 from .hf.config import fail as _fail, read_json
 from .hf.families import FAMILIES, ModelConfig, read_config
-from .ggml import ggml_stored_shape, meta_key
+from .ggml import QUANTIZE_TYPES, block_layout, ggml_stored_shape, meta_key, quantize as ggml_quantize
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
 from .reader import NAME_RE
 from .tokenizer import META, config_token_ids, hf_tokenizer_metadata
@@ -114,7 +114,7 @@ def _same_file(a, b) -> bool:
 
 
 def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int | None = None,
-               progress=None, nonfinite: str = "note") -> ConvertSummary:
+               progress=None, nonfinite: str = "note", quantize: str | None = None) -> ConvertSummary:
     """Convert the Hugging Face checkpoint directory `src_dir` to the `.oinf` file `out_path`.
 
     `dtype`: None keeps every tensor's dtype; "f32", "bf16" or "f16" converts all of them (exact
@@ -122,6 +122,10 @@ def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int |
     config's max_position_embeddings). `progress`: None, or `factory(total_mib)` returning a
     callable `bar(done_mib)` (with an optional `close()`), e.g. `oi2jax.progress.progress_for`.
     `nonfinite`: "note" (NaN/Inf weights are converted and listed in the notes) or "error".
+    `quantize`: a GGML block type (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k: `ggml.QUANTIZE_TYPES`)
+    for every 2-D weight, as llama.cpp's converter does; the 1-D tensors (norms, biases) keep
+    `dtype`. They are stored as convert-gguf keeps GGUF blocks (model/ggml.py). A matrix whose rows
+    are not a whole number of blocks keeps `dtype`, with a note naming it.
     The output is written atomically (a temporary file renamed over `out_path`): a failing
     conversion leaves no partial file and an existing one untouched. OiError on anything
     unsupported, naming the file and the config key or tensor."""
@@ -139,7 +143,7 @@ def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int |
     with contextlib.ExitStack() as stack:
         source = SafetensorsSource(directory, stack)
         return convert_checkpoint(raw_config, source, out_path, dtype=dtype, max_positions=max_positions,
-                                  progress=progress, config_where=str(config_path),
+                                  progress=progress, config_where=str(config_path), quantize=quantize,
                                   inputs=("config.json", "model.safetensors.index.json"), nonfinite=nonfinite,
                                   extra_metadata=hf_tokenizer_metadata(directory, raw_config), _cfg=cfg)
 
@@ -147,7 +151,8 @@ def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int |
 def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtype: str | None = None,
                        max_positions: int | None = None, progress=None, config_where: str = "config.json",
                        inputs: tuple[str, ...] = (), extra_metadata: dict | None = None,
-                       nonfinite: str = "note", _cfg: ModelConfig | None = None) -> ConvertSummary:
+                       nonfinite: str = "note", quantize: str | None = None,
+                       _cfg: ModelConfig | None = None) -> ConvertSummary:
     """The converter proper: a Hugging Face `config.json` dict and the tensors of `source` (Hugging
     Face names and layouts) -> the `.oinf` at `out_path`. `inputs`: more files of
     `source.directory` that the output must not overwrite; `extra_metadata`: more metadata entries
@@ -156,6 +161,9 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         raise OiError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if nonfinite not in ("note", "error"):
         raise OiError(f"nonfinite must be 'note' or 'error', got {nonfinite!r}")
+    if quantize is not None and str(quantize).upper() not in QUANTIZE_TYPES:
+        raise OiError(f"quantize must be one of {', '.join(t.lower() for t in QUANTIZE_TYPES)}, got {quantize!r}")
+    quantize = None if quantize is None else str(quantize).upper()
     cfg = _cfg if _cfg is not None else read_config(raw_config, config_where, max_positions)
     notes = list(cfg.notes)
     out_s = os.fspath(out_path)
@@ -191,7 +199,7 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         why = " (tie_word_embeddings is false)" if missing[0] == "lm_head.weight" else ""
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         _fail(str(directory), f"missing tensor {missing[0]}{why}{more}")
-    stored, total = {}, 0
+    stored, total, blocks = {}, 0, {}  # blocks: out name -> the GGML type --quantize stores it as
     for out_name, p in plan.items():
         entry = source.entries[p.source]
         where = str(directory / entry.file)
@@ -212,6 +220,15 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
             _fail(where, f"tensor {p.source} has dtype {entry.dtype}: only floating-point checkpoints (F32, BF16, "
                          f"F16, F64) are supported")
         target = dtype or SOURCE_DTYPES[entry.dtype]
+        if quantize is not None and len(p.shape) == 2:
+            per = block_layout(quantize)[0]
+            if p.shape[-1] % per == 0:
+                blocks[out_name] = quantize
+                stored[out_name] = "u8"
+                total += math.prod(ggml_stored_shape(quantize, p.shape))
+                continue
+            notes.append(f"tensor {out_name} is kept as {target}: its rows of {p.shape[-1]} values are not whole "
+                         f"{quantize} blocks of {per}")
         stored[out_name] = target
         total += math.prod(p.shape) * np_dtype(target).itemsize
     bar = _Progress(progress, total)
@@ -231,12 +248,17 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
             return LazyTensor("u8", shape, raw)
 
         def load():
-            bar.tick(math.prod(p.shape) * np_dtype(target).itemsize)
+            bar.tick(math.prod(ggml_stored_shape(blocks[out_name], p.shape)) if out_name in blocks
+                     else math.prod(p.shape) * np_dtype(target).itemsize)
             values = source.read(p.source)
             if p.rows is not None:
                 values = values[p.rows[0]:p.rows[1]]
             _count_nonfinite(values, out_name, where, nonfinite, nonfinite_found)
+            if out_name in blocks:  # --quantize: the f32 values' blocks
+                return ggml_quantize(blocks[out_name], convert_values(p.source, values, "f32", where))
             return convert_values(p.source, values, target, where)
+        if out_name in blocks:
+            return LazyTensor("u8", ggml_stored_shape(blocks[out_name], p.shape), load)
         return LazyTensor(target, p.shape, load)
 
     tensors: dict[str, object] = {name: lazy(name) for name in plan}
@@ -247,7 +269,8 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     metadata = {**cfg.metadata, META["graph"]: f"examples/{cfg.family.graph}", **config_token_ids(raw_config),
                 **(extra_metadata or {}),
                 **{meta_key(out): source.entries[p.source].ggml for out, p in plan.items()
-                   if source.entries[p.source].ggml is not None}}
+                   if source.entries[p.source].ggml is not None},
+                **{meta_key(out): kind for out, kind in blocks.items()}}
     if cfg.tied:
         metadata[ALIAS_PREFIX + "lm_head.weight"] = cfg.family.embed
     try:

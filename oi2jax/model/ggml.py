@@ -12,16 +12,36 @@ zero point per tensor or per axis) cannot describe these nested block scales, he
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["BLOCK_TYPES", "META_PREFIX", "meta_key", "block_layout", "ggml_stored_shape", "ggml_logical_shape",
-           "dequantize"]
+__all__ = ["BLOCK_TYPES", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "meta_key", "block_layout",
+           "ggml_stored_shape", "ggml_logical_shape", "dequantize", "quantize"]
 
 # the block-quantized types gguf.quants dequantizes, which an .oinf keeps as raw blocks
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 META_PREFIX = "ggml_type."
+# the types `quantize` writes (convert-hf --quantize): gguf.quants' quantizers, and Q4_K / Q6_K here
+QUANTIZE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+
+
+@dataclass(frozen=True, eq=False)
+class KeptBlocks:
+    """The bound value of a float constant (or a stacked prefix-table family) whose model tensor
+    is kept as GGML blocks: `raw` (uint8, GGUF's bytes, row-major over the blocks of the last axis)
+    of ggml type `kind` and logical `shape`. A compiled program places it as its packed form
+    (oi2jax/quantized: `prepare`), never dequantized; the interpreter reads its values."""
+
+    kind: str
+    raw: np.ndarray
+    shape: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
 
 
 def meta_key(tensor: str) -> str:
@@ -64,3 +84,74 @@ def dequantize(kind: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray
     out = quants.dequantize(rows, GGMLQuantizationType[kind])
     assert out.shape == tuple(shape), (out.shape, shape)
     return np.asarray(out, dtype=np.float32)
+
+
+def quantize(kind: str, values: np.ndarray) -> np.ndarray:
+    """float32 [..., n] (n a whole number of `kind` blocks) -> its `kind` blocks, u8 [..., row_bytes]
+    (`ggml_stored_shape`): gguf.quants.quantize for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (llama.cpp's
+    reference quantizers); gguf-py has no K-quant quantizer, so Q4_K and Q6_K are plain
+    round-to-nearest ones here (llama.cpp's own search for better scales gives other values)."""
+    if kind not in QUANTIZE_TYPES:
+        raise OiError(f"cannot quantize to {kind!r}: one of {', '.join(QUANTIZE_TYPES)}")
+    values = np.asarray(values, dtype=np.float32)
+    stored = ggml_stored_shape(kind, values.shape)
+    rows = values.reshape(-1, values.shape[-1])
+    if kind == "Q4_K":
+        out = _quantize_q4_k(rows)
+    elif kind == "Q6_K":
+        out = _quantize_q6_k(rows)
+    else:
+        from gguf import quants  # deferred: gguf (30 ms with YAML), for kept blocks only
+        from gguf.constants import GGMLQuantizationType  # deferred: as above
+        out = quants.quantize(rows, GGMLQuantizationType[kind])
+    return np.ascontiguousarray(out, dtype=np.uint8).reshape(stored)
+
+
+def _ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a / b, 0 where b is 0 (an all-zero group)."""
+    return np.divide(a, b, out=np.zeros(np.broadcast_shapes(a.shape, b.shape), np.float32), where=b > 0)
+
+
+def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] -> Q4_K blocks (ggml-common.h's block_q4_K: f16 d, f16 dmin, 12 bytes of
+    6-bit scales and mins, 128 of nibbles): per 32-value sub-block, scale (max - min) / 15 and
+    offset -min, both 6-bit multiples of the block's two f16 scales."""
+    rows, cols = x.shape
+    sub = x.reshape(rows, cols // 256, 8, 32)
+    lo = np.minimum(sub.min(axis=-1), 0)
+    scale = (sub.max(axis=-1) - lo) / 15
+    d = (scale.max(axis=-1) / 63).astype(np.float16)
+    dmin = (lo.min(axis=-1) / -63).astype(np.float16)
+    df, dminf = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
+    sc = np.clip(np.round(_ratio(scale, df)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.round(_ratio(-lo, dminf)), 0, 63).astype(np.uint8)
+    q = np.clip(np.round(_ratio(sub + (dminf * mn)[..., None], (df * sc)[..., None])), 0, 15).astype(np.uint8)
+    packed = np.zeros((rows, cols // 256, 12), np.uint8)  # get_scale_min_k4's layout
+    packed[..., 0:4] = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
+    packed[..., 4:8] = mn[..., 0:4] | ((mn[..., 4:8] >> 4) << 6)
+    packed[..., 8:12] = (sc[..., 4:8] & 15) | ((mn[..., 4:8] & 15) << 4)
+    nibbles = q.reshape(rows, cols // 256, 4, 2, 32)  # 64 values a chunk: sub-block 2c low, 2c+1 high
+    qs = (nibbles[:, :, :, 0] | (nibbles[:, :, :, 1] << 4)).reshape(rows, cols // 256, 128)
+    blocks = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), packed, qs], axis=-1)
+    return blocks.reshape(rows, cols // 256 * 144)
+
+
+def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] -> Q6_K blocks (block_q6_K: 128 bytes of low nibbles, 64 of high bit
+    pairs, 16 int8 scales, f16 d): per 16-value group, scale max |x| / 31, an int8 multiple of d;
+    q + 32 in 0..63. Value r of a 128-value half: low nibble r // 64 of ql[r % 64], bits
+    2 (r // 32) of qh[r % 32]."""
+    rows, cols = x.shape
+    n = rows * (cols // 256)
+    groups = x.reshape(n, 16, 16)
+    scale = np.abs(groups).max(axis=-1) / 31
+    d = (scale.max(axis=-1) / 127).astype(np.float16)
+    sc = np.clip(np.round(_ratio(scale, d.astype(np.float32)[:, None])), 0, 127).astype(np.int8)
+    step = d.astype(np.float32)[:, None, None] * sc.astype(np.float32)[..., None]
+    q = (np.clip(np.round(_ratio(groups, step)), -32, 31) + 32).astype(np.uint8).reshape(n, 2, 128)
+    lo, hi = q & 15, q >> 4
+    ql = lo[..., :64] | (lo[..., 64:] << 4)
+    qh = hi[..., 0:32] | (hi[..., 32:64] << 2) | (hi[..., 64:96] << 4) | (hi[..., 96:128] << 6)
+    blocks = np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), d[:, None].view(np.uint8)],
+                            axis=-1)
+    return blocks.reshape(rows, cols // 256 * 210)

@@ -1,9 +1,10 @@
 """Per-tensor quantization metadata of `.oinf` version 2 (SPEC-2026-03 §3.3, §4, decision D9).
 
 `QuantParams` is what a v2 tensor entry with HAS_QUANT carries: a scheme, per-tensor or per-channel
-scales, optional zero points. oi2jax reads, validates, shows and writes it; it never applies it to
-values (no op specification defines dequantization: ops see the stored values). The conventional
-affine reading `real = scale[c] * (q - zp[c])` is conventional, not defined upstream.
+scales, optional zero points. oi2jax reads, validates, shows and writes it. A constant declared
+with the stored dtype sees the stored values (no op specification defines dequantization); an
+oi2jax extension: an `i8`/`u8` tensor bound to an `f32` constant is read through the conventional
+affine reading `real = scale[c] * (q - zp[c])` (`dequantize`; not defined upstream).
 
 One definition of the payload: `parse` (reader, with the Rust loader's rules, order and texts),
 `encode` (writer), `describe` (inspect, in the upstream verifier's wording).
@@ -139,6 +140,26 @@ class QuantParams:
             return f"per_channel(axis={axis}, count={values.size})"
         return (f"scheme={self.scheme}, scale={part(self.scale_mode, self.scale_axis, self.scales)}, "
                 f"zero_point={part(self.zp_mode, self.zp_axis, self.zero_points)}")
+
+
+# the stored dtypes whose QuantParams a float constant honours (bind: `TensorInfo.binds_as`)
+AFFINE_DTYPES = ("i8", "u8")
+
+
+def dequantize(q: QuantParams, values: np.ndarray) -> np.ndarray:
+    """The conventional affine reading of stored integers, `real = scale[c] * (q - zp[c])` (c the
+    index along `scale_axis` for per-channel scales; zp 0 without zero points), as float32: the
+    difference exact, the product computed in float64 and rounded once."""
+    v = np.asarray(values).astype(np.int64)
+
+    def along(arr, per_channel: bool, axis: int):
+        shape = [1] * v.ndim
+        if per_channel:
+            shape[axis] = -1
+        return arr.reshape(shape)
+    scales = along(q.scales.astype(np.float64), q.scale_mode == "per_channel", q.scale_axis)
+    zps = along(q.zero_points.astype(np.int64), q.zp_mode == "per_channel", q.zp_axis) if q.zp_mode != "none" else 0
+    return (scales * (v - zps)).astype(np.float32)
 
 
 def _error(text: str) -> OiError:

@@ -22,7 +22,7 @@ from .. import dtypes as dt
 from ..diagnostics import OiError
 from ..ir import MAX_RANK
 from . import ggml, packing
-from .quant import QuantParams, parse as parse_quant
+from .quant import AFFINE_DTYPES, QuantParams, parse as parse_quant
 
 MAGIC = b"OINF\x00"
 VERSIONS = (1, 2)  # 1: SPEC §7 (1fc5207); 2: SPEC-2026-03 §3 (per-tensor quantization metadata)
@@ -91,15 +91,21 @@ class TensorInfo:
     has_data: bool
     nbytes: int
     offset: int
-    quant: QuantParams | None = None  # v2 only (SPEC-2026-03 §3.3); never applied to values
+    quant: QuantParams | None = None  # v2 only (SPEC-2026-03 §3.3); applied only for a float constant (binds_as)
     quant_nbytes: int = 0
     quant_offset: int = 0
     ggml: str | None = None  # kept GGML blocks (model/ggml.py): the type; dtype u8, shape [..., row_bytes]
 
     @property
     def value_dtype(self) -> str:
-        """The dtype of the tensor's value: f32 for kept GGML blocks (dequantized at load), else `dtype`."""
+        """The dtype of the tensor's value: f32 for kept GGML blocks (their values), else `dtype`."""
         return "f32" if self.ggml is not None else self.dtype
+
+    def binds_as(self, dtype: str) -> bool:
+        """Whether a declaration of `dtype` may bind this tensor: its value's dtype, or `f32` for
+        stored i8/u8 integers with v2 QuantParams (their affine reading: model/quant.dequantize)."""
+        return dtype == self.value_dtype or (dtype == "f32" and self.quant is not None
+                                             and self.dtype in AFFINE_DTYPES)
 
     @property
     def value_shape(self) -> tuple[int, ...]:

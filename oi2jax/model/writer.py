@@ -44,7 +44,8 @@ class Tensor:
     """An explicitly typed tensor for `save`: `Tensor("i4", np.array([...], np.int8))`.
 
     `data=None` writes a tensor without data; give its `shape` then. `quant`: quantization
-    metadata (version 2 only; stored, never applied to the values)."""
+    metadata (version 2 only; stored as given: a float constant bound to it reads its affine
+    reading, docs/semantics.md)."""
 
     dtype: str
     data: object = None

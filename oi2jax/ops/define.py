@@ -199,13 +199,16 @@ def _reference_caller(ref: Callable | None) -> Callable | None:
 
 def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None, out_dtype="same", shape=None,
             elementwise: bool = False, inplace: bool = True, reference=None, samples=None, category: str = "user",
-            doc: str | None = None, op_set: str = "user", source: str | None = None) -> OpDef:
+            doc: str | None = None, op_set: str = "user", source: str | None = None, quantized=()) -> OpDef:
     name = name or fn.__name__
     where = source or _source_of(fn)
     if not name or name[0].isdigit() or any(c not in _NAME_OK for c in name):
         raise OpTypeError(f"{where}: op name {name!r} is not a DSL identifier (lower-case letters, digits, _)")
     attr_specs = {k: _attr_from(k, v, where) for k, v in (attrs or {}).items()}
     inputs_t = _inputs_from(inputs, where)
+    unknown = sorted(set(quantized) - {i.name for i in inputs_t})
+    if unknown:
+        raise OpTypeError(f"{where}: quantized names {unknown[0]!r}, not one of the op's inputs")
     return OpDef(
         name=name, category=category, inputs=inputs_t, attrs=MappingProxyType(attr_specs),
         kernel=_kernel_caller(fn), out_dtype=_out_dtype_rule(out_dtype, attr_specs, where),
@@ -213,7 +216,7 @@ def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None,
         type_rule=MappingProxyType({"kind": "oi2jax", "out_dtype": out_dtype if isinstance(out_dtype, str)
                                     else "function"}),
         broadcast=elementwise and len(inputs_t) > 1, elementwise=elementwise, inplace=inplace,
-        reference=_reference_caller(reference), samples=samples,
+        reference=_reference_caller(reference), samples=samples, quantized_inputs=frozenset(quantized),
         doc=(doc if doc is not None else inspect.getdoc(fn) or "").strip(), source=where, op_set=op_set)
 
 
@@ -237,6 +240,8 @@ def op(name: str | None = None, **declaration):
       new value either way, docs/semantics.md; ops.json-form ops keep their schema's flag).
     reference: a NumPy function with the kernel's signature (tests; the interpreter runs it).
     samples: fn(rng, dtype) -> [(inputs, attrs), ...]: cases for the generated tests.
+    quantized: names of inputs whose kernel also takes a `quantized.QuantTensor` (a constant kept
+      in GGML blocks, e.g. linear's weight); any other input gets such a constant dequantized.
     """
     if callable(name) and not declaration:  # bare @op
         return op()(name)

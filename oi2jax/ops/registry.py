@@ -139,6 +139,9 @@ class OpDef:
     acc_kernel: Callable | None = None  # acc=[A, O] computed otherwise than "kernel in A, then to O"
     output_dtypes: frozenset[str] = frozenset()
     elementwise: bool = False  # the output takes its operand's (runtime) shape (phases.runtime_shaped)
+    # inputs whose kernel also takes a weight kept in GGML blocks (a `quantized.QuantTensor`); any
+    # other input is given such a constant dequantized (the lowering decides: docs/models.md)
+    quantized_inputs: frozenset[str] = frozenset()
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     check: Callable | None = None
     reference: Callable | None = None

@@ -11,11 +11,13 @@ second to last, so a kernel reads aligned planes instead of strided 18- to 210-b
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from jax import lax
 
@@ -192,13 +194,20 @@ def prepare(kind, raw, shape) -> QuantTensor:
     at load time on host bytes, or inside a jitted function on device bytes."""
     name = kind_name(kind)
     shape = tuple(int(n) for n in shape)
-    per, size = block_size(name)
+    per = block_size(name)[0]
     if not shape or shape[-1] % per:
         raise OiError(f"a {name} tensor's last axis must be a multiple of {per}, got shape {list(shape)}")
-    raw = jnp.asarray(raw)
-    if raw.dtype != jnp.uint8 or raw.size != raw_nbytes(name, shape):
+    if np.dtype(raw.dtype) != np.uint8 or raw.size != raw_nbytes(name, shape):
         raise OiError(f"{name} data of shape {list(shape)} is {raw_nbytes(name, shape)} bytes of uint8, "
                       f"got {raw.size} values of {raw.dtype}")
+    return _split(name, shape, raw)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _split(name: str, shape: tuple, raw) -> QuantTensor:
+    """`prepare`'s work, one compiled program per (type, shape): host bytes go to the device once
+    and come back as the fields (no op-by-op dispatch over a model's weights)."""
+    per, size = block_size(name)
     blocks = raw.reshape(shape[:-1] + (shape[-1] // per, size))
     fields, at = {}, 0
     for field_name, width, convert in FORMATS[name].split:
@@ -207,6 +216,12 @@ def prepare(kind, raw, shape) -> QuantTensor:
         value = part if convert is None else convert(part)
         fields.update(value if isinstance(value, dict) else {field_name: value})
     return QuantTensor(fields, name, shape)
+
+
+def member(q: QuantTensor, pick) -> QuantTensor:
+    """The tensor `pick` (a function of one array: its leading axis indexed away, e.g.
+    `lambda a: a[3]`) selects from every field of a stacked `q` [n, ...]: one member [...]."""
+    return QuantTensor({k: pick(a) for k, a in q.fields.items()}, q.kind, q.shape[1:])
 
 
 def dequantize_fields(q: QuantTensor):

@@ -13,13 +13,14 @@ import jax
 import numpy as np
 
 from .. import dtypes as dt
-from .. import ir
+from .. import ir, quantized
 from ..diagnostics import OiError
 from ..limits import limit_note, allocation_error, check_sizes, memory_limit
 from ..lowering import loops
 from ..lowering.loops import LoopPolicy
 from ..lowering.state import Guards, StepState
 from ..lowering.step import StepBuilder, build_lowering
+from ..model.ggml import KeptBlocks
 from ..model.packing import pack
 from ..protocol import CompileOptions
 from ..values import check_given_inputs, convert_input, convert_inputs, unknown_input
@@ -133,24 +134,39 @@ class Program:
         family (placement reads it; no key is parsed back)."""
         split = lowering.split
         consts, names = {}, {}
+        packed: dict = {}  # one packed form per model tensor: a tied embedding's names share it
+
+        def kept(value):
+            """GGML blocks (`KeptBlocks`) -> their packed form (`quantized.prepare`), never dequantized."""
+            if not isinstance(value, KeptBlocks):
+                return value
+            if id(value.raw) not in packed:
+                packed[id(value.raw)] = (value, quantized.prepare(value.kind, value.raw, value.shape))
+            return packed[id(value.raw)][1]
+
         for decl in self.graph.vars:
             if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
-                for index, value in self.bound.family_items(decl.name):
+                for index, value in self.bound.family_items(decl.name, kept=True):
                     key = loops.member_key(decl.name, index)
-                    consts[key], names[key] = value, decl.name
+                    consts[key], names[key] = kept(value), decl.name
             elif decl.is_prefix_table:
-                consts[decl.name] = self.bound.family(decl.name)
+                blocks = self.bound.kept_blocks(decl.name)
+                consts[decl.name] = kept(blocks) if blocks is not None else self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
-                consts[decl.name] = self._const_value(decl)
+                consts[decl.name] = kept(self._const_value(decl))
         for name, value in builder.init_args.items():  # a variable's non-uniform initial value
             consts[name] = value
         return consts, names
 
     def _const_value(self, decl: ir.VarDecl):
-        """A constant's host value, or what the placer loads lazily (sharded model tensors)."""
+        """A constant's host value, its GGML blocks (`KeptBlocks`), or what the placer loads
+        lazily (sharded model tensors)."""
         lazy = self.placer.lazy_const(decl)
         if lazy is not None:
             return lazy
+        blocks = self.bound.kept_blocks(decl.name)
+        if blocks is not None:
+            return blocks
         value = self.bound.initial(decl.name)
         return pack(decl.dtype, value) if dt.get(decl.dtype).packed else value
 

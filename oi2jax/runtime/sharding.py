@@ -25,7 +25,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .. import dtypes as dt
-from .. import ir
+from .. import ir, quantized
 from ..diagnostics import OiError
 from ..lowering.state import CacheState, Guards, StepState
 from ..protocol import CompileOptions
@@ -248,6 +248,10 @@ class ShardingPlacer(Placer):
         out = {}
         for k, v in values.items():
             name = names.get(k, k)
+            if isinstance(v, quantized.QuantTensor):
+                raise OiError(f"constant {name}: its model tensor is kept as {v.kind} blocks, which a mesh cannot "
+                              f"shard yet; convert the model with --dtype f32 (or bf16) to shard it, or run it "
+                              f"on one device")
             source = (v.model.path, v.info.name) if isinstance(v, LazyConst) else id(v)
             once = (source, self.spec_for(name, np.shape(v) if not isinstance(v, LazyConst) else v.shape))
             if once not in placed:

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ... import quantized
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
@@ -44,16 +45,20 @@ def _matmul_samples(kind: str):
 
 
 @op(inputs={"x": "float", "weight": "same", "bias?": "same"}, shape=_linear_shape, category="nn", op_set="nn",
-    reference=_linear_ref, samples=_matmul_samples("linear"))
+    reference=_linear_ref, samples=_matmul_samples("linear"), quantized=("weight",))
 def linear(x, weight, bias=None, *, ctx):
     """x @ weight^T (+ bias) with weight [out, in] (the torch / Hugging Face layout): x [..., in] -> [..., out].
 
     `op linear(h, W, b)`: the optional third input bias [out] is added to the product (as torch's
     `F.linear`). f16/bf16 accumulate in f32, the bias is added in f32 and the sum rounded once;
     f32 uses the program's matmul precision (`--precision`, default highest: exact f32
-    products), f64 computes in f64."""
-    y = lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=matmul_precision(ctx),
-                        preferred_element_type=N.compute_dtype(ctx.dtype))
+    products), f64 computes in f64. A weight kept in GGML blocks (docs/models.md) stays packed:
+    dequantized inside the step (`quantized.linear`), in f32."""
+    if isinstance(weight, quantized.QuantTensor):
+        y = quantized.linear(x, weight)
+    else:
+        y = lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=matmul_precision(ctx),
+                            preferred_element_type=N.compute_dtype(ctx.dtype))
     if bias is not None:
         y = y + N.to_compute(bias, ctx.dtype)
     return N.store(y, ctx.out_dtype)

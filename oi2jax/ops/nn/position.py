@@ -7,6 +7,7 @@ from jax import lax
 
 from ... import dtypes as D
 from ... import host_numerics as HN
+from ... import quantized
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
@@ -130,18 +131,21 @@ def _embedding_samples(rng, d):
 
 
 @op(inputs={"table": "any", "ids": "index"}, shape=_embedding_shape, category="nn", op_set="nn",
-    reference=_embedding_ref, samples=_embedding_samples)
+    reference=_embedding_ref, samples=_embedding_samples, quantized=("table",))
 def embedding(table, ids, *, ctx):
     """Rows of `table` [V, D...] picked by the integer `ids` (any shape S): the result has shape S + [D...].
 
     Any table dtype (the result has it); ids of any integer dtype, e.g. a variable holding token ids.
     An id outside 0..V-1 is a runtime error of the node naming the first such id ("embedding: id 9
-    is outside 0..7"), never clamped silently."""
+    is outside 0..7"), never clamped silently. A table kept in GGML blocks (docs/models.md) stays
+    packed: only the rows picked are dequantized (`quantized.embedding`)."""
     v = table.shape[0]
     ids = jnp.asarray(ids)
     bad = (ids < 0) | (ids >= v)
     if ids.size:
         ctx.fail_if(bad, _embedding_message(v), ids.reshape(-1)[lax.argmax(bad.reshape(-1).astype(jnp.int32), 0, jnp.int32)])
+    if isinstance(table, quantized.QuantTensor):
+        return quantized.embedding(table, jnp.clip(ids, 0, v - 1))  # kept blocks bind to f32 only
     return jnp.take(table, jnp.clip(ids, 0, v - 1), axis=0, mode="clip")
 
 
