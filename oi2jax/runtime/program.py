@@ -23,7 +23,7 @@ from ..lowering.step import StepBuilder, build_lowering
 from ..model.packing import pack
 from ..protocol import CompileOptions
 from ..values import check_given_inputs, convert_input, convert_inputs, unknown_input
-from . import cache_state, chunked
+from . import cache_state, chunked, faults
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
 from .executable import Executable, Host
@@ -340,6 +340,7 @@ class Program:
         `Session.run`).
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
+        faults.reach(faults.RUN)
         if self.driver is not None:
             result, events = self.driver.run(session, inputs or {}, steps, bool(trace), progress, collect, feedback)
             self.last_trace = events
