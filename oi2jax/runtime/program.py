@@ -27,7 +27,7 @@ from . import cache_state, chunked, faults
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
 from .executable import Executable, Host
-from .kernels import StepOutcome
+from .kernels import AheadOfTime, StepOutcome
 from .placement import Placer, device_name, resolve_device, return_freed_memory
 from .session import Session
 
@@ -68,6 +68,7 @@ class Program:
         self._given_ok: set = set()  # input name sets known to leave no input without a value
         self.validated_runs: dict = {}  # `Session.run` input signature -> its ValidatedRun (runtime/runargs.py)
         self._step_hot: StepHotPath | None = None  # `step`'s hot path
+        self.general_steps = 0  # eager `step` calls that took the general path (validated, maybe compiled)
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
@@ -219,19 +220,14 @@ class Program:
         a graph with growable caches that needs more capacity returns the old state with
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
         hot, exe = self._step_hot, self.executable
-        if hot is not None and hot.executable is exe and len(dynamic) == len(hot.names):
-            # called eagerly again with every input a device array, as the last call: the step
-            # compiled ahead of time, no JAX configuration entered. The executable refuses another
-            # shape, dtype or a traced value (TypeError), or a used state's buffers (ValueError):
-            # then the general path below explains, traces or runs it
-            for name in hot.names:
-                if type(dynamic.get(name)) is not hot.array_type:
-                    break
-            else:
-                try:
-                    return hot.exe(exe.consts, state, dynamic)
-                except (TypeError, ValueError):
-                    self.refuse_used(state)
+        if hot is not None and hot.executable is exe and len(dynamic) == len(hot.names) and \
+                hot.step.accepts(state, dynamic):
+            # called eagerly again with every input a live device array of the aval and placement
+            # of the last call, the state too: the step compiled ahead of time, no JAX
+            # configuration entered. Anything else (another shape, dtype or placement, a traced
+            # value, a used state's buffers): the general path below explains, traces or runs it
+            return hot.step.exe(exe.consts, state, dynamic)
+        self.general_steps += 1
         checked = self.validate_inputs(dynamic)
         with self.scope():
             full = exe.dynamic_args(checked)
@@ -245,8 +241,8 @@ class Program:
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
                     all(type(v) is array for v in checked.values()):
                 # concrete device inputs, all given: compile this signature for the next call
-                self._step_hot = StepHotPath(exe, exe.jit_step.lower(exe.consts, out[0], full).compile(),
-                                             tuple(full), array)
+                self._step_hot = StepHotPath(exe, AheadOfTime(exe.jit_step.lower(exe.consts, out[0], full).compile(),
+                                                              first=1), tuple(full))
             return out
 
     @staticmethod
@@ -497,9 +493,8 @@ class StepHotPath:
     eager call whose inputs were all given as device arrays of one type."""
 
     executable: Executable  # the generation it was compiled for (a growth makes it stale)
-    exe: object  # the compiled executable: (consts, state, dynamic) -> (state, outputs)
+    step: AheadOfTime  # the compiled step (consts, state, dynamic) -> (state, outputs); what it takes
     names: tuple  # the input names (every dynamic variable)
-    array_type: type  # the inputs' concrete array type (checked per call; the executable checks the rest)
 
 
 class _Scope:
