@@ -80,8 +80,8 @@ class Program:
         with self.scope():
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
-            host, names = self._host_consts(lowering, builder)
-            consts = self.placer.put("consts", host, names)
+            host, names, sources = self._host_consts(lowering, builder)
+            consts = self.placer.put("consts", host, names, sources)
             defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
             self.executable = Executable(1, lowering, builder, consts, defaults,
                                          Host(self.placer, self.scope, self.count_trace, self.note))
@@ -125,14 +125,17 @@ class Program:
         program's device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
-    def _host_consts(self, lowering, builder) -> tuple[dict, dict]:
-        """`(values, names)`: every constant (packed types packed), prefix-table family and
-        variable's non-uniform initial value, by its IR name; a family whose every read is at a
-        static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
+    def _host_consts(self, lowering, builder) -> tuple[dict, dict, dict]:
+        """`(values, names, sources)`: every constant (packed types packed), prefix-table family
+        and variable's non-uniform initial value, by its IR name; a family whose every read is at
+        a static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
         loops.member_key, lowering/loops.split_families), else stacked. `names`: each member key's
-        family (placement reads it; no key is parsed back)."""
+        family (placement reads it; no key is parsed back). `sources`: each constant bound to a
+        model tensor, that tensor's name after the model's aliases and the constant's dtype
+        (constants of one source are placed once: a tied embedding)."""
         split = lowering.split
-        consts, names = {}, {}
+        consts, names, sources = {}, {}, {}
+        model = self.bound.model
         for decl in self.graph.vars:
             if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
                 for index, value in self.bound.family_items(decl.name):
@@ -142,9 +145,11 @@ class Program:
                 consts[decl.name] = self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
                 consts[decl.name] = self._const_value(decl)
+                if model is not None and self.bound.model_name(decl) in model.tensors:
+                    sources[decl.name] = ("model tensor", self.bound.model_name(decl), decl.dtype)
         for name, value in builder.init_args.items():  # a variable's non-uniform initial value
             consts[name] = value
-        return consts, names
+        return consts, names, sources
 
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, or what the placer loads lazily (sharded model tensors)."""
