@@ -88,7 +88,7 @@ class StepKernels:
                 new = spec.from_env(flat)
             else:
                 # Not a lax.cond around the step: XLA copies every table through a conditional
-                # (measured: three copies of each K/V cache per Llama step). Table writes and
+                # (three copies of each K/V cache per Llama step). Table writes and
                 # resets skip their own rows (`skip`), so the donated tables stay in place; every
                 # other state entry (plain values, sizes, present, auto_dim data, the guards) is
                 # small or rare and is selected after the step.
