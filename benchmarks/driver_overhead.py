@@ -1,8 +1,9 @@
 """Driver per-kernel overhead vs bare jitted calls (no assertions; prints a ratio).
 
-    .venv/bin/python benchmarks/driver_overhead.py [iterations]
+    .venv/bin/python -m benchmarks.driver_overhead [iterations]
 
-`driver`: one `Driver.step` (host bookkeeping + every kernel call), per kernel call.
+`driver`: one step run by the yield/await driver (`Program.session_step`: host bookkeeping +
+every kernel call), per kernel call.
 `bare`:   the same planned kernels called directly with prebuilt argument tuples, per call.
 ratio = driver / bare (1.0 = the driver adds nothing over calling jitted functions).
 """
@@ -13,8 +14,10 @@ import time
 
 import jax
 import numpy as np
+from jax.tree_util import tree_flatten_with_path
 
 import oi2jax
+from oi2jax.lowering.state import PhaseIO
 
 SRC = """
 dynamic { x: f32[8]; }
@@ -34,27 +37,28 @@ block reader { await x; op mul(x, x) >> h2; yield x; }
 def driver_overhead(iterations: int = 2000) -> dict:
     prog = oi2jax.compile(SRC)
     x = np.arange(8, dtype=np.float32)
-    prog.run({"x": x})  # plans and compiles every kernel
-    with jax.enable_x64(True):
-        dynamic = prog.dynamic_args(prog.placer.put("dynamic", prog.convert_inputs({"x": x})))
+    prog.run({"x": x})  # builds and compiles every kernel
+    exe = prog.executable
+    with prog.scope():
+        dynamic = exe.dynamic_args(exe.host.placer.put("dynamic", prog.validate_inputs({"x": x})))
         kernels = [k for k in prog.driver.built.all() if k.sig.out_keys]
         state = prog.init_state()
         for _ in range(50):
-            state, out = prog.step(state, **dynamic)
+            state, out = prog.session_step(state, dynamic)  # one step run by the driver
         jax.block_until_ready((state, out))
         t0 = time.perf_counter()
         for _ in range(iterations):
-            state, out = prog.step(state, **dynamic)
+            state, out = prog.session_step(state, dynamic)
         jax.block_until_ready((state, out))
         driver_s = (time.perf_counter() - t0) / (iterations * len(kernels))
 
-        # bare: each kernel called with ready-made argument tuples (fresh copies for donated ones)
-        env = dict(dynamic)
-        env.update(state)
+        # bare: each kernel called with ready-made argument tuples (fresh copies for donated
+        # ones), its leaves by their key paths in the kernel's `PhaseIO`
+        env = dict(tree_flatten_with_path(PhaseIO(exe.state_spec.to_env(state).update(dynamic)))[0])
         for k in kernels:
             env.update({key: jax.numpy.zeros(a.shape, a.dtype) for key, a in k.sig.out_avals.items()})
-            env.update({key: jax.numpy.zeros(s.shape, s.dtype) for key, s in
-                        ((key, env[key]) for key in k.sig.keep_keys + k.sig.donate_keys)})
+            env.update({key: jax.numpy.zeros(a.shape, a.dtype) for key, a in k.sig.env_avals.items()
+                        if key not in env})
         args = [(k.jitted, k.const_vals, tuple(env[key] for key in k.sig.keep_keys),
                  [tuple(env[key] + 0 for key in k.sig.donate_keys) for _ in range(iterations + 50)])
                 for k in kernels]

@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 user error (diagnostics printed), 2 usage error. Never 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import signal

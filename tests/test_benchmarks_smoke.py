@@ -99,3 +99,12 @@ def test_llama_benchmark_smoke(tmp_path):
     text = report([r], ["a skipped case"], dict(machine="m", device="cpu", jax="x", profile="smoke", gpu=False,
                                                load_before=0.0, load_after=0.0))
     assert "| smoke (D=32 L=1" in text and "Skipped: a skipped case" in text and "TTFT" in text
+
+
+def test_driver_overhead_runs():
+    """benchmarks/driver_overhead.py at 3 iterations: the driver's steps and the bare kernel calls
+    run (its five kernels: three entry phases, two consumers); the ratio is reported, not asserted."""
+    from benchmarks.driver_overhead import driver_overhead
+    r = driver_overhead(3)
+    assert r["kernels_per_step"] == 5
+    assert np.isfinite(r["ratio"]) and r["ratio"] > 0

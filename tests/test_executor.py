@@ -11,7 +11,7 @@ import pytest
 import oi2jax
 from oi2jax import dtypes as dt
 from oi2jax.diagnostics import OiError
-from oi2jax.runtime import executor
+from oi2jax.runtime import executor, faults
 
 from conftest import EXAMPLES, MODELS, SPEC_EXAMPLE_NAMES as NAMES
 
@@ -130,17 +130,11 @@ def test_runtime_error_in_a_consumer_kernel_surfaces_once():
     prog = oi2jax.compile(MULTI)
     prog.run({"a": A, "b": B})  # built
     kern = next(k for k in prog.driver.built.all() if k.block == "mb")
-    hits = []
-
-    def boom(*args):
-        hits.append(1)
-        raise RuntimeError("device fault")
-
-    kern.build.compiled = boom
-    with pytest.raises(OiError) as info:
+    with faults.injected(faults.KERNEL, RuntimeError("device fault"), where=kern.name) as fault, \
+            pytest.raises(OiError) as info:
         prog.run({"a": A, "b": B})
     text = str(info.value)
-    assert len(info.value.diagnostics) == 1 and hits == [1]
+    assert len(info.value.diagnostics) == 1 and fault.reached == 1
     assert "run of block mb failed: RuntimeError: device fault" in text
     assert "block mb {" in text
 

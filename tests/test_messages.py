@@ -454,7 +454,7 @@ def test_deep_conditionals_run_as_the_state_machine_with_a_stack_as_deep_as_the_
     assert used
 
 
-def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys, monkeypatch):
+def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys):
     """Issue 19 item 8: tables count in the size guard (capacity x entry), growth is refused before
     allocating, the guard knows this machine's memory, and an allocation that still fails is a clear
     error, not `internal error (MemoryError / RESOURCE_EXHAUSTED)`."""
@@ -469,23 +469,14 @@ def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys
     with pytest.raises(OiError, match=r"x would need 68719476736 bytes \(shape \[17179869184\]\): too large to "
                                       r"allocate \(the limit is \d+ bytes, this machine's memory\)"):
         oi2jax.compile("dynamic { x: f32[N]; }\nblock entry { return; }\n", sizes={"N": 2**34})
-    from oi2jax.runtime import cache_state, program
-
-    def no_memory(layout):
-        raise MemoryError()
-
+    from oi2jax.runtime import faults
     prog = oi2jax.compile("persistent { P: f32[8] @init(1.0); }\nblock entry { return; }\n")
-    monkeypatch.setattr(cache_state, "initial_state", no_memory)  # host cache state: runtime/cache_state.py
-    with pytest.raises(OiError, match=r"cannot allocate P \(32 bytes\): out of memory"):
+    with faults.injected(faults.ALLOCATE, MemoryError()), \
+            pytest.raises(OiError, match=r"cannot allocate P \(32 bytes\): out of memory"):
         prog.init_state()
-    monkeypatch.undo()
-
-    def exhausted(self, *a, **k):
-        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 68719476736 bytes.")
-
-    monkeypatch.setattr(program.Program, "run", exhausted)
-    np.save  # noqa: B018
-    code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--zero-missing-inputs", "--quiet")
+    exhausted = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 68719476736 bytes.")
+    with faults.injected(faults.RUN, exhausted):
+        code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--zero-missing-inputs", "--quiet")
     assert code == 1 and err.startswith("error: cannot allocate memory for the program's values: out of memory "
                                         "(RuntimeError: RESOURCE_EXHAUSTED: Out of memory")
 

@@ -175,31 +175,47 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
     assert bool(compiled) == placed
 
 
-def test_fused_run_plan_falls_back_to_the_jit_when_its_executable_refuses(kv):
-    """A plan's loop compiled ahead of time that refuses its arguments (placed unlike them) is
-    dropped for the jitted loop: the same values, and the run is not lost."""
+def test_fused_run_plan_calls_its_loop_only_with_arguments_it_takes(kv):
+    """A plan's loop compiled ahead of time is called only after an explicit check that it takes
+    the arguments as they are (`AheadOfTime.accepts`: avals and placement): one that does not
+    (here: a loop compiled for 2 steps, given 3) is dropped for the jitted loop -- the same
+    values, the run not lost -- and an error the loop raises while running is reported, not taken
+    for a refusal."""
     import jax
     d = kv.bound.shape("q")[0]
     qs = tokens(3, d, seed=9)
     with kv.scope():
-        dev = jax.device_put(qs)
+        dev, dev2 = jax.device_put(qs), jax.device_put(qs[:2])
     first = kv.session().run({"q": dev}, collect="k_hist")
-    plan = next(p for p in kv.validated_runs.values() if p.exes(kv.executable.kernels))
-    exes = plan.exes(kv.executable.kernels)
+    kv.session().run({"q": dev2}, collect="k_hist")
+    plan3, plan2 = (next(p for p in kv.validated_runs.values() if p.exes(kv.executable.kernels) and
+                         p.steps == n) for n in (3, 2))
+    exes = plan3.exes(kv.executable.kernels)
+    real = dict(exes)
+    calls = []
 
-    class Refuses:
-        calls = 0
+    class Fails:  # takes the arguments, then fails as it runs
+        def __init__(self, loop):
+            self.loop = loop
 
-        def __call__(self, *args):
-            Refuses.calls += 1
-            raise TypeError("placed elsewhere")
+        def accepts(self, *args):
+            return self.loop.accepts(*args)
+
+        def exe(self, *args):
+            calls.append(args)
+            raise TypeError("a genuine error")
 
     for index in exes:
-        exes[index] = Refuses()
+        exes[index] = Fails(real[index])
+    with pytest.raises(TypeError, match="a genuine error"):
+        kv.session().run({"q": dev}, collect="k_hist")
+    assert len(calls) == 1
+    for index in exes:  # the 2-step plan's loop: it does not take 3 steps' inputs
+        exes[index] = Fails(plan2.exes(kv.executable.kernels)[index])
     second = kv.session().run({"q": dev}, collect="k_hist")
-    assert Refuses.calls == 1 and all(e is None for e in exes.values())
+    assert len(calls) == 1 and all(e is None for e in exes.values())
     third = kv.session().run({"q": dev}, collect="k_hist")
-    assert Refuses.calls == 1
+    assert len(calls) == 1
     for name in first:
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
         np.testing.assert_array_equal(first[name], third[name], err_msg=name)
@@ -229,7 +245,7 @@ def test_fused_loop_indexes_in_int64_past_two_to_the_31(kv):
     for base in (0, 2**31 - 2):
         sess = kv.session()
         with kv.scope():
-            fixed = kv.dynamic_args(sess._inputs({"q": q}))
+            fixed = kv.dynamic_args(kv.executable.host.placer.put("dynamic", kv.validate_inputs({"q": q})))
             res = kernels.multi(kv.consts, sess.state, {}, fixed, base, 3)
             state, last, status = res.state, res.last, res.status
         assert list(np.asarray(status)[:3]) == [0, 0, 3]
@@ -296,7 +312,7 @@ def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):
         for k in range(4):
             out = sess.step(q=dev[k])
             np.testing.assert_array_equal(np.asarray(out["k_hist"]), k_hist_after(qs, k, zero))
-            assert sess._hot is not None
+            assert sess.general_steps == 1  # every step after the first took the hot path
         sess.step(q=dev[4])  # overflows K
         with pytest.raises(OiError, match=r"index 4 is past its fixed size 4 \(in step 5\)"):
             sess.step(q=dev[5])
@@ -327,7 +343,8 @@ def test_hot_step_kernel_with_flat_state_equals_the_jitted_step(kv):
     sess = kv.session()
     sess.step(q=dev[0])
     sess.step(q=dev[1])  # the second step with the same device inputs: the hot path
-    assert isinstance(sess._hot.forms.from_clean, FlatStep) and sess._leaves is not None and sess._user_tree is None
+    assert sess.general_steps == 1 and sess.held_as == "leaves"  # the second step: the hot path, its state flat
+    assert isinstance(kv.executable.kernels.session_forms({"q": dev[1]}).from_clean, FlatStep)
     mid = sess.state  # the tree, made from the leaves
     np.testing.assert_array_equal(np.asarray(mid.caches["K"].data)[:2], qs[:2] + zero)
     with kv.scope():
@@ -411,10 +428,11 @@ def test_pure_step_called_eagerly_again_takes_the_hot_path_with_the_same_checks(
     import jax.numpy as jnp
     d, zero, qs, dev, (wrong,) = kv_device_tokens(kv, 5, 7, lambda d: np.zeros(d + 1, np.float32))
     state = kv.init_state()
+    general = kv.general_steps
     for k in range(4):
         state, out = kv.step(state, q=dev[k])
         np.testing.assert_array_equal(np.asarray(out["k_hist"]), k_hist_after(qs, k, zero))
-    assert kv._step_hot is not None
+    assert kv.general_steps - general <= 1  # from the second call on: the hot path
     kv.check(state)
     with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\], got \[{d + 1}\]"):
         kv.step(state, q=wrong)

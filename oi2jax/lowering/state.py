@@ -24,12 +24,12 @@ and commit/undo (`commit`). The fused step, the multi-step loop and the yield/aw
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.tree_util import DictKey, GetAttrKey, tree_map_with_path
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey, tree_map_with_path
 
 from .. import dtypes as dt
 
@@ -218,6 +218,38 @@ class PhaseIO:
     pending: tuple = ()
     old: Env | None = None
     new: Env | None = None
+
+    # The key paths of its leaves (the driver holds a kernel's leaves by them): made and read
+    # here only.
+    @staticmethod
+    def env_path(path: tuple) -> tuple:
+        """The key path of the env's leaf at `path` (a key path in the `Env`)."""
+        return (_ENV,) + path
+
+    @staticmethod
+    def old_path(path: tuple) -> tuple:
+        """The key path of the old state entry at `path` (a key path in the `Env`)."""
+        return (_OLD,) + path
+
+    @staticmethod
+    def pending_path(j: int, guard: tuple) -> tuple:
+        """The key path of the `j`-th awaited consumer's guard leaf at `guard` (a key path in
+        `TraceGuards`: one of `GUARD_LEAVES`)."""
+        return (_PENDING, SequenceKey(j)) + guard
+
+    @staticmethod
+    def part(path: tuple) -> str:
+        """Which field holds the leaf at key path `path`: "env", "pending", "old" or "new"."""
+        return path[0].name
+
+    @staticmethod
+    def is_env_guard(path: tuple) -> bool:
+        """Whether the leaf at key path `path` is one of the env's guards."""
+        return path[:2] == (_ENV, GUARDS)
+
+
+_ENV, _PENDING, _OLD = GetAttrKey("env"), GetAttrKey("pending"), GetAttrKey("old")
+GUARD_LEAVES = tuple((GetAttrKey(f.name),) for f in fields(TraceGuards))  # key paths in `TraceGuards`
 
 
 class StateSpec:

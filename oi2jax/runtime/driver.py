@@ -24,19 +24,21 @@ another device: only what it reads goes there and only what it writes comes back
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Var
 from jax.sharding import SingleDeviceSharding
-from jax.tree_util import DictKey, GetAttrKey, SequenceKey, tree_flatten_with_path
+from jax.tree_util import DictKey, GetAttrKey, tree_flatten_with_path
 
 from ..diagnostics import OiError
 from ..phases import Phase
-from ..lowering.state import ERROR_PATHS, GUARDS, Env, PhaseIO, TraceGuards, leaf_at, select
+from ..lowering.state import ERROR_PATHS, GUARD_LEAVES, GUARDS, Env, PhaseIO, leaf_at, select
 from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, check_build, check_schedule, \
     compile_kernel, kernel_error, run_tasks
+from . import faults
+from .kernels import AheadOfTime
 from .placement import device_name, parse_device
 
 # ============================================================================ kernels
@@ -44,13 +46,6 @@ from .placement import device_name, parse_device
 
 def _aval(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
-
-
-ENV = (GetAttrKey("env"),)  # where a kernel's `PhaseIO` holds the env, the awaited guards, ...
-PENDING = (GetAttrKey("pending"),)
-OLD = (GetAttrKey("old"),)
-NEW = (GetAttrKey("new"),)
-GUARD_PATHS = tuple(ENV + (GUARDS, GetAttrKey(f.name)) for f in fields(TraceGuards))  # entry's guards
 
 
 def _leaves(tree) -> dict:
@@ -335,10 +330,10 @@ class Driver:
                 # what the step wrote; with growable caches also the error guards (an undone step
                 # leaves no error behind: state.commit)
                 commit = frozenset(path for path, _ in tree_flatten_with_path(state)[0]
-                                   if (path[0] != GUARDS and ENV + path in written)
+                                   if (path[0] != GUARDS and PhaseIO.env_path(path) in written)
                                    or (path in ERROR_PATHS and exe.growable))
                 io = PhaseIO(env, tuple(pending), select(state, commit))
-                owned_now = owned | {path for path in _leaves(io) if path[0] == OLD[0]}
+                owned_now = owned | {path for path in _leaves(io) if PhaseIO.part(path) == "old"}
             else:
                 commit, owned_now = None, owned
             sig = trace_signature(fn, const_avals, io, owned_now, protected, False)
@@ -372,8 +367,8 @@ class Driver:
                                 self.graph.block(name).span, device=dev if placed else None, placed=placed,
                                 writes=writes, merged=merged,
                                 back=tuple(i for i, k in enumerate(sig.out_keys)
-                                           if k in merged or k[:2] == ENV + (GUARDS,)),
-                                writes_guards=any(k[:2] == ENV + (GUARDS,) for k in sig.out_keys))
+                                           if k in merged or PhaseIO.is_env_guard(k)),
+                                writes_guards=any(PhaseIO.is_env_guard(k) for k in sig.out_keys))
                     self._submit(ck)
                     consumers[w].append(ck)
                 protected = self._protected(snapshots, consumers)
@@ -403,22 +398,23 @@ class Driver:
         """What to call for `kern`: its AOT executable (waiting for its compilation) or its jit."""
         build = kern.build
         if build.compiled is None and build.future is not None:
-            build.compiled = self.kernel_builder.result(kern) if self.kernel_builder is not None else \
+            compiled = self.kernel_builder.result(kern) if self.kernel_builder is not None else \
                 build.future.result()
+            build.compiled = AheadOfTime(compiled, first=1)  # its constants are the kernel's own
         return build.compiled
 
     def invoke(self, kern: Kernel, args):
         exe = self._executable(kern)
         try:
+            faults.reach(faults.KERNEL, kern.name)
             if exe is not None:
-                try:
-                    return exe(*args)
-                except TypeError:  # refused: avals or shardings differ from the AOT signature (raised
-                    # before anything ran); the jit runs it, or raises a genuine error itself
-                    self.built.executable.host.note(f"kernel {kern.name}: AOT executable rejected its "
-                                                    f"arguments; jit recompiles it")
-                    kern.build.compiled = None
-                    kern.build.future = None
+                if exe.accepts(*args[1:]):
+                    return exe.exe(*args)
+                # avals or shardings other than the AOT signature's: the jit runs it from now on
+                self.built.executable.host.note(f"kernel {kern.name}: AOT executable does not take its "
+                                                f"arguments; jit recompiles it")
+                kern.build.compiled = None
+                kern.build.future = None
             return kern.jitted(*args)
         except OiError:
             raise
@@ -498,14 +494,15 @@ class Driver:
                     for k in ck.merged:  # what the await takes (`Env.take`)
                         leaves[k] = result.get(k, snap[k])
                     if ck.writes_guards:  # its guards, merged by this phase (`TraceGuards.merge`)
-                        for k in GUARD_PATHS:
-                            leaves[PENDING + (SequenceKey(j),) + k[2:]] = result.get(k, snap[k])
+                        for guard in GUARD_LEAVES:
+                            k = PhaseIO.env_path((GUARDS,) + guard)
+                            leaves[PhaseIO.pending_path(j, guard)] = result.get(k, snap[k])
                         j += 1
                 snaps.pop(phase.merges, None)
             for path in kern.commit or ():  # the committed entries at their values at step start
-                leaves[OLD + path] = state_leaves[path]
+                leaves[PhaseIO.old_path(path)] = state_leaves[path]
             outs = self._call(kern, leaves, step) if kern.sig.out_keys else ()
-            for k in [k for k in leaves if k[0] != ENV[0]]:  # pending guards, old entries: this phase's
+            for k in [k for k in leaves if PhaseIO.part(k) != "env"]:  # pending guards, old entries: this phase's
                 del leaves[k]
             leaves.update(zip(kern.sig.out_keys, outs))
             if phase.launches is not None:
@@ -544,7 +541,7 @@ class Driver:
         last = phase_kernels[-1]
         final = last.rebuild(leaves, {})
         commit = last.commit or ()
-        new_state = state_def.unflatten([leaf_at(final.new, path) if path in commit else leaves[ENV + path]
+        new_state = state_def.unflatten([leaf_at(final.new, path) if path in commit else leaves[PhaseIO.env_path(path)]
                                          for path, _ in state_pairs])
         builder = built.executable.builder
         names = tuple(self.analysis.outputs or ()) + tuple(builder.dynamic + builder.volatile)

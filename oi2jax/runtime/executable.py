@@ -19,7 +19,7 @@ from ..lowering.context import Lowering
 from ..lowering.state import CacheState, Guards, Shaped, StateSpec, StepState
 from ..lowering.step import StepBuilder
 from ..values import convert_output, unknown_input
-from . import cache_state
+from . import cache_state, faults
 from .kernels import StepKernels, StepOutcome
 from .placement import Placer
 
@@ -120,6 +120,7 @@ class Executable:
         values = {}
         for layout in self.lowering.caches.values():
             try:
+                faults.reach(faults.ALLOCATE)
                 values[layout.name] = cache_state.initial_state(layout)
             except MemoryError as exc:
                 nbytes = dt.get(layout.dtype).nbytes(math.prod(layout.data_shape()))

@@ -89,7 +89,7 @@ class StepKernels:
                 new = spec.from_env(flat)
             else:
                 # Not a lax.cond around the step: XLA copies every table through a conditional
-                # (measured: three copies of each K/V cache per Llama step). Table writes and
+                # (three copies of each K/V cache per Llama step). Table writes and
                 # resets skip their own rows (`skip`), so the donated tables stay in place; every
                 # other state entry (plain values, sizes, present, auto_dim data, the guards) is
                 # small or rare and is selected after the step.
@@ -214,17 +214,16 @@ class StepKernels:
         return forms
 
     def call_session_step(self, flat: "FlatStep", clean: bool, consts, leaves: tuple, flags, dynamic) -> tuple:
-        """One session step: `flat` (a form compiled ahead of time, its state as leaves), or the
-        jitted form when the executable refuses its arguments (placed unlike them: TypeError /
-        ValueError, raised before anything ran). `(leaves, flags or None, outputs)`."""
-        try:
-            return flat.call(consts, leaves, flags, dynamic)
-        except (TypeError, ValueError):
-            user = flat.user_def.unflatten(leaves)
-            with self.exe.scope():
-                vars_, caches, flags, outputs = self.from_clean(consts, user, dynamic) if clean else \
-                    self.after_unchecked(consts, user, flags, dynamic)
-            return tuple(jax.tree.leaves((vars_, caches))), flags, outputs
+        """One session step: `flat` (a form compiled ahead of time, its state as leaves) where it
+        takes these arguments as they are (`FlatStep.accepts`: avals and placement), else the
+        jitted form. A `SessionStep`."""
+        if flat.accepts(leaves, flags, dynamic):
+            return SessionStep(*flat.call(consts, leaves, flags, dynamic), ahead=True)
+        user = flat.user_def.unflatten(leaves)
+        with self.exe.scope():
+            vars_, caches, flags, outputs = self.from_clean(consts, user, dynamic) if clean else \
+                self.after_unchecked(consts, user, flags, dynamic)
+        return SessionStep(tuple(jax.tree.leaves((vars_, caches))), flags, outputs, ahead=False)
 
     def multi(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
               total: int = 0, exes: dict | None = None, feedback: tuple = (), fed: dict | None = None,
@@ -238,19 +237,20 @@ class StepKernels:
         the call before): the loop ends after the step that leaves every element of one output
         stopped (`runargs.stopped`).
         `exes`: the loops compiled ahead of time for one validated signature of arguments (a
-        `ValidatedRun`), by index type: called without the jit's dispatch (a hot path)."""
+        `ValidatedRun`), by index type (`AheadOfTime`): called without the jit's dispatch (a hot
+        path) where it takes the arguments as they are; else (placed unlike them) the jit, from
+        then on."""
         args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total, feedback, fed, stop, done)
         if exes is None:
             return self.multi_jit(*args)
         index = args[5].dtype
         if index not in exes:
-            exes[index] = self.multi_jit.lower(*args).compile()
-        exe = exes[index]
-        if exe is not None:
-            try:
-                return exe(*args[:9])
-            except (TypeError, ValueError):  # placed unlike the executable (refused before running): the jit
-                exes[index] = None  # from now on
+            exes[index] = AheadOfTime(self.multi_jit.lower(*args).compile(), first=1)
+        loop = exes[index]
+        if loop is not None:
+            if loop.accepts(*args[1:9]):
+                return loop.exe(*args[:9])
+            exes[index] = None
         return self.multi_jit(*args)
 
     def multi_args(self, consts, state, per_step: dict, fixed: dict, base: int, n: int, collect: tuple = (),
@@ -363,6 +363,51 @@ class FusedRun(NamedTuple):
     done: dict  # stop output -> bool [output's shape]: the elements that gave a stop id so far
 
 
+class SessionStep(NamedTuple):
+    """What one session step returns (`StepKernels.call_session_step`)."""
+
+    leaves: tuple  # the new state (vars, caches) as leaves
+    flags: object  # its guard flags (None: a step that cannot fail)
+    outputs: dict
+    ahead: bool  # the form compiled ahead of time ran (not the jit): the next call may go to it directly
+
+
+class AheadOfTime:
+    """An executable compiled ahead of time (`exe`, a `jax.stages.Compiled`) and what it takes
+    for its positional arguments from `first` on: their tree structure and each leaf's aval
+    (shape, dtype, weak type) and sharding. `accepts(*args)` is the explicit check made before
+    calling it: every leaf a live, concrete `jax.Array` of its aval and sharding. The executable
+    is called only with arguments it takes (anything else goes to the jit, which places, converts
+    or explains), so an error it raises is reported, never taken for a refusal."""
+
+    __slots__ = ("exe", "treedef", "expected", "_seen")
+
+    def __init__(self, exe, first: int = 0):
+        self.exe = exe
+        avals, self.treedef = jax.tree.flatten(exe.in_avals[0][first:])
+        self.expected = tuple(zip(avals, jax.tree.leaves(exe.input_shardings[0][first:])))
+        # per leaf, the sharding object of the last array found placed as compiled: the next one
+        # placed alike costs one identity test (comparing shardings costs about 1 µs)
+        self._seen = [sharding for _, sharding in self.expected]
+
+    def accepts(self, *args) -> bool:
+        """Whether the executable takes `args` (its positional arguments from `first`) as they are."""
+        leaves, treedef = jax.tree.flatten(args)
+        if treedef != self.treedef:
+            return False
+        seen = self._seen
+        for i, (leaf, (aval, sharding)) in enumerate(zip(leaves, self.expected)):
+            if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer) or leaf.aval != aval or \
+                    leaf.is_deleted():
+                return False
+            placed = leaf.sharding
+            if placed is not seen[i]:
+                if placed != sharding:
+                    return False
+                seen[i] = placed
+        return True
+
+
 class FlatStep:
     """A session step (`from_clean` or `after_unchecked`) compiled ahead of time, its state FLAT: called as
     `exe(consts, leaves, [flags,] dynamic) -> (leaves, [flags,] outputs)`, where `leaves` is
@@ -388,6 +433,34 @@ class FlatStep:
         self.exe = jax.jit(flat, donate_argnums=(1,)).lower(
             consts, tuple(leaves), *((flags,) if takes_flags else ()), dynamic).compile()
         self.has_flags = traced["flags"]
+        self.takes = AheadOfTime(self.exe, first=1)  # the state leaves, [flags,] the inputs
+        # each input's name, aval and sharding: `Session.step`'s hot path checks them per call
+        self.inputs = tuple((name, aval, sharding) for (name, aval), sharding in
+                            zip(self.exe.in_avals[0][-1].items(), self.exe.input_shardings[0][-1].values()))
+        # per input, the sharding object of the last array found placed as compiled: the next
+        # array placed alike costs one identity test (comparing shardings costs about 1 µs)
+        self._seen = {name: sharding for name, _, sharding in self.inputs}
+
+    def accepts(self, leaves: tuple, flags, dynamic: dict) -> bool:
+        """Whether the compiled form takes these arguments as they are (`AheadOfTime.accepts`)."""
+        return self.takes.accepts(leaves, flags, dynamic) if self.takes_flags else \
+            self.takes.accepts(leaves, dynamic)
+
+    def takes_inputs(self, dynamic: dict) -> bool:
+        """Whether the compiled form takes these inputs as they are (each its aval and sharding):
+        `Session.step`'s hot path, whose state leaves and flags are this form's own results and
+        whose inputs are all the form's, each a device array of the type the form was called with."""
+        seen = self._seen
+        for name, aval, sharding in self.inputs:
+            value = dynamic[name]
+            if value.aval != aval:
+                return False
+            placed = value.sharding
+            if placed is not seen[name]:
+                if placed != sharding:
+                    return False
+                seen[name] = placed
+        return True
 
     def call(self, consts, leaves: tuple, flags, dynamic) -> tuple:
         """`(leaves, flags or None, outputs)`; `flags` is passed only to a form that takes them."""

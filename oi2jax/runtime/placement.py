@@ -33,18 +33,20 @@ class Placer:
     def __init__(self, device=None):
         self.device = device
 
-    def put(self, role: str, values: dict, names: dict | None = None) -> dict:
+    def put(self, role: str, values: dict, names: dict | None = None, sources: dict | None = None) -> dict:
         """role: 'consts' | 'dynamic' | 'defaults'; `names`: the IR name of a key that is not one
-        (a family's member `W[3]`: W), where placement depends on the variable. One host array
-        given under several names (a tied embedding bound through a model alias) is placed once:
-        the names share the buffer."""
+        (a family's member `W[3]`: W), where placement depends on the variable. `sources`: where
+        a key's value comes from when another key's may come from there too (a constant's model
+        tensor, after the model's aliases: `Program._host_consts`); keys of one source (a tied
+        embedding bound through a model alias) are placed once and share the buffer."""
+        sources = sources or {}
         if self.device is not None:
-            return _once(values, lambda v: jax.device_put(v, self.device))  # one batched transfer
+            return _once(values, sources, lambda v: jax.device_put(v, self.device))  # one batched transfer
         # jax.device_put, not jnp.asarray: in JAX 0.10 jnp.asarray compiles a `jit(stage)` per
         # shape (about 50-80 ms each on CPU: half a second of a Llama's time to first token).
         # Device arrays stay where they are; the host ones go in one batched transfer.
         host = {k: v for k, v in values.items() if not isinstance(v, jax.Array)}
-        return {**values, **_once(host, jax.device_put)} if host else dict(values)
+        return {**values, **_once(host, sources, jax.device_put)} if host else dict(values)
 
     def put_state(self, state):
         """A host `StepState` (lowering/state.py) on the device, in one batched transfer."""
@@ -65,13 +67,14 @@ class Placer:
         return np.asarray(value)
 
 
-def _once(values: dict, put) -> dict:
-    """`put(dict)` of `values` with each distinct object put once, its names sharing the result."""
-    first: dict[int, str] = {}
-    for k, v in values.items():
-        first.setdefault(id(v), k)
+def _once(values: dict, sources: dict, put) -> dict:
+    """`put(dict)` of `values` with the keys of one source (`sources`; a key without one is its
+    own) put once, sharing the result."""
+    first: dict = {}  # source -> the key put for it
+    for k in values:
+        first.setdefault(sources.get(k, k), k)
     placed = put({k: values[k] for k in first.values()})
-    return {k: placed[first[id(v)]] for k, v in values.items()}
+    return {k: placed[first[sources.get(k, k)]] for k in values}
 
 
 def return_freed_memory() -> None:

@@ -24,12 +24,12 @@ from ..model.ggml import KeptBlocks
 from ..model.packing import pack
 from ..protocol import CompileOptions
 from ..values import check_given_inputs, convert_input, convert_inputs, unknown_input
-from . import cache_state, chunked
+from . import cache_state, chunked, faults
 from .batch import Batch
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
 from .executable import Executable, Host
-from .kernels import StepOutcome
+from .kernels import AheadOfTime, StepOutcome
 from .placement import Placer, device_name, resolve_device, return_freed_memory
 from .session import Session
 
@@ -70,6 +70,7 @@ class Program:
         self._given_ok: set = set()  # input name sets known to leave no input without a value
         self.validated_runs: dict = {}  # `Session.run` input signature -> its ValidatedRun (runtime/runargs.py)
         self._step_hot: StepHotPath | None = None  # `step`'s hot path
+        self.general_steps = 0  # eager `step` calls that took the general path (validated, maybe compiled)
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
@@ -81,8 +82,8 @@ class Program:
         with self.scope():
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
-            host, names = self._host_consts(lowering, builder)
-            consts = self.placer.put("consts", host, names)
+            host, names, sources = self._host_consts(lowering, builder)
+            consts = self.placer.put("consts", host, names, sources)
             defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
             self.executable = Executable(1, lowering, builder, consts, defaults,
                                          Host(self.placer, self.scope, self.count_trace, self.note))
@@ -126,23 +127,28 @@ class Program:
         program's device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
-    def _host_consts(self, lowering, builder) -> tuple[dict, dict]:
-        """`(values, names)`: every constant (packed types packed), prefix-table family and
-        variable's non-uniform initial value, by its IR name; a family whose every read is at a
-        static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
+    def _host_consts(self, lowering, builder) -> tuple[dict, dict, dict]:
+        """`(values, names, sources)`: every constant (packed types packed), prefix-table family
+        and variable's non-uniform initial value, by its IR name; a family whose every read is at
+        a static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
         loops.member_key, lowering/loops.split_families), else stacked. `names`: each member key's
-        family (placement reads it; no key is parsed back)."""
+        family (placement reads it; no key is parsed back). `sources`: each constant bound to a
+        model tensor, that tensor's name after the model's aliases and the constant's dtype
+        (constants of one source are placed once: a tied embedding)."""
         split = lowering.split
-        consts, names = {}, {}
+        consts, names, sources = {}, {}, {}
+        model = self.bound.model
         packed: dict = {}  # one packed form per model tensor: a tied embedding's names share it
 
-        def kept(value):
+        def kept(value, source=None):
             """GGML blocks (`KeptBlocks`) -> their packed form (`quantized.prepare`), never dequantized."""
             if not isinstance(value, KeptBlocks):
                 return value
-            if id(value.raw) not in packed:
-                packed[id(value.raw)] = (value, quantized.prepare(value.kind, value.raw, value.shape))
-            return packed[id(value.raw)][1]
+            if source is None:
+                return quantized.prepare(value.kind, value.raw, value.shape)
+            if source not in packed:
+                packed[source] = quantized.prepare(value.kind, value.raw, value.shape)
+            return packed[source]
 
         for decl in self.graph.vars:
             if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
@@ -153,10 +159,13 @@ class Program:
                 blocks = self.bound.kept_blocks(decl.name)
                 consts[decl.name] = kept(blocks) if blocks is not None else self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
-                consts[decl.name] = kept(self._const_value(decl))
+                source = None
+                if model is not None and self.bound.model_name(decl) in model.tensors:
+                    source = sources[decl.name] = ("model tensor", self.bound.model_name(decl), decl.dtype)
+                consts[decl.name] = kept(self._const_value(decl), source)
         for name, value in builder.init_args.items():  # a variable's non-uniform initial value
             consts[name] = value
-        return consts, names
+        return consts, names, sources
 
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, its GGML blocks (`KeptBlocks`), or what the placer loads
@@ -236,19 +245,14 @@ class Program:
         a graph with growable caches that needs more capacity returns the old state with
         `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
         hot, exe = self._step_hot, self.executable
-        if hot is not None and hot.executable is exe and len(dynamic) == len(hot.names):
-            # called eagerly again with every input a device array, as the last call: the step
-            # compiled ahead of time, no JAX configuration entered. The executable refuses another
-            # shape, dtype or a traced value (TypeError), or a used state's buffers (ValueError):
-            # then the general path below explains, traces or runs it
-            for name in hot.names:
-                if type(dynamic.get(name)) is not hot.array_type:
-                    break
-            else:
-                try:
-                    return hot.exe(exe.consts, state, dynamic)
-                except (TypeError, ValueError):
-                    self.refuse_used(state)
+        if hot is not None and hot.executable is exe and len(dynamic) == len(hot.names) and \
+                hot.step.accepts(state, dynamic):
+            # called eagerly again with every input a live device array of the aval and placement
+            # of the last call, the state too: the step compiled ahead of time, no JAX
+            # configuration entered. Anything else (another shape, dtype or placement, a traced
+            # value, a used state's buffers): the general path below explains, traces or runs it
+            return hot.step.exe(exe.consts, state, dynamic)
+        self.general_steps += 1
         checked = self.validate_inputs(dynamic)
         with self.scope():
             full = exe.dynamic_args(checked)
@@ -262,8 +266,8 @@ class Program:
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
                     all(type(v) is array for v in checked.values()):
                 # concrete device inputs, all given: compile this signature for the next call
-                self._step_hot = StepHotPath(exe, exe.jit_step.lower(exe.consts, out[0], full).compile(),
-                                             tuple(full), array)
+                self._step_hot = StepHotPath(exe, AheadOfTime(exe.jit_step.lower(exe.consts, out[0], full).compile(),
+                                                              first=1), tuple(full))
             return out
 
     @staticmethod
@@ -364,6 +368,7 @@ class Program:
         of the ids, that step kept (`Session.run`).
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
+        faults.reach(faults.RUN)
         if self.driver is not None:
             if stop:
                 raise OiError("stop: a graph run by the yield/await driver has no fused loop to stop; run it "
@@ -524,9 +529,8 @@ class StepHotPath:
     eager call whose inputs were all given as device arrays of one type."""
 
     executable: Executable  # the generation it was compiled for (a growth makes it stale)
-    exe: object  # the compiled executable: (consts, state, dynamic) -> (state, outputs)
+    step: AheadOfTime  # the compiled step (consts, state, dynamic) -> (state, outputs); what it takes
     names: tuple  # the input names (every dynamic variable)
-    array_type: type  # the inputs' concrete array type (checked per call; the executable checks the rest)
 
 
 class _Scope:

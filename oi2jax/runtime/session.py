@@ -157,6 +157,13 @@ class Session:
         return self._leaves
 
     @property
+    def held_as(self) -> str:
+        """How the session holds its state now (introspection): "leaves" (only the flat leaves
+        that `Session.step`'s compiled form takes and returns) or "tree" (the `StepState` tree,
+        made on demand: reading `state`, a fused `run`)."""
+        return "leaves" if self._user_tree is None else "tree"
+
+    @property
     def _state(self):
         return StepState(self._user[0], self._user[1], Guards(self._flags))
 
@@ -401,9 +408,10 @@ class Session:
         if hot is not None and len(inputs) == len(hot.types) and hot.executable is self.program.executable:
             # the common decode step: the same complete set of device inputs as the step that set
             # `_hot`, its kernel compiled. The same checks as the general path, in fewer Python
-            # operations (a bare jitted call costs a few µs; this adds well under 1). The
-            # executable itself refuses a device array of another shape or dtype (TypeError: then
-            # the general path explains what is wrong); host values never come here.
+            # operations (a bare jitted call costs a few µs; this adds well under 1): each input's
+            # array type, then its aval and sharding against the compiled form's
+            # (`FlatStep.takes_inputs`; anything else: the general path explains or converts it);
+            # host values never come here.
             for name, typ in hot.types:
                 if type(inputs.get(name)) is not typ:
                     break
@@ -412,20 +420,16 @@ class Session:
                     self._poll()
                 clean = self._clean
                 flat = hot.forms.from_clean if clean else hot.forms.after_unchecked
-                if flat is not None:
+                if flat is not None and flat.takes_inputs(inputs):
                     leaves = self._leaves
                     if leaves is None:
                         leaves = self._user_leaves()
-                    try:
-                        out = flat.exe(hot.executable.consts, leaves, inputs) if clean else \
-                            flat.exe(hot.executable.consts, leaves, self._flags, inputs)
-                    except (TypeError, ValueError):  # placed unlike the executable: the general path
-                        pass
-                    else:
-                        self._leaves, self._user_tree, self._user_def = out[0], None, flat.user_def
-                        outputs = out[-1]
-                        self._dispatched(inputs, out[1] if flat.has_flags else None, outputs)
-                        return outputs if self._all_returned else self._returned(outputs)
+                    out = flat.exe(hot.executable.consts, leaves, inputs) if clean else \
+                        flat.exe(hot.executable.consts, leaves, self._flags, inputs)
+                    self._leaves, self._user_tree, self._user_def = out[0], None, flat.user_def
+                    outputs = out[-1]
+                    self._dispatched(inputs, out[1] if flat.has_flags else None, outputs)
+                    return outputs if self._all_returned else self._returned(outputs)
         return self._step_general(inputs)
 
     def _step_general(self, inputs: dict) -> dict:
@@ -454,12 +458,13 @@ class Session:
         if flat is None:  # each form compiled on its first use
             with prog.scope():
                 flat = forms.compile(clean, exe.consts, self._user, self._flags, full)
-        leaves, flags, outputs = kernels.call_session_step(flat, clean, exe.consts, self._user_leaves(),
-                                                           self._flags, full)
+        leaves, flags, outputs, ahead = kernels.call_session_step(flat, clean, exe.consts, self._user_leaves(),
+                                                                  self._flags, full)
         self._leaves, self._user_tree, self._user_def = leaves, None, flat.user_def
-        if dyn is inputs and full is dyn and not self._shaped:
+        if ahead and dyn is inputs and full is dyn and not self._shaped:
             # every input a device array of its declared shape and dtype (`_inputs` passed them
-            # through as given) and all of them given: the next such step takes the hot path
+            # through as given), all of them given, and the compiled form took the step (the state
+            # is placed as it takes it): the next such step takes the hot path
             fast = self._fast
             self._hot = SessionHotPath(exe, forms, tuple((name, fast[name].type) for name in inputs))
         self._dispatched(dyn, flags, outputs)

@@ -239,11 +239,11 @@ class ShardingPlacer(Placer):
             return np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return np.asarray(value)
 
-    def put(self, role: str, values: dict, names: dict | None = None) -> dict:
-        """As `Placer.put`, each value with its variable's sharding; one source (a host array, or a
-        model tensor read lazily) given under several names with the same sharding (a tied
-        embedding bound through a model alias) is placed once, the names sharing the buffer."""
-        names = names or {}
+    def put(self, role: str, values: dict, names: dict | None = None, sources: dict | None = None) -> dict:
+        """As `Placer.put`, each value with its variable's sharding; the keys of one source (a
+        model tensor, after aliases: a tied embedding) with the same sharding are placed once,
+        sharing the buffer."""
+        names, sources = names or {}, sources or {}
         placed: dict = {}
         out = {}
         for k, v in values.items():
@@ -252,8 +252,7 @@ class ShardingPlacer(Placer):
                 raise OiError(f"constant {name}: its model tensor is kept as {v.kind} blocks, which a mesh cannot "
                               f"shard yet; convert the model with --dtype f32 (or bf16) to shard it, or run it "
                               f"on one device")
-            source = (v.model.path, v.info.name) if isinstance(v, LazyConst) else id(v)
-            once = (source, self.spec_for(name, np.shape(v) if not isinstance(v, LazyConst) else v.shape))
+            once = (sources.get(k, k), self.spec_for(name, np.shape(v) if not isinstance(v, LazyConst) else v.shape))
             if once not in placed:
                 placed[once] = self._place(name, v)
             out[k] = placed[once]
