@@ -6,7 +6,10 @@ V=49152, tied embeddings, rope theta 100000), weights from examples/llama_checkp
 the logits are spread, not flat), written as GGUF by examples/gguf_file.py's `write_llama_gguf`
 in each of KINDS: every 2-D weight (the tied embedding too) as that type, the norms F32; Q4_1 /
 Q8_0 / BF16 blocks by `gguf.quants.quantize`; Q4_K by gguf_file's `quantize_q4_k` (gguf-py has no
-K-quant quantizer) and checked against `gguf.quants.dequantize`. The tokenizer is a minimal
+K-quant quantizer) and checked against `gguf.quants.dequantize`. A K-quant block holds 256 values
+of a row, and D=576 is not a multiple of 256: as llama-quantize does, those weights fall back to
+Q5_0, so the Q4_K file is Q4_K where rows are 1536 wide (the MLP's down projection) and Q5_0
+elsewhere, as a real Q4_K file of this model is. The tokenizer is a minimal
 SentencePiece vocabulary (`tokenizer.ggml.model` "llama": <unk> <s> </s>, the 256 byte pieces,
 then filler pieces up to V) that both tools load; both are driven with token ids. The files are
 cached under benchmarks/.cache/ (gitignored), keyed by the shape; writing them is timed once.
@@ -155,7 +158,8 @@ def model_files(shape: Shape, kinds, cache: Path = CACHE, log=print) -> dict[str
                 log(f"  random weights: {sum(w.size for w in weights.values()) / 1e6:.1f}M in "
                     f"{time.perf_counter() - t0:.1f} s")
             t0 = time.perf_counter()
-            write_llama_gguf(path, config, weights, kind, name=f"random-llama-{shape.name}", tokenizer=lambda w: spm_vocab(w, shape.vocab))
+            write_llama_gguf(path, config, weights, kind, name=f"random-llama-{shape.name}", fallback=True,
+                             tokenizer=lambda w: spm_vocab(w, shape.vocab))
             write_s = time.perf_counter() - t0
             check_blocks(path, weights, kind)
             info.write_text(json.dumps({"write_s": write_s}))
@@ -165,25 +169,32 @@ def model_files(shape: Shape, kinds, cache: Path = CACHE, log=print) -> dict[str
 
 
 def check_blocks(path: Path, weights: dict, kind: str) -> None:
-    """The file's first layer's gate weight dequantizes (gguf.quants) to the weights within the
-    type's rounding: the blocks are what `kind` says."""
+    """The file's first layer's down projection dequantizes (gguf.quants) to the weights within
+    its type's rounding: the blocks are what the file says."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
-    reader = GGUFReader(str(path))
-    t = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate.weight")
-    got = dequantize(np.asarray(t.data), t.tensor_type).reshape(weights["model.layers.0.mlp.gate_proj.weight"].shape)
-    want = weights["model.layers.0.mlp.gate_proj.weight"]
+    want = weights["model.layers.0.mlp.down_proj.weight"]
+    t = next(t for t in GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_down.weight")
+    got = dequantize(np.asarray(t.data), t.tensor_type).reshape(want.shape)
     bound = {"F32": 0.0, "BF16": 2 ** -8, "Q8_0": 2 ** -7, "Q4_1": 2 ** -3, "Q4_K": 2 ** -3}[kind]
     err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-    if err > bound:
-        raise RuntimeError(f"{path}: {kind} blocks dequantize {err:.3g} off the weights (bound {bound})")
+    if t.tensor_type.name != kind or err > bound:
+        raise RuntimeError(f"{path}: {t.tensor_type.name} blocks dequantize {err:.3g} off the weights "
+                           f"(a {kind} file: bound {bound})")
+
+
+def type_bytes(path: Path) -> dict[str, int]:
+    """{GGML type: tensor bytes} of a GGUF file. Their sum is what one token reads of the weights
+    (the tied embedding is the lm_head, read whole)."""
+    from gguf import GGUFReader
+    out: dict[str, int] = {}
+    for t in GGUFReader(str(path)).tensors:
+        out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    return out
 
 
 def tensor_bytes(path: Path) -> int:
-    """The GGUF's tensor data bytes (what one token reads of the weights: the tied embedding is
-    the lm_head, read whole)."""
-    from gguf import GGUFReader
-    return int(sum(t.n_bytes for t in GGUFReader(str(path)).tensors))
+    return sum(type_bytes(path).values())
 
 
 # ------------------------------------------------------------------------------------- the tools
@@ -481,8 +492,9 @@ def _median_range(values):
 
 def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: dict, rate: float,
               baseline: dict) -> dict:
-    row = {"kind": kind, "gguf_bytes": files["path"].stat().st_size, "tensor_bytes": tensor_bytes(files["path"]),
-           "write_s": files["write_s"]}
+    types = type_bytes(files["path"])
+    row = {"kind": kind, "gguf_bytes": files["path"].stat().st_size, "tensor_bytes": sum(types.values()),
+           "types": types, "write_s": files["write_s"]}
     row["floor_ms"] = row["tensor_bytes"] / rate * 1e3
     row["ref_mem"] = row["gguf_bytes"] + shape.kv_bytes(shape.ctx, 4)
     position = shape.prompt + shape.gen // 2  # the mean position of the decode
@@ -701,9 +713,11 @@ def report(res: dict) -> str:
     errors = [(r["kind"], k, r[k]) for r in rows for k in ("lcp_error", "oi_error", "cost_error") if k in r]
     if errors:
         lines += ["## Errors", ""] + [f"- {kind} {k.split('_')[0]}: {e}" for kind, k, e in errors] + [""]
-    lines += ["## The model files", "", "| type | GGUF | tensor bytes | write s (random weights excluded; Q4_K: NumPy) |",
-              "|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {_mb(r['gguf_bytes'])} | {_mb(r['tensor_bytes'])} | {r['write_s']:.1f} |" for r in rows]
+    lines += ["## The model files", "", "| type | GGUF | tensor bytes by GGML type | written in (s; NumPy quantizers, "
+              "the random weights apart) |", "|---|---|---|---|"]
+    lines += [f"| {r['kind']} | {_mb(r['gguf_bytes'])} | "
+              f"{', '.join(f'{t} {_mb(n)}' for t, n in sorted(r.get('types', {}).items(), key=lambda t: -t[1]))} | "
+              f"{r['write_s']:.1f} |" for r in rows]
     for r in rows:
         if "profile" in r:
             lines += ["", *profile_table(r)]

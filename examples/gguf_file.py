@@ -45,6 +45,9 @@ FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTL
               "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
               "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
               "Q5_1": gguf.LlamaFileType.MOSTLY_Q5_1, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S}
+# llama-quantize's fallback for a weight whose rows its K-quant blocks of 256 cannot hold
+# (llama-quant.cpp: Q4_K -> Q5_0); `write_llama_gguf(..., fallback=True)`
+FALLBACK = {"Q4_K": "Q5_0"}
 _UNSUPPORTED_CONFIG = {"rope_scaling": None, "attention_bias": False, "mlp_bias": False}
 _CONTROL, _NORMAL = 3, 1  # llama.cpp's token types
 
@@ -183,9 +186,10 @@ def write_gguf(directory, out, kind: str = "Q8_0") -> Path:
 
 
 def write_llama_gguf(out, config: dict, weights: dict[str, np.ndarray], kind: str, *, name: str,
-                     tokenizer=None, where: str = "config") -> Path:
+                     tokenizer=None, where: str = "config", fallback: bool = False) -> Path:
     """Write a Llama `config` (config.json's contents) and its {Hugging Face name: float32} `weights`
-    as the GGUF file `out`, 2-D weights of type `kind`; `tokenizer(writer)` adds the tokenizer entries."""
+    as the GGUF file `out`, 2-D weights of type `kind`; `tokenizer(writer)` adds the tokenizer entries.
+    `fallback`: a weight whose rows `kind`'s blocks cannot hold takes FALLBACK[kind], as llama-quantize does."""
     out = Path(out)
     if kind not in TYPES:
         raise ValueError(f"type must be one of {', '.join(TYPES)}, got {kind!r}")
@@ -224,7 +228,8 @@ def write_llama_gguf(out, config: dict, weights: dict[str, np.ndarray], kind: st
             gguf_name = names.get_name(hf, try_suffixes=(".weight",))
             if gguf_name is None:
                 raise ValueError(f"{where}: tensor {hf!r} has no llama GGUF name")
-            data, qtype = _tensor(hf, x, kind)
+            rows_fit = x.ndim == 1 or kind not in FALLBACK or x.shape[-1] % gguf.GGML_QUANT_SIZES[T[kind]][0] == 0
+            data, qtype = _tensor(hf, x, kind if rows_fit or not fallback else FALLBACK[kind])
             w.add_tensor(gguf_name, data, raw_dtype=qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
