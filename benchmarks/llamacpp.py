@@ -16,7 +16,8 @@ cached under benchmarks/.cache/ (gitignored), keyed by the shape; writing them i
 
 Measured, per type, in this one script run (the tools alternate: llama.cpp, oi2jax, llama.cpp):
 - llama.cpp through llama-cpp-python (the `bench` extra), in a subprocess:
-  `Llama(n_ctx=T, n_threads=2, n_threads_batch=2)`, one warm-up eval, then `eval(prompt)` (the
+  `Llama(n_ctx=T, n_batch=512, n_threads=2, n_threads_batch=2)` (its defaults otherwise: f16 KV
+  cache, flash attention off, weights mmapped), one warm-up eval, then `eval(prompt)` (the
   prompt tokens/s) and greedy decode (argmax of the last logits, `eval([tok])`) of N tokens, REPS
   times; the median and the range are reported.
 - oi2jax through its CLI, in subprocesses: `oi2jax convert-gguf F.gguf -o M.oinf --max-positions T`
@@ -76,7 +77,7 @@ PROFILE_KIND = "Q4_1"
 # the GGUF (as llama.cpp writes them); the bf16 example graph takes a model converted whole to bf16.
 OI2JAX_OPTIONS = {"BF16": (["--dtype", "bf16"], ["--graph", str(EXAMPLES / "llama_decode_bf16.oi")])}
 THREADS = 2
-REPS = 2  # llama.cpp's measurements per subprocess (it runs before and after oi2jax)
+REPS = 3  # llama.cpp's measurements per subprocess (it runs before and after oi2jax)
 FORMAT = 1  # the model files' writer version: a change regenerates the cache
 _CONTROL, _NORMAL, _UNKNOWN, _BYTE = 3, 1, 2, 6  # llama.cpp's token types
 
@@ -218,14 +219,15 @@ else:
 """
 
 
-def _python(args):
+def _python(args, env=None):
     """Run `python ARGS` (`-m MODULE ...` or `-c CODE`) to the end: (returncode, stdout, stderr, peak
     RSS bytes of that process or None)."""
     with tempfile.TemporaryDirectory(prefix="oi2jax-bench-") as tmp:
         hwm, out, err = Path(tmp) / "hwm", Path(tmp) / "out", Path(tmp) / "err"
         with open(out, "wb") as fo, open(err, "wb") as fe:
             rc = subprocess.run([sys.executable, "-c", _WRAP, str(hwm), *args], stdout=fo, stderr=fe, cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
+                                     **(env or {})}).returncode
         rss = int(hwm.read_text()) * 1024 if hwm.is_file() else None
         return rc, out.read_text(errors="replace"), err.read_text(errors="replace"), rss
 
@@ -252,15 +254,15 @@ def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int) -> 
         llm.eval(ids)
         t1 = time.perf_counter()
         out = []
-        while True:
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        while True:  # the last token's logits (llama-cpp-python keeps them only with logits_all)
+            tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
             out.append(tok)
             if len(out) == gen:
                 break
             llm.eval([tok])
         t2 = time.perf_counter()
         runs.append({"prompt_s": t1 - t0, "generate_s": t2 - t1, "ids": out})
-    return {"load_s": load_s, "runs": runs, "version": llama_cpp.__version__,
+    return {"load_s": load_s, "runs": runs, "version": f"{llama_cpp.__version__} ({Path(llama_cpp.__file__).parent})",
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
 
 
@@ -297,19 +299,26 @@ def _last_lines(text: str, n: int = 6) -> str:
     return " | ".join(text.strip().splitlines()[-n:])
 
 
+def xla_cache(work: Path) -> dict:
+    """The environment of every oi2jax process of a run: one persistent XLA cache, fresh per run (a
+    later type whose step is the same program, and the profile, load its executable)."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(work / "xla-cache")}
+
+
 def run_oi2jax(gguf: Path, kind: str, ids_path: Path, shape: Shape, work: Path) -> dict:
     """convert-gguf, then generate --stats, each in its own process."""
     oinf = work / (gguf.stem + ".oinf")
     t0 = time.perf_counter()
     convert_opts, generate_opts = OI2JAX_OPTIONS.get(kind, ([], []))
     rc, _, err, convert_rss = _python(["-m", "oi2jax", "convert-gguf", str(gguf), "-o", str(oinf),
-                                       "--max-positions", str(shape.ctx), "--quiet", *convert_opts])
+                                       "--max-positions", str(shape.ctx), "--quiet", *convert_opts], xla_cache(work))
     convert_s = time.perf_counter() - t0
     if rc != 0:
         return {"error": "convert-gguf: " + _last_lines(err)}
     ids_out = work / (gguf.stem + ".ids.npy")
     rc, _, err, rss = _python(["-m", "oi2jax", "generate", str(oinf), "--prompt-ids", str(ids_path), "--stats",
-                               "--ignore-eos", "--max-tokens", str(shape.gen), "--ids-out", str(ids_out), *generate_opts])
+                               "--ignore-eos", "--max-tokens", str(shape.gen), "--ids-out", str(ids_out), *generate_opts],
+                            xla_cache(work))
     stats = parse_stats(err)
     if rc != 0 or "generate_s" not in stats:
         return {"error": "generate: " + _last_lines(err)}
@@ -459,15 +468,16 @@ def _graph(kind: str) -> str:
     return opts[opts.index("--graph") + 1] if "--graph" in opts else ""
 
 
-def run_profile(oinf: str, kind: str, ids_path: Path) -> dict:
-    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "profile", oinf, _graph(kind), str(ids_path)])
+def run_profile(oinf: str, kind: str, ids_path: Path, work: Path) -> dict:
+    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "profile", oinf, _graph(kind), str(ids_path)],
+                              xla_cache(work))
     if rc != 0:
         return {"error": _last_lines(err)}
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_cost(oinf: str, kind: str) -> dict:
-    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "cost", oinf, _graph(kind)])
+def run_cost(oinf: str, kind: str, work: Path) -> dict:
+    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "cost", oinf, _graph(kind)], xla_cache(work))
     if rc != 0:
         return {"error": _last_lines(err)}
     return json.loads(out.strip().splitlines()[-1])
@@ -542,6 +552,7 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
 def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None = None, profile=(PROFILE_KIND,),
           log=print) -> dict:
     peer = have_llama_cpp() if peer is None else peer
+    start = time.perf_counter()
     meta = machine()
     meta.update(shape=asdict(shape), load_before=os.getloadavg(), uptime_before=_uptime(), peer=peer,
                 threads=THREADS)
@@ -568,17 +579,18 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
             cost, prof = {}, None
             if "oinf" in oi:
                 if kind in profile:
-                    prof = run_profile(oi["oinf"], kind, ids_path)
+                    prof = run_profile(oi["oinf"], kind, ids_path, work)
                     cost = prof
                     log("  profile: " + (prof.get("error") or f"{prof['step_ms_untraced']:.1f} ms/step"))
                 else:
-                    cost = run_cost(oi["oinf"], kind)
+                    cost = run_cost(oi["oinf"], kind, work)
                 Path(oi["oinf"]).unlink(missing_ok=True)
             row = summarize(kind, files[kind], shape, lcp, oi, cost, meta["copy_rate"], meta["baseline_rss"])
             if prof is not None:
                 row["profile"] = prof
             rows.append(row)
-    meta.update(load_after=os.getloadavg(), uptime_after=_uptime())
+    meta.update(load_after=os.getloadavg(), uptime_after=_uptime(), wall_s=time.perf_counter() - start)
+    meta["llama_cpp_python"] = next((r["lcp_version"] for r in rows if "lcp_version" in r), meta["llama_cpp_python"])
     return {"meta": meta, "rows": rows}
 
 
@@ -664,7 +676,8 @@ def report(res: dict) -> str:
              f"{', '.join(TARGETED)}; resident memory <= 1.2x (GGUF + KV cache).", "",
              f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {THREADS} threads for llama.cpp "
              f"(n_threads = n_threads_batch = {THREADS}); XLA's CPU client uses its own thread pool",
-             f"- load: before `{m['uptime_before']}`; after `{m['uptime_after']}` (a shared machine)",
+             f"- load: before `{m['uptime_before']}`; after `{m['uptime_after']}` (a shared machine); the run took "
+             f"{m.get('wall_s', 0) / 60:.1f} min",
              f"- versions: python {m['python']}, jax {m['jax']}, numpy {m['numpy']}, gguf {m['gguf']}, "
              f"llama-cpp-python {m['llama_cpp_python']}, oi2jax {m['oi2jax_commit']}",
              f"- model: Llama, {s['layers']} layers, D={s['hidden']}, {s['heads']} heads, {s['kv_heads']} KV heads, "
@@ -692,19 +705,21 @@ def report(res: dict) -> str:
                      f"{_f(r.get('oi_ms') and r['oi_ms'] / r['floor_ms'], '{:.1f}x')} | "
                      f"{_f(r.get('same_prefix'), '{:d}')} of {s['gen']} |")
     lines += ["", f"## Prompt ({s['prompt']} tokens, tokens/s)", "",
-              "| type | llama.cpp tok/s | oi2jax tok/s | oi2jax / llama.cpp | oi2jax compile s (apart) |", "|---|---|---|---|---|"]
+              "| type | llama.cpp tok/s | oi2jax tok/s | oi2jax / llama.cpp | oi2jax compile s (apart; from the run's "
+              "XLA cache when an earlier type compiled the same step) |", "|---|---|---|---|---|"]
     for r in rows:
         targeted = r["kind"] in TARGETED
         lines.append(f"| {r['kind']} | {_rng(r.get('lcp_prompt'), '{:.0f}')} | {_f(r.get('oi_prompt'))} | "
                      f"{_target(r.get('prompt_ratio'), lambda x: x >= 1.0) if targeted else _f(r.get('prompt_ratio'), '{:.3f}x')} | "
                      f"{_f(r.get('oi_compile_s'))} |")
     lines += ["", "## Resident memory (peak RSS of each tool's process) and bytes read per token", "",
-              "| type | GGUF | GGUF + KV cache (f32, T) | llama.cpp RSS | oi2jax RSS | oi2jax / (GGUF + cache) | "
+              "| type | GGUF | GGUF + KV cache (f32, T) | llama.cpp RSS (/ GGUF + cache) | oi2jax RSS | oi2jax / (GGUF + cache) | "
               "oi2jax .oinf | llama.cpp bytes/token | llama.cpp GB/s | oi2jax bytes/token (XLA) | oi2jax GB/s |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = r.get("oi_rss") and r["oi_rss"] / r["ref_mem"]
-        lines.append(f"| {r['kind']} | {_mb(r['gguf_bytes'])} | {_mb(r['ref_mem'])} | {_mb(r.get('lcp_rss'))} | "
+        lcp_mem = f" ({r['lcp_rss'] / r['ref_mem']:.2f}x)" if r.get("lcp_rss") else ""
+        lines.append(f"| {r['kind']} | {_mb(r['gguf_bytes'])} | {_mb(r['ref_mem'])} | {_mb(r.get('lcp_rss'))}{lcp_mem} | "
                      f"{_mb(r.get('oi_rss'))} | {_target(ratio or None, lambda x: x <= 1.2)} | {_mb(r.get('oinf_bytes'))} | "
                      f"{_mb(r.get('lcp_bytes'))} | {_f(r.get('lcp_gbs'))} | {_mb(r.get('oi_bytes'))} | {_f(r.get('oi_gbs'))} |")
     lines += ["", "llama.cpp's bytes/token: the GGUF's tensor bytes + its f16 KV cache's filled rows at the mean decode "
