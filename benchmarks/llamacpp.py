@@ -440,12 +440,15 @@ def hlo_scopes(hlo: str, vocab: int) -> dict[str, str]:
     return out
 
 
+MATVECS, LM_HEAD = "layers' linear (matvecs)", "lm_head (final linear)"
+
+
 def part_group(label: str) -> str:
     """The coarse part of a DSL-op label: the layers' matrix-vector products, the lm_head, attention."""
     if label == "linear (lm_head)":
-        return "lm_head (final linear)"
+        return LM_HEAD
     if label.startswith("linear"):
-        return "layers' linear (matvecs)"
+        return MATVECS
     if label == "attention":
         return "attention"
     if label.startswith("cache"):
@@ -735,8 +738,32 @@ def report(res: dict) -> str:
               f"{r['write_s']:.1f} |" for r in rows]
     for r in rows:
         if "profile" in r:
-            lines += ["", *profile_table(r)]
+            lines += ["", *profile_table(r), "", *gap(r, m["copy_rate"])]
     return "\n".join(lines) + "\n"
+
+
+def gap(r: dict, rate: float) -> list[str]:
+    """The profiled type's decode gap in numbers: bytes, the rate they are read at, the parts."""
+    p = r["profile"]
+    if "error" in p or "oi_ms" not in r:
+        return []
+    total = sum(p["parts"].values())
+    groups: dict[str, float] = {}
+    for name, ms in p["parts"].items():
+        groups[part_group(name)] = groups.get(part_group(name), 0.0) + ms
+    out = [f"In numbers ({r['kind']}): oi2jax's step reads {p['bytes_accessed'] / 1e6:.0f} MB (XLA) where "
+           f"the GGUF's weights are {r['tensor_bytes'] / 1e6:.0f} MB "
+           f"({p['bytes_accessed'] / r['tensor_bytes']:.1f}x); at {r['oi_ms']:.1f} ms per generated token that is "
+           f"{p['bytes_accessed'] / r['oi_ms'] / 1e6:.1f} GB/s against a copy rate of {rate / 1e9:.1f} GB/s."]
+    if "lcp_ms" in r:
+        out[0] += (f" llama.cpp: {r['lcp_ms']:.2f} ms per token, {r['lcp_bytes'] / 1e6:.0f} MB "
+                   f"({r['lcp_gbs']:.1f} GB/s); oi2jax takes {r['oi_ms'] / r['lcp_ms']:.1f}x as long.")
+    host = r["oi_ms"] - total
+    out += ["", f"Of oi2jax's {r['oi_ms']:.1f} ms per generated token, the step's XLA ops take {total:.1f} ms "
+                f"(the layers' linear {groups.get(MATVECS, 0.0):.1f}, the lm_head "
+                f"{groups.get(LM_HEAD, 0.0):.1f}, attention {groups.get('attention', 0.0):.1f}) and "
+                f"{host:.1f} ms the rest (dispatch, the per-token host read of the step's flags and logits, sampling)."]
+    return out
 
 
 def profile_table(r: dict) -> list[str]:
