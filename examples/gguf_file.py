@@ -1,7 +1,7 @@
 """Write a GGUF file (llama.cpp's format) from a Hugging Face Llama checkpoint directory, offline.
 
     python examples/llama_checkpoint.py ck --tokenizer          # a random checkpoint with a tokenizer
-    python examples/gguf_file.py ck tiny.gguf --type Q8_0       # Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | F16 | F32
+    python examples/gguf_file.py ck tiny.gguf --type Q8_0       # Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | F16 | BF16 | F32
     oi2jax convert-gguf tiny.gguf -o tiny.oinf
 
 What llama.cpp's convert_hf_to_gguf.py writes for a `LlamaForCausalLM` (`LlamaModel`), done with
@@ -41,11 +41,15 @@ from gguf.constants import GGMLQuantizationType as T
 
 from oi2jax.model import ggml
 
-TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K")
 FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+              "BF16": gguf.LlamaFileType.MOSTLY_BF16,
               "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
               "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
               "Q5_1": gguf.LlamaFileType.MOSTLY_Q5_1, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S}
+# llama-quantize's fallback for a weight whose rows its K-quant blocks of 256 cannot hold
+# (llama-quant.cpp: Q4_K -> Q5_0); `write_llama_gguf(..., fallback=True)`
+FALLBACK = {"Q4_K": "Q5_0"}
 _UNSUPPORTED_CONFIG = {"rope_scaling": None, "attention_bias": False, "mlp_bias": False}
 _CONTROL, _NORMAL = 3, 1  # llama.cpp's token types
 
@@ -143,6 +147,8 @@ def _tensor(name: str, x: np.ndarray, kind: str) -> tuple[np.ndarray, T]:
         return x.astype(np.float32), T.F32
     if kind == "F16":
         return x.astype(np.float16), T.F16
+    if kind == "BF16":
+        return quants.quantize(x, T.BF16), T.BF16
     block = gguf.GGML_QUANT_SIZES[T[kind]][0]
     if x.shape[-1] % block:
         raise ValueError(f"{name}: rows of {x.shape[-1]} values; {kind} needs a multiple of {block} "
@@ -158,21 +164,32 @@ def write_gguf(directory, out, kind: str = "Q8_0") -> Path:
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory}: no config.json (not a Hugging Face checkpoint directory)")
     config = _read_json(directory / "config.json")
+    return write_llama_gguf(out, config, read_weights(directory), kind, name=directory.name,
+                            tokenizer=lambda w: _tokenizer(w, directory, config), where=str(directory / "config.json"))
+
+
+def write_llama_gguf(out, config: dict, weights: dict[str, np.ndarray], kind: str, *, name: str,
+                     tokenizer=None, where: str = "config", fallback: bool = False) -> Path:
+    """Write a Llama `config` (config.json's contents) and its {Hugging Face name: float32} `weights`
+    as the GGUF file `out`, 2-D weights of type `kind`; `tokenizer(writer)` adds the tokenizer entries.
+    `fallback`: a weight whose rows `kind`'s blocks cannot hold takes FALLBACK[kind], as llama-quantize does."""
+    out = Path(out)
+    if kind not in TYPES:
+        raise ValueError(f"type must be one of {', '.join(TYPES)}, got {kind!r}")
     if config.get("model_type") != "llama":
-        raise ValueError(f"{directory / 'config.json'}: model_type {config.get('model_type')!r}; this "
-                         f"example writes llama only")
+        raise ValueError(f"{where}: model_type {config.get('model_type')!r}; this example writes llama only")
     for key, plain in _UNSUPPORTED_CONFIG.items():
         if config.get(key, plain) != plain:
-            raise ValueError(f"{directory / 'config.json'}: {key} {config[key]!r} is not written by this example")
+            raise ValueError(f"{where}: {key} {config[key]!r} is not written by this example")
     rope = config.get("rope_parameters") or {"rope_theta": config.get("rope_theta", 10000.0), "rope_type": "default"}
     if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"{directory / 'config.json'}: rope_type {rope['rope_type']!r} is not written by this example")
+        raise ValueError(f"{where}: rope_type {rope['rope_type']!r} is not written by this example")
     H, KVH, L = config["num_attention_heads"], config["num_key_value_heads"], config["num_hidden_layers"]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, L)
     tmp = out.with_name(out.name + ".tmp")
     w = gguf.GGUFWriter(str(tmp), "llama")
     try:
-        w.add_name(directory.name)
+        w.add_name(name)
         w.add_file_type(FILE_TYPES[kind])
         w.add_vocab_size(config["vocab_size"])
         w.add_context_length(config["max_position_embeddings"])
@@ -184,16 +201,18 @@ def write_gguf(directory, out, kind: str = "Q8_0") -> Path:
         w.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // H)
         w.add_layer_norm_rms_eps(config["rms_norm_eps"])
         w.add_rope_freq_base(rope["rope_theta"])
-        _tokenizer(w, directory, config)
-        for name, x in read_weights(directory).items():
-            if name.endswith("q_proj.weight"):
+        if tokenizer is not None:
+            tokenizer(w)
+        for hf, x in weights.items():
+            if hf.endswith("q_proj.weight"):
                 x = permute(x, H, H)
-            elif name.endswith("k_proj.weight"):
+            elif hf.endswith("k_proj.weight"):
                 x = permute(x, H, KVH)
-            gguf_name = names.get_name(name, try_suffixes=(".weight",))
+            gguf_name = names.get_name(hf, try_suffixes=(".weight",))
             if gguf_name is None:
-                raise ValueError(f"{directory}: tensor {name!r} has no llama GGUF name")
-            data, qtype = _tensor(name, x, kind)
+                raise ValueError(f"{where}: tensor {hf!r} has no llama GGUF name")
+            rows_fit = x.ndim == 1 or kind not in FALLBACK or x.shape[-1] % gguf.GGML_QUANT_SIZES[T[kind]][0] == 0
+            data, qtype = _tensor(hf, x, kind if rows_fit or not fallback else FALLBACK[kind])
             w.add_tensor(gguf_name, data, raw_dtype=qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -108,3 +108,47 @@ def test_driver_overhead_runs():
     r = driver_overhead(3)
     assert r["kernels_per_step"] == 5
     assert np.isfinite(r["ratio"]) and r["ratio"] > 0
+
+
+def test_llamacpp_benchmark_smoke(tmp_path):
+    """benchmarks/llamacpp.py's parts that need no llama-cpp-python: the GGUF files (their blocks
+    checked against gguf.quants.dequantize when written) load in oi2jax's converter; generate's
+    --stats lines parse; an HLO op is attributed to its DSL op; the report renders every row."""
+    import jax
+    import jax.numpy as jnp
+    from benchmarks import llamacpp as L
+    from oi2jax.generation import Stats
+    from oi2jax.model.gguf import convert_gguf
+    from oi2jax.model.reader import open_model
+
+    files = L.model_files(L.QUICK, ["Q4_K", "BF16"], cache=tmp_path, log=lambda *a: None)
+    assert L.tensor_bytes(files["Q4_K"]["path"]) < L.tensor_bytes(files["BF16"]["path"])
+    convert_gguf(files["Q4_K"]["path"], tmp_path / "m.oinf", max_positions=L.QUICK.ctx)
+    with open_model(tmp_path / "m.oinf") as m:
+        assert m.ggml_type("model.layers.0.mlp.up_proj.weight") == "Q4_K"
+        assert m.load("model.embed_tokens.weight").shape == (L.QUICK.vocab, L.QUICK.hidden)
+
+    stats = Stats(prompt_tokens=512, prompt_s=2.5, generated_tokens=64, generate_s=0.5)
+    assert L.parse_stats("compile 3.2 s (g.oi)\n" + "\n".join(stats.lines())) == dict(
+        compile_s=3.2, prompt_tokens=512, prompt_s=2.5, gen_tokens=64, generate_s=0.5)
+
+    def step(w, x):
+        with jax.named_scope("7:linear"):
+            return jnp.tanh(w @ x)
+    hlo = jax.jit(step).lower(jnp.ones((24, 8)), jnp.ones(8)).compile().as_text()
+    assert "linear (lm_head)" in L.hlo_scopes(hlo, 24).values()
+
+    row = dict(kind="Q4_1", gguf_bytes=10**8, tensor_bytes=10**8, write_s=1.0, floor_ms=4.0, ref_mem=1.1e8,
+               lcp_decode=(100.0, 90.0, 110.0), lcp_prompt=(300.0, 280.0, 320.0), lcp_ms=10.0, lcp_rss=2e8,
+               lcp_bytes=1e8, lcp_gbs=10.0, oi_decode=10.0, oi_prompt=9.0, oi_ms=100.0, oi_rss=1e9, oi_compile_s=5.0,
+               oinf_bytes=5e8, oi_bytes=6e8, oi_gbs=6.0, decode_ratio=0.1, prompt_ratio=0.03, same_prefix=3,
+               profile=dict(parts={"linear (Wq)": 20.0, "linear (lm_head)": 10.0, "attention": 5.0}, position=514,
+                            step_ms_untraced=40.0, step_ms_traced=45.0, bytes_accessed=6e8, flops=2e8))
+    meta = dict(shape=vars(L.QUICK) | {"name": "quick"}, cpu="cpu", cores=2, memory="1 kB", python="3", jax="j",
+                numpy="n", gguf="g", llama_cpp_python=None, oi2jax_commit="c", uptime_before="u", uptime_after="u",
+                peer=False, copy_rate=2.5e10, baseline_rss={"oi2jax": 4e8})
+    text = L.report({"meta": meta, "rows": [row, dict(kind="BF16", gguf_bytes=1, tensor_bytes=1, write_s=0.0,
+                                                      floor_ms=1.0, ref_mem=2, oi_error="generate: boom")]})
+    assert "| Q4_1 | 100.0 (90.0-110.0) | 10.0 | 0.10x MISSED |" in text
+    assert "| layers' linear (matvecs) | 20.00 | 57% |" in text and "BF16 oi: generate: boom" in text
+    assert "llama-cpp-python is not installed" in text

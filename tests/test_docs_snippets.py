@@ -49,6 +49,9 @@ NOT_RUN = {
     "docs/performance.md: python -m benchmarks.quantized_matvec --quick   # 6 layers, decode only (~1 minute)":
         "benchmark runs (one minute and more, timings only); tests/test_quantized.py holds the kernels to "
         "gguf.quants",
+    "docs/ecosystem.md: CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 15 pip install '.[bench]'   # or: pip install "
+    "llama-cpp-python": "builds llama.cpp from source (minutes) and runs a benchmark (minutes); its smoke test is "
+                        "tests/test_benchmarks_smoke.py",
     "README.md: make demo   # creates .venv, installs, runs examples/mlp_regression.oi, then generates and chats "
     "with the DSL Llama": "creates a virtual environment and runs the whole suite (make demo's steps are each run below)",
     "README.md: from oi2jax.ops import op": "a sketch of a user op (its graph g.oi and my_ops.py are the "
