@@ -6,12 +6,65 @@ signature (`Program.validated_runs`) together with the fused loop compiled ahead
 decode loop calling `run` again checks nothing twice (a hot path)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import numpy as np
 
 from .. import dtypes, ir
 from ..diagnostics import OiError, suggest
 
 MAX_VALIDATED = 64  # signatures remembered per program (then forgotten all at once)
+
+
+class InputSig(NamedTuple):
+    """A device input accepted as it is (`device_inputs`' `fast`): its shape, dtype and array type."""
+
+    shape: tuple
+    dtype: object
+    type: type
+
+
+def device_inputs(prog, inputs: dict, fast: dict, steps: int | None = None) -> dict:
+    """Validated inputs, on the device; conversion is exact or an OiError. `steps`: the values
+    carry a leading step axis of that length. `fast`: {name: InputSig} of the device inputs
+    accepted as they are (a session's, filled here): a hot path checks nothing twice."""
+    defaults = prog.executable.defaults
+    out = {}
+    if steps is not None:
+        for name, value in inputs.items():
+            want = defaults[name]
+            if isinstance(value, jax.Array) and value.shape == (steps,) + want.shape and value.dtype == want.dtype:
+                out[name] = value
+            else:
+                out[name] = prog.convert(name, value, steps=steps)
+        converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
+        if converted:
+            with prog.scope():
+                out.update(prog.executable.host.placer.put("dynamic", converted))
+        return out
+    all_fast = True
+    for name, value in inputs.items():
+        sig = fast.get(name)
+        if sig is not None and type(value) is sig.type and value.shape == sig.shape and value.dtype == sig.dtype:
+            out[name] = value
+            continue
+        if name not in defaults:
+            raise prog.unknown_input(name)
+        want = defaults[name]
+        if isinstance(value, jax.Array) and value.shape == want.shape and value.dtype == want.dtype:
+            fast[name] = InputSig(value.shape, value.dtype, type(value))
+            out[name] = value
+            continue
+        all_fast = False
+        out[name] = prog.convert(name, value)
+    if all_fast:  # device arrays of the declared shape and dtype: nothing to convert or place
+        return inputs
+    converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
+    if converted:
+        with prog.scope():
+            out.update(prog.executable.host.placer.put("dynamic", converted))
+    return out
 
 
 def validate_run(prog, inputs: dict, steps, collect, convert, feedback=None, stop=None) -> "ValidatedRun":

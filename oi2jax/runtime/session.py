@@ -6,31 +6,18 @@
     sess.run({"x": xs})                   # xs: [N, ...] -> N steps fused into ONE compiled loop
     sess.read("K"); sess.save("s.npz")
 
-When errors surface. Step k's runtime error (a cache overflow, an out-of-range index, ...)
-raises `OiError` naming the guard's message, its DSL location and "in step k":
-- `run` raises before it returns, from the step that failed (later steps did not run);
-- `step` on a graph with growable caches, or run by the yield/await driver, raises from step k's
-  own call (those steps are checked before they return);
-- `step` otherwise never waits for the device between steps: step k's error raises at the next
-  point where the session hands data to the host (`read`, `state`, `save`, `values`, `check`,
-  `run`, `close`), at the first call that finds step k finished (without waiting), and at the
-  latest at call k + K, when more than K = `max_unchecked` steps would be unchecked (K=1: at
-  call k+1). The steps dispatched after step k did nothing (the kernel skips a step whose
-  incoming state holds an error): the state is exactly what step k left (the failing write
-  skipped, every other write of step k applied), `steps == k`, and their inputs were not applied
-  (give them again); the outputs those calls returned are not meaningful.
-After raising, the error is cleared and the session can go on. No error is ever dropped.
-
-No lost write: a step that needs more capacity in a growable table or auto_dim tensor is undone
-in the kernel; the session doubles the capacity (one recompile) and re-runs it with its own
-inputs, so n growth steps cost O(log n) compiles.
+Errors (docs/decode.md, "When errors surface"): step k's runtime error raises `OiError` naming its
+guard, its DSL location and "in step k": from `run` before it returns (later steps did not run;
+`err.partial` holds what the steps before it produced); from `step` at the next point where the
+session hands data to the host, or at the latest at call k + K (`max_unchecked`), the steps
+dispatched after it skipped in the kernel. Then the error is cleared; none is ever dropped.
+Growth: a step that needs more capacity is undone in the kernel, the capacity doubled (one
+recompile) and the step re-run with its own inputs: n growth steps cost O(log n) compiles.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +29,8 @@ from ..values import convert_output
 from . import state_file
 from .kernels import StepOutcome
 from .runstats import RunClock
-from .runargs import collect_names, fed_back, feedback_pairs, split_inputs, stop_hits, stop_set, stopped, validate_run
+from .runargs import (collect_names, device_inputs, fed_back, feedback_pairs, split_inputs, stop_hits, stop_set, stopped,
+                      validate_run)
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 
@@ -64,14 +52,6 @@ class DeviceOutcomes:
     @staticmethod
     def read(flags) -> StepOutcome:
         return StepOutcome.of_flags(flags)
-
-
-class InputSig(NamedTuple):
-    """A device input accepted as it is (`Session._inputs`): its shape, dtype and array type."""
-
-    shape: tuple
-    dtype: object
-    type: type
 
 
 class SessionHotPath:
@@ -104,7 +84,7 @@ class Session:
         # (step, inputs, outputs, complete: every input given, superseding every earlier step's)
         self._recent: list[tuple] = []
         self._hot: SessionHotPath | None = None  # Session.step's hot path (see step)
-        self._fast: dict[str, InputSig] = {}  # device inputs accepted without conversion
+        self._fast: dict = {}  # device inputs accepted without conversion: name -> runargs.InputSig
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._closed = False
         self.outcomes = DeviceOutcomes  # how dispatched steps' outcomes are read (a documented hook)
@@ -357,46 +337,8 @@ class Session:
     # ------------------------------------------------------------------ inputs
 
     def _inputs(self, inputs: dict, steps: int | None = None) -> dict:
-        """Validated inputs, on the device; conversion is exact or an OiError. `steps`: the
-        values carry a leading step axis of that length."""
-        prog = self.program
-        defaults = prog.executable.defaults
-        out = {}
-        if steps is not None:
-            for name, value in inputs.items():
-                want = defaults[name]
-                if isinstance(value, jax.Array) and value.shape == (steps,) + want.shape and value.dtype == want.dtype:
-                    out[name] = value
-                else:
-                    out[name] = prog.convert(name, value, steps=steps)
-            converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
-            if converted:
-                with prog.scope():
-                    out.update(prog.executable.host.placer.put("dynamic", converted))
-            return out
-        fast = self._fast
-        all_fast = True
-        for name, value in inputs.items():
-            sig = fast.get(name)
-            if sig is not None and type(value) is sig.type and value.shape == sig.shape and value.dtype == sig.dtype:
-                out[name] = value
-                continue
-            if name not in defaults:
-                raise prog.unknown_input(name)
-            want = defaults[name]
-            if isinstance(value, jax.Array) and value.shape == want.shape and value.dtype == want.dtype:
-                fast[name] = InputSig(value.shape, value.dtype, type(value))
-                out[name] = value
-                continue
-            all_fast = False
-            out[name] = prog.convert(name, value)
-        if all_fast:  # device arrays of the declared shape and dtype: nothing to convert or place
-            return inputs
-        converted = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
-        if converted:
-            with prog.scope():
-                out.update(prog.executable.host.placer.put("dynamic", converted))
-        return out
+        """Validated inputs, on the device (`runargs.device_inputs`; `_fast` the accepted signatures)."""
+        return device_inputs(self.program, inputs, self._fast, steps)
 
     # ------------------------------------------------------------------ one step
 
