@@ -10,7 +10,8 @@ In ONE process, the candidates interleaved round by round (min and median; the m
           (D=256, L=2, F=512, V=512) and a mid one (D=1024, L=8, F=2816, V=8192; --quick: L=4)
   memory  the placed constants' bytes on the device and the KV cache's, against the model file's
           size plus the cache; and, in a process of its own, the resident memory (VmRSS) a compiled
-          8-token decode adds to a process with JAX imported and warmed (XLA's compiled code included)
+          8-token decode adds to a process with JAX imported and warmed (XLA's compiled code included),
+          as it is and after `malloc_trim` gives back the heap pages compilation freed ("trimmed")
 Writes results/quantized_model[-quick].md; docs/performance.md reads it.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ MODELS = {"tiny": dict(vocab=512, hidden=256, layers=2, heads=4, kv_heads=2, int
 
 # a decode run in a process of its own: resident memory (VmRSS) after importing and warming JAX,
 # then after compiling the model and decoding 8 tokens (the host copies of the model released)
-RSS_RUN = """import sys, jax, jax.numpy as jnp, numpy as np, oi2jax
+RSS_RUN = """import ctypes, sys, jax, jax.numpy as jnp, numpy as np, oi2jax
 def rss():
     return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS:')) / 1024
 jnp.ones(4).block_until_ready()
@@ -58,7 +59,9 @@ sess = oi2jax.compile(sys.argv[1], model=sys.argv[2], ops=['nn']).session()
 for t in range(8):
     sess.step(token=np.int32(t))
 jax.block_until_ready(sess.read('logits'))
-print(base, rss())
+after = rss()
+ctypes.CDLL(None).malloc_trim(0)  # the heap pages compilation freed, given back
+print(base, after, rss())
 """
 
 
@@ -66,8 +69,8 @@ def rss_growth(path) -> float:
     """MiB of resident memory a compiled decode run of `path` adds to a process with JAX warmed."""
     run = subprocess.run([sys.executable, "-c", RSS_RUN, str(EXAMPLES / "llama_decode.oi"), str(path)],
                          capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
-    base, after = map(float, run.stdout.split())
-    return after - base
+    base, after, trimmed = map(float, run.stdout.split())
+    return after - base, trimmed - base
 
 
 def prompt_rows(kinds, rounds: int) -> list[str]:
@@ -112,14 +115,15 @@ def decode(tmp: Path, name: str, sizes: dict, kinds, steps: int, rounds: int) ->
             times[label].append((time.perf_counter() - t) / steps)
     lines = [f"**{name}** ({', '.join(f'{k}={v}' for k, v in sizes.items())})", "",
              "| weights | ms/token min | median | vs f32 | file MiB | device consts MiB | cache MiB | "
-             "(consts + cache) / (file + cache) | RSS growth MiB | / (file + cache) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(consts + cache) / (file + cache) | RSS growth MiB | trimmed | trimmed / (file + cache) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = min(times["f32"])
     for label, ts in times.items():
-        size, consts, cache, rss = memory[label]
+        size, consts, cache, (rss, trimmed) = memory[label]
         lines.append(f"| {label} | {min(ts) * 1e3:.2f} | {statistics.median(ts) * 1e3:.2f} | {min(ts) / base:.2f}x | "
                      f"{size / 2**20:.1f} | {consts / 2**20:.1f} | {cache / 2**20:.1f} | "
-                     f"{(consts + cache) / (size + cache):.2f} | {rss:.0f} | {rss / ((size + cache) / 2**20):.2f} |")
+                     f"{(consts + cache) / (size + cache):.2f} | {rss:.0f} | {trimmed:.0f} | "
+                     f"{trimmed / ((size + cache) / 2**20):.2f} |")
     return lines + [""]
 
 

@@ -244,3 +244,35 @@ def test_quant_params_are_honoured_by_a_float_constant_only(tmp_path, mode):
     with pytest.raises(oi2jax.OiError, match="model dtype mismatch for Wf: model u8, graph bf16"):
         oi2jax.compile(QP_GRAPH.replace("Wf: f32", "Wf: bf16").replace("y: f32", "y: bf16")
                        .replace("x: f32", "x: bf16"), model=tmp_path / "m.oinf", ops=["nn"])
+
+
+MIXED_GRAPH = """dynamic {
+    x: f32[I];
+}
+constant {
+    W(l): f32[O, I] @pattern("w.{l}");
+}
+volatile {
+    y: f32[O];
+}
+block entry {
+    loop layers (l in 0..L) {
+        op linear(x, W[l]) >> y;
+    }
+}
+"""
+
+
+def test_a_family_of_mixed_types_runs_member_by_member_and_refuses_to_stack(tmp_path):
+    """A Q4_K_M file mixes types across layers: read member by member (an unrolled loop), each
+    member keeps its own blocks; stacked (a traced index), the family must hold one type."""
+    rng = np.random.default_rng(9)
+    raws = {"Q8_0": random_blocks(rng, "Q8_0", O, I // 32), "Q4_0": random_blocks(rng, "Q4_0", O, I // 32)}
+    save(tmp_path / "mixed.oinf", sizevars={"O": O, "I": I, "L": 2},
+         metadata={"ggml_type.w.0": "Q8_0", "ggml_type.w.1": "Q4_0"}, tensors={"w.0": raws["Q8_0"], "w.1": raws["Q4_0"]})
+    x = rng.standard_normal(I).astype(np.float32)
+    out = oi2jax.compile(MIXED_GRAPH, model=tmp_path / "mixed.oinf", ops=["nn"], unroll="full").run({"x": x})
+    _within_dot_bound(out["y"][None], x[None], quants.dequantize(raws["Q4_0"], T.Q4_0))  # the last layer's
+    with pytest.raises(oi2jax.OiError, match=r"prefix table W: its members are stored as Q4_0, Q8_0, and a stacked "
+                                             r"family holds one type; unroll the loop that reads it \(--unroll full"):
+        oi2jax.compile(MIXED_GRAPH, model=tmp_path / "mixed.oinf", ops=["nn"], unroll="none")
