@@ -255,7 +255,8 @@ def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int) -> 
         t1 = time.perf_counter()
         out = []
         while True:  # the last token's logits (llama-cpp-python keeps them only with logits_all)
-            tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+            tok = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+                                                      shape=(llm.n_vocab(),))))
             out.append(tok)
             if len(out) == gen:
                 break
@@ -553,7 +554,8 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
 
 
 def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None = None, profile=(PROFILE_KIND,),
-          log=print) -> dict:
+          reps: int = REPS, log=print, on_row=None) -> dict:
+    """Every type's row; `on_row(result so far)` after each (a stopped run keeps its rows)."""
     peer = have_llama_cpp() if peer is None else peer
     start = time.perf_counter()
     meta = machine()
@@ -573,11 +575,11 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
         for kind in kinds:
             path = files[kind]["path"]
             log(f"{kind}: {path.name}")
-            lcp = [run_llamacpp(path, ids_path, shape)] if peer else []
+            lcp = [run_llamacpp(path, ids_path, shape, reps)] if peer else []
             oi = run_oi2jax(path, kind, ids_path, shape, work)
             log(f"  oi2jax: {_brief(oi)}")
             if peer:
-                lcp.append(run_llamacpp(path, ids_path, shape))
+                lcp.append(run_llamacpp(path, ids_path, shape, reps))
                 log(f"  llama.cpp: {'; '.join(_brief_lcp(r, shape) for r in lcp)}")
             cost, prof = {}, None
             if "oinf" in oi:
@@ -592,8 +594,11 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
             if prof is not None:
                 row["profile"] = prof
             rows.append(row)
-    meta.update(load_after=os.getloadavg(), uptime_after=_uptime(), wall_s=time.perf_counter() - start)
-    meta["llama_cpp_python"] = next((r["lcp_version"] for r in rows if "lcp_version" in r), meta["llama_cpp_python"])
+            meta.update(load_after=os.getloadavg(), uptime_after=_uptime(), wall_s=time.perf_counter() - start)
+            meta["llama_cpp_python"] = next((r["lcp_version"] for r in rows if "lcp_version" in r),
+                                            meta["llama_cpp_python"])
+            if on_row is not None:
+                on_row({"meta": meta, "rows": rows})
     return {"meta": meta, "rows": rows}
 
 
@@ -815,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"GGUF types, comma-separated (default {','.join(KINDS)})")
     p.add_argument("--profile", default=PROFILE_KIND, help="the types whose oi2jax step is profiled ('' for none)")
     p.add_argument("--no-peer", action="store_true", help="oi2jax only")
+    p.add_argument("--reps", type=int, default=REPS, help=f"llama.cpp's runs per process (two processes; default {REPS})")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the GGUF files are kept")
     p.add_argument("--out", type=Path, default=HERE / "results", help="the results folder")
     args = p.parse_args(argv)
@@ -827,16 +833,18 @@ def main(argv: list[str] | None = None) -> int:
     shape = replace(shape, ctx=args.ctx or shape.ctx, gen=args.gen or shape.gen)
     if shape.prompt + shape.gen > shape.ctx:
         p.error(f"--ctx {shape.ctx} holds fewer than the prompt's {shape.prompt} + {shape.gen} generated tokens")
-    res = bench(shape, kinds, cache=args.cache, peer=False if args.no_peer else None,
-                profile=[k for k in args.profile.split(",") if k])
     name = "llamacpp" + ("-quick" if args.quick else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    text = report(res)
-    for suffix, data in ((".md", text), (".json", json.dumps(res, indent=1, default=_json_default))):
-        tmp = args.out / (name + suffix + ".tmp")
-        tmp.write_text(data)
-        os.replace(tmp, args.out / (name + suffix))
-    print(text)
+
+    def write(res):
+        for suffix, data in ((".md", report(res)), (".json", json.dumps(res, indent=1, default=_json_default))):
+            tmp = args.out / (name + suffix + ".tmp")
+            tmp.write_text(data)
+            os.replace(tmp, args.out / (name + suffix))
+
+    res = bench(shape, kinds, cache=args.cache, peer=False if args.no_peer else None,
+                profile=[k for k in args.profile.split(",") if k], reps=args.reps, on_row=write)
+    print(report(res))
     return 0
 
 
