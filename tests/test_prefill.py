@@ -109,6 +109,7 @@ def test_sampling_settings_are_runtime_values(llama):
     for kw in settings:
         sess = prog.session()
         sess.step(tokens=tokens, n=np.int32(4))  # pos 4: the draw is at position 4 + 9
+        assert int(sess.read("pos")) == 4  # checked: the next step takes the clean kernel form, every time
         typed = {k: (np.int32 if k in ("top_k", "seed") else np.float32)(v) for k, v in kw.items()}
         out = sess.step(tokens=tokens, n=np.int32(9), **typed)
         want = _sample_ref(np.asarray(out["logits"]), position=13, **{"temperature": 0.0, **kw})
