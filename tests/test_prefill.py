@@ -101,8 +101,7 @@ def test_sampling_settings_are_runtime_values(llama):
     """`next` is the nn op sample's draw from the last real row's logits at position pos + n
     (its NumPy reference, same noise); changing the settings compiles nothing."""
     from oi2jax.ops.nn.sampling import _sample_ref
-    _, _, model, *_ = llama
-    prog = oi2jax.compile(GRAPH, model=model, ops=["nn"], sizes={"S": BUCKET})
+    prog, *_ = llama
     tokens = _padded(_tokens(9, seed=3))
     settings = [dict(), dict(temperature=1.0, seed=4), dict(temperature=0.8, top_k=5, seed=1),
                 dict(temperature=1.5, top_p=0.7, min_p=0.05, seed=2)]
@@ -110,6 +109,7 @@ def test_sampling_settings_are_runtime_values(llama):
     for kw in settings:
         sess = prog.session()
         sess.step(tokens=tokens, n=np.int32(4))  # pos 4: the draw is at position 4 + 9
+        assert int(sess.read("pos")) == 4  # checked: the next step takes the clean kernel form, every time
         typed = {k: (np.int32 if k in ("top_k", "seed") else np.float32)(v) for k, v in kw.items()}
         out = sess.step(tokens=tokens, n=np.int32(9), **typed)
         want = _sample_ref(np.asarray(out["logits"]), position=13, **{"temperature": 0.0, **kw})
