@@ -45,13 +45,16 @@ def _filter(z, top_k, top_p, min_p, xp):
     top_k = xp.asarray(top_k)
     top_p = xp.asarray(top_p, np.float32)
     min_p = xp.asarray(min_p, np.float32)
+    # one sort serves both filters: masking the values below a threshold is monotone, so the
+    # sorted top-k-filtered logits are the sorted logits with the same mask
+    asc = xp.sort(z, axis=-1)
     # top-k: keep the values >= the k-th largest (ties at it kept); k <= 0 or k >= V keeps all
-    desc = -xp.sort(-z, axis=-1)
-    kth = xp.take_along_axis(desc, xp.clip(top_k - 1, 0, v - 1)[..., None].astype(np.int32), axis=-1)
-    z = xp.where(((top_k > 0) & (top_k < v))[..., None] & (z < kth), neg, z)
+    kth = xp.take_along_axis(asc, (v - xp.clip(top_k, 1, v))[..., None].astype(np.int32), axis=-1)
+    cut = ((top_k > 0) & (top_k < v))[..., None]
+    z = xp.where(cut & (z < kth), neg, z)
+    asc = xp.where(cut & (asc < kth), neg, asc)
     # top-p: in ascending order, drop the prefix whose cumulative probability is <= 1 - p (the most
     # likely token always stays); p >= 1 keeps all
-    asc = xp.sort(z, axis=-1)
     e = xp.exp(asc - asc[..., -1:])
     cum = xp.cumsum(e / xp.sum(e, axis=-1, keepdims=True), axis=-1)
     dropped = xp.sum((cum <= (1 - top_p)[..., None])[..., :-1], axis=-1)
@@ -88,11 +91,18 @@ def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
     batch, v = x.shape[:-1], x.shape[-1]
     t = xp.broadcast_to(xp.asarray(temperature, np.float32), batch)
     greedy = _argmax(x, xp)
-    z = x / xp.where(t > 0, t, xp.asarray(1, np.float32))[..., None]
-    kept = _filter(z, xp.broadcast_to(xp.asarray(top_k), batch), xp.broadcast_to(xp.asarray(top_p, np.float32), batch),
-                   xp.broadcast_to(xp.asarray(min_p, np.float32), batch), xp)
-    drawn = _argmax(kept + _noise_for(seed, position, batch, v, xp), xp)
-    return xp.where(t > 0, drawn, greedy)
+
+    def sampled():
+        z = x / xp.where(t > 0, t, xp.asarray(1, np.float32))[..., None]
+        kept = _filter(z, xp.broadcast_to(xp.asarray(top_k), batch),
+                       xp.broadcast_to(xp.asarray(top_p, np.float32), batch),
+                       xp.broadcast_to(xp.asarray(min_p, np.float32), batch), xp)
+        drawn = _argmax(kept + _noise_for(seed, position, batch, v, xp), xp)
+        return xp.where(t > 0, drawn, greedy)
+    if xp is np:
+        return sampled()
+    # a greedy step (every temperature 0) skips the filters' sort and the noise at run time
+    return lax.cond(jnp.any(t > 0), sampled, lambda: greedy)
 
 
 def _bad_settings(logits, top_p, min_p, xp):
