@@ -248,7 +248,10 @@ def run_both(source, inputs=None, steps: int = 1, ways=("interpreted", "driver",
 # is charged to the test running it, module-scoped fixtures to the first test that uses them.
 # Compiles made in a subprocess (CLI tests run as a process) are not seen. Works under xdist
 # (the workers send their counts to the controller). Compile counts do not depend on the
-# machine's load, wall time does: compare files by their counts.
+# machine's load; the seconds are wall time (a loaded machine inflates them). A count includes
+# the tiny one-primitive compiles of eager JAX calls (the interpreter's ops, `jnp.stack`: about
+# 0.01-0.1 s each), which a process makes once per shape: compare a file's counts from the same
+# set of files run the same way.
 COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "compile",
                   "/jax/core/compile/jaxpr_trace_duration": "trace",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower"}
