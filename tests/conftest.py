@@ -253,3 +253,75 @@ def run_both(source, inputs=None, steps: int = 1, ways=("interpreted", "driver",
     if err:
         raise err
     return out
+
+
+# ------------------------------------------------------------------ counting XLA compiles
+# OI2JAX_COUNT_COMPILES=1 pytest ... prints, at the end, the XLA backend compiles of each test
+# file (count and seconds, from JAX's `/jax/core/compile/backend_compile_duration` monitoring
+# event, one per executable built) and of the tests that compile most, plus the seconds spent
+# tracing and lowering to MLIR (the `jaxpr_trace` / `jaxpr_to_mlir_module` events). A compile
+# is charged to the test running it, module-scoped fixtures to the first test that uses them.
+# Compiles made in a subprocess (CLI tests run as a process) are not seen. Works under xdist
+# (the workers send their counts to the controller). Compile counts do not depend on the
+# machine's load; the seconds are wall time (a loaded machine inflates them). A count includes
+# the tiny one-primitive compiles of eager JAX calls (the interpreter's ops, `jnp.stack`: about
+# 0.01-0.1 s each), which a process makes once per shape: compare a file's counts from the same
+# set of files run the same way.
+COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "compile",
+                  "/jax/core/compile/jaxpr_trace_duration": "trace",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower"}
+
+
+class CompileCounter:
+    def __init__(self):
+        self.current = "(outside tests)"
+        self.tests: dict = {}  # test id -> {"compiles": n, "compile": s, "trace": s, "lower": s}
+
+    def listen(self, event, duration, **_):
+        kind = COMPILE_EVENTS.get(event)
+        if kind is not None:
+            row = self.tests.setdefault(self.current, {"compiles": 0, "compile": 0.0, "trace": 0.0, "lower": 0.0})
+            row[kind] += duration
+            row["compiles"] += kind == "compile"
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item):
+        self.current = item.nodeid
+        yield
+        self.current = "(outside tests)"
+
+    def pytest_sessionfinish(self, session):
+        if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the counts over
+            session.config.workeroutput["oi2jax_compiles"] = self.tests
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):  # the xdist controller: a worker's counts
+        self.tests.update(getattr(node, "workeroutput", {}).get("oi2jax_compiles", {}))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if hasattr(terminalreporter.config, "workeroutput"):
+            return
+        files: dict = {}
+        for test, row in self.tests.items():
+            total = files.setdefault(test.split("::")[0], {"compiles": 0, "compile": 0.0, "trace": 0.0, "lower": 0.0})
+            for key, value in row.items():
+                total[key] += value
+        write = terminalreporter.write_line
+        terminalreporter.section("XLA compiles (OI2JAX_COUNT_COMPILES)")
+        write(f"{'compiles':>8} {'compile s':>9} {'trace s':>8} {'lower s':>8}  file")
+        for name, row in sorted(files.items(), key=lambda kv: -kv[1]["compiles"]):
+            write(f"{row['compiles']:>8} {row['compile']:>9.2f} {row['trace']:>8.2f} {row['lower']:>8.2f}  {name}")
+        everything = {k: sum(row[k] for row in files.values()) for k in ("compiles", "compile", "trace", "lower")}
+        write(f"{everything['compiles']:>8} {everything['compile']:>9.2f} {everything['trace']:>8.2f} "
+              f"{everything['lower']:>8.2f}  (all)")
+        write("the tests that compile most:")
+        for test, row in sorted(self.tests.items(), key=lambda kv: -kv[1]["compiles"])[:15]:
+            write(f"{row['compiles']:>8} {row['compile']:>9.2f} {row['trace']:>8.2f} {row['lower']:>8.2f}  {test}")
+
+
+def pytest_configure(config):
+    if os.environ.get("OI2JAX_COUNT_COMPILES") == "1":
+        import jax.monitoring
+        counter = CompileCounter()
+        jax.monitoring.register_event_duration_secs_listener(counter.listen)
+        config.pluginmanager.register(counter, "oi2jax_compile_counter")

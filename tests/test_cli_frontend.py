@@ -7,15 +7,28 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
+
 REPO = Path(__file__).resolve().parent.parent
 GOOD = "dynamic {\n    x: f32[4];\n}\n\nvolatile {\n    y: f32[4];\n}\n\nblock entry {\n    op relu(x) >> y;\n    return;\n}\n"
 
 
 def run(*args, cwd=None):
+    """`python -m oi2jax ARGS...` as a process: the tests whose claim is the process's exit status."""
     p = subprocess.run([sys.executable, "-m", "oi2jax", *map(str, args)], capture_output=True, text=True,
                        cwd=cwd or REPO, timeout=60)
     assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
     return p
+
+
+@pytest.fixture
+def cli(capsys):
+    """`oi2jax ARGS...` in-process (conftest.run_cli) as a `CompletedProcess`: the tests of
+    messages and of the code `main` returns, which `run` shows to be the process's exit status."""
+    def call(*args):
+        code, out, err = run_cli(capsys, *args)
+        return subprocess.CompletedProcess(args, code, out, err)
+    return call
 
 
 @pytest.fixture
@@ -44,35 +57,35 @@ def test_check_errors_all_reported(files):
     assert f"{path}:4:13: error: unknown input variable q" in p.stderr
 
 
-def test_check_syntax_error(files):
-    p = run("check", files["syntax"])
+def test_check_syntax_error(files, cli):
+    p = cli("check", files["syntax"])
     assert p.returncode == 1
     assert p.stderr.startswith(f"{files['syntax']}:1:21: error: unexpected '}}'; expected one of ")
     assert "';'" in p.stderr and "^" in p.stderr
 
 
-def test_check_missing_file(tmp_path):
-    p = run("check", tmp_path / "none.oi")
+def test_check_missing_file(tmp_path, cli):
+    p = cli("check", tmp_path / "none.oi")
     assert p.returncode == 1 and p.stderr.startswith("error: cannot read ")
 
 
-def test_check_with_sizes(files, tmp_path):
+def test_check_with_sizes(files, tmp_path, cli):
     sized = tmp_path / "sized.oi"
     sized.write_text("dynamic { x: f32[B]; }\nvolatile { y: f32[B]; }\nblock entry { op relu(x) >> y; return; }\n")
-    p = run("check", sized, "--size", "B=2")
+    p = cli("check", sized, "--size", "B=2")
     assert p.returncode == 0 and p.stderr == ""
     # a size nothing uses is no longer silently ignored (issue 17)
-    p = run("check", files["good"], "--size", "B=2")
+    p = cli("check", files["good"], "--size", "B=2")
     assert p.returncode == 1 and p.stderr == "error: unknown size B: the graph and model sizes are (none)\n"
-    p = run("check", files["good"], "--size", "B")
+    p = cli("check", files["good"], "--size", "B")
     assert p.returncode == 2
 
 
-def test_check_shape_error_with_sizes(tmp_path):
+def test_check_shape_error_with_sizes(tmp_path, cli):
     f = tmp_path / "s.oi"
     f.write_text("dynamic { x: f32[B]; }\nvolatile { y: f32[3]; }\nblock entry { op relu(x) >> y; }\n")
-    assert run("check", f).returncode == 0
-    p = run("check", f, "--size", "B=4")
+    assert cli("check", f).returncode == 0
+    p = cli("check", f, "--size", "B=4")
     assert p.returncode == 1 and f"{f}:3:29: error: op relu output shape mismatch for y" in p.stderr
 
 
@@ -82,25 +95,25 @@ def test_usage_errors():
     assert run("fmt", "--bogus", "x.oi").returncode == 2
 
 
-def test_fmt_stdout_check_and_in_place(files):
-    p = run("fmt", files["messy"])
+def test_fmt_stdout_check_and_in_place(files, cli):
+    p = cli("fmt", files["messy"])
     assert p.returncode == 0 and p.stdout == GOOD
-    assert run("fmt", "--check", files["good"]).returncode == 0
-    p = run("fmt", "--check", files["messy"])
+    assert cli("fmt", "--check", files["good"]).returncode == 0
+    p = cli("fmt", "--check", files["messy"])
     assert p.returncode == 1 and "would be reformatted" in p.stderr
-    assert run("fmt", "-i", files["messy"]).returncode == 0
+    assert cli("fmt", "-i", files["messy"]).returncode == 0
     assert files["messy"].read_text() == GOOD
 
 
-def test_fmt_syntax_error(files):
-    p = run("fmt", files["syntax"])
+def test_fmt_syntax_error(files, cli):
+    p = cli("fmt", files["syntax"])
     assert p.returncode == 1 and f"{files['syntax']}:1:21: error:" in p.stderr and p.stdout == ""
 
 
-def test_warning_only_exits_zero(tmp_path):
+def test_warning_only_exits_zero(tmp_path, cli):
     f = tmp_path / "w.oi"
     f.write_text("block entry { return; }\nblock lost { return; }\n")
-    p = run("check", f)
+    p = cli("check", f)
     assert p.returncode == 0 and f"{f}:2:1: warning: block lost is never run" in p.stderr
 
 
@@ -108,7 +121,7 @@ MISMATCH = ("dynamic { x: f32[B, D]; }\nconstant { w: f32[E, H]; }\nvolatile { y
             "block entry {\n    op matmul(x, w) >> y;\n    return;\n}\n")
 
 
-def test_check_uses_the_model_beside_the_graph_and_says_so(tmp_path):
+def test_check_uses_the_model_beside_the_graph_and_says_so(tmp_path, cli):
     """Issue 34 item 2: `check g.oi` ignored g.oinf beside the graph (exit 0 on a matmul inner-dim
     mismatch that `run` and `check --model` reported). One rule (pipeline.choose_model) for every
     command; a note names the model found; `--no-model` asks for none."""
@@ -118,14 +131,14 @@ def test_check_uses_the_model_beside_the_graph_and_says_so(tmp_path):
     g.write_text(MISMATCH)
     save(m, sizevars={"B": 2, "D": 3, "E": 4, "H": 5}, tensors={"w": np.ones((4, 5), np.float32)})
     error = f"{g}:5:18: error: matmul inner dim mismatch: 3 vs 4\n        op matmul(x, w) >> y;\n                     ^\n"
-    p = run("check", g)
+    p = cli("check", g)
     assert p.returncode == 1 and p.stderr == f"note: using model {m} (beside the graph)\n{error}"
-    p = run("check", g, "--model", m)  # given: no note
+    p = cli("check", g, "--model", m)  # given: no note
     assert p.returncode == 1 and p.stderr == error
-    p = run("check", g, "--no-model")  # sizes stay names: nothing to compare
+    p = cli("check", g, "--no-model")  # sizes stay names: nothing to compare
     assert p.returncode == 0 and p.stderr == ""
-    p = run("check", g, "--no-model", "--model", m)
+    p = cli("check", g, "--no-model", "--model", m)
     assert p.returncode == 2 and p.stderr.strip() == "error: give either --model or --no-model, not both"
-    p = run("run", g, "--no-model", "--size", "B=2", "--size", "D=3", "--size", "E=3", "--size", "H=5",
+    p = cli("run", g, "--no-model", "--size", "B=2", "--size", "D=3", "--size", "E=3", "--size", "H=5",
             "--zero-missing-inputs", "--quiet", "--cache-dir", "none")
     assert p.returncode == 0 and p.stderr == ""

@@ -8,13 +8,11 @@ modes: the compiled JAX program and the reference interpreter.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, MODELS, REPO
+from conftest import EXAMPLES, MODELS, run_cli
 
 NAMES = (
     "cache_window_slice",
@@ -136,12 +134,10 @@ def test_example_parses_and_checks(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_cli_check_exits_zero(name):
-    proc = subprocess.run(
-        [sys.executable, "-m", "oi2jax", "check", graph_path(name), "--model", model_path(name)],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+def test_cli_check_exits_zero(name, capsys):
+    """`oi2jax check G --model M` in-process (`main`'s code is the exit status: test_cli_frontend)."""
+    code, _, err = run_cli(capsys, "check", graph_path(name), "--model", model_path(name))
+    assert code == 0, err
 
 
 # ---------------------------------------------------------------------------------------

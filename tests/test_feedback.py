@@ -52,6 +52,13 @@ def graph(tmp_path_factory):
     return tmp / "g.oi", tmp / "g.oinf"
 
 
+@pytest.fixture(scope="module")
+def expected(graph):
+    """The hand-written loop's result (`host_loop`), computed once for the module's tests."""
+    g, m = graph
+    return host_loop(oi2jax.compile(g, model=m))
+
+
 def _prompt():
     rng = np.random.default_rng(9)
     return (np.array([[3], [1], [4]], np.int64), rng.standard_normal((1, D)).astype(np.float32),
@@ -78,16 +85,15 @@ def host_loop(prog, steps: int = STEPS) -> dict:
 
 
 @pytest.mark.parametrize("way", ["fused", "fused-one-step-calls", "stepwise"])
-def test_feedback_run_equals_a_host_loop(graph, way):
+def test_feedback_run_equals_a_host_loop(graph, expected, way):
     """The fused loop feeds `next` back as `token` (after a 3-token prompt) and `y` back as `h`
     (given once) inside the loop, across growth of H (4 -> 8 -> 16 -> 32 rows: an undone step is
     not fed back) and across calls of the loop (`fused-one-step-calls`: the fed-back values are
     carried from call to call); `stepwise` (a traced run) feeds back through the host. All equal
     a hand-written loop of `Session.step` bit for bit."""
     g, m = graph
-    expected = host_loop(oi2jax.compile(g, model=m))
     tokens, h0, scales = _prompt()
-    prog = oi2jax.compile(g, model=m)
+    prog = oi2jax.compile(g, model=m)  # a fresh program: H grows from 4 rows in each way
     sess = prog.session()
     if way == "fused-one-step-calls":
         sess.call_seconds = 1e-12  # `Session.call_seconds`: each fused call runs one step
@@ -159,9 +165,10 @@ def test_feedback_errors(graph):
         prog.run({"token": tokens[:0]}, steps=2, feedback={"token": "next"})
 
 
-def test_cli_feedback_generates(graph, capsys, tmp_path):
+def test_cli_feedback_generates(graph, expected, capsys, tmp_path):
     """`oi2jax run G --inputs-per-step prompt.npz --feedback token=next --steps N --collect next`:
-    the prompt teacher-forced, then greedy generation, as `Program.run(feedback=...)`."""
+    the prompt teacher-forced, then greedy generation, as the host loop (and so `Program.run(feedback=...)`,
+    test_feedback_run_equals_a_host_loop): its collected `next` and `token`, its last `y`, its state."""
     g, m = graph
     tokens, h0, scales = _prompt()
     np.savez(tmp_path / "prompt.npz", token=tokens, scale=scales)
@@ -170,10 +177,8 @@ def test_cli_feedback_generates(graph, capsys, tmp_path):
                            "--input", f"h={tmp_path / 'h.npy'}", "--feedback", "token=next", "--feedback", "h=y",
                            "--steps", STEPS, "--collect", "next,token", "--out", tmp_path / "gen.npz", "--quiet")
     assert code == 0, err
-    expected = oi2jax.compile(g, model=m).run({"token": tokens, "h": h0, "scale": scales}, steps=STEPS,
-                                              feedback={"token": "next", "h": "y"}, collect=("next", "token"))
     with np.load(tmp_path / "gen.npz") as got:
-        assert_same(dict(got), expected)
+        assert_same(dict(got), {**expected, "y": expected["y"][-1]})  # y not collected: its last value
     # without --steps: the run's own count (the non-fed per-step inputs' length)
     code, _, err = run_cli(capsys, "run", g, "--model", m, "--inputs-per-step", tmp_path / "prompt.npz",
                            "--feedback", "token=next", "--collect", "token", "--out", tmp_path / "g2.npz", "--quiet")
