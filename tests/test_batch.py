@@ -19,6 +19,7 @@ import pytest
 
 from oi2jax.diagnostics import OiError
 from oi2jax.generation import Generator
+from oi2jax.runtime.buckets import buckets, prompt_steps
 
 from conftest import EXAMPLES, REPO, assert_matches, device_platform, graph_ops, run_cli
 from llama_ref import converted_random_llama
@@ -298,3 +299,23 @@ def test_the_benchmarks_handwritten_batched_step_gives_the_batchs_tokens(llama):
     hand = LlamaBatchJax.from_model(open_model(str(model)), batch=B)
     _, nexts = hand.decode(hand.params, caches, first, pos, 6)
     assert np.asarray(nexts).T.tolist() == [batch.result(slot).tokens[1:] for slot in range(B)]
+
+
+def test_the_default_buckets_are_the_generators_and_a_one_token_prompt_runs_at_s_1(llama):
+    """One rule (runtime/buckets.py): a batch's default buckets are the Generator's; a 1-token
+    prompt runs in the bucket S = 1, the batch's own program (from a fresh state: its solo run)."""
+    decode, gen = llama[1], llama[3]
+    assert buckets(40) == (1, 16, 32) and buckets(5000)[-2:] == (512, 1024) and buckets(8) == (1,)
+    assert prompt_steps(2100, buckets(4096)) == [(1024, 1024), (1024, 1024), (64, 52)]
+    assert prompt_steps(1, buckets(40)) == [(1, 1)] and prompt_steps(17, buckets(40)) == [(32, 17)]
+    before = dict(gen.programs)
+    batch = decode.batch(B, chunk=CHUNK, programs=gen.programs)
+    assert batch.buckets == gen.buckets and batch.prompt_program(1) is decode
+    batch.insert(2, PROMPTS[1][:1], max_tokens=5)
+    batch.run(10)
+    state, toks = decode.init_state(), []
+    for tok in [int(PROMPTS[1][0])] + [None] * 4:
+        state, out = decode.step(state, tokens=np.array([toks[-1] if tok is None else tok], np.int32))
+        toks.append(int(np.asarray(out["next"])[0]))
+    decode.check(state)
+    assert batch.result(2).tokens == toks and gen.programs == before  # no bucket program made
