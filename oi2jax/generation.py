@@ -35,7 +35,7 @@ from . import api, ir
 from .diagnostics import OiError
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
-from .runtime.buckets import program_buckets, prompt_steps
+from .runtime.buckets import bucket_program, program_buckets, prompt_steps
 from .runtime.runstats import compile_seconds
 
 __all__ = ["Generator", "Generation", "Stats", "generate"]
@@ -157,10 +157,7 @@ class Generator:
 
     def program(self, size: int):
         """The step program of S = `size` (a bucket), compiled on first use and kept."""
-        prog = self.programs.get(size)
-        if prog is None:
-            prog = self.programs[size] = self.programs[1].rebound({"S": size})
-        return prog
+        return bucket_program(self.programs, self.programs[1], size)
 
     def _inputs(self, settings: dict) -> dict:
         """The sampling settings as the graph's inputs (its dtypes); one the graph lacks must be off."""

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..diagnostics import OiError, suggest
 from ..lowering.state import CacheState, Guards, StepState
-from .buckets import program_buckets, prompt_steps
+from .buckets import bucket_program, program_buckets, prompt_steps
 from .kernels import StepOutcome
 
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed")  # the step graph's per-slot sampling inputs
@@ -165,12 +165,7 @@ class Batch:
     def prompt_program(self, size: int):
         """The step graph compiled at S = `size` (once per bucket; the same state layout; S = 1 is
         the batch's program)."""
-        if size == 1:
-            return self.program
-        prog = self._programs.get(size)
-        if prog is None:
-            prog = self._programs[size] = self.program.rebound({"S": size})
-        return prog
+        return bucket_program(self._programs, self.program, size)
 
     def insert(self, slot: int, prompt, *, max_tokens: int | None = None, stop=(), **settings) -> SlotResult:
         """Start `prompt` (token ids) in a free or finished `slot`: the prompt runs in prompt steps

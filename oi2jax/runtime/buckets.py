@@ -22,6 +22,17 @@ def program_buckets(program) -> tuple[int, ...]:
     return buckets(program.bound.sizes.get("T", 1))
 
 
+def bucket_program(programs: dict, program, size: int):
+    """The step-graph `program` (S = 1) at S = `size`: from `programs` (step programs by S), else
+    compiled (`Program.rebound`) and kept there, so that each bucket compiles once."""
+    if size == 1:
+        return program
+    prog = programs.get(size)
+    if prog is None:
+        prog = programs[size] = program.rebound({"S": size})
+    return prog
+
+
 def prompt_steps(m: int, sizes: tuple[int, ...]) -> list[tuple[int, int]]:
     """(S, n) of each prompt step of an m-token prompt over the ascending bucket `sizes`: steps of
     the largest bucket while more tokens remain than it holds, then the smallest bucket that holds
