@@ -2,8 +2,9 @@
 (runtime/batch.py; docs/decode.md "Batches"). The prompts come from a text file (one prompt per
 line, encoded with the model's tokenizer, `--chat` rendered), an `.npy` (a 2-D integer array, one
 prompt per row, or a 1-D one: a single prompt) or an `.npz` (each member a 1-D integer array, in
-the file's order). The step graph (the model's example graph, or `--graph`) runs at S=1 with B
-slots (`--batch-size`); a finished slot takes the next prompt. Each generation is printed as it
+the file's order). The `Generator`'s step graph (the model's family's `<family>_prefill.oi`, or
+`--graph`) runs at S=1 with B slots (`--batch-size`), its prompts in the Generator's bucket
+programs (each shape compiled once); a finished slot takes the next prompt. Each generation is printed as it
 finishes, under `=== K (FINISH) ===` (K: the prompt's index in the file)."""
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import api
 from .diagnostics import OiError
+from .generation import PROMPT_STEPS
 from .npz import write_atomic
-from .runtime.batch import PROMPT_BUCKETS, SlotResult
+from .runtime.batch import SlotResult
 
 DEFAULT_SETTINGS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
 
@@ -54,13 +55,13 @@ def read_prompts(path, encode=None) -> list[np.ndarray]:
 
 
 def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = None, stop_ids=(),
-                   buckets=PROMPT_BUCKETS, on_done=None, **settings) -> list[SlotResult]:
-    """Every prompt generated through `program.batch(size)` (the step graph at S=1): a finished
-    slot takes the next prompt. One `SlotResult` per prompt, in order; a prompt whose prompt step
+                   buckets=None, programs: dict | None = None, on_done=None, **settings) -> list[SlotResult]:
+    """Every prompt generated through `program.batch(size, buckets=, programs=)` (the step graph
+    at S=1; `Batch`): a finished slot takes the next prompt. One `SlotResult` per prompt, in order; a prompt whose prompt step
     fails gets its error (finish "error") and the others go on. `on_done(k, result)` is called as
     prompt k finishes. `settings`: sampling settings; one the graph has no input for is an error
     unless it has its default value."""
-    batch = program.batch(max(1, min(size, len(prompts))), buckets=buckets)
+    batch = program.batch(max(1, min(size, len(prompts))), buckets=buckets, programs=programs)
     given = {k: v for k, v in settings.items() if k in batch.settings or v != DEFAULT_SETTINGS.get(k)}
     results: list[SlotResult | None] = [None] * len(prompts)
     queue = list(range(len(prompts)))
@@ -95,8 +96,9 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
 
 
 def cmd_generate_batch(args, generator) -> int:
-    """The `generate --batch FILE` command: `generator` (generation.Generator) gives the model's
-    tokenizer, chat template, stop ids and example graph; `--graph` names another step graph."""
+    """The `generate --batch FILE` command: `generator` (generation.Generator, with `--graph` if
+    given) gives the model's tokenizer, chat template, stop ids and its compiled step programs
+    (`Generator.programs`: the S=1 program runs the batch, the others its prompt steps)."""
     if args.prompt is not None or args.prompt_ids is not None:
         raise OiError("--batch takes the prompts from its file: leave out --prompt / --prompt-ids")
     if args.ids_out is not None and not str(args.ids_out).endswith(".npz"):
@@ -105,9 +107,10 @@ def cmd_generate_batch(args, generator) -> int:
     def encode(text):
         return generator.prompt_ids(text, chat=args.chat, system=args.system)
 
+    if generator.mode != PROMPT_STEPS:
+        raise OiError(f"{generator.graph_path}: --batch runs the step-graph interface (dynamic `tokens: i32[S]` "
+                      f"and `n: i32`: examples/llama_prefill.oi), not the token-by-token one")
     prompts = read_prompts(args.batch, encode if generator.tokenizer is not None else None)
-    program = api.compile(args.graph or generator.graph_path, model=generator.model_path, ops=args.ops or ["nn"],
-                          sizes={"S": 1})
     stops = sorted(set(() if args.ignore_eos else generator.stop_ids) | set(args.stop_id or ()))
 
     def show(k: int, result: SlotResult) -> None:
@@ -117,8 +120,8 @@ def cmd_generate_batch(args, generator) -> int:
         if result.error is not None:
             print(result.error.render(), file=sys.stderr)
 
-    results = generate_batch(program, prompts, size=args.batch_size, max_tokens=args.max_tokens, stop_ids=stops,
-                             on_done=show, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    results = generate_batch(generator.programs[1], prompts, programs=generator.programs, size=args.batch_size,
+                             max_tokens=args.max_tokens, stop_ids=stops, on_done=show, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                              min_p=args.min_p, seed=args.seed)
     if args.ids_out is not None:
         arrays = {f"prompt_{k}": np.asarray(r.tokens, np.int32) for k, r in enumerate(results)}

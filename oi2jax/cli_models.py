@@ -49,7 +49,8 @@ def cmd_generate(args) -> int:
 
     if args.batch is not None:
         from .batch_generate import cmd_generate_batch  # deferred: JAX
-        return cmd_generate_batch(args, Generator(args.model, tokenizer=args.tokenizer, ops=args.ops or ["nn"]))
+        return cmd_generate_batch(args, Generator(args.model, args.graph, tokenizer=args.tokenizer,
+                                                  ops=args.ops or ["nn"]))
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy")
     prompt_ids = None

@@ -6,8 +6,8 @@ A `Generator` opens a model file, takes from it what a generation needs (the tok
 
 - **The prompt in steps of S tokens** (the step-graph contract, `examples/<family>_prefill.oi`
   beside the `<family>_decode.oi` the model names): a prompt of m tokens runs in the smallest
-  bucket S >= m of `buckets(T)` (1, then powers of two from 16 up to the cache capacity T), padded;
-  a longer one in steps of the largest bucket, then the rest. Each bucket is one program
+  bucket S >= m of the buckets (`runtime/buckets.py`: 1, then powers of two from 16 up to the
+  cache capacity T), padded; a longer one in steps of the largest bucket, then the rest. Each bucket is one program
   (`Program.rebound`), compiled on first use and kept: prompts of any length compile no more step
   programs than the buckets they fall in. The last prompt step draws the first token.
 - **The decode** is the S=1 program, one fused `Session.run`: each drawn token fed back
@@ -35,37 +35,15 @@ from . import api, ir
 from .diagnostics import OiError
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
+from .runtime.buckets import bucket_program, program_buckets, prompt_steps
 from .runtime.runstats import compile_seconds
 
-__all__ = ["Generator", "Generation", "Stats", "generate", "buckets"]
+__all__ = ["Generator", "Generation", "Stats", "generate"]
 
 _REPO = Path(__file__).resolve().parent.parent  # a source checkout: where `examples/` lives
-SMALLEST, LARGEST = 16, 1024  # the prompt buckets: powers of two from SMALLEST up to T (at most LARGEST)
 STREAM_EVERY = 8  # tokens per fused call when the text is streamed (`on_text`)
 SETTINGS = {"temperature": (np.float32, 0.0), "top_k": (np.int32, 0), "top_p": (np.float32, 1.0),
             "min_p": (np.float32, 0.0), "seed": (np.int32, 0)}  # the graph inputs of sampling, and their "off"
-
-
-def buckets(capacity: int) -> tuple[int, ...]:
-    """The prompt step sizes S compiled for a cache of `capacity` positions: 1 (the decode step),
-    then 16, 32, 64, ... up to `capacity` (at most 1024). A prompt of m tokens runs in the
-    smallest S >= m, a longer one in steps of the largest, then the rest (`prompt_steps`)."""
-    sizes, s = [1], SMALLEST
-    while s <= min(capacity, LARGEST):
-        sizes.append(s)
-        s *= 2
-    return tuple(sizes)
-
-
-def prompt_steps(m: int, sizes: tuple[int, ...]) -> list[tuple[int, int]]:
-    """(S, n) of each prompt step of an m-token prompt: steps of the largest bucket while more
-    tokens remain than it holds, then the smallest bucket that holds the rest."""
-    largest, steps = sizes[-1], []
-    while m > largest:
-        steps.append((largest, largest))
-        m -= largest
-    steps.append((min(s for s in sizes if s >= m), m))
-    return steps
 
 
 @dataclass(frozen=True)
@@ -167,8 +145,7 @@ class Generator:
         self.programs = {1: decode}
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
                          decode.graph.var(k).kind == ir.MemKind.DYNAMIC}
-        capacity = decode.bound.sizes.get("T", 1)
-        self.buckets = buckets(capacity) if self.mode == PROMPT_STEPS else (1,)
+        self.buckets = program_buckets(decode) if self.mode == PROMPT_STEPS else (1,)
         # compiling is counted apart: what compiles during a generation (a bucket's first use, the
         # fused decode loop's first run) is measured there and left out of its rates
         self.compile_s = time.perf_counter() - t0  # reading the model file and compiling the S=1 program
@@ -180,10 +157,7 @@ class Generator:
 
     def program(self, size: int):
         """The step program of S = `size` (a bucket), compiled on first use and kept."""
-        prog = self.programs.get(size)
-        if prog is None:
-            prog = self.programs[size] = self.programs[1].rebound({"S": size})
-        return prog
+        return bucket_program(self.programs, self.programs[1], size)
 
     def _inputs(self, settings: dict) -> dict:
         """The sampling settings as the graph's inputs (its dtypes); one the graph lacks must be off."""

@@ -12,14 +12,16 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import oi2jax
 from oi2jax.diagnostics import OiError
+from oi2jax.generation import Generator
+from oi2jax.runtime.buckets import buckets, prompt_steps
 
-from conftest import EXAMPLES, REPO, assert_matches, device_platform, graph_ops
+from conftest import EXAMPLES, REPO, assert_matches, device_platform, graph_ops, run_cli
 from llama_ref import converted_random_llama
 
 GRAPH = EXAMPLES / "llama_prefill.oi"
@@ -38,9 +40,17 @@ PROMPTS = [np.random.default_rng(seed).integers(0, SIZES["vocab"], m).astype(np.
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
+    """(model, the S=1 program, the solo runs' cache, the Generator whose programs every test
+    shares: its default graph is examples/llama_prefill.oi, beside the llama_decode.oi the model names)."""
     model, _, _ = converted_random_llama(tmp_path_factory.mktemp("batch"), seed=3, **SIZES)
-    decode = oi2jax.compile(GRAPH, model=model, ops=["nn"], sizes={"S": 1})
-    return model, decode, {}
+    gen = Generator(model)
+    assert Path(gen.graph_path).resolve() == GRAPH.resolve() and gen.buckets == (1, 16, 32)  # T = 40
+    return model, gen.programs[1], {}, gen
+
+
+def _batch(llama, size: int = B):
+    """A batch of the shared S=1 program, its prompts in the Generator's S=16 program."""
+    return llama[1].batch(size, chunk=CHUNK, buckets=(BUCKET,), programs=llama[3].programs)
 
 
 def _solo(llama, k: int, steps: int, **settings):
@@ -48,7 +58,7 @@ def _solo(llama, k: int, steps: int, **settings):
     programs' pure steps)
     feeding each token back, with sampling `settings`: (tokens, [steps - 1, V] decode logits).
     Cached per prompt and settings."""
-    _, decode, cache = llama
+    _, decode, cache, _ = llama
     key = (k, tuple(sorted(settings.items())))
     if key in cache and len(cache[key][0]) >= steps:
         toks, logits = cache[key]
@@ -73,13 +83,11 @@ def _solo(llama, k: int, steps: int, **settings):
 
 
 def _prompt_program(llama):
-    _, decode, _ = llama
-    return decode.batch(B, chunk=CHUNK, buckets=(BUCKET,)).prompt_program(BUCKET)  # the one the batches use
+    return llama[3].program(BUCKET)  # the one the batches use
 
 
 def test_each_slot_equals_its_solo_run(llama):
-    _, decode, _ = llama
-    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch = _batch(llama)
     for slot in range(B):
         batch.insert(slot, PROMPTS[slot], max_tokens=12)
     ops = graph_ops(GRAPH)
@@ -99,9 +107,9 @@ def test_each_slot_equals_its_solo_run(llama):
 
 
 def test_a_finished_slot_takes_a_new_prompt_without_recompiling_or_disturbing_the_others(llama):
-    _, decode, _ = llama
+    decode = llama[1]
     solo = {k: _solo(llama, k, 14)[0] for k in range(5)}  # before the compile counts are taken
-    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch = _batch(llama)
     batch.insert(0, PROMPTS[0], max_tokens=3)
     for slot in (1, 2, 3):
         batch.insert(slot, PROMPTS[slot], max_tokens=14)
@@ -119,7 +127,7 @@ def test_a_finished_slot_takes_a_new_prompt_without_recompiling_or_disturbing_th
     assert batch.result(2) is None
     for slot in (1, 3):
         assert batch.result(slot).tokens == solo[slot], slot
-    again = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))  # a new batch of the program compiles nothing either
+    again = _batch(llama)  # a new batch of the program compiles nothing either
     again.insert(1, PROMPTS[1], max_tokens=2)
     again.run(3)
     assert again.result(1).tokens == solo[1][:2] and (decode.compiles, prompt.compiles) == compiles
@@ -129,8 +137,7 @@ SAMPLED = dict(temperature=np.float32(0.9), top_k=np.int32(20), top_p=np.float32
 
 
 def test_per_slot_sampling_settings(llama):
-    _, decode, _ = llama
-    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch = _batch(llama)
     batch.insert(0, PROMPTS[0], max_tokens=10, **SAMPLED)
     batch.insert(1, PROMPTS[1], max_tokens=10)  # greedy, beside a sampled slot
     batch.insert(2, PROMPTS[0], max_tokens=10, **{**SAMPLED, "seed": np.int32(8)})
@@ -143,12 +150,11 @@ def test_per_slot_sampling_settings(llama):
 
 
 def test_stops_per_slot(llama):
-    _, decode, _ = llama
     solo = [_solo(llama, k, 12)[0] for k in range(3)]
     cut = next(i for i in range(1, 12) if solo[0][i] not in solo[0][:i])  # a first occurrence past the first token
     common = next(t for t in range(SIZES["vocab"]) if t not in solo[0] + solo[2])
     cut1 = next((i for i in range(1, 12) if solo[1][i] not in solo[1][:i]), None)
-    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch = _batch(llama)
     batch.insert(0, PROMPTS[0], stop=[solo[0][cut]], max_tokens=12)
     batch.insert(1, PROMPTS[1], max_tokens=12)
     batch.insert(2, PROMPTS[2], max_tokens=12, stop=[solo[2][0]])  # the first token is a stop: nothing
@@ -163,8 +169,7 @@ def test_stops_per_slot(llama):
 
 
 def test_a_slot_past_the_cache_ends_with_its_tokens_and_the_error(llama):
-    _, decode, _ = llama
-    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    batch = _batch(llama)
     batch.insert(3, PROMPTS[3])  # 20 prompt tokens, no budget: T = 40 fills after 21 tokens
     batch.insert(1, PROMPTS[1], max_tokens=14)
     batch.run(40)
@@ -176,8 +181,8 @@ def test_a_slot_past_the_cache_ends_with_its_tokens_and_the_error(llama):
 
 
 def test_batch_errors(llama):
-    model, decode, _ = llama
-    batch = decode.batch(2, chunk=CHUNK, buckets=(BUCKET,))
+    decode = llama[1]
+    batch = _batch(llama, 2)
     batch.insert(0, PROMPTS[2], max_tokens=5)
     with pytest.raises(OiError, match=r"slot 2 is not in 0\.\.1"):
         batch.insert(2, PROMPTS[0])
@@ -221,7 +226,7 @@ WORKER = textwrap.dedent('''
 
 
 def test_a_four_device_mesh_gives_the_tokens_of_one_device(llama):
-    model, _, _ = llama
+    model = llama[0]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     prompts = json.dumps([p.tolist() for p in PROMPTS[:4]])
@@ -235,19 +240,32 @@ def test_a_four_device_mesh_gives_the_tokens_of_one_device(llama):
     assert report["both"][1] == "P('data', None, None, 'model')"  # and the KV heads over the model axis
 
 
-def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, tmp_path, capsys):
+def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, tmp_path, capsys, monkeypatch):
+    """`oi2jax generate MODEL --batch FILE` without --graph runs on the Generator's programs (the
+    module's Generator, made with the CLI's arguments): its S=1 program and its bucket programs,
+    none compiled again."""
+    from oi2jax import generation
     from oi2jax.batch_generate import read_prompts
-    from oi2jax.cli import main
-    model, _, _ = llama
+    model, decode, _, gen = llama
+    solo = {k: _solo(llama, k, 6)[0] for k in (0, 1, 2)}
+    made = []
+
+    def shared(path, graph=None, **options):
+        made.append((str(path), graph, options))
+        return gen
+    monkeypatch.setattr(generation, "Generator", shared)
+    programs, compiles = dict(gen.programs), gen.programs[BUCKET].compiles
     prompts = tmp_path / "p.npz"
-    np.savez(prompts, a=PROMPTS[0], b=PROMPTS[2], c=PROMPTS[1])  # 3 prompts through 2 slots
+    np.savez(prompts, a=PROMPTS[0], b=PROMPTS[2], c=PROMPTS[1])  # 3 prompts through 2 slots, all in S = 16
     out = tmp_path / "ids.npz"
-    assert main(["generate", str(model), "--batch", str(prompts), "--batch-size", "2", "--graph", str(GRAPH),
-                 "--max-tokens", "6", "--ids-out", str(out)]) == 0
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--batch-size", "2",
+                                 "--max-tokens", "6", "--ids-out", out)
+    assert code == 0, err
+    assert made == [(str(model), None, {"tokenizer": None, "ops": ["nn"]})]
+    assert gen.programs == programs and gen.programs[BUCKET].compiles == compiles  # nothing compiled again
     ids = np.load(out)
     for name, k in zip(("prompt_0", "prompt_1", "prompt_2"), (0, 2, 1)):
-        assert ids[name].tolist() == _solo(llama, k, 6)[0], name
-    printed = capsys.readouterr().out
+        assert ids[name].tolist() == solo[k], name
     assert printed.index("=== 0 (length) ===") < printed.index("=== 1 (length) ===") < printed.index("=== 2")
     rows = tmp_path / "rows.npy"
     np.save(rows, np.stack([PROMPTS[0], PROMPTS[0]]))
@@ -270,8 +288,8 @@ def test_the_benchmarks_handwritten_batched_step_gives_the_batchs_tokens(llama):
     from oi2jax.model import open_model
 
     from benchmarks.handwritten.llama_batch import LlamaBatchJax
-    model, decode, _ = llama
-    batch = decode.batch(B, chunk=CHUNK, buckets=(BUCKET,))
+    model = llama[0]
+    batch = _batch(llama)
     for slot in range(B):
         batch.insert(slot, PROMPTS[slot], max_tokens=7)
     caches = tuple(jnp.asarray(np.stack([batch.read(slot, name) for slot in range(B)])) for name in ("Kc", "Vc"))
@@ -281,3 +299,23 @@ def test_the_benchmarks_handwritten_batched_step_gives_the_batchs_tokens(llama):
     hand = LlamaBatchJax.from_model(open_model(str(model)), batch=B)
     _, nexts = hand.decode(hand.params, caches, first, pos, 6)
     assert np.asarray(nexts).T.tolist() == [batch.result(slot).tokens[1:] for slot in range(B)]
+
+
+def test_the_default_buckets_are_the_generators_and_a_one_token_prompt_runs_at_s_1(llama):
+    """One rule (runtime/buckets.py): a batch's default buckets are the Generator's; a 1-token
+    prompt runs in the bucket S = 1, the batch's own program (from a fresh state: its solo run)."""
+    decode, gen = llama[1], llama[3]
+    assert buckets(40) == (1, 16, 32) and buckets(5000)[-2:] == (512, 1024) and buckets(8) == (1,)
+    assert prompt_steps(2100, buckets(4096)) == [(1024, 1024), (1024, 1024), (64, 52)]
+    assert prompt_steps(1, buckets(40)) == [(1, 1)] and prompt_steps(17, buckets(40)) == [(32, 17)]
+    before = dict(gen.programs)
+    batch = decode.batch(B, chunk=CHUNK, programs=gen.programs)
+    assert batch.buckets == gen.buckets and batch.prompt_program(1) is decode
+    batch.insert(2, PROMPTS[1][:1], max_tokens=5)
+    batch.run(10)
+    state, toks = decode.init_state(), []
+    for tok in [int(PROMPTS[1][0])] + [None] * 4:
+        state, out = decode.step(state, tokens=np.array([toks[-1] if tok is None else tok], np.int32))
+        toks.append(int(np.asarray(out["next"])[0]))
+    decode.check(state)
+    assert batch.result(2).tokens == toks and gen.programs == before  # no bucket program made

@@ -68,6 +68,22 @@ def token_gen(model):
     return Generator(model["path"], EXAMPLES / "llama_decode.oi")
 
 
+@pytest.fixture
+def shared_cli(model, gen, token_gen, monkeypatch):
+    """The CLI's `Generator(...)` hands out the module's generators (their programs compiled once):
+    `gen` for the model's default graph, `token_gen` for `--graph llama_decode.oi`; the arguments
+    it was called with are recorded."""
+    from oi2jax import generation
+    made = []
+
+    def shared(path, graph=None, **options):
+        made.append((str(path), graph, options))
+        assert str(path) == str(model["path"]) and options == {"tokenizer": None, "ops": ["nn"]}
+        return gen if graph is None else {str(EXAMPLES / "llama_decode.oi"): token_gen}[str(graph)]
+    monkeypatch.setattr(generation, "Generator", shared)
+    return made
+
+
 def greedy_reference(model, prompt_ids, n):
     ref = LlamaRef(model["weights"], model["config"])
     for t in prompt_ids[:-1]:
@@ -124,7 +140,7 @@ def test_bad_settings_are_named(gen, bad):
         gen.generate(prompt_ids=[1, 2], **bad)
 
 
-def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys):
+def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys, shared_cli):
     ids_out = tmp_path / "ids.npy"
     code, out, err = run_cli(capsys, "generate", model["path"], "--prompt", "hello world", "--max-tokens", "6",
                              "--ignore-eos", "--stats", "--ids-out", ids_out)
@@ -136,9 +152,10 @@ def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys):
     assert re.search(rf"^prompt {len(prompt)} tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
     assert re.search(r"^generated 6 tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
     assert re.search(r"^compile [0-9.]+ s \(.*llama_prefill.oi: prompt steps\)$", err, re.M), err
+    assert [graph for _, graph, _ in shared_cli] == [None]  # the model's default graph
 
 
-def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys):
+def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys, shared_cli):
     np.save(tmp_path / "p.npy", np.arange(30, dtype=np.int32))
     code, out, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi",
                              "--prompt-ids", tmp_path / "p.npy", "--max-tokens", "50", "--ignore-eos")
@@ -185,3 +202,10 @@ def test_prompts_of_17_lengths_compile_only_their_buckets(model, gen):
     long = list(range(3, 3 + 38))  # 38 tokens: one step of 32, then 6 in the bucket of 16
     res = g.generate(prompt_ids=long, max_tokens=1, ignore_eos=True)
     assert res.ids == greedy_reference(model, long, 1) and g.compiles == warm
+
+
+def test_cli_batch_needs_the_step_graph_interface(model, tmp_path, capsys, shared_cli):
+    np.save(tmp_path / "p.npy", np.array([[5, 6], [7, 8]], np.int32))
+    code, _, err = run_cli(capsys, "generate", model["path"], "--batch", tmp_path / "p.npy", "--graph",
+                           EXAMPLES / "llama_decode.oi")
+    assert code == 1 and "llama_decode.oi: --batch runs the step-graph interface" in err, err

@@ -22,10 +22,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..diagnostics import OiError, suggest
 from ..lowering.state import CacheState, Guards, StepState
+from .buckets import bucket_program, program_buckets, prompt_steps
 from .kernels import StepOutcome
 
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed")  # the step graph's per-slot sampling inputs
-PROMPT_BUCKETS = (16, 64, 256, 1024)  # the prompt program sizes S a prompt is padded up to
 MAX_STOPS = 8  # stop ids per slot (insert's and run's together)
 CHUNK = 32  # steps per compiled call of `run`: tokens reach the host once per chunk
 _NO_TOKEN = -1  # an unused stop-id entry; a step that produced no token for a slot
@@ -54,9 +54,11 @@ class Batch:
     `read(slot, name)`. The program is the step graph at S=1 (examples/llama_prefill.oi: inputs
     `tokens: i32[1]` and `n`, output `next`, @fixed caches)."""
 
-    def __init__(self, program, size: int, *, buckets=PROMPT_BUCKETS, chunk: int = CHUNK, mesh=None,
-                 axis: str | None = None):
-        """`mesh`: shard the slots over a device mesh (`axis`, default its first axis); a sharded
+    def __init__(self, program, size: int, *, buckets=None, programs: dict | None = None, chunk: int = CHUNK,
+                 mesh=None, axis: str | None = None):
+        """`buckets`: the prompt step sizes S (default the program's: runtime/buckets.py);
+        `programs`: the step programs by S to use and fill (a `Generator.programs`; default kept per
+        program, shared by its batches). `mesh`: shard the slots over a device mesh (`axis`, default its first axis); a sharded
         program (`oi2jax.compile(..., mesh=, shard=)`) brings its own mesh and tensor-parallel
         placement, and the slot axis goes on `axis`, a mesh axis its shard spec leaves free."""
         exe = program.executable
@@ -64,6 +66,7 @@ class Batch:
         _check_step_graph(program, exe)
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
             raise OiError(f"batch size must be a positive integer, got {size!r}")
+        buckets = program_buckets(program) if buckets is None else buckets
         if not buckets or any(int(s) < 1 for s in buckets):
             raise OiError(f"prompt buckets must be positive sizes, got {list(buckets)}")
         if chunk < 1:
@@ -73,6 +76,7 @@ class Batch:
         self._shared = {k: v for k, v in exe.defaults.items() if k not in ("tokens", "n") + self.settings}
         self.mesh, self._axis = _batch_mesh(program, mesh, axis, self.size)
         self._compiled = _COMPILED.setdefault(program, {})
+        self._programs = self._compiled if programs is None else programs
         self._fresh = exe.host_state(program.init_state())  # a slot's state at program start
         self._results: list[SlotResult | None] = [None] * self.size
         self._prompt_steps = [0] * self.size  # each slot's prompt steps (a decode error names its step)
@@ -158,17 +162,10 @@ class Batch:
             raise OiError(f"slot {slot!r} is not in 0..{self.size - 1}")
         return int(slot)
 
-    def _bucket(self, length: int) -> int:
-        """The smallest bucket that holds `length` tokens, else the largest (a longer prompt runs as
-        several prompt steps of it)."""
-        return next((s for s in self.buckets if s >= length), self.buckets[-1])
-
     def prompt_program(self, size: int):
-        """The step graph compiled at S = `size` (once per bucket; the same state layout)."""
-        prog = self._compiled.get(size)
-        if prog is None:
-            prog = self._compiled[size] = self.program.rebound({"S": size})
-        return prog
+        """The step graph compiled at S = `size` (once per bucket; the same state layout; S = 1 is
+        the batch's program)."""
+        return bucket_program(self._programs, self.program, size)
 
     def insert(self, slot: int, prompt, *, max_tokens: int | None = None, stop=(), **settings) -> SlotResult:
         """Start `prompt` (token ids) in a free or finished `slot`: the prompt runs in prompt steps
@@ -220,15 +217,14 @@ class Batch:
         of prompt steps); a prompt step's error raises, naming the step."""
         state = self._fresh
         first, done, steps = None, 0, 0
-        while done < len(ids):
-            size = self._bucket(len(ids) - done)
+        for size, n in prompt_steps(len(ids), self.buckets):
             prog = self.prompt_program(size)
-            part = ids[done:done + size]
+            part = ids[done:done + n]
             tokens = np.zeros(size, np.int32)
-            tokens[:len(part)] = part
+            tokens[:n] = part
             with prog.scope():
                 placed = prog.executable.place(state)
-            new, out = prog.step(placed, tokens=tokens, n=np.int32(len(part)), **values)
+            new, out = prog.step(placed, tokens=tokens, n=np.int32(n), **values)
             steps += 1
             try:
                 prog.check(new)
@@ -236,8 +232,8 @@ class Batch:
                 raise exc.in_step(steps) from None
             state = prog.executable.host_state(new)
             nxt = np.asarray(out["next"]).reshape(-1)
-            first = int(nxt[len(part) - 1] if nxt.shape[0] > 1 else nxt[0])
-            done += len(part)
+            first = int(nxt[n - 1] if nxt.shape[0] > 1 else nxt[0])
+            done += n
         return state, first, steps
 
     def evict(self, slot: int) -> SlotResult | None:

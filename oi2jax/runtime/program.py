@@ -305,7 +305,7 @@ class Program:
     def batch(self, size: int, **options) -> Batch:
         """`size` sequences decoding together in one compiled step (continuous batching:
         runtime/batch.py, docs/decode.md "Batches"); this program is the S=1 step graph.
-        `options`: `buckets`, `chunk`, `mesh`, `axis` (`Batch`)."""
+        `options`: `buckets`, `programs`, `chunk`, `mesh`, `axis` (`Batch`)."""
         return Batch(self, size, **options)
 
     def lower(self, state: StepState | None = None, **dynamic):

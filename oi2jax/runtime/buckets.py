@@ -1,0 +1,45 @@
+"""The prompt buckets of a step graph (docs/decode.md, "The prompt in buckets"): the sizes S a
+prompt runs in, one compiled program each, and how a prompt of m tokens is cut into steps of
+them. `Generator` (generation.py) and `Batch` (runtime/batch.py) both use this one rule."""
+from __future__ import annotations
+
+SMALLEST, LARGEST = 16, 1024  # the prompt buckets: powers of two from SMALLEST up to T (at most LARGEST)
+
+
+def buckets(capacity: int) -> tuple[int, ...]:
+    """The prompt step sizes S compiled for a cache of `capacity` positions: 1 (the decode step),
+    then 16, 32, 64, ... up to `capacity` (at most 1024). A prompt of m tokens runs in the
+    smallest S >= m, a longer one in steps of the largest, then the rest (`prompt_steps`)."""
+    sizes, s = [1], SMALLEST
+    while s <= min(capacity, LARGEST):
+        sizes.append(s)
+        s *= 2
+    return tuple(sizes)
+
+
+def program_buckets(program) -> tuple[int, ...]:
+    """`buckets` of a step-graph program: its caches' capacity is its size T (1 without one)."""
+    return buckets(program.bound.sizes.get("T", 1))
+
+
+def bucket_program(programs: dict, program, size: int):
+    """The step-graph `program` (S = 1) at S = `size`: from `programs` (step programs by S), else
+    compiled (`Program.rebound`) and kept there, so that each bucket compiles once."""
+    if size == 1:
+        return program
+    prog = programs.get(size)
+    if prog is None:
+        prog = programs[size] = program.rebound({"S": size})
+    return prog
+
+
+def prompt_steps(m: int, sizes: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(S, n) of each prompt step of an m-token prompt over the ascending bucket `sizes`: steps of
+    the largest bucket while more tokens remain than it holds, then the smallest bucket that holds
+    the rest."""
+    largest, steps = sizes[-1], []
+    while m > largest:
+        steps.append((largest, largest))
+        m -= largest
+    steps.append((min(s for s in sizes if s >= m), m))
+    return steps
