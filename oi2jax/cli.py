@@ -28,7 +28,7 @@ from .model.inspect import render_model
 from .npz import save_npz, writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .trace import Trace
-from .cli_models import UsageError, add_model_commands
+from .cli_models import UsageError, add_cache_flag as _add_cache_flag, add_model_commands
 from .values import check_every_step_input
 
 # The imports left inside functions below pull in JAX (the op registry, the checker, the lowering,
@@ -492,12 +492,6 @@ def _add_unroll_flag(p) -> None:
                    help="how loops lower (docs/loops.md): auto (default: layer loops unrolled on GPU/TPU within a "
                         "size budget, loops kept on CPU), none (always a loop), full (every loop with a static trip "
                         "count unrolled), K (partial unroll by K)")
-
-
-def _add_cache_flag(p) -> None:
-    p.add_argument("--cache-dir", default="default", metavar="DIR|none",
-                   help="persistent XLA compilation cache (default: ~/.cache/oi2jax/xla, or $OI2JAX_CACHE_DIR); "
-                        "'none' disables it")
 
 
 def _add_model_flags(p) -> None:

@@ -45,8 +45,10 @@ def cmd_convert_hf(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    from . import api  # deferred: JAX
     from .generation import Generator  # deferred: JAX
 
+    api.enable_compilation_cache(args.cache_dir)  # a second generate with the model reads its programs back
     if args.batch is not None:
         from .batch_generate import cmd_generate_batch  # deferred: JAX
         return cmd_generate_batch(args, Generator(args.model, args.graph, tokenizer=args.tokenizer,
@@ -100,6 +102,12 @@ def _load_npy(path: str, flag: str) -> np.ndarray:
         raise OiError(f"{path}: {flag}: not a .npy array ({exc})") from None
 
 
+def add_cache_flag(p) -> None:
+    p.add_argument("--cache-dir", default="default", metavar="DIR|none",
+                   help="persistent XLA compilation cache (default: ~/.cache/oi2jax/xla, or $OI2JAX_CACHE_DIR); "
+                        "'none' disables it")
+
+
 def add_model_commands(sub) -> None:
     """convert-hf, convert-gguf and generate on the `oi2jax` subcommand parser `sub`."""
     h = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint directory (llama, mistral, qwen2, "
@@ -148,6 +156,7 @@ def add_model_commands(sub) -> None:
     gen.add_argument("--graph", metavar="G.oi", help="the graph to run (default: the model's example graph)")
     gen.add_argument("--tokenizer", metavar="tokenizer.json", help="a tokenizer (default: the model's own)")
     gen.add_argument("--ops", action="append", metavar="SPEC", help="op sets (default: nn)")
+    add_cache_flag(gen)
     gen.add_argument("--batch", metavar="FILE", help="generate every prompt of FILE together (a text file, one "
                                                      "prompt a line; .npy / .npz token ids): docs/decode.md")
     gen.add_argument("--batch-size", type=int, default=8, metavar="B", help="sequences at once with --batch (8)")

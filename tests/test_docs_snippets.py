@@ -163,7 +163,7 @@ def _sandbox(directory: Path) -> dict:
         (bin_dir / name).chmod(0o755)
     path = os.pathsep.join([str(REPO), str(directory / "examples"), os.environ.get("PYTHONPATH", "")])
     return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=path,
-                OI2JAX_CACHE_DIR="none")
+                OI2JAX_CACHE_DIR=str(directory / ".xla-cache"))
 
 
 # a python snippet: its setup (stand-ins), then the snippet as printed, in one namespace
