@@ -237,14 +237,14 @@ def have_llama_cpp() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int) -> dict:
+def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int, threads: int = THREADS) -> dict:
     """In a subprocess: load the GGUF with llama.cpp and time the prompt and greedy decode."""
     import llama_cpp
 
     ids = [int(i) for i in np.load(ids_path)]
     t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=THREADS,
-                          n_threads_batch=THREADS, verbose=False)
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                          n_threads_batch=threads, verbose=False)
     load_s = time.perf_counter() - t0
     llm.eval(ids[:8])  # warm-up
     runs = []
@@ -267,9 +267,9 @@ def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int) -> 
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
 
 
-def run_llamacpp(gguf: Path, ids_path: Path, shape: Shape, reps: int = REPS) -> dict:
+def run_llamacpp(gguf: Path, ids_path: Path, shape: Shape, reps: int = REPS, threads: int = THREADS) -> dict:
     rc, out, err, rss = _python(["-m", "benchmarks.llamacpp", "--worker", "llamacpp", str(gguf), str(ids_path),
-                                 str(shape.gen), str(shape.ctx), str(reps)])
+                                 str(shape.gen), str(shape.ctx), str(reps), str(threads)])
     if rc != 0:
         return {"error": _last_lines(err)}
     return {**json.loads(out.strip().splitlines()[-1]), "rss": rss}
@@ -554,13 +554,13 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
 
 
 def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None = None, profile=(PROFILE_KIND,),
-          reps: int = REPS, log=print, on_row=None) -> dict:
+          reps: int = REPS, threads: int = THREADS, log=print, on_row=None) -> dict:
     """Every type's row; `on_row(result so far)` after each (a stopped run keeps its rows)."""
     peer = have_llama_cpp() if peer is None else peer
     start = time.perf_counter()
     meta = machine()
     meta.update(shape=asdict(shape), load_before=os.getloadavg(), uptime_before=_uptime(), peer=peer,
-                threads=THREADS)
+                threads=threads)
     if not peer:
         log("note: llama-cpp-python is not installed (pip install '.[bench]'): llama.cpp skipped, oi2jax only")
     meta["copy_rate"] = copy_rate()
@@ -575,11 +575,11 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
         for kind in kinds:
             path = files[kind]["path"]
             log(f"{kind}: {path.name}")
-            lcp = [run_llamacpp(path, ids_path, shape, reps)] if peer else []
+            lcp = [run_llamacpp(path, ids_path, shape, reps, threads)] if peer else []
             oi = run_oi2jax(path, kind, ids_path, shape, work)
             log(f"  oi2jax: {_brief(oi)}")
             if peer:
-                lcp.append(run_llamacpp(path, ids_path, shape, reps))
+                lcp.append(run_llamacpp(path, ids_path, shape, reps, threads))
                 log(f"  llama.cpp: {'; '.join(_brief_lcp(r, shape) for r in lcp)}")
             cost, prof = {}, None
             if "oinf" in oi:
@@ -682,8 +682,8 @@ def report(res: dict) -> str:
              "`python -m benchmarks.llamacpp" + (" --quick" if s["name"] == "quick" else "") + "` (benchmarks/llamacpp.py: "
              "what is measured and how). Targets (issue 42): oi2jax >= 1.0x llama.cpp on decode and prompt for "
              f"{', '.join(TARGETED)}; resident memory <= 1.2x (GGUF + KV cache).", "",
-             f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {THREADS} threads for llama.cpp "
-             f"(n_threads = n_threads_batch = {THREADS}); XLA's CPU client uses its own thread pool",
+             f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['threads']} threads for llama.cpp "
+             f"(n_threads = n_threads_batch = {m['threads']}); XLA's CPU client uses its own thread pool",
              f"- load: before `{m['uptime_before']}`; after `{m['uptime_after']}` (a shared machine); the run took "
              f"{m.get('wall_s', 0) / 60:.1f} min",
              f"- versions: python {m['python']}, jax {m['jax']}, numpy {m['numpy']}, gguf {m['gguf']}, "
@@ -805,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         kind, args = argv[1], argv[2:]
         if kind == "llamacpp":
-            res = llamacpp_worker(args[0], args[1], int(args[2]), int(args[3]), int(args[4]))
+            res = llamacpp_worker(args[0], args[1], *map(int, args[2:]))
         elif kind == "profile":
             res = profile_worker(args[0], args[1], args[2])
         else:
@@ -819,6 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"GGUF types, comma-separated (default {','.join(KINDS)})")
     p.add_argument("--profile", default=PROFILE_KIND, help="the types whose oi2jax step is profiled ('' for none)")
     p.add_argument("--no-peer", action="store_true", help="oi2jax only")
+    p.add_argument("--threads", type=int, default=THREADS, help=f"llama.cpp's threads (default {THREADS})")
     p.add_argument("--reps", type=int, default=REPS, help=f"llama.cpp's runs per process (two processes; default {REPS})")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the GGUF files are kept")
     p.add_argument("--out", type=Path, default=HERE / "results", help="the results folder")
@@ -842,7 +843,8 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(tmp, args.out / (name + suffix))
 
     res = bench(shape, kinds, cache=args.cache, peer=False if args.no_peer else None,
-                profile=[k for k in args.profile.split(",") if k], reps=args.reps, on_row=write)
+                profile=[k for k in args.profile.split(",") if k], reps=args.reps, threads=args.threads,
+                on_row=write)
     print(report(res))
     return 0
 

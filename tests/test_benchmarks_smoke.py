@@ -137,7 +137,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
                             step_ms_untraced=40.0, step_ms_traced=45.0, bytes_accessed=6e8, flops=2e8))
     meta = dict(shape=vars(L.QUICK) | {"name": "quick"}, cpu="cpu", cores=2, memory="1 kB", python="3", jax="j",
                 numpy="n", gguf="g", llama_cpp_python=None, oi2jax_commit="c", uptime_before="u", uptime_after="u",
-                peer=False, copy_rate=2.5e10, baseline_rss={"oi2jax": 4e8})
+                peer=False, copy_rate=2.5e10, baseline_rss={"oi2jax": 4e8}, threads=2)
     text = L.report({"meta": meta, "rows": [row, dict(kind="BF16", gguf_bytes=1, tensor_bytes=1, write_s=0.0,
                                                       floor_ms=1.0, ref_mem=2, oi_error="generate: boom")]})
     assert "| Q4_1 | 100.0 (90.0-110.0) | 10.0 | 0.10x MISSED |" in text
