@@ -108,6 +108,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
     import jax
     import jax.numpy as jnp
     from benchmarks import llamacpp as L
+    from benchmarks.step_profile import hlo_scopes
     from oi2jax.generation import Stats
     from oi2jax.model.gguf import convert_gguf
     from oi2jax.model.reader import open_model
@@ -127,7 +128,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
         with jax.named_scope("7:linear"):
             return jnp.tanh(w @ x)
     hlo = jax.jit(step).lower(jnp.ones((24, 8)), jnp.ones(8)).compile().as_text()
-    assert "linear (lm_head)" in L.hlo_scopes(hlo, 24).values()
+    assert "linear (lm_head)" in hlo_scopes(hlo, 24).values()
 
     row = dict(kind="Q4_1", gguf_bytes=10**8, tensor_bytes=10**8, write_s=1.0, floor_ms=4.0, ref_mem=1.1e8,
                lcp_decode=(100.0, 90.0, 110.0), lcp_prompt=(300.0, 280.0, 320.0), lcp_ms=10.0, lcp_rss=2e8,
