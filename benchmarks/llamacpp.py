@@ -30,10 +30,10 @@ Measured, per type, in this one script run (the tools alternate: llama.cpp, oi2j
   f16 KV cache's filled rows; oi2jax, XLA's cost analysis ("bytes accessed") of its compiled step.
   The floor: the GGUF's tensor bytes / the machine's copy rate (a NumPy copy of 512 MB in this
   process, read + written bytes per second).
-- Where oi2jax's step time goes (PROFILE_KIND): one decode step of the program `generate` runs,
-  after the prompt, traced with `jax.profiler` (XLA's per-thunk events), each event attributed
-  through the optimized HLO's op_name metadata to the DSL op that made it (oi2jax names a scope
-  `<node>:<op>` per node), in ms per step.
+- Where oi2jax's step time goes (PROFILE_KIND; benchmarks/step_profile.py): decode steps of the
+  program `generate` runs, after the prompt, traced with `jax.profiler` (XLA's per-op events), each
+  event attributed through the optimized HLO's op_name metadata to the DSL op that made it (oi2jax
+  names a scope `<node>:<op>` per node), in ms per step.
 
 Targets (issue 42; reported, never asserted): oi2jax >= 1.0x llama.cpp on decode and prompt for
 Q4_1, Q8_0 and Q4_K; resident memory <= 1.2x (GGUF + cache).
