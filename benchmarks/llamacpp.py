@@ -30,10 +30,10 @@ Measured, per type, in this one script run (the tools alternate: llama.cpp, oi2j
   f16 KV cache's filled rows; oi2jax, XLA's cost analysis ("bytes accessed") of its compiled step.
   The floor: the GGUF's tensor bytes / the machine's copy rate (a NumPy copy of 512 MB in this
   process, read + written bytes per second).
-- Where oi2jax's step time goes (PROFILE_KIND): one decode step of the program `generate` runs,
-  after the prompt, traced with `jax.profiler` (XLA's per-thunk events), each event attributed
-  through the optimized HLO's op_name metadata to the DSL op that made it (oi2jax names a scope
-  `<node>:<op>` per node), in ms per step.
+- Where oi2jax's step time goes (PROFILE_KIND; benchmarks/step_profile.py): decode steps of the
+  program `generate` runs, after the prompt, traced with `jax.profiler` (XLA's per-op events), each
+  event attributed through the optimized HLO's op_name metadata to the DSL op that made it (oi2jax
+  names a scope `<node>:<op>` per node), in ms per step.
 
 Targets (issue 42; reported, never asserted): oi2jax >= 1.0x llama.cpp on decode and prompt for
 Q4_1, Q8_0 and Q4_K; resident memory <= 1.2x (GGUF + cache).
@@ -46,7 +46,6 @@ when llama-cpp-python is not installed). Writes results/llamacpp[-quick].md and 
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -68,6 +67,8 @@ for _p in (REPO, EXAMPLES):
         sys.path.insert(0, str(_p))
 
 import numpy as np  # noqa: E402
+
+from benchmarks.step_profile import cost_worker, gap, profile_table, profile_worker  # noqa: E402
 
 CACHE = HERE / ".cache"
 KINDS = ("Q4_1", "Q8_0", "Q4_K", "F32", "BF16")
@@ -237,14 +238,14 @@ def have_llama_cpp() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int) -> dict:
+def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int, threads: int = THREADS) -> dict:
     """In a subprocess: load the GGUF with llama.cpp and time the prompt and greedy decode."""
     import llama_cpp
 
     ids = [int(i) for i in np.load(ids_path)]
     t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=THREADS,
-                          n_threads_batch=THREADS, verbose=False)
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                          n_threads_batch=threads, verbose=False)
     load_s = time.perf_counter() - t0
     llm.eval(ids[:8])  # warm-up
     runs = []
@@ -267,9 +268,9 @@ def llamacpp_worker(gguf: str, ids_path: str, gen: int, ctx: int, reps: int) -> 
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
 
 
-def run_llamacpp(gguf: Path, ids_path: Path, shape: Shape, reps: int = REPS) -> dict:
+def run_llamacpp(gguf: Path, ids_path: Path, shape: Shape, reps: int = REPS, threads: int = THREADS) -> dict:
     rc, out, err, rss = _python(["-m", "benchmarks.llamacpp", "--worker", "llamacpp", str(gguf), str(ids_path),
-                                 str(shape.gen), str(shape.ctx), str(reps)])
+                                 str(shape.gen), str(shape.ctx), str(reps), str(threads)])
     if rc != 0:
         return {"error": _last_lines(err)}
     return {**json.loads(out.strip().splitlines()[-1]), "rss": rss}
@@ -350,122 +351,6 @@ def copy_rate(nbytes: int = 512 << 20, reps: int = 5) -> float:
     return 2 * nbytes / best
 
 
-# ------------------------------------------------------------------------------- the step profile
-
-def profile_worker(oinf: str, graph: str, ids_path: str, steps: int = 5) -> dict:
-    """In a subprocess: compile `oinf`'s example graph as generate does, run the prompt, then trace
-    `steps` decode steps; ms per step per DSL op (via the HLO's op_name) and XLA's cost analysis."""
-    import jax
-
-    from oi2jax.generation import Generator
-
-    gen = Generator(oinf, graph or None)
-    prog = gen.program
-    ids = [int(i) for i in np.load(ids_path)]
-    sess = prog.session()
-    for tok in ids:
-        out = sess.step(token=np.int32(tok))
-    sess.check()
-    t0 = time.perf_counter()
-    compiled = prog.lower(token=np.int32(0)).compile()
-    cost_compile_s = time.perf_counter() - t0
-    ca = compiled.cost_analysis()
-    ca = ca[0] if isinstance(ca, list) else ca
-    scope_of = hlo_scopes(compiled.as_text(), int(np.shape(out["logits"])[0]))
-    tok = int(np.argmax(np.asarray(out["logits"])))
-    for _ in range(2):
-        out = sess.step(token=np.int32(tok))
-        sess.check()
-    trace = Path(tempfile.mkdtemp(prefix="oi2jax-profile-"))
-    t0 = time.perf_counter()
-    jax.profiler.start_trace(str(trace), create_perfetto_trace=True)
-    for _ in range(steps):
-        out = sess.step(token=np.int32(tok))
-        sess.check()
-    jax.profiler.stop_trace()
-    traced_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        out = sess.step(token=np.int32(tok))
-        sess.check()
-    untraced_ms = (time.perf_counter() - t0) / steps * 1e3
-    names = set(re.findall(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", compiled.as_text(), re.M))
-    names = {n for n in names if not re.match(r"(while|conditional|call)\b", n)}  # containers: their ops count
-    events = [(n, d) for n, d in thunk_events(next(trace.rglob("perfetto_trace.json.gz"))) if n in names]
-    parts: dict[str, float] = {}
-    for name, dur_us in events:
-        part = scope_of.get(name, "(unattributed: " + re.sub(r"[.\d]+$", "", name) + ")")
-        parts[part] = parts.get(part, 0.0) + dur_us / 1e3 / steps
-    return {"parts": parts, "step_ms_untraced": untraced_ms, "step_ms_traced": traced_s / steps * 1e3,
-            "bytes_accessed": float(ca.get("bytes accessed", float("nan"))), "flops": float(ca.get("flops", float("nan"))),
-            "cost_compile_s": cost_compile_s, "position": len(ids) + 2}
-
-
-_SCOPE = re.compile(r"(\d+):(\w+)")
-
-
-def hlo_scopes(hlo: str, vocab: int) -> dict[str, str]:
-    """{HLO instruction name: the DSL op it computes}, from the op_name metadata's innermost
-    `<node>:<op>` scope; a `linear` that touches a vocabulary-sized array is "linear (lm_head)".
-    A fusion or call without metadata takes its computation's most frequent label."""
-    out, comp_labels, current = {}, {}, None
-    lines = hlo.splitlines()
-    for line in lines:
-        head = re.match(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s+[({]", line)
-        if head and " = " not in line:
-            current = head.group(1)
-            continue
-        m = re.match(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
-        op = re.search(r'op_name="([^"]*)"', line)
-        if not m or not op:
-            continue
-        scopes = _SCOPE.findall(op.group(1))
-        if not scopes:
-            continue
-        label = scopes[-1][1]
-        if label == "linear" and re.search(rf"\[{vocab}\b|\b{vocab}\]", line):
-            label = "linear (lm_head)"
-        out[m.group(1)] = label
-        comp_labels.setdefault(current, []).append(label)
-    for line in lines:  # no metadata (XLA's rewritten dots): the weight it reads, or its computation's label
-        m = re.match(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
-        if not m or m.group(1) in out:
-            continue
-        weight = re.search(r"%consts__([A-Za-z]+(?:_[A-Za-z]+)*)_", line)
-        call = re.search(r"\b(?:calls|to_apply|body)=%?([\w.\-]+)", line)
-        if weight and re.search(r"\b(?:dot|convolution|fusion)\(", line):
-            out[m.group(1)] = "linear (lm_head)" if weight.group(1) in ("lm_head", "embed") else f"linear ({weight.group(1)})"
-        elif call and comp_labels.get(call.group(1)):
-            labels = comp_labels[call.group(1)]
-            out[m.group(1)] = max(set(labels), key=labels.count)
-    return out
-
-
-MATVECS, LM_HEAD = "layers' linear (matvecs)", "lm_head (final linear)"
-
-
-def part_group(label: str) -> str:
-    """The coarse part of a DSL-op label: the layers' matrix-vector products, the lm_head, attention."""
-    if label == "linear (lm_head)":
-        return LM_HEAD
-    if label.startswith("linear"):
-        return MATVECS
-    if label == "attention":
-        return "attention"
-    if label.startswith("cache"):
-        return "cache reads / writes"
-    if label.startswith("("):
-        return "unattributed XLA ops"
-    return "the rest (norms, rope, elementwise, embedding, argmax)"
-
-
-def thunk_events(path: Path) -> list[tuple[str, float]]:
-    """(name, µs) of every complete event in a perfetto trace."""
-    trace = json.load(gzip.open(path))
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    return [(e["name"], float(e.get("dur", 0.0))) for e in events if e.get("ph") == "X" and "name" in e]
-
-
 def _graph(kind: str) -> str:
     """The graph `generate` runs for `kind` ("": the model's example graph)."""
     opts = OI2JAX_OPTIONS.get(kind, ([], []))[1]
@@ -485,17 +370,6 @@ def run_cost(oinf: str, kind: str, work: Path) -> dict:
     if rc != 0:
         return {"error": _last_lines(err)}
     return json.loads(out.strip().splitlines()[-1])
-
-
-def cost_worker(oinf: str, graph: str) -> dict:
-    """In a subprocess: XLA's cost analysis of the compiled step of `oinf`'s example graph."""
-    from oi2jax.generation import Generator
-    prog = Generator(oinf, graph or None).program
-    t0 = time.perf_counter()
-    ca = prog.lower(token=np.int32(0)).compile().cost_analysis()
-    ca = ca[0] if isinstance(ca, list) else ca
-    return {"bytes_accessed": float(ca.get("bytes accessed", float("nan"))), "flops": float(ca.get("flops", float("nan"))),
-            "cost_compile_s": time.perf_counter() - t0}
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -554,13 +428,13 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
 
 
 def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None = None, profile=(PROFILE_KIND,),
-          reps: int = REPS, log=print, on_row=None) -> dict:
+          reps: int = REPS, threads: int = THREADS, log=print, on_row=None) -> dict:
     """Every type's row; `on_row(result so far)` after each (a stopped run keeps its rows)."""
     peer = have_llama_cpp() if peer is None else peer
     start = time.perf_counter()
     meta = machine()
     meta.update(shape=asdict(shape), load_before=os.getloadavg(), uptime_before=_uptime(), peer=peer,
-                threads=THREADS)
+                threads=threads)
     if not peer:
         log("note: llama-cpp-python is not installed (pip install '.[bench]'): llama.cpp skipped, oi2jax only")
     meta["copy_rate"] = copy_rate()
@@ -575,11 +449,11 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
         for kind in kinds:
             path = files[kind]["path"]
             log(f"{kind}: {path.name}")
-            lcp = [run_llamacpp(path, ids_path, shape, reps)] if peer else []
+            lcp = [run_llamacpp(path, ids_path, shape, reps, threads)] if peer else []
             oi = run_oi2jax(path, kind, ids_path, shape, work)
             log(f"  oi2jax: {_brief(oi)}")
             if peer:
-                lcp.append(run_llamacpp(path, ids_path, shape, reps))
+                lcp.append(run_llamacpp(path, ids_path, shape, reps, threads))
                 log(f"  llama.cpp: {'; '.join(_brief_lcp(r, shape) for r in lcp)}")
             cost, prof = {}, None
             if "oinf" in oi:
@@ -682,8 +556,8 @@ def report(res: dict) -> str:
              "`python -m benchmarks.llamacpp" + (" --quick" if s["name"] == "quick" else "") + "` (benchmarks/llamacpp.py: "
              "what is measured and how). Targets (issue 42): oi2jax >= 1.0x llama.cpp on decode and prompt for "
              f"{', '.join(TARGETED)}; resident memory <= 1.2x (GGUF + KV cache).", "",
-             f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {THREADS} threads for llama.cpp "
-             f"(n_threads = n_threads_batch = {THREADS}); XLA's CPU client uses its own thread pool",
+             f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['threads']} threads for llama.cpp "
+             f"(n_threads = n_threads_batch = {m['threads']}); XLA's CPU client uses its own thread pool",
              f"- load: before `{m['uptime_before']}`; after `{m['uptime_after']}` (a shared machine); the run took "
              f"{m.get('wall_s', 0) / 60:.1f} min",
              f"- versions: python {m['python']}, jax {m['jax']}, numpy {m['numpy']}, gguf {m['gguf']}, "
@@ -747,54 +621,6 @@ def report(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gap(r: dict, rate: float) -> list[str]:
-    """The profiled type's decode gap in numbers: bytes, the rate they are read at, the parts."""
-    p = r["profile"]
-    if "error" in p or "oi_ms" not in r:
-        return []
-    total = sum(p["parts"].values())
-    groups: dict[str, float] = {}
-    for name, ms in p["parts"].items():
-        groups[part_group(name)] = groups.get(part_group(name), 0.0) + ms
-    out = [f"In numbers ({r['kind']}): oi2jax's step reads {p['bytes_accessed'] / 1e6:.0f} MB (XLA) where "
-           f"the GGUF's weights are {r['tensor_bytes'] / 1e6:.0f} MB "
-           f"({p['bytes_accessed'] / r['tensor_bytes']:.1f}x); at {r['oi_ms']:.1f} ms per generated token that is "
-           f"{p['bytes_accessed'] / r['oi_ms'] / 1e6:.1f} GB/s against a copy rate of {rate / 1e9:.1f} GB/s."]
-    if "lcp_ms" in r:
-        out[0] += (f" llama.cpp: {r['lcp_ms']:.2f} ms per token, {r['lcp_bytes'] / 1e6:.0f} MB "
-                   f"({r['lcp_gbs']:.1f} GB/s); oi2jax takes {r['oi_ms'] / r['lcp_ms']:.1f}x as long.")
-    host = r["oi_ms"] - total
-    out += ["", f"Of oi2jax's {r['oi_ms']:.1f} ms per generated token, the step's XLA ops take {total:.1f} ms "
-                f"(the layers' linear {groups.get(MATVECS, 0.0):.1f}, the lm_head "
-                f"{groups.get(LM_HEAD, 0.0):.1f}, attention {groups.get('attention', 0.0):.1f}) and "
-                f"{host:.1f} ms the rest (dispatch, the per-token host read of the step's flags and logits, sampling)."]
-    return out
-
-
-def profile_table(r: dict) -> list[str]:
-    p = r["profile"]
-    head = f"## Where oi2jax's decode step goes ({r['kind']}"
-    if "error" in p:
-        return [head + ")", "", f"profile failed: {p['error']}"]
-    total = sum(p["parts"].values())
-    groups: dict[str, float] = {}
-    for name, ms in p["parts"].items():
-        groups[part_group(name)] = groups.get(part_group(name), 0.0) + ms
-    out = [head + f", at position {p['position']})", "",
-           f"`jax.profiler` trace of {r['kind']}'s compiled step as `generate` runs it (XLA CPU per-op events, each "
-           f"attributed through the optimized HLO to the DSL op that made it: op_name scopes `<node>:<op>`, or the "
-           f"weight a rewritten dot reads); step {p['step_ms_untraced']:.1f} ms untraced (Session.step + check), "
-           f"{p['step_ms_traced']:.1f} ms traced; the XLA ops' events sum to {total:.1f} ms; XLA cost analysis "
-           f"of the step: {p['bytes_accessed'] / 1e6:.0f} MB accessed, {p['flops'] / 1e6:.0f} MFLOP.", "",
-           "| part | ms per step | share of the XLA ops |", "|---|---|---|"]
-    out += [f"| {g} | {ms:.2f} | {100 * ms / total:.0f}% |" for g, ms in sorted(groups.items(), key=lambda t: -t[1])]
-    out += ["", "| DSL op (weight) | ms per step | share |", "|---|---|---|"]
-    for name, ms in sorted(p["parts"].items(), key=lambda t: -t[1]):
-        if ms >= 0.005 * total:
-            out.append(f"| {name} | {ms:.2f} | {100 * ms / total:.0f}% |")
-    return out
-
-
 def _json_default(x):
     if isinstance(x, Path):
         return str(x)
@@ -806,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         kind, args = argv[1], argv[2:]
         if kind == "llamacpp":
-            res = llamacpp_worker(args[0], args[1], int(args[2]), int(args[3]), int(args[4]))
+            res = llamacpp_worker(args[0], args[1], *map(int, args[2:]))
         elif kind == "profile":
             res = profile_worker(args[0], args[1], args[2])
         else:
@@ -820,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"GGUF types, comma-separated (default {','.join(KINDS)})")
     p.add_argument("--profile", default=PROFILE_KIND, help="the types whose oi2jax step is profiled ('' for none)")
     p.add_argument("--no-peer", action="store_true", help="oi2jax only")
+    p.add_argument("--threads", type=int, default=THREADS, help=f"llama.cpp's threads (default {THREADS})")
     p.add_argument("--reps", type=int, default=REPS, help=f"llama.cpp's runs per process (two processes; default {REPS})")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the GGUF files are kept")
     p.add_argument("--out", type=Path, default=HERE / "results", help="the results folder")
@@ -843,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(tmp, args.out / (name + suffix))
 
     res = bench(shape, kinds, cache=args.cache, peer=False if args.no_peer else None,
-                profile=[k for k in args.profile.split(",") if k], reps=args.reps, on_row=write)
+                profile=[k for k in args.profile.split(",") if k], reps=args.reps, threads=args.threads,
+                on_row=write)
     print(report(res))
     return 0
 

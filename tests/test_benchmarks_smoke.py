@@ -117,6 +117,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
     import jax
     import jax.numpy as jnp
     from benchmarks import llamacpp as L
+    from benchmarks.step_profile import hlo_scopes
     from oi2jax.generation import Stats
     from oi2jax.model.gguf import convert_gguf
     from oi2jax.model.reader import open_model
@@ -136,7 +137,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
         with jax.named_scope("7:linear"):
             return jnp.tanh(w @ x)
     hlo = jax.jit(step).lower(jnp.ones((24, 8)), jnp.ones(8)).compile().as_text()
-    assert "linear (lm_head)" in L.hlo_scopes(hlo, 24).values()
+    assert "linear (lm_head)" in hlo_scopes(hlo, 24).values()
 
     row = dict(kind="Q4_1", gguf_bytes=10**8, tensor_bytes=10**8, write_s=1.0, floor_ms=4.0, ref_mem=1.1e8,
                lcp_decode=(100.0, 90.0, 110.0), lcp_prompt=(300.0, 280.0, 320.0), lcp_ms=10.0, lcp_rss=2e8,
@@ -146,7 +147,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
                             step_ms_untraced=40.0, step_ms_traced=45.0, bytes_accessed=6e8, flops=2e8))
     meta = dict(shape=vars(L.QUICK) | {"name": "quick"}, cpu="cpu", cores=2, memory="1 kB", python="3", jax="j",
                 numpy="n", gguf="g", llama_cpp_python=None, oi2jax_commit="c", uptime_before="u", uptime_after="u",
-                peer=False, copy_rate=2.5e10, baseline_rss={"oi2jax": 4e8})
+                peer=False, copy_rate=2.5e10, baseline_rss={"oi2jax": 4e8}, threads=2)
     text = L.report({"meta": meta, "rows": [row, dict(kind="BF16", gguf_bytes=1, tensor_bytes=1, write_s=0.0,
                                                       floor_ms=1.0, ref_mem=2, oi_error="generate: boom")]})
     assert "| Q4_1 | 100.0 (90.0-110.0) | 10.0 | 0.10x MISSED |" in text
