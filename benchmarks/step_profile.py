@@ -27,33 +27,33 @@ def profile_worker(oinf: str, graph: str, ids_path: str, steps: int = 5) -> dict
     from oi2jax.generation import Generator
 
     gen = Generator(oinf, graph or None)
-    prog = gen.program
+    prog = gen.program(1)  # the decode step (S=1 of a step graph, or the one-token graph)
     ids = [int(i) for i in np.load(ids_path)]
     sess = prog.session()
     for tok in ids:
-        out = sess.step(token=np.int32(tok))
+        out = sess.step(**_token(gen, tok))
     sess.check()
     t0 = time.perf_counter()
-    compiled = prog.lower(token=np.int32(0)).compile()
+    compiled = prog.lower(**_token(gen, 0)).compile()
     cost_compile_s = time.perf_counter() - t0
     ca = compiled.cost_analysis()
     ca = ca[0] if isinstance(ca, list) else ca
     scope_of = hlo_scopes(compiled.as_text(), int(np.shape(out["logits"])[0]))
     tok = int(np.argmax(np.asarray(out["logits"])))
     for _ in range(2):
-        out = sess.step(token=np.int32(tok))
+        out = sess.step(**_token(gen, tok))
         sess.check()
     trace = Path(tempfile.mkdtemp(prefix="oi2jax-profile-"))
     t0 = time.perf_counter()
     jax.profiler.start_trace(str(trace), create_perfetto_trace=True)
     for _ in range(steps):
-        out = sess.step(token=np.int32(tok))
+        out = sess.step(**_token(gen, tok))
         sess.check()
     jax.profiler.stop_trace()
     traced_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(steps):
-        out = sess.step(token=np.int32(tok))
+        out = sess.step(**_token(gen, tok))
         sess.check()
     untraced_ms = (time.perf_counter() - t0) / steps * 1e3
     names = set(re.findall(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", compiled.as_text(), re.M))
@@ -134,12 +134,20 @@ def thunk_events(path: Path) -> list[tuple[str, float]]:
 
 
 
+def _token(gen, tok: int) -> dict:
+    """One decode step's token input: `tokens: i32[1]` of a step graph, `token: i32` of a one-token graph."""
+    value = np.int32(tok)
+    if len(gen.program(1).bound.shape(gen.token_input)) == 1:
+        value = np.asarray([tok], np.int32)
+    return {gen.token_input: value}
+
+
 def cost_worker(oinf: str, graph: str) -> dict:
     """In a subprocess: XLA's cost analysis of the compiled step of `oinf`'s example graph."""
     from oi2jax.generation import Generator
-    prog = Generator(oinf, graph or None).program
+    gen = Generator(oinf, graph or None)
     t0 = time.perf_counter()
-    ca = prog.lower(token=np.int32(0)).compile().cost_analysis()
+    ca = gen.program(1).lower(**_token(gen, 0)).compile().cost_analysis()
     ca = ca[0] if isinstance(ca, list) else ca
     return {"bytes_accessed": float(ca.get("bytes accessed", float("nan"))), "flops": float(ca.get("flops", float("nan"))),
             "cost_compile_s": time.perf_counter() - t0}
