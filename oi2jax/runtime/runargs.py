@@ -117,17 +117,8 @@ def feedback_pairs(prog, feedback) -> tuple:
             kind = f"{decl.kind.value} variable" if decl is not None else "not a variable of the graph"
             raise OiError(f"{what}: {name} is {'a ' + kind if decl is not None else kind}, not an input "
                           f"(dynamic variable){suggest(name, inputs)} (inputs: {', '.join(inputs) or '(none)'})")
-        decl = graph.var(source)
-        if decl is None or decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
-            known = [v.name for v in graph.vars if v.kind != ir.MemKind.CONSTANT and not v.is_prefix_table]
-            raise OiError(f"{what}: {source} is not a variable a step leaves a value in{suggest(source, known)} "
-                          f"(variables: {', '.join(known) or '(none)'})")
-        if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
-            raise OiError(f"{what}: {_cache_state(decl)}; cache.read what to feed back into a volatile and feed "
-                          f"that back")
-        if source in prog.shaped:
-            raise OiError(f"{what}: {source} takes the current shape of @auto_dim tensor {prog.shaped[source]}, "
-                          f"which changes from step to step")
+        _step_output(prog, source, what, "cache.read what to feed back into a volatile and feed that back",
+                     subject=source)
         have = (bound.dtype(source), tuple(bound.shape(source)))
         want = (bound.dtype(name), tuple(bound.shape(name)))
         if have != want:
@@ -147,19 +138,10 @@ def stop_set(prog, stop) -> dict:
         return {}
     if not isinstance(stop, dict):
         raise OiError(f"stop: expected a dict {{output: [id, ...]}}, got {type(stop).__name__}")
-    graph, bound = prog.graph, prog.bound
+    bound = prog.bound
     out = {}
     for name, ids in stop.items():
-        decl = graph.var(name)
-        if decl is None or decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
-            known = [v.name for v in graph.vars if v.kind != ir.MemKind.CONSTANT and not v.is_prefix_table]
-            raise OiError(f"stop {name}: not a variable a step leaves a value in{suggest(name, known)} "
-                          f"(variables: {', '.join(known) or '(none)'})")
-        if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
-            raise OiError(f"stop {name}: {_cache_state(decl)}; cache.read it into a volatile and stop on that")
-        if name in prog.shaped:
-            raise OiError(f"stop {name}: it takes the current shape of @auto_dim tensor {prog.shaped[name]}, "
-                          f"which changes from step to step")
+        _step_output(prog, name, f"stop {name}", "cache.read it into a volatile and stop on that")
         d = dtypes.get(bound.dtype(name))
         if not d.is_int:
             raise OiError(f"stop {name}: {name} is {d.name}; stop ids need an integer output (a token id)")
@@ -265,6 +247,24 @@ def _feedback_hint(prog, name: str) -> str:
     also = f" ({', '.join(sources)} {'has' if len(sources) == 1 else 'have'} its dtype and shape)" if sources else ""
     return (f"; to run on past them, feed a step's output back into {name}: --feedback {name}={example} "
             f"(Session.run: feedback={{'{name}': '{example}'}}){also}")
+
+
+def _step_output(prog, name: str, what: str, fix: str, subject: str | None = None) -> None:
+    """THE rule for a variable whose value after a step a run uses (a feedback source, a stop
+    output): dynamic, volatile or plain persistent, of a fixed shape. `what`: the message's head
+    (the use); `subject`: how the message names the variable (None: the head names it); `fix`:
+    how to get there from a cache table."""
+    graph = prog.graph
+    decl = graph.var(name)
+    if decl is None or decl.kind == ir.MemKind.CONSTANT or decl.is_prefix_table:
+        known = [v.name for v in graph.vars if v.kind != ir.MemKind.CONSTANT and not v.is_prefix_table]
+        raise OiError(f"{what}: {subject + ' is ' if subject else ''}not a variable a step leaves a value in"
+                      f"{suggest(name, known)} (variables: {', '.join(known) or '(none)'})")
+    if decl.kind == ir.MemKind.PERSISTENT and (decl.is_table or decl.auto_dim):
+        raise OiError(f"{what}: {_cache_state(decl)}; {fix}")
+    if name in prog.shaped:
+        raise OiError(f"{what}: {subject or 'it'} takes the current shape of @auto_dim tensor {prog.shaped[name]}, "
+                      f"which changes from step to step")
 
 
 def _cache_state(decl) -> str:
