@@ -397,15 +397,24 @@ class AheadOfTime:
             return False
         seen = self._seen
         for i, (leaf, (aval, sharding)) in enumerate(zip(leaves, self.expected)):
-            if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer) or leaf.aval != aval or \
-                    leaf.is_deleted():
+            if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer) or leaf.is_deleted() or \
+                    not _placed_as(leaf, aval, sharding, seen, i):
                 return False
-            placed = leaf.sharding
-            if placed is not seen[i]:
-                if placed != sharding:
-                    return False
-                seen[i] = placed
         return True
+
+
+def _placed_as(value, aval, sharding, seen, key) -> bool:
+    """Whether the device array `value` has `aval` and `sharding`. `seen[key]`: the sharding
+    object of the last array found placed so: the next one placed alike costs one identity test
+    (comparing shardings costs about 1 µs)."""
+    if value.aval != aval:
+        return False
+    placed = value.sharding
+    if placed is not seen[key]:
+        if placed != sharding:
+            return False
+        seen[key] = placed
+    return True
 
 
 class FlatStep:
@@ -437,8 +446,6 @@ class FlatStep:
         # each input's name, aval and sharding: `Session.step`'s hot path checks them per call
         self.inputs = tuple((name, aval, sharding) for (name, aval), sharding in
                             zip(self.exe.in_avals[0][-1].items(), self.exe.input_shardings[0][-1].values()))
-        # per input, the sharding object of the last array found placed as compiled: the next
-        # array placed alike costs one identity test (comparing shardings costs about 1 µs)
         self._seen = {name: sharding for name, _, sharding in self.inputs}
 
     def accepts(self, leaves: tuple, flags, dynamic: dict) -> bool:
@@ -452,14 +459,8 @@ class FlatStep:
         whose inputs are all the form's, each a device array of the type the form was called with."""
         seen = self._seen
         for name, aval, sharding in self.inputs:
-            value = dynamic[name]
-            if value.aval != aval:
+            if not _placed_as(dynamic[name], aval, sharding, seen, name):
                 return False
-            placed = value.sharding
-            if placed is not seen[name]:
-                if placed != sharding:
-                    return False
-                seen[name] = placed
         return True
 
     def call(self, consts, leaves: tuple, flags, dynamic) -> tuple:
