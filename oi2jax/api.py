@@ -16,7 +16,7 @@ from .protocol import CompileOptions
 from .runtime.executor import check_build, check_schedule
 from .runtime.program import Program
 from .runtime.sharding import compile_sharded
-from .xla_cache import watch
+from .xla_cache import reopen_cache, watch
 from .pipeline import load_graph, load_graph_json, load_model  # re-exported: the loaders live in the pipeline
 
 __all__ = ["compile", "Program", "CompileOptions", "load_graph", "load_graph_json", "load_model",
@@ -56,6 +56,8 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
         print(f"warning: compilation cache disabled (cannot use the default cache directory: {exc}); "
               f"set OI2JAX_CACHE_DIR or --cache-dir to choose one", file=sys.stderr)
         return None
+    if jax.config.jax_compilation_cache_dir not in (None, str(path)):
+        reopen_cache()  # JAX opens its cache once per process: a new directory needs it reopened
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

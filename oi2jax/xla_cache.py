@@ -20,6 +20,16 @@ _lock = threading.Lock()
 _state = {"directory": None, "warned": False}
 
 
+def reopen_cache() -> None:
+    """Make JAX open its persistent cache again at its next compile (it opens the directory once
+    per process, so a directory set after the first compile would otherwise be ignored)."""
+    try:
+        from jax._src.compilation_cache import reset_cache  # optional: a JAX internal (ImportError: nothing to reopen)
+    except ImportError:
+        return
+    reset_cache()
+
+
 def watch(directory: str) -> None:
     """Route JAX's unreadable-cache-entry warnings for `directory` through `_unreadable`
     (installed once per process; a later call only changes the directory)."""

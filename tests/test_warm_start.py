@@ -52,6 +52,27 @@ def test_second_run_skips_xla_compilation(tmp_path):
     assert out1.split("COUNTS")[0] == out2.split("COUNTS")[0]  # same printed outputs
 
 
+SWITCH = r"""
+import sys
+from pathlib import Path
+import jax, numpy as np
+from oi2jax import api
+first, second = sys.argv[1:]
+api.enable_compilation_cache(first)
+jax.jit(lambda x: x + 1)(np.ones(3, np.float32))
+api.enable_compilation_cache(second)  # a second directory in the same process is used, not ignored
+jax.jit(lambda x: x * 3)(np.ones(3, np.float32))
+print(sorted(p.name.split("-")[0] for p in Path(first).iterdir()), sorted(p.name.split("-")[0] for p in Path(second).iterdir()))
+"""
+
+
+def test_a_second_cache_directory_is_used(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", SWITCH, str(tmp_path / "a"), str(tmp_path / "b")], capture_output=True,
+                          text=True, cwd=str(REPO), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['jit__lambda']", "['jit__lambda']"], proc.stdout
+
+
 def test_cache_dir_none_and_default(tmp_path, monkeypatch, capsys):
     before = jax.config.jax_compilation_cache_dir
     monkeypatch.setenv("OI2JAX_CACHE_DIR", str(tmp_path / "env-cache"))
