@@ -263,3 +263,29 @@ def test_max_unchecked_is_checked(kv):
         sess.step(q=np.zeros(kv.bound.shape("q"), np.float32))
     with pytest.raises(OiError, match="this session is closed"):
         sess.read("t")
+
+
+def test_a_handed_in_state_is_read_once_and_a_clean_one_needs_no_skipping_form():
+    """A session started from a `StepState` (a prompt session's state handed to the decode
+    program) reads the state's flags once at its first step: no error -> the clean compiled form,
+    not a second one that can skip; a state whose flags hold an error (from the pure `prog.step`,
+    which reports nothing) still takes the form that skips: its error is raised at the next sync
+    point and the state is left as it was."""
+    prog = oi2jax.compile(PLAIN_FAIL_SOURCE)
+    x = np.array([1.0, 2.0], np.float32)
+    first = prog.session()
+    first.step(n=np.float32(2), x=x)
+    compiled = prog.compiles  # the clean form
+    device = Device(finished=lambda: True)
+    resumed = device.attach(prog.session(state=first.state))
+    out = resumed.step(n=np.float32(1), x=x)
+    np.testing.assert_array_equal(np.asarray(out["y"]), 3 * x)
+    assert prog.compiles == compiled, prog.compile_log  # the clean form again: nothing compiled
+    assert device.reads == 1  # the handed-in flags, read once
+    failed, _ = prog.step(prog.init_state(), n=np.float32(np.nan), x=x)  # the error stays in the flags
+    assert int(failed.guards.err) != 0
+    broken = prog.session(state=failed)
+    broken.step(n=np.float32(1), x=x)  # the form that can skip: the step does nothing ...
+    with pytest.raises(OiError, match=r"loop bound n is not finite \(in step 1\)"):
+        broken.check()  # ... and the handed-in error is raised at the next sync point
+    np.testing.assert_array_equal(np.asarray(broken.read("acc")), np.zeros(2, np.float32))

@@ -393,6 +393,12 @@ class Session:
         full = dyn if len(dyn) == self._n_dynamic else {**exe.defaults, **dyn}
         if self._pending:
             self._poll()
+        elif not self._clean and self._flags is not None:
+            # a state handed in (not known clean): its flags read once (the step waits for that
+            # state anyway); no error and no growth asked for -> the clean form, not a second
+            # compiled form that can skip (a prompt session's state handed to the decode program)
+            outcome = self.outcomes.read(self._flags)
+            self._clean = not outcome.err and outcome.applied
         clean = self._clean  # the state holds no error: the step needs no skip
         kernels = exe.kernels
         forms = kernels.session_forms(full)

@@ -142,7 +142,7 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     tanh(s / softcap) * softcap when `softcap` is given; out = sum_t softmax(s)[t] v[t] over the
     read positions. `valid=n` (default T) and `window=W` (default: none) as softmax's: the
     positions n-W..n-1 of the first n. The kernel loops over blocks ceil(lo / block) .. ceil(n /
-    block) (a `while` when n or W is a variable: its cost grows with n, not T) keeping the running
+    block) (a `while` when n or W is a variable: its cost grows with n, not T; a table of one block, T <= block, is that block's pass without a loop) keeping the running
     maximum, sum and weighted sum (an online softmax; equal to the masked softmax up to
     summation order). S rows share one loop over the blocks any of them reads (from the smallest
     row's start to the largest n), each block's scores computed for all rows at once and masked
@@ -206,6 +206,9 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
 
     heads = qg.shape[:3]
     init = (jnp.full(heads, -jnp.inf, ct), jnp.zeros(heads, ct), jnp.zeros(qg.shape, ct))
-    _, total, acc = lax.fori_loop(jnp.min(lo) // b, (jnp.max(n) + b - 1) // b, body, init)
+    if b == t:  # the table is one block, which every valid row reads: the loop's one pass, without the loop
+        _, total, acc = body(jnp.int32(0), init)
+    else:
+        _, total, acc = lax.fori_loop(jnp.min(lo) // b, (jnp.max(n) + b - 1) // b, body, init)
     out = acc / total[..., None]
     return N.store(out if q.ndim == 4 else out[0] if q.ndim == 3 else out[0, :, 0, :], ctx.out_dtype)
