@@ -40,7 +40,7 @@ from .runtime.runstats import compile_seconds
 
 __all__ = ["Generator", "Generation", "Stats", "generate"]
 
-_REPO = Path(__file__).resolve().parent.parent  # a source checkout: where `examples/` lives
+GRAPHS = Path(__file__).resolve().parent / "graphs"  # the families' step graphs, shipped in the package
 STREAM_EVERY = 8  # tokens per fused call when the text is streamed (`on_text`)
 SETTINGS = {"temperature": (np.float32, 0.0), "top_k": (np.int32, 0), "top_p": (np.float32, 1.0),
             "min_p": (np.float32, 0.0), "seed": (np.int32, 0)}  # the graph inputs of sampling, and their "off"
@@ -91,11 +91,13 @@ def _graph_path(meta: dict, model_path: str, graph) -> str:
     if not isinstance(name, str):
         raise OiError(f"{model_path}: the model file names no example graph (metadata {META['graph']}): "
                       f"give the graph to run (--graph G.oi)")
-    for candidate in (Path(name), _REPO / name):
-        if candidate.is_file():
-            return str(candidate)
-    raise OiError(f"{model_path}: its example graph {name} is not found here (it lives in oi2jax's source "
-                  f"checkout): give the graph to run (--graph G.oi)")
+    # a converter names its family's graph as `examples/<name>`: the copy shipped in the package
+    # (examples/ links to it); another name is a path
+    shipped = GRAPHS / Path(name).name
+    candidate = shipped if name.startswith("examples/") and shipped.is_file() else Path(name)
+    if candidate.is_file():
+        return str(candidate)
+    raise OiError(f"{model_path}: its example graph {name} is not found: give the graph to run (--graph G.oi)")
 
 
 def _tokenizer(meta: dict, model_path: str, tokenizer):

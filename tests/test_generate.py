@@ -209,3 +209,28 @@ def test_cli_batch_needs_the_step_graph_interface(model, tmp_path, capsys, share
     code, _, err = run_cli(capsys, "generate", model["path"], "--batch", tmp_path / "p.npy", "--graph",
                            EXAMPLES / "llama_decode.oi")
     assert code == 1 and "llama_decode.oi: --batch runs the step-graph interface" in err, err
+
+
+def test_the_family_graphs_ship_in_the_package(tmp_path, monkeypatch):
+    """generate runs the graph a model file names (`examples/<family>_decode.oi`, and the
+    `_prefill.oi` beside it) from the copy shipped in the package (oi2jax/graphs, package data; the
+    examples/ files link to it): an installed oi2jax, run from any directory, has them."""
+    import tomllib
+    from pathlib import Path
+
+    from oi2jax import generation
+    import oi2jax.model.hf  # noqa: F401  (registers every family row)
+    from oi2jax.model.hf.families import FAMILIES
+    names = {f.graph for f in FAMILIES.values()}
+    assert names >= {"llama_decode.oi", "gemma2_decode.oi", "gpt2_decode.oi"}
+    for name in names | {n.replace("_decode.oi", "_prefill.oi") for n in names}:
+        shipped = generation.GRAPHS / name
+        assert shipped.is_file() and not shipped.is_symlink(), name
+        assert (EXAMPLES / name).resolve() == shipped.resolve(), name  # one file: examples/ links it
+    config = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())
+    assert "graphs/*.oi" in config["tool"]["setuptools"]["package-data"]["oi2jax"]
+    monkeypatch.chdir(tmp_path)  # no examples/ here
+    assert Path(generation._graph_path({"example_graph": "examples/llama_decode.oi"}, "m.oinf", None)) == \
+        generation.GRAPHS / "llama_decode.oi"
+    with pytest.raises(OiError, match="its example graph examples/nope.oi is not found: give the graph"):
+        generation._graph_path({"example_graph": "examples/nope.oi"}, "m.oinf", None)
