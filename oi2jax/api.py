@@ -68,7 +68,7 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
             yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
             build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest",
-            zero_missing_inputs: bool = False, ops=None, unroll="auto"):
+            zero_missing_inputs: bool = False, ops=None, unroll="auto", widen_floats: bool = False):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
 
     `ops`: op sets besides OpenInfer's 47 ops (docs/ops.md): bundled set names (`"nn"`), `.py` or
@@ -99,7 +99,10 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     says which file was used); False: no model.
     A run without an input that the graph reads and that has no model tensor or `@init`, and a
     constant with no model tensor and no `@init`, are errors naming them; `zero_missing_inputs=True`
-    asks for OpenInfer's zero-filled default."""
+    asks for OpenInfer's zero-filled default.
+    `widen_floats=True` (an oi2jax extension, off by default): a constant declared f32 reads a bf16
+    or f16 model tensor as its exact f32 values (an f32 graph on a bf16 checkpoint's conversion,
+    as if converted with --dtype f32); without it that is a dtype mismatch, as in OpenInfer."""
     unroll = check_unroll(unroll)
     if mode == "interpret" and unroll != "auto":
         raise OiError(f"unroll={unroll!r} applies to compiled programs; the interpreter runs loops as written")
@@ -116,7 +119,8 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     options = CompileOptions(precision=precision, unroll=unroll, yield_mode=yield_mode, placement=placement,
                              build=build, schedule=schedule)
     # load -> check -> bind, shared with export and the CLI
-    bound = pipeline.bound(source_or_path, model, sizes, ops, zero_missing_inputs=bool(zero_missing_inputs))
+    bound = pipeline.bound(source_or_path, model, sizes, ops, zero_missing_inputs=bool(zero_missing_inputs),
+                           widen_floats=bool(widen_floats))
     if mode == "interpret":
         if precision != "highest":
             raise OiError(f"precision={precision!r} applies to compiled programs; the interpreter always "

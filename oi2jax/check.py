@@ -55,6 +55,7 @@ class CheckedGraph:
     read_before_written: frozenset  # phases.read_before_written: what a step may read before writing it
     # literal op inputs (docs/semantics.md): (op node's index, input position) -> its dtype and value
     literals: Mapping[tuple[int, int], LiteralValue]
+    widen_floats: bool = False  # f32 declarations were bound to bf16/f16 model tensors (TensorInfo.widens_to)
 
     def op_sig(self, node: ir.Op):
         sig = self.op_sigs.get(node.index)
@@ -69,9 +70,10 @@ class CheckedGraph:
 
 
 def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
-                no_model: str | None = None) -> CheckedGraph:
-    """The checked graph, or `OiError` with every error (THE check of the pipeline)."""
-    checker = _Checker(graph, model, sizes, ops, no_model)
+                no_model: str | None = None, widen_floats: bool = False) -> CheckedGraph:
+    """The checked graph, or `OiError` with every error (THE check of the pipeline). `widen_floats`:
+    an f32 declaration may bind a bf16/f16 model tensor (an opt-in extension: docs/semantics.md)."""
+    checker = _Checker(graph, model, sizes, ops, no_model, widen_floats)
     checker.run()
     diags = sorted(checker.diags, key=_sort_key)
     errors = [d for d in diags if d.severity == "error"]
@@ -80,7 +82,8 @@ def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None
     plan = checker.yield_phases
     return CheckedGraph(graph, tuple(diags), MappingProxyType(dict(checker.op_sigs)), checker.registry,
                         MappingProxyType(dict(checker.shaped)), plan, block_writes(graph),
-                        read_before_written(graph, plan), MappingProxyType(dict(checker.literals)))
+                        read_before_written(graph, plan), MappingProxyType(dict(checker.literals)),
+                        bool(widen_floats))
 
 
 def resize(checked: CheckedGraph, model=None, sizes: dict[str, int] | None = None) -> CheckedGraph:
@@ -94,7 +97,7 @@ def resize(checked: CheckedGraph, model=None, sizes: dict[str, int] | None = Non
     kept as checked: names, dtypes and memory kinds, the block structure and branch graph, the
     yield/await plan, what each block writes and reads first, the runtime-shaped variables, the
     literal inputs' values and the warnings (no warning reads a size)."""
-    checker = _Checker(checked.graph, model, sizes, checked.ops)
+    checker = _Checker(checked.graph, model, sizes, checked.ops, widen_floats=checked.widen_floats)
     checker.run_sized()
     errors = sorted((d for d in checker.diags if d.severity == "error"), key=_sort_key)
     if errors:
@@ -116,8 +119,10 @@ def _sort_key(d: Diagnostic):
 class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, RuntimeShapeRules):
     """Checker state, lookups and the node walk; the rule groups are the mixins in `oi2jax.checks`."""
 
-    def __init__(self, graph: ir.Graph, model, sizes, registry=None, no_model: str | None = None):
+    def __init__(self, graph: ir.Graph, model, sizes, registry=None, no_model: str | None = None,
+                 widen_floats: bool = False):
         self.g = graph
+        self.widen_floats = widen_floats  # checks/decls.check_bound
         self.registry = registry if registry is not None else builtin_registry()
         self.shaped: dict[str, str] = {}
         self.model = model

@@ -264,7 +264,7 @@ def cmd_run(args) -> int:
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
                           zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
-                          **sharding)
+                          widen_floats=args.widen_floats, **sharding)
     compile_s = time.perf_counter() - t0
     inputs = _load_inputs(args.input)
     for name, value in inputs.items():
@@ -407,7 +407,7 @@ def cmd_export(args) -> int:
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=model, sizes=_sizes(args.size), symbolic=symbolic,
                              platforms=platforms, ops=_ops(args), unroll=args.unroll,
-                             zero_missing_inputs=args.zero_missing_inputs):
+                             zero_missing_inputs=args.zero_missing_inputs, widen_floats=args.widen_floats):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -446,7 +446,7 @@ def cmd_compile(args) -> int:
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
                           precision=args.precision, zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args),
-                          unroll=args.unroll,
+                          unroll=args.unroll, widen_floats=args.widen_floats,
                           **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
@@ -505,6 +505,9 @@ def _add_zero_flag(p, run: bool = False) -> None:
                          "constant has no model tensor or @init" if run else
                          "let a constant with no model tensor and no @init be zeros") +
                         " (OpenInfer's zero-filled default); without it that is an error")
+    p.add_argument("--widen-floats", action="store_true",
+                   help="let a constant declared f32 read a bf16/f16 model tensor as its exact f32 values (an f32 "
+                        "graph on a bf16 checkpoint's conversion); without it that is a dtype mismatch")
 
 
 def build_parser() -> argparse.ArgumentParser:

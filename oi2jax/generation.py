@@ -143,7 +143,10 @@ class Generator:
                 self.graph_path = str(prefill)
         self.mode = _interface(self.graph_path, api.load_graph(self.graph_path))
         sizes = {"S": 1} if self.mode == PROMPT_STEPS else None
-        decode = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision, sizes=sizes)
+        # widen_floats: a bf16/f16 conversion (a checkpoint's own dtype, kept by convert-hf) runs the
+        # family's f32 graph on its exact f32 values, as a --dtype f32 conversion would
+        decode = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision, sizes=sizes,
+                             widen_floats=True)
         self.programs = {1: decode}
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
                          decode.graph.var(k).kind == ir.MemKind.DYNAMIC}

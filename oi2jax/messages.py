@@ -119,3 +119,12 @@ def untyped_literal_input(op: str, text: str, dtype: str, suffix: bool) -> str:
     how = f"write its dtype as a suffix (`{text}{dtype}`), or " if suffix else ""
     return (f"op {op}: every input is a literal, so nothing gives {text} a dtype; {how}declare a variable holding "
             f"it, e.g. `c: {dtype} @init({text});` in `volatile {{ ... }}`, and write c in its place")
+
+def model_dtype_mismatch(label: str, info, dtype: str) -> str:
+    """A declaration of `dtype` bound to a model tensor (`TensorInfo`) it cannot read; the way out
+    when `widen_floats` would let it (a bf16/f16 tensor read by an f32 declaration)."""
+    hint = ""
+    if info.widens_to(dtype):
+        hint = (f" (convert the model with --dtype f32, or read its {info.value_dtype} tensors as their exact "
+                f"f32 values with --widen-floats / widen_floats=True)")
+    return f"model dtype mismatch for {label}: model {info.value_dtype}, graph {dtype}{hint}"

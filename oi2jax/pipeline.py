@@ -164,7 +164,7 @@ def registry(ops=None):
     return load_ops(ops)
 
 
-def checked(source_or_path, model=None, sizes=None, ops=None):
+def checked(source_or_path, model=None, sizes=None, ops=None, widen_floats: bool = False):
     """(CheckedGraph, model object): the graph loaded and checked (against the model chosen by
     `choose_model`, with the op registry of `ops`); OiError with every error otherwise. `model` may
     also be a `ModelChoice`."""
@@ -172,14 +172,17 @@ def checked(source_or_path, model=None, sizes=None, ops=None):
     reg = registry(ops)
     graph = load_graph(source_or_path)
     model_obj = load_model(choice.model)
-    return check_graph(graph, model=model_obj, sizes=sizes, ops=reg, no_model=choice.no_model_reason()), model_obj
+    return check_graph(graph, model=model_obj, sizes=sizes, ops=reg, no_model=choice.no_model_reason(),
+                       widen_floats=widen_floats), model_obj
 
 
-def bound(source_or_path, model=None, sizes=None, ops=None, zero_missing_inputs: bool = False):
+def bound(source_or_path, model=None, sizes=None, ops=None, zero_missing_inputs: bool = False,
+          widen_floats: bool = False):
     """load -> check -> bind: the `BoundGraph` every backend (compiled, interpreted, exported) starts
     from. `zero_missing_inputs`: constants with no value (no model tensor, no `@init`) read as zeros
-    instead of being an error (model/bind.py)."""
+    instead of being an error; `widen_floats`: an f32 constant reads a bf16/f16 model tensor as its
+    exact f32 values (model/bind.py)."""
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
-    checked_graph, model_obj = checked(source_or_path, choice, sizes, ops)
+    checked_graph, model_obj = checked(source_or_path, choice, sizes, ops, widen_floats)
     return bind(checked_graph, model_obj, sizes, zero_missing_inputs=zero_missing_inputs,
-                no_model=choice.no_model_reason())
+                no_model=choice.no_model_reason(), widen_floats=widen_floats)

@@ -24,6 +24,10 @@ SPEC_EXAMPLE_NAMES = sorted(p.stem for p in EXAMPLES.glob("*.oi") if p.with_suff
 NIGHTLY = os.environ.get("OI2JAX_PROFILE") == "nightly"
 
 
+# the ways out that a model dtype mismatch of an f16 tensor under an f32 declaration names
+WIDEN_HINT = (" (convert the model with --dtype f32, or read its f16 tensors as their exact f32 values "
+              "with --widen-floats / widen_floats=True)")  # the mismatch's ways out (messages.model_dtype_mismatch)
+
 # a graph whose step fails at run time when n is not finite (its loop bound), otherwise adds x to
 # acc n times: the session and unchecked-step tests run steps after a failing one with it
 # a table that grows (no @fixed): 10 steps double its capacity several times (executable and session tests)

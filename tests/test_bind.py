@@ -12,7 +12,7 @@ from oi2jax.model import Meta, Tensor, open_model, save
 from oi2jax.host_numerics import fill_value
 from oi2jax.model.bind import BoundGraph, bind
 
-from conftest import MODELS
+from conftest import MODELS, WIDEN_HINT
 
 K = ir.MemKind
 
@@ -166,7 +166,7 @@ def test_model_dtype_and_shape_mismatch(tmp_path):
     with pytest.raises(OiError) as exc:
         bind(g, m)
     msgs = [(d.message, d.span.line) for d in exc.value.diagnostics]
-    assert msgs == [("model dtype mismatch for w: model f16, graph f32", 5),
+    assert msgs == [("model dtype mismatch for w: model f16, graph f32" + WIDEN_HINT, 5),
                     ("model shape mismatch for b: model [3], graph [4]", 6)]
 
 

@@ -9,7 +9,7 @@ from oi2jax.diagnostics import OiError
 from oi2jax.grammar import parse
 from oi2jax.model.reader import TensorInfo
 
-from conftest import REPO
+from conftest import REPO, WIDEN_HINT
 
 HEAD = """\
 dynamic { x: f32[4]; c: bool; n: i32; m: f32[2, 3]; }
@@ -221,7 +221,7 @@ def test_model_rules():
     g = parse(MODEL_HEAD + "block entry {\n  op add(x, w) >> y;\n}\n", "t.oi")
     errs = [(d.span.line, d.span.col, d.message) for d in check(g, model=model) if d.severity == "error"]
     assert (1, 11, "model shape mismatch for x: model [5], graph [4]") in errs
-    assert (2, 12, "model dtype mismatch for w: model f16, graph f32") in errs
+    assert (2, 12, "model dtype mismatch for w: model f16, graph f32" + WIDEN_HINT) in errs
     assert (2, 31, "model variable not found: zz") in errs
     assert (2, 43, "constant missing not found in model (no tensor or metadata entry)") in errs
     assert not any("F" in e[2] for e in errs)

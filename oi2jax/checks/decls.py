@@ -95,8 +95,9 @@ class DeclRules:
 
     def check_bound(self, d: ir.VarDecl, tname: str):
         info = self.model.tensors[tname]
-        if not info.binds_as(d.dtype):  # GGML blocks as their f32 value, QuantParams' integers as f32 too
-            self.error(f"model dtype mismatch for {d.name}: model {info.value_dtype}, graph {d.dtype}", d.span)
+        # GGML blocks as their f32 value, QuantParams' integers as f32 too, bf16/f16 as f32 with widen_floats
+        if not info.binds_as(d.dtype, self.widen_floats):
+            self.error(messages.model_dtype_mismatch(d.name, info, d.dtype), d.span)
             return
         shape = self.resolve_dims(d.dims)
         if shape is not None and tuple(info.value_shape) != shape:

@@ -17,7 +17,7 @@ from .. import dtypes as dt
 from .. import ir, messages
 from ..check import resize
 from ..diagnostics import Diagnostic, OiError
-from ..messages import CHECKED
+from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
 from .ggml import KeptBlocks
@@ -46,16 +46,20 @@ class BoundGraph:
     Arrays returned by `initial`, `family`, `const_value` are shared (read-only); copy before mutating.
     """
 
-    __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families", "zero_missing_inputs")
+    __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families", "zero_missing_inputs",
+                 "widen_floats")
 
     def __init__(self, graph: ir.Graph, model: Model | None, sizes: dict[str, int],
-                 shapes: dict[str, tuple[int, ...]], checked=None, zero_missing_inputs: bool = False):
+                 shapes: dict[str, tuple[int, ...]], checked=None, zero_missing_inputs: bool = False,
+                 widen_floats: bool = False):
         self.graph = graph
         self.checked = checked  # the CheckedGraph this was bound from (None: bound unchecked)
         self.model = model
         # OpenInfer's zero-filled default asked for: inputs and constants without a value read as
         # zeros (else `bind` refuses such constants and a run such inputs)
         self.zero_missing_inputs = bool(zero_missing_inputs)
+        # an f32 constant may read a bf16/f16 model tensor, as its exact f32 values (`_widens`)
+        self.widen_floats = bool(widen_floats)
         self.sizes = dict(sizes)
         self._shapes = shapes
         self._cache: dict[str, np.ndarray] = {}
@@ -105,14 +109,15 @@ class BoundGraph:
 
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
-        return BoundGraph(self.graph, self.model, sizes, shapes, self.checked, self.zero_missing_inputs)
+        return BoundGraph(self.graph, self.model, sizes, shapes, self.checked, self.zero_missing_inputs,
+                          self.widen_floats)
 
     def rebind(self, sizes: dict) -> "BoundGraph":
         """The same checked graph and model bound at other `sizes` (a chunked run's tail:
         runtime/chunked.py), with this binding's `zero_missing_inputs`: `check.resize` runs only
         the checker's rules that read a size; the rest of the CheckedGraph is kept."""
         return bind(resize(self._checked(), self.model, sizes), self.model, sizes,
-                    zero_missing_inputs=self.zero_missing_inputs)
+                    zero_missing_inputs=self.zero_missing_inputs, widen_floats=self.widen_floats)
 
     def __repr__(self) -> str:
         return f"BoundGraph({self.graph.path!r}, model={self.model_path!r}, sizes={self.sizes})"
@@ -216,7 +221,7 @@ class BoundGraph:
         if info is not None:
             if not info.has_data:
                 return None
-            return _load_as(self.model, key, decl.dtype)
+            return _load_as(self.model, key, decl.dtype, self.widen_floats)
         meta = self.model.metadata.get(key)
         if meta is not None:
             return _meta_as_tensor(decl, meta, shape)
@@ -316,10 +321,11 @@ class BoundGraph:
             raise OiError(f"prefix table {decl.name}: model tensor {self.member_name(decl, idx)} not found",
                           decl.span)
         info = self.model.tensors[tensor]
-        _check_tensor(decl, info, shape, f"{decl.name}[{', '.join(map(str, idx))}]")
+        _check_tensor(decl, info, shape, f"{decl.name}[{', '.join(map(str, idx))}]", self.widen_floats)
         if kept and info.ggml is not None:
             return KeptBlocks(info.ggml, self.model.load_packed(tensor), tuple(info.value_shape))
-        return _load_as(self.model, tensor, decl.dtype) if info.has_data else fill_value(decl.dtype, shape, decl.init)
+        return _load_as(self.model, tensor, decl.dtype, self.widen_floats) if info.has_data else \
+            fill_value(decl.dtype, shape, decl.init)
 
     # ------------------------------------------------------------ weights kept as GGML blocks
 
@@ -402,13 +408,16 @@ class BoundGraph:
         return out
 
 
-def _load_as(model: Model, tensor: str, dtype: str) -> np.ndarray:
-    """A model tensor's value for a declaration of `dtype` (`TensorInfo.binds_as` allowed it): an
-    i8/u8 tensor with v2 QuantParams read by an `f32` declaration is their affine reading
-    (model/quant.dequantize, an oi2jax extension: docs/semantics.md); otherwise `Model.load`."""
+def _load_as(model: Model, tensor: str, dtype: str, widen: bool = False) -> np.ndarray:
+    """A model tensor's value for a declaration of `dtype` (`TensorInfo.binds_as`
+    allowed it, `widen`: `widen_floats`): an i8/u8 tensor with v2 QuantParams read by an `f32` declaration is their affine
+    reading (model/quant.dequantize, an oi2jax extension: docs/semantics.md); a widened bf16/f16
+    tensor its f32 values (exact); otherwise `Model.load`."""
     info = model.tensors[tensor]
     if info.quant is not None and dtype != info.dtype:
         return quant_dequantize(info.quant, model.load(tensor))
+    if widen and info.widens_to(dtype):
+        return model.load(tensor).astype(np.float32)
     return model.load(tensor)
 
 
@@ -481,17 +490,17 @@ def _convert_exact(value: np.ndarray, src: str, dst: str) -> np.ndarray | None:
     return ints.astype(d.np_dtype)
 
 
-def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None) -> None:
+def _check_tensor(decl: ir.VarDecl, info, shape, label: str | None = None, widen: bool = False) -> None:
     label = label or decl.name  # GGML blocks bind as their f32 value, QuantParams' integers as f32 too
-    if not info.binds_as(decl.dtype):
-        raise OiError(f"model dtype mismatch for {label}: model {info.value_dtype}, graph {decl.dtype}", decl.span)
+    if not info.binds_as(decl.dtype, widen):  # the checker's rule (checks/decls.check_bound), for a graph bound unchecked
+        raise OiError(model_dtype_mismatch(label, info, decl.dtype), decl.span)
     if tuple(info.value_shape) != tuple(shape):
         raise OiError(f"model shape mismatch for {label}: model {_fmt_shape(info.value_shape)}, graph "
                       f"{_fmt_shape(shape)}", decl.span)
 
 
 def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_missing_inputs: bool = False,
-         no_model: str | None = None) -> BoundGraph:
+         no_model: str | None = None, widen_floats: bool = False) -> BoundGraph:
     """Bind `graph` (a `check.CheckedGraph`, or a bare `ir.Graph` for the model-binding queries
     alone: programs need the checked one) to `model` with size overrides; OiError listing every
     binding problem, each located at its declaration. Without a model, a constant with no `@init`
@@ -536,7 +545,7 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
             if decl.name not in shapes:
                 continue
             try:
-                _bind_decl(decl, model, shapes[decl.name])
+                _bind_decl(decl, model, shapes[decl.name], widen_floats)
             except OiError as exc:
                 problems.extend(exc.diagnostics)
     elif not zero_missing_inputs:
@@ -544,7 +553,7 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
     if problems:
         raise OiError(sorted(problems, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0)),
                       source=graph.source or None)
-    return BoundGraph(graph, model, all_sizes, shapes, checked, zero_missing_inputs)
+    return BoundGraph(graph, model, all_sizes, shapes, checked, zero_missing_inputs, widen_floats)
 
 
 def _valueless_constants(graph: ir.Graph, shapes, no_model: str) -> list[Diagnostic]:
@@ -558,14 +567,14 @@ def _valueless_constants(graph: ir.Graph, shapes, no_model: str) -> list[Diagnos
             if not decl.is_prefix_table and decl.init is None and decl.name in shapes]
 
 
-def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
+def _bind_decl(decl: ir.VarDecl, model: Model, shape, widen: bool = False) -> None:
     if decl.is_prefix_table:
         regex, _ = pattern_regex(decl)
         for tensor, info in model.tensors.items():
             m = regex.match(tensor)
             if m:
                 idx = ", ".join(m.group(p) for p in decl.index_params if p in regex.groupindex)
-                _check_tensor(decl, info, shape, f"{decl.name}[{idx}] ({tensor})")
+                _check_tensor(decl, info, shape, f"{decl.name}[{idx}] ({tensor})", widen)
         return
     key = resolve_alias(model, decl.ref if decl.ref is not None else decl.name)
     if decl.ref is not None and key not in model.tensors:
@@ -574,7 +583,7 @@ def _bind_decl(decl: ir.VarDecl, model: Model, shape) -> None:
         return
     info = model.tensors.get(key)
     if info is not None:
-        _check_tensor(decl, info, shape)
+        _check_tensor(decl, info, shape, widen=widen)
         return
     meta = model.metadata.get(key)
     if meta is not None and decl.kind in (ir.MemKind.CONSTANT, ir.MemKind.VOLATILE):

@@ -101,11 +101,18 @@ class TensorInfo:
         """The dtype of the tensor's value: f32 for kept GGML blocks (their values), else `dtype`."""
         return "f32" if self.ggml is not None else self.dtype
 
-    def binds_as(self, dtype: str) -> bool:
+    def binds_as(self, dtype: str, widen: bool = False) -> bool:
         """Whether a declaration of `dtype` may bind this tensor: its value's dtype, or `f32` for
-        stored i8/u8 integers with v2 QuantParams (their affine reading: model/quant.dequantize)."""
+        stored i8/u8 integers with v2 QuantParams (their affine reading: model/quant.dequantize),
+        or, `widen` asked for, `f32` for a plain bf16/f16 tensor (`widens_to`)."""
         return dtype == self.value_dtype or (dtype == "f32" and self.quant is not None
-                                             and self.dtype in AFFINE_DTYPES)
+                                             and self.dtype in AFFINE_DTYPES) or (widen and self.widens_to(dtype))
+
+    def widens_to(self, dtype: str) -> bool:
+        """Whether `widen_floats` (an opt-in oi2jax extension: docs/semantics.md) lets a declaration
+        of `dtype` read this tensor as its exact values: `f32` from a plain bf16/f16 tensor (not
+        GGML blocks, no QuantParams)."""
+        return dtype == "f32" and self.ggml is None and self.quant is None and self.value_dtype in ("bf16", "f16")
 
     @property
     def value_shape(self) -> tuple[int, ...]:
