@@ -141,8 +141,10 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     cache, no copy of a layer's table). Per position t: s = (q . k[t]) * scale, soft-capped to
     tanh(s / softcap) * softcap when `softcap` is given; out = sum_t softmax(s)[t] v[t] over the
     read positions. `valid=n` (default T) and `window=W` (default: none) as softmax's: the
-    positions n-W..n-1 of the first n. The kernel loops over blocks ceil(lo / block) .. ceil(n /
-    block) (a `while` when n or W is a variable: its cost grows with n, not T; a table of one block, T <= block, is that block's pass without a loop) keeping the running
+    positions n-W..n-1 of the first n. The kernel loops over blocks of b = min(max(block, S), T)
+    positions, ceil(lo / b) .. ceil(n / b) (a `while` when n or W is a variable: its cost grows
+    with n, not T; a table of one block, T <= b, is that block's pass without a loop; S rows read
+    blocks of at least S positions, so a prompt step's scores take one or a few passes) keeping the running
     maximum, sum and weighted sum (an online softmax; equal to the masked softmax up to
     summation order). S rows share one loop over the blocks any of them reads (from the smallest
     row's start to the largest n), each block's scores computed for all rows at once and masked
@@ -152,9 +154,10 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     ct = N.compute_dtype(ctx.dtype)
     prec = matmul_precision(ctx)
     t, kvh, hd = k.shape[-3:]
-    b = min(static_int(block, "attention", "block"), t)
     qr = q if q.ndim == 4 else (q if q.ndim == 3 else q[:, None, :])[None]  # [S, KVH, G, HD]
     rows = qr.shape[:1]
+    # S rows read blocks of at least S positions: a prompt step's scores in one or a few passes
+    b = min(max(static_int(block, "attention", "block"), rows[0]), t)
     if valid is None or isinstance(valid, (bool, int, np.integer)):
         n = t if valid is None else int(valid)
         if not 1 <= n <= t:
