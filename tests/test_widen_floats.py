@@ -60,3 +60,21 @@ def test_generate_widens_and_the_cli_flag(models, tmp_path, capsys):
         assert code == 0, err
     a, b = np.load(tmp_path / "bf16.npz"), np.load(tmp_path / "f32.npz")
     np.testing.assert_array_equal(a["logits"], b["logits"])
+
+
+def test_a_bf16_gguf_generates_as_its_f32_conversion(tmp_path):
+    """A GGUF file of BF16 weights converted without --dtype keeps them bf16; generate reads them
+    as the --dtype f32 conversion of the same file does."""
+    from gguf_file import write_gguf
+
+    from oi2jax.model.gguf import convert_gguf
+    ck = llama_checkpoint.write_random_llama(tmp_path / "ck", layers=1, tokenizer=True, max_positions=64)
+    gguf = write_gguf(ck, tmp_path / "m.gguf", "BF16")
+    convert_gguf(gguf, tmp_path / "kept.oinf")
+    convert_gguf(gguf, tmp_path / "f32.oinf", dtype="f32")
+    from oi2jax.model.reader import open_model
+    with open_model(tmp_path / "kept.oinf") as m:
+        assert m.tensors["model.layers.0.mlp.up_proj.weight"].dtype == "bf16"
+    got = Generator(tmp_path / "kept.oinf").generate(prompt_ids=[4, 5, 6], max_tokens=5)
+    want = Generator(tmp_path / "f32.oinf").generate(prompt_ids=[4, 5, 6], max_tokens=5)
+    assert got.ids == want.ids and len(got.ids) == 5
