@@ -105,6 +105,25 @@ def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
     return lax.cond(jnp.any(t > 0), sampled, lambda: greedy)
 
 
+@jax.custom_batching.custom_vmap
+def _draw_jax(logits, temperature, top_k, top_p, min_p, seed, position):
+    return _draw(logits, temperature, top_k, top_p, min_p, seed, position, jnp)
+
+
+@_draw_jax.def_vmap
+def _draw_batched(axis_size, in_batched, *args):
+    """Under `jax.vmap` (`Program.batch`: a slot per sequence), the draw of the whole batch at once
+    (`_draw` takes leading batch axes): its greedy test is one `lax.cond` over every sequence's
+    temperature. vmap's own rule would turn that cond into a select computing both branches, the
+    sort and the noise of every slot at every greedy step."""
+    moved = [a if batched else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)) for a, batched in zip(args, in_batched)]
+    logits, temperature, top_k, top_p, min_p, seed, position = moved
+    batch = logits.shape[:-1]
+    per_row = [jnp.broadcast_to(a.reshape(a.shape + (1,) * (len(batch) - a.ndim)), batch)
+               for a in (temperature, top_k, top_p, min_p, seed, position)]
+    return _draw(logits, *per_row, jnp), True
+
+
 def _bad_settings(logits, top_p, min_p, xp):
     """What makes a draw undefined: a NaN logit, top_p outside (0, 1], min_p outside [0, 1]."""
     return (xp.any(xp.isnan(xp.asarray(logits))) | xp.any(~((xp.asarray(top_p) > 0) & (xp.asarray(top_p) <= 1)))
@@ -145,4 +164,4 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, po
     of the batch shape give each sequence its own. A NaN logit, top_p outside (0, 1] or min_p
     outside [0, 1] is a runtime error of the node. All settings may be variables."""
     ctx.fail_if(_bad_settings(logits, top_p, min_p, jnp), _MESSAGE, jnp.int32(1))
-    return _draw(logits, temperature, top_k, top_p, min_p, seed, position, jnp)
+    return _draw_jax(logits, *(jnp.asarray(a) for a in (temperature, top_k, top_p, min_p, seed, position)))
