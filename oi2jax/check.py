@@ -29,10 +29,11 @@ from .phases import YieldPhases, block_writes, read_before_written
 
 
 def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
-          no_model: str | None = None) -> list[Diagnostic]:
+          no_model: str | None = None, widen_floats: bool = False) -> list[Diagnostic]:
     """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`);
-    `no_model`: why there is no model, for the messages that need it (pipeline.ModelChoice)."""
-    checker = _Checker(graph, model, sizes, ops, no_model)
+    `no_model`: why there is no model, for the messages that need it (pipeline.ModelChoice);
+    `widen_floats`: as `check_graph`."""
+    checker = _Checker(graph, model, sizes, ops, no_model, widen_floats)
     checker.run()
     return sorted(checker.diags, key=_sort_key)
 

@@ -126,7 +126,8 @@ def cmd_check(args) -> int:
     choice = _model(args)
     graph = _load_graph(args.graph)
     model = open_model(choice.model) if choice.model else None
-    diagnostics = check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason())
+    diagnostics = check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason(),
+                        widen_floats=args.widen_floats)
     for d in diagnostics:
         print(d.render(graph.source), file=sys.stderr)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
@@ -505,6 +506,10 @@ def _add_zero_flag(p, run: bool = False) -> None:
                          "constant has no model tensor or @init" if run else
                          "let a constant with no model tensor and no @init be zeros") +
                         " (OpenInfer's zero-filled default); without it that is an error")
+    _add_widen_flag(p)
+
+
+def _add_widen_flag(p) -> None:
     p.add_argument("--widen-floats", action="store_true",
                    help="let a constant declared f32 read a bf16/f16 model tensor as its exact f32 values (an f32 "
                         "graph on a bf16 checkpoint's conversion); without it that is a dtype mismatch")
@@ -520,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(c)
     c.add_argument("--size", action="append", metavar="NAME=INT", help="set a size variable (repeatable)")
     _add_ops_flag(c)
+    _add_widen_flag(c)
     c.set_defaults(func=cmd_check)
 
     f = sub.add_parser("fmt", help="pretty-print a graph canonically")

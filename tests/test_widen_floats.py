@@ -78,3 +78,12 @@ def test_a_bf16_gguf_generates_as_its_f32_conversion(tmp_path):
     got = Generator(tmp_path / "kept.oinf").generate(prompt_ids=[4, 5, 6], max_tokens=5)
     want = Generator(tmp_path / "f32.oinf").generate(prompt_ids=[4, 5, 6], max_tokens=5)
     assert got.ids == want.ids and len(got.ids) == 5
+
+
+def test_check_takes_the_flag_too(models, capsys):
+    bf16, _ = models
+    graph = str(EXAMPLES / "llama_decode.oi")
+    code, out, err = run_cli(capsys, "check", graph, "--model", str(bf16), "--ops", "nn")
+    assert code == 1 and "model dtype mismatch for embed: model bf16, graph f32" in err
+    code, out, err = run_cli(capsys, "check", graph, "--model", str(bf16), "--ops", "nn", "--widen-floats")
+    assert code == 0, err
