@@ -15,12 +15,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# byte-compiled once (where PYTHONDONTWRITEBYTECODE is set, every process the tests start would
+# compile oi2jax's modules again: about 0.3 s each)
+BYTECODE := $(PY) -m compileall -q -j 0 oi2jax tests examples benchmarks > /dev/null
+
 # two processes (pytest-xdist), a test file in one of them: its compiled programs stay shared
 test: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # the long variants too (random differential in driver mode, 100-run stress): for a nightly run
 test-nightly: $(STAMP)
+	$(BYTECODE)
 	OI2JAX_PROFILE=nightly $(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
