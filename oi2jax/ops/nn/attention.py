@@ -185,33 +185,38 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     sc = float_attr(scale, ctx.dtype)
     cap = None if softcap is None else float_attr(softcap, ctx.dtype)
 
+    # heads first: [KVH, S*G, HD] against a block [KVH, b, HD], one batched matmul per kv head
+    rows_n, groups = qg.shape[0], qg.shape[2]
+    qh = jnp.transpose(qg, (1, 0, 2, 3)).reshape(kvh, rows_n * groups, hd)
+
     def read(table, start):
-        return N.to_compute(lax.dynamic_slice(table, lead + [start, jnp.int32(0), jnp.int32(0)], [1] * len(lead) + [b, kvh, hd])
-                            .reshape(b, kvh, hd), ctx.dtype)
+        block_ = lax.dynamic_slice(table, lead + [start, jnp.int32(0), jnp.int32(0)], [1] * len(lead) + [b, kvh, hd])
+        return jnp.transpose(N.to_compute(block_.reshape(b, kvh, hd), ctx.dtype), (1, 0, 2))
 
     def body(i, carry):
-        m, total, acc = carry
+        m, total, acc = carry  # [KVH, S, G], [KVH, S, G], [KVH, S, G, HD]
         a = (i * b).astype(jnp.int32)
         start = jnp.minimum(a, jnp.int32(t - b))
-        s = jnp.einsum("skgd,tkd->skgt", qg, read(k, start), precision=prec) * sc
+        s = (jnp.einsum("kqd,ktd->kqt", qh, read(k, start), precision=prec) * sc).reshape(kvh, rows_n, groups, b)
         if cap is not None:
             s = jnp.tanh(s / cap) * cap
         pos = start + lax.broadcasted_iota(jnp.int32, (b,), 0)
-        keep = ((pos >= jnp.maximum(a, lo)[:, None]) & (pos < n[:, None]))[:, None, None, :]
+        keep = ((pos >= jnp.maximum(a, lo)[:, None]) & (pos < n[:, None]))[None, :, None, :]
         s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         m_sub = jnp.where(m_new == -jnp.inf, jnp.zeros((), ct), m_new)  # a row none of whose positions is read yet
         corr = jnp.exp(m - m_sub)
         p = jnp.where(keep, jnp.exp(s - m_sub[..., None]), jnp.zeros((), ct))
         total = total * corr + jnp.sum(p, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum("skgt,tkd->skgd", p, read(v, start), precision=prec)
+        pv = jnp.einsum("kqt,ktd->kqd", p.reshape(kvh, rows_n * groups, b), read(v, start), precision=prec)
+        acc = acc * corr[..., None] + pv.reshape(kvh, rows_n, groups, hd)
         return m_new, total, acc
 
-    heads = qg.shape[:3]
-    init = (jnp.full(heads, -jnp.inf, ct), jnp.zeros(heads, ct), jnp.zeros(qg.shape, ct))
+    heads = (kvh, rows_n, groups)
+    init = (jnp.full(heads, -jnp.inf, ct), jnp.zeros(heads, ct), jnp.zeros(heads + (hd,), ct))
     if b == t:  # the table is one block, which every valid row reads: the loop's one pass, without the loop
         _, total, acc = body(jnp.int32(0), init)
     else:
         _, total, acc = lax.fori_loop(jnp.min(lo) // b, (jnp.max(n) + b - 1) // b, body, init)
-    out = acc / total[..., None]
+    out = jnp.transpose(acc / total[..., None], (1, 0, 2, 3))  # [S, KVH, G, HD]
     return N.store(out if q.ndim == 4 else out[0] if q.ndim == 3 else out[0, :, 0, :], ctx.out_dtype)
