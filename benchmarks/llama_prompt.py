@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 import oi2jax
+from oi2jax.npz import write_text_atomic
 from benchmarks.handwritten.llama import LlamaJax
 from benchmarks.llama import REPO, LlamaCase, block, case_list, make_model, prompt_tokens, rel
 
@@ -173,9 +174,7 @@ def main(argv=None) -> int:
     text = report(case, r, tuple(loads))
     suffix = "" if args.profile == "full" else f"-{args.profile}"
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"llama-prompt{suffix}.md"
-    tmp_out = out.with_suffix(".md.tmp")
-    tmp_out.write_text(text)
-    tmp_out.replace(out)
+    write_text_atomic(out, text)
     print(text)
     return 0
 

@@ -37,6 +37,7 @@ import oi2jax  # noqa: E402
 from oi2jax import quantized as Q  # noqa: E402
 from oi2jax.model import ggml  # noqa: E402
 from oi2jax.model.convert import convert_hf  # noqa: E402
+from oi2jax.npz import write_text_atomic  # noqa: E402
 
 from benchmarks.quantized_matvec import compare  # noqa: E402
 
@@ -146,9 +147,7 @@ def main(argv=None) -> int:
     out.append(f"load average at the end: {os.getloadavg()[0]:.1f}")
     text = "\n".join(out) + "\n"
     path = HERE / "results" / f"quantized_model{'-quick' if args.quick else ''}.md"
-    tmp_path = path.with_suffix(".md.tmp")
-    tmp_path.write_text(text)
-    tmp_path.replace(path)
+    write_text_atomic(path, text)
     print(text)
     return 0
 
