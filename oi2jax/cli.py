@@ -1,5 +1,6 @@
 """`oi2jax` command line: check, fmt, inspect, run, compile, export, graph; the model-file commands
-(convert-hf, convert-gguf, generate) in cli_models.py.
+(convert-hf, convert-gguf, generate) in cli_models.py, the `run` command's files and printing in
+cli_run_io.py.
 
 Exit codes: 0 success, 1 user error (diagnostics printed), 2 usage error. Never a traceback
 (set OI2JAX_DEBUG=1 to see one for an internal error).
@@ -14,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from . import __version__
 from .cfg import format_for, render, to_dot
 from .diagnostics import OiError
@@ -25,11 +24,13 @@ from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
 from .model.inspect import render_model
-from .npz import save_npz, writable_target, write_atomic, write_text_atomic
+from .npz import writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .trace import Trace
 from .cli_models import UsageError, add_cache_flag as _add_cache_flag, add_model_commands
 from .values import check_every_step_input
+from .cli_run_io import (load_inputs, main_outputs, per_step_inputs, report_trace, stop_ids,
+                         write_outputs)
 
 # The imports left inside functions below pull in JAX (the op registry, the checker, the lowering,
 # the runtime): each says `# deferred: JAX`, so that `oi2jax inspect`, `convert-hf` and `--help`
@@ -158,30 +159,6 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _load_inputs(pairs: list[str] | None) -> dict:
-    inputs = {}
-    for pair in pairs or []:
-        name, sep, file = pair.partition("=")
-        if not sep or not name or not file:
-            raise UsageError(f"--input expects NAME=FILE.npy, got '{pair}'")
-        if name in inputs:
-            raise UsageError(f"--input {name} is given twice")
-        try:
-            with open(file, "rb") as f:
-                magic = f.read(6)
-            if magic != b"\x93NUMPY":
-                raise OiError(f"cannot read input {name} from {file}: not a .npy file (save arrays with "
-                              f"numpy.save; for one value per step use --inputs-per-step FILE.npz)")
-            inputs[name] = np.load(file, allow_pickle=False)
-        except FileNotFoundError:
-            raise OiError(f"input file not found: {file}") from None
-        except OiError:
-            raise
-        except Exception as exc:  # corrupt .npy
-            raise OiError(f"cannot read input {name} from {file}: {exc}") from None
-    return inputs
-
-
 def _sharding_kwargs(args) -> dict:
     """--coordinator/--num-processes/--process-id (jax.distributed), --mesh, --shard -> compile kwargs."""
     coordinator = getattr(args, "coordinator", None)
@@ -199,32 +176,6 @@ def _sharding_kwargs(args) -> dict:
         raise UsageError("--mesh and --device are exclusive")
     from .runtime.sharding import make_mesh, parse_shard_specs  # deferred: JAX
     return {"mesh": make_mesh(args.mesh), "shard": parse_shard_specs(args.shard)}
-
-
-def _load_npz(path: str, what: str) -> dict:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            if not hasattr(npz, "files"):
-                raise OiError(f"{what} {path}: expected an .npz file of named arrays")
-            return {k: npz[k] for k in npz.files}
-    except FileNotFoundError:
-        raise OiError(f"{what} file not found: {path}") from None
-    except OiError:
-        raise
-    except Exception as exc:
-        raise OiError(f"cannot read {what} {path}: {exc}") from None
-
-
-def _per_step_inputs(args, program, inputs: dict) -> dict:
-    """--inputs-per-step FILE.npz: arrays with a leading step axis, one value per step."""
-    from .runtime.runargs import check_per_step  # deferred: JAX
-    per_step = _load_npz(args.inputs_per_step, "--inputs-per-step")
-    for name, value in per_step.items():
-        if name in inputs:
-            raise OiError(f"input {name} is given twice (--input and --inputs-per-step)")
-        if program.graph.var(name) is not None:  # an unknown name: the run says so
-            check_per_step(name, value, tuple(program.bound.shape(name)), "--inputs-per-step")
-    return per_step
 
 
 def cmd_run(args) -> int:
@@ -248,7 +199,7 @@ def cmd_run(args) -> int:
             if name in feedback:
                 raise UsageError(f"--feedback {name}: given twice ({name}={feedback[name]}, {pair})")
             feedback[name] = source
-    stop = _stop_ids(args.stop)
+    stop = stop_ids(args.stop)
     if args.interpret and session_flags:
         raise UsageError(f"{session_flags[0]} needs a compiled run (not --interpret)")
     sharding = _sharding_kwargs(args)
@@ -267,13 +218,13 @@ def cmd_run(args) -> int:
                           zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
                           widen_floats=args.widen_floats, **sharding)
     compile_s = time.perf_counter() - t0
-    inputs = _load_inputs(args.input)
+    inputs = load_inputs(args.input)
     for name, value in inputs.items():
         decl = program.graph.var(name)
         if decl is not None and decl.kind == MemKind.DYNAMIC:  # others: the run names them
             check_every_step_input(name, value, program.bound.shape(name))
     if args.inputs_per_step:
-        inputs.update(_per_step_inputs(args, program, inputs))
+        inputs.update(per_step_inputs(args, program, inputs))
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
     batch_var = args.batch_var
     if batch_var is None and program.supports_batched and not session_flags:
@@ -287,7 +238,7 @@ def cmd_run(args) -> int:
         if steps is None or steps < 1:
             raise UsageError("a batch-chunked run needs --steps >= 1")
         outputs = program.run_batched(inputs, batch_var=batch_var, steps=steps)
-        _write_outputs(args, outputs, _main_outputs(program, ()))
+        write_outputs(args, outputs, main_outputs(program, ()))
         return 0
     run_kwargs = {}
     if not args.interpret:
@@ -312,7 +263,7 @@ def cmd_run(args) -> int:
     except OiError as exc:  # what the steps before the failing one produced is written, not lost
         partial = getattr(exc, "partial", None)
         if partial is not None:
-            _write_outputs(args, partial, _main_outputs(program, run_kwargs.get("collect", ())), partial=exc.step)
+            write_outputs(args, partial, main_outputs(program, run_kwargs.get("collect", ())), partial=exc.step)
         raise
     finally:
         if bar is not None:
@@ -322,81 +273,14 @@ def cmd_run(args) -> int:
     if args.state_out:
         session.save(args.state_out)
     if tracing:
-        _report_trace(args, program, node_trace)
+        report_trace(args, program, node_trace)
     if args.explain_recompiles:
         for line in program.compile_log or ["(no compilation: interpreted run)"]:
             print(f"note: {line}", file=sys.stderr)
     if getattr(args, "coordinator", None) is not None and args.process_id != 0:
         return 0  # every process computed the same gathered outputs; process 0 reports them
-    _write_outputs(args, outputs, _main_outputs(program, run_kwargs.get("collect", ())))
+    write_outputs(args, outputs, main_outputs(program, run_kwargs.get("collect", ())))
     return 0
-
-
-def _main_outputs(program, collect) -> set:
-    """What `run` shows by default besides small values: the collected variables, else the volatile ones."""
-    return set(collect) or {v.name for v in program.graph.vars if v.kind == MemKind.VOLATILE}
-
-
-def _stop_ids(items: list[str] | None) -> dict:
-    """--stop OUT=ID[,ID...] (repeatable): {OUT: [ID, ...]}."""
-    stop: dict = {}
-    for item in items or []:
-        name, eq, ids = (x.strip() for x in item.partition("="))
-        try:
-            values = [int(i) for i in ids.split(",") if i.strip()]
-        except ValueError:
-            values = []
-        if not (eq and name and values):
-            raise UsageError(f"--stop expects OUTPUT=ID[,ID...] (e.g. next=2,32000), got {item!r}")
-        if name in stop:
-            raise UsageError(f"--stop {name}: given twice")
-        stop[name] = values
-    return stop
-
-
-def _write_outputs(args, outputs, main, partial: int | None = None) -> None:
-    """--out gets every variable; stdout (unless --quiet) what `--show` asks for: by default the
-    `main` ones (the collected variables, else the volatile ones: `_main_outputs`) and every
-    scalar, not whole caches. `partial`: the step that failed (the outputs are those before it)."""
-    if args.out:
-        save_npz(args.out, outputs)
-        if partial is not None:
-            print(f"note: wrote {args.out}: the steps before the failing step {partial}", file=sys.stderr)
-    if args.quiet:
-        return
-    show = [n.strip() for item in args.show or [] for n in item.split(",") if n.strip()]
-    if show and show != ["all"]:
-        unknown = [n for n in show if n not in outputs]
-        if unknown:
-            raise UsageError(f"--show {unknown[0]}: not a variable of the graph (variables: {', '.join(outputs)})")
-        names = show
-    elif show:
-        names = list(outputs)
-    else:
-        names = [n for n, v in outputs.items() if n in main or np.ndim(v) == 0]
-    for name in names:
-        value = outputs[name]
-        print(f"{name}: {value.dtype}{list(value.shape)}")
-        print(np.array2string(value, threshold=64, edgeitems=3, precision=5))
-    hidden = [n for n in outputs if n not in names]
-    if hidden:
-        print(f"(not shown: {', '.join(hidden)}; --show all or --show NAME,...)")
-
-
-def _report_trace(args, program, node_trace) -> None:
-    """Interpreted: one line per executed node (SPEC §8.2). Compiled: one line per kernel call,
-    the honest granularity once nodes are fused into kernels."""
-    if node_trace is not None:
-        lines, events = node_trace.lines(), {"granularity": "node", "events": node_trace.to_json()}
-    else:
-        lines = ["# compiled mode: nodes run fused inside kernels, so this trace is per kernel call",
-                 *program.trace_text().splitlines()]
-        events = {"granularity": "kernel", "events": list(program.last_trace)}
-    if args.trace or os.environ.get("OI2JAX_TRACE") == "full":
-        for line in lines:
-            print(line)
-    if args.trace_json:
-        write_text_atomic(args.trace_json, json.dumps(events, indent=1))
 
 
 def cmd_export(args) -> int:

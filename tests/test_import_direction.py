@@ -40,7 +40,7 @@ LAYERS = [
     ("front end", {"pipeline"}),
     ("backends", {"lowering/", "interpret", "interpret_caches"}),
     ("runtime", {"runtime/"}),
-    ("facade", {"api", "export", "cli", "cli_models", "oi2jax", "__main__", "generation", "batch_generate"}),
+    ("facade", {"api", "export", "cli", "cli_models", "cli_run_io", "oi2jax", "__main__", "generation", "batch_generate"}),
 ]
 RANK = {group: rank for rank, (_, groups) in enumerate(LAYERS) for group in groups}
 
