@@ -153,3 +153,12 @@ def test_llamacpp_benchmark_smoke(tmp_path):
     assert "| Q4_1 | 100.0 (90.0-110.0) | 10.0 | 0.10x MISSED |" in text
     assert "| layers' linear (matvecs) | 20.00 | 57% |" in text and "BF16 oi: generate: boom" in text
     assert "llama-cpp-python is not installed" in text
+
+
+def test_sampling_benchmark_smoke():
+    """benchmarks/sampling.py on a small vocabulary: the bisection and the sort form draw the same
+    token at each batch size and setting (asserted inside), the report has its rows."""
+    from benchmarks.sampling import measure, report
+    rows = measure(v=64, reps=1, batches=(2,))
+    assert len(rows) == 2 and all(r["ours_ms"] > 0 and r["sort_ms"] > 0 for r in rows)
+    assert report(rows).count("\n| ") == 3

@@ -148,3 +148,44 @@ def test_a_vmapped_draw_is_each_rows_draw_and_keeps_its_greedy_skip():
     assert "cond[" in str(jaxpr)  # one branch taken for the whole batch
     assert np.asarray(jax.jit(jax.vmap(draw, in_axes=(0, None, None, 0)))(rows, np.float32(0.8), np.int32(5),
                                                                         positions)).shape == (4,)
+
+
+def kept_by_sorting(z, top_k, top_p, min_p):
+    """The logits each filter keeps (the others -inf), found with a sort as transformers' warpers
+    do, in f32, ties at a threshold kept: the rule `sample`'s bisections must give exactly."""
+    z = np.array(z, np.float32)
+    v = z.size
+    if 0 < top_k < v:
+        z = np.where(z < np.sort(z)[v - top_k], np.float32(-np.inf), z)
+    if top_p < 1:
+        asc = np.sort(z)
+        e = np.exp(asc - asc[-1])
+        cum = np.cumsum(e / np.sum(e))
+        first = asc[np.sum(cum[:-1] <= np.float32(1) - np.float32(top_p))]  # the smallest value kept
+        z = np.where(z < first, np.float32(-np.inf), z)
+    if min_p > 0:
+        e = np.exp(z - np.max(z))
+        p = e / np.sum(e)
+        z = np.where(p < np.float32(min_p) * np.max(p), np.float32(-np.inf), z)
+    return z
+
+
+def test_the_bisected_thresholds_keep_what_a_sort_keeps():
+    """top-k's k-th largest and top-p's first kept value come from bisections over the ordered f32
+    values (no sort: ops/nn/sampling.py); on rows with ties, -inf and every kind of setting, the
+    kernel and the NumPy reference keep exactly the logits a sort keeps."""
+    from oi2jax.ops.nn.sampling import _filter
+    rng = np.random.default_rng(3)
+    rows, v = 300, 29
+    z = np.where(rng.random((rows, v)) < 0.5, rng.integers(-3, 4, (rows, v)),
+                 rng.standard_normal((rows, v)) * rng.choice([0.1, 1.0, 5.0], (rows, 1))).astype(np.float32)
+    z[rng.random((rows, v)) < 0.1] = -np.inf
+    z[:, 0] = np.maximum(z[:, 0], 0)  # a finite logit in every row
+    top_k = rng.integers(-1, v + 2, rows).astype(np.int32)
+    top_p = rng.choice([1.0, 0.999, 0.9, 0.5, 0.1, 1e-6], rows).astype(np.float32)
+    min_p = rng.choice([0.0, 0.0, 0.05, 0.5, 1.0], rows).astype(np.float32)
+    want = np.stack([kept_by_sorting(*row) for row in zip(z, top_k, top_p, min_p)])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(_filter(z, top_k, top_p, min_p, np), want)
+    kernel = jax.jit(lambda *a: _filter(*a, jnp))
+    np.testing.assert_array_equal(np.asarray(kernel(z, top_k, top_p, min_p)), want)
