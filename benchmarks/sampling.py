@@ -18,7 +18,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from oi2jax.npz import write_text_atomic
 from oi2jax.ops.nn.sampling import _argmax, _draw_jax, _noise_for
