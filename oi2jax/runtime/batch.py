@@ -132,7 +132,8 @@ class Batch:
         def put(state, one_state, slot):
             return jax.tree.map(lambda a, x: a.at[slot].set(x), state, one_state)
 
-        return jax.jit(chunk, donate_argnums=(2,)), jax.jit(put, donate_argnums=(0,))
+        opts = self.program.placer.jit_options()
+        return jax.jit(chunk, donate_argnums=(2,), **opts), jax.jit(put, donate_argnums=(0,), **opts)
 
     def _place(self, state, batched: bool):
         """A host state on the batch's devices: stacked (`batched`, the slot axis over the mesh's

@@ -147,7 +147,7 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
 
         program.note(f"run_batched: {N} rows over {batch_var}={B}: {n_full} full chunk(s)"
                                    + (f" + a last chunk of {rem} row(s)" if rem else "") + ", one program")
-        fn = jax.jit(chunked, donate_argnums=(2,))
+        fn = jax.jit(chunked, donate_argnums=(2,), **program.placer.jit_options())
         state, outs_full, outs_tail = fn(exe.consts, tail_consts, state, full_in, tail_in, other,
                                          defaults, tail_defaults)
         outputs: dict = {}

@@ -39,7 +39,7 @@ from .executor import DEFAULT_BUILD, DEFAULT_SCHEDULE, KernelBuilder, Task, chec
     compile_kernel, kernel_error, run_tasks
 from . import faults
 from .kernels import AheadOfTime
-from .placement import device_name, parse_device
+from .placement import device_name, jit_options, parse_device
 
 # ============================================================================ kernels
 
@@ -129,8 +129,9 @@ def trace_signature(fn, const_avals: dict, io_avals: PhaseIO, owned: set, protec
                      const_avals, env_avals)
 
 
-def jit_kernel(fn, sig: Signature, counter):
-    """The flat jitted kernel: `(const values, kept leaves, donated leaves) -> written leaves`."""
+def jit_kernel(fn, sig: Signature, counter, device):
+    """The flat jitted kernel: `(const values, kept leaves, donated leaves) -> written leaves`,
+    compiled with oi2jax's options for `device`'s platform (placement.jit_options)."""
     c_keys, e_keys = tuple(sig.const_avals), sig.in_keys
     placeholders_c = {k: a for k, a in sig.const_avals.items() if k not in set(sig.const_keys)}
     placeholders_e = {k: a for k, a in sig.env_avals.items() if k not in sig.reads and k not in set(sig.donate_keys)}
@@ -148,7 +149,7 @@ def jit_kernel(fn, sig: Signature, counter):
         out = _leaves(fn(consts, in_def.unflatten([env[k] for k in e_keys])))
         return tuple(out[k] for k in out_keys)
 
-    return jax.jit(kernel, donate_argnums=(2,))
+    return jax.jit(kernel, donate_argnums=(2,), **jit_options(device.platform))
 
 
 @dataclass(eq=False)
@@ -337,7 +338,7 @@ class Driver:
             else:
                 commit, owned_now = None, owned
             sig = trace_signature(fn, const_avals, io, owned_now, protected, False)
-            kern = Kernel(("entry", phase.index), sig, jit_kernel(fn, sig, count),
+            kern = Kernel(("entry", phase.index), sig, jit_kernel(fn, sig, count, main),
                           tuple(consts[k] for k in sig.const_keys),
                           phase.nodes[0].span if phase.nodes else self.graph.entry.span, commit=commit)
             if sig.out_keys:
@@ -362,7 +363,7 @@ class Driver:
                     vals = tuple(consts[k] for k in sig.const_keys)
                     writes = frozenset(self.writes[name])
                     merged = frozenset(_leaves(PhaseIO(env.only(writes))))  # what the await takes
-                    ck = Kernel((name, phase.index), sig, jit_kernel(fn, sig, count),
+                    ck = Kernel((name, phase.index), sig, jit_kernel(fn, sig, count, dev if placed else main),
                                 tuple(jax.device_put(v, dev) for v in vals) if placed else vals,
                                 self.graph.block(name).span, device=dev if placed else None, placed=placed,
                                 writes=writes, merged=merged,

@@ -29,7 +29,7 @@ def emit(program, kind: str = "stablehlo") -> str:
         if kind == "hlo":
             return locations.hlo(lowered.as_text(dialect="hlo", debug_info=True), program.graph)
         if kind == "optimized-hlo":
-            return lowered.compile().as_text()
+            return lowered.compile(exe.compile_options).as_text()  # as oi2jax compiles its kernels
     raise OiError(f"unknown --emit kind {kind}")
 
 
@@ -56,7 +56,7 @@ def dump(program, directory) -> list[str]:
         dynamic = exe.dynamic_args({})
         env = exe.builder.start_env(exe.consts, exe.state_spec.to_env(state), dynamic)
         for block in program.graph.blocks:
-            kernel = jax.jit(exe.builder.block_kernel(block.name))
+            kernel = jax.jit(exe.builder.block_kernel(block.name), **program.placer.jit_options())
             write(f"block.{block.name}.stablehlo.mlir", _located(program, kernel.lower(exe.consts, env)))
         for name, lowered in run_kernels(program, state, dynamic):
             write(f"{name}.stablehlo.mlir", _located(program, lowered))

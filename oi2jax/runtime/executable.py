@@ -70,7 +70,15 @@ class Executable:
                           self.defaults, self.host)
 
     def _make_jit(self):
+        # no compiler options here: the pure step may be called under a user's jit (a nested jit
+        # takes none); oi2jax's own ahead-of-time compiles of it pass them (`compile_options`)
         return jax.jit(self.pure_step(), donate_argnums=(1,), **self.host.placer.jit_kwargs(self))
+
+    @property
+    def compile_options(self) -> dict:
+        """XLA's options for this program's kernels (`Placer.jit_options`), as `Lowered.compile`
+        takes them."""
+        return self.host.placer.jit_options().get("compiler_options") or {}
 
     def pure_step(self, what: str = "step"):
         """The step as a plain function `(consts, state, dynamic) -> (state, outputs)`, each trace

@@ -266,7 +266,8 @@ class Program:
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
                     all(type(v) is array for v in checked.values()):
                 # concrete device inputs, all given: compile this signature for the next call
-                self._step_hot = StepHotPath(exe, AheadOfTime(exe.jit_step.lower(exe.consts, out[0], full).compile(),
+                lowered = exe.jit_step.lower(exe.consts, out[0], full)
+                self._step_hot = StepHotPath(exe, AheadOfTime(lowered.compile(exe.compile_options),
                                                               first=1), tuple(full))
             return out
 
@@ -308,8 +309,16 @@ class Program:
         `options`: `buckets`, `programs`, `chunk`, `mesh`, `axis` (`Batch`)."""
         return Batch(self, size, **options)
 
+    @property
+    def compile_options(self) -> dict:
+        """The XLA options oi2jax compiles this program's kernels with (on a CPU, the memory-
+        optimized schedule: runtime/placement.py `CPU_COMPILER_OPTIONS`); `lower(...).compile(
+        prog.compile_options)` gives the executable a session runs."""
+        return self.executable.compile_options
+
     def lower(self, state: StepState | None = None, **dynamic):
-        """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`)."""
+        """JAX's `Lowered` for the step (`.as_text()`, `.compile()`, `cost_analysis()`; compile it
+        with `compile_options` for the executable oi2jax runs)."""
         exe = self.executable
         with self.scope():
             state = exe.init_state() if state is None else state

@@ -153,6 +153,9 @@ class ShardingPlacer(Placer):
         self.axis_sizes = dict(zip(self.mesh.axis_names, self.mesh.devices.shape))
         self.placed: dict[str, dict[str, NamedSharding]] = {}  # role -> name -> sharding
 
+    def platform(self) -> str:
+        return self.mesh.devices.flat[0].platform
+
     # ------------------------------------------------------------ specs
 
     def decl_axes(self, decl: ir.VarDecl) -> list:
