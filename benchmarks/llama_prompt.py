@@ -91,7 +91,8 @@ def worker(side: str, case: LlamaCase, model: Path) -> dict:
     # warm JAX and oi2jax on a trivial program, as benchmarks/llama.py's worker does: neither side
     # pays for importing its modules or the libraries' first use (the hand-written side's module is
     # imported with this one)
-    warm = oi2jax.compile(str(EXAMPLES / "mlp_regression.oi"), model=str(EXAMPLES / "mlp_regression.oinf"))
+    warm = oi2jax.compile(str(EXAMPLES / "mlp_regression.oi"), model=str(EXAMPLES / "mlp_regression.oinf"),
+                          ops=["nn"])  # the nn op set's modules imported too
     warm.session().run(dict(warm.defaults), steps=1)
     block(jax.jit(lambda v: v + 1)(np.ones(4, np.float32)))
     del warm
