@@ -297,3 +297,18 @@ def test_a_prompt_steps_temporaries_do_not_grow_with_the_layers(tmp_path):
         lowered = prog.lower(tokens=np.zeros(16, np.int32), n=np.int32(16))
         temp[layers] = lowered.compile(prog.compile_options).memory_analysis().temp_size_in_bytes
     assert temp[6] <= temp[2] * 1.1, temp
+
+
+def test_a_jaxlib_without_the_schedule_option_compiles_without_it(monkeypatch):
+    """`jax>=0.4.30` is allowed, and an older XLA rejects an unknown option by name (every compile
+    with it would fail): oi2jax probes it once per process and leaves it out where it is refused."""
+    from oi2jax.runtime import placement
+    assert placement.jit_options("gpu") == {}
+    monkeypatch.setattr(placement, "CPU_COMPILER_OPTIONS", {"xla_cpu_scheduler_type": "NO_SUCH_SCHEDULE"})
+    placement._cpu_options_known.cache_clear()
+    try:
+        assert placement.jit_options("cpu") == {}
+    finally:
+        monkeypatch.undo()
+        placement._cpu_options_known.cache_clear()
+    assert placement.jit_options("cpu") == {"compiler_options": dict(placement.CPU_COMPILER_OPTIONS)}

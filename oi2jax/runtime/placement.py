@@ -3,6 +3,7 @@ mesh (`ShardingPlacer`); device names as the CLI and `placement=` spell them."""
 from __future__ import annotations
 
 import ctypes
+import functools
 from types import MappingProxyType
 
 import jax
@@ -86,7 +87,20 @@ class Placer:
 
 def jit_options(platform: str) -> dict:
     """The `jax.jit` arguments oi2jax compiles a kernel for `platform` with."""
-    return {"compiler_options": dict(CPU_COMPILER_OPTIONS)} if platform == "cpu" else {}
+    return {"compiler_options": dict(CPU_COMPILER_OPTIONS)} if platform == "cpu" and _cpu_options_known() else {}
+
+
+@functools.cache
+def _cpu_options_known() -> bool:
+    """Whether this jaxlib's XLA knows `CPU_COMPILER_OPTIONS` (older ones reject the option by
+    name, and every compile with it would fail): one trivial compile per process, on the CPU."""
+    try:
+        cpu = jax.devices("cpu")[0]
+        jax.jit(lambda v: v, compiler_options=dict(CPU_COMPILER_OPTIONS)).lower(
+            jax.ShapeDtypeStruct((), np.float32, sharding=jax.sharding.SingleDeviceSharding(cpu))).compile()
+    except Exception:  # noqa: BLE001 (an unknown option or value: JaxRuntimeError INVALID_ARGUMENT)
+        return False
+    return True
 
 
 def _once(values: dict, sources: dict, put) -> dict:
