@@ -84,7 +84,7 @@ def build(graph, model, policy, device):
     prog = oi2jax.compile(graph, model=model, device=device, unroll=policy)
     lowered = prog.lower()
     t1 = time.perf_counter()
-    lowered.compile()
+    lowered.compile(prog.compile_options)  # as a session compiles it
     t2 = time.perf_counter()
     return prog, t1 - t0, t2 - t1
 
