@@ -100,12 +100,15 @@ def _filter(z, top_k, top_p, min_p, xp):
     # top-p: in ascending order, drop the prefix whose cumulative probability is <= 1 - p (the most
     # likely token always stays); p >= 1 keeps all. The first value kept is the smallest f whose
     # values <= f hold more than 1 - p of the probability (at most the largest value).
-    e = xp.exp(z - hi)
-    probs = e / xp.sum(e, axis=-1, keepdims=True)
     below = (1 - top_p)[..., None]
     trim = (top_p < 1)[..., None]
-    threshold = _maybe(trim, lambda: _smallest(
-        lambda f: xp.sum(xp.where(z <= f, probs, np.float32(0)), axis=-1, keepdims=True) > below, lo, hi, xp), lo, xp)
+
+    def first_kept(z=z):  # the probabilities inside the filter's branch: a step without top-p skips them too
+        e = xp.exp(z - hi)
+        probs = e / xp.sum(e, axis=-1, keepdims=True)
+        return _smallest(lambda f: xp.sum(xp.where(z <= f, probs, np.float32(0)), axis=-1, keepdims=True) > below,
+                         lo, hi, xp)
+    threshold = _maybe(trim, first_kept, lo, xp)
     z = xp.where(trim & (z < threshold), neg, z)
     # min-p: drop the tokens whose probability is below min_p x the largest probability
     e = xp.exp(z - xp.max(z, axis=-1, keepdims=True))
