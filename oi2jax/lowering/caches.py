@@ -34,6 +34,35 @@ from .rules import rule
 from ..limits import INITIAL_CAPACITY
 
 
+def _known(x) -> bool:
+    """A value known while tracing (a Python or NumPy number: a literal or unrolled-loop index, an
+    all-@fixed table's sizes): its index arithmetic and guards are computed here, not staged into
+    the step (a guard known to hold nowhere costs the step nothing)."""
+    return isinstance(x, (bool, int, np.generic, np.ndarray))
+
+
+def _i64(v):
+    return np.int64(v) if isinstance(v, (int, np.integer)) else jnp.asarray(v, jnp.int64)
+
+
+def _maximum(a, b):
+    return np.maximum(a, b) if _known(a) and _known(b) else jnp.maximum(a, b)
+
+
+def _where(ok, a, b):
+    """jnp.where(ok, a, b), or a / b itself where ok is known."""
+    if _known(ok):
+        return a if bool(ok) else b
+    return jnp.where(ok, a, b)
+
+
+def _index32(v, hi: int):
+    """clip(v, 0, hi) as an int32 start index (a known one a NumPy int32)."""
+    if _known(v):
+        return np.int32(min(max(int(v), 0), hi))
+    return jnp.clip(v, 0, hi).astype(jnp.int32)
+
+
 class LayoutKind(enum.Enum):
     """How a persistent variable is held (module doc): a plain value, a table, an auto_dim tensor."""
 
@@ -163,11 +192,11 @@ class CacheRules:
     def _single(self, env, frame, layout: CacheLayout, j: int, raw, span, *, size):
         """Check single index `raw` at table dim j; returns (env, index, new size)."""
         tr = self.tr
-        v = tr.index_value(raw, frame, env)
+        v = _i64(tr.index_value(raw, frame, env))
         neg = tr.lowering.site(messages.negative_index(layout.name, f"index {raw}", "{value}"), span)
-        env = tr.fail_if(env, jnp.asarray(v) < 0, neg, v)
-        env = self._bound(env, layout, j, jnp.asarray(v, jnp.int64) + 1, span, what="index")
-        return env, v, jnp.maximum(size, jnp.asarray(v, jnp.int64) + 1)
+        env = tr.fail_if(env, v < 0, neg, v)
+        env = self._bound(env, layout, j, v + 1, span, what="index")
+        return env, v, _maximum(size, v + 1)
 
     def _bound(self, env, layout: CacheLayout, j: int, end, span, what: str):
         """`end` (exclusive) must fit the fixed size, or the capacity (else ask to grow)."""
@@ -193,11 +222,11 @@ class CacheRules:
             size = sizes[j]
             if isinstance(s, ir.Single):
                 env, v, size = self._single(env, frame, layout, j, s.value, span, size=size)
-                starts.append(jnp.asarray(v, jnp.int64))
+                starts.append(v)
                 lengths.append(1)
                 squeeze.append(j)
             else:
-                start = jnp.int64(0) if s.start is None else jnp.asarray(tr.index_value(s.start, frame, env), jnp.int64)
+                start = np.int64(0) if s.start is None else _i64(tr.index_value(s.start, frame, env))
                 assert not (isinstance(s.start, int) and s.start < 0), "the checker refuses a negative literal"
                 code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
                 env = tr.fail_if(env, start < 0, code, start)
@@ -208,7 +237,7 @@ class CacheRules:
                     env = tr.fail_if(env, size < -s.end, code, size)
                     end = size + s.end
                 else:
-                    end = jnp.asarray(tr.index_value(s.end, frame, env), jnp.int64)
+                    end = _i64(tr.index_value(s.end, frame, env))
                 code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
                 env = tr.fail_if(env, end < start, code, end)
                 env = self._bound(env, layout, j, end, span, what="slice end")
@@ -216,11 +245,12 @@ class CacheRules:
                 slice_pos += 1
                 code = tr.lowering.site(messages.read_slice_length(layout.name, "{value}", length), span)
                 env = tr.fail_if(env, (end - start) != length, code, end - start)
-                size = jnp.maximum(size, end)
+                size = _maximum(size, end)
                 starts.append(start)
                 lengths.append(length)
             new_sizes.append(size)
-        env = env.set_cache(layout.name, size=jnp.stack(new_sizes).astype(jnp.int64))
+        if not layout.static_size:  # an all-@fixed table's sizes are its fixed sizes, always
+            env = env.set_cache(layout.name, size=jnp.stack(new_sizes).astype(jnp.int64))
         return env, starts, lengths, squeeze
 
     def _mark_present(self, env, layout: CacheLayout, starts, lengths, value: bool):
@@ -300,11 +330,12 @@ class CacheRules:
             env, starts, lengths, squeeze = self._table_select(access, layout, env, frame, out_lengths, access.span)
             data = env.caches[layout.name].data
             n_entry = len(layout.shape)
-            idx = [jnp.clip(s, 0, c - n).astype(jnp.int32) if n <= c else jnp.int32(0)
-                   for s, n, c in zip(starts, lengths, layout.capacity)]
+            idx = [_index32(s, c - n) if n <= c else np.int32(0) for s, n, c in zip(starts, lengths, layout.capacity)]
             if any(n > c for n, c in zip(lengths, layout.capacity)):
                 # the destination is larger than the allocation: the step asks to grow and is re-run
                 value = jnp.zeros(tuple(lengths) + layout.shape, data.dtype)
+            elif tuple(lengths) == tuple(data.shape[:len(lengths)]) and all(_known(i) for i in idx):
+                value = data  # the whole table (`T[..]`): no slice
             else:
                 value = jax.lax.dynamic_slice(data, idx + [jnp.int32(0)] * n_entry, tuple(lengths) + layout.shape)
             value = value.reshape(tuple(n for j, n in enumerate(lengths) if j not in squeeze) + layout.shape)
@@ -347,22 +378,24 @@ class CacheRules:
             sizes = env.caches[layout.name].size
             new_sizes, starts = [], []
             # this write's own guards: a failing write is skipped, never clamped (and a skipped step's)
-            ok = jnp.bool_(True) if self.tr.writes_on is None else self.tr.writes_on
+            ok = np.bool_(True) if self.tr.writes_on is None else self.tr.writes_on
             for j, s in enumerate(access.indices):
                 env, v, size = self._single(env, frame, layout, j, s.value, access.span, size=sizes[j])
-                v = jnp.asarray(v, jnp.int64)
                 ok = ok & (v >= 0) & (v < (layout.fixed[j] or layout.capacity[j]))
                 new_sizes.append(size)
                 starts.append(v)
-            size = jnp.where(ok, jnp.stack(new_sizes).astype(jnp.int64), sizes)
             data = env.caches[layout.name].data
-            idx = [jnp.clip(s, 0, c - 1).astype(jnp.int32) for s, c in zip(starts, layout.capacity)]
-            idx = idx + [jnp.int32(0)] * len(layout.shape)
+            idx = [_index32(s, c - 1) for s, c in zip(starts, layout.capacity)] + [np.int32(0)] * len(layout.shape)
             update = src.reshape((1,) * k + layout.shape).astype(data.dtype)
-            # guard the row, not the table: the donated table is then updated in place
-            current = jax.lax.dynamic_slice(data, idx, update.shape)
-            data = jax.lax.dynamic_update_slice(data, jnp.where(ok, update, current), idx)
-            env = env.set_cache(layout.name, data=data, size=size)
+            if not _known(ok):  # guard the row, not the table: the donated table is then updated in place
+                update = jnp.where(ok, update, jax.lax.dynamic_slice(data, idx, update.shape))
+            if _known(ok) and not ok:  # known to fail: its guard is recorded, nothing is written
+                return env
+            data = jax.lax.dynamic_update_slice(data, update, idx)
+            if layout.static_size:
+                env = env.set_cache(layout.name, data=data)
+            else:
+                env = env.set_cache(layout.name, data=data, size=_where(ok, jnp.stack(new_sizes).astype(jnp.int64), sizes))
             return self._mark_present(env, layout, starts, [1] * k, True)
         env = self._auto_access(access, layout, env, frame, access.span)
         if node.src.indices is None and node.src.name in self.tr.lowering.shaped:
@@ -383,19 +416,18 @@ class CacheRules:
         rows = src.shape[0]
         assert tuple(src.shape[1:]) == layout.shape, CHECKED
         sizes = env.caches[layout.name].size
-        ok = jnp.bool_(True) if tr.writes_on is None else tr.writes_on
+        ok = np.bool_(True) if tr.writes_on is None else tr.writes_on
         idx, starts, lengths = [], [], []
         for j, s in enumerate(access.indices):
             if isinstance(s, ir.Single):
                 env, v, _ = self._single(env, frame, layout, j, s.value, span, size=sizes[j])
-                v = jnp.asarray(v, jnp.int64)
                 ok = ok & (v >= 0) & (v < layout.fixed[j])
-                idx.append(jnp.clip(v, 0, layout.capacity[j] - 1).astype(jnp.int32))
+                idx.append(_index32(v, layout.capacity[j] - 1))
                 starts.append(v)
                 lengths.append(1)
                 continue
-            a = jnp.asarray(tr.index_value(s.start, frame, env), jnp.int64)
-            b = jnp.asarray(tr.index_value(s.end, frame, env), jnp.int64)
+            a = _i64(tr.index_value(s.start, frame, env))
+            b = _i64(tr.index_value(s.end, frame, env))
             code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
             env = tr.fail_if(env, a < 0, code, a)
             code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
@@ -409,13 +441,13 @@ class CacheRules:
             starts.append(a)
             lengths.append(b - a)
         data = env.caches[layout.name].data
-        drop = [jnp.where(ok, x, c).astype(jnp.int32) for x, c in zip(idx, layout.capacity)]
+        drop = [jnp.asarray(_where(ok, x, c), jnp.int32) for x, c in zip(idx, layout.capacity)]
         data = data.at[tuple(drop)].set(src.astype(data.dtype), mode="drop")
         env = env.set_cache(layout.name, data=data)
         if env.caches[layout.name].present is None:
             return env
         marked = self._mark_present(env, layout, starts, lengths, True).caches[layout.name].present
-        return env.set_cache(layout.name, present=jnp.where(ok, marked, env.caches[layout.name].present))
+        return env.set_cache(layout.name, present=_where(ok, marked, env.caches[layout.name].present))
 
     def _write_shaped(self, node: ir.CacheWrite, layout: CacheLayout, env, src):
         """`cache.write v >> M[...]` with a runtime-shaped v: its logical shape must equal M's
@@ -474,7 +506,8 @@ class CacheRules:
             fill = _fill(data.shape, layout.reset_fill, np_dtype)
             if self.tr.writes_on is not None:
                 fill = jnp.where(self.tr.writes_on, fill, data)
-            return env.set_cache(layout.name, data=fill, size=jnp.asarray(layout.fixed_sizes()), present=present)
+            return env.set_cache(layout.name, data=fill, present=present,
+                                 size=layout.fixed_sizes() if layout.static_size else jnp.asarray(layout.fixed_sizes()))
         assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
         starts = []
         for j, s in enumerate(access.indices):

@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import dtypes as dt
 from .. import ir
@@ -136,8 +137,13 @@ class Tracer:
     # -------------------------------------------------------------- guards
 
     def fail_if(self, env: Env, cond, code: int, value) -> Env:
-        """Record error `code` (first one wins: `TraceGuards.record`) where `cond` holds."""
-        return env.with_guards(env.guards.record(jnp.asarray(cond), code, value))
+        """Record error `code` (first one wins: `TraceGuards.record`) where `cond` holds. A
+        condition known while tracing (a NumPy or Python bool) that holds nowhere costs nothing."""
+        if isinstance(cond, (bool, np.bool_, np.ndarray)):
+            if not np.any(cond):
+                return env
+            cond = True
+        return env.with_guards(env.guards.record(cond, code, value))
 
     def need_capacity(self, env: Env, slot: int, needed) -> Env:
         """Ask the host for capacity `needed` on growable slot `slot` (0 = fine)."""

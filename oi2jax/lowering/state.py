@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey, tree_map_with_path
 
@@ -89,6 +90,23 @@ class StepState:
 # ------------------------------------------------------------------------ inside a trace
 
 
+_ZERO32 = np.int32(0)
+
+
+def _scalar_bool(cond):
+    """A guard's condition as a 0-d bool (JAX's own ops, no nested `jit` per site)."""
+    cond = jnp.asarray(cond)
+    return cond if cond.shape == () else cond.reshape(())
+
+
+def _as(value, dtype):
+    """A guard's code or value as a 0-d `dtype` array (a Python int: a literal)."""
+    if isinstance(value, (int, np.integer)):
+        return np.asarray(value, dtype)
+    value = jnp.asarray(value)
+    return (value if value.dtype == dtype else lax.convert_element_type(value, dtype)).reshape(())
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class TraceGuards:
@@ -103,9 +121,9 @@ class TraceGuards:
     def record(self, cond, code, value) -> "TraceGuards":
         """Error `code` with `value` where `cond` holds, unless an error is already recorded:
         THE rule "first error wins" (a guard site, and a consumer's guards merged at an await)."""
-        first = (self.err == 0) & cond
-        return TraceGuards(jnp.where(first, jnp.asarray(code, jnp.int32), self.err),
-                           jnp.where(first, jnp.asarray(value, jnp.int64), self.errval), self.grow)
+        first = lax.bitwise_and(lax.eq(self.err, _ZERO32), _scalar_bool(cond))
+        return TraceGuards(lax.select(first, _as(code, jnp.int32), self.err),
+                           lax.select(first, _as(value, jnp.int64), self.errval), self.grow)
 
     def merge(self, other: "TraceGuards") -> "TraceGuards":
         """Fold in another run's guards (a consumer's at an await): its error if none is recorded
@@ -264,7 +282,7 @@ class StateSpec:
         """The state as an `Env`: the guards apart, an all-@fixed table's sizes a trace constant."""
         caches = dict(state.caches)
         for name in self.static:  # a table of @fixed dims only: its sizes are a constant of the trace
-            caches[name] = replace(caches[name], size=jnp.asarray(self.layouts[name].fixed_sizes()))
+            caches[name] = replace(caches[name], size=self.layouts[name].fixed_sizes())
         flags = state.guards.flags
         return Env(dict(state.vars), caches, TraceGuards(flags[0].astype(jnp.int32), flags[1], flags[2:]))
 
@@ -279,7 +297,7 @@ class StateSpec:
         """The inverse of `strip_constants`."""
         if not self.static:
             return env
-        return replace(env, caches={n: replace(c, size=jnp.asarray(self.layouts[n].fixed_sizes())) if n in self.static
+        return replace(env, caches={n: replace(c, size=self.layouts[n].fixed_sizes()) if n in self.static
                                     else c for n, c in env.caches.items()})
 
     def from_env(self, env: Env) -> StepState:
