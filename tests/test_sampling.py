@@ -189,3 +189,13 @@ def test_the_bisected_thresholds_keep_what_a_sort_keeps():
         np.testing.assert_array_equal(_filter(z, top_k, top_p, min_p, np), want)
     kernel = jax.jit(lambda *a: _filter(*a, jnp))
     np.testing.assert_array_equal(np.asarray(kernel(z, top_k, top_p, min_p)), want)
+
+
+@pytest.mark.parametrize("seed,position,n", [(0, 0, 7), (7, 5, 49152), (2**31 - 1, 12345, 1000), (-1, 3, 100)])
+def test_the_noise_is_jax_randoms_gumbel_bit_for_bit(seed, position, n):
+    """gumbel_noise writes threefry out (one fusion, not jax.random's loop): the same bits."""
+    from oi2jax.ops.nn.sampling import gumbel_noise
+    ours = np.asarray(jax.jit(lambda s, p: gumbel_noise(s, p, n))(jnp.int32(seed), jnp.int32(position)))
+    words = jnp.stack([jnp.int32(seed).astype(jnp.uint32), jnp.int32(position).astype(jnp.uint32)])
+    theirs = np.asarray(jax.random.gumbel(jax.random.wrap_key_data(words, impl="threefry2x32"), (n,), jnp.float32))
+    np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
