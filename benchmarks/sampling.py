@@ -1,6 +1,6 @@
 """Sampling benchmark (issue 40): `python -m benchmarks.sampling [--out DIR]`.
 
-nn `sample` (ops/nn/sampling.py: top-k's and top-p's thresholds by bisection over the ordered f32
+nn `sample` (ops/nn/sampling.py: top-k's and top-p's thresholds built bit by bit over the ordered f32
 values) against the same filters written with a sort, as transformers' warpers and a hand-written
 JAX sampler do (`sort_draw` below: one `jnp.sort` serving both filters, the same Gumbel noise).
 Both jitted, over V = 49152 logits (a SmolLM-sized vocabulary), B = 1 and B = 8 rows, in ONE
@@ -74,7 +74,7 @@ def measure(v: int = V, reps: int = 10, batches: tuple[int, ...] = (1, 8)) -> li
 
 def report(rows: list[dict]) -> str:
     device = jax.devices()[0]
-    lines = ["# Sampling: nn `sample` (bisection) against the sort form", "",
+    lines = ["# Sampling: nn `sample` (thresholds bit by bit) against the sort form", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores; device {device.platform} "
              f"({device.device_kind}); jax {jax.__version__}. V = {V}; best of 3 x 10 jitted calls, one process; "
              "the same token from both (asserted).", "",

@@ -171,9 +171,10 @@ def kept_by_sorting(z, top_k, top_p, min_p):
 
 
 def test_the_bisected_thresholds_keep_what_a_sort_keeps():
-    """top-k's k-th largest and top-p's first kept value come from bisections over the ordered f32
-    values (no sort: ops/nn/sampling.py); on rows with ties, -inf and every kind of setting, the
-    kernel and the NumPy reference keep exactly the logits a sort keeps."""
+    """top-k's k-th largest and top-p's first kept value are built bit by bit over the ordered f32
+    keys (no sort: ops/nn/sampling.py); on rows with ties, -inf, neighbouring floats (a threshold
+    one bit off keeps another set) and every kind of setting, the kernel and the NumPy reference
+    keep exactly the logits a sort keeps."""
     from oi2jax.ops.nn.sampling import _filter
     rng = np.random.default_rng(3)
     rows, v = 300, 29
@@ -181,9 +182,16 @@ def test_the_bisected_thresholds_keep_what_a_sort_keeps():
                  rng.standard_normal((rows, v)) * rng.choice([0.1, 1.0, 5.0], (rows, 1))).astype(np.float32)
     z[rng.random((rows, v)) < 0.1] = -np.inf
     z[:, 0] = np.maximum(z[:, 0], 0)  # a finite logit in every row
+    for r in range(0, rows, 3):  # every third row: v neighbouring floats (consecutive bit patterns)
+        base = np.float32(rng.choice([-2.5, -0.75, 0.3, 1.0, 7.0])).view(np.int32)
+        z[r] = (base + (rng.permutation(v) * rng.choice([1, 2, 3])).astype(np.int32)).view(np.float32)
     top_k = rng.integers(-1, v + 2, rows).astype(np.int32)
     top_p = rng.choice([1.0, 0.999, 0.9, 0.5, 0.1, 1e-6], rows).astype(np.float32)
     min_p = rng.choice([0.0, 0.0, 0.05, 0.5, 1.0], rows).astype(np.float32)
+    # on the neighbouring rows a p with 1 - p far from every j/m (m <= v), and no min_p of 1:
+    # near-equal probabilities summed in another order, or an exp one ulp apart, must not decide
+    top_p[::3] = rng.choice([1.0, 0.5569, 0.1237], len(top_p[::3]))
+    min_p[::3] = rng.choice([0.0, 0.05, 0.5], len(min_p[::3]))
     want = np.stack([kept_by_sorting(*row) for row in zip(z, top_k, top_p, min_p)])
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(_filter(z, top_k, top_p, min_p, np), want)

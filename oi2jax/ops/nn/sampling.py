@@ -70,7 +70,7 @@ def _sample_shape(shapes, attrs):
 
 _SIGN = np.uint32(0x80000000)
 _ALL = np.uint32(0xFFFFFFFF)
-BISECTIONS = 32  # halvings of the 2^32 ordered f32 keys: exact after 32
+BISECTIONS = 32  # the bits of the ordered f32 keys, set from the top: exact after 32
 
 
 def _key(v, xp):
@@ -84,23 +84,23 @@ def _value(k, xp):
     return u.view(np.float32) if xp is np else lax.bitcast_convert_type(u, jnp.float32)
 
 
-def _smallest(pred, lo, hi, xp):
-    """The smallest f32 f in [lo, hi] (per row) with pred(f), for a pred that is monotone (False
-    then True) and True at hi: a bisection of the ordered f32 keys, BISECTIONS halvings (exact).
-    Where pred changes only at values of a row, the result is one of them: an order statistic
-    without a sort (XLA's CPU sort of 49152 logits takes 14 ms; this 32 masked sums)."""
-    def halve(_, bounds):
-        lo, hi = bounds
-        mid = lo + (hi - lo) // np.uint32(2)
-        ok = pred(_value(mid, xp))
-        return xp.where(ok, lo, mid + np.uint32(1)), xp.where(ok, mid, hi)
-    bounds = (_key(lo, xp), _key(hi, xp))
+def _largest_key(holds, shape, xp):
+    """The largest uint32 key c (per row, `shape`) with holds(c), for a predicate that holds at 0
+    and is monotone (true, then false): built bit by bit from the top, BISECTIONS masked
+    reductions over the row, exact. Where the predicate changes only at keys of a row, the
+    result is one of them: an order statistic without a sort (XLA's CPU sort of 49152 logits
+    takes 14 ms; this 32 masked sums over precomputed integer keys)."""
+    def step(i, c):
+        bit = (np.uint32(1) << np.uint32(31 - i)) if xp is np else \
+            lax.shift_left(np.uint32(1), (31 - i).astype(jnp.uint32))
+        candidate = c | bit
+        return xp.where(holds(candidate), candidate, c)
+    c = xp.zeros(shape, np.uint32)
     if xp is np:
         for i in range(BISECTIONS):
-            bounds = halve(i, bounds)
-    else:
-        bounds = lax.fori_loop(0, BISECTIONS, halve, bounds)
-    return _value(bounds[1], xp)
+            c = step(i, c)
+        return c
+    return lax.fori_loop(0, BISECTIONS, step, c)
 
 
 def _maybe(flag, f, otherwise, xp):
@@ -113,19 +113,24 @@ def _maybe(flag, f, otherwise, xp):
 def _filter(z, top_k, top_p, min_p, xp):
     """The kept logits (the others -inf) of z (f32 [..., V], already divided by the temperature),
     written once for both array modules: `xp` is jax.numpy (the kernel) or numpy (the reference).
-    The thresholds are order statistics found by bisection (`_smallest`), not by a sort."""
+    The thresholds are order statistics built bit by bit (`_largest_key`), not by a sort."""
     v = z.shape[-1]
     neg = xp.asarray(-np.inf, np.float32)
     top_k = xp.asarray(top_k)
     top_p = xp.asarray(top_p, np.float32)
     min_p = xp.asarray(min_p, np.float32)
-    lo = xp.min(z, axis=-1, keepdims=True)
     hi = xp.max(z, axis=-1, keepdims=True)
+    none = xp.full(hi.shape, neg, np.float32)  # a filter no row uses: keeps all
     # top-k: keep the values >= the k-th largest (ties at it kept); k <= 0 or k >= V keeps all.
-    # The k-th largest is the smallest f with fewer than k values above it.
+    # The k-th largest is the value of the largest key c with at least k keys >= c.
     cut = ((top_k > 0) & (top_k < v))[..., None]
     k = xp.clip(top_k, 1, v)[..., None]
-    kth = _maybe(cut, lambda: _smallest(lambda f: xp.sum(z > f, axis=-1, keepdims=True) < k, lo, hi, xp), lo, xp)
+    row = hi.shape
+
+    def kth_largest(z=z):
+        keys = _key(z, xp)
+        return _value(_largest_key(lambda c: xp.sum(keys >= c, axis=-1, keepdims=True, dtype=np.int32) >= k, row, xp), xp)
+    kth = _maybe(cut, kth_largest, none, xp)
     z = xp.where(cut & (z < kth), neg, z)
     # top-p: in ascending order, drop the prefix whose cumulative probability is <= 1 - p (the most
     # likely token always stays); p >= 1 keeps all. The first value kept is the smallest f whose
@@ -136,9 +141,12 @@ def _filter(z, top_k, top_p, min_p, xp):
     def first_kept(z=z):  # the probabilities inside the filter's branch: a step without top-p skips them too
         e = xp.exp(z - hi)
         probs = e / xp.sum(e, axis=-1, keepdims=True)
-        return _smallest(lambda f: xp.sum(xp.where(z <= f, probs, np.float32(0)), axis=-1, keepdims=True) > below,
-                         lo, hi, xp)
-    threshold = _maybe(trim, first_kept, lo, xp)
+        keys, top = _key(z, xp), _key(hi, xp)
+        # the largest c whose keys <= c hold at most 1 - p; the next key is the first kept (at most the top)
+        c = _largest_key(lambda c: xp.sum(xp.where(keys <= c, probs, np.float32(0)), axis=-1, keepdims=True) <= below,
+                         row, xp)
+        return _value(xp.where(c >= top, top, c + np.uint32(1)), xp)
+    threshold = _maybe(trim, first_kept, none, xp)
     z = xp.where(trim & (z < threshold), neg, z)
     # min-p: drop the tokens whose probability is below min_p x the largest probability
     e = xp.exp(z - xp.max(z, axis=-1, keepdims=True))
