@@ -156,9 +156,18 @@ def test_llamacpp_benchmark_smoke(tmp_path):
 
 
 def test_sampling_benchmark_smoke():
-    """benchmarks/sampling.py on a small vocabulary: the bisection and the sort form draw the same
+    """benchmarks/sampling.py on a small vocabulary: the bit-by-bit thresholds and the sort form draw the same
     token at each batch size and setting (asserted inside), the report has its rows."""
     from benchmarks.sampling import measure, report
     rows = measure(v=64, reps=1, batches=(2,))
     assert len(rows) == 2 and all(r["ours_ms"] > 0 and r["sort_ms"] > 0 for r in rows)
     assert report(rows).count("\n| ") == 3
+
+
+def test_batch_dots_benchmark_smoke():
+    """benchmarks/batch_dots.py on two small matrices: a row per batch size, the bound line."""
+    from benchmarks.batch_dots import measure, report
+    rows = measure([(8, 4), (6, 4)], rows=(1, 8), rounds=1)
+    assert [r["rows"] for r in rows] == [1, 8] and all(r["ms"] > 0 for r in rows)
+    text = report(rows, step_b1_ms=2.0)
+    assert text.count("\n| ") == 3 and "Bound on B=8 / B=1 tokens/s" in text and "With a B=1 step of 2.00 ms" in text
