@@ -110,42 +110,45 @@ def _maybe(flag, f, otherwise, xp):
     return lax.cond(jnp.any(flag), f, lambda: otherwise)
 
 
+def _first_kept(z, weight, at_most, top, xp):
+    """The smallest value f of each row of z (as its key) whose values <= f weigh more than
+    `at_most`, at most the row's largest (`top`, its key): the largest key c whose keys <= c weigh
+    at most `at_most`, then the next key. THE search of both filters: top-k weighs each value 1
+    (the k-th largest is the first value with more than V - k values at or below it), top-p by its
+    probability (the first value kept has more than 1 - p of the probability at or below it).
+    One form for both, so XLA compiles its loop once and reuses it for the second filter."""
+    keys = _key(z, xp)
+    c = _largest_key(lambda c: xp.sum(xp.where(keys <= c, weight, np.float32(0)), axis=-1, keepdims=True) <= at_most,
+                     top.shape, xp)
+    return _value(xp.where(c >= top, top, c + np.uint32(1)), xp)
+
+
 def _filter(z, top_k, top_p, min_p, xp):
     """The kept logits (the others -inf) of z (f32 [..., V], already divided by the temperature),
     written once for both array modules: `xp` is jax.numpy (the kernel) or numpy (the reference).
-    The thresholds are order statistics built bit by bit (`_largest_key`), not by a sort."""
+    The thresholds are order statistics built bit by bit (`_first_kept`), not by a sort."""
     v = z.shape[-1]
     neg = xp.asarray(-np.inf, np.float32)
     top_k = xp.asarray(top_k)
     top_p = xp.asarray(top_p, np.float32)
     min_p = xp.asarray(min_p, np.float32)
     hi = xp.max(z, axis=-1, keepdims=True)
+    top = _key(hi, xp)
     none = xp.full(hi.shape, neg, np.float32)  # a filter no row uses: keeps all
     # top-k: keep the values >= the k-th largest (ties at it kept); k <= 0 or k >= V keeps all.
-    # The k-th largest is the value of the largest key c with at least k keys >= c.
+    # Counted in f32 (exact below 2^24 values).
     cut = ((top_k > 0) & (top_k < v))[..., None]
-    k = xp.clip(top_k, 1, v)[..., None]
-    row = hi.shape
-
-    def kth_largest(z=z):
-        keys = _key(z, xp)
-        return _value(_largest_key(lambda c: xp.sum(keys >= c, axis=-1, keepdims=True, dtype=np.int32) >= k, row, xp), xp)
-    kth = _maybe(cut, kth_largest, none, xp)
+    rest = (v - xp.clip(top_k, 1, v)).astype(np.float32)[..., None]
+    kth = _maybe(cut, lambda z=z: _first_kept(z, np.float32(1), rest, top, xp), none, xp)
     z = xp.where(cut & (z < kth), neg, z)
     # top-p: in ascending order, drop the prefix whose cumulative probability is <= 1 - p (the most
-    # likely token always stays); p >= 1 keeps all. The first value kept is the smallest f whose
-    # values <= f hold more than 1 - p of the probability (at most the largest value).
+    # likely token always stays); p >= 1 keeps all.
     below = (1 - top_p)[..., None]
     trim = (top_p < 1)[..., None]
 
     def first_kept(z=z):  # the probabilities inside the filter's branch: a step without top-p skips them too
         e = xp.exp(z - hi)
-        probs = e / xp.sum(e, axis=-1, keepdims=True)
-        keys, top = _key(z, xp), _key(hi, xp)
-        # the largest c whose keys <= c hold at most 1 - p; the next key is the first kept (at most the top)
-        c = _largest_key(lambda c: xp.sum(xp.where(keys <= c, probs, np.float32(0)), axis=-1, keepdims=True) <= below,
-                         row, xp)
-        return _value(xp.where(c >= top, top, c + np.uint32(1)), xp)
+        return _first_kept(z, e / xp.sum(e, axis=-1, keepdims=True), below, top, xp)
     threshold = _maybe(trim, first_kept, none, xp)
     z = xp.where(trim & (z < threshold), neg, z)
     # min-p: drop the tokens whose probability is below min_p x the largest probability
