@@ -281,6 +281,81 @@ def test_row_constructs_compiled_equal_interpreted(pos, ns, error):
         assert err is not None and error in err, err
 
 
+SAME_ROWS = """
+dynamic { x: f32[3, 2]; n: i32; go: bool; }
+persistent {
+    pos: i32 @init(POS);
+    end: i32 @init(0);
+    K(layer, slot): f32[2] @table @fixed(layer=2, slot=5);
+    V(layer, slot): f32[2] @table @fixed(layer=2, slot=5);
+}
+block entry {
+    assign p: i32;
+    assign e: i32;
+    cache.read pos >> p;
+    op add(p, n) >> e;
+    cache.write e >> end;
+    branch go early late;
+    return;
+}
+block early {
+    cache.write x >> V[1, pos..end];
+    return;
+}
+block late {
+    loop layers (l in 0..2) {
+        cache.write x >> K[l, pos..end];
+        cache.write x >> V[l, pos..end];
+    }
+    cache.write x >> V[1, pos..end];
+    cache.write e >> pos;
+    return;
+}
+"""
+
+
+@pytest.mark.parametrize("unroll, checks", [("full", 8), ("none", 12)])
+@pytest.mark.parametrize("pos, n, go, error", [
+    (0, 3, False, None),
+    (3, 3, False, "dimension 1 of K: slice end 6 is past its fixed size 5"),   # the first write's check
+    (0, 4, False, "cache.write K: slice of 4 rows, but the value holds 3"),
+    (3, 3, True, "dimension 1 of V: slice end 6 is past its fixed size 5"),    # the branch's own write
+])
+def test_the_same_rows_are_checked_once_per_trace_and_still_first(pos, n, go, error, unroll, checks):
+    """A write of rows pos..end is checked where it first happens in straight-line code; the same
+    rows written again at the same trace level (another layer of an unrolled loop, the V beside
+    the K) make no second check -- the first one already decides which error comes first -- and
+    the error is the one the interpreter raises. A check inside a branch or a loop body is that
+    body's: the writes after it keep theirs. Counted as the lowering's error sites for rows (4
+    per check): the branch's V, then the loop's first K write and, when the loop is a
+    `fori_loop`, the V write after it."""
+    steps = [{"x": np.ones((3, 2), np.float32), "n": np.int32(n), "go": np.bool_(go)}]
+    source = SAME_ROWS.replace("POS", str(pos))
+    prog = oi2jax.compile(source, model=False, unroll=unroll)
+    sess, interp = prog.session(), oi2jax.compile(source, model=False, mode="interpret")
+    try:
+        sess.step(**steps[0])
+        got = {name: sess.read(name) for name in ("pos", "K", "V")}  # a read raises the step's error
+        err = None
+    except OiError as exc:
+        err = str(exc)
+    try:
+        interp.run(steps[0], 1)
+        want = None
+    except OiError as exc:
+        want = str(exc)
+    assert err == want, (err, want)
+    if error is None:
+        assert int(got["pos"]) == pos + n
+        np.testing.assert_array_equal(got["K"], interp.outputs()["K"])
+        np.testing.assert_array_equal(got["V"], interp.outputs()["V"])
+    else:
+        assert err is not None and error in err, err
+    rows = [site.message for site in prog.executable.lowering.error_sites
+            if any(part in site.message for part in ("slice start", "before start", "rows, but", "slice end"))]
+    assert len(rows) == checks, rows
+
+
 def _row_samples(name):
     """Per-row cases of rope and softmax (test_nn_ops holds at most five samples per dtype)."""
     from oi2jax.ops.nn._common import float_samples

@@ -428,13 +428,15 @@ class CacheRules:
                 continue
             a = _i64(tr.index_value(s.start, frame, env))
             b = _i64(tr.index_value(s.end, frame, env))
-            code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
-            env = tr.fail_if(env, a < 0, code, a)
-            code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
-            env = tr.fail_if(env, (a >= 0) & (b < a), code, b)
-            code = tr.lowering.site(messages.write_rows_count(layout.name, "{value}", rows), span)
-            env = tr.fail_if(env, (a >= 0) & (b >= a) & (b - a > rows), code, b - a)
-            env = self._bound(env, layout, j, b, span, what="slice end")
+            if tr.first_check(("rows a..b of a fixed dim", rows, layout.fixed[j]),
+                              tr.index_source(s.start, frame, env), tr.index_source(s.end, frame, env)):
+                code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
+                env = tr.fail_if(env, a < 0, code, a)
+                code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
+                env = tr.fail_if(env, (a >= 0) & (b < a), code, b)
+                code = tr.lowering.site(messages.write_rows_count(layout.name, "{value}", rows), span)
+                env = tr.fail_if(env, (a >= 0) & (b >= a) & (b - a > rows), code, b - a)
+                env = self._bound(env, layout, j, b, span, what="slice end")
             ok = ok & (a >= 0) & (b >= a) & (b - a <= rows) & (b <= layout.fixed[j])
             i = jnp.arange(rows, dtype=jnp.int64)
             idx.append(jnp.where(i < b - a, a + i, layout.capacity[j]).astype(jnp.int32))
