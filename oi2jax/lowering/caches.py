@@ -27,7 +27,7 @@ from ..diagnostics import OiError
 from .. import messages
 from ..messages import CHECKED
 from ..host_numerics import state_fill
-from ..ops.jax_numerics import store
+from ..ops.jax_numerics import store, unfolded_index
 from .context import Frame, Tracer
 from .subbyte import pack, unpack
 from .rules import rule
@@ -422,7 +422,7 @@ class CacheRules:
             if isinstance(s, ir.Single):
                 env, v, _ = self._single(env, frame, layout, j, s.value, span, size=sizes[j])
                 ok = ok & (v >= 0) & (v < layout.fixed[j])
-                idx.append(_index32(v, layout.capacity[j] - 1))
+                idx.append(unfolded_index(_index32(v, layout.capacity[j] - 1)))  # one kernel for every layer
                 starts.append(v)
                 lengths.append(1)
                 continue
@@ -443,7 +443,10 @@ class CacheRules:
             starts.append(a)
             lengths.append(b - a)
         data = env.caches[layout.name].data
-        drop = [jnp.asarray(_where(ok, x, c), jnp.int32) for x, c in zip(idx, layout.capacity)]
+        # a failing write drops its rows (their indices past the table); the single indices stay
+        # as they are, so that each layer's write is the same kernel (`unfolded_index`)
+        drop = [jnp.asarray(x if isinstance(s, ir.Single) else _where(ok, x, c), jnp.int32)
+                for x, c, s in zip(idx, layout.capacity, access.indices)]
         data = data.at[tuple(drop)].set(src.astype(data.dtype), mode="drop")
         env = env.set_cache(layout.name, data=data)
         if env.caches[layout.name].present is None:

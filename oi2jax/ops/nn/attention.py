@@ -180,7 +180,7 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     if k.ndim == 4:
         li = jnp.asarray(_int_scalar(layer, "layer"), jnp.int32)
         ctx.fail_if((li < 0) | (li >= k.shape[0]), _layer_message(k.shape[0]), li)
-        lead = [jnp.clip(li, 0, k.shape[0] - 1)]
+        lead = [N.unfolded_index(jnp.clip(li, 0, k.shape[0] - 1))]  # one kernel for every layer's reads
     qg = N.to_compute(qr, ctx.dtype)
     sc = float_attr(scale, ctx.dtype)
     cap = None if softcap is None else float_attr(softcap, ctx.dtype)
