@@ -62,7 +62,7 @@ def _current_trace():
     """JAX's current trace (the jit trace, or a branch's / loop body's inside it), or None where
     this JAX does not expose it (jax._src.core.trace_ctx)."""
     try:
-        from jax._src.core import trace_ctx
+        from jax._src.core import trace_ctx  # optional: a JAX internal (ImportError: every check is made)
         return trace_ctx.trace
     except (ImportError, AttributeError):
         return None
