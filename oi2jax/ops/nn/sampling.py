@@ -31,16 +31,18 @@ def _threefry2x32(k0, k1, x0, x1):
     written out in uint32 lanes: one elementwise fusion, where `jax.random` lowers a loop of its
     own (10 fusions, 0.06-0.07 s more XLA per program; tests/test_sampling.py checks that the
     bits equal jax.random.bits')."""
+    add, xor = lax.add, lax.bitwise_xor  # lax, not the operators: each jnp operator is a jit to trace
+
     def rotl(x, r):
-        return lax.shift_left(x, np.uint32(r)) | lax.shift_right_logical(x, np.uint32(32 - r))
-    k2 = k0 ^ k1 ^ np.uint32(0x1BD11BDA)
+        return lax.bitwise_or(lax.shift_left(x, np.uint32(r)), lax.shift_right_logical(x, np.uint32(32 - r)))
+    k2 = xor(xor(k0, k1), np.uint32(0x1BD11BDA))
     keys = (k0, k1, k2)
-    x0, x1 = x0 + k0, x1 + k1
+    x0, x1 = add(x0, k0), add(x1, k1)
     for i in range(5):
         for r in _ROTATIONS[i % 2]:
-            x0 = x0 + x1
-            x1 = rotl(x1, r) ^ x0
-        x0, x1 = x0 + keys[(i + 1) % 3], x1 + keys[(i + 2) % 3] + np.uint32(i + 1)
+            x0 = add(x0, x1)
+            x1 = xor(rotl(x1, r), x0)
+        x0, x1 = add(x0, keys[(i + 1) % 3]), add(add(x1, keys[(i + 2) % 3]), np.uint32(i + 1))
     return x0, x1
 
 
