@@ -152,7 +152,7 @@ def test_a_vmapped_draw_is_each_rows_draw_and_keeps_its_greedy_skip():
 
 def kept_by_sorting(z, top_k, top_p, min_p):
     """The logits each filter keeps (the others -inf), found with a sort as transformers' warpers
-    do, in f32, ties at a threshold kept: the rule `sample`'s bisections must give exactly."""
+    do, in f32, ties at a threshold kept: the rule `sample`'s bit-by-bit searches must give exactly."""
     z = np.array(z, np.float32)
     v = z.size
     if 0 < top_k < v:

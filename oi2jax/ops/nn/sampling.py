@@ -72,7 +72,7 @@ def _sample_shape(shapes, attrs):
 
 _SIGN = np.uint32(0x80000000)
 _ALL = np.uint32(0xFFFFFFFF)
-BISECTIONS = 32  # the bits of the ordered f32 keys, set from the top: exact after 32
+KEY_BITS = 32  # the bits of the ordered f32 keys, set from the top: exact after 32
 
 
 def _key(v, xp):
@@ -88,7 +88,7 @@ def _value(k, xp):
 
 def _largest_key(holds, shape, xp):
     """The largest uint32 key c (per row, `shape`) with holds(c), for a predicate that holds at 0
-    and is monotone (true, then false): built bit by bit from the top, BISECTIONS masked
+    and is monotone (true, then false): built bit by bit from the top, KEY_BITS masked
     reductions over the row, exact. Where the predicate changes only at keys of a row, the
     result is one of them: an order statistic without a sort (XLA's CPU sort of 49152 logits
     takes 14 ms; this 32 masked sums over precomputed integer keys)."""
@@ -99,10 +99,10 @@ def _largest_key(holds, shape, xp):
         return xp.where(holds(candidate), candidate, c)
     c = xp.zeros(shape, np.uint32)
     if xp is np:
-        for i in range(BISECTIONS):
+        for i in range(KEY_BITS):
             c = step(i, c)
         return c
-    return lax.fori_loop(0, BISECTIONS, step, c)
+    return lax.fori_loop(0, KEY_BITS, step, c)
 
 
 def _maybe(flag, f, otherwise, xp):
