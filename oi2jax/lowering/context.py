@@ -185,23 +185,18 @@ class Tracer:
         return self.bound.static_scalar(name)
 
     def index_value(self, value: ir.IndexValue, frame: Frame, env: Env):
-        """A cache / prefix-table index: literal, loop index, sizevar or persistent scalar."""
-        if isinstance(value, int):
-            return value
-        if value in frame.loop_vars:
-            return frame.loop_vars[value][0]
-        if value in self.bound.sizes:
-            return int(self.bound.sizes[value])
-        if value in env.values:
-            return env.values[value].reshape(()).astype(jnp.int64)
-        static = self.static_scalar(value)
-        if static is not None:
-            return int(static)
-        raise OiError(f"unknown cache index {value}")
+        """A cache / prefix-table index: literal, loop index, sizevar or persistent scalar (a
+        variable's value as an int64 scalar)."""
+        source = self.index_source(value, frame, env)
+        if not isinstance(value, int) and value in env.values and value not in frame.loop_vars \
+                and value not in self.bound.sizes:
+            return source.reshape(()).astype(jnp.int64)
+        return source
 
     def index_source(self, value: ir.IndexValue, frame: Frame, env: Env):
-        """What `index_value` converts (the key of a `first_check`): the int (literal, sizevar,
-        constant, unrolled loop index), the loop index, or the variable's value as the env holds it."""
+        """What `index_value` gives before a variable's value is made an int64 scalar (also the
+        key of a `first_check`): the int (literal, sizevar, constant, unrolled loop index), the
+        loop index, or the variable's value as the env holds it."""
         if isinstance(value, int):
             return value
         if value in frame.loop_vars:
