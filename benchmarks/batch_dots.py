@@ -7,7 +7,8 @@ read once per call whatever B is: M = 1 is a matrix-vector product bound by memo
 should add little until its FLOPs catch up with the memory time. `Program.batch`'s tokens/s at
 B = 8 against B = 1 is at most 8 x (B=1 step) / (these products at B = 8), reached only if
 everything else in the B = 8 step were free: printed next to the issue's target (4x), with
-`--step-b1-ms` (the B = 1 step of results/batch.md). Writes
+`--step-b1-ms` (the B = 1 step of results/batch.md). Each product is timed in both operand
+orders (weight first, as nn `linear` computes it, and rows first). Writes
 results/batch-dots[-gpu].md (JAX's default device).
 """
 from __future__ import annotations
@@ -35,15 +36,29 @@ def shapes(d: int = 512, f: int = 1408, kv: int = 256, v: int = 8192, layers: in
     return per_layer * layers + [(v, d)]
 
 
-def products(m: int):
-    """Every matrix times M rows (the input of each product is the batch, cut or tiled to the
-    matrix's width; one scalar out per product so that no result is dead)."""
+ORDERS = ("weight first", "rows first")  # nn `linear` under vmap; a plain x-first dot_general under vmap
+
+
+def products(m: int, order: str = ORDERS[0]):
+    """Every matrix times M rows as `Program.batch` computes them: `jax.vmap` over M one-row
+    products (the input of each product is the batch, cut or tiled to the matrix's width; the
+    sum of each product out, so that no part of one is dead). "weight first": nn `linear`'s own
+    product (oi2jax/ops/nn/matmul.py: under vmap, `dot_general(w, rows)` -> [out, M] moved to
+    [M, out]); "rows first": `dot_general(row, w)` vmapped, the form nn `linear` had before and
+    vmap's own rule ([M, in] x [out, in] contracting `in`): the same products."""
+    from oi2jax.ops.nn.matmul import _product_fn
+    weight_first = _product_fn(lax.Precision.HIGHEST, np.dtype(np.float32))
+
+    def row_first(row, w):
+        return lax.dot_general(row, w, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST)
+    one = weight_first if order == ORDERS[0] else row_first
+
     def run(weights, x):
         total = jnp.float32(0)
         for w in weights:
             rows = x if x.shape[1] == w.shape[1] else jnp.resize(x, (m, w.shape[1]))
-            y = lax.dot_general(rows, w, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST)
-            total = total + y[:, :4].sum()
+            y = jax.vmap(lambda r, w=w: one(r[None], w))(rows)  # each slot's [1, in] row
+            total = total + y.sum()
         return total
     return jax.jit(run)
 
@@ -54,18 +69,20 @@ def measure(mats: list[tuple[int, int]] | None = None, rows: tuple[int, ...] = R
     weights = [jnp.asarray(rng.standard_normal(s).astype(np.float32) * 0.02) for s in mats]
     fns, xs = {}, {}
     for m in rows:
-        fns[m] = products(m)
         xs[m] = jnp.asarray(rng.standard_normal((m, mats[0][1])).astype(np.float32))
-        jax.block_until_ready(fns[m](weights, xs[m]))
-    best = {m: float("inf") for m in rows}
-    for _ in range(rounds):  # interleaved: a load change touches every row count alike
-        for m in rows:
+        for order in ORDERS:
+            fns[m, order] = products(m, order)
+            jax.block_until_ready(fns[m, order](weights, xs[m]))
+    best = {key: float("inf") for key in fns}
+    for _ in range(rounds):  # interleaved: a load change touches every row count and order alike
+        for (m, order), fn in fns.items():
             start = time.perf_counter()
-            jax.block_until_ready(fns[m](weights, xs[m]))
-            best[m] = min(best[m], time.perf_counter() - start)
+            jax.block_until_ready(fn(weights, xs[m]))
+            best[m, order] = min(best[m, order], time.perf_counter() - start)
     params = sum(a * b for a, b in mats)
-    return [dict(rows=m, ms=best[m] * 1e3, gflops=2 * m * params / best[m] / 1e9,
-                 gbs=4 * params / best[m] / 1e9, per_row_ms=best[m] * 1e3 / m) for m in rows]
+    return [dict(rows=m, ms=best[m, ORDERS[0]] * 1e3, rows_first_ms=best[m, ORDERS[1]] * 1e3,
+                 gflops=2 * m * params / best[m, ORDERS[0]] / 1e9, gbs=4 * params / best[m, ORDERS[0]] / 1e9,
+                 per_row_ms=best[m, ORDERS[0]] * 1e3 / m) for m in rows]
 
 
 def report(results: list[dict], step_b1_ms: float | None = None) -> str:
@@ -75,10 +92,14 @@ def report(results: list[dict], step_b1_ms: float | None = None) -> str:
              f"Machine: {platform.machine()}, {os.cpu_count()} cores; device {device.platform} "
              f"({device.device_kind}); jax {jax.__version__}. 16.2M f32 weights (65 MB) read once per "
              "call; best of 7 interleaved calls, one process.", "",
-             "| rows M | ms | x M=1 | GFLOP/s | weight GB/s | ms per row |", "|---|---|---|---|---|---|"]
+             "M rows as `Program.batch` runs them, `jax.vmap` over one-row products. Weight first: nn `linear`'s "
+             "product (`dot_general(w, rows)` -> [out, M], moved to [M, out]); rows first: `dot_general(row, w)` "
+             "vmapped (nn `linear` before; the same products).", "",
+             "| rows M | ms (weight first) | x M=1 | GFLOP/s | weight GB/s | ms per row | ms (rows first) |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['rows']} | {r['ms']:.2f} | {r['ms'] / one:.2f} | {r['gflops']:.0f} | {r['gbs']:.1f} | "
-                     f"{r['per_row_ms']:.2f} |")
+                     f"{r['per_row_ms']:.2f} | {r['rows_first_ms']:.2f} |")
     eight = next((r for r in results if r["rows"] == 8), None)
     if eight is not None:
         lines += ["", f"Bound on B=8 / B=1 tokens/s from these products: 8 rows cost {eight['ms'] / one:.2f}x one "

@@ -319,3 +319,28 @@ def test_the_default_buckets_are_the_generators_and_a_one_token_prompt_runs_at_s
         toks.append(int(np.asarray(out["next"])[0]))
     decode.check(state)
     assert batch.result(2).tokens == toks and gen.programs == before  # no bucket program made
+
+
+def test_a_batch_multiplies_its_rows_weight_first_in_one_product():
+    """nn `linear` under `jax.vmap` (a batch's step): the slots' rows in ONE dot_general with the
+    weight as its left operand (XLA's CPU dot runs a few rows 25-35% faster so:
+    benchmarks/batch_dots.py); one row unbatched keeps x first. Values: NumPy's."""
+    import jax
+    from jax import lax
+    from oi2jax.ops.nn.matmul import _product_fn
+    product = _product_fn(lax.Precision.HIGHEST, np.dtype(np.float32))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    x = rng.standard_normal((8, 1, 4)).astype(np.float32)
+
+    def dots(jaxpr):  # every dot_general, inside the custom_jvp / custom_vmap calls too
+        for e in jaxpr.eqns:
+            if e.primitive.name == "dot_general":
+                yield [v.aval.shape for v in e.invars]
+            for p in e.params.values():
+                inner = getattr(p, "jaxpr", p)
+                if hasattr(inner, "eqns"):
+                    yield from dots(inner)
+    assert list(dots(jax.make_jaxpr(jax.vmap(lambda r: product(r, w)))(x).jaxpr)) == [[(5, 4), (8, 1, 4)]]
+    assert list(dots(jax.make_jaxpr(lambda r: product(r, w))(x[0]).jaxpr)) == [[(1, 4), (5, 4)]]
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(lambda r: product(r, w)))(x)), x @ w.T, rtol=1e-6)

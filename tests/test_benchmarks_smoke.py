@@ -168,6 +168,6 @@ def test_batch_dots_benchmark_smoke():
     """benchmarks/batch_dots.py on two small matrices: a row per batch size, the bound line."""
     from benchmarks.batch_dots import measure, report
     rows = measure([(8, 4), (6, 4)], rows=(1, 8), rounds=1)
-    assert [r["rows"] for r in rows] == [1, 8] and all(r["ms"] > 0 for r in rows)
+    assert [r["rows"] for r in rows] == [1, 8] and all(r["ms"] > 0 and r["rows_first_ms"] > 0 for r in rows)
     text = report(rows, step_b1_ms=2.0)
     assert text.count("\n| ") == 3 and "Bound on B=8 / B=1 tokens/s" in text and "With a B=1 step of 2.00 ms" in text
