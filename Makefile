@@ -6,9 +6,12 @@ STAMP := $(VENV)/.oi2jax-installed
 
 .PHONY: demo test test-nightly clean
 
+# the venv's own pip when it installs pyproject projects editable (pip >= 21.3: Python 3.11's and
+# later's bundled pip): upgraded only where older, not on every fresh clone (network, seconds)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import pip, sys; sys.exit(tuple(int(p) for p in pip.__version__.split('.')[:2]) < (21, 3))" \
+		|| $(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
