@@ -54,6 +54,21 @@ def _start_and_wait_for_handlers(argv) -> subprocess.Popen:
     return proc
 
 
+def _wait_for_cpu_seconds(proc: subprocess.Popen, seconds: float) -> None:
+    """Until `proc` (all its threads) has run `seconds` of CPU time: a point in its work that a
+    loaded machine delays but does not move (a sleep of wall time would)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + 600
+    while True:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if (int(fields[11]) + int(fields[12])) / tick >= seconds:  # utime + stime
+            return
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"{seconds} s of CPU never reached"
+        time.sleep(0.02)
+
+
 def _long_run(tmp_path, out) -> list[str]:
     np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
     return ["run", str(EXAMPLES / "mlp_regression.oi"), "--input", f"x={tmp_path / 'x.npy'}",
@@ -105,7 +120,8 @@ def test_interrupted_run_leaves_no_partial_output(tmp_path):
         d.mkdir()
         (d / "out.npz").write_bytes(b"previous result")
         runs[sig] = d, _start_and_wait_for_handlers(ENTRIES["python -m oi2jax"] + _long_run(d, d / "out.npz"))
-    time.sleep(6)  # most likely well into the run (imports + compile take ~2-4 s on an idle machine)
+    for d, proc in runs.values():  # well into the run: imports + compile take about 1.5 s of CPU
+        _wait_for_cpu_seconds(proc, 3.0)
     for sig, (d, proc) in runs.items():
         assert proc.poll() is None, proc.stderr.read()  # a billion steps: it cannot have finished
         proc.send_signal(getattr(signal, sig))
