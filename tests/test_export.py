@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
@@ -270,3 +271,27 @@ def test_export_uses_the_model_beside_the_graph_and_the_users_umask(tmp_path, ca
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o604  # replaced: its mode kept, as by any plain write
     assert capsys.readouterr().err.startswith(f"note: using model {EXAMPLES / 'kv_cache_decode.oinf'} (beside the "
                                               f"graph)\nwrote {out}\n")
+
+
+def test_an_nn_op_exports_with_a_symbolic_rows_dimension(tmp_path):
+    """nn `linear` (an added op: its kernel's result shape is checked) over x [B, D] with B
+    symbolic: one artifact, run at B = 1 and B = 5, against NumPy."""
+    from oi2jax.model import save
+    g = tmp_path / "lin.oi"
+    g.write_text("dynamic { x: f32[B, D]; }\nconstant { w: f32[O, D]; }\nvolatile { y: f32[B, O]; }\n"
+                 "block entry {\n    op linear(x, w) >> y;\n    return;\n}\n")
+    w = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    save(tmp_path / "lin.oinf", sizevars={"B": 4, "D": 8, "O": 3}, tensors={"w": w})
+    write_export(g, tmp_path / "lin.jaxexport", model=tmp_path / "lin.oinf", ops=["nn"], symbolic=("B",))
+    with jax.enable_x64(True):
+        exp = jax.export.deserialize(bytearray((tmp_path / "lin.jaxexport").read_bytes()))
+        man = json.loads((tmp_path / "lin.jaxexport.json").read_text())
+        npz = np.load(tmp_path / man["init_npz"])
+        st = man["state"]
+        state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]}, "caches": {},
+                 "guards": {k: npz[st["guards"][k]["npz_key"]] for k in ("err", "errval", "grow")}}
+        for b in (1, 5):
+            x = np.random.default_rng(b).standard_normal((b, 8)).astype(np.float32)
+            _, out = exp.call(state, {"x": x})
+            np.testing.assert_allclose(np.asarray(out["y"]), x.astype(np.float64) @ w.T.astype(np.float64),
+                                       rtol=1e-5, atol=1e-6)

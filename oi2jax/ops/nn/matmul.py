@@ -50,10 +50,11 @@ def _matmul_samples(kind: str):
 
 def _product(x, weight, precision, out_type):
     """x [..., in] . weight [out, in] -> [..., out]. One row as `dot_general(x, weight)`; several
-    rows (a prompt step, a batch's slots) with the weight as the left operand and the out axis moved
-    last. The same products: XLA's CPU dot runs a batch's 8 rows 20-25% faster weight first
+    rows (a prompt step, a batch's slots, a symbolic dimension of `jax.export`) with the weight as
+    the left operand and the out axis moved last. The same products: XLA's CPU dot runs a batch's 8 rows 20-25% faster weight first
     (benchmarks/batch_dots.py), and one row 5% faster x first; a prompt's 512 rows alike."""
-    if math.prod(x.shape[:-1]) <= 1:
+    rows = x.shape[:-1]
+    if all(isinstance(d, int) for d in rows) and math.prod(rows) <= 1:  # a symbolic dim: several rows
         return lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=precision,
                                preferred_element_type=out_type)
     y = lax.dot_general(weight, x, (((1,), (x.ndim - 1,)), ((), ())), precision=precision,
