@@ -48,13 +48,18 @@ def _matmul_samples(kind: str):
     return samples
 
 
+def _one_row(x) -> bool:
+    """x [..., in] holds at most one row (a symbolic dimension counts as several)."""
+    rows = x.shape[:-1]
+    return all(isinstance(d, int) for d in rows) and math.prod(rows) <= 1
+
+
 def _product(x, weight, precision, out_type):
     """x [..., in] . weight [out, in] -> [..., out]. One row as `dot_general(x, weight)`; several
     rows (a prompt step, a batch's slots, a symbolic dimension of `jax.export`) with the weight as
     the left operand and the out axis moved last. The same products: XLA's CPU dot runs a batch's 8 rows 20-25% faster weight first
     (benchmarks/batch_dots.py), and one row 5% faster x first; a prompt's 512 rows alike."""
-    rows = x.shape[:-1]
-    if all(isinstance(d, int) for d in rows) and math.prod(rows) <= 1:  # a symbolic dim: several rows
+    if _one_row(x):
         return lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=precision,
                                preferred_element_type=out_type)
     y = lax.dot_general(weight, x, (((1,), (x.ndim - 1,)), ((), ())), precision=precision,
@@ -101,7 +106,11 @@ def linear(x, weight, bias=None, *, ctx):
     if isinstance(weight, quantized.QuantTensor):
         y = quantized.linear(x, weight)
     else:
-        y = _product_fn(matmul_precision(ctx), np.dtype(N.compute_dtype(ctx.dtype)))(x, weight)
+        precision, out_type = matmul_precision(ctx), np.dtype(N.compute_dtype(ctx.dtype))
+        if _one_row(x):  # a slot's row, which vmap may make several: the product decides after it
+            y = _product_fn(precision, out_type)(x, weight)
+        else:  # several rows (vmap's rule keeps the weight first): no wrapper to trace
+            y = _product(x, weight, precision, out_type)
     if bias is not None:
         y = y + N.to_compute(bias, ctx.dtype)
     return N.store(y, ctx.out_dtype)
