@@ -57,8 +57,9 @@ def _one_row(x) -> bool:
 def _product(x, weight, precision, out_type):
     """x [..., in] . weight [out, in] -> [..., out]. One row as `dot_general(x, weight)`; several
     rows (a prompt step, a batch's slots, a symbolic dimension of `jax.export`) with the weight as
-    the left operand and the out axis moved last. The same products: XLA's CPU dot runs a batch's 8 rows 20-25% faster weight first
-    (benchmarks/batch_dots.py), and one row 5% faster x first; a prompt's 512 rows alike."""
+    the left operand and the out axis moved last. The same products: XLA's CPU dot runs a batch's
+    8 rows about 25% faster weight first (benchmarks/batch_dots.py), one row 5% faster x first,
+    a prompt's 512 rows alike."""
     if _one_row(x):
         return lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=precision,
                                preferred_element_type=out_type)
