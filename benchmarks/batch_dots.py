@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from oi2jax.npz import write_text_atomic
+from .reporting import write_report
 
 HERE = Path(__file__).resolve().parent
 ROWS = (1, 2, 4, 8, 16)
@@ -116,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--step-b1-ms", type=float, help="the B=1 decode step (ms, results/batch.md) for the step bound")
     args = ap.parse_args(argv)
-    text = report(measure(), args.step_b1_ms)
-    gpu = jax.devices()[0].platform != "cpu"
-    write_text_atomic(args.out / f"batch-dots{'-gpu' if gpu else ''}.md", text)
-    print(text)
+    write_report(args.out, "batch-dots", report(measure(), args.step_b1_ms))
     return 0
 
 

@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oi2jax.npz import write_text_atomic
 from oi2jax.ops.nn.sampling import _argmax, _draw_jax, _noise_for
+
+from .reporting import write_report
 
 HERE = Path(__file__).resolve().parent
 V = 49152
@@ -88,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
-    text = report(measure())
-    gpu = jax.devices()[0].platform != "cpu"
-    write_text_atomic(args.out / f"sampling{'-gpu' if gpu else ''}.md", text)
-    print(text)
+    write_report(args.out, "sampling", report(measure()))
     return 0
 
 
