@@ -24,6 +24,10 @@ Measured, per type, in this one script run (the tools alternate: llama.cpp, oi2j
   then `oi2jax generate M.oinf --prompt-ids P.npy --stats --ignore-eos --max-tokens N`; its stderr
   lines `prompt N tokens in S s` / `generated M tokens in S s` are parsed (compiling is counted
   apart by generate). Both tools' token counts follow generate's: M tokens drawn, M - 1 steps.
+  Each GGML-block type runs twice, between the same two llama.cpp runs: with oi2jax's exact
+  pure-JAX kernels (`--kernels jax`, the default) and with `--kernels ggml` (llama.cpp's own CPU
+  row dot products through jax.ffi, llama.cpp's numerics: oi2jax/quantized/ggml.py), rows
+  "TYPE" and "TYPE --kernels ggml" (`--kernels` here picks which; ggml needs llama-cpp-python).
 - Peak resident memory of each tool's process (`os.wait4`'s ru_maxrss), next to GGUF size + the
   KV cache at T in f32, and next to the bare interpreter's (python + jax / python + llama_cpp).
 - Bytes read per generated token and the GB/s they make: llama.cpp, the GGUF's tensor bytes + its
@@ -73,6 +77,7 @@ from benchmarks.step_profile import cost_worker, gap, profile_table, profile_wor
 CACHE = HERE / ".cache"
 KINDS = ("Q4_1", "Q8_0", "Q4_K", "F32", "BF16")
 TARGETED = ("Q4_1", "Q8_0", "Q4_K")  # the types the >= 1.0x targets are for
+GGML_KINDS = ("Q4_1", "Q8_0", "Q4_K")  # kept in GGML blocks: `--kernels ggml` applies (F32 / BF16: not)
 PROFILE_KIND = "Q4_1"
 # per type: (convert-gguf options, generate options) beyond the defaults: none. BF16 is converted
 # as kept (bf16 weights, the GGUF's F32 norms) and `generate` runs the f32 family graph on its
@@ -308,11 +313,12 @@ def xla_cache(work: Path) -> dict:
     return {"JAX_COMPILATION_CACHE_DIR": str(work / "xla-cache")}
 
 
-def run_oi2jax(gguf: Path, kind: str, ids_path: Path, shape: Shape, work: Path) -> dict:
-    """convert-gguf, then generate --stats, each in its own process."""
+def run_oi2jax(gguf: Path, kind: str, ids_path: Path, shape: Shape, work: Path, kernels: str = "jax") -> dict:
+    """convert-gguf, then generate --stats (with `--kernels kernels`), each in its own process."""
     oinf = work / (gguf.stem + ".oinf")
     t0 = time.perf_counter()
     convert_opts, generate_opts = OI2JAX_OPTIONS.get(kind, ([], []))
+    generate_opts = [*generate_opts, "--kernels", kernels]
     rc, _, err, convert_rss = _python(["-m", "oi2jax", "convert-gguf", str(gguf), "-o", str(oinf),
                                        "--max-positions", str(shape.ctx), "--quiet", *convert_opts], xla_cache(work))
     convert_s = time.perf_counter() - t0
@@ -358,16 +364,17 @@ def _graph(kind: str) -> str:
     return opts[opts.index("--graph") + 1] if "--graph" in opts else ""
 
 
-def run_profile(oinf: str, kind: str, ids_path: Path, work: Path) -> dict:
-    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "profile", oinf, _graph(kind), str(ids_path)],
-                              xla_cache(work))
+def run_profile(oinf: str, kind: str, ids_path: Path, work: Path, kernels: str = "jax") -> dict:
+    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "profile", oinf, _graph(kind), str(ids_path),
+                               kernels], xla_cache(work))
     if rc != 0:
         return {"error": _last_lines(err)}
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_cost(oinf: str, kind: str, work: Path) -> dict:
-    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "cost", oinf, _graph(kind)], xla_cache(work))
+def run_cost(oinf: str, kind: str, work: Path, kernels: str = "jax") -> dict:
+    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "cost", oinf, _graph(kind), kernels],
+                              xla_cache(work))
     if rc != 0:
         return {"error": _last_lines(err)}
     return json.loads(out.strip().splitlines()[-1])
@@ -429,8 +436,9 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
 
 
 def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None = None, profile=(PROFILE_KIND,),
-          reps: int = REPS, threads: int = THREADS, log=print, on_row=None) -> dict:
-    """Every type's row; `on_row(result so far)` after each (a stopped run keeps its rows)."""
+          reps: int = REPS, threads: int = THREADS, log=print, on_row=None, kernels=("jax",)) -> dict:
+    """Every type's rows (one per kernel set in `kernels` that applies to it: "ggml" to the GGML block
+    types); `on_row(result so far)` after each type (a stopped run keeps its rows)."""
     peer = have_llama_cpp() if peer is None else peer
     start = time.perf_counter()
     meta = machine()
@@ -451,24 +459,30 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
             path = files[kind]["path"]
             log(f"{kind}: {path.name}")
             lcp = [run_llamacpp(path, ids_path, shape, reps, threads)] if peer else []
-            oi = run_oi2jax(path, kind, ids_path, shape, work)
-            log(f"  oi2jax: {_brief(oi)}")
+            runs = {}  # the oi2jax runs between llama.cpp's two: each kernel set asked for that applies to the type
+            for k in [k for k in kernels if k == "jax" or kind in GGML_KINDS]:
+                runs[k] = run_oi2jax(path, kind, ids_path, shape, work, kernels=k)
+                log(f"  oi2jax --kernels {k}: {_brief(runs[k])}")
             if peer:
                 lcp.append(run_llamacpp(path, ids_path, shape, reps, threads))
                 log(f"  llama.cpp: {'; '.join(_brief_lcp(r, shape) for r in lcp)}")
-            cost, prof = {}, None
-            if "oinf" in oi:
-                if kind in profile:
-                    prof = run_profile(oi["oinf"], kind, ids_path, work)
-                    cost = prof
-                    log("  profile: " + (prof.get("error") or f"{prof['step_ms_untraced']:.1f} ms/step"))
-                else:
-                    cost = run_cost(oi["oinf"], kind, work)
-                Path(oi["oinf"]).unlink(missing_ok=True)
-            row = summarize(kind, files[kind], shape, lcp, oi, cost, meta["copy_rate"], meta["baseline_rss"])
-            if prof is not None:
-                row["profile"] = prof
-            rows.append(row)
+            for k, oi in runs.items():
+                cost, prof = {}, None
+                if "oinf" in oi:
+                    if kind in profile:
+                        prof = run_profile(oi["oinf"], kind, ids_path, work, kernels=k)
+                        cost = prof
+                        log(f"  profile (--kernels {k}): " + (prof.get("error") or f"{prof['step_ms_untraced']:.1f} ms/step"))
+                    else:
+                        cost = run_cost(oi["oinf"], kind, work, kernels=k)
+                label = kind if k == "jax" else f"{kind} --kernels {k}"
+                row = summarize(label, files[kind], shape, lcp, oi, cost, meta["copy_rate"], meta["baseline_rss"])
+                if prof is not None:
+                    row["profile"] = prof
+                rows.append(row)
+            for oi in runs.values():
+                if "oinf" in oi:
+                    Path(oi["oinf"]).unlink(missing_ok=True)
             meta.update(load_after=os.getloadavg(), uptime_after=_uptime(), wall_s=time.perf_counter() - start)
             meta["llama_cpp_python"] = next((r["lcp_version"] for r in rows if "lcp_version" in r),
                                             meta["llama_cpp_python"])
@@ -580,7 +594,7 @@ def report(res: dict) -> str:
               "floor ms | llama.cpp / floor | oi2jax / floor | same greedy tokens |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        targeted = r["kind"] in TARGETED
+        targeted = r["kind"].split()[0] in TARGETED
         lines.append(f"| {r['kind']} | {_rng(r.get('lcp_decode'))} | {_f(r.get('oi_decode'))} | "
                      f"{_target(r.get('decode_ratio'), lambda x: x >= 1.0) if targeted else _f(r.get('decode_ratio'), '{:.2f}x')} | "
                      f"{_f(r.get('lcp_ms'), '{:.2f}')} | {_f(r.get('oi_ms'), '{:.2f}')} | {r['floor_ms']:.2f} | "
@@ -591,7 +605,7 @@ def report(res: dict) -> str:
               "| type | llama.cpp tok/s | oi2jax tok/s | oi2jax / llama.cpp | oi2jax compile s (apart; from the run's "
               "XLA cache when an earlier type compiled the same step) |", "|---|---|---|---|---|"]
     for r in rows:
-        targeted = r["kind"] in TARGETED
+        targeted = r["kind"].split()[0] in TARGETED
         lines.append(f"| {r['kind']} | {_rng(r.get('lcp_prompt'), '{:.0f}')} | {_f(r.get('oi_prompt'))} | "
                      f"{_target(r.get('prompt_ratio'), lambda x: x >= 1.0) if targeted else _f(r.get('prompt_ratio'), '{:.3f}x')} | "
                      f"{_f(r.get('oi_compile_s'))} |")
@@ -635,9 +649,9 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "llamacpp":
             res = llamacpp_worker(args[0], args[1], *map(int, args[2:]))
         elif kind == "profile":
-            res = profile_worker(args[0], args[1], args[2])
+            res = profile_worker(args[0], args[1], args[2], kernels=args[3])
         else:
-            res = cost_worker(args[0], args[1])
+            res = cost_worker(args[0], args[1], kernels=args[2])
         print(json.dumps(res))
         return 0
     p = argparse.ArgumentParser(description="oi2jax against llama.cpp (llama-cpp-python) on the same GGUF files.")
@@ -647,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"GGUF types, comma-separated (default {','.join(KINDS)})")
     p.add_argument("--profile", default=PROFILE_KIND, help="the types whose oi2jax step is profiled ('' for none)")
     p.add_argument("--no-peer", action="store_true", help="oi2jax only")
+    p.add_argument("--kernels", default=None, help="oi2jax's kernel sets, comma-separated (default jax,ggml where "
+                                                   "llama-cpp-python is installed, else jax)")
     p.add_argument("--threads", type=int, default=THREADS, help=f"llama.cpp's threads (default {THREADS})")
     p.add_argument("--reps", type=int, default=REPS, help=f"llama.cpp's runs per process (two processes; default {REPS})")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the GGUF files are kept")
@@ -670,9 +686,12 @@ def main(argv: list[str] | None = None) -> int:
             tmp.write_text(data)
             os.replace(tmp, args.out / (name + suffix))
 
+    kernels = [k for k in (args.kernels or ("jax,ggml" if have_llama_cpp() else "jax")).split(",") if k]
+    if set(kernels) - {"jax", "ggml"}:
+        p.error(f"--kernels: {args.kernels} (expected jax, ggml or both)")
     res = bench(shape, kinds, cache=args.cache, peer=False if args.no_peer else None,
                 profile=[k for k in args.profile.split(",") if k], reps=args.reps, threads=args.threads,
-                on_row=write)
+                on_row=write, kernels=kernels)
     print(report(res))
     return 0
 

@@ -17,6 +17,7 @@ from .runtime.executor import check_build, check_schedule
 from .runtime.program import Program
 from .runtime.sharding import compile_sharded
 from .xla_cache import reopen_cache, watch
+from .quantized.ggml import check_kernels, ensure as ensure_ggml
 from .pipeline import load_graph, load_graph_json, load_model  # re-exported: the loaders live in the pipeline
 
 __all__ = ["compile", "Program", "CompileOptions", "load_graph", "load_graph_json", "load_model",
@@ -68,7 +69,8 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
 def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "compiled",
             yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
             build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest",
-            zero_missing_inputs: bool = False, ops=None, unroll="auto", widen_floats: bool = False):
+            zero_missing_inputs: bool = False, ops=None, unroll="auto", widen_floats: bool = False,
+            kernels: str = "jax"):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
 
     `ops`: op sets besides OpenInfer's 47 ops (docs/ops.md): bundled set names (`"nn"`), `.py` or
@@ -102,7 +104,12 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     asks for OpenInfer's zero-filled default.
     `widen_floats=True` (an oi2jax extension, off by default): a constant declared f32 reads a bf16
     or f16 model tensor as its exact f32 values (an f32 graph on a bf16 checkpoint's conversion,
-    as if converted with --dtype f32); without it that is a dtype mismatch, as in OpenInfer."""
+    as if converted with --dtype f32); without it that is a dtype mismatch, as in OpenInfer.
+    `kernels` ("jax" | "ggml", an opt-in on CPU): "jax" (default) multiplies weights kept in GGML
+    blocks with oi2jax's pure-JAX kernels (gguf's dequantized values, then the f32 op); "ggml" keeps
+    them as GGUF's raw blocks and runs a `linear` of up to 8 rows through ggml's own CPU kernels,
+    with llama.cpp's numerics (activations rounded to 8 bits per block): needs llama-cpp-python
+    installed (quantized/ggml.py, docs/performance.md)."""
     unroll = check_unroll(unroll)
     if mode == "interpret" and unroll != "auto":
         raise OiError(f"unroll={unroll!r} applies to compiled programs; the interpreter runs loops as written")
@@ -116,8 +123,9 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
         enable_compilation_cache(cache_dir)
     if yield_mode not in YIELD_MODES:
         raise OiError(f"unknown yield_mode {yield_mode!r} (expected one of {', '.join(YIELD_MODES)})")
+    check_kernels(kernels)
     options = CompileOptions(precision=precision, unroll=unroll, yield_mode=yield_mode, placement=placement,
-                             build=build, schedule=schedule)
+                             build=build, schedule=schedule, kernels=kernels)
     # load -> check -> bind, shared with export and the CLI
     bound = pipeline.bound(source_or_path, model, sizes, ops, zero_missing_inputs=bool(zero_missing_inputs),
                            widen_floats=bool(widen_floats))
@@ -125,7 +133,14 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
         if precision != "highest":
             raise OiError(f"precision={precision!r} applies to compiled programs; the interpreter always "
                           f"computes at the highest precision")
+        if kernels != "jax":
+            raise OiError(f"kernels={kernels!r} applies to compiled programs; the interpreter computes "
+                          f"quantized weights exactly (gguf's dequantized values)")
         return InterpretedProgram(bound, options, trace=trace)
+    if kernels == "ggml":
+        if mesh is not None or shard:
+            raise OiError("kernels='ggml' runs on one CPU device; it cannot be combined with mesh=/shard=")
+        ensure_ggml()  # built and registered now: a missing ggml is reported here, not inside a trace
     if mesh is not None or shard:
         if mesh is None:
             raise OiError("shard= needs a mesh= (a jax.sharding.Mesh)")

@@ -27,7 +27,8 @@ from .model.inspect import render_model
 from .npz import writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .trace import Trace
-from .cli_models import UsageError, add_cache_flag as _add_cache_flag, add_model_commands
+from .cli_models import UsageError, add_cache_flag as _add_cache_flag, add_kernels_flag as _add_kernels_flag, \
+    add_model_commands
 from .values import check_every_step_input
 from .cli_run_io import (load_inputs, main_outputs, per_step_inputs, report_trace, stop_ids,
                          write_outputs)
@@ -216,7 +217,7 @@ def cmd_run(args) -> int:
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
                           zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
-                          widen_floats=args.widen_floats, **sharding)
+                          widen_floats=args.widen_floats, kernels=args.kernels, **sharding)
     compile_s = time.perf_counter() - t0
     inputs = load_inputs(args.input)
     for name, value in inputs.items():
@@ -331,7 +332,7 @@ def cmd_compile(args) -> int:
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
                           precision=args.precision, zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args),
-                          unroll=args.unroll, widen_floats=args.widen_floats,
+                          unroll=args.unroll, widen_floats=args.widen_floats, kernels=args.kernels,
                           **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
@@ -465,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report every compilation of the step and why it happened")
     _add_sharding_flags(r, distributed=True)
     _add_precision_flag(r)
+    _add_kernels_flag(r)
     _add_unroll_flag(r)
     _add_cache_flag(r)
     _add_ops_flag(r)
@@ -481,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_zero_flag(k)
     _add_sharding_flags(k, distributed=False)
     _add_precision_flag(k)
+    _add_kernels_flag(k)
     _add_unroll_flag(k)
     _add_cache_flag(k)
     _add_ops_flag(k)

@@ -52,7 +52,7 @@ def cmd_generate(args) -> int:
     if args.batch is not None:
         from .batch_generate import cmd_generate_batch  # deferred: JAX
         return cmd_generate_batch(args, Generator(args.model, args.graph, tokenizer=args.tokenizer,
-                                                  ops=args.ops or ["nn"]))
+                                                  ops=args.ops or ["nn"], kernels=args.kernels))
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy")
     prompt_ids = None
@@ -63,7 +63,7 @@ def cmd_generate(args) -> int:
         if prompt_ids.dtype.kind not in "iu" or prompt_ids.ndim != 1:
             raise OiError(f"{args.prompt_ids}: --prompt-ids takes a 1-D array of integer token ids, got "
                           f"{prompt_ids.dtype}{list(prompt_ids.shape)}")
-    gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"])
+    gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"], kernels=args.kernels)
     printed = []
 
     def show(piece: str) -> None:
@@ -100,6 +100,12 @@ def _load_npy(path: str, flag: str) -> np.ndarray:
         raise OiError(f"{path}: {flag}: no such file") from None
     except Exception as exc:  # a corrupt or foreign file: numpy raises several kinds
         raise OiError(f"{path}: {flag}: not a .npy array ({exc})") from None
+
+
+def add_kernels_flag(p) -> None:
+    p.add_argument("--kernels", choices=("jax", "ggml"), default="jax",
+                   help="weights kept in GGML blocks: jax (default) oi2jax's exact kernels; ggml llama.cpp's CPU "
+                        "kernels and numerics for decode rows (needs llama-cpp-python; docs/performance.md)")
 
 
 def add_cache_flag(p) -> None:
@@ -156,6 +162,7 @@ def add_model_commands(sub) -> None:
     gen.add_argument("--graph", metavar="G.oi", help="the graph to run (default: the model's example graph)")
     gen.add_argument("--tokenizer", metavar="tokenizer.json", help="a tokenizer (default: the model's own)")
     gen.add_argument("--ops", action="append", metavar="SPEC", help="op sets (default: nn)")
+    add_kernels_flag(gen)
     add_cache_flag(gen)
     gen.add_argument("--batch", metavar="FILE", help="generate every prompt of FILE together (a text file, one "
                                                      "prompt a line; .npy / .npz token ids): docs/decode.md")

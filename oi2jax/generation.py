@@ -120,10 +120,12 @@ class Generator:
     `graph`: the `.oi` to run (default: the model's family's step graph `<family>_prefill.oi`
     beside the `<family>_decode.oi` the model names, else that decode graph token by token);
     `tokenizer`: a `tokenizer.json` path (default: the model's own); `ops`: op sets (default
-    `["nn"]`). `mode`: "prompt steps" or "token by token"; `programs`: the compiled step
+    `["nn"]`); `kernels`: as `oi2jax.compile`'s ("ggml": llama.cpp's kernels for weights kept in
+    GGML blocks). `mode`: "prompt steps" or "token by token"; `programs`: the compiled step
     programs by S (1: the decode step)."""
 
-    def __init__(self, model, graph=None, *, tokenizer=None, ops=("nn",), precision: str = "highest"):
+    def __init__(self, model, graph=None, *, tokenizer=None, ops=("nn",), precision: str = "highest",
+                 kernels: str = "jax"):
         self.model_path = str(model)
         t0 = time.perf_counter()
         with open_model(self.model_path) as m:
@@ -146,7 +148,7 @@ class Generator:
         # widen_floats: a bf16/f16 conversion (a checkpoint's own dtype, kept by convert-hf) runs the
         # family's f32 graph on its exact f32 values, as a --dtype f32 conversion would
         decode = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision, sizes=sizes,
-                             widen_floats=True)
+                             widen_floats=True, kernels=kernels)
         self.programs = {1: decode}
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
                          decode.graph.var(k).kind == ir.MemKind.DYNAMIC}

@@ -23,6 +23,9 @@ class CompileOptions:
       (runtime/driver.py) or as one jit; a graph without yield is one jit either way.
     - `placement` ({block: device}), `build` ("concurrent" | "sequential"), `schedule`
       ("dataflow" | "linear"): the yield/await driver's options (runtime/executor.py).
+    - `kernels` ("jax" | "ggml"): how weights kept in GGML blocks are held and multiplied: "jax"
+      (default) their fields, oi2jax's exact pure-JAX kernels; "ggml" GGUF's raw blocks, a few rows'
+      `linear` by ggml's CPU kernels with llama.cpp's numerics (quantized/ggml.py).
 
     `zero_missing_inputs` is a binding option: the `BoundGraph` carries it (model/bind.py), and so
     does a graph rebound at other sizes."""
@@ -34,6 +37,7 @@ class CompileOptions:
     placement: Mapping | None = None
     build: str = "concurrent"
     schedule: str = "dataflow"
+    kernels: str = "jax"
 
 
 @runtime_checkable

@@ -3,8 +3,9 @@ and the pure JAX ops over them: `prepare` raw GGUF bytes once at load, then `lin
 and `dequantize` inside a step. docs/performance.md says how the kernels were chosen."""
 from __future__ import annotations
 
-from .blocks import KINDS, QuantTensor, block_size, dequantize, dequantize_prepared, member, prepare, raw_nbytes
+from .blocks import KINDS, QuantTensor, block_size, dequantize, dequantize_prepared, is_raw, member, prepare, \
+    raw_nbytes, raw_tensor
 from .kernels import embedding, linear
 
-__all__ = ["KINDS", "QuantTensor", "block_size", "dequantize", "dequantize_prepared", "embedding", "linear",
-           "member", "prepare", "raw_nbytes"]
+__all__ = ["KINDS", "QuantTensor", "block_size", "dequantize", "dequantize_prepared", "embedding", "is_raw",
+           "linear", "member", "prepare", "raw_nbytes", "raw_tensor"]

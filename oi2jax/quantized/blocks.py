@@ -203,6 +203,36 @@ def prepare(kind, raw, shape) -> QuantTensor:
     return _split(name, shape, raw)
 
 
+RAW = "raw"  # the one field of a tensor kept as GGUF's raw blocks (`raw_tensor`)
+
+
+def raw_tensor(kind, raw, shape) -> QuantTensor:
+    """GGUF's raw bytes of a tensor of logical `shape` kept as they are, one field `raw` uint8
+    [..., row bytes] (the layout ggml's kernels read: `quantized.ggml`); `fields_of` splits them
+    inside a step where a pure-JAX kernel needs the fields."""
+    name = kind_name(kind)
+    shape = tuple(int(n) for n in shape)
+    per = block_size(name)[0]
+    if not shape or shape[-1] % per:
+        raise OiError(f"a {name} tensor's last axis must be a multiple of {per}, got shape {list(shape)}")
+    if np.dtype(raw.dtype) != np.uint8 or raw.size != raw_nbytes(name, shape):
+        raise OiError(f"{name} data of shape {list(shape)} is {raw_nbytes(name, shape)} bytes of uint8, "
+                      f"got {raw.size} values of {raw.dtype}")
+    return QuantTensor({RAW: raw.reshape(shape[:-1] + (raw_nbytes(name, shape[-1:]),))}, name, shape)
+
+
+def is_raw(q: QuantTensor) -> bool:
+    return RAW in q.fields
+
+
+def fields_of(q: QuantTensor) -> dict:
+    """The per-field arrays of `q`: its own, or those of its raw blocks split (inside the step)."""
+    if not is_raw(q):
+        return q.fields
+    raw = q.fields[RAW]
+    return _split(q.kind, tuple(raw.shape[:-1]) + tuple(q.shape[-1:]), raw).fields
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _split(name: str, shape: tuple, raw) -> QuantTensor:
     """`prepare`'s work, one compiled program per (type, shape): host bytes go to the device once
@@ -226,7 +256,7 @@ def member(q: QuantTensor, pick) -> QuantTensor:
 
 def dequantize_fields(q: QuantTensor):
     """f32 [..., blocks, block_size] of a prepared tensor (any leading rows a gather kept)."""
-    return FORMATS[q.kind].decode(q.fields)
+    return FORMATS[q.kind].decode(fields_of(q))
 
 
 def dequantize(kind, raw, shape, dtype=jnp.float32):

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..diagnostics import OiError
-from .blocks import QuantTensor, dequantize_prepared
+from . import ggml
+from .blocks import RAW, QuantTensor, dequantize_prepared, is_raw
 from .fused import matvec
 
 # x with at most this many rows (tokens) takes the fused matrix-vector product; more rows dequantize
@@ -30,8 +31,9 @@ def linear(x, w: QuantTensor):
     rows = 1
     for n in x.shape[:-1]:
         rows *= n
-    if rows <= FUSED_MAX_ROWS:
-        return matvec(x, w).astype(_out_dtype(x))
+    if rows <= FUSED_MAX_ROWS:  # kept as raw blocks (kernels="ggml"): llama.cpp's row dot products
+        y = ggml.matvec(x, w.fields[RAW], w.kind) if is_raw(w) else matvec(x, w)
+        return y.astype(_out_dtype(x))
     weight = dequantize_prepared(w)
     y = lax.dot_general(x.astype(jnp.float32), weight, (((x.ndim - 1,), (1,)), ((), ())),
                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)

@@ -79,6 +79,9 @@ class Program:
         if options.yield_mode == "driver" and bound.checked.yield_phases.has_yield:
             self.driver = Driver(bound, self.device, aot=type(self.placer) is Placer, placement=options.placement,
                                  build=options.build, schedule=options.schedule)
+        if options.kernels == "ggml" and self._platform() != "cpu":
+            raise OiError(f"kernels='ggml' runs on the CPU; this program's device is {self._platform()} "
+                          f"(use kernels='jax' there)")
         with self.scope():
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
@@ -140,14 +143,18 @@ class Program:
         model = self.bound.model
         packed: dict = {}  # one packed form per model tensor: a tied embedding's names share it
 
+        # kernels="ggml": GGUF's raw blocks, the bytes ggml's kernels read (quantized/ggml.py)
+        pack_blocks = quantized.raw_tensor if self.options.kernels == "ggml" else quantized.prepare
+
         def kept(value, source=None):
-            """GGML blocks (`KeptBlocks`) -> their packed form (`quantized.prepare`), never dequantized."""
+            """GGML blocks (`KeptBlocks`) -> their packed form (`quantized.prepare`, or as they are for
+            kernels="ggml"), never dequantized."""
             if not isinstance(value, KeptBlocks):
                 return value
             if source is None:
-                return quantized.prepare(value.kind, value.raw, value.shape)
+                return pack_blocks(value.kind, value.raw, value.shape)
             if source not in packed:
-                packed[source] = quantized.prepare(value.kind, value.raw, value.shape)
+                packed[source] = pack_blocks(value.kind, value.raw, value.shape)
             return packed[source]
 
         for decl in self.graph.vars:

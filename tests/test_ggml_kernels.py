@@ -1,0 +1,223 @@
+"""kernels="ggml" (oi2jax/quantized/ggml.py): a few rows' quantized `linear` through ggml's own CPU
+kernels with jax.ffi, against a NumPy re-derivation of llama.cpp's numerics written here: each row of
+x rounded per block to the kind's vec_dot_type (Q8_0 / Q8_1: 32 values, scale max|x| / 127 kept as
+f16, Q8_1 with the f16 block sum s; Q8_K: 256 values, scale -max / 127 in f32), then exact integer
+sums scaled per block: y = W . x_hat (+ sum over blocks of m (s - d sum q) for Q4_1 / Q5_1), up to
+f32 rounding. Everything else a raw-block weight does (more rows, embedding rows, other ops) is the
+exact pure-JAX path, bit for bit.
+
+The ggml tests run where ggml's headers and libraries are installed (llama-cpp-python, the
+benchmark extra); the option's errors are tested everywhere."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import oi2jax
+from oi2jax import quantized as Q
+from oi2jax.diagnostics import OiError
+from oi2jax.model.writer import save
+from oi2jax.quantized import ggml
+from oi2jax.quantized.kernels import FUSED_MAX_ROWS
+
+from conftest import run_cli
+from test_quantized import random_blocks
+
+EPS32 = float(np.finfo(np.float32).eps)
+VEC_DOT = {"Q8_0": "Q8_0", "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+           "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K"}
+
+
+def _has_ggml() -> bool:
+    try:
+        ggml.ensure()
+    except OiError:
+        return False
+    return True
+
+
+needs_ggml = pytest.mark.skipif(not _has_ggml(), reason="ggml's headers and libraries (pip install "
+                                                        "llama-cpp-python) are not installed")
+
+
+def _x_hat(x, kind):
+    """llama.cpp's rounding of the rows x f32 [rows, n] to `kind`'s vec_dot_type -> (x_hat f64 [rows,
+    n], per-block (d16, s) for Q8_1 else None): ggml-cpu's x86 quantize_row_q8_0/q8_1 (scale and
+    inverse from max|x| in f32, round half to even) and quantize_row_q8_K_ref."""
+    rows, n = x.shape
+    if VEC_DOT[kind] == "Q8_K":
+        xb = x.reshape(rows, n // 256, 256)
+        mx = np.take_along_axis(xb, np.abs(xb).argmax(-1)[..., None], -1)[..., 0]
+        iscale = np.float32(-127) / mx
+        q = np.minimum(127, np.rint(xb * iscale[..., None]))
+        d = np.float32(1) / iscale
+        return (q * d.astype(np.float64)[..., None]).reshape(rows, n), None
+    xb = x.reshape(rows, n // 32, 32)
+    amax = np.abs(xb).max(-1)
+    d = amax / np.float32(127)
+    inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None])
+    d16 = d.astype(np.float16).astype(np.float64)
+    s = (d * q.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float64)
+    return (q * d16[..., None]).reshape(rows, n), (d16, s, q.sum(-1))
+
+
+def _mins(raw, kind, out, n):
+    """Q4_1 / Q5_1: each weight block's min m (its f16 at bytes 2..3), f64 [out, n / 32]."""
+    per, size = Q.block_size(kind)
+    blocks = raw.reshape(out, n // per, size)
+    return blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+
+
+def _llama_cpp(raw, kind, w, x):
+    """(llama.cpp's y [rows, out] in f64, the f32 rounding bound [rows, out])."""
+    x_hat, q8_1 = _x_hat(x, kind)
+    y = x_hat @ w.astype(np.float64).T
+    size = np.abs(x_hat) @ np.abs(w.astype(np.float64)).T
+    if q8_1 is not None and kind in ("Q4_1", "Q5_1"):  # m x s, where s is the f16 block sum, not d16 x sum q
+        d16, s, qsum = q8_1
+        m = _mins(raw, kind, w.shape[0], w.shape[1])
+        y += (s - d16 * qsum) @ m.T
+        size += np.abs(s) @ np.abs(m).T
+    return y, 4 * w.shape[1] * EPS32 * size
+
+
+def _weight(kind, out=24, blocks=2, seed=0):
+    rng = np.random.default_rng(seed)
+    raw = random_blocks(rng, kind, out, blocks)
+    shape = (out, blocks * Q.block_size(kind)[0])
+    return raw, shape, gguf.quants.dequantize(raw, T[kind])
+
+
+@needs_ggml
+@pytest.mark.parametrize("kind", Q.KINDS)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_ggml_linear_is_llama_cpps_arithmetic(kind, rows):
+    raw, shape, w = _weight(kind)
+    x = np.random.default_rng(1).standard_normal((rows, shape[1])).astype(np.float32)
+    got = np.asarray(jax.jit(Q.linear)(jnp.asarray(x if rows > 1 else x[0]), Q.raw_tensor(kind, raw, shape)))
+    want, bound = _llama_cpp(raw, kind, w, x)
+    assert got.shape == ((rows, shape[0]) if rows > 1 else (shape[0],))
+    err = np.abs(got.reshape(rows, -1) - want)
+    assert np.all(err <= bound), (kind, float((err / bound).max()))
+    # not the exact product of x: llama.cpp rounds x to 8 bits (what kernels="ggml" documents)
+    assert not np.allclose(got.reshape(rows, -1), x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-5, atol=0)
+
+
+@needs_ggml
+def test_ggml_linear_under_vmap_is_each_row_alone():
+    raw, shape, w = _weight("Q4_1")
+    q = Q.raw_tensor("Q4_1", raw, shape)
+    xs = np.random.default_rng(2).standard_normal((5, shape[1])).astype(np.float32)
+    batched = np.asarray(jax.jit(jax.vmap(Q.linear, in_axes=(0, None)))(jnp.asarray(xs), q))
+    alone = np.stack([np.asarray(jax.jit(Q.linear)(jnp.asarray(r), q)) for r in xs])
+    np.testing.assert_array_equal(batched, alone)
+
+
+@needs_ggml
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
+def test_raw_blocks_elsewhere_are_the_exact_kernels_bit_for_bit(kind):
+    """More rows than FUSED_MAX_ROWS (a prompt step) and embedding rows dequantize the raw blocks
+    exactly as the prepared fields do."""
+    raw, shape, w = _weight(kind)
+    raw_q, prepared = Q.raw_tensor(kind, raw, shape), Q.prepare(kind, raw, shape)
+    xs = jnp.asarray(np.random.default_rng(3).standard_normal((FUSED_MAX_ROWS + 4, shape[1])).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(jax.jit(Q.linear)(xs, raw_q)), np.asarray(jax.jit(Q.linear)(xs, prepared)))
+    ids = jnp.asarray([0, 5, 23, 5], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(Q.embedding)(raw_q, ids)), w[np.asarray(ids)])
+    np.testing.assert_array_equal(np.asarray(Q.dequantize_prepared(raw_q)), w)
+
+
+GRAPH = """dynamic {
+    x: f32[I];
+    ids: i32[2];
+}
+constant {
+    W: f32[O, I];
+}
+volatile {
+    y: f32[O];
+    e: f32[2, I];
+}
+block entry {
+    op linear(x, W) >> y;
+    op embedding(W, ids) >> e;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kept_model(tmp_path_factory):
+    raw, shape, w = _weight("Q8_0", out=16, blocks=4, seed=5)
+    path = tmp_path_factory.mktemp("ggml") / "m.oinf"
+    save(path, sizevars={"O": shape[0], "I": shape[1]}, metadata={"ggml_type.W": "Q8_0"}, tensors={"W": raw})
+    (path.parent / "g.oi").write_text(GRAPH)
+    return path, raw, shape, w
+
+
+@needs_ggml
+def test_a_program_with_ggml_kernels_holds_the_raw_blocks_and_computes_llama_cpps_product(kept_model):
+    path, raw, shape, w = kept_model
+    program = oi2jax.compile(GRAPH, model=path, ops=["nn"], kernels="ggml")
+    consts = program.executable.consts
+    assert Q.is_raw(consts["W"]) and consts["W"].nbytes == raw.nbytes  # GGUF's bytes, nothing added
+    x = np.random.default_rng(6).standard_normal(shape[1]).astype(np.float32)
+    out = program.run({"x": x, "ids": np.array([3, 15], np.int32)})
+    want, bound = _llama_cpp(raw, "Q8_0", w, x[None])
+    assert np.all(np.abs(out["y"] - want[0]) <= bound[0])
+    np.testing.assert_array_equal(out["e"], w[[3, 15]])
+    exact = oi2jax.compile(GRAPH, model=path, ops=["nn"]).run({"x": x, "ids": np.array([3, 15], np.int32)})
+    assert not Q.is_raw(oi2jax.compile(GRAPH, model=path, ops=["nn"]).executable.consts["W"])
+    np.testing.assert_array_equal(exact["e"], out["e"])
+
+
+@needs_ggml
+def test_the_cli_takes_kernels_ggml(kept_model, tmp_path, capsys):
+    path, raw, shape, w = kept_model
+    x = np.random.default_rng(7).standard_normal(shape[1]).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "ids.npy", np.array([0, 1], np.int32))
+    code, _, err = run_cli(capsys, "run", path.parent / "g.oi", "--model", path, "--ops", "nn", "--kernels", "ggml",
+                           "--input", f"x={tmp_path / 'x.npy'}", "--input", f"ids={tmp_path / 'ids.npy'}",
+                           "--out", tmp_path / "o.npz", "--quiet")
+    assert code == 0, err
+    want, bound = _llama_cpp(raw, "Q8_0", w, x[None])
+    assert np.all(np.abs(np.load(tmp_path / "o.npz")["y"] - want[0]) <= bound[0])
+
+
+def test_kernels_errors_name_the_choice(kept_model, monkeypatch, tmp_path):
+    path, *_ = kept_model
+    with pytest.raises(OiError, match=r"unknown kernels 'fast' \(expected one of jax, ggml\)"):
+        oi2jax.compile(GRAPH, model=path, ops=["nn"], kernels="fast")
+    with pytest.raises(OiError, match="kernels='ggml' applies to compiled programs"):
+        oi2jax.compile(GRAPH, model=path, ops=["nn"], kernels="ggml", mode="interpret")
+    with pytest.raises(OiError, match="cannot be combined with mesh"):
+        oi2jax.compile(GRAPH, model=path, ops=["nn"], kernels="ggml", mesh="data=1", shard={"O": "data"})
+    monkeypatch.setenv("OI2JAX_GGML_DIR", str(tmp_path))  # no ggml there: said, with what is missing
+    with pytest.raises(OiError, match=r"kernels='ggml': OI2JAX_GGML_DIR=.* lacks .*ggml\.h"):
+        ggml.ggml_dirs()
+    # a fresh process (this one may have registered ggml's handler already): one line, exit 1
+    r = subprocess.run([sys.executable, "-m", "oi2jax", "run", str(path.parent / "g.oi"), "--model", str(path),
+                        "--ops", "nn", "--kernels", "ggml", "--quiet"], capture_output=True, text=True,
+                       env={**os.environ, "OI2JAX_GGML_DIR": str(tmp_path)})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error: kernels='ggml': OI2JAX_GGML_DIR="), r.stderr
+
+
+def test_the_handler_builds_atomically_into_the_cache(monkeypatch, tmp_path):
+    """A failed compile leaves nothing behind in the cache (no partial library), and says why."""
+    if ggml._llama_cpp_dirs() is None:
+        pytest.skip("no ggml to build against")
+    monkeypatch.setenv("OI2JAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    with pytest.raises(OiError, match="building ggml_matvec.cc failed"):
+        ggml.build()
+    assert [p.name for p in (tmp_path / "ggml").iterdir()] == []
