@@ -10,8 +10,8 @@ candidates interleaved round by round (min and median of the rounds; the machine
   deq+dot   the weight dequantized to f32 inside the step, then the f32 dot
   bf16      the same weights in bf16: upcast then dot, a bf16 dot with an f32 result, a fused reduce
   ggml ffi  ggml's own CPU kernels (llama.cpp's vec_dot, activations quantized to the kind's
-            vec_dot_type) through jax.ffi, when benchmarks/ggml_ffi/libggml_matvec.so is built
-            (benchmarks/ggml_ffi/build.sh)
+            vec_dot_type) through jax.ffi: `kernels="ggml"`'s product (oi2jax/quantized/ggml.py),
+            when ggml is installed (pip install llama-cpp-python)
 and for a 512-token prompt: f32 GEMMs against oi2jax.quantized.linear (dequantize once, f32 GEMM).
 K-quants need rows of 256: the 576-wide rows are not, so Q4_K/Q5_K/Q6_K run as [576, 1536]
 matrices of the same total weight count. GB/s = the weight bytes read (quantized bytes + scales) /
@@ -20,7 +20,6 @@ time. Writes results/quantized_matvec[-quick].md; docs/performance.md reads it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
@@ -33,14 +32,12 @@ if str(HERE.parent) not in sys.path:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from gguf import GGMLQuantizationType  # noqa: E402
 from jax import lax  # noqa: E402
 
 from oi2jax import quantized as Q  # noqa: E402
 from oi2jax.quantized.blocks import FORMATS, dequantize_prepared  # noqa: E402
 
 D, F = 576, 1536
-FFI_LIB = HERE / "ggml_ffi" / "libggml_matvec.so"
 
 
 def shapes(layers: int, kind: str | None = None) -> list:
@@ -98,15 +95,16 @@ def copy_rate(rounds: int) -> float:
 
 
 def ggml_ffi():
-    """jax.ffi's `ggml_matvec` when the research kernel is built, else None."""
-    if not FFI_LIB.exists():
+    """`kernels="ggml"`'s product (oi2jax.quantized.ggml) when ggml is installed (llama-cpp-python), else None."""
+    from oi2jax.diagnostics import OiError
+    from oi2jax.quantized import ggml
+    try:
+        ggml.ensure()
+    except OiError:
         return None
-    lib = ctypes.cdll.LoadLibrary(str(FFI_LIB))
-    jax.ffi.register_ffi_target("ggml_matvec", jax.ffi.pycapsule(lib.GgmlMatvec), platform="cpu")
 
     def linear(x, raw, kind, out):
-        return jax.ffi.ffi_call("ggml_matvec", jax.ShapeDtypeStruct(x.shape[:-1] + (out,), jnp.float32))(
-            x, raw, type=np.int64(int(GGMLQuantizationType[kind])))
+        return ggml.matvec(x, raw.reshape(out, -1), kind)
     return linear
 
 
