@@ -30,6 +30,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from gguf import GGMLQuantizationType
 
 from ..diagnostics import OiError
 
@@ -153,8 +154,6 @@ def matvec(x, raw, kind: str):
     """x [..., in] (f32) @ W^T for W [out, in] given as GGUF's raw blocks `raw` uint8 [out, in /
     block * bytes]: f32 [..., out], llama.cpp's numerics. jax.vmap adds leading axes to x (the
     unbatched weight gets axes of 1, which the handler accepts)."""
-    from gguf import GGMLQuantizationType
-
     ensure()
     out = raw.shape[0]
     x = x.astype(jnp.float32)
