@@ -17,7 +17,7 @@ from .runtime.executor import check_build, check_schedule
 from .runtime.program import Program
 from .runtime.sharding import compile_sharded
 from .xla_cache import reopen_cache, watch
-from .quantized.ggml import check_kernels, ensure as ensure_ggml
+from .quantized.ggml import check_kernels
 from .pipeline import load_graph, load_graph_json, load_model  # re-exported: the loaders live in the pipeline
 
 __all__ = ["compile", "Program", "CompileOptions", "load_graph", "load_graph_json", "load_model",
@@ -137,10 +137,8 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
             raise OiError(f"kernels={kernels!r} applies to compiled programs; the interpreter computes "
                           f"quantized weights exactly (gguf's dequantized values)")
         return InterpretedProgram(bound, options, trace=trace)
-    if kernels == "ggml":
-        if mesh is not None or shard:
-            raise OiError("kernels='ggml' runs on one CPU device; it cannot be combined with mesh=/shard=")
-        ensure_ggml()  # built and registered now: a missing ggml is reported here, not inside a trace
+    if kernels == "ggml" and (mesh is not None or shard):
+        raise OiError("kernels='ggml' runs on one CPU device; it cannot be combined with mesh=/shard=")
     if mesh is not None or shard:
         if mesh is None:
             raise OiError("shard= needs a mesh= (a jax.sharding.Mesh)")

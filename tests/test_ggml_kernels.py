@@ -214,10 +214,21 @@ def test_kernels_errors_name_the_choice(kept_model, monkeypatch, tmp_path):
 
 def test_the_handler_builds_atomically_into_the_cache(monkeypatch, tmp_path):
     """A failed compile leaves nothing behind in the cache (no partial library), and says why."""
-    if ggml._llama_cpp_dirs() is None:
+    try:
+        ggml.ggml_dirs()
+    except OiError:
         pytest.skip("no ggml to build against")
     monkeypatch.setenv("OI2JAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a compiler that fails
     with pytest.raises(OiError, match="building ggml_matvec.cc failed"):
         ggml.build()
     assert [p.name for p in (tmp_path / "ggml").iterdir()] == []
+
+
+def test_kernels_ggml_without_quantized_weights_is_an_error_not_ignored(tmp_path):
+    """Nothing for ggml to multiply: said, rather than a flag that silently changes nothing."""
+    path = tmp_path / "f32.oinf"
+    save(path, sizevars={"O": 4, "I": 32}, tensors={"W": np.ones((4, 32), np.float32)})
+    with pytest.raises(OiError, match=r"kernels='ggml' multiplies weights kept in GGML blocks, and .*f32\.oinf has "
+                                      r"none: nothing would change"):
+        oi2jax.compile(GRAPH.replace("    op embedding(W, ids) >> e;\n", ""), model=path, ops=["nn"], kernels="ggml")
