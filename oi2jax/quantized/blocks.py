@@ -188,10 +188,9 @@ def raw_nbytes(kind, shape) -> int:
     return rows * (shape[-1] // per) * size
 
 
-def prepare(kind, raw, shape) -> QuantTensor:
-    """GGUF's raw bytes of a tensor of logical `shape` (uint8, any shape holding exactly those bytes,
-    row-major over the blocks of the last axis) -> a `QuantTensor` of per-field arrays. Pure JAX:
-    at load time on host bytes, or inside a jitted function on device bytes."""
+def _checked(kind, raw, shape) -> tuple[str, tuple]:
+    """(type name, shape as ints) of GGUF's raw bytes of a tensor of logical `shape`, checked: the
+    last axis whole blocks, `raw` uint8 holding exactly the tensor's bytes."""
     name = kind_name(kind)
     shape = tuple(int(n) for n in shape)
     per = block_size(name)[0]
@@ -200,6 +199,14 @@ def prepare(kind, raw, shape) -> QuantTensor:
     if np.dtype(raw.dtype) != np.uint8 or raw.size != raw_nbytes(name, shape):
         raise OiError(f"{name} data of shape {list(shape)} is {raw_nbytes(name, shape)} bytes of uint8, "
                       f"got {raw.size} values of {raw.dtype}")
+    return name, shape
+
+
+def prepare(kind, raw, shape) -> QuantTensor:
+    """GGUF's raw bytes of a tensor of logical `shape` (uint8, any shape holding exactly those bytes,
+    row-major over the blocks of the last axis) -> a `QuantTensor` of per-field arrays. Pure JAX:
+    at load time on host bytes, or inside a jitted function on device bytes."""
+    name, shape = _checked(kind, raw, shape)
     return _split(name, shape, raw)
 
 
@@ -210,14 +217,7 @@ def raw_tensor(kind, raw, shape) -> QuantTensor:
     """GGUF's raw bytes of a tensor of logical `shape` kept as they are, one field `raw` uint8
     [..., row bytes] (the layout ggml's kernels read: `quantized.ggml`); `fields_of` splits them
     inside a step where a pure-JAX kernel needs the fields."""
-    name = kind_name(kind)
-    shape = tuple(int(n) for n in shape)
-    per = block_size(name)[0]
-    if not shape or shape[-1] % per:
-        raise OiError(f"a {name} tensor's last axis must be a multiple of {per}, got shape {list(shape)}")
-    if np.dtype(raw.dtype) != np.uint8 or raw.size != raw_nbytes(name, shape):
-        raise OiError(f"{name} data of shape {list(shape)} is {raw_nbytes(name, shape)} bytes of uint8, "
-                      f"got {raw.size} values of {raw.dtype}")
+    name, shape = _checked(kind, raw, shape)
     return QuantTensor({RAW: raw.reshape(shape[:-1] + (raw_nbytes(name, shape[-1:]),))}, name, shape)
 
 
