@@ -24,6 +24,10 @@ Measured, per type, in this one script run (the tools alternate: llama.cpp, oi2j
   then `oi2jax generate M.oinf --prompt-ids P.npy --stats --ignore-eos --max-tokens N`; its stderr
   lines `prompt N tokens in S s` / `generated M tokens in S s` are parsed (compiling is counted
   apart by generate). Both tools' token counts follow generate's: M tokens drawn, M - 1 steps.
+  Then (after llama.cpp's second run) the same generation through the API, REPS + 1 times in one
+  process: the first run cold, the rest warm (the "Warm" table: XLA's first execution of each
+  program costs about as much again as the prompt step itself, a one-time cost llama.cpp's
+  warm-up eval takes out of its own runs).
   Each GGML-block type runs twice, between the same two llama.cpp runs: with oi2jax's exact
   pure-JAX kernels (`--kernels jax`, the default) and with `--kernels ggml` (llama.cpp's own CPU
   row dot products through jax.ffi, llama.cpp's numerics: oi2jax/quantized/ggml.py), rows
@@ -335,6 +339,31 @@ def run_oi2jax(gguf: Path, kind: str, ids_path: Path, shape: Shape, work: Path, 
             "oinf_bytes": oinf.stat().st_size, "ids": [int(i) for i in np.load(ids_out)]}
 
 
+def warm_worker(oinf: str, graph: str, ids_path: str, gen: int, kernels: str, reps: int) -> dict:
+    """In a subprocess: `generate`'s work through the API (oi2jax.generation.Generator, as the CLI
+    runs it), `reps` + 1 times in one process: the first run (cold: XLA's first execution of each
+    program; its compiling is left out, as generate --stats does) and the warm runs after it, as
+    llama.cpp's runs come after its warm-up eval."""
+    from oi2jax.generation import Generator
+
+    g = Generator(oinf, graph or None, kernels=kernels)
+    ids = np.load(ids_path)
+    runs = []
+    for _ in range(reps + 1):
+        r = g.generate(None, prompt_ids=ids, max_tokens=gen, ignore_eos=True)
+        runs.append({"prompt_s": r.stats.prompt_s, "generate_s": r.stats.generate_s,
+                     "gen_tokens": r.stats.generated_tokens, "ids": [int(i) for i in r.ids]})
+    return {"first": runs[0], "warm": runs[1:]}
+
+
+def run_warm(oinf: str, kind: str, ids_path: Path, shape: Shape, work: Path, kernels: str = "jax") -> dict:
+    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "warm", oinf, _graph(kind), str(ids_path),
+                               str(shape.gen), kernels], xla_cache(work))
+    if rc != 0:
+        return {"error": _last_lines(err)}
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def baseline_rss() -> dict:
     """Peak RSS of a process that only imports each tool (and runs one jitted op / nothing)."""
     out = {}
@@ -426,6 +455,16 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
             row["oi_gbs"] = row["oi_bytes"] / row["oi_ms"] / 1e6
         elif "error" in cost:
             row["cost_error"] = cost["error"]
+    warm = oi.get("warm") or {}
+    if warm.get("warm"):  # the API's runs in one process: the first (cold) and the warm ones after it
+        row["oi_warm_decode"] = _median_range([r["gen_tokens"] / r["generate_s"] for r in warm["warm"]])
+        row["oi_warm_prompt"] = _median_range([shape.prompt / r["prompt_s"] for r in warm["warm"]])
+        row["oi_first_prompt"] = shape.prompt / warm["first"]["prompt_s"]
+    elif "error" in warm:
+        row["warm_error"] = warm["error"]
+    if "lcp_decode" in row and "oi_warm_decode" in row:
+        row["warm_decode_ratio"] = row["oi_warm_decode"][0] / row["lcp_decode"][0]
+        row["warm_prompt_ratio"] = row["oi_warm_prompt"][0] / row["lcp_prompt"][0]
     if "lcp_decode" in row and "oi_decode" in row:
         row["decode_ratio"] = row["oi_decode"] / row["lcp_decode"][0]
         row["prompt_ratio"] = row["oi_prompt"] / row["lcp_prompt"][0]
@@ -472,6 +511,11 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
             for k, oi in runs.items():
                 cost, prof = {}, None
                 if "oinf" in oi:
+                    warm = run_warm(oi["oinf"], kind, ids_path, shape, work, kernels=k)
+                    oi["warm"] = warm
+                    log(f"  warm (--kernels {k}): " + (warm.get("error") or ", ".join(
+                        f"prompt {shape.prompt / r['prompt_s']:.0f} / decode {r['gen_tokens'] / r['generate_s']:.1f} tok/s"
+                        for r in [warm["first"], *warm["warm"]])))
                     if kind in profile:
                         prof = run_profile(oi["oinf"], kind, ids_path, work, kernels=k)
                         cost = prof
@@ -612,6 +656,24 @@ def report(res: dict) -> str:
         lines.append(f"| {r['kind']} | {_rng(r.get('lcp_prompt'), '{:.0f}')} | {_f(r.get('oi_prompt'))} | "
                      f"{_target(r.get('prompt_ratio'), lambda x: x >= 1.0) if targeted else _f(r.get('prompt_ratio'), '{:.3f}x')} | "
                      f"{_f(r.get('oi_compile_s'))} |")
+    if any("oi_warm_decode" in r or "warm_error" in r for r in rows):
+        lines += ["", "## Warm: oi2jax's runs after its first, in one process (as llama.cpp's come after its warm-up eval)", "",
+                  "`generate`'s work through the API, the same prompt and tokens, "
+                  f"{REPS} + 1 times in one process: the first run pays XLA's first execution of each compiled "
+                  "program (compiling left out, as `generate --stats` does: the columns above); the warm runs "
+                  "do not. llama.cpp's runs all follow its warm-up. Median (range).", "",
+                  "| type | llama.cpp decode | oi2jax warm decode | warm / llama.cpp | llama.cpp prompt | "
+                  "oi2jax first prompt | oi2jax warm prompt | warm / llama.cpp |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "warm_error" in r:
+                lines.append(f"| {r['kind']} | warm runs failed: {r['warm_error']} |")
+                continue
+            targeted = r["kind"].split()[0] in TARGETED
+            ratio = (lambda key, fmt: _target(r.get(key), lambda x: x >= 1.0) if targeted else _f(r.get(key), fmt))
+            lines.append(f"| {r['kind']} | {_rng(r.get('lcp_decode'))} | {_rng(r.get('oi_warm_decode'))} | "
+                         f"{ratio('warm_decode_ratio', '{:.2f}x')} | {_rng(r.get('lcp_prompt'), '{:.0f}')} | "
+                         f"{_f(r.get('oi_first_prompt'), '{:.0f}')} | {_rng(r.get('oi_warm_prompt'), '{:.0f}')} | "
+                         f"{ratio('warm_prompt_ratio', '{:.2f}x')} |")
     lines += ["", "## Resident memory (peak RSS of each tool's process) and bytes read per token", "",
               "| type | GGUF | GGUF + KV cache (f32, T) | llama.cpp RSS (/ GGUF + cache) | oi2jax RSS | oi2jax / (GGUF + cache) | "
               "oi2jax .oinf | llama.cpp bytes/token | llama.cpp GB/s | oi2jax bytes/token (XLA) | oi2jax GB/s |",
@@ -654,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
             res = llamacpp_worker(args[0], args[1], *map(int, args[2:]))
         elif kind == "profile":
             res = profile_worker(args[0], args[1], args[2], kernels=args[3])
+        elif kind == "warm":
+            res = warm_worker(args[0], args[1], args[2], int(args[3]), args[4], REPS)
         else:
             res = cost_worker(args[0], args[1], kernels=args[2])
         print(json.dumps(res))

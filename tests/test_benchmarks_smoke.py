@@ -148,12 +148,16 @@ def test_llamacpp_benchmark_smoke(tmp_path):
     meta = dict(shape=vars(L.QUICK) | {"name": "quick"}, cpu="cpu", cores=2, memory="1 kB", python="3", jax="j",
                 numpy="n", gguf="g", llama_cpp_python=None, oi2jax_commit="c", uptime_before="u", uptime_after="u",
                 peer=False, copy_rate=2.5e10, baseline_rss={"oi2jax": 4e8}, threads=2)
+    row.update(oi_warm_decode=(20.0, 19.0, 21.0), oi_warm_prompt=(400.0, 390.0, 410.0), oi_first_prompt=200.0,
+               warm_decode_ratio=0.2, warm_prompt_ratio=1.33)
     ggml_row = dict(row, kind="Q4_1 --kernels ggml", decode_ratio=1.2)
     ggml_row.pop("profile")
     text = L.report({"meta": meta, "rows": [row, ggml_row, dict(kind="BF16", gguf_bytes=1, tensor_bytes=1, write_s=0.0,
                                                       floor_ms=1.0, ref_mem=2, oi_error="generate: boom")]})
     assert "| Q4_1 | 100.0 (90.0-110.0) | 10.0 | 0.10x MISSED |" in text
     assert "| Q4_1 --kernels ggml | 100.0 (90.0-110.0) | 10.0 | 1.20x met |" in text  # a targeted type's row too
+    assert "| Q4_1 | 100.0 (90.0-110.0) | 20.0 (19.0-21.0) | 0.20x MISSED | 300 (280-320) | 200 | 400 (390-410) | 1.33x met |" \
+        in text  # the warm runs
     assert "| layers' linear (matvecs) | 20.00 | 57% |" in text and "BF16 oi: generate: boom" in text
     assert "llama-cpp-python is not installed" in text
 
