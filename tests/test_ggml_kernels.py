@@ -113,6 +113,20 @@ def test_ggml_linear_is_llama_cpps_arithmetic(kind, rows):
 
 
 @needs_ggml
+def test_a_large_product_splits_its_rows_over_the_pool_with_the_same_values():
+    """Two rows of a 17 MB Q8_0 weight (past the handler's 32 MB of row work: rows split over XLA's
+    thread pool) equal each row's own product (one row: not split) bit for bit, and llama.cpp's."""
+    raw, shape, w = _weight("Q8_0", out=4096, blocks=128, seed=9)
+    q = jax.device_put(Q.raw_tensor("Q8_0", raw, shape))
+    xs = np.random.default_rng(10).standard_normal((2, shape[1])).astype(np.float32)
+    both = np.asarray(jax.jit(Q.linear)(jnp.asarray(xs), q))
+    alone = np.stack([np.asarray(jax.jit(Q.linear)(jnp.asarray(r), q)) for r in xs])
+    np.testing.assert_array_equal(both, alone)
+    want, bound = _llama_cpp(raw, "Q8_0", w, xs)
+    assert np.all(np.abs(both - want) <= bound)
+
+
+@needs_ggml
 def test_ggml_linear_under_vmap_is_each_row_alone():
     raw, shape, w = _weight("Q4_1")
     q = Q.raw_tensor("Q4_1", raw, shape)

@@ -1,7 +1,7 @@
 // oi2jax's opt-in ggml kernel (oi2jax/quantized/ggml.py builds it; docs/performance.md): y = x @ W^T
 // for W [out, in] in GGUF's raw blocks, through ggml's own CPU kernels, as llama.cpp computes it:
 // `from_float` quantizes each row of x to the kind's vec_dot_type (Q8_0, Q8_1 or Q8_K), `vec_dot` is
-// llama.cpp's row dot product. W's rows are split over XLA's intra-op thread pool.
+// llama.cpp's row dot product. A large product's rows are split over XLA's intra-op thread pool.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -17,6 +17,7 @@
 namespace ffi = xla::ffi;
 
 static const bool kInit = (ggml_cpu_init(), true);
+static constexpr double kSplitBytes = 32.0 * (1 << 20);  // weight bytes x rows from which rows are split
 
 static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                          ffi::ResultBuffer<ffi::F32> y, int64_t type) {
@@ -61,7 +62,11 @@ static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
       st->done.fetch_add(1);
     }
   };
-  for (int64_t p = 0; p < pool.num_threads() && p + 1 < chunks; ++p) {
+  // W's rows are split over XLA's pool only for a large product (several rows of a large weight):
+  // inside a decode step the pool's other thread sleeps between calls and joins too late to help
+  // a small one, and the same step measured faster unsplit (docs/performance.md)
+  const int64_t helpers = static_cast<double>(out) * wrow * rows >= kSplitBytes ? pool.num_threads() : 0;
+  for (int64_t p = 0; p < helpers && p + 1 < chunks; ++p) {
     auto task = work;
     pool.Schedule(std::move(task));
   }
