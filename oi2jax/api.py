@@ -16,7 +16,7 @@ from .protocol import CompileOptions
 from .runtime.executor import check_build, check_schedule
 from .runtime.program import Program
 from .runtime.sharding import compile_sharded
-from .xla_cache import reopen_cache, watch
+from .xla_cache import reopen_cache, user_cache_base, watch
 from .quantized.ggml import check_kernels
 from .pipeline import load_graph, load_graph_json, load_model  # re-exported: the loaders live in the pipeline
 
@@ -32,8 +32,7 @@ def default_cache_dir() -> Path:
     else ~/.cache/oi2jax/xla."""
     if os.environ.get("OI2JAX_CACHE_DIR"):
         return Path(os.environ["OI2JAX_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "oi2jax" / "xla"
+    return user_cache_base() / "xla"
 
 
 def enable_compilation_cache(cache_dir="default") -> str | None:

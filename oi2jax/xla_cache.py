@@ -14,8 +14,16 @@ import os
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 _PREFIX = "Error reading persistent compilation cache entry for "
+
+
+def user_cache_base() -> Path:
+    """oi2jax's folder of the user's cache: $XDG_CACHE_HOME/oi2jax, else ~/.cache/oi2jax (the XLA
+    cache's default home, `api.default_cache_dir`, and the built ggml handler's, quantized/ggml.py)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "oi2jax"
 _lock = threading.Lock()
 _state = {"directory": None, "warned": False}
 

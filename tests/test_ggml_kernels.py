@@ -232,11 +232,11 @@ def test_the_handler_builds_atomically_into_the_cache(monkeypatch, tmp_path):
         ggml.ggml_dirs()
     except OiError:
         pytest.skip("no ggml to build against")
-    monkeypatch.setenv("OI2JAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a compiler that fails
     with pytest.raises(OiError, match="building ggml_matvec.cc failed"):
         ggml.build()
-    assert [p.name for p in (tmp_path / "ggml").iterdir()] == []
+    assert [p.name for p in (tmp_path / "oi2jax" / "ggml").iterdir()] == []
 
 
 def test_kernels_ggml_without_quantized_weights_is_an_error_not_ignored(tmp_path):

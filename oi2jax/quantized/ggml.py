@@ -12,8 +12,8 @@ llama-cpp-python`, which builds llama.cpp from source and installs ggml's header
 libraries), or from a built ggml tree named by OI2JAX_GGML_DIR (its `include/` and the directory
 holding `libggml-cpu.so` and `libggml-base.so`: `lib/` or `build/src/`). The 80-line C++ handler
 `ggml_matvec.cc` is compiled once with the system C++ compiler (CXX, default g++) into the user
-cache (OI2JAX_CACHE_DIR, else $XDG_CACHE_HOME/oi2jax, else ~/.cache/oi2jax), named by a hash of
-everything it was built from.
+cache's oi2jax/ggml ($XDG_CACHE_HOME, else ~/.cache), named by a hash of everything it was built
+from.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from gguf import GGMLQuantizationType
 
 from ..diagnostics import OiError
+from ..xla_cache import user_cache_base
 
 KERNELS = ("jax", "ggml")  # the `kernels=` choices: oi2jax's exact pure-JAX kernels (default), ggml's
 SOURCE = Path(__file__).with_name("ggml_matvec.cc")
@@ -82,14 +83,6 @@ def ggml_dirs() -> tuple[Path, Path]:
     return include, lib
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("OI2JAX_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "oi2jax"
-
-
 def library_path() -> tuple[Path, list[str]]:
     """Where the built handler lives and the compiler command that builds it (named by a hash of the
     source, the compiler, jax's FFI headers and ggml's headers and libraries)."""
@@ -103,7 +96,7 @@ def library_path() -> tuple[Path, list[str]]:
     for f in [include / h for h in _HEADERS] + [lib / n for n in _LIBS]:
         st = f.stat()
         key.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
-    target = cache_dir() / "ggml" / f"libggml_matvec-{key.hexdigest()[:16]}.so"
+    target = user_cache_base() / "ggml" / f"libggml_matvec-{key.hexdigest()[:16]}.so"
     command = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{jax_include}", f"-I{include}", str(SOURCE),
                f"-L{lib}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{lib}"]
     return target, command

@@ -86,12 +86,12 @@ class Program:
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
             host, names, sources = self._host_consts(lowering, builder)
-            if options.kernels == "ggml" and not any(isinstance(v, quantized.QuantTensor) for v in host.values()):
-                raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks, and "
-                              f"{self.model_path or 'this program'} has none: nothing would change (leave "
-                              f"kernels='ggml' out, or use a quantized model: convert-gguf keeps GGUF's blocks, "
-                              f"convert-hf --quantize makes them)")
             if options.kernels == "ggml":
+                if not any(isinstance(v, quantized.QuantTensor) for v in host.values()):
+                    raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks, and "
+                                  f"{self.model_path or 'this program'} has none: nothing would change (leave "
+                                  f"kernels='ggml' out, or use a quantized model: convert-gguf keeps GGUF's "
+                                  f"blocks, convert-hf --quantize makes them)")
                 quantized.ggml.ensure()  # built and registered now: a missing ggml is said here, not in a trace
             consts = self.placer.put("consts", host, names, sources)
             defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
