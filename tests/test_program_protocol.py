@@ -60,3 +60,40 @@ def test_a_program_rebinds_itself_at_other_sizes():
     assert tail.bound.checked.yield_phases is prog.bound.checked.yield_phases  # kept, not checked again
     x = np.ones((1,) + tuple(prog.bound.shape("x")[1:]), np.float32)
     np.testing.assert_array_equal(tail.run({"x": x})["y"], oi2jax.compile(MLP, sizes={"B": 1}).run({"x": x})["y"])
+
+
+def _buffers(prog) -> dict:
+    """Each placed constant's buffer address(es), by key."""
+    import jax
+    return {k: tuple(a.unsafe_buffer_pointer() for a in jax.tree.leaves(v)) for k, v in prog.executable.consts.items()}
+
+
+@pytest.mark.parametrize("graph, unroll", [(MLP, "auto"), (EXAMPLES / "residual_mlp_stack.oi", "full"),
+                                           (EXAMPLES / "residual_mlp_stack.oi", "none")])
+def test_a_rebound_program_shares_the_placed_model(graph, unroll):
+    """A program rebound at other sizes (a prompt bucket, a chunked run's tail) takes its source's
+    placed constants -- the same buffers, not a second copy of the model -- where they are the
+    same tensor at the same shape: plain constants, a family held member by member (unrolled) or
+    stacked (a loop), and gives what a program compiled at those sizes gives."""
+    prog = oi2jax.compile(graph, unroll=unroll)
+    tail = prog.rebound({**prog.bound.sizes, "B": 1})
+    ours, theirs = _buffers(prog), _buffers(tail)
+    assert ours and theirs == ours
+    x = np.linspace(-1, 1, int(np.prod(tail.bound.shape("x"))), dtype=np.float32).reshape(tail.bound.shape("x"))
+    fresh = oi2jax.compile(graph, sizes={"B": 1}, unroll=unroll)
+    assert not set(_buffers(fresh).values()) & set(ours.values())  # compiled apart: its own copy
+    np.testing.assert_array_equal(tail.run({"x": x})["y"], fresh.run({"x": x})["y"])
+
+
+def test_a_constant_whose_shape_follows_a_size_is_not_shared(tmp_path):
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32[B]; }\nconstant { w: f32[B] @init(2.0); v: f32[4] @init(3.0); }\n"
+                 "volatile { y: f32[B]; z: f32[4]; }\n"
+                 "block entry {\n    op mul(x, w) >> y;\n    op add(v, v) >> z;\n    return;\n}\n")
+    prog = oi2jax.compile(g, sizes={"B": 3})
+    tail = prog.rebound({"B": 5})
+    ours, theirs = _buffers(prog), _buffers(tail)
+    assert theirs["v"] == ours["v"] and theirs["w"] != ours["w"]  # v: the same [4]; w: [3] there, [5] here
+    out = tail.run({"x": np.arange(5, dtype=np.float32)})
+    np.testing.assert_array_equal(out["y"], 2 * np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(out["z"], np.full(4, 6, np.float32))

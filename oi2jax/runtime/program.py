@@ -46,9 +46,11 @@ class Program:
     mode = "compiled"  # the Program protocol (protocol.py): the interpreter's is "interpret"
     supports_batched = True  # `run_batched` runs (runtime/chunked.py)
 
-    def __init__(self, bound, options: CompileOptions | None = None, device=None, placer: "Placer | None" = None):
+    def __init__(self, bound, options: CompileOptions | None = None, device=None, placer: "Placer | None" = None,
+                 shared: "Program | None" = None):
         """`options`: what `oi2jax.compile` was asked (protocol.CompileOptions; default: its
-        defaults). A graph with yield/await under `options.yield_mode == "driver"` runs each step
+        defaults). `shared`: the program this one is `rebound` from, whose placed constants it
+        takes where they are the same (`_host_consts`), not a second copy. A graph with yield/await under `options.yield_mode == "driver"` runs each step
         with the host driver (driver.Driver, with `options.placement`, `build`, `schedule`);
         otherwise the fused step. `placer`: where values live (placement.Placer;
         sharding.ShardingPlacer over a mesh). `options.unroll`: the loop policy's option
@@ -70,6 +72,7 @@ class Program:
         self._given_ok: set = set()  # input name sets known to leave no input without a value
         self.validated_runs: dict = {}  # `Session.run` input signature -> its ValidatedRun (runtime/runargs.py)
         self._step_hot: StepHotPath | None = None  # `step`'s hot path
+        self._const_ids: dict = {}  # each constant key's provenance (`_host_consts`): what a rebound program shares
         self.general_steps = 0  # eager `step` calls that took the general path (validated, maybe compiled)
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
@@ -85,7 +88,7 @@ class Program:
         with self.scope():
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
-            host, names, sources = self._host_consts(lowering, builder)
+            host, names, sources = self._host_consts(lowering, builder, shared)
             if options.kernels == "ggml":
                 if not any(isinstance(v, quantized.QuantTensor) for v in host.values()):
                     raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks, and "
@@ -137,18 +140,22 @@ class Program:
         program's device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
-    def _host_consts(self, lowering, builder) -> tuple[dict, dict, dict]:
+    def _host_consts(self, lowering, builder, shared: "Program | None" = None) -> tuple[dict, dict, dict]:
         """`(values, names, sources)`: every constant (packed types packed), prefix-table family
         and variable's non-uniform initial value, by its IR name; a family whose every read is at
         a static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
         loops.member_key, lowering/loops.split_families), else stacked. `names`: each member key's
         family (placement reads it; no key is parsed back). `sources`: each constant bound to a
         model tensor, that tensor's name after the model's aliases and the constant's dtype
-        (constants of one source are placed once: a tied embedding)."""
+        (constants of one source are placed once: a tied embedding). A constant of the same
+        provenance in `shared` (the same model tensor or family at the same shape and dtype, placed
+        the same way) is `shared`'s placed value, not read or placed again: a prompt bucket's
+        program holds no second copy of the model."""
         split = lowering.split
         consts, names, sources = {}, {}, {}
         model = self.bound.model
         packed: dict = {}  # one packed form per model tensor: a tied embedding's names share it
+        placed = self._shareable(shared)  # key -> (provenance, placed value)
 
         # kernels="ggml": GGUF's raw blocks, the bytes ggml's kernels read (quantized/ggml.py)
         pack_blocks = quantized.raw_tensor if self.options.kernels == "ggml" else quantized.prepare
@@ -164,22 +171,54 @@ class Program:
                 packed[source] = pack_blocks(value.kind, value.raw, value.shape)
             return packed[source]
 
+        def reused(keys: dict) -> bool:
+            """Record each key's provenance; True when `shared` placed every one of them (their values taken)."""
+            self._const_ids.update(keys)
+            if not all(placed.get(k, (None,))[0] == ident for k, ident in keys.items()):
+                return False
+            consts.update({k: placed[k][1] for k in keys})
+            return True
+
         for decl in self.graph.vars:
+            if decl.is_prefix_table and decl.kind == ir.MemKind.CONSTANT:
+                family = ("family", decl.name, decl.dtype, self.bound.shape(decl.name),
+                          tuple(self.bound.family_counts(decl.name)), decl.name in split)
             if decl.is_prefix_table and decl.name in split:  # each member read on its own, not stacked
+                keys = {loops.member_key(decl.name, index): (*family, index)
+                        for index in np.ndindex(*family[4])} if decl.kind == ir.MemKind.CONSTANT else {}
+                names.update(dict.fromkeys(keys, decl.name))
+                if keys and reused(keys):
+                    continue
                 for index, value in self.bound.family_items(decl.name, kept=True):
                     key = loops.member_key(decl.name, index)
                     consts[key], names[key] = kept(value), decl.name
             elif decl.is_prefix_table:
+                if decl.kind == ir.MemKind.CONSTANT and reused({decl.name: family}):
+                    continue
                 blocks = self.bound.kept_blocks(decl.name)
                 consts[decl.name] = kept(blocks) if blocks is not None else self.bound.family(decl.name)
             elif decl.kind == ir.MemKind.CONSTANT:
                 source = None
                 if model is not None and self.bound.model_name(decl) in model.tensors:
                     source = sources[decl.name] = ("model tensor", self.bound.model_name(decl), decl.dtype)
+                if reused({decl.name: ("constant", decl.name, source, decl.dtype, self.bound.shape(decl.name))}):
+                    continue
                 consts[decl.name] = kept(self._const_value(decl), source)
         for name, value in builder.init_args.items():  # a variable's non-uniform initial value
             consts[name] = value
         return consts, names, sources
+
+    def _shareable(self, shared: "Program | None") -> dict:
+        """{key: (provenance, placed value)} of `shared`'s constants this program may take: the
+        same model (one open reader), the same kernels and float widening, both on one device
+        with the plain placer (a mesh places by the program's own shardings)."""
+        if shared is None or type(self.placer) is not Placer or type(shared.placer) is not Placer or \
+                shared.device != self.device or shared.bound.model is not self.bound.model or \
+                shared.options.kernels != self.options.kernels or \
+                shared.bound.widen_floats != self.bound.widen_floats:
+            return {}
+        consts = shared.executable.consts
+        return {k: (ident, consts[k]) for k, ident in shared._const_ids.items() if k in consts}
 
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, its GGML blocks (`KeptBlocks`), or what the placer loads
@@ -434,8 +473,10 @@ class Program:
         """The same graph, model and op registry checked and bound at other `sizes`, as a fused
         program on this device with this program's options (precision, unroll: a chunked run's
         tail computes as its chunks do): the bound graph rebinds itself (`BoundGraph.rebind`),
-        the front end is not called again."""
-        return Program(self.bound.rebind(sizes), replace(self.options, yield_mode="fused"), device=self.device)
+        the front end is not called again, and the model is not placed again: the new program
+        holds this one's placed constants where they are the same (`_host_consts`)."""
+        return Program(self.bound.rebind(sizes), replace(self.options, yield_mode="fused"), device=self.device,
+                       shared=self)
 
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of
