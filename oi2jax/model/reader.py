@@ -184,6 +184,12 @@ def _data_nbytes(d: dt.DType, numel: int) -> int:
     return packing.packed_nbytes(numel, d.bits) if d.packed else numel * (d.bits // 8)
 
 
+def _plain(d: dt.DType) -> bool:
+    """Whether `d`'s stored bytes are its NumPy representation as they are (unpacked, not bool,
+    one byte or little-endian on a little-endian host)."""
+    return not d.packed and d.name != "bool" and d.np_dtype.newbyteorder("<") == d.np_dtype
+
+
 def _decode(d: dt.DType, raw, shape: tuple[int, ...]) -> np.ndarray:
     """Stored bytes -> array of `shape` in `d`'s representation (a fresh, writable array)."""
     if d.packed:
@@ -312,6 +318,8 @@ class Model:
             arr = ggml.dequantize(info.ggml, self.load_packed(name), info.value_shape)
         elif name in self._packed_cache:
             arr = _decode(dt.get(info.dtype), self._packed_cache[name].tobytes(), info.shape)
+        elif _plain(dt.get(info.dtype)):  # the bytes read are fresh and immutable: viewed, not copied
+            arr = np.frombuffer(self._raw(info), dtype=dt.get(info.dtype).np_dtype).reshape(info.shape)
         else:
             arr = _decode(dt.get(info.dtype), self._raw(info), info.shape)
         if info.dtype == "t2" and np.any(arr == -2):  # validated like an --input: no silent -2
@@ -329,7 +337,7 @@ class Model:
         if cached is not None:
             return cached
         info = self.info(name)
-        arr = np.frombuffer(self._raw(info), dtype=np.uint8).copy()
+        arr = np.frombuffer(self._raw(info), dtype=np.uint8)  # read-only: a view of the fresh bytes read
         arr.flags.writeable = False
         self._packed_cache[name] = arr
         return arr
