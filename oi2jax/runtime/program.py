@@ -97,6 +97,7 @@ class Program:
                                   f"blocks, convert-hf --quantize makes them)")
                 quantized.ggml.ensure()  # built and registered now: a missing ggml is said here, not in a trace
             consts = self.placer.put("consts", host, names, sources)
+            del host  # the host copies go now, so that `return_freed_memory` below can give their pages back
             defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
             self.executable = Executable(1, lowering, builder, consts, defaults,
                                          Host(self.placer, self.scope, self.count_trace, self.note))
