@@ -97,3 +97,37 @@ def test_a_constant_whose_shape_follows_a_size_is_not_shared(tmp_path):
     out = tail.run({"x": np.arange(5, dtype=np.float32)})
     np.testing.assert_array_equal(out["y"], 2 * np.arange(5, dtype=np.float32))
     np.testing.assert_array_equal(out["z"], np.full(4, 6, np.float32))
+
+
+def test_constants_are_placed_one_at_a_time_and_a_shared_tensor_once(tmp_path, monkeypatch):
+    """On one device each constant is placed as soon as it is read and its host copy dropped
+    before the next is read (the host never holds the whole model beside the device's copy), and
+    two constants bound to one model tensor (a tied embedding's names) are one read and one buffer."""
+    from oi2jax.runtime import placement
+    g = tmp_path / "g.oi"
+    g.write_text((EXAMPLES / "mlp_regression.oi").read_text().replace(
+        "w2: f32[H, O];", 'w2: f32[H, O];\n    again: f32[D, H] @ref("w1");'))
+    held, real = [], placement.Placer.put
+
+    def put(self, role, values, names=None, sources=None):
+        if role == "consts":
+            held.append((sorted(values), len(bound_model[0].held)))
+        return real(self, role, values, names, sources)
+    bound_model = []
+    real_bound = pipeline.bound
+
+    def bound(*a, **kw):
+        b = real_bound(*a, **kw)
+        bound_model.append(b.model)
+        return b
+    monkeypatch.setattr(placement.Placer, "put", put)
+    monkeypatch.setattr(api, "bound", bound, raising=False)
+    monkeypatch.setattr(pipeline, "bound", bound)
+    prog = oi2jax.compile(g, model=EXAMPLES / "mlp_regression.oinf")
+    each = [keys for keys, _ in held[:-1]]  # the last call: every value, placed already
+    assert sorted(k for keys in each for k in keys) == ["b1", "b2", "w1", "w2"] and all(len(k) == 1 for k in each)
+    assert all(n <= 1 for _, n in held)  # at most the tensor being placed is held on the host
+    assert _buffers(prog)["again"] == _buffers(prog)["w1"]
+    assert not bound_model[0].held  # nothing left on the host
+    x = np.ones(tuple(prog.bound.shape("x")), np.float32)
+    np.testing.assert_array_equal(prog.run({"x": x})["y"], oi2jax.compile(MLP).run({"x": x})["y"])

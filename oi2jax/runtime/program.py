@@ -88,16 +88,16 @@ class Program:
         with self.scope():
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
-            host, names, sources = self._host_consts(lowering, builder, shared)
+            values, names, sources = self._host_consts(lowering, builder, shared)
             if options.kernels == "ggml":
-                if not any(isinstance(v, quantized.QuantTensor) for v in host.values()):
+                if not any(isinstance(v, quantized.QuantTensor) for v in values.values()):
                     raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks, and "
                                   f"{self.model_path or 'this program'} has none: nothing would change (leave "
                                   f"kernels='ggml' out, or use a quantized model: convert-gguf keeps GGUF's "
                                   f"blocks, convert-hf --quantize makes them)")
                 quantized.ggml.ensure()  # built and registered now: a missing ggml is said here, not in a trace
-            consts = self.placer.put("consts", host, names, sources)
-            del host  # the host copies go now, so that `return_freed_memory` below can give their pages back
+            consts = self.placer.put("consts", values, names, sources)  # (streamed ones are placed already)
+            del values  # the host copies go now, so that `return_freed_memory` below can give their pages back
             defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
             self.executable = Executable(1, lowering, builder, consts, defaults,
                                          Host(self.placer, self.scope, self.count_trace, self.note))
@@ -151,26 +151,34 @@ class Program:
         (constants of one source are placed once: a tied embedding). A constant of the same
         provenance in `shared` (the same model tensor or family at the same shape and dtype, placed
         the same way) is `shared`'s placed value, not read or placed again: a prompt bucket's
-        program holds no second copy of the model."""
+        program holds no second copy of the model.
+
+        On one device (the plain `Placer`) each constant is placed as soon as it is read and its
+        host copy dropped before the next is read (the values come back placed): the host never
+        holds more than one tensor of the model beside the device's copy, where reading all, then
+        placing all held the whole model twice (a mesh's placer places the values together)."""
         split = lowering.split
         consts, names, sources = {}, {}, {}
         model = self.bound.model
-        packed: dict = {}  # one packed form per model tensor: a tied embedding's names share it
+        by_source: dict = {}  # one value per model tensor (placed, or packed): a tied embedding's names share it
         placed = self._shareable(shared)  # key -> (provenance, placed value)
+        stream = type(self.placer) is Placer
 
         # kernels="ggml": GGUF's raw blocks, the bytes ggml's kernels read (quantized/ggml.py)
         pack_blocks = quantized.raw_tensor if self.options.kernels == "ggml" else quantized.prepare
 
-        def kept(value, source=None):
-            """GGML blocks (`KeptBlocks`) -> their packed form (`quantized.prepare`, or as they are for
-            kernels="ggml"), never dequantized."""
-            if not isinstance(value, KeptBlocks):
-                return value
-            if source is None:
-                return pack_blocks(value.kind, value.raw, value.shape)
-            if source not in packed:
-                packed[source] = pack_blocks(value.kind, value.raw, value.shape)
-            return packed[source]
+        def put(key, value, source=None):
+            """consts[key]: `value`, GGML blocks (`KeptBlocks`) in their packed form
+            (`quantized.prepare`, or as they are for kernels="ggml"), never dequantized; placed now
+            when streaming."""
+            if isinstance(value, KeptBlocks):
+                value = pack_blocks(value.kind, value.raw, value.shape)
+            if stream:
+                value = self.placer.put("consts", {key: value}, names)[key]
+                self.bound.release_host_values()  # the host copy (the reader's too) goes before the next read
+            if source is not None:
+                by_source[source] = value
+            consts[key] = value
 
         def reused(keys: dict) -> bool:
             """Record each key's provenance; True when `shared` placed every one of them (their values taken)."""
@@ -192,19 +200,23 @@ class Program:
                     continue
                 for index, value in self.bound.family_items(decl.name, kept=True):
                     key = loops.member_key(decl.name, index)
-                    consts[key], names[key] = kept(value), decl.name
+                    names[key] = decl.name
+                    put(key, value)
             elif decl.is_prefix_table:
                 if decl.kind == ir.MemKind.CONSTANT and reused({decl.name: family}):
                     continue
                 blocks = self.bound.kept_blocks(decl.name)
-                consts[decl.name] = kept(blocks) if blocks is not None else self.bound.family(decl.name)
+                put(decl.name, blocks if blocks is not None else self.bound.family(decl.name))
             elif decl.kind == ir.MemKind.CONSTANT:
                 source = None
                 if model is not None and self.bound.model_name(decl) in model.tensors:
                     source = sources[decl.name] = ("model tensor", self.bound.model_name(decl), decl.dtype)
                 if reused({decl.name: ("constant", decl.name, source, decl.dtype, self.bound.shape(decl.name))}):
                     continue
-                consts[decl.name] = kept(self._const_value(decl), source)
+                if source in by_source:  # a tied embedding: read and placed once
+                    consts[decl.name] = by_source[source]
+                    continue
+                put(decl.name, self._const_value(decl), source)
         for name, value in builder.init_args.items():  # a variable's non-uniform initial value
             consts[name] = value
         return consts, names, sources
