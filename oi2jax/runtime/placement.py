@@ -47,7 +47,7 @@ class Placer:
         """role: 'consts' | 'dynamic' | 'defaults'; `names`: the IR name of a key that is not one
         (a family's member `W[3]`: W), where placement depends on the variable. `sources`: where
         a key's value comes from when another key's may come from there too (a constant's model
-        tensor, after the model's aliases: `Program._host_consts`); keys of one source (a tied
+        tensor, after the model's aliases: `Program._const_values`); keys of one source (a tied
         embedding bound through a model alias) are placed once and share the buffer."""
         sources = sources or {}
         if self.device is not None:

@@ -50,9 +50,9 @@ class Program:
                  shared: "Program | None" = None):
         """`options`: what `oi2jax.compile` was asked (protocol.CompileOptions; default: its
         defaults). `shared`: the program this one is `rebound` from, whose placed constants it
-        takes where they are the same (`_host_consts`), not a second copy. A graph with yield/await under `options.yield_mode == "driver"` runs each step
-        with the host driver (driver.Driver, with `options.placement`, `build`, `schedule`);
-        otherwise the fused step. `placer`: where values live (placement.Placer;
+        takes where they are the same (`_const_values`), not a second copy. A graph with
+        yield/await under `options.yield_mode == "driver"` runs each step with the host driver
+        (driver.Driver, with `options.placement`, `build`, `schedule`); otherwise the fused step. `placer`: where values live (placement.Placer;
         sharding.ShardingPlacer over a mesh). `options.unroll`: the loop policy's option
         (lowering/loops.py; it also decides which families are held member by member)."""
         self.options = options = options if options is not None else CompileOptions()
@@ -72,7 +72,7 @@ class Program:
         self._given_ok: set = set()  # input name sets known to leave no input without a value
         self.validated_runs: dict = {}  # `Session.run` input signature -> its ValidatedRun (runtime/runargs.py)
         self._step_hot: StepHotPath | None = None  # `step`'s hot path
-        self._const_ids: dict = {}  # each constant key's provenance (`_host_consts`): what a rebound program shares
+        self._const_ids: dict = {}  # each constant key's provenance (`_const_values`): what a rebound program shares
         self.general_steps = 0  # eager `step` calls that took the general path (validated, maybe compiled)
         check_sizes(bound)
         # every variable a result holds (the `--out` layout), in order
@@ -88,7 +88,7 @@ class Program:
         with self.scope():
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
-            values, names, sources = self._host_consts(lowering, builder, shared)
+            values, names, sources = self._const_values(lowering, builder, shared)
             if options.kernels == "ggml":
                 if not any(isinstance(v, quantized.QuantTensor) for v in values.values()):
                     raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks, and "
@@ -141,7 +141,7 @@ class Program:
         program's device (a plain class: entered on hot paths)."""
         return _Scope(self)
 
-    def _host_consts(self, lowering, builder, shared: "Program | None" = None) -> tuple[dict, dict, dict]:
+    def _const_values(self, lowering, builder, shared: "Program | None" = None) -> tuple[dict, dict, dict]:
         """`(values, names, sources)`: every constant (packed types packed), prefix-table family
         and variable's non-uniform initial value, by its IR name; a family whose every read is at
         a static index under the loop policy held member by member (`W[0]`, `W[1]`, ...:
@@ -487,7 +487,7 @@ class Program:
         program on this device with this program's options (precision, unroll: a chunked run's
         tail computes as its chunks do): the bound graph rebinds itself (`BoundGraph.rebind`),
         the front end is not called again, and the model is not placed again: the new program
-        holds this one's placed constants where they are the same (`_host_consts`)."""
+        holds this one's placed constants where they are the same (`_const_values`)."""
         return Program(self.bound.rebind(sizes), replace(self.options, yield_mode="fused"), device=self.device,
                        shared=self)
 
