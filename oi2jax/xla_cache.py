@@ -17,6 +17,8 @@ import warnings
 from pathlib import Path
 
 _PREFIX = "Error reading persistent compilation cache entry for "
+_lock = threading.Lock()
+_state = {"directory": None, "warned": False}
 
 
 def user_cache_base() -> Path:
@@ -24,8 +26,6 @@ def user_cache_base() -> Path:
     cache's default home, `api.default_cache_dir`, and the built ggml handler's, quantized/ggml.py)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "oi2jax"
-_lock = threading.Lock()
-_state = {"directory": None, "warned": False}
 
 
 def reopen_cache() -> None:
