@@ -44,3 +44,21 @@ def test_step_outcome_reads_both_forms_of_the_one_layout():
     undone = StepOutcome.of_flags(np.array([0, 0, 5], np.int64))
     assert undone.undone and undone.applied == 0 and undone.grow == (5,)
     assert StepOutcome.of_status(np.array([1, 4, 3, 0, 8], np.int64)) == StepOutcome(1, 4, 3, (0, 8))
+
+
+def test_pages_are_given_back_after_a_big_placement_or_compile_only(monkeypatch):
+    """`return_freed_memory` (malloc_trim: milliseconds in a large heap) runs after placing a
+    model's worth of constants or a long XLA compilation (placement.TRIM_AFTER_*), not after a
+    small program's; with the thresholds at zero, after both."""
+    from oi2jax.runtime import kernels, program
+    calls = []
+    monkeypatch.setattr(program, "return_freed_memory", lambda: calls.append("placed"))
+    monkeypatch.setattr(kernels, "return_freed_memory", lambda: calls.append("compiled"))
+    source = "dynamic { x: f32[4]; } volatile { y: f32[4]; } block entry { op add(x, x) >> y; return; }"
+    oi2jax.compile(source).run({"x": np.ones(4, np.float32)})
+    assert calls == []
+    monkeypatch.setattr(program, "TRIM_AFTER_BYTES", 0)
+    monkeypatch.setattr(kernels, "TRIM_AFTER_SECONDS", 0.0)
+    out = oi2jax.compile(source + " ").run({"x": np.ones(4, np.float32)})
+    np.testing.assert_array_equal(out["y"], np.full(4, 2, np.float32))
+    assert calls[0] == "placed" and "compiled" in calls

@@ -332,3 +332,16 @@ def test_a_grammar_rule_without_a_builder_method_is_an_error_not_a_tree():
     from oi2jax.grammar.build import Builder
     with pytest.raises(TypeError, match="'no_such_rule' has no Builder method"):
         Builder("<t>").transform(Tree("no_such_rule", []))
+
+
+def test_a_text_parsed_again_is_the_same_graph_and_errors_are_raised_each_time():
+    """parse keeps the graph of a recent (text, path): the same immutable object again; another
+    path is another graph (spans name it); a bad text raises each time (nothing cached)."""
+    first = parse(SPEC_15, "a.oi")
+    assert parse(SPEC_15, "a.oi") is first
+    other = parse(SPEC_15, "b.oi")
+    assert other is not first and other.path == "b.oi"
+    assert [v.name for v in other.vars] == [v.name for v in first.vars]
+    for _ in range(2):
+        with pytest.raises(OiError, match="bad.oi:1"):
+            parse("dynamic { x: f32[; }", "bad.oi")

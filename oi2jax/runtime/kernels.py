@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -34,7 +35,7 @@ from jax.tree_util import tree_map_with_path
 from .. import dtypes as dt
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
-from .placement import return_freed_memory
+from .placement import TRIM_AFTER_SECONDS, return_freed_memory
 from .runargs import fed_back, stop_hits, stopped
 
 
@@ -43,20 +44,25 @@ SELECT_SKIP_BYTES = 1 << 16
 
 def compiled(lowered):
     """`lowered.compile()`, then the heap pages XLA's compilation freed given back to the system
-    (placement.return_freed_memory): without it a process's resident memory keeps each compile's
-    working set (a 135M-parameter Llama's prompt and decode programs: 1.23 GB peak, 0.76 GB after
-    the trim), and the next compilation's peak lands on top of it."""
+    (placement.return_freed_memory) where the compilation was a big one (`TRIM_AFTER_SECONDS`):
+    without it a process's resident memory keeps each compile's working set (a 135M-parameter
+    Llama's prompt and decode programs: 1.23 GB peak, 0.76 GB after the trim), and the next
+    compilation's peak lands on top of it."""
+    start = time.perf_counter()
     exe = lowered.compile()
-    return_freed_memory()
+    if time.perf_counter() - start >= TRIM_AFTER_SECONDS:
+        return_freed_memory()
     return exe
 
 
 def called(jitted, args):
-    """`jitted(*args)`, then `return_freed_memory` where that call compiled (its cache grew)."""
+    """`jitted(*args)`, then `return_freed_memory` where that call compiled (its cache grew) a big
+    program (`TRIM_AFTER_SECONDS`, the call's run included)."""
     size = getattr(jitted, "_cache_size", lambda: 0)
     before = size()
+    start = time.perf_counter()
     out = jitted(*args)
-    if size() != before:
+    if size() != before and time.perf_counter() - start >= TRIM_AFTER_SECONDS:
         return_freed_memory()
     return out
 

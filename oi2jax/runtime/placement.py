@@ -113,11 +113,20 @@ def _once(values: dict, sources: dict, put) -> dict:
     return {k: placed[first[sources.get(k, k)]] for k in values}
 
 
+# When giving pages back is worth a `malloc_trim` (a few ms in a process whose heap is large,
+# every call): after placing at least this many bytes of constants read on the host (a model's
+# weights), or after an XLA compilation of at least this long (a big program: a working set of
+# tens to hundreds of MB). A small compilation's few MB stay for malloc to reuse.
+TRIM_AFTER_BYTES = 16 << 20
+TRIM_AFTER_SECONDS = 0.25
+
+
 def return_freed_memory() -> None:
     """Give the heap pages freed so far back to the operating system (glibc's `malloc_trim`;
     nothing where the C library has none). Large host arrays freed after they were copied to the
     device otherwise stay in the process's heap, and the XLA compilations that follow grow the
-    peak on top of them."""
+    peak on top of them. Called where the freed part is large (`TRIM_AFTER_BYTES`,
+    `TRIM_AFTER_SECONDS`)."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError, TypeError):

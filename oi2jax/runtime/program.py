@@ -30,7 +30,7 @@ from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
 from .executable import Executable, Host
 from .kernels import AheadOfTime, StepOutcome
-from .placement import Placer, device_name, resolve_device, return_freed_memory
+from .placement import TRIM_AFTER_BYTES, Placer, device_name, resolve_device, return_freed_memory
 from .session import Session
 
 class Program:
@@ -104,7 +104,8 @@ class Program:
         # the constants are on the device now: no host copy of the model stays (a Llama's
         # weights held twice made its peak memory 1.5x the hand-written program's)
         bound.release_host_values()
-        return_freed_memory()
+        if sum(getattr(v, "nbytes", 0) for v in jax.tree.leaves(consts)) >= TRIM_AFTER_BYTES:
+            return_freed_memory()
 
     # ------------------------------------------------------------------ plumbing
 
