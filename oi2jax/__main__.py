@@ -6,15 +6,16 @@ interrupt at any moment after that -- importing JAX, parsing, compiling, running
 (which imports nothing) run: that window is as small as Python allows."""
 import sys
 
-from ._signals import INTERRUPTED, install
+from ._signals import INTERRUPTED, catching, install
 
 install()  # first: before anything heavy is imported
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        from .cli import main as cli_main  # deferred: the interrupt handler is installed first (oi2jax/_signals.py)
-        code = cli_main(argv)
+        with catching():  # an interrupt is raised only in here (one before: raised once this is entered)
+            from .cli import main as cli_main  # deferred: the interrupt handler is installed first (oi2jax/_signals.py)
+            code = cli_main(argv)
     except KeyboardInterrupt:
         code = None
     if code is None or (INTERRUPTED and code != 130):

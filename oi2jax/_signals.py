@@ -28,12 +28,29 @@ def _unsafe(frame) -> bool:
     return not os.path.abspath(name).startswith(_HOME)
 
 
+_CATCHING = [0]  # how many `catching()` blocks are running: KeyboardInterrupt is raised only inside one
+
+
+class catching:
+    """A block whose caller catches KeyboardInterrupt (the CLI's `main`s, inside their `try`): the
+    handler raises only while one runs. Outside -- `oi2jax.__main__`'s own module body right after
+    `install()`, between `install()` and a `try` -- an interrupt is recorded and raised once a
+    block is entered (the 20 ms timer), else reported from INTERRUPTED."""
+
+    def __enter__(self):
+        _CATCHING[0] += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _CATCHING[0] -= 1
+
+
 def _handler(signum, frame):
     if signum != signal.SIGALRM:
         INTERRUPTED.append(signum)
     elif not INTERRUPTED:
         return
-    if _unsafe(frame):
+    if not _CATCHING[0] or _unsafe(frame):
         signal.setitimer(signal.ITIMER_REAL, 0.02)  # try again soon, from wherever execution is then
         return
     raise KeyboardInterrupt

@@ -515,15 +515,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-from ._signals import INTERRUPTED as _INTERRUPTED, install as _install_signals, restore as _restore_signals
+from ._signals import INTERRUPTED as _INTERRUPTED, catching as _catching, install as _install_signals, \
+    restore as _restore_signals
 
 
 def main(argv: list[str] | None = None) -> int:
     previous = _install_signals()
     try:
         try:
-            args = build_parser().parse_args(argv)
-            code = _dispatch(args)
+            with _catching():  # the handler raises KeyboardInterrupt only in here (oi2jax/_signals.py)
+                args = build_parser().parse_args(argv)
+                code = _dispatch(args)
         except KeyboardInterrupt:
             _INTERRUPTED.append(signal.SIGINT)
             code = 0

@@ -88,6 +88,26 @@ def test_ctrl_c_at_any_moment_after_the_handler_is_one_line_and_130(tmp_path, en
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
 
 
+def test_an_interrupt_outside_a_catching_block_is_raised_once_one_runs(monkeypatch):
+    """The window a loaded machine hit: SIGINT right after `install()`, still in `oi2jax.__main__`'s
+    module body (oi2jax's own code, but no `try` around it: a traceback and exit -2). Outside a
+    `catching()` block the handler records the interrupt and re-arms its timer; the timer's
+    signal inside one raises KeyboardInterrupt, which that block's caller catches."""
+    from oi2jax import _signals
+    namespace: dict = {}
+    exec(compile("import sys\nframe = sys._getframe()", os.path.join(os.path.dirname(_signals.__file__), "any.py"),
+                 "exec"), namespace)  # a frame of oi2jax's own code
+    armed: list = []
+    monkeypatch.setattr(_signals, "INTERRUPTED", [])
+    monkeypatch.setattr(_signals.signal, "setitimer", lambda which, seconds: armed.append(seconds))
+    _signals._handler(signal.SIGINT, namespace["frame"])
+    assert _signals.INTERRUPTED == [signal.SIGINT] and armed == [0.02]
+    with pytest.raises(KeyboardInterrupt):
+        with _signals.catching():
+            _signals._handler(signal.SIGALRM, namespace["frame"])
+    assert _signals._CATCHING == [0]
+
+
 def test_only_python_start_up_runs_before_the_handler():
     """`-X importtime` lists modules as they finish importing: before `oi2jax._signals` (whose
     `install` `oi2jax.__main__` calls next) come only modules a bare `python -c pass` imports,
