@@ -243,55 +243,6 @@ def test_kernels_ggml_without_quantized_weights_is_an_error_not_ignored(tmp_path
     """Nothing for ggml to multiply: said, rather than a flag that silently changes nothing."""
     path = tmp_path / "f32.oinf"
     save(path, sizevars={"O": 4, "I": 32}, tensors={"W": np.ones((4, 32), np.float32)})
-    with pytest.raises(OiError, match=r"kernels='ggml' multiplies weights kept in GGML blocks or bf16/f16 weights, "
-                                      r"and .*f32\.oinf has none: nothing would change"):
+    with pytest.raises(OiError, match=r"kernels='ggml' multiplies weights kept in GGML blocks, and .*f32\.oinf has "
+                                      r"none: nothing would change"):
         oi2jax.compile(GRAPH.replace("    op embedding(W, ids) >> e;\n", ""), model=path, ops=["nn"], kernels="ggml")
-
-
-@needs_ggml
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("rows", [1, 3])
-def test_half_weights_are_ggmls_row_dot_products(dtype, rows):
-    """A bf16 / f16 weight's product through ggml (x rounded to the weight's type, as llama.cpp
-    does; exact here, x already has that type): the exact products, summed in f32 in ggml's
-    order: within the f32 rounding bound of the f64 product."""
-    rng = np.random.default_rng(11)
-    w = jnp.asarray(rng.standard_normal((40, 96)).astype(np.float32)).astype(dtype)
-    x = jnp.asarray(rng.standard_normal((rows, 96)).astype(np.float32)).astype(dtype).astype(jnp.float32)
-    got = np.asarray(jax.jit(ggml.half_matvec)(x if rows > 1 else x[0], w)).reshape(rows, -1)
-    w64, x64 = np.asarray(w, np.float64), np.asarray(x, np.float64)
-    bound = 4 * w64.shape[1] * EPS32 * (np.abs(x64) @ np.abs(w64).T)
-    assert np.all(np.abs(got - x64 @ w64.T) <= bound)
-    assert ggml.takes_half(x, w) and not ggml.takes_half(jnp.zeros((FUSED_MAX_ROWS + 1, 96)), w)
-    assert not ggml.takes_half(x, w.astype(jnp.float32))
-
-
-BF16_GRAPH = """
-dynamic { x: bf16[I]; }
-constant { W: bf16[O, I]; }
-volatile { y: bf16[O]; }
-block entry {
-    op linear(x, W) >> y;
-}
-"""
-
-
-@needs_ggml
-def test_a_bf16_program_with_ggml_kernels_rounds_the_same_products_once(tmp_path):
-    """nn linear of a bf16 model under kernels="ggml": a ggml custom call in the step, the weight
-    as it is (no copy, no other type); its bf16 result within one bf16 step of the f64 product
-    rounded (the f32 sums of the two paths differ in order only), as kernels="jax"'s is."""
-    rng = np.random.default_rng(12)
-    w = rng.standard_normal((24, 64)).astype(jnp.bfloat16)
-    path = tmp_path / "bf16.oinf"
-    save(path, sizevars={"O": 24, "I": 64}, tensors={"W": w})
-    x = rng.standard_normal(64).astype(jnp.bfloat16)
-    program = oi2jax.compile(BF16_GRAPH, model=path, ops=["nn"], kernels="ggml")
-    assert program.executable.consts["W"].dtype == jnp.bfloat16
-    assert ggml.TARGET in program.emit("hlo")
-    want = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
-    step = 2.0 ** (np.floor(np.log2(np.abs(want))) - 7)  # one bf16 step at each value
-    for kernels in ("ggml", "jax"):
-        got = np.asarray(oi2jax.compile(BF16_GRAPH, model=path, ops=["nn"], kernels=kernels).run({"x": x})["y"],
-                         np.float64)
-        assert np.all(np.abs(got - want) <= step), kernels

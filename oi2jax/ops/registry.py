@@ -93,7 +93,6 @@ class Ctx:
     mode: str  # normal | inplace | accumulate
     guards: list | None = field(default=None, compare=False, repr=False)
     precision: str = "highest"  # the program's float matmul precision (CompileOptions.precision)
-    kernels: str = "jax"  # the program's CompileOptions.kernels ("ggml": nn linear's few-row bf16/f16 products by ggml)
 
     @property
     def dtype(self) -> str:

@@ -31,7 +31,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from gguf import GGMLQuantizationType
-from jax import lax
 
 from ..diagnostics import OiError
 from ..xla_cache import user_cache_base
@@ -154,31 +153,3 @@ def matvec(x, raw, kind: str):
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape[:-1] + (out,), jnp.float32),
                             vmap_method="expand_dims")
     return call(x, raw, type=int(GGMLQuantizationType[kind]))
-
-
-HALF_KINDS = {"bfloat16": "BF16", "float16": "F16"}  # weight dtype -> ggml type of its row dot product
-
-
-def half_weight(value) -> bool:
-    """A bf16 or f16 matrix: what nn `linear` hands to ggml under kernels="ggml" (`takes_half`)."""
-    return getattr(value, "ndim", 0) == 2 and jnp.dtype(getattr(value, "dtype", "f4")).name in HALF_KINDS
-
-
-def takes_half(x, weight) -> bool:
-    """Whether nn `linear` under kernels="ggml" hands this product to `half_matvec`: a bf16 or f16
-    weight [out, in] and at most `kernels.FUSED_MAX_ROWS` rows of x (a decode step's; a prompt
-    step's many rows keep XLA's matrix product)."""
-    from .kernels import FUSED_MAX_ROWS  # cycle: kernels imports this module
-    rows = 1
-    for n in x.shape[:-1]:
-        rows *= n
-    return half_weight(weight) and rows <= FUSED_MAX_ROWS
-
-
-def half_matvec(x, weight):
-    """x [..., in] @ W^T for a bf16 or f16 W [out, in] by ggml's row dot product (x rounded to the
-    weight's type first, as llama.cpp does; exact where x already has that type): f32 [..., out].
-    The weight is handed over as its bytes (a bitcast, no copy)."""
-    kind = HALF_KINDS[jnp.dtype(weight.dtype).name]
-    raw = lax.bitcast_convert_type(weight, jnp.uint8).reshape(weight.shape[0], weight.shape[1] * 2)
-    return matvec(x, raw, kind)

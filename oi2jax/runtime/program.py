@@ -86,14 +86,12 @@ class Program:
             raise OiError(f"kernels='ggml' runs on the CPU; this program's device is {self._platform()} "
                           f"(use kernels='jax' there)")
         with self.scope():
-            lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision,
-                                      options.kernels)
+            lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
             values, names, sources = self._const_values(lowering, builder, shared)
             if options.kernels == "ggml":
-                if not any(isinstance(v, quantized.QuantTensor) or quantized.ggml.half_weight(v)
-                           for v in values.values()):
-                    raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks or bf16/f16 weights, and "
+                if not any(isinstance(v, quantized.QuantTensor) for v in values.values()):
+                    raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks, and "
                                   f"{self.model_path or 'this program'} has none: nothing would change (leave "
                                   f"kernels='ggml' out, or use a quantized model: convert-gguf keeps GGUF's "
                                   f"blocks, convert-hf --quantize makes them)")

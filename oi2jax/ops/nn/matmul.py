@@ -103,13 +103,9 @@ def linear(x, weight, bias=None, *, ctx):
     `F.linear`). f16/bf16 accumulate in f32, the bias is added in f32 and the sum rounded once;
     f32 uses the program's matmul precision (`--precision`, default highest: exact f32
     products), f64 computes in f64. A weight kept in GGML blocks (docs/models.md) stays packed:
-    dequantized inside the step (`quantized.linear`), in f32. With kernels="ggml", a bf16 or f16
-    weight's product over a few rows (a decode step's) is ggml's row dot products
-    (`quantized.ggml.half_matvec`): the same products, summed in ggml's order."""
+    dequantized inside the step (`quantized.linear`), in f32."""
     if isinstance(weight, quantized.QuantTensor):
         y = quantized.linear(x, weight)
-    elif ctx.kernels == "ggml" and quantized.ggml.takes_half(x, weight):
-        y = quantized.ggml.half_matvec(x, weight)
     else:
         precision, out_type = matmul_precision(ctx), np.dtype(N.compute_dtype(ctx.dtype))
         if _one_row(x):  # a slot's row, which vmap may make several: the product decides after it
