@@ -243,6 +243,56 @@ def test_kernels_ggml_without_quantized_weights_is_an_error_not_ignored(tmp_path
     """Nothing for ggml to multiply: said, rather than a flag that silently changes nothing."""
     path = tmp_path / "f32.oinf"
     save(path, sizevars={"O": 4, "I": 32}, tensors={"W": np.ones((4, 32), np.float32)})
-    with pytest.raises(OiError, match=r"kernels='ggml' multiplies weights kept in GGML blocks, and .*f32\.oinf has "
-                                      r"none: nothing would change"):
+    with pytest.raises(OiError, match=r"kernels='ggml' multiplies weights kept in GGML blocks or widened bf16/f16 "
+                                      r"weights, and .*f32\.oinf has none: nothing would change"):
         oi2jax.compile(GRAPH.replace("    op embedding(W, ids) >> e;\n", ""), model=path, ops=["nn"], kernels="ggml")
+
+
+HALF_GRAPH = """
+dynamic { x: f32[I]; xs: f32[R, I]; ids: i32[2]; }
+constant { W: f32[O, I]; }
+volatile { y: f32[O]; ys: f32[R, O]; e: f32[2, I]; }
+block entry {
+    op linear(x, W) >> y;
+    op linear(xs, W) >> ys;
+    op embedding(W, ids) >> e;
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_bytes_read_back_as_their_exact_values(dtype):
+    """A bf16 / f16 matrix held as its bytes (types BF16 / F16, one value a block): dequantized
+    and gathered as rows, its exact f32 values."""
+    w = np.random.default_rng(13).standard_normal((6, 10)).astype(dtype)
+    q = Q.raw_tensor(dtype.replace("bfloat16", "BF16").replace("float16", "F16"), w.view(np.uint8), w.shape)
+    np.testing.assert_array_equal(np.asarray(jax.jit(Q.dequantize_prepared)(q)), w.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(jax.jit(Q.embedding)(q, jnp.array([4, 0]))), w[[4, 0]].astype(np.float32))
+
+
+@needs_ggml
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_widened_half_model_with_ggml_kernels_holds_its_bytes(dtype, tmp_path):
+    """kernels="ggml" on an f32 graph over a bf16 / f16 model (widen_floats): the matrix is held
+    as its own bytes, not widened (half the memory); a few rows' `linear` is ggml's row dot
+    product (x rounded to the weight's type, as llama.cpp: within f32 rounding of that product);
+    many rows (a prompt step) and embedding rows read its exact values, as the widened program."""
+    rng = np.random.default_rng(14)
+    w = rng.standard_normal((24, 64)).astype(dtype)
+    path = tmp_path / "half.oinf"
+    save(path, sizevars={"O": 24, "I": 64, "R": FUSED_MAX_ROWS + 1}, tensors={"W": w})
+    inputs = {"x": rng.standard_normal(64).astype(np.float32),
+              "xs": rng.standard_normal((FUSED_MAX_ROWS + 1, 64)).astype(np.float32), "ids": np.array([5, 0], np.int32)}
+    program = oi2jax.compile(HALF_GRAPH, model=path, ops=["nn"], kernels="ggml", widen_floats=True)
+    held = program.executable.consts["W"]
+    assert Q.is_raw(held) and held.nbytes == w.nbytes
+    out = program.run(inputs)
+    w64 = w.astype(np.float64)
+    x_hat = inputs["x"].astype(dtype).astype(np.float64)
+    bound = 4 * 64 * EPS32 * (np.abs(x_hat) @ np.abs(w64).T)
+    assert np.all(np.abs(out["y"] - w64 @ x_hat) <= bound)
+    np.testing.assert_array_equal(out["e"], w[[5, 0]].astype(np.float32))
+    widened = oi2jax.compile(HALF_GRAPH, model=path, ops=["nn"], widen_floats=True).run(inputs)
+    xs = inputs["xs"].astype(np.float64)
+    assert np.all(np.abs(out["ys"] - xs @ w64.T) <= 4 * 64 * EPS32 * (np.abs(xs) @ np.abs(w64).T))
+    assert np.all(np.abs(widened["ys"] - xs @ w64.T) <= 4 * 64 * EPS32 * (np.abs(xs) @ np.abs(w64).T))

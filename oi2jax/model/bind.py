@@ -20,7 +20,7 @@ from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
-from .ggml import KeptBlocks
+from .ggml import HALF_KINDS, KeptBlocks
 from .quant import dequantize as quant_dequantize
 from .reader import MetaValue, Model
 
@@ -299,19 +299,21 @@ class BoundGraph:
         self._families[name] = out
         return out
 
-    def family_items(self, name: str, kept: bool = False):
+    def family_items(self, name: str, kept: bool = False, half: bool = False):
         """(index, value) of every member of prefix table `name` in index order, each read on
         its own (not stacked, not kept): what `family` stacks, for a program that holds the
         members as separate buffers. `kept`: a member kept as GGML blocks comes as its
-        `KeptBlocks` (each member its own type), not its values."""
+        `KeptBlocks` (each member its own type), not its values; `half`: so does a widened
+        bf16/f16 matrix (`kept_blocks`)."""
         decl = self._prefix_decl(name)
         members = self.family_members(name)
         if not members:
             self.family(name)  # raises: no model tensor matches the pattern
         for idx in np.ndindex(*self.family_counts(name)):
-            yield idx, self._member(decl, members, idx, kept)
+            yield idx, self._member(decl, members, idx, kept, half)
 
-    def _member(self, decl: ir.VarDecl, members: dict, idx: tuple[int, ...], kept: bool = False):
+    def _member(self, decl: ir.VarDecl, members: dict, idx: tuple[int, ...], kept: bool = False,
+                half: bool = False):
         """One member's value: its model tensor (checked against the declaration), or the `@init`
         fill for a member stored without data; a hole in the grid is an error naming it. `kept`:
         a member kept as GGML blocks is its `KeptBlocks`."""
@@ -322,17 +324,19 @@ class BoundGraph:
                           decl.span)
         info = self.model.tensors[tensor]
         _check_tensor(decl, info, shape, f"{decl.name}[{', '.join(map(str, idx))}]", self.widen_floats)
-        if kept and info.ggml is not None:
-            return KeptBlocks(info.ggml, self.model.load_packed(tensor), tuple(info.value_shape))
+        if kept and (info.ggml is not None or half and self._half(decl, info)):
+            return self._kept(tensor, info)
         return _load_as(self.model, tensor, decl.dtype, self.widen_floats) if info.has_data else \
             fill_value(decl.dtype, shape, decl.init)
 
     # ------------------------------------------------------------ weights kept as GGML blocks
 
-    def kept_blocks(self, name: str) -> KeptBlocks | None:
+    def kept_blocks(self, name: str, half: bool = False) -> KeptBlocks | None:
         """The GGML blocks a constant is bound to (its model tensor kept as blocks: model/ggml.py),
         which a compiled program places packed and never dequantized (docs/models.md); None for
-        any other constant. A prefix table: its members' blocks stacked ([n_1, ..., *shape]),
+        any other constant. `half` (a program whose kernels are ggml's): a bf16/f16 matrix that
+        `widen_floats` lets an f32 declaration read is kept too, as its bytes (`HALF_KINDS`).
+        A prefix table: its members' blocks stacked ([n_1, ..., *shape]),
         when every member is kept in one type; None when none is kept; an error when they differ
         (a stacked family holds one type: a family read member by member keeps each member's)."""
         decl = self.graph.var(name)
@@ -341,11 +345,11 @@ class BoundGraph:
         if not decl.is_prefix_table:
             key = self.model_name(decl)
             info = self.model.tensors.get(key)
-            if info is None or info.ggml is None:
+            if info is None or not (info.ggml is not None or half and self._half(decl, info)):
                 return None
-            return KeptBlocks(info.ggml, self.model.load_packed(key), tuple(info.value_shape))
+            return self._kept(key, info)
         members = self.family_members(name)
-        kinds = {self.model.tensors[t].ggml for t in members.values()}
+        kinds = {self._kept_kind(decl, self.model.tensors[t], half) for t in members.values()}
         if kinds == {None} or not members:
             return None
         if len(kinds) > 1:
@@ -354,10 +358,25 @@ class BoundGraph:
                           f"one type; unroll the loop that reads it (--unroll full: each member keeps its own "
                           f"type) or convert the model with --dtype f32", decl.span)
         counts = self.family_counts(name)
-        parts = [self._member(decl, members, idx, kept=True) for idx in np.ndindex(*counts)]
+        parts = [self._member(decl, members, idx, kept=True, half=half) for idx in np.ndindex(*counts)]
         raw = np.stack([p.raw.reshape(p.shape[:-1] + (-1,)) for p in parts]).reshape(counts + parts[0].shape[:-1]
                                                                                      + (-1,))
         return KeptBlocks(parts[0].kind, raw, counts + parts[0].shape)
+
+    def _half(self, decl: ir.VarDecl, info) -> bool:
+        """A bf16/f16 matrix widened for this f32 declaration (`kept_blocks`' `half`)."""
+        return self.widen_floats and info.has_data and info.widens_to(decl.dtype) and len(info.value_shape) == 2
+
+    def _kept_kind(self, decl: ir.VarDecl, info, half: bool) -> str | None:
+        return info.ggml if info.ggml is not None or not (half and self._half(decl, info)) else \
+            HALF_KINDS[info.value_dtype]
+
+    def _kept(self, tensor: str, info) -> KeptBlocks:
+        """A tensor kept as GGML blocks, or a widened bf16/f16 matrix as its bytes (`_half`)."""
+        if info.ggml is not None:
+            return KeptBlocks(info.ggml, self.model.load_packed(tensor), tuple(info.value_shape))
+        values = self.model.load(tensor)
+        return KeptBlocks(HALF_KINDS[info.value_dtype], values.view(np.uint8), tuple(info.value_shape))
 
     def release_host_values(self) -> None:
         """Drop the host copies of the values read so far, this graph's and the model reader's

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["BLOCK_TYPES", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "meta_key", "block_layout",
+__all__ = ["BLOCK_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "meta_key", "block_layout",
            "ggml_stored_shape", "ggml_logical_shape", "dequantize", "quantize"]
 
 # the block-quantized types gguf.quants dequantizes, which an .oinf keeps as raw blocks
@@ -26,6 +26,9 @@ BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "
 META_PREFIX = "ggml_type."
 # the types `quantize` writes (convert-hf --quantize): gguf.quants' quantizers, and Q4_K / Q6_K here
 QUANTIZE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+# a bf16 / f16 matrix widened for an f32 declaration, held as its bytes where the program's kernels
+# are ggml's (`BoundGraph.kept_blocks(..., half=True)`): its dtype -> the ggml type of those bytes
+HALF_KINDS = {"bf16": "BF16", "f16": "F16"}
 
 
 @dataclass(frozen=True, eq=False)

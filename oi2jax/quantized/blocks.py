@@ -58,6 +58,12 @@ def _f16(b):
     return lax.bitcast_convert_type(u, jnp.float16)
 
 
+def _bf16(b):
+    """Little-endian byte pairs [..., 2] -> bf16 [...]."""
+    u = b[..., 0].astype(jnp.uint16) | (b[..., 1].astype(jnp.uint16) << 8)
+    return lax.bitcast_convert_type(u, jnp.bfloat16)
+
+
 def _u16_halves(b):
     """Q5_0/Q5_1's 4 bytes of fifth bits -> fields qh_lo (bits of values 0..15) and qh_hi (16..31),
     uint16 each: the same bytes, in halves a float conversion holds exactly."""
@@ -163,7 +169,12 @@ FORMATS = {
                     ("qs", 128, None)), _q5_k),
     "Q6_K": Format((("ql", 128, None), ("qh", 64, None), ("scales", 16, _i8), ("d", 2, _f16)), _q6_k),
 }
-KINDS = tuple(FORMATS)
+KINDS = tuple(FORMATS)  # the quantized types
+# bf16 / f16 weights held as their bytes, one value a block (kernels="ggml" on a bf16/f16 model,
+# model/ggml.HALF_KINDS: `linear`'s few rows by ggml's row dot product, any other use their exact
+# f32 values)
+FORMATS.update({"BF16": Format((("v", 2, _bf16),), lambda f: _f32(f["v"])[..., None]),
+                "F16": Format((("v", 2, _f16),), lambda f: _f32(f["v"])[..., None])})
 
 
 def kind_name(kind) -> str:

@@ -91,7 +91,8 @@ class Program:
             values, names, sources = self._const_values(lowering, builder, shared)
             if options.kernels == "ggml":
                 if not any(isinstance(v, quantized.QuantTensor) for v in values.values()):
-                    raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks, and "
+                    raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks or widened bf16/f16 "
+                                  f"weights, and "
                                   f"{self.model_path or 'this program'} has none: nothing would change (leave "
                                   f"kernels='ggml' out, or use a quantized model: convert-gguf keeps GGUF's "
                                   f"blocks, convert-hf --quantize makes them)")
@@ -199,14 +200,14 @@ class Program:
                 names.update(dict.fromkeys(keys, decl.name))
                 if keys and reused(keys):
                     continue
-                for index, value in self.bound.family_items(decl.name, kept=True):
+                for index, value in self.bound.family_items(decl.name, kept=True, half=self._half):
                     key = loops.member_key(decl.name, index)
                     names[key] = decl.name
                     put(key, value)
             elif decl.is_prefix_table:
                 if decl.kind == ir.MemKind.CONSTANT and reused({decl.name: family}):
                     continue
-                blocks = self.bound.kept_blocks(decl.name)
+                blocks = self.bound.kept_blocks(decl.name, self._half)
                 put(decl.name, blocks if blocks is not None else self.bound.family(decl.name))
             elif decl.kind == ir.MemKind.CONSTANT:
                 source = None
@@ -234,13 +235,19 @@ class Program:
         consts = shared.executable.consts
         return {k: (ident, consts[k]) for k, ident in shared._const_ids.items() if k in consts}
 
+    @property
+    def _half(self) -> bool:
+        """Whether a widened bf16/f16 matrix is held as its bytes (kernels="ggml": its few-row
+        products by ggml's row dot product; model/bind `kept_blocks`)."""
+        return self.options.kernels == "ggml"
+
     def _const_value(self, decl: ir.VarDecl):
         """A constant's host value, its GGML blocks (`KeptBlocks`), or what the placer loads
         lazily (sharded model tensors)."""
         lazy = self.placer.lazy_const(decl)
         if lazy is not None:
             return lazy
-        blocks = self.bound.kept_blocks(decl.name)
+        blocks = self.bound.kept_blocks(decl.name, self._half)
         if blocks is not None:
             return blocks
         value = self.bound.initial(decl.name)
