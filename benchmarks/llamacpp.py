@@ -81,11 +81,13 @@ from benchmarks.step_profile import cost_worker, gap, profile_table, profile_wor
 CACHE = HERE / ".cache"
 KINDS = ("Q4_1", "Q8_0", "Q4_K", "F32", "BF16")
 TARGETED = ("Q4_1", "Q8_0", "Q4_K")  # the types the >= 1.0x targets are for
-GGML_KINDS = ("Q4_1", "Q8_0", "Q4_K")  # kept in GGML blocks: `--kernels ggml` applies (F32 / BF16: not)
+# `--kernels ggml` applies: kept in GGML blocks, or bf16 held as its bytes (F32: not)
+GGML_KINDS = ("Q4_1", "Q8_0", "Q4_K", "BF16")
 PROFILE_KIND = "Q4_1"
 # per type: (convert-gguf options, generate options) beyond the defaults: none. BF16 is converted
 # as kept (bf16 weights, the GGUF's F32 norms) and `generate` runs the f32 family graph on its
-# exact f32 values (widen_floats), as it does for a user.
+# exact f32 values (widen_floats), as it does for a user; with `--kernels ggml` the bf16 matrices
+# stay bf16 bytes (their decode products ggml's bf16 row dot product).
 OI2JAX_OPTIONS: dict = {}
 THREADS = 2
 REPS = 3  # llama.cpp's measurements per subprocess (it runs before and after oi2jax)
