@@ -324,7 +324,7 @@ class BoundGraph:
                           decl.span)
         info = self.model.tensors[tensor]
         _check_tensor(decl, info, shape, f"{decl.name}[{', '.join(map(str, idx))}]", self.widen_floats)
-        if kept and (info.ggml is not None or half and self._half(decl, info)):
+        if kept and self._kept_kind(decl, info, half) is not None:
             return self._kept(tensor, info)
         return _load_as(self.model, tensor, decl.dtype, self.widen_floats) if info.has_data else \
             fill_value(decl.dtype, shape, decl.init)
@@ -345,7 +345,7 @@ class BoundGraph:
         if not decl.is_prefix_table:
             key = self.model_name(decl)
             info = self.model.tensors.get(key)
-            if info is None or not (info.ggml is not None or half and self._half(decl, info)):
+            if info is None or self._kept_kind(decl, info, half) is None:
                 return None
             return self._kept(key, info)
         members = self.family_members(name)
@@ -368,8 +368,10 @@ class BoundGraph:
         return self.widen_floats and info.has_data and info.widens_to(decl.dtype) and len(info.value_shape) == 2
 
     def _kept_kind(self, decl: ir.VarDecl, info, half: bool) -> str | None:
-        return info.ggml if info.ggml is not None or not (half and self._half(decl, info)) else \
-            HALF_KINDS[info.value_dtype]
+        """The GGML type a tensor read by `decl` is kept in (`kept_blocks`), or None."""
+        if info.ggml is not None:
+            return info.ggml
+        return HALF_KINDS[info.value_dtype] if half and self._half(decl, info) else None
 
     def _kept(self, tensor: str, info) -> KeptBlocks:
         """A tensor kept as GGML blocks, or a widened bf16/f16 matrix as its bytes (`_half`)."""

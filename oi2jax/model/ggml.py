@@ -18,8 +18,8 @@ import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["BLOCK_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "meta_key", "block_layout",
-           "ggml_stored_shape", "ggml_logical_shape", "dequantize", "quantize"]
+__all__ = ["BLOCK_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "meta_key",
+           "block_layout", "ggml_stored_shape", "ggml_logical_shape", "dequantize", "quantize"]
 
 # the block-quantized types gguf.quants dequantizes, which an .oinf keeps as raw blocks
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -36,7 +36,8 @@ class KeptBlocks:
     """The bound value of a float constant (or a stacked prefix-table family) whose model tensor
     is kept as GGML blocks: `raw` (uint8, GGUF's bytes, row-major over the blocks of the last axis)
     of ggml type `kind` and logical `shape`. A compiled program places it as its packed form
-    (oi2jax/quantized: `prepare`), never dequantized; the interpreter reads its values."""
+    (oi2jax/quantized: `prepare`), never dequantized; the interpreter reads its values. Also a
+    bf16/f16 matrix a kernels="ggml" program holds as its bytes (`HALF_KINDS`: one value a block)."""
 
     kind: str
     raw: np.ndarray

@@ -1,7 +1,8 @@
 // oi2jax's opt-in ggml kernel (oi2jax/quantized/ggml.py builds it; docs/performance.md): y = x @ W^T
-// for W [out, in] in GGUF's raw blocks (or bf16/f16 rows), through ggml's own CPU kernels, as llama.cpp
-// computes it: `from_float` converts each row of x to the kind's vec_dot_type (Q8_0, Q8_1, Q8_K; BF16,
-// F16), `vec_dot` is llama.cpp's row dot product. A large product's rows are split over XLA's intra-op thread pool.
+// for W [out, in] in GGUF's raw blocks (or bf16/f16 rows), through ggml's own CPU kernels, as
+// llama.cpp computes it: `from_float` converts each row of x to the kind's vec_dot_type (Q8_0,
+// Q8_1, Q8_K; BF16, F16), `vec_dot` is llama.cpp's row dot product. A large product's rows are
+// split over XLA's intra-op thread pool.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -24,7 +25,8 @@ static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   (void)kInit;
   const auto t = static_cast<ggml_type>(type);
   const auto* traits = ggml_get_type_traits_cpu(t);
-  if (traits == nullptr || traits->vec_dot == nullptr || (ggml_blck_size(t) <= 1 && t != GGML_TYPE_BF16 && t != GGML_TYPE_F16))
+  const bool half = t == GGML_TYPE_BF16 || t == GGML_TYPE_F16;  // one value a block
+  if (traits == nullptr || traits->vec_dot == nullptr || (ggml_blck_size(t) <= 1 && !half))
     return ffi::Error::InvalidArgument("ggml_matvec: ggml type " + std::to_string(type) + " has no CPU row dot product");
   const auto* xtraits = ggml_get_type_traits_cpu(traits->vec_dot_type);
   if (xtraits == nullptr || xtraits->from_float == nullptr)
