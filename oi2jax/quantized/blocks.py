@@ -173,8 +173,11 @@ KINDS = tuple(FORMATS)  # the quantized types
 # bf16 / f16 weights held as their bytes, one value a block (kernels="ggml" on a bf16/f16 model,
 # model/ggml.HALF_KINDS: `linear`'s few rows by ggml's row dot product, any other use their exact
 # f32 values)
-FORMATS.update({"BF16": Format((("v", 2, _bf16),), lambda f: _f32(f["v"])[..., None]),
-                "F16": Format((("v", 2, _f16),), lambda f: _f32(f["v"])[..., None])})
+def _one_value(f):
+    return _f32(f["v"])[..., None]
+
+
+FORMATS.update({"BF16": Format((("v", 2, _bf16),), _one_value), "F16": Format((("v", 2, _f16),), _one_value)})
 
 
 def kind_name(kind) -> str:

@@ -52,9 +52,10 @@ class Program:
         defaults). `shared`: the program this one is `rebound` from, whose placed constants it
         takes where they are the same (`_const_values`), not a second copy. A graph with
         yield/await under `options.yield_mode == "driver"` runs each step with the host driver
-        (driver.Driver, with `options.placement`, `build`, `schedule`); otherwise the fused step. `placer`: where values live (placement.Placer;
-        sharding.ShardingPlacer over a mesh). `options.unroll`: the loop policy's option
-        (lowering/loops.py; it also decides which families are held member by member)."""
+        (driver.Driver, with `options.placement`, `build`, `schedule`); otherwise the fused step.
+        `placer`: where values live (placement.Placer; sharding.ShardingPlacer over a mesh).
+        `options.unroll`: the loop policy's option (lowering/loops.py; it also decides which
+        families are held member by member)."""
         self.options = options = options if options is not None else CompileOptions()
         self.unroll = loops.check_unroll(options.unroll)
         self.precision = options.precision  # float matmul precision while tracing (Program.scope)
@@ -92,10 +93,9 @@ class Program:
             if options.kernels == "ggml":
                 if not any(isinstance(v, quantized.QuantTensor) for v in values.values()):
                     raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks or widened bf16/f16 "
-                                  f"weights, and "
-                                  f"{self.model_path or 'this program'} has none: nothing would change (leave "
-                                  f"kernels='ggml' out, or use a quantized model: convert-gguf keeps GGUF's "
-                                  f"blocks, convert-hf --quantize makes them)")
+                                  f"weights, and {self.model_path or 'this program'} has none: nothing would "
+                                  f"change (leave kernels='ggml' out, or use a quantized model: convert-gguf keeps "
+                                  f"GGUF's blocks, convert-hf --quantize makes them)")
                 quantized.ggml.ensure()  # built and registered now: a missing ggml is said here, not in a trace
             consts = self.placer.put("consts", values, names, sources)  # (streamed ones are placed already)
             del values  # the host copies go now, so that `return_freed_memory` below can give their pages back
