@@ -97,6 +97,7 @@ def test_blocks_equal_the_full_table_form_and_the_reference_at_every_step(family
 def costs(tmp_path_factory):
     """XLA's cost analysis of the compiled step of llama_decode.oi, of its full-table form and of
     llama_prefill.oi at S=16, at capacities T=256 and T=4096 of the same weights."""
+    import jax
     tmp = tmp_path_factory.mktemp("cost")
     text = (EXAMPLES / "llama_decode.oi").read_text()
     (tmp / "full.oi").write_text(full_table_form(text))
@@ -108,7 +109,9 @@ def costs(tmp_path_factory):
                 ("blocks", EXAMPLES / "llama_decode.oi", None, dict(token=np.int32(1))),
                 ("full", tmp / "full.oi", None, dict(token=np.int32(1))),
                 ("prompt", EXAMPLES / "llama_prefill.oi", {"S": 16}, dict(tokens=np.ones(16, np.int32), n=np.int32(9)))):
-            prog = oi2jax.compile(graph, model=tmp / f"m{t}.oinf", ops=["nn"], sizes=sizes)
+            # for the CPU, on any machine: the claim is the CPU's loop over filled blocks (a GPU or TPU
+            # reads the table in one pass: test_on_an_accelerator_one_masked_pass_reads_the_table)
+            prog = oi2jax.compile(graph, model=tmp / f"m{t}.oinf", ops=["nn"], sizes=sizes, device=jax.devices("cpu")[0])
             compiled = prog.lower(**inputs).compile()
             ca = compiled.cost_analysis()
             ca = ca[0] if isinstance(ca, list) else ca
@@ -231,3 +234,60 @@ def test_each_added_layer_adds_at_most_one_kernel_to_compile(tmp_path):
         hlo = prog.lower(tokens=np.zeros(1, np.int32), n=np.int32(1)).compile(prog.compile_options).as_text()
         counts[layers] = _distinct_kernels(hlo)
     assert counts[6] - counts[2] <= 4, counts
+
+
+def _attention_jaxpr(platform: str, block=None):
+    """attention's kernel for one query row over a T=256 table with a variable valid length, as the
+    lowering traces it for a program lowered for `platform` (Ctx.platform): (jaxpr, value)."""
+    import jax
+    from oi2jax import ops
+    attention = next(d for d in ops.load(["nn"]).added() if d.name == "attention")
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((256, 2, 8)).astype(np.float32) for _ in range(2))
+    attrs = {} if block is None else {"block": block}
+
+    def f(q, k, v, n):
+        return ops.apply(attention, [q, k, v], {"valid": n, **attrs}, in_dtypes=("f32",) * 3,
+                         out_dtype="f32", mode="normal", guards=[], platform=platform)
+    args = (q, k, v, np.int32(150))
+    return str(jax.make_jaxpr(f)(*args)), np.asarray(jax.jit(f)(*args)), attention_reference(q, k, v, 150)
+
+
+def attention_reference(q, k, v, n):
+    """NumPy: softmax over the first n positions of q . k, weighting v (one row, heads [KVH, G])."""
+    s = np.einsum("kgd,tkd->kgt", q.astype(np.float64), k[:n].astype(np.float64))
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("kgt,tkd->kgd", e / e.sum(axis=-1, keepdims=True), v[:n].astype(np.float64))
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "cuda", "rocm", "tpu"])
+def test_on_an_accelerator_one_masked_pass_reads_the_table(platform):
+    """Lowered for a GPU or TPU, the op without `block` reads the table in one masked pass (no
+    while loop: a loop whose trip count is a value costs a host round trip per iteration there);
+    on a CPU, and with an explicit `block` everywhere, the loop over the filled blocks. Each is the
+    masked softmax of the reference within f32 rounding (computed here, on this machine's device)."""
+    jaxpr, got, want = _attention_jaxpr(platform)
+    assert ("while" in jaxpr) == (platform == "cpu")
+    assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+    jaxpr, got, _ = _attention_jaxpr(platform, block=64)
+    assert "while" in jaxpr
+    assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+
+
+def test_a_program_exported_for_cuda_has_no_attention_loop(tmp_path):
+    """The platform reaches the op through the lowering (LoopPolicy.platform -> Ctx.platform): the
+    decode step exported for CUDA (lowered on this machine) has one `while` fewer per layer than
+    the same step exported for the CPU, whose attention loops over the filled blocks."""
+    import jax
+    from oi2jax.export import write_export
+    ck, _, _ = write_family(tmp_path / "ck", "llama", seed=5, **dict(SIZES, max_positions=256))  # T > a block
+    convert_hf(ck, tmp_path / "m.oinf")
+    whiles = {}
+    for platform in ("cpu", "cuda"):
+        art = tmp_path / f"{platform}.jaxexport"
+        write_export(EXAMPLES / "llama_decode.oi", art, model=tmp_path / "m.oinf", ops=["nn"], platforms=(platform,))
+        with jax.enable_x64(True):
+            text = jax.export.deserialize(bytearray(art.read_bytes())).mlir_module()
+        whiles[platform] = text.count("stablehlo.while")
+    assert whiles["cpu"] - whiles["cuda"] == SIZES["layers"], whiles

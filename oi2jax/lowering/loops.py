@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from .. import ir
 from ..diagnostics import OiError
+from ..ops.registry import ACCELERATORS
 
 MODES = ("auto", "none", "full")
-ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")  # jax platform names that get the accelerator rule
 UNROLL_BUDGET = 1024  # auto: IR nodes an unrolled loop may trace (n x body cost): bounds compile time
 
 

@@ -78,6 +78,11 @@ class InputSpec:
     optional: bool = False  # a trailing input a node may leave out (`op linear(x, W)` or `op linear(x, W, b)`)
 
 
+# JAX platform names of accelerators: a program lowered for one gets the accelerator forms (the
+# loop policy's unrolling, lowering/loops.py; attention's one pass over a table, ops/nn/attention.py)
+ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+
+
 @dataclass(frozen=True)
 class Ctx:
     """What a kernel knows besides inputs and attrs.
@@ -93,10 +98,15 @@ class Ctx:
     mode: str  # normal | inplace | accumulate
     guards: list | None = field(default=None, compare=False, repr=False)
     precision: str = "highest"  # the program's float matmul precision (CompileOptions.precision)
+    platform: str = "cpu"  # the JAX platform the program is lowered for (LoopPolicy.platform)
 
     @property
     def dtype(self) -> str:
         return self.in_dtypes[0]
+
+    @property
+    def accelerator(self) -> bool:
+        return self.platform in ACCELERATORS
 
     def fail_if(self, cond, message: str, value=0) -> None:
         if self.guards is not None:  # None: traced for its shape only (jax.eval_shape)

@@ -14,6 +14,9 @@ from ..registry import DYNAMIC
 from ._common import as_f64, float_attr, float_samples, matmul_precision, static_int
 
 
+BLOCK = 64  # positions per block of the loop over the filled positions (CPU; `block=` overrides)
+
+
 def _valid_message(n: int) -> str:
     return f"attention: valid length {{value}} is not in 1..{n}"
 
@@ -63,7 +66,7 @@ def _attention_shape(shapes, attrs):
     window = attrs.get("window")
     if window is not None and window is not DYNAMIC and int(window) < 1:
         raise OpTypeError(f"op attention: window {int(window)} is not positive", attr="window")
-    if static_int(attrs.get("block", 64), "attention", "block") < 1:
+    if attrs.get("block") is not None and static_int(attrs["block"], "attention", "block") < 1:
         raise OpTypeError("op attention: block must be positive", attr="block")
     return q
 
@@ -124,9 +127,9 @@ def _attention_samples(rng, d):
 
 @op(inputs={"q": "float", "k": "float", "v": "float"},
     attrs={"layer": Attr("int"), "valid": Attr("int", rows=True), "window": Attr("int"), "scale": 1.0,
-           "softcap": Attr("float"), "block": Attr("int", 64, static=True)},
+           "softcap": Attr("float"), "block": Attr("int", static=True)},
     shape=_attention_shape, category="nn", op_set="nn", reference=_attention_ref, samples=_attention_samples)
-def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=64, ctx):
+def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=None, ctx):
     """Attention of one query row, or of S rows, over the filled positions of a K/V table.
 
     An online softmax over blocks of the table.
@@ -142,7 +145,9 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     tanh(s / softcap) * softcap when `softcap` is given; out = sum_t softmax(s)[t] v[t] over the
     read positions. `valid=n` (default T) and `window=W` (default: none) as softmax's: the
     positions n-W..n-1 of the first n. The kernel loops over blocks of b = min(max(block, S), T)
-    positions, ceil(lo / b) .. ceil(n / b) (a `while` when n or W is a variable: its cost grows
+    positions (`block` default 64; on a GPU or TPU without a `block`, b = T: one masked pass over
+    the table, since a loop whose trip count is a value costs a host round trip per iteration
+    there), ceil(lo / b) .. ceil(n / b) (a `while` when n or W is a variable: its cost grows
     with n, not T; a table of one block, T <= b, is that block's pass without a loop; S rows read
     blocks of at least S positions, so a prompt step's scores take one or a few passes) keeping the running
     maximum, sum and weighted sum (an online softmax; equal to the masked softmax up to
@@ -156,8 +161,13 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     t, kvh, hd = k.shape[-3:]
     qr = q if q.ndim == 4 else (q if q.ndim == 3 else q[:, None, :])[None]  # [S, KVH, G, HD]
     rows = qr.shape[:1]
-    # S rows read blocks of at least S positions: a prompt step's scores in one or a few passes
-    b = min(max(static_int(block, "attention", "block"), rows[0]), t)
+    # S rows read blocks of at least S positions: a prompt step's scores in one or a few passes. On an
+    # accelerator, without a `block`, one masked pass over the table: a loop whose trip count is a
+    # value costs a host round trip per iteration there (docs/performance.md, "Attention on a GPU")
+    if block is None:
+        b = t if ctx.accelerator else min(max(BLOCK, rows[0]), t)
+    else:
+        b = min(max(static_int(block, "attention", "block"), rows[0]), t)
     if valid is None or isinstance(valid, (bool, int, np.integer)):
         n = t if valid is None else int(valid)
         if not 1 <= n <= t:
