@@ -15,22 +15,38 @@ INITIAL_CAPACITY = 4  # rows a growable table / auto_dim dim starts with (then d
 MAX_VALUE_BYTES = 1 << 40  # 1 TiB: anything larger is a size-variable mistake, not a model
 
 
-def memory_limit() -> int:
-    """The most bytes one value may take: 1 TiB, and no more than this machine's memory in a
-    single-process run (a value that cannot fit is refused before anything is allocated)."""
+def device_memory(device) -> int | None:
+    """The bytes the allocator of `device` (a GPU's, a TPU's) may hand out, where it says; None for
+    the CPU (its values live in this machine's memory) or a device that does not say."""
+    if device is None or getattr(device, "platform", "cpu") == "cpu":
+        return None
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # a backend without memory statistics
+        return None
+    value = stats.get("bytes_limit")
+    return int(value) if value else None
+
+
+def memory_limit(device=None) -> int:
+    """The most bytes one value may take: 1 TiB, no more than this machine's memory in a
+    single-process run, and no more than the memory of `device` where it has its own (a value that
+    cannot fit is refused before anything is allocated)."""
     limit = MAX_VALUE_BYTES
     try:
         if jax.process_count() == 1:
             limit = min(limit, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         pass
-    return limit
+    own = device_memory(device)
+    return min(limit, own) if own is not None else limit
 
 
-def check_sizes(bound) -> None:
-    """Refuse absurd shapes (e.g. a size variable of 2**56) with a located error, before allocating."""
+def check_sizes(bound, device=None) -> None:
+    """Refuse absurd shapes (e.g. a size variable of 2**56) with a located error, before allocating
+    (on `device`: its memory is a limit too)."""
     graph = bound.graph
-    limit = memory_limit()
+    limit = memory_limit(device)
     names = [v.name for v in graph.vars] + [t for t in graph.temporaries if graph.var(t) is None]
     for name in names:
         shape = bound.shape(name)
@@ -52,11 +68,13 @@ def check_sizes(bound) -> None:
         if nbytes > limit:
             decl = graph.var(name) or graph.temporaries[name]
             raise OiError(f"{name} would need {nbytes} bytes ({what}): too large to allocate (the limit is "
-                          f"{limit} bytes{limit_note(limit)}); check the size variables and @fixed sizes",
+                          f"{limit} bytes{limit_note(limit, device)}); check the size variables and @fixed sizes",
                           decl.span, source=graph.source)
 
 
-def limit_note(limit: int) -> str:
+def limit_note(limit: int, device=None) -> str:
+    if limit == device_memory(device):
+        return f", the memory of {device}"
     return ", this machine's memory" if limit < MAX_VALUE_BYTES else ""
 
 

@@ -467,7 +467,7 @@ def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys
                                       r"\(a write needs 1000000001 entries\): too large to allocate"):
         oi2jax.compile(src).run({"x": np.ones(1024, np.float32)})
     with pytest.raises(OiError, match=r"x would need 68719476736 bytes \(shape \[17179869184\]\): too large to "
-                                      r"allocate \(the limit is \d+ bytes, this machine's memory\)"):
+                                      r"allocate \(the limit is \d+ bytes, (this machine's memory|the memory of \S+)\)"):
         oi2jax.compile("dynamic { x: f32[N]; }\nblock entry { return; }\n", sizes={"N": 2**34})
     from oi2jax.runtime import faults
     prog = oi2jax.compile("persistent { P: f32[8] @init(1.0); }\nblock entry { return; }\n")
@@ -480,6 +480,43 @@ def test_memory_exhaustion_is_a_clear_error_naming_the_variable_and_bytes(capsys
     assert code == 1 and err.startswith("error: cannot allocate memory for the program's values: out of memory "
                                         "(RuntimeError: RESOURCE_EXHAUSTED: Out of memory")
 
+
+
+class _DeviceWithOwnMemory:
+    """A stand-in for a GPU as limits.memory_limit sees one: its platform and allocator limit
+    (1 GiB: less than any machine's memory, so the device's is the limit)."""
+    platform = "gpu"
+
+    def memory_stats(self):
+        return {"bytes_limit": 1 << 30}
+
+    def __str__(self):
+        return "cuda:0"
+
+
+def test_a_device_with_its_own_memory_bounds_a_value_and_a_refused_placement_is_said(monkeypatch):
+    """Seen on an H100: a 64 GiB input default passed the host-memory guard (the machine had 128 GB)
+    and the GPU's allocator refused it with a JAX traceback. The guard counts the device's memory
+    where it has its own, and an allocation refused while placing the program is a clear error."""
+    from oi2jax import pipeline
+    from oi2jax.limits import check_sizes, memory_limit
+    gpu = _DeviceWithOwnMemory()
+    assert memory_limit(gpu) == 1 << 30 < memory_limit()
+    bound = pipeline.bound("dynamic { x: f32[N]; }\nblock entry { return; }\n", None, {"N": 2**29}, None)
+    check_sizes(bound)  # 2 GiB: within this machine's memory
+    with pytest.raises(OiError, match=r"x would need 2147483648 bytes \(shape \[536870912\]\): too large to "
+                                      r"allocate \(the limit is 1073741824 bytes, the memory of cuda:0\)"):
+        check_sizes(bound, gpu)
+    from oi2jax.runtime.placement import Placer
+    refused = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 64.00GiB with allocator "
+                           "GPU_0_bfc on device 0.")
+
+    def put(self, *args, **kw):
+        raise refused
+    monkeypatch.setattr(Placer, "put", put)
+    with pytest.raises(OiError, match=r"cannot allocate the program's constants and input defaults on the device: "
+                                      r"out of memory \(RuntimeError: RESOURCE_EXHAUSTED: Out of memory"):
+        oi2jax.compile("dynamic { x: f32[4]; }\nblock entry { return; }\n")
 
 def _guard_chain(k: int) -> str:
     """k blocks, each branching to the next along both arms (a chain of guards)."""

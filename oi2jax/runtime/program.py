@@ -75,7 +75,7 @@ class Program:
         self._step_hot: StepHotPath | None = None  # `step`'s hot path
         self._const_ids: dict = {}  # each constant key's provenance (`_const_values`): what a rebound program shares
         self.general_steps = 0  # eager `step` calls that took the general path (validated, maybe compiled)
-        check_sizes(bound)
+        check_sizes(bound, self._device_for_limits())
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
@@ -89,17 +89,15 @@ class Program:
         with self.scope():
             lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
             builder = StepBuilder(lowering)
-            values, names, sources = self._const_values(lowering, builder, shared)
-            if options.kernels == "ggml":
-                if not any(isinstance(v, quantized.QuantTensor) for v in values.values()):
-                    raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks or widened bf16/f16 "
-                                  f"weights, and {self.model_path or 'this program'} has none: nothing would "
-                                  f"change (leave kernels='ggml' out, or use a quantized model: convert-gguf keeps "
-                                  f"GGUF's blocks, convert-hf --quantize makes them)")
-                quantized.ggml.ensure()  # built and registered now: a missing ggml is said here, not in a trace
-            consts = self.placer.put("consts", values, names, sources)  # (streamed ones are placed already)
-            del values  # the host copies go now, so that `return_freed_memory` below can give their pages back
-            defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
+            try:
+                consts, defaults = self._place(bound, lowering, builder, shared)
+            except OiError:
+                raise
+            except Exception as exc:  # the device's allocator refused: said, not a JAX traceback
+                error = allocation_error(exc, "the program's constants and input defaults on the device")
+                if error is None:
+                    raise
+                raise error from None
             self.executable = Executable(1, lowering, builder, consts, defaults,
                                          Host(self.placer, self.scope, self.count_trace, self.note))
         # the constants are on the device now: no host copy of the model stays (a Llama's
@@ -133,6 +131,30 @@ class Program:
         device = self.device if self.device is not None else \
             (mesh.devices.flat[0] if mesh is not None else None)
         return device.platform if device is not None else jax.default_backend()
+
+    def _place(self, bound, lowering, builder, shared):
+        """The program's constants and input defaults, read and placed on the device."""
+        options = self.options
+        values, names, sources = self._const_values(lowering, builder, shared)
+        if options.kernels == "ggml":
+            if not any(isinstance(v, quantized.QuantTensor) for v in values.values()):
+                raise OiError(f"kernels='ggml' multiplies weights kept in GGML blocks or widened bf16/f16 "
+                              f"weights, and {self.model_path or 'this program'} has none: nothing would "
+                              f"change (leave kernels='ggml' out, or use a quantized model: convert-gguf keeps "
+                              f"GGUF's blocks, convert-hf --quantize makes them)")
+            quantized.ggml.ensure()  # built and registered now: a missing ggml is said here, not in a trace
+        consts = self.placer.put("consts", values, names, sources)  # (streamed ones are placed already)
+        del values  # the host copies go now, so that `return_freed_memory` can give their pages back
+        defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
+        return consts, defaults
+
+    def _device_for_limits(self):
+        """The device whose memory bounds one value (limits.memory_limit): the program's, a mesh's
+        first, or JAX's default."""
+        mesh = getattr(self.placer, "mesh", None)
+        if self.device is not None:
+            return self.device
+        return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
 
     def loop_policy(self) -> LoopPolicy:
         """The loop lowering policy the program was lowered under (`Lowering.loop_policy`)."""
@@ -527,12 +549,13 @@ class Program:
             layout = layouts[name]
             probe = replace(layout, capacity=tuple(cap))
             nbytes = dt.get(layout.dtype).nbytes(math.prod(probe.data_shape()))
-            limit = memory_limit()
+            limit = memory_limit(self._device_for_limits())
             if nbytes > limit:
                 decl = self.graph.var(name)
                 raise OiError(f"cache {name} would need {nbytes} bytes to grow to capacity {cap} (a write needs "
                               f"{int(max(need))} entries): too large to allocate (the limit is {limit} bytes"
-                              f"{limit_note(limit)})", decl.span if decl else None, source=self.graph.source)
+                              f"{limit_note(limit, self._device_for_limits())})", decl.span if decl else None,
+                              source=self.graph.source)
         reasons = []
         caches = dict(host.caches)
         for name, cap in per_cache.items():
