@@ -139,7 +139,7 @@ SETUP = {
 }
 ENV = {  # the devices a snippet's mesh needs, as forced host (CPU) devices
     "docs/scaling.md: oi2jax run examples/mlp_regression.oi --input x=x.npy --mesh data=4,model=2 --shard B=data "
-    "--shard H=model": {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+    "--shard H=model": {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"},
 }
 SNIPPETS = _snippets()
 RUN_DOCS = sorted({key.split(":")[0] for key, _, _ in SNIPPETS if key not in NOT_RUN})

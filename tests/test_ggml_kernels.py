@@ -221,7 +221,7 @@ def test_kernels_errors_name_the_choice(kept_model, monkeypatch, tmp_path):
     # a fresh process (this one may have registered ggml's handler already): one line, exit 1
     r = subprocess.run([sys.executable, "-m", "oi2jax", "run", str(path.parent / "g.oi"), "--model", str(path),
                         "--ops", "nn", "--kernels", "ggml", "--quiet"], capture_output=True, text=True,
-                       env={**os.environ, "OI2JAX_GGML_DIR": str(tmp_path)})
+                       env={**os.environ, "OI2JAX_GGML_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"})  # ggml's device
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("error: kernels='ggml': OI2JAX_GGML_DIR="), r.stderr
 
@@ -245,7 +245,8 @@ def test_kernels_ggml_without_quantized_weights_is_an_error_not_ignored(tmp_path
     save(path, sizevars={"O": 4, "I": 32}, tensors={"W": np.ones((4, 32), np.float32)})
     with pytest.raises(OiError, match=r"kernels='ggml' multiplies weights kept in GGML blocks or widened bf16/f16 "
                                       r"weights, and .*f32\.oinf has none: nothing would change"):
-        oi2jax.compile(GRAPH.replace("    op embedding(W, ids) >> e;\n", ""), model=path, ops=["nn"], kernels="ggml")
+        oi2jax.compile(GRAPH.replace("    op embedding(W, ids) >> e;\n", ""), model=path, ops=["nn"], kernels="ggml",
+                       device=jax.devices("cpu")[0])  # ggml's kernels run on the CPU (elsewhere: that error)
 
 
 HALF_GRAPH = """

@@ -62,7 +62,9 @@ api.enable_compilation_cache(first)
 jax.jit(lambda x: x + 1)(np.ones(3, np.float32))
 api.enable_compilation_cache(second)  # a second directory in the same process is used, not ignored
 jax.jit(lambda x: x * 3)(np.ones(3, np.float32))
-print(sorted(p.name.split("-")[0] for p in Path(first).iterdir()), sorted(p.name.split("-")[0] for p in Path(second).iterdir()))
+def entries(d):  # the executables (XLA:GPU also keeps its autotuning results there, in a folder)
+    return sorted(p.name.split("-")[0] for p in Path(d).iterdir() if p.is_file())
+print(entries(first), entries(second))
 """
 
 
