@@ -178,3 +178,14 @@ def test_batch_dots_benchmark_smoke():
     assert [r["rows"] for r in rows] == [1, 8] and all(r["ms"] > 0 and r["rows_first_ms"] > 0 for r in rows)
     text = report(rows, step_b1_ms=2.0)
     assert text.count("\n| ") == 3 and "Bound on B=8 / B=1 tokens/s" in text and "With a B=1 step of 2.00 ms" in text
+
+
+def test_quantized_gpu_benchmark_smoke():
+    """benchmarks/quantized_gpu.py's products at the tiny shape (any device): a row per form, each
+    with its weight bytes and a time."""
+    from benchmarks.quantized_gpu import SHAPES, products
+    lines = products(SHAPES["tiny"], ["Q8_0"], rounds=1, rate=1e10)
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| form")]
+    assert [r.split(" | ")[0][2:] for r in rows] == ["f32 dot", "bf16 dot (f32 result)", "Q8_0 linear (fused)",
+                                                     "Q8_0 dequantize + f32 dot"]
+    assert all(float(r.split(" | ")[2]) > 0 for r in rows)

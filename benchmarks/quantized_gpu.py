@@ -1,0 +1,173 @@
+"""Weights kept quantized on a GPU (issue 42's GPU item): `python -m benchmarks.quantized_gpu
+[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR]`.
+
+On JAX's default device, in ONE process (the GPU is what it is for; `--shape tiny` is a smoke run
+that works on any device):
+  copy      the device's copy rate: a jitted `x + 1` over 1 GiB (bytes read + written / time)
+  products  every layer matrix of the shape (L x [q, k, v, o, gate, up, down]) against one
+            activation row, in one jitted call: `oi2jax.quantized.linear` on kept blocks (the fused
+            reduction the decode step runs), the weight dequantized to f32 then an f32 dot
+            (the prompt step's form), a bf16 dot with an f32 result, an f32 dot; ms per call and
+            GB/s of the weight bytes read
+  decode    the shape's random Llama checkpoint (bf16, examples/llama_checkpoint.py) converted kept
+            (bf16) and with `convert-hf --quantize KIND`; `oi2jax.generation.Generator` (what
+            `oi2jax generate` runs) of G tokens after a P-token prompt, one first run then three
+            (medians): prompt tokens/s, decode ms/token, the device's constant bytes a token reads
+            (every weight but the embedding table, plus one row of it) and the floor they set at
+            the copy rate; target: decode <= 1.5x that floor
+Writes results/quantized_gpu[-gpu].md (results/ by default).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+from oi2jax import quantized as Q  # noqa: E402
+from oi2jax.generation import Generator  # noqa: E402
+from oi2jax.model import ggml  # noqa: E402
+from oi2jax.model.convert import convert_hf  # noqa: E402
+from oi2jax.quantized.blocks import dequantize_prepared  # noqa: E402
+
+from benchmarks.llama import copy_rate  # noqa: E402
+from benchmarks.quantized_matvec import compare  # noqa: E402
+from benchmarks.reporting import write_report  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent / "examples"))
+import llama_checkpoint  # noqa: E402
+
+SHAPES = {"tinyllama": dict(vocab=32000, hidden=2048, layers=22, heads=32, kv_heads=4, intermediate=5632,
+                            max_positions=2048),
+          "tiny": dict(vocab=512, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, max_positions=256)}
+RUNS = {"tinyllama": (512, 128), "tiny": (32, 16)}  # prompt tokens, generated tokens
+TARGET = 1.5  # decode ms/token <= 1.5x the floor
+
+
+def matrices(s: dict) -> list[tuple[int, int]]:
+    """One layer's [out, in] matrices: q, k, v, o, gate, up, down."""
+    d, f, hd = s["hidden"], s["intermediate"], s["hidden"] // s["heads"]
+    kv = s["kv_heads"] * hd
+    return [(d, d), (kv, d), (kv, d), (d, d), (f, d), (f, d), (d, f)]
+
+
+def products(s: dict, kinds, rounds: int, rate: float) -> list[str]:
+    rng = np.random.default_rng(0)
+    layers = s["layers"]
+    base = [(rng.standard_normal(shape) * 0.02).astype(np.float32) for shape in matrices(s)]
+    x = jnp.asarray(rng.standard_normal(s["hidden"]).astype(np.float32))
+    xf = jnp.asarray(rng.standard_normal(s["intermediate"]).astype(np.float32))
+
+    def per_layer(make):  # the layers' weights: one value per matrix, a buffer of its own per layer
+        made = [make(w) for w in base]
+        return [[jax.tree.map(lambda a: jnp.array(a, copy=True), m) for m in made] for _ in range(layers)]
+
+    def apply(fn):
+        def run(x, xf, ws):
+            return [fn(xf if i == 6 else x, w) for layer in ws for i, w in enumerate(layer)]
+        return run
+
+    cands, nbytes = {}, {}
+    f32 = per_layer(jnp.asarray)
+    cands["f32 dot"] = (apply(lambda v, w: jnp.dot(w, v, precision=lax.Precision.HIGHEST)), (x, xf, f32))
+    nbytes["f32 dot"] = sum(w.nbytes for layer in f32 for w in layer)
+    bf = per_layer(lambda w: jnp.asarray(w, jnp.bfloat16))
+    cands["bf16 dot (f32 result)"] = (apply(lambda v, w: jnp.dot(w, v.astype(jnp.bfloat16),
+                                                                  preferred_element_type=jnp.float32)), (x, xf, bf))
+    nbytes["bf16 dot (f32 result)"] = sum(w.nbytes for layer in bf for w in layer)
+    for kind in kinds:
+        qs = per_layer(lambda w, kind=kind: Q.prepare(kind, ggml.quantize(kind, w), w.shape))
+        n = sum(q.nbytes for layer in qs for q in layer)
+        cands[f"{kind} linear (fused)"] = (apply(lambda v, q: Q.linear(v, q)), (x, xf, qs))
+        cands[f"{kind} dequantize + f32 dot"] = (apply(lambda v, q: jnp.dot(
+            dequantize_prepared(q), v, precision=lax.Precision.HIGHEST)), (x, xf, qs))
+        nbytes[f"{kind} linear (fused)"] = nbytes[f"{kind} dequantize + f32 dot"] = n
+    res = compare(cands, rounds)
+    lines = [f"All {layers} layers' matrix-vector products ({7 * layers} matrices, "
+             f"{sum(a * b for a, b in matrices(s)) * layers / 1e6:.0f}M weights) in one jitted call; "
+             f"min and median of {rounds} calls; GB/s of the weight bytes (min); floor = bytes / copy rate.", "",
+             "| form | weight MiB | ms min | ms median | GB/s | x floor |", "|---|---|---|---|---|---|"]
+    for name, (lo, med) in res.items():
+        b = nbytes[name]
+        lines.append(f"| {name} | {b / 2**20:.0f} | {lo * 1e3:.3f} | {med * 1e3:.3f} | {b / lo / 1e9:.0f} | "
+                     f"{lo / (b / rate):.2f} |")
+    return lines
+
+
+def decode(tmp: Path, s: dict, shape: str, kinds, rate: float) -> list[str]:
+    t0 = time.perf_counter()
+    ck = llama_checkpoint.write_random_llama(tmp / "hf", dtype="bf16", **s)
+    paths = {"bf16 (kept)": convert_hf(ck, tmp / "bf16.oinf").path}
+    for kind in kinds:
+        paths[kind] = convert_hf(ck, tmp / f"{kind}.oinf", quantize=kind).path
+    made = time.perf_counter() - t0
+    P, G = RUNS[shape]
+    ids = np.random.default_rng(1).integers(0, s["vocab"], P).astype(np.int32)
+    lines = [f"Random checkpoint written and converted in {made:.0f} s. Prompt {P} tokens, then {G} generated "
+             f"(`Generator.generate(prompt_ids=..., max_tokens={G}, ignore_eos=True)`): a first run, then three "
+             f"(medians). Bytes/token: the device constants but the embedding table, plus one row of it.", "",
+             "| weights | file MiB | compile s | first run prompt tok/s | prompt tok/s | decode ms/token | "
+             "bytes/token MiB | floor ms | x floor | GB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, path in paths.items():
+        g = Generator(path)
+        consts = g.programs[1].executable.consts
+        total = sum(a.nbytes for a in jax.tree.leaves(consts))
+        emb = sum(a.nbytes for a in jax.tree.leaves(consts["embed"]))
+        per_token = total - emb + emb // s["vocab"]
+        runs = [g.generate(None, prompt_ids=ids, max_tokens=G, ignore_eos=True) for _ in range(4)]
+        first, warm = runs[0], runs[1:]
+        prompt_rate = statistics.median(P / r.stats.prompt_s for r in warm)
+        ms = statistics.median(r.stats.generate_s / max(r.stats.generated_tokens - 1, 1) for r in warm) * 1e3
+        floor = per_token / rate * 1e3
+        lines.append(f"| {label} | {os.path.getsize(path) / 2**20:.0f} | {g.compile_s:.1f} | "
+                     f"{P / first.stats.prompt_s:.0f} | {prompt_rate:.0f} | {ms:.3f} | {per_token / 2**20:.0f} | "
+                     f"{floor:.3f} | {'**' if ms / floor > TARGET else ''}{ms / floor:.2f}"
+                     f"{'**' if ms / floor > TARGET else ''} | {per_token / ms / 1e6:.0f} |")
+        print(lines[-1], flush=True)
+        del g, consts, runs, first, warm
+        gc.collect()
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=tuple(SHAPES), default="tinyllama")
+    p.add_argument("--kinds", default="Q8_0,Q4_K")
+    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--skip-decode", action="store_true", help="the products only")
+    args = p.parse_args(argv)
+    kinds = args.kinds.split(",")
+    s = SHAPES[args.shape]
+    dev = jax.devices()[0]
+    rate = copy_rate(dev)
+    out = [f"# Weights kept quantized on {dev.device_kind} ({dev.platform})", "",
+           f"`python -m benchmarks.quantized_gpu --shape {args.shape}`: jax {jax.__version__}, "
+           f"{os.cpu_count()} CPUs; shape {', '.join(f'{k}={v}' for k, v in s.items())}; "
+           f"copy rate {rate / 1e9:.0f} GB/s (read + written).", "", "## Matrix-vector products", ""]
+    out += products(s, kinds, rounds=20, rate=rate)
+    print("\n".join(out), flush=True)
+    if not args.skip_decode:
+        out += ["", "## Decode (a random model, end to end)", ""]
+        with tempfile.TemporaryDirectory() as tmp:
+            out += decode(Path(tmp), s, args.shape, kinds, rate)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    write_report(Path(args.out), f"quantized_gpu{'-' + args.shape if args.shape != 'tinyllama' else ''}",
+                 "\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
