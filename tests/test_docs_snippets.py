@@ -153,8 +153,10 @@ def test_every_snippet_is_run_or_says_why_not():
     assert len(keys) - len(NOT_RUN) >= 11  # every recipe a reader would copy runs
 
 
-def _sandbox(directory: Path) -> dict:
-    """examples/ copied into `directory`; `oi2jax` and `python` on PATH; the environment for sh."""
+def _sandbox(directory: Path, xla_cache: Path) -> dict:
+    """examples/ copied into `directory`; `oi2jax` and `python` on PATH; the environment for sh,
+    with `xla_cache` as the CLI's persistent XLA cache (one for every doc: the docs run the same
+    example programs, compiled once)."""
     shutil.copytree(EXAMPLES, directory / "examples", ignore=shutil.ignore_patterns("tiny-llama-hf", "__pycache__"))
     bin_dir = directory / ".bin"
     bin_dir.mkdir()
@@ -163,7 +165,7 @@ def _sandbox(directory: Path) -> dict:
         (bin_dir / name).chmod(0o755)
     path = os.pathsep.join([str(REPO), str(directory / "examples"), os.environ.get("PYTHONPATH", "")])
     return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=path,
-                OI2JAX_CACHE_DIR=str(directory / ".xla-cache"))
+                OI2JAX_CACHE_DIR=str(xla_cache))
 
 
 # a python snippet: its setup (stand-ins), then the snippet as printed, in one namespace
@@ -175,9 +177,14 @@ exec(compile(code, key, "exec"), namespace)
 """
 
 
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("xla-cache")
+
+
 @pytest.mark.parametrize("doc", RUN_DOCS)
-def test_snippets_run_as_printed(doc, tmp_path):
-    env = _sandbox(tmp_path)
+def test_snippets_run_as_printed(doc, tmp_path, xla_cache):
+    env = _sandbox(tmp_path, xla_cache)
     for key, lang, code in SNIPPETS:
         if key.split(":")[0] != doc or key in NOT_RUN:
             continue
