@@ -75,7 +75,7 @@ class Program:
         self._step_hot: StepHotPath | None = None  # `step`'s hot path
         self._const_ids: dict = {}  # each constant key's provenance (`_const_values`): what a rebound program shares
         self.general_steps = 0  # eager `step` calls that took the general path (validated, maybe compiled)
-        check_sizes(bound, self._device_for_limits())
+        check_sizes(bound, self._first_device())
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
@@ -127,10 +127,7 @@ class Program:
         export's target), else the device's, the mesh's, or JAX's default backend."""
         if self.options.platform is not None:
             return self.options.platform
-        mesh = getattr(self.placer, "mesh", None)
-        device = self.device if self.device is not None else \
-            (mesh.devices.flat[0] if mesh is not None else None)
-        return device.platform if device is not None else jax.default_backend()
+        return self._first_device().platform
 
     def _place(self, bound, lowering, builder, shared):
         """The program's constants and input defaults, read and placed on the device."""
@@ -148,9 +145,8 @@ class Program:
         defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
         return consts, defaults
 
-    def _device_for_limits(self):
-        """The device whose memory bounds one value (limits.memory_limit): the program's, a mesh's
-        first, or JAX's default."""
+    def _first_device(self):
+        """The program's device, a mesh's first, or JAX's default device."""
         mesh = getattr(self.placer, "mesh", None)
         if self.device is not None:
             return self.device
@@ -549,12 +545,12 @@ class Program:
             layout = layouts[name]
             probe = replace(layout, capacity=tuple(cap))
             nbytes = dt.get(layout.dtype).nbytes(math.prod(probe.data_shape()))
-            limit = memory_limit(self._device_for_limits())
+            limit = memory_limit(self._first_device())
             if nbytes > limit:
                 decl = self.graph.var(name)
                 raise OiError(f"cache {name} would need {nbytes} bytes to grow to capacity {cap} (a write needs "
                               f"{int(max(need))} entries): too large to allocate (the limit is {limit} bytes"
-                              f"{limit_note(limit, self._device_for_limits())})", decl.span if decl else None,
+                              f"{limit_note(limit, self._first_device())})", decl.span if decl else None,
                               source=self.graph.source)
         reasons = []
         caches = dict(host.caches)
