@@ -152,8 +152,8 @@ EXACTNESS = {
             "prod_axis": ("rel", 64), "matmul": ("rel", 64),
             **{op: ("ulp", 4) for op in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "sin",
                                          "cos")},
-            **{op: ("rel", 64) for op in ("softmax", "rms_norm", "layer_norm", "rope", "linear", "matmul_t",
-                                          "einsum")}},
+            **{op: ("rel", 64) for op in ("softmax", "attention", "rms_norm", "layer_norm", "rope", "linear",
+                                          "matmul_t", "einsum")}},
 }
 EXACTNESS["tpu"] = EXACTNESS["gpu"]
 # weights kept in GGML blocks (docs/models.md) against their dequantized f32 twin, on every device:
