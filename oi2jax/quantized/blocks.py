@@ -52,16 +52,18 @@ class Format:
     decode: Callable
 
 
-def _f16(b):
-    """Little-endian byte pairs [..., 2] -> f16 [...]."""
+def _half_float(b, dtype):
+    """Little-endian byte pairs [..., 2] -> the 16-bit float `dtype` [...]."""
     u = b[..., 0].astype(jnp.uint16) | (b[..., 1].astype(jnp.uint16) << 8)
-    return lax.bitcast_convert_type(u, jnp.float16)
+    return lax.bitcast_convert_type(u, dtype)
+
+
+def _f16(b):
+    return _half_float(b, jnp.float16)
 
 
 def _bf16(b):
-    """Little-endian byte pairs [..., 2] -> bf16 [...]."""
-    u = b[..., 0].astype(jnp.uint16) | (b[..., 1].astype(jnp.uint16) << 8)
-    return lax.bitcast_convert_type(u, jnp.bfloat16)
+    return _half_float(b, jnp.bfloat16)
 
 
 def _u16_halves(b):
@@ -170,13 +172,15 @@ FORMATS = {
     "Q6_K": Format((("ql", 128, None), ("qh", 64, None), ("scales", 16, _i8), ("d", 2, _f16)), _q6_k),
 }
 KINDS = tuple(FORMATS)  # the quantized types
-# bf16 / f16 weights held as their bytes, one value a block (kernels="ggml" on a bf16/f16 model,
-# model/ggml.HALF_KINDS: `linear`'s few rows by ggml's row dot product, any other use their exact
-# f32 values)
+
+
 def _one_value(f):
     return _f32(f["v"])[..., None]
 
 
+# bf16 / f16 weights held as their bytes, one value a block (kernels="ggml" on a bf16/f16 model,
+# model/ggml.HALF_KINDS: `linear`'s few rows by ggml's row dot product, any other use their exact
+# f32 values)
 FORMATS.update({"BF16": Format((("v", 2, _bf16),), _one_value), "F16": Format((("v", 2, _f16),), _one_value)})
 
 
