@@ -238,7 +238,8 @@ def test_each_added_layer_adds_at_most_one_kernel_to_compile(tmp_path):
 
 def _attention_jaxpr(platform: str, block=None):
     """attention's kernel for one query row over a T=256 table with a variable valid length, as the
-    lowering traces it for a program lowered for `platform` (Ctx.platform): (jaxpr, value)."""
+    lowering traces it for a program lowered for `platform` (Ctx.platform): (jaxpr text, its value
+    computed here, the NumPy reference's)."""
     import jax
     from oi2jax import ops
     attention = next(d for d in ops.load(["nn"]).added() if d.name == "attention")
@@ -251,10 +252,10 @@ def _attention_jaxpr(platform: str, block=None):
         return ops.apply(attention, [q, k, v], {"valid": n, **attrs}, in_dtypes=("f32",) * 3,
                          out_dtype="f32", mode="normal", guards=[], platform=platform)
     args = (q, k, v, np.int32(150))
-    return str(jax.make_jaxpr(f)(*args)), np.asarray(jax.jit(f)(*args)), attention_reference(q, k, v, 150)
+    return str(jax.make_jaxpr(f)(*args)), np.asarray(jax.jit(f)(*args)), _attention_reference(q, k, v, 150)
 
 
-def attention_reference(q, k, v, n):
+def _attention_reference(q, k, v, n):
     """NumPy: softmax over the first n positions of q . k, weighting v (one row, heads [KVH, G])."""
     s = np.einsum("kgd,tkd->kgt", q.astype(np.float64), k[:n].astype(np.float64))
     e = np.exp(s - s.max(axis=-1, keepdims=True))
