@@ -69,7 +69,7 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
             yield_mode: str = "driver", trace=None, mesh=None, shard=None, placement=None, cache_dir=None,
             build: str = "concurrent", schedule: str = "dataflow", precision: str = "highest",
             zero_missing_inputs: bool = False, ops=None, unroll="auto", widen_floats: bool = False,
-            kernels: str = "jax"):
+            kernels: str = "jax", table_dtype=None):
     """Parse, check, bind the model and lower: returns a `Program` (or the interpreter's).
 
     `ops`: op sets besides OpenInfer's 47 ops (docs/ops.md): bundled set names (`"nn"`), `.py` or
@@ -108,7 +108,11 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
     blocks with oi2jax's pure-JAX kernels (gguf's dequantized values, then the f32 op); "ggml" keeps
     them as GGUF's raw blocks and runs a `linear` of up to 8 rows through ggml's own CPU kernels,
     with llama.cpp's numerics (activations rounded to 8 bits per block): needs llama-cpp-python
-    installed (quantized/ggml.py, docs/performance.md)."""
+    installed (quantized/ggml.py, docs/performance.md).
+    `table_dtype` ("f16" | "bf16" | "f32", an oi2jax extension, off by default): every float cache
+    table of the persistent section is stored in that dtype, values rounded once when written
+    (a KV cache in f16 holds and reads half the bytes of an f32 one; oi2jax/tables.py,
+    docs/semantics.md "Table dtype")."""
     unroll = check_unroll(unroll)
     if mode == "interpret" and unroll != "auto":
         raise OiError(f"unroll={unroll!r} applies to compiled programs; the interpreter runs loops as written")
@@ -127,7 +131,7 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
                              build=build, schedule=schedule, kernels=kernels)
     # load -> check -> bind, shared with export and the CLI
     bound = pipeline.bound(source_or_path, model, sizes, ops, zero_missing_inputs=bool(zero_missing_inputs),
-                           widen_floats=bool(widen_floats))
+                           widen_floats=bool(widen_floats), table_dtype=table_dtype)
     if mode == "interpret":
         if precision != "highest":
             raise OiError(f"precision={precision!r} applies to compiled programs; the interpreter always "

@@ -26,8 +26,10 @@ from .model import open_model
 from .model.inspect import render_model
 from .npz import writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
+from .tables import explained, narrow_tables
 from .trace import Trace
 from .cli_models import UsageError, add_cache_flag as _add_cache_flag, add_kernels_flag as _add_kernels_flag, \
+    add_table_dtype_flag as _add_table_dtype_flag, \
     add_model_commands
 from .values import check_every_step_input
 from .cli_run_io import (load_inputs, main_outputs, per_step_inputs, report_trace, stop_ids,
@@ -126,10 +128,11 @@ def cmd_check(args) -> int:
     from .check import check  # deferred: JAX
     sizes, ops = _sizes(args.size), _ops(args)  # the flags first: an error in them before any note
     choice = _model(args)
-    graph = _load_graph(args.graph)
+    declared = _load_graph(args.graph)
+    graph = narrow_tables(declared, args.table_dtype)
     model = open_model(choice.model) if choice.model else None
-    diagnostics = check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason(),
-                        widen_floats=args.widen_floats)
+    diagnostics = explained(check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason(),
+                                  widen_floats=args.widen_floats), declared, args.table_dtype)
     for d in diagnostics:
         print(d.render(graph.source), file=sys.stderr)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
@@ -217,7 +220,8 @@ def cmd_run(args) -> int:
                           device=args.device, mode="interpret" if args.interpret else "compiled",
                           trace=node_trace, build=args.build, schedule=args.schedule, precision=args.precision,
                           zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args), unroll=args.unroll,
-                          widen_floats=args.widen_floats, kernels=args.kernels, **sharding)
+                          widen_floats=args.widen_floats, kernels=args.kernels, table_dtype=args.table_dtype,
+                          **sharding)
     compile_s = time.perf_counter() - t0
     inputs = load_inputs(args.input)
     for name, value in inputs.items():
@@ -293,7 +297,8 @@ def cmd_export(args) -> int:
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=model, sizes=_sizes(args.size), symbolic=symbolic,
                              platforms=platforms, ops=_ops(args), unroll=args.unroll,
-                             zero_missing_inputs=args.zero_missing_inputs, widen_floats=args.widen_floats):
+                             zero_missing_inputs=args.zero_missing_inputs, widen_floats=args.widen_floats,
+                             table_dtype=args.table_dtype):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -328,12 +333,13 @@ def cmd_compile(args) -> int:
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
         # graph (against the model when there is one) and write it; nothing to compile
         from . import pipeline  # deferred: JAX
-        graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size), _ops(args))[0].graph
+        graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size), _ops(args),
+                                 table_dtype=args.table_dtype)[0].graph
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
                           precision=args.precision, zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args),
                           unroll=args.unroll, widen_floats=args.widen_floats, kernels=args.kernels,
-                          **_sharding_kwargs(args))
+                          table_dtype=args.table_dtype, **_sharding_kwargs(args))
     if args.dump_dir:
         for path in program.dump(args.dump_dir):
             print(f"wrote {path}", file=sys.stderr)
@@ -398,6 +404,7 @@ def _add_widen_flag(p) -> None:
     p.add_argument("--widen-floats", action="store_true",
                    help="let a constant declared f32 read a bf16/f16 model tensor as its exact f32 values (an f32 "
                         "graph on a bf16 checkpoint's conversion); without it that is a dtype mismatch")
+    _add_table_dtype_flag(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from .model.convert import convert_hf
 from .model.ggml import QUANTIZE_TYPES
 from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
+from .tables import TABLE_DTYPES
 from .npz import write_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 
@@ -52,7 +53,8 @@ def cmd_generate(args) -> int:
     if args.batch is not None:
         from .batch_generate import cmd_generate_batch  # deferred: JAX
         return cmd_generate_batch(args, Generator(args.model, args.graph, tokenizer=args.tokenizer,
-                                                  ops=args.ops or ["nn"], kernels=args.kernels))
+                                                  ops=args.ops or ["nn"], kernels=args.kernels,
+                                                  kv_dtype=args.table_dtype))
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy")
     prompt_ids = None
@@ -63,7 +65,8 @@ def cmd_generate(args) -> int:
         if prompt_ids.dtype.kind not in "iu" or prompt_ids.ndim != 1:
             raise OiError(f"{args.prompt_ids}: --prompt-ids takes a 1-D array of integer token ids, got "
                           f"{prompt_ids.dtype}{list(prompt_ids.shape)}")
-    gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"], kernels=args.kernels)
+    gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"], kernels=args.kernels,
+                    kv_dtype=args.table_dtype)
     printed = []
 
     def show(piece: str) -> None:
@@ -106,6 +109,13 @@ def add_kernels_flag(p) -> None:
     p.add_argument("--kernels", choices=("jax", "ggml"), default="jax",
                    help="weights kept in GGML blocks: jax (default) oi2jax's exact kernels; ggml llama.cpp's CPU "
                         "kernels and numerics for decode rows (needs llama-cpp-python; docs/performance.md)")
+
+
+def add_table_dtype_flag(p, flag: str = "--table-dtype") -> None:
+    what = "the K/V caches (the graph's cache tables)" if flag == "--kv-dtype" else "every float cache table"
+    p.add_argument(flag, dest="table_dtype", choices=TABLE_DTYPES, default=None,
+                   help=f"store {what} in this dtype, values rounded once when written (default: as the graph "
+                        "declares them; f16 holds and reads half the bytes of f32; docs/semantics.md, 'Table dtype')")
 
 
 def add_cache_flag(p) -> None:
@@ -163,6 +173,7 @@ def add_model_commands(sub) -> None:
     gen.add_argument("--tokenizer", metavar="tokenizer.json", help="a tokenizer (default: the model's own)")
     gen.add_argument("--ops", action="append", metavar="SPEC", help="op sets (default: nn)")
     add_kernels_flag(gen)
+    add_table_dtype_flag(gen, "--kv-dtype")
     add_cache_flag(gen)
     gen.add_argument("--batch", metavar="FILE", help="generate every prompt of FILE together (a text file, one "
                                                      "prompt a line; .npy / .npz token ids): docs/decode.md")

@@ -130,16 +130,18 @@ def export_platforms(platforms=None) -> tuple[str, ...]:
 
 
 def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=None, ops=None, unroll="auto",
-                 zero_missing_inputs=False, widen_floats=False):
+                 zero_missing_inputs=False, widen_floats=False, table_dtype=None):
     """(exported, manifest, npz_arrays) for the graph; nothing written. `model`: as `oi2jax.compile`
     (default: the `.oinf` beside a graph path, pipeline.choose_model; False: none). `unroll`: the
-    loop policy (docs/loops.md) for the export platforms (an accelerator's when any is one)."""
+    loop policy (docs/loops.md) for the export platforms (an accelerator's when any is one).
+    `table_dtype`: as `oi2jax.compile`'s."""
     unroll = loops.check_unroll(unroll)
 
     symbolic = tuple(symbolic or ())
     platforms = export_platforms(platforms)
     bound = pipeline.bound(source_or_path, model, sizes, ops,  # the checker already refuses deadlocks
-                           zero_missing_inputs=zero_missing_inputs, widen_floats=widen_floats)
+                           zero_missing_inputs=zero_missing_inputs, widen_floats=widen_floats,
+                           table_dtype=table_dtype)
     graph = bound.graph
     unknown = [s for s in symbolic if s not in bound.sizes]
     if unknown:
@@ -270,12 +272,13 @@ def _plain_output(value):
 
 
 def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None,
-                 unroll="auto", zero_missing_inputs=False, widen_floats=False) -> list[str]:
+                 unroll="auto", zero_missing_inputs=False, widen_floats=False, table_dtype=None) -> list[str]:
     """Write the artifact, its manifest and the initial-state npz; returns the paths written."""
     with jax.enable_x64(True):
         exported, manifest, npz = build_export(source_or_path, model=model, sizes=sizes, symbolic=symbolic,
                                                platforms=platforms, ops=ops, unroll=unroll,
-                                               zero_missing_inputs=zero_missing_inputs, widen_floats=widen_floats)
+                                               zero_missing_inputs=zero_missing_inputs, widen_floats=widen_floats,
+                                               table_dtype=table_dtype)
         try:
             blob = exported.serialize()
         except ImportError as exc:  # jax.export serialization needs the optional `flatbuffers`

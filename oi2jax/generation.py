@@ -121,11 +121,13 @@ class Generator:
     beside the `<family>_decode.oi` the model names, else that decode graph token by token);
     `tokenizer`: a `tokenizer.json` path (default: the model's own); `ops`: op sets (default
     `["nn"]`); `kernels`: as `oi2jax.compile`'s ("ggml": llama.cpp's kernels for weights kept in
-    GGML blocks). `mode`: "prompt steps" or "token by token"; `programs`: the compiled step
-    programs by S (1: the decode step)."""
+    GGML blocks); `kv_dtype` ("f16" | "bf16" | "f32"; default: as the graph declares them): the
+    graph's cache tables, its K/V caches, stored in that dtype, as `oi2jax.compile`'s `table_dtype`
+    (llama.cpp's KV cache is f16). `mode`: "prompt steps" or "token by token"; `programs`: the
+    compiled step programs by S (1: the decode step)."""
 
     def __init__(self, model, graph=None, *, tokenizer=None, ops=("nn",), precision: str = "highest",
-                 kernels: str = "jax"):
+                 kernels: str = "jax", kv_dtype: str | None = None):
         self.model_path = str(model)
         t0 = time.perf_counter()
         with open_model(self.model_path) as m:
@@ -148,7 +150,7 @@ class Generator:
         # widen_floats: a bf16/f16 conversion (a checkpoint's own dtype, kept by convert-hf) runs the
         # family's f32 graph on its exact f32 values, as a --dtype f32 conversion would
         decode = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision, sizes=sizes,
-                             widen_floats=True, kernels=kernels)
+                             widen_floats=True, kernels=kernels, table_dtype=kv_dtype)
         self.programs = {1: decode}
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
                          decode.graph.var(k).kind == ir.MemKind.DYNAMIC}
@@ -375,6 +377,9 @@ def _check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> No
     number("min_p", min_p, lambda v: 0 <= v <= 1, "in [0, 1] (0: off)")
 
 
-def generate(model, prompt: str | None = None, *, graph=None, tokenizer=None, ops=("nn",), **options) -> Generation:
-    """One generation with a fresh `Generator(model, graph, tokenizer=, ops=)`: see `Generator.generate`."""
-    return Generator(model, graph, tokenizer=tokenizer, ops=ops).generate(prompt, **options)
+def generate(model, prompt: str | None = None, *, graph=None, tokenizer=None, ops=("nn",), kernels: str = "jax",
+             kv_dtype: str | None = None, **options) -> Generation:
+    """One generation with a fresh `Generator(model, graph, tokenizer=, ops=, kernels=, kv_dtype=)`:
+    see `Generator.generate`."""
+    return Generator(model, graph, tokenizer=tokenizer, ops=ops, kernels=kernels, kv_dtype=kv_dtype).generate(
+        prompt, **options)

@@ -23,6 +23,7 @@ from .model import Model, open_model
 from .model.bind import bind
 from .ops.loading import load as load_ops
 from .ops.registry import Registry, builtin_registry
+from .tables import explained, narrow_tables
 
 NO_MODEL = False  # `model=NO_MODEL` (the CLI's --no-model): no model, even when one lies beside the graph
 GRAPH_SUFFIXES = (".oi", ".json")  # graph files that may have a model beside them
@@ -164,25 +165,32 @@ def registry(ops=None):
     return load_ops(ops)
 
 
-def checked(source_or_path, model=None, sizes=None, ops=None, widen_floats: bool = False):
+def checked(source_or_path, model=None, sizes=None, ops=None, widen_floats: bool = False, table_dtype=None):
     """(CheckedGraph, model object): the graph loaded and checked (against the model chosen by
     `choose_model`, with the op registry of `ops`); OiError with every error otherwise. `model` may
-    also be a `ModelChoice`."""
+    also be a `ModelChoice`. `table_dtype`: the float cache tables stored in that dtype
+    (tables.narrow_tables; None: as declared)."""
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
     reg = registry(ops)
-    graph = load_graph(source_or_path)
+    declared = load_graph(source_or_path)
+    graph = narrow_tables(declared, table_dtype)
     model_obj = load_model(choice.model)
-    return check_graph(graph, model=model_obj, sizes=sizes, ops=reg, no_model=choice.no_model_reason(),
-                       widen_floats=widen_floats), model_obj
+    try:
+        return check_graph(graph, model=model_obj, sizes=sizes, ops=reg, no_model=choice.no_model_reason(),
+                           widen_floats=widen_floats), model_obj
+    except OiError as exc:
+        if graph is declared:
+            raise
+        raise OiError(explained(exc.diagnostics, declared, table_dtype), source=exc.source) from None
 
 
 def bound(source_or_path, model=None, sizes=None, ops=None, zero_missing_inputs: bool = False,
-          widen_floats: bool = False):
+          widen_floats: bool = False, table_dtype=None):
     """load -> check -> bind: the `BoundGraph` every backend (compiled, interpreted, exported) starts
     from. `zero_missing_inputs`: constants with no value (no model tensor, no `@init`) read as zeros
     instead of being an error; `widen_floats`: an f32 constant reads a bf16/f16 model tensor as its
-    exact f32 values (model/bind.py)."""
+    exact f32 values (model/bind.py); `table_dtype`: as `checked`'s."""
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
-    checked_graph, model_obj = checked(source_or_path, choice, sizes, ops, widen_floats)
+    checked_graph, model_obj = checked(source_or_path, choice, sizes, ops, widen_floats, table_dtype)
     return bind(checked_graph, model_obj, sizes, zero_missing_inputs=zero_missing_inputs,
                 no_model=choice.no_model_reason(), widen_floats=widen_floats)

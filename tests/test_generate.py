@@ -78,7 +78,7 @@ def shared_cli(model, gen, token_gen, monkeypatch):
 
     def shared(path, graph=None, **options):
         made.append((str(path), graph, options))
-        assert str(path) == str(model["path"]) and options == {"tokenizer": None, "ops": ["nn"], "kernels": "jax"}
+        assert str(path) == str(model["path"]) and options == {"tokenizer": None, "ops": ["nn"], "kernels": "jax", "kv_dtype": None}
         return gen if graph is None else {str(EXAMPLES / "llama_decode.oi"): token_gen}[str(graph)]
     monkeypatch.setattr(generation, "Generator", shared)
     return made
