@@ -319,12 +319,14 @@ def xla_cache(work: Path) -> dict:
     return {"JAX_COMPILATION_CACHE_DIR": str(work / "xla-cache")}
 
 
-def run_oi2jax(gguf: Path, kind: str, ids_path: Path, shape: Shape, work: Path, kernels: str = "jax") -> dict:
-    """convert-gguf, then generate --stats (with `--kernels kernels`), each in its own process."""
+def run_oi2jax(gguf: Path, kind: str, ids_path: Path, shape: Shape, work: Path, kernels: str = "jax",
+               kv_dtype: str | None = None) -> dict:
+    """convert-gguf, then generate --stats (with `--kernels kernels`, `--kv-dtype kv_dtype` when
+    given), each in its own process."""
     oinf = work / (gguf.stem + ".oinf")
     t0 = time.perf_counter()
     convert_opts, generate_opts = OI2JAX_OPTIONS.get(kind, ([], []))
-    generate_opts = [*generate_opts, "--kernels", kernels]
+    generate_opts = [*generate_opts, "--kernels", kernels, *(["--kv-dtype", kv_dtype] if kv_dtype else [])]
     rc, _, err, convert_rss = _python(["-m", "oi2jax", "convert-gguf", str(gguf), "-o", str(oinf),
                                        "--max-positions", str(shape.ctx), "--quiet", *convert_opts], xla_cache(work))
     convert_s = time.perf_counter() - t0
@@ -341,14 +343,14 @@ def run_oi2jax(gguf: Path, kind: str, ids_path: Path, shape: Shape, work: Path, 
             "oinf_bytes": oinf.stat().st_size, "ids": [int(i) for i in np.load(ids_out)]}
 
 
-def warm_worker(oinf: str, graph: str, ids_path: str, gen: int, kernels: str, reps: int) -> dict:
+def warm_worker(oinf: str, graph: str, ids_path: str, gen: int, kernels: str, reps: int, kv_dtype=None) -> dict:
     """In a subprocess: `generate`'s work through the API (oi2jax.generation.Generator, as the CLI
     runs it), `reps` + 1 times in one process: the first run (cold: XLA's first execution of each
     program; its compiling is left out, as generate --stats does) and the warm runs after it, as
     llama.cpp's runs come after its warm-up eval."""
     from oi2jax.generation import Generator
 
-    g = Generator(oinf, graph or None, kernels=kernels)
+    g = Generator(oinf, graph or None, kernels=kernels, kv_dtype=kv_dtype)
     ids = np.load(ids_path)
     runs = []
     for _ in range(reps + 1):
@@ -358,9 +360,10 @@ def warm_worker(oinf: str, graph: str, ids_path: str, gen: int, kernels: str, re
     return {"first": runs[0], "warm": runs[1:]}
 
 
-def run_warm(oinf: str, kind: str, ids_path: Path, shape: Shape, work: Path, kernels: str = "jax") -> dict:
+def run_warm(oinf: str, kind: str, ids_path: Path, shape: Shape, work: Path, kernels: str = "jax",
+             kv_dtype: str | None = None) -> dict:
     rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "warm", oinf, _graph(kind), str(ids_path),
-                               str(shape.gen), kernels], xla_cache(work))
+                               str(shape.gen), kernels, kv_dtype or ""], xla_cache(work))
     if rc != 0:
         return {"error": _last_lines(err)}
     return json.loads(out.strip().splitlines()[-1])
@@ -395,16 +398,18 @@ def _graph(kind: str) -> str:
     return opts[opts.index("--graph") + 1] if "--graph" in opts else ""
 
 
-def run_profile(oinf: str, kind: str, ids_path: Path, work: Path, kernels: str = "jax") -> dict:
+def run_profile(oinf: str, kind: str, ids_path: Path, work: Path, kernels: str = "jax",
+                kv_dtype: str | None = None) -> dict:
     rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "profile", oinf, _graph(kind), str(ids_path),
-                               kernels], xla_cache(work))
+                               kernels, kv_dtype or ""], xla_cache(work))
     if rc != 0:
         return {"error": _last_lines(err)}
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_cost(oinf: str, kind: str, work: Path, kernels: str = "jax") -> dict:
-    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "cost", oinf, _graph(kind), kernels],
+def run_cost(oinf: str, kind: str, work: Path, kernels: str = "jax", kv_dtype: str | None = None) -> dict:
+    rc, out, err, _ = _python(["-m", "benchmarks.llamacpp", "--worker", "cost", oinf, _graph(kind), kernels,
+                               kv_dtype or ""],
                               xla_cache(work))
     if rc != 0:
         return {"error": _last_lines(err)}
@@ -480,9 +485,11 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
 
 
 def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None = None, profile=(PROFILE_KIND,),
-          reps: int = REPS, threads: int = THREADS, log=print, on_row=None, kernels=("jax",)) -> dict:
+          reps: int = REPS, threads: int = THREADS, log=print, on_row=None, kernels=("jax",),
+          kv_dtypes=(None,)) -> dict:
     """Every type's rows (one per kernel set in `kernels` that applies to it: "ggml" to the GGML block
-    types); `on_row(result so far)` after each type (a stopped run keeps its rows)."""
+    types, and per KV-cache dtype in `kv_dtypes`: None as the graph declares it, "f16" as llama.cpp
+    keeps its own); `on_row(result so far)` after each type (a stopped run keeps its rows)."""
     peer = have_llama_cpp() if peer is None else peer
     start = time.perf_counter()
     meta = machine()
@@ -504,27 +511,27 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
             log(f"{kind}: {path.name}")
             lcp = [run_llamacpp(path, ids_path, shape, reps, threads)] if peer else []
             runs = {}  # the oi2jax runs between llama.cpp's two: each kernel set asked for that applies to the type
-            for k in [k for k in kernels if k == "jax" or kind in GGML_KINDS]:
-                runs[k] = run_oi2jax(path, kind, ids_path, shape, work, kernels=k)
-                log(f"  oi2jax --kernels {k}: {_brief(runs[k])}")
+            for k, kv in [(k, kv) for k in kernels if k == "jax" or kind in GGML_KINDS for kv in kv_dtypes]:
+                runs[k, kv] = run_oi2jax(path, kind, ids_path, shape, work, kernels=k, kv_dtype=kv)
+                log(f"  oi2jax {_variant(k, kv)}: {_brief(runs[k, kv])}")
             if peer:
                 lcp.append(run_llamacpp(path, ids_path, shape, reps, threads))
                 log(f"  llama.cpp: {'; '.join(_brief_lcp(r, shape) for r in lcp)}")
-            for k, oi in runs.items():
+            for (k, kv), oi in runs.items():
                 cost, prof = {}, None
                 if "oinf" in oi:
-                    warm = run_warm(oi["oinf"], kind, ids_path, shape, work, kernels=k)
+                    warm = run_warm(oi["oinf"], kind, ids_path, shape, work, kernels=k, kv_dtype=kv)
                     oi["warm"] = warm
-                    log(f"  warm (--kernels {k}): " + (warm.get("error") or ", ".join(
+                    log(f"  warm ({_variant(k, kv)}): " + (warm.get("error") or ", ".join(
                         f"prompt {shape.prompt / r['prompt_s']:.0f} / decode {r['gen_tokens'] / r['generate_s']:.1f} tok/s"
                         for r in [warm["first"], *warm["warm"]])))
                     if kind in profile:
-                        prof = run_profile(oi["oinf"], kind, ids_path, work, kernels=k)
+                        prof = run_profile(oi["oinf"], kind, ids_path, work, kernels=k, kv_dtype=kv)
                         cost = prof
-                        log(f"  profile (--kernels {k}): " + (prof.get("error") or f"{prof['step_ms_untraced']:.1f} ms/step"))
+                        log(f"  profile ({_variant(k, kv)}): " + (prof.get("error") or f"{prof['step_ms_untraced']:.1f} ms/step"))
                     else:
-                        cost = run_cost(oi["oinf"], kind, work, kernels=k)
-                label = kind if k == "jax" else f"{kind} --kernels {k}"
+                        cost = run_cost(oi["oinf"], kind, work, kernels=k, kv_dtype=kv)
+                label = f"{kind} {_variant(k, kv)}".replace(" --kernels jax", "").strip()
                 row = summarize(label, files[kind], shape, lcp, oi, cost, meta["copy_rate"], meta["baseline_rss"])
                 if prof is not None:
                     row["profile"] = prof
@@ -538,6 +545,11 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
             if on_row is not None:
                 on_row({"meta": meta, "rows": rows})
     return {"meta": meta, "rows": rows}
+
+
+def _variant(kernels: str, kv_dtype: str | None) -> str:
+    """How oi2jax ran: `--kernels K[ --kv-dtype D]` (the row label after the type)."""
+    return f"--kernels {kernels}" + (f" --kv-dtype {kv_dtype}" if kv_dtype else "")
 
 
 def _brief(oi: dict) -> str:
@@ -695,9 +707,10 @@ def report(res: dict) -> str:
         lines += ["## Errors", ""] + [f"- {kind} {k.split('_')[0]}: {e}" for kind, k, e in errors] + [""]
     lines += ["## The model files", "", "| type | GGUF | tensor bytes by GGML type | written in (s; NumPy quantizers, "
               "the random weights apart) |", "|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {_mb(r['gguf_bytes'])} | "
+    firsts = {r["kind"].split()[0]: r for r in reversed(rows)}  # each type once (its first row)
+    lines += [f"| {kind} | {_mb(r['gguf_bytes'])} | "
               f"{', '.join(f'{t} {_mb(n)}' for t, n in sorted(r.get('types', {}).items(), key=lambda t: -t[1]))} | "
-              f"{r['write_s']:.1f} |" for r in rows if "--kernels" not in r["kind"]]
+              f"{r['write_s']:.1f} |" for kind, r in reversed(firsts.items())]
     for r in rows:
         if "profile" in r:
             lines += ["", *profile_table(r), "", *gap(r, m["copy_rate"])]
@@ -717,11 +730,11 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "llamacpp":
             res = llamacpp_worker(args[0], args[1], *map(int, args[2:]))
         elif kind == "profile":
-            res = profile_worker(args[0], args[1], args[2], kernels=args[3])
+            res = profile_worker(args[0], args[1], args[2], kernels=args[3], kv_dtype=args[4] or None)
         elif kind == "warm":
-            res = warm_worker(args[0], args[1], args[2], int(args[3]), args[4], REPS)
+            res = warm_worker(args[0], args[1], args[2], int(args[3]), args[4], REPS, kv_dtype=args[5] or None)
         else:
-            res = cost_worker(args[0], args[1], kernels=args[2])
+            res = cost_worker(args[0], args[1], kernels=args[2], kv_dtype=args[3] or None)
         print(json.dumps(res))
         return 0
     p = argparse.ArgumentParser(description="oi2jax against llama.cpp (llama-cpp-python) on the same GGUF files.")
@@ -733,6 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-peer", action="store_true", help="oi2jax only")
     p.add_argument("--kernels", default=None, help="oi2jax's kernel sets, comma-separated (default jax,ggml where "
                                                    "llama-cpp-python is installed, else jax)")
+    p.add_argument("--kv-dtypes", default="", help="oi2jax's K/V cache dtypes, comma-separated: 'none' as the "
+                                                   "graph declares it (f32), 'f16' as llama.cpp keeps its own "
+                                                   "(default none)")
     p.add_argument("--threads", type=int, default=THREADS, help=f"llama.cpp's threads (default {THREADS})")
     p.add_argument("--reps", type=int, default=REPS, help=f"llama.cpp's runs per process (two processes; default {REPS})")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the GGUF files are kept")
@@ -747,7 +763,10 @@ def main(argv: list[str] | None = None) -> int:
     shape = replace(shape, ctx=args.ctx or shape.ctx, gen=args.gen or shape.gen)
     if shape.prompt + shape.gen > shape.ctx:
         p.error(f"--ctx {shape.ctx} holds fewer than the prompt's {shape.prompt} + {shape.gen} generated tokens")
-    name = "llamacpp" + ("-quick" if args.quick else "")
+    kv_dtypes = [None if k == "none" else k for k in (args.kv_dtypes or "none").split(",") if k]
+    if set(kv_dtypes) - {None, "f16", "bf16"}:
+        p.error(f"--kv-dtypes: {args.kv_dtypes} (expected none, f16, bf16)")
+    name = "llamacpp" + ("-quick" if args.quick else "") + ("-kv" if kv_dtypes != [None] else "")
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write(res):
@@ -761,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--kernels: {args.kernels} (expected jax, ggml or both)")
     res = bench(shape, kinds, cache=args.cache, peer=False if args.no_peer else None,
                 profile=[k for k in args.profile.split(",") if k], reps=args.reps, threads=args.threads,
-                on_row=write, kernels=kernels)
+                on_row=write, kernels=kernels, kv_dtypes=kv_dtypes)
     print(report(res))
     return 0
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 
 
-def profile_worker(oinf: str, graph: str, ids_path: str, steps: int = 5, kernels: str = "jax") -> dict:
+def profile_worker(oinf: str, graph: str, ids_path: str, steps: int = 5, kernels: str = "jax", kv_dtype=None) -> dict:
     """In a subprocess: compile `oinf`'s example graph as generate does, run the prompt, then trace
     `steps` decode steps; ms per step per DSL op (via the HLO's op_name) and XLA's cost analysis."""
     import jax
 
     from oi2jax.generation import Generator
 
-    gen = Generator(oinf, graph or None, kernels=kernels)
+    gen = Generator(oinf, graph or None, kernels=kernels, kv_dtype=kv_dtype)
     prog = gen.program(1)  # the decode step (S=1 of a step graph, or the one-token graph)
     ids = [int(i) for i in np.load(ids_path)]
     sess = prog.session()
@@ -142,10 +142,10 @@ def _token(gen, tok: int) -> dict:
     return {gen.token_input: value}
 
 
-def cost_worker(oinf: str, graph: str, kernels: str = "jax") -> dict:
+def cost_worker(oinf: str, graph: str, kernels: str = "jax", kv_dtype=None) -> dict:
     """In a subprocess: XLA's cost analysis of the compiled step of `oinf`'s example graph."""
     from oi2jax.generation import Generator
-    gen = Generator(oinf, graph or None, kernels=kernels)
+    gen = Generator(oinf, graph or None, kernels=kernels, kv_dtype=kv_dtype)
     t0 = time.perf_counter()
     ca = gen.program(1).lower(**_token(gen, 0)).compile().cost_analysis()
     ca = ca[0] if isinstance(ca, list) else ca

@@ -152,10 +152,14 @@ def test_llamacpp_benchmark_smoke(tmp_path):
                warm_decode_ratio=0.2, warm_prompt_ratio=1.33)
     ggml_row = dict(row, kind="Q4_1 --kernels ggml", decode_ratio=1.2)
     ggml_row.pop("profile")
-    text = L.report({"meta": meta, "rows": [row, ggml_row, dict(kind="BF16", gguf_bytes=1, tensor_bytes=1, write_s=0.0,
-                                                      floor_ms=1.0, ref_mem=2, oi_error="generate: boom")]})
+    kv_row = dict(ggml_row, kind=f"Q4_1 {L._variant('ggml', 'f16')}", decode_ratio=0.7)
+    text = L.report({"meta": meta, "rows": [row, ggml_row, kv_row, dict(kind="BF16", gguf_bytes=1, tensor_bytes=1,
+                                                                        write_s=0.0, floor_ms=1.0, ref_mem=2,
+                                                                        oi_error="generate: boom")]})
     assert "| Q4_1 | 100.0 (90.0-110.0) | 10.0 | 0.10x MISSED |" in text
     assert "| Q4_1 --kernels ggml | 100.0 (90.0-110.0) | 10.0 | 1.20x met |" in text  # a targeted type's row too
+    assert "| Q4_1 --kernels ggml --kv-dtype f16 | 100.0 (90.0-110.0) | 10.0 | 0.70x MISSED |" in text
+    assert text.split("## The model files")[1].count("| Q4_1 |") == 1  # each type's file once
     assert "| Q4_1 | 100.0 (90.0-110.0) | 20.0 (19.0-21.0) | 0.20x MISSED | 300 (280-320) | 200 | 400 (390-410) | 1.33x met |" \
         in text  # the warm runs
     assert "| layers' linear (matvecs) | 20.00 | 57% |" in text and "BF16 oi: generate: boom" in text
