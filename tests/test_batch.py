@@ -261,7 +261,7 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--batch-size", "2",
                                  "--max-tokens", "6", "--ids-out", out)
     assert code == 0, err
-    assert made == [(str(model), None, {"tokenizer": None, "ops": ["nn"], "kernels": "jax"})]
+    assert made == [(str(model), None, {"tokenizer": None, "ops": ["nn"], "kernels": "jax", "kv_dtype": None})]
     assert gen.programs == programs and gen.programs[BUCKET].compiles == compiles  # nothing compiled again
     ids = np.load(out)
     for name, k in zip(("prompt_0", "prompt_1", "prompt_2"), (0, 2, 1)):

@@ -33,7 +33,7 @@ LAYERS = [
     ("ir", {"ir"}),
     ("foundation", {"diagnostics", "dtypes", "host_numerics", "messages", "naming", "phases", "limits", "values", "npz",
                     "progress", "protocol", "xla_cache", "_signals"}),
-    ("text", {"grammar/", "graph_json", "trace", "cfg"}),
+    ("text", {"grammar/", "graph_json", "trace", "cfg", "tables"}),
     ("ops", {"ops/", "quantized/"}),
     ("checked", {"check", "checks/"}),
     ("bound", {"model/"}),
