@@ -12,6 +12,9 @@ out as a user would write it by hand:
 - each `cache.read T[...] >> DST` from one reads into a `DST` of the table's dtype (its
   declaration's dtype changes; a read widens nothing, so nothing copies the table).
 
+The graph's own nodes keep their numbers (`Node.index`: diagnostics, HLO scopes `45:attention`
+and traces name the nodes as written); the new ones take the numbers after the last.
+
 The rewritten graph is then checked as any graph: an op that cannot take the narrower values
 (`op add(x, kread)` with x f32: OpenInfer's ops take inputs of one dtype) is an error at that
 node. The nn op `attention` takes k and v of another float dtype than q and computes in q's, so
