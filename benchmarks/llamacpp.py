@@ -77,6 +77,7 @@ for _p in (REPO, EXAMPLES):
 import numpy as np  # noqa: E402
 
 from benchmarks.step_profile import cost_worker, gap, profile_table, profile_worker  # noqa: E402
+from oi2jax.tables import TABLE_DTYPES  # noqa: E402
 
 CACHE = HERE / ".cache"
 KINDS = ("Q4_1", "Q8_0", "Q4_K", "F32", "BF16")
@@ -531,7 +532,7 @@ def bench(shape: Shape, kinds=KINDS, *, cache: Path = CACHE, peer: bool | None =
                         log(f"  profile ({_variant(k, kv)}): " + (prof.get("error") or f"{prof['step_ms_untraced']:.1f} ms/step"))
                     else:
                         cost = run_cost(oi["oinf"], kind, work, kernels=k, kv_dtype=kv)
-                label = f"{kind} {_variant(k, kv)}".replace(" --kernels jax", "").strip()
+                label = " ".join([kind] + ([f"--kernels {k}"] if k != "jax" else []) + ([f"--kv-dtype {kv}"] if kv else []))
                 row = summarize(label, files[kind], shape, lcp, oi, cost, meta["copy_rate"], meta["baseline_rss"])
                 if prof is not None:
                     row["profile"] = prof
@@ -764,8 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     if shape.prompt + shape.gen > shape.ctx:
         p.error(f"--ctx {shape.ctx} holds fewer than the prompt's {shape.prompt} + {shape.gen} generated tokens")
     kv_dtypes = [None if k == "none" else k for k in (args.kv_dtypes or "none").split(",") if k]
-    if set(kv_dtypes) - {None, "f16", "bf16"}:
-        p.error(f"--kv-dtypes: {args.kv_dtypes} (expected none, f16, bf16)")
+    if set(kv_dtypes) - {None, *TABLE_DTYPES}:
+        p.error(f"--kv-dtypes: {args.kv_dtypes} (expected none, {', '.join(TABLE_DTYPES)})")
     name = "llamacpp" + ("-quick" if args.quick else "") + ("-kv" if kv_dtypes != [None] else "")
     args.out.mkdir(parents=True, exist_ok=True)
 

@@ -23,6 +23,7 @@ compiled program all see the same rewritten graph.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from . import ir
@@ -41,22 +42,23 @@ def check_table_dtype(dtype) -> str | None:
     return str(dtype)
 
 
-def narrowed(graph: ir.Graph) -> tuple[str, ...]:
-    """The tables `narrow_tables` changes: every float `@table` of the persistent section."""
-    return tuple(v.name for v in graph.vars
-                 if v.kind == ir.MemKind.PERSISTENT and v.is_table and v.dtype in FLOATS)
+def narrowed(graph: ir.Graph, dtype: str | None) -> tuple[ir.VarDecl, ...]:
+    """The tables `narrow_tables(graph, dtype)` changes: every float `@table` of the persistent
+    section not already in `dtype` (none for None)."""
+    return tuple(v for v in graph.vars if dtype is not None and v.kind == ir.MemKind.PERSISTENT and v.is_table
+                 and v.dtype in FLOATS and v.dtype != dtype)
 
 
 def narrow_tables(graph: ir.Graph, dtype: str | None) -> ir.Graph:
     """The graph with its float cache tables in `dtype` (None: the graph as it is; see the module)."""
     dtype = check_table_dtype(dtype)
-    tables = {name for name in narrowed(graph) if graph.var(name).dtype != dtype}
-    if dtype is None or not tables:
+    tables = {v.name for v in narrowed(graph, dtype)}
+    if not tables:
         return graph
     reads = {node.dst.name for block in graph.blocks for node in block.walk()
              if isinstance(node, ir.CacheRead) and node.src.base in tables}
     taken = {v.name for v in graph.vars} | set(graph.temporaries)
-    counter = [max((n.index for b in graph.blocks for n in b.walk()), default=-1)]
+    numbers = itertools.count(max((n.index for b in graph.blocks for n in b.walk()), default=-1) + 1)
 
     def fresh(base: str) -> str:
         name, k = f"{base}_{dtype}", 2
@@ -64,10 +66,6 @@ def narrow_tables(graph: ir.Graph, dtype: str | None) -> ir.Graph:
             name, k = f"{base}_{dtype}_{k}", k + 1
         taken.add(name)
         return name
-
-    def next_index() -> int:
-        counter[0] += 1
-        return counter[0]
 
     def source_of(name: str):
         """(dtype, dims) of a write's source: a declared variable or a temporary."""
@@ -87,8 +85,8 @@ def narrow_tables(graph: ir.Graph, dtype: str | None) -> ir.Graph:
                 src_dtype, dims = source_of(node.src.name)
                 if src_dtype in FLOATS and src_dtype != dtype:
                     name = fresh(node.src.name)
-                    declare.append(ir.Assign(index=next_index(), span=node.span, name=name, dtype=dtype, dims=dims))
-                    out.append(ir.Op(index=next_index(), span=node.span, op="cast", inputs=(node.src,),
+                    declare.append(ir.Assign(index=next(numbers), span=node.span, name=name, dtype=dtype, dims=dims))
+                    out.append(ir.Op(index=next(numbers), span=node.span, op="cast", inputs=(node.src,),
                                      attrs=(ir.Attr("to", ir.Literal("dtype", dtype), node.span),), output=name,
                                      output_span=node.span))
                     node = replace(node, src=ir.VarRef(name, node.src.span))
@@ -108,7 +106,7 @@ def narrow_tables(graph: ir.Graph, dtype: str | None) -> ir.Graph:
 def explained(diagnostics: list[Diagnostic], graph: ir.Graph, dtype: str | None) -> list[Diagnostic]:
     """The checker's diagnostics of a graph narrowed by `narrow_tables(graph, dtype)`, each error
     with a note at the first table it narrowed: why a value read from a table has that dtype."""
-    tables = [graph.var(name) for name in narrowed(graph) if graph.var(name).dtype != dtype] if dtype else []
+    tables = narrowed(graph, dtype)
     if not tables:
         return diagnostics
     names = ", ".join(t.name for t in tables)
