@@ -1,5 +1,5 @@
 """Weights kept quantized on a GPU (issue 42's GPU item): `python -m benchmarks.quantized_gpu
-[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR]`.
+[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR] [--skip-decode] [--no-bf16] [--tiles R,V,W]`.
 
 On JAX's default device, in ONE process (the GPU is what it is for; `--shape tiny` is a smoke run
 that works on any device):
@@ -7,8 +7,12 @@ that works on any device):
   products  every layer matrix of the shape (L x [q, k, v, o, gate, up, down]) against one
             activation row, in one jitted call: `oi2jax.quantized.linear` on kept blocks (the fused
             reduction the decode step runs), the weight dequantized to f32 then an f32 dot
-            (the prompt step's form), a bf16 dot with an f32 result, an f32 dot; ms per call and
-            GB/s of the weight bytes read
+            (the prompt step's form), a bf16 dot with an f32 result, an f32 dot, and on a GPU
+            (Q8_0, Q4_K) benchmarks/pallas_matvec.py's Triton kernel, a candidate not kept, at its
+            default tiles and at each `--tiles ROWS,VALUES,WARPS` given (its products checked
+            against the dequantized weight's f32 dot first). Per form: ms per call (host work
+            included: one call passes every field of 154 weights) and device ms per pass (a
+            `fori_loop` of passes in one call), GB/s of the weight bytes read
   decode    the shape's random Llama checkpoint (bf16, examples/llama_checkpoint.py) converted kept
             (bf16) and with `convert-hf --quantize KIND`; `oi2jax.generation.Generator` (what
             `oi2jax generate` runs) of G tokens after a P-token prompt, one first run then three
@@ -43,6 +47,7 @@ from oi2jax.model import ggml  # noqa: E402
 from oi2jax.model.convert import convert_hf  # noqa: E402
 from oi2jax.quantized.blocks import dequantize_prepared  # noqa: E402
 
+from benchmarks import pallas_matvec  # noqa: E402
 from benchmarks.llama import copy_rate  # noqa: E402
 from benchmarks.quantized_matvec import compare  # noqa: E402
 from benchmarks.reporting import write_report  # noqa: E402
@@ -64,7 +69,19 @@ def matrices(s: dict) -> list[tuple[int, int]]:
     return [(d, d), (kv, d), (kv, d), (d, d), (f, d), (f, d), (d, f)]
 
 
-def products(s: dict, kinds, rounds: int, rate: float) -> list[str]:
+def _checked(kind, fn, q, v):
+    """fn(v, q) against the dequantized weight's f32 dot: the largest difference over the largest
+    |value|, which must be an f32 sum's rounding (< 1e-5), else the benchmark stops."""
+    got = np.asarray(fn(v, q), np.float64)
+    ref = np.asarray(dequantize_prepared(q), np.float64) @ np.asarray(v, np.float64)
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    if not err < 1e-5:
+        raise SystemExit(f"{kind}: the kernel's products are off by {err:.2e} of the largest")
+    return err
+
+
+def products(s: dict, kinds, rounds: int, rate: float, tiles=(), device: bool = True) -> list[str]:
+    """The products table (`device`: with the device-time columns, two more compiles a form)."""
     rng = np.random.default_rng(0)
     layers = s["layers"]
     base = [(rng.standard_normal(shape) * 0.02).astype(np.float32) for shape in matrices(s)]
@@ -91,26 +108,72 @@ def products(s: dict, kinds, rounds: int, rate: float) -> list[str]:
     for kind in kinds:
         qs = per_layer(lambda w, kind=kind: Q.prepare(kind, ggml.quantize(kind, w), w.shape))
         n = sum(q.nbytes for layer in qs for q in layer)
-        cands[f"{kind} linear (fused)"] = (apply(lambda v, q: Q.linear(v, q)), (x, xf, qs))
+        cands[f"{kind} linear (fused XLA)"] = (apply(lambda v, q: Q.linear(v, q)), (x, xf, qs))
         cands[f"{kind} dequantize + f32 dot"] = (apply(lambda v, q: jnp.dot(
             dequantize_prepared(q), v, precision=lax.Precision.HIGHEST)), (x, xf, qs))
-        nbytes[f"{kind} linear (fused)"] = nbytes[f"{kind} dequantize + f32 dot"] = n
+        nbytes[f"{kind} linear (fused XLA)"] = nbytes[f"{kind} dequantize + f32 dot"] = n
+        if kind in pallas_matvec.KINDS and jax.default_backend() == "gpu":
+            for t in (None,) + tuple(tiles):
+                label = f"{kind} Pallas kernel" + (f" tiles {','.join(map(str, t))}" if t else "")
+                fn = lambda v, q, t=t: pallas_matvec.matvec(v, q, tiles=t)  # noqa: E731
+                errs = [_checked(kind, fn, qs[0][i], xf if i == 6 else x) for i in range(7)]
+                print(f"{label}: products within {max(errs):.1e} of the largest", flush=True)
+                cands[label] = (apply(fn), (x, xf, qs))
+                nbytes[label] = n
     res = compare(cands, rounds)
+    dev = {name: device_s(fn, args) if device else float("nan") for name, (fn, args) in cands.items()}
     lines = [f"All {layers} layers' matrix-vector products ({7 * layers} matrices, "
              f"{sum(a * b for a, b in matrices(s)) * layers / 1e6:.0f}M weights) in one jitted call; "
-             f"min and median of {rounds} calls; GB/s of the weight bytes (min); floor = bytes / copy rate.", "",
-             "| form | weight MiB | ms min | ms median | GB/s | x floor |", "|---|---|---|---|---|---|"]
+             f"min and median of {rounds} calls; GB/s of the weight bytes (min); floor = bytes / copy rate. "
+             f"Device ms: the same products as {DEVICE_REPS} passes of a `fori_loop` in one call, less one pass, "
+             f"over {DEVICE_REPS - 1} (the call's host work taken out); its GB/s and x floor.", "",
+             "| form | weight MiB | ms min | ms median | GB/s | x floor | device ms | device GB/s | device x floor |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, (lo, med) in res.items():
-        b = nbytes[name]
+        b, d = nbytes[name], dev[name]
         lines.append(f"| {name} | {b / 2**20:.0f} | {lo * 1e3:.3f} | {med * 1e3:.3f} | {b / lo / 1e9:.0f} | "
-                     f"{lo / (b / rate):.2f} |")
+                     f"{lo / (b / rate):.2f} | {d * 1e3:.3f} | {b / d / 1e9:.0f} | {d / (b / rate):.2f} |")
     return lines
 
 
-def decode(tmp: Path, s: dict, shape: str, kinds, rate: float) -> list[str]:
+DEVICE_REPS = 11
+
+
+def device_s(fn, args, tries: int = 5) -> float:
+    """Seconds per pass of fn(*args) on the device: a jitted fori_loop of 1 and of DEVICE_REPS passes,
+    each pass's x moved by a vanishing multiple of every product's sum (nothing dropped) and the
+    weights behind a barrier with x (nothing hoisted),
+    the difference of their best times over DEVICE_REPS - 1."""
+    def looped(n):
+        @jax.jit
+        def run(x, xf, ws):
+            def body(_, carry):
+                # the weights pass through a barrier with x: nothing of theirs is loop-invariant, so
+                # no decoding is hoisted out of the loop
+                x, xf, w = lax.optimization_barrier((*carry, ws))
+                ys = fn(x, xf, w)
+                s = jnp.sum(jnp.concatenate([jnp.ravel(y) for y in ys])) * 1e-30
+                return x + s, xf + s
+            return lax.fori_loop(0, n, body, (x, xf))
+        return run
+
+    best = []
+    for n in (1, DEVICE_REPS):
+        run = looped(n)
+        jax.block_until_ready(run(*args))
+        times = []
+        for _ in range(tries):
+            t = time.perf_counter()
+            jax.block_until_ready(run(*args))
+            times.append(time.perf_counter() - t)
+        best.append(min(times))
+    return max(best[1] - best[0], 1e-9) / (DEVICE_REPS - 1)
+
+
+def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True) -> list[str]:
     t0 = time.perf_counter()
     ck = llama_checkpoint.write_random_llama(tmp / "hf", dtype="bf16", **s)
-    paths = {"bf16 (kept)": convert_hf(ck, tmp / "bf16.oinf").path}
+    paths = {"bf16 (kept)": convert_hf(ck, tmp / "bf16.oinf").path} if bf16 else {}
     for kind in kinds:
         paths[kind] = convert_hf(ck, tmp / f"{kind}.oinf", quantize=kind).path
     made = time.perf_counter() - t0
@@ -120,7 +183,8 @@ def decode(tmp: Path, s: dict, shape: str, kinds, rate: float) -> list[str]:
              f"(`Generator.generate(prompt_ids=..., max_tokens={G}, ignore_eos=True)`): a first run, then three "
              f"(medians). Bytes/token: the device constants but the embedding table, plus one row of it.", "",
              "| weights | file MiB | compile s | first run prompt tok/s | prompt tok/s | decode ms/token | "
-             "bytes/token MiB | floor ms | x floor | GB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "bytes/token MiB | floor ms | x floor | GB/s | first tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, path in paths.items():
         g = Generator(path)
         consts = g.programs[1].executable.consts
@@ -135,7 +199,8 @@ def decode(tmp: Path, s: dict, shape: str, kinds, rate: float) -> list[str]:
         lines.append(f"| {label} | {os.path.getsize(path) / 2**20:.0f} | {g.compile_s:.1f} | "
                      f"{P / first.stats.prompt_s:.0f} | {prompt_rate:.0f} | {ms:.3f} | {per_token / 2**20:.0f} | "
                      f"{floor:.3f} | {'**' if ms / floor > TARGET else ''}{ms / floor:.2f}"
-                     f"{'**' if ms / floor > TARGET else ''} | {per_token / ms / 1e6:.0f} |")
+                     f"{'**' if ms / floor > TARGET else ''} | {per_token / ms / 1e6:.0f} | "
+                     f"{list(map(int, first.ids[:6]))} |")
         print(lines[-1], flush=True)
         del g, consts, runs, first, warm
         gc.collect()
@@ -148,6 +213,9 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", default="Q8_0,Q4_K")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--skip-decode", action="store_true", help="the products only")
+    p.add_argument("--no-bf16", action="store_true", help="decode the quantized models only")
+    p.add_argument("--tiles", action="append", default=[], metavar="ROWS,VALUES,WARPS",
+                   help="also time the Pallas kernel at these tiles (repeatable)")
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
     s = SHAPES[args.shape]
@@ -157,12 +225,13 @@ def main(argv=None) -> int:
            f"`python -m benchmarks.quantized_gpu --shape {args.shape}`: jax {jax.__version__}, "
            f"{os.cpu_count()} CPUs; shape {', '.join(f'{k}={v}' for k, v in s.items())}; "
            f"copy rate {rate / 1e9:.0f} GB/s (read + written).", "", "## Matrix-vector products", ""]
-    out += products(s, kinds, rounds=20, rate=rate)
+    tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles]
+    out += products(s, kinds, rounds=20, rate=rate, tiles=tiles)
     print("\n".join(out), flush=True)
     if not args.skip_decode:
         out += ["", "## Decode (a random model, end to end)", ""]
         with tempfile.TemporaryDirectory() as tmp:
-            out += decode(Path(tmp), s, args.shape, kinds, rate)
+            out += decode(Path(tmp), s, args.shape, kinds, rate, bf16=not args.no_bf16)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_report(Path(args.out), f"quantized_gpu{'-' + args.shape if args.shape != 'tinyllama' else ''}",
                  "\n".join(out) + "\n")

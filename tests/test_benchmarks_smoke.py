@@ -6,6 +6,7 @@ row. Timing is never asserted here (the speed targets are reported by `python -m
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -188,8 +189,30 @@ def test_quantized_gpu_benchmark_smoke():
     """benchmarks/quantized_gpu.py's products at the tiny shape (any device): a row per form, each
     with its weight bytes and a time."""
     from benchmarks.quantized_gpu import SHAPES, products
-    lines = products(SHAPES["tiny"], ["Q8_0"], rounds=1, rate=1e10)
+    lines = products(SHAPES["tiny"], ["Q8_0"], rounds=1, rate=1e10, device=False)
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| form")]
-    assert [r.split(" | ")[0][2:] for r in rows] == ["f32 dot", "bf16 dot (f32 result)", "Q8_0 linear (fused)",
-                                                     "Q8_0 dequantize + f32 dot"]
+    names = ["f32 dot", "bf16 dot (f32 result)", "Q8_0 linear (fused XLA)", "Q8_0 dequantize + f32 dot"]
+    if jax.default_backend() == "gpu":  # the Pallas candidate, its products checked first
+        names.append("Q8_0 Pallas kernel")
+    assert [r.split(" | ")[0][2:] for r in rows] == names
     assert all(float(r.split(" | ")[2]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
+def test_pallas_matvec_candidate_values(kind):
+    """benchmarks/pallas_matvec.py's kernel (timed on a GPU, not kept), through Pallas' interpreter:
+    the f32 product of gguf's dequantized weight, up to the summation order; two programs of the
+    grid, two chunks of each row's walk."""
+    import gguf
+    import jax.numpy as jnp
+
+    from benchmarks import pallas_matvec
+    from oi2jax import quantized as Q
+    from test_quantized import _assert_matmul_close, random_blocks
+    per = Q.block_size(kind)[0]
+    blocks = 1024 // per
+    raw = random_blocks(np.random.default_rng(0), kind, 16, blocks)
+    w = Q.prepare(kind, raw, (16, blocks * per))
+    x = np.random.default_rng(1).normal(size=(blocks * per,)).astype(np.float32)
+    y = np.asarray(pallas_matvec.matvec(jnp.asarray(x), w, interpret=True))
+    _assert_matmul_close(y, x, gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]))
