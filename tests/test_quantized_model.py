@@ -246,6 +246,94 @@ def test_quant_params_are_honoured_by_a_float_constant_only(tmp_path, mode):
                        .replace("x: f32", "x: bf16"), model=tmp_path / "m.oinf", ops=["nn"])
 
 
+AFFINE_GRAPH = """dynamic {
+    x: f32[I];
+    xs: f32[3, I];
+    ids: i32[2];
+}
+constant {
+    Wf: f32[O, I] @ref("w");
+    Cf: f32[O, I] @ref("c");
+    Sf: f32[O, I] @ref("s");
+    Zf: f32[O, I] @ref("far");
+    W(l): f32[O, I] @pattern("m.{l}");
+}
+volatile {
+    y: f32[O];
+    y3: f32[3, O];
+    e: f32[2, I];
+    z: f32[O, I];
+    f: f32[O];
+    far: f32[O, I];
+}
+block entry {
+    op linear(x, Wf) >> y;
+    op linear(xs, Cf) >> y3;
+    op embedding(Wf, ids) >> e;
+    op add(Sf, Sf) >> z;
+    op add(Zf, Zf) >> far;
+    loop layers (l in 0..L) {
+        op linear(x, W[l]) >> f;
+    }
+}
+"""
+
+
+def test_quant_params_stay_packed_in_a_compiled_program(tmp_path):
+    """A compiled program keeps i8/u8 integers with v2 QuantParams packed (an AFFINE tensor: the
+    integers, the scales, the zero points; a stacked family its members') and dequantizes them in
+    the step, with the values the interpreter reads at load: rows of a table and an op without a
+    quantized input bit for bit, products within the f32 dot bound. Zero points too far for f32 to
+    hold q - zp exactly are read as f32 at load instead, and so is every such constant of a program
+    on a mesh (which shards values, not packed tensors)."""
+    from jax.sharding import Mesh
+
+    from oi2jax.model.quant import QuantParams, dequantize
+    from oi2jax.model.writer import Tensor
+    rng = np.random.default_rng(11)
+    o, i = 6, 16
+
+    def u8():
+        return rng.integers(0, 256, (o, i), dtype=np.uint8)
+
+    def i8():
+        return rng.integers(-128, 128, (o, i), dtype=np.int8)
+    qp = {"w": QuantParams("asymmetric", "per_channel", rng.uniform(0.01, 1, o), "per_channel",
+                           rng.integers(-300, 300, o), scale_axis=0, zp_axis=0),
+          "c": QuantParams("asymmetric", "per_channel", rng.uniform(0.01, 1, i), "per_channel",
+                           rng.integers(-9, 9, i), scale_axis=1, zp_axis=1),
+          "s": QuantParams("symmetric", "per_tensor", np.array([0.0625], np.float32)),
+          "far": QuantParams("asymmetric", "per_tensor", np.array([2.0 ** -20], np.float32), "per_tensor",
+                             np.array([1 << 25], np.int32)),
+          "m.0": QuantParams("symmetric", "per_tensor", np.array([0.5], np.float32)),
+          "m.1": QuantParams("symmetric", "per_channel", rng.uniform(0.01, 1, o))}
+    stored = {"w": u8(), "c": i8(), "s": i8(), "far": u8(), "m.0": i8(), "m.1": i8()}
+    save(tmp_path / "m.oinf", sizevars={"O": o, "I": i, "L": 2},
+         tensors={k: Tensor(str(v.dtype).replace("int", "i").replace("ui", "u"), v, quant=qp[k])
+                  for k, v in stored.items()})
+    real = {k: dequantize(qp[k], v) for k, v in stored.items()}
+    inputs = {"x": rng.standard_normal(i).astype(np.float32), "xs": rng.standard_normal((3, i)).astype(np.float32),
+              "ids": np.array([4, 1], np.int32)}
+    prog = oi2jax.compile(AFFINE_GRAPH, model=tmp_path / "m.oinf", ops=["nn"], unroll="none")
+    consts = prog.executable.consts
+    for name, dtype in [("Wf", np.uint8), ("Cf", np.int8), ("Sf", np.int8), ("W", np.int8)]:
+        assert isinstance(consts[name], Q.QuantTensor) and consts[name].kind == Q.AFFINE, name
+        assert consts[name].fields["q"].dtype == dtype
+    assert consts["W"].fields["scale"].shape == (2, o, 1)  # the family's members' scales, stacked
+    assert not isinstance(consts["Zf"], Q.QuantTensor) and consts["Zf"].dtype == np.float32
+    meshed = oi2jax.compile(AFFINE_GRAPH, model=tmp_path / "m.oinf", ops=["nn"], unroll="none",
+                            mesh=Mesh(np.array(jax.devices()[:1]), ("data",)), shard={"O": "data"})
+    assert not any(isinstance(v, Q.QuantTensor) for v in meshed.executable.consts.values())
+    interpreted = oi2jax.compile(AFFINE_GRAPH, model=tmp_path / "m.oinf", ops=["nn"], mode="interpret")
+    for out in (prog.run(inputs), meshed.run(inputs), interpreted.run(inputs)):
+        np.testing.assert_array_equal(out["e"], real["w"][[4, 1]])
+        np.testing.assert_array_equal(out["z"], real["s"] + real["s"])
+        np.testing.assert_array_equal(out["far"], real["far"] + real["far"])
+        _within_dot_bound(out["y"][None], inputs["x"][None], real["w"])
+        _within_dot_bound(out["y3"], inputs["xs"], real["c"])
+        _within_dot_bound(out["f"][None], inputs["x"][None], real["m.1"])
+
+
 MIXED_GRAPH = """dynamic {
     x: f32[I];
 }

@@ -20,8 +20,8 @@ from ..diagnostics import Diagnostic, OiError
 from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
-from .ggml import HALF_KINDS, KeptBlocks
-from .quant import dequantize as quant_dequantize
+from .ggml import AFFINE, HALF_KINDS, KeptBlocks
+from .quant import affine_parts, dequantize as quant_dequantize
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph"]
@@ -350,8 +350,8 @@ class BoundGraph:
             return self._kept(key, info)
         members = self.family_members(name)
         kinds = {self._kept_kind(decl, self.model.tensors[t], half) for t in members.values()}
-        if kinds == {None} or not members:
-            return None
+        if kinds == {None} or not members or (AFFINE in kinds and None in kinds and len(kinds) == 2):
+            return None  # (members with QuantParams that only some can keep exactly: all read as f32)
         if len(kinds) > 1:
             stored = ", ".join(sorted(k or decl.dtype for k in kinds))
             raise OiError(f"prefix table {name}: its members are stored as {stored}, and a stacked family holds "
@@ -361,22 +361,39 @@ class BoundGraph:
         parts = [self._member(decl, members, idx, kept=True, half=half) for idx in np.ndindex(*counts)]
         raw = np.stack([p.raw.reshape(p.shape[:-1] + (-1,)) for p in parts]).reshape(counts + parts[0].shape[:-1]
                                                                                      + (-1,))
-        return KeptBlocks(parts[0].kind, raw, counts + parts[0].shape)
+        affine = None
+        if parts[0].kind == AFFINE:  # each member's own scales and zero points, stacked as its integers are
+            affine = tuple(_stacked([p.affine[i] for p in parts], counts) for i in (0, 1))
+        return KeptBlocks(parts[0].kind, raw, counts + parts[0].shape, affine)
 
     def _half(self, decl: ir.VarDecl, info) -> bool:
         """A bf16/f16 matrix widened for this f32 declaration (`kept_blocks`' `half`)."""
         return self.widen_floats and info.has_data and info.widens_to(decl.dtype) and len(info.value_shape) == 2
 
     def _kept_kind(self, decl: ir.VarDecl, info, half: bool) -> str | None:
-        """The GGML type a tensor read by `decl` is kept in (`kept_blocks`), or None."""
+        """The GGML type a tensor read by `decl` is kept in (`kept_blocks`), AFFINE for stored
+        integers with v2 QuantParams an f32 declaration reads (kept where their values stay
+        exact: model/quant `affine_parts`), or None."""
         if info.ggml is not None:
             return info.ggml
+        if self._affine(decl, info) is not None:
+            return AFFINE
         return HALF_KINDS[info.value_dtype] if half and self._half(decl, info) else None
 
+    @staticmethod
+    def _affine(decl: ir.VarDecl, info):
+        if info.quant is None or not info.has_data or decl.dtype == info.dtype or not info.binds_as(decl.dtype):
+            return None
+        return affine_parts(info.quant, tuple(info.shape))
+
     def _kept(self, tensor: str, info) -> KeptBlocks:
-        """A tensor kept as GGML blocks, or a widened bf16/f16 matrix as its bytes (`_half`)."""
+        """A tensor kept as GGML blocks, stored integers with their QuantParams (AFFINE), or a
+        widened bf16/f16 matrix as its bytes (`_half`)."""
         if info.ggml is not None:
             return KeptBlocks(info.ggml, self.model.load_packed(tensor), tuple(info.value_shape))
+        if info.quant is not None:
+            return KeptBlocks(AFFINE, self.model.load(tensor), tuple(info.shape),
+                              affine_parts(info.quant, tuple(info.shape)))
         values = self.model.load(tensor)
         return KeptBlocks(HALF_KINDS[info.value_dtype], values.view(np.uint8), tuple(info.value_shape))
 
@@ -427,6 +444,12 @@ class BoundGraph:
             if key not in self.model.tensors and key not in self.model.metadata:
                 out.append(decl)
         return out
+
+
+def _stacked(arrays: list, counts: tuple) -> np.ndarray:
+    """Members' broadcastable parts (scales, zero points) stacked as a family [*counts, *common]."""
+    common = np.broadcast_shapes(*(a.shape for a in arrays))
+    return np.stack([np.broadcast_to(a, common) for a in arrays]).reshape(tuple(counts) + common)
 
 
 def _load_as(model: Model, tensor: str, dtype: str, widen: bool = False) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["BLOCK_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "meta_key",
+__all__ = ["BLOCK_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "AFFINE", "meta_key",
            "block_layout", "ggml_stored_shape", "ggml_logical_shape", "dequantize", "quantize"]
 
 # the block-quantized types gguf.quants dequantizes, which an .oinf keeps as raw blocks
@@ -29,6 +29,7 @@ QUANTIZE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
 # a bf16 / f16 matrix widened for an f32 declaration, held as its bytes where the program's kernels
 # are ggml's (`BoundGraph.kept_blocks(..., half=True)`): its dtype -> the ggml type of those bytes
 HALF_KINDS = {"bf16": "BF16", "f16": "F16"}
+AFFINE = "AFFINE"  # KeptBlocks / QuantTensor kind of stored integers with v2 QuantParams (oi2jax.quantized)
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,15 +38,19 @@ class KeptBlocks:
     is kept as GGML blocks: `raw` (uint8, GGUF's bytes, row-major over the blocks of the last axis)
     of ggml type `kind` and logical `shape`. A compiled program places it as its packed form
     (oi2jax/quantized: `prepare`), never dequantized; the interpreter reads its values. Also a
-    bf16/f16 matrix a kernels="ggml" program holds as its bytes (`HALF_KINDS`: one value a block)."""
+    bf16/f16 matrix a kernels="ggml" program holds as its bytes (`HALF_KINDS`: one value a block),
+    and (kind `AFFINE`) an i8/u8 tensor with v2 QuantParams read by an f32 declaration: `raw` its
+    stored integers [*shape], `affine` its (scale f32, zero point i32) broadcast against them
+    (model/quant `affine_parts`)."""
 
     kind: str
     raw: np.ndarray
     shape: tuple
+    affine: tuple | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.raw.nbytes)
+        return int(self.raw.nbytes) + sum(int(a.nbytes) for a in self.affine or ())
 
 
 def meta_key(tensor: str) -> str:

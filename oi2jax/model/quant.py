@@ -150,16 +150,54 @@ def dequantize(q: QuantParams, values: np.ndarray) -> np.ndarray:
     """The conventional affine reading of stored integers, `real = scale[c] * (q - zp[c])` (c the
     index along `scale_axis` for per-channel scales; zp 0 without zero points), as float32: the
     difference exact, the product computed in float64 and rounded once."""
-    v = np.asarray(values).astype(np.int64)
+    v = np.asarray(values)
 
     def along(arr, per_channel: bool, axis: int):
         shape = [1] * v.ndim
         if per_channel:
             shape[axis] = -1
         return arr.reshape(shape)
-    scales = along(q.scales.astype(np.float64), q.scale_mode == "per_channel", q.scale_axis)
-    zps = along(q.zero_points.astype(np.int64), q.zp_mode == "per_channel", q.zp_axis) if q.zp_mode != "none" else 0
-    return (scales * (v - zps)).astype(np.float32)
+    scales = along(q.scales, q.scale_mode == "per_channel", q.scale_axis)
+    zps = along(q.zero_points, q.zp_mode == "per_channel", q.zp_axis) if q.zp_mode != "none" else np.int32(0)
+    return affine_values(v, scales, zps)
+
+
+def affine_values(values: np.ndarray, scales: np.ndarray, zps: np.ndarray) -> np.ndarray:
+    """scale * (q - zp) with the scales and zero points broadcast against the integers: the one
+    rule of `dequantize` (also for a packed tensor a program reads as f32: runtime/program)."""
+    return (np.asarray(scales, np.float64) * (np.asarray(values).astype(np.int64) - np.asarray(zps, np.int64))
+            ).astype(np.float32)
+
+
+# |q - zp| at most this: the difference is exact in f32, so the step's f32 product equals `dequantize`
+_EXACT_DIFF = 1 << 24
+_SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+
+
+def affine_parts(q: QuantParams, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale f32, zero point i32), each shaped to broadcast against `shape` (1 on every axis but a
+    per-channel one), when a program may keep the stored i8/u8 integers packed and dequantize them
+    inside the step (`oi2jax.quantized`'s AFFINE tensors) with exactly `dequantize`'s values; None
+    where it must read them as f32 at load. Kept: every scale finite and 0 or normal, and every
+    |q - zp| (q an i8 or u8 value) at most 2^24. Then (q - zp) is exact in f32 and its f32 product
+    with the scale is `dequantize`'s (a product of two f32 values is exact in f64: rounding it once
+    to f32 is what an f32 multiply does), with no subnormal value for a CPU to flush."""
+    if not shape or 0 in shape:
+        return None
+    scales = q.scales
+    if not np.all(np.isfinite(scales)) or np.any((scales != 0) & (np.abs(scales) < _SMALLEST_NORMAL)):
+        return None
+    zps = q.zero_points if q.zp_mode != "none" else np.zeros(1, np.int32)
+    if np.any(np.abs(zps.astype(np.int64)) > _EXACT_DIFF - 255):
+        return None
+
+    def along(arr, per_channel: bool, axis: int):
+        out = [1] * len(shape)
+        if per_channel:
+            out[axis] = shape[axis]
+        return np.ascontiguousarray(arr.reshape(out))
+    return (along(scales.astype(np.float32), q.scale_mode == "per_channel", q.scale_axis),
+            along(zps.astype(np.int32), q.zp_mode == "per_channel", q.zp_axis))
 
 
 def _error(text: str) -> OiError:

@@ -184,6 +184,22 @@ def _one_value(f):
 FORMATS.update({"BF16": Format((("v", 2, _bf16),), _one_value), "F16": Format((("v", 2, _f16),), _one_value)})
 
 
+AFFINE = "AFFINE"  # stored i8/u8 integers with v2 QuantParams (`affine_tensor`): not a GGML type
+
+
+def _affine(f):
+    """real = scale * (q - zp) in f32: `model/quant.dequantize`'s values where `affine_parts` kept
+    the integers (the difference exact, one rounding of the product, no subnormal)."""
+    return no_contract((f["q"].astype(jnp.int32) - f["zp"]).astype(jnp.float32) * f["scale"])
+
+
+def affine_tensor(q, scale, zp, shape) -> QuantTensor:
+    """Stored integers `q` [*shape] (i8/u8) with their scale (f32) and zero point (i32), each
+    broadcast against q (model/quant `affine_parts`): an AFFINE `QuantTensor`."""
+    return QuantTensor({"q": jnp.asarray(q), "scale": jnp.asarray(scale, jnp.float32),
+                        "zp": jnp.asarray(zp, jnp.int32)}, AFFINE, tuple(int(n) for n in shape))
+
+
 def kind_name(kind) -> str:
     """A ggml type given as a name ("Q4_K") or a `gguf.GGMLQuantizationType` -> its name, checked."""
     name = kind.name if isinstance(kind, GGMLQuantizationType) else str(kind).upper()
@@ -273,7 +289,10 @@ def member(q: QuantTensor, pick) -> QuantTensor:
 
 
 def dequantize_fields(q: QuantTensor):
-    """f32 [..., blocks, block_size] of a prepared tensor (any leading rows a gather kept)."""
+    """f32 [..., blocks, block_size] of a prepared tensor (any leading rows a gather kept); an
+    AFFINE tensor's f32 values."""
+    if q.kind == AFFINE:
+        return _affine(q.fields)
     return FORMATS[q.kind].decode(fields_of(q))
 
 

@@ -21,6 +21,7 @@ from ..lowering.loops import LoopPolicy
 from ..lowering.state import Guards, StepState
 from ..lowering.step import StepBuilder, build_lowering
 from ..model.ggml import KeptBlocks
+from ..model.quant import affine_values
 from ..model.packing import pack
 from ..protocol import CompileOptions
 from ..values import check_given_inputs, convert_input, convert_inputs, unknown_input
@@ -189,9 +190,13 @@ class Program:
 
         def put(key, value, source=None):
             """consts[key]: `value`, GGML blocks (`KeptBlocks`) in their packed form
-            (`quantized.prepare`, or as they are for kernels="ggml"), never dequantized; placed now
-            when streaming."""
-            if isinstance(value, KeptBlocks):
+            (`quantized.prepare`, or as they are for kernels="ggml"), never dequantized, stored
+            integers with QuantParams as an AFFINE tensor (on a mesh, which cannot shard packed
+            tensors, as their f32 values); placed now when streaming."""
+            if isinstance(value, KeptBlocks) and value.affine:  # a mesh shards values: their f32 reading
+                value = quantized.affine_tensor(value.raw, *value.affine, value.shape) if stream else \
+                    affine_values(value.raw, *value.affine)
+            elif isinstance(value, KeptBlocks):
                 value = pack_blocks(value.kind, value.raw, value.shape)
             if stream:
                 value = self.placer.put("consts", {key: value}, names)[key]
