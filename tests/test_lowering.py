@@ -103,10 +103,16 @@ def test_prefix_table_in_loop_is_one_stacked_array(tmp_path):
     save(path, sizevars={"L": 3}, tensors={f"w.{i}": w for i, w in enumerate(ws)})
     prog = compile_text(PREFIX, model=path)
     x = rng.standard_normal((2, 4)).astype(np.float32)
-    np.testing.assert_allclose(prog.run({"x": x})["y"], x @ ws[0] @ ws[1] @ ws[2], rtol=1e-5)
+    # each member in its place: x W0 W1 W2 within the forward error bound of three f32 products of
+    # length 4 (3 * 4 eps |x| |W0| |W1| |W2|, first order). Not bit for bit between the two forms:
+    # XLA:CPU may pick another dot kernel inside a loop body (docs/loops.md)
+    exact = x.astype(np.float64) @ ws[0] @ ws[1] @ ws[2]
+    bound = 1.01 * 3 * 4 * float(np.finfo(np.float32).eps) * (np.abs(x) @ np.abs(ws[0]) @ np.abs(ws[1]) @
+                                                               np.abs(ws[2]))
+    assert np.all(np.abs(prog.run({"x": x})["y"] - exact) <= bound)
     assert prog.emit("jaxpr").count("dot_general") == 3  # auto: a layer loop within budget is unrolled
     as_loop = compile_text(PREFIX, model=path, unroll="none")
-    np.testing.assert_array_equal(as_loop.run({"x": x})["y"], prog.run({"x": x})["y"])
+    assert np.all(np.abs(as_loop.run({"x": x})["y"] - exact) <= bound)
     assert as_loop.emit("jaxpr").count("dot_general") == 1  # a loop: the body traced once
     with pytest.raises(OiError, match=r"w\.3"):
         compile_text(PREFIX, model=path, sizes={"L": 4}).run({"x": x})
