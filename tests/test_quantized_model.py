@@ -320,6 +320,8 @@ def test_quant_params_stay_packed_in_a_compiled_program(tmp_path):
         assert isinstance(consts[name], Q.QuantTensor) and consts[name].kind == Q.AFFINE, name
         assert consts[name].fields["q"].dtype == dtype
     assert consts["W"].fields["scale"].shape == (2, o, 1)  # the family's members' scales, stacked
+    # the device holds the integers and one scale and zero point per channel: no f32 copy
+    assert consts["Wf"].nbytes == o * i + 2 * 4 * o and consts["Cf"].nbytes == o * i + 2 * 4 * i
     assert not isinstance(consts["Zf"], Q.QuantTensor) and consts["Zf"].dtype == np.float32
     meshed = oi2jax.compile(AFFINE_GRAPH, model=tmp_path / "m.oinf", ops=["nn"], unroll="none",
                             mesh=Mesh(np.array(jax.devices()[:1]), ("data",)), shard={"O": "data"})
