@@ -207,6 +207,14 @@ def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True
     return lines
 
 
+def _tiles(text: str) -> tuple[int, int, int]:
+    """--tiles ROWS,VALUES,WARPS: three positive integers, else argparse's error (exit 2)."""
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not ROWS,VALUES,WARPS (three positive integers)")
+    return tuple(int(p) for p in parts)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=tuple(SHAPES), default="tinyllama")
@@ -214,7 +222,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--skip-decode", action="store_true", help="the products only")
     p.add_argument("--no-bf16", action="store_true", help="decode the quantized models only")
-    p.add_argument("--tiles", action="append", default=[], metavar="ROWS,VALUES,WARPS",
+    p.add_argument("--tiles", action="append", default=[], metavar="ROWS,VALUES,WARPS", type=_tiles,
                    help="also time the Pallas kernel at these tiles (repeatable)")
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
@@ -225,8 +233,7 @@ def main(argv=None) -> int:
            f"`python -m benchmarks.quantized_gpu --shape {args.shape}`: jax {jax.__version__}, "
            f"{os.cpu_count()} CPUs; shape {', '.join(f'{k}={v}' for k, v in s.items())}; "
            f"copy rate {rate / 1e9:.0f} GB/s (read + written).", "", "## Matrix-vector products", ""]
-    tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles]
-    out += products(s, kinds, rounds=20, rate=rate, tiles=tiles)
+    out += products(s, kinds, rounds=20, rate=rate, tiles=args.tiles)
     print("\n".join(out), flush=True)
     if not args.skip_decode:
         out += ["", "## Decode (a random model, end to end)", ""]
