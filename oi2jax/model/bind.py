@@ -350,7 +350,7 @@ class BoundGraph:
             return self._kept(key, info)
         members = self.family_members(name)
         kinds = {self._kept_kind(decl, self.model.tensors[t], half) for t in members.values()}
-        if kinds == {None} or not members or (AFFINE in kinds and None in kinds and len(kinds) == 2):
+        if kinds == {None} or not members or kinds == {AFFINE, None}:
             return None  # (members with QuantParams that only some can keep exactly: all read as f32)
         if len(kinds) > 1:
             stored = ", ".join(sorted(k or decl.dtype for k in kinds))

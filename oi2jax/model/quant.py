@@ -151,15 +151,7 @@ def dequantize(q: QuantParams, values: np.ndarray) -> np.ndarray:
     index along `scale_axis` for per-channel scales; zp 0 without zero points), as float32: the
     difference exact, the product computed in float64 and rounded once."""
     v = np.asarray(values)
-
-    def along(arr, per_channel: bool, axis: int):
-        shape = [1] * v.ndim
-        if per_channel:
-            shape[axis] = -1
-        return arr.reshape(shape)
-    scales = along(q.scales, q.scale_mode == "per_channel", q.scale_axis)
-    zps = along(q.zero_points, q.zp_mode == "per_channel", q.zp_axis) if q.zp_mode != "none" else np.int32(0)
-    return affine_values(v, scales, zps)
+    return affine_values(v, *_broadcast(q, v.shape))
 
 
 def affine_values(values: np.ndarray, scales: np.ndarray, zps: np.ndarray) -> np.ndarray:
@@ -190,13 +182,19 @@ def affine_parts(q: QuantParams, shape: tuple[int, ...]) -> tuple[np.ndarray, np
     zps = q.zero_points if q.zp_mode != "none" else np.zeros(1, np.int32)
     if np.any(np.abs(zps.astype(np.int64)) > _EXACT_DIFF - 255):
         return None
+    return _broadcast(q, shape)
 
+
+def _broadcast(q: QuantParams, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(scales f32, zero points i32) shaped to broadcast against a tensor of `shape`: 1 on every
+    axis but a per-channel one (zero points 0 where there are none)."""
     def along(arr, per_channel: bool, axis: int):
         out = [1] * len(shape)
         if per_channel:
             out[axis] = shape[axis]
         return np.ascontiguousarray(arr.reshape(out))
-    return (along(scales.astype(np.float32), q.scale_mode == "per_channel", q.scale_axis),
+    zps = q.zero_points if q.zp_mode != "none" else np.zeros(1, np.int32)
+    return (along(q.scales.astype(np.float32), q.scale_mode == "per_channel", q.scale_axis),
             along(zps.astype(np.int32), q.zp_mode == "per_channel", q.zp_axis))
 
 

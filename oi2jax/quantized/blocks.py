@@ -187,7 +187,7 @@ FORMATS.update({"BF16": Format((("v", 2, _bf16),), _one_value), "F16": Format(((
 AFFINE = "AFFINE"  # stored i8/u8 integers with v2 QuantParams (`affine_tensor`): not a GGML type
 
 
-def _affine(f):
+def affine_decode(f):
     """real = scale * (q - zp) in f32: `model/quant.dequantize`'s values where `affine_parts` kept
     the integers (the difference exact, one rounding of the product, no subnormal)."""
     return no_contract((f["q"].astype(jnp.int32) - f["zp"]).astype(jnp.float32) * f["scale"])
@@ -292,7 +292,7 @@ def dequantize_fields(q: QuantTensor):
     """f32 [..., blocks, block_size] of a prepared tensor (any leading rows a gather kept); an
     AFFINE tensor's f32 values."""
     if q.kind == AFFINE:
-        return _affine(q.fields)
+        return affine_decode(q.fields)
     return FORMATS[q.kind].decode(fields_of(q))
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .blocks import AFFINE, QuantTensor, dequantize_fields
+from .blocks import AFFINE, QuantTensor, affine_decode
 
 F32 = jnp.float32
 
@@ -137,7 +137,7 @@ def matvec(x, w: QuantTensor):
     x = x.astype(F32).reshape((x.shape[-1],) if one else (-1, 1, x.shape[-1]))
     first = 1 if one else 2
     if w.kind == AFFINE:  # stored integers with QuantParams: their f32 values, reduced against x
-        y = jnp.sum(dequantize_fields(QuantTensor(fields, w.kind, w.shape)) * x, axis=-1)
+        y = jnp.sum(affine_decode(fields) * x, axis=-1)
     elif w.kind in BLOCK_SUMS:
         y = jnp.sum(_block_sums(fields, x, BLOCK_SUMS[w.kind]), axis=-1)
     else:
