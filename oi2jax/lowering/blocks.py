@@ -9,6 +9,7 @@ from .. import ir, messages, ops
 from ..messages import CHECKED
 from ..diagnostics import OiError
 from ..model.bind import AttrVar
+from ..ops.jax_numerics import any_true
 from .context import Tracer
 from .state import Env
 from .rules import rule
@@ -62,7 +63,7 @@ def _op(node: ir.Op, env, frame, tr):
     except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
         raise OiError(exc.message, node.span, source=tr.graph.source) from None
     for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
-        env = tr.fail_if(env, jnp.any(cond), tr.lowering.site(message, node.span), value)
+        env = tr.fail_if(env, any_true(cond), tr.lowering.site(message, node.span), value)
     if node.output in tr.lowering.shaped:  # runtime-shaped (phases.runtime_shaped)
         return _shaped_op_output(node, env, tr, out)
     want = tr.bound.shape(node.output)

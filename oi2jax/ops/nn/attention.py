@@ -176,7 +176,8 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     else:
         n = _int_rows(valid, "valid", rows if q.ndim == 4 else ())
         bad = ((n < 1) | (n > t)).reshape(-1)
-        ctx.fail_if(jnp.any(bad), _valid_message(t), n.reshape(-1)[lax.argmax(bad.astype(jnp.int32), 0, jnp.int32)])
+        anybad, first = N.first_true(bad)
+        ctx.fail_if(anybad, _valid_message(t), n.reshape(-1)[first])
         n = jnp.broadcast_to(jnp.clip(n, 0, t), rows)
     lo = jnp.zeros(rows, jnp.int32)
     if window is not None:

@@ -47,7 +47,8 @@ def _valid_length(valid, n: int, rows: tuple[int, ...], ctx):
     if v.dtype == jnp.bool_:
         v = v.astype(jnp.int32)
     bad = ((v < 1) | (v > n)).reshape(-1)
-    ctx.fail_if(jnp.any(bad), _valid_message(n), v.reshape(-1)[jnp.argmax(bad)])
+    anybad, first = N.first_true(bad)
+    ctx.fail_if(anybad, _valid_message(n), v.reshape(-1)[first])
     return jnp.clip(v, 0, n).astype(jnp.int32)
 
 
