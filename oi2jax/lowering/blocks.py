@@ -10,6 +10,7 @@ from ..messages import CHECKED
 from ..diagnostics import OiError
 from ..model.bind import AttrVar
 from ..ops.jax_numerics import any_true
+from . import op_calls
 from .context import Tracer
 from .state import Env
 from .rules import rule
@@ -56,10 +57,10 @@ def _op(node: ir.Op, env, frame, tr):
             in_dtypes.append(_dtype_of(tr, ref.name))
     guards: list = []
     try:
-        out = ops.apply(sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
-                        out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
-                        out_shape=None if node.output in tr.lowering.shaped else sig.out_shape,
-                        precision=tr.lowering.precision, platform=tr.lowering.loop_policy.platform)
+        out = op_calls.apply(tr.lowering.op_calls, sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
+                             out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
+                             out_shape=None if node.output in tr.lowering.shaped else sig.out_shape,
+                             precision=tr.lowering.precision, platform=tr.lowering.loop_policy.platform)
     except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
         raise OiError(exc.message, node.span, source=tr.graph.source) from None
     for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)

@@ -88,6 +88,9 @@ class Lowering:
     # prefix tables held member by member (`W[0]`, `W[1]`, ...: loops.split_families under
     # `loop_policy`): every read of one is at static indices; the others are stacked
     split: frozenset = frozenset()
+    # op_calls.apply's jitted kernels, one per call signature: shared by the program's traces (a
+    # cache, not a fact: the lowering computes the same with it empty)
+    op_calls: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def graph(self) -> ir.Graph:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from ... import dtypes as D
 from ... import host_numerics as HN
