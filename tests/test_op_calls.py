@@ -120,3 +120,25 @@ def test_each_call_reports_its_own_runtime_error(files):
             _compile(tmp, mode=mode).run({"x": x, "v": np.array([0.5, 2.0], np.float32)})
     with pytest.raises(OiError, match="counted_step: 250 is over 100"):  # the call outside the loop
         prog.run({"x": np.array([1.0, 2.0, 3.0], np.float32), "v": np.array([0.5, 250.0], np.float32)})
+
+
+def test_calls_differing_only_in_a_known_setting_are_traced_apart():
+    """Known settings are part of the signature by their bits: -0.0 and 0.0 differ (x * -0.0 is
+    -0.0 for a positive x), so the second call is not the first one's trace."""
+    from pathlib import Path
+    scaled = str(Path(__file__).resolve().parent / "user_ops" / "scaled.py")  # tanh(x) * scale
+    prog = oi2jax.compile("""
+    dynamic { x: f32[2]; }
+    volatile { a: f32[2]; b: f32[2]; c: f32[2]; d: f32[2]; e: f32[2]; }
+    block entry {
+        op mul(x, 0.0) >> a;
+        op mul(x, -0.0) >> b;
+        op mul(x, 0.0) >> c;
+        op scaled_tanh(x, scale=0.0) >> d;
+        op scaled_tanh(x, scale=-0.0) >> e;
+        return;
+    }
+    """, ops=[scaled])
+    out = prog.run({"x": np.array([1.5, 2.0], np.float32)})
+    assert not np.signbit(out["a"]).any() and np.signbit(out["b"]).all() and not np.signbit(out["c"]).any()
+    assert not np.signbit(out["d"]).any() and np.signbit(out["e"]).all()

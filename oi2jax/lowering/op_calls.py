@@ -42,7 +42,9 @@ def _known_key(value):
         return ("array", a.dtype.str, a.shape, a.tobytes())
     if isinstance(value, (list, tuple)):
         return (type(value).__name__,) + tuple(_known_key(v) for v in value)
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, float):  # by its bits: -0.0 is not 0.0, a NaN equals itself
+        return ("float", value.hex())
+    if value is None or isinstance(value, (bool, int, str)):
         return (type(value).__name__, value)
     raise _Inline
 
