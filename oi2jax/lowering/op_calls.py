@@ -68,12 +68,13 @@ def apply(cache: dict, op, inputs: list, attrs: dict, *, guards: list, **setting
                tuple(("known", i, _known_key(v)) for i, v in enumerate(inputs) if i not in traced_in),
                tuple(sorted((k, _known_key(v)) for k, v in attrs.items() if k not in traced_attrs)),
                tuple(sorted((k, _known_key(v)) for k, v in settings.items())))
-    except _Inline:
+        hash(key)
+    except (_Inline, TypeError):  # TypeError: a pytree whose static part does not hash
         return ops.apply(op, inputs, attrs, guards=guards, **settings)
     entry = cache.get(key)
-    if entry is None:
-        entry = cache[key] = _staged(op, inputs, attrs, traced_in, traced_attrs, settings)
-    fn, record = entry
+    if entry is None or entry[2] is not op:  # (an id is only reused once its op is gone)
+        entry = cache[key] = _staged(op, inputs, attrs, traced_in, traced_attrs, settings) + (op,)
+    fn, record, _ = entry
     out, conds, values = fn(traced_in, traced_attrs)
     conds, values = iter(conds), iter(values)
     for message, cond, value in record[0]:  # None: the traced output in the guard's order
