@@ -2,13 +2,13 @@
 
 An unrolled layer loop calls the same kernels with the same shapes in every layer: run inline,
 each layer ran the kernel's Python again and JAX traced its equations again (a 30-layer decode
-step: 3.4-4.2 s of tracing and lowering, most of it that). Each op call whose operands include
+step: 2.3-4.2 s of tracing and lowering, most of it that). Each op call whose operands include
 traced values goes through a `jax.jit(kernel, inline=True)`, cached per program by everything the
 kernel's trace depends on (the op, the traced operands' shapes and dtypes, the values of the
 others, the settings `ops.apply` takes): a later call with the same signature reuses the traced
 equations, which JAX copies into the step at the call (`inline=True`). The step's jaxpr, its
 named scopes (`entry/45:attention/...`, per call site) and the compiled program are the inline
-form's; only the kernel's Python runs once (the 30-layer step: 1.0-1.5 s).
+form's; only the kernel's Python runs once (the 30-layer step: 1.2-2.0 s).
 
 The kernel's runtime checks (`Ctx.fail_if`) leave the jitted function as outputs; their messages,
 and any condition or value known while tracing, are recorded when it is traced and returned with
