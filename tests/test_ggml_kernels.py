@@ -297,3 +297,99 @@ def test_a_widened_half_model_with_ggml_kernels_holds_its_bytes(dtype, tmp_path)
     xs = inputs["xs"].astype(np.float64)
     assert np.all(np.abs(out["ys"] - xs @ w64.T) <= 4 * 64 * EPS32 * (np.abs(xs) @ np.abs(w64).T))
     assert np.all(np.abs(widened["ys"] - xs @ w64.T) <= 4 * 64 * EPS32 * (np.abs(xs) @ np.abs(w64).T))
+
+
+# ------------------------------------------------------------------ attention under kernels="ggml"
+
+
+def _attention_ggml_ref(q, k, v, dtype, n, lo=0, scale=1.0):
+    """What the handler computes, in float64: q [KVH, G, HD] rounded to the table's dtype (llama.cpp's
+    vec_dot_type), the scores of rows lo..n-1 of k [T, KVH, HD], their softmax, times v -> (out
+    [KVH, G, HD], a bound on its f32 rounding: the scores' dot products (HD terms), the exp and the
+    softmax's sum over the rows, the weighted sum of the V rows, each a few f32 ulps)."""
+    qh = q.astype(dtype).astype(np.float64)
+    k64, v64 = k[lo:n].astype(np.float64), v[lo:n].astype(np.float64)
+    s = np.einsum("kgd,tkd->kgt", qh, k64) * scale
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    out = np.einsum("kgt,tkd->kgd", p, v64)
+    hd, rows = q.shape[-1], n - lo
+    dot_err = (hd + 2) * EPS32 * np.einsum("kgd,tkd->kgt", np.abs(qh), np.abs(k64)) * abs(scale)
+    weight_err = p * (2 * dot_err.max(-1, keepdims=True) + (rows + 4) * EPS32)  # exp(s - max), the sum
+    bound = np.einsum("kgt,tkd->kgd", weight_err, np.abs(v64)) + (rows + 2) * EPS32 * np.einsum(
+        "kgt,tkd->kgd", p, np.abs(v64))
+    return out, bound
+
+
+@needs_ggml
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("kvh,g,hd", [(2, 3, 16), (3, 3, 64), (1, 5, 128), (2, 1, 64)])
+def test_ggml_attention_is_llama_cpps_arithmetic(dtype, kvh, g, hd):
+    """The nn op `attention` of one query row under kernels="ggml": the handler's result against the
+    float64 reference of q rounded to the table's dtype, within the f32 rounding bound; a stacked
+    [L, T, KVH, HD] table at a layer, windows, fill counts on and off the handler's blocks of 8 and 32
+    positions, q [KVH, HD], one row of S [1, KVH, G, HD]; S > 1 rows and softcap take the pure-JAX path (its own
+    result, bit for bit).
+    HD 16 takes the handler's plain loop; HD a multiple of 64 its AVX2 form on such CPUs, with G
+    query heads per KV head in groups of 3 (G=5: a group of 3 and one of 2)."""
+    from oi2jax.ops import apply, load
+    attention = {d.name: d for d in load(["nn"]).added()}["attention"]
+    np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": jnp.bfloat16}[dtype]
+    rng = np.random.default_rng(11)
+    L, T, KVH, G, HD = 3, 80, kvh, g, hd
+    k = rng.standard_normal((L, T, KVH, HD)).astype(np_dtype)
+    v = rng.standard_normal((L, T, KVH, HD)).astype(np_dtype)
+    q = rng.standard_normal((KVH, G, HD)).astype(np.float32)
+
+    def run(q, kernels, **attrs):
+        fn = jax.jit(lambda q, k, v: apply(attention, [q, k, v], attrs, in_dtypes=["f32", dtype, dtype],
+                                           out_dtype="f32", mode="normal", guards=[], kernels=kernels))
+        text = fn.lower(q, k, v).as_text()
+        return np.asarray(fn(q, k, v)), "oi2jax_ggml_attention" in text
+    for layer, n, window in ((1, 29, None), (2, 40, 7), (0, 1, None), (2, 80, 67), (1, 70, None)):
+        attrs = {"layer": np.int32(layer), "valid": np.int32(n), "scale": 0.25}
+        if window is not None:
+            attrs["window"] = np.int32(window)
+        got, called = run(q, "ggml", **attrs)
+        assert called
+        lo = 0 if window is None else max(n - window, 0)
+        want, bound = _attention_ggml_ref(q, k[layer].astype(np.float32), v[layer].astype(np.float32),
+                                          np_dtype, n, lo, 0.25)
+        assert np.all(np.abs(got - want) <= bound), (layer, n, window, np.abs(got - want).max(), bound.min())
+        if dtype != "f32" and n - lo > 1:  # llama.cpp's arithmetic, not the exact one: q is rounded first
+            exact, _ = run(q, "jax", **attrs)
+            assert not np.array_equal(exact, got)
+        one_row, called = run(q[None], "ggml", **attrs)  # S=1 rows [1, KVH, G, HD]: a decode step's q
+        assert called and np.array_equal(one_row, got[None])
+    got, _ = run(q[:, 0, :], "ggml", layer=np.int32(1), valid=np.int32(29), scale=0.25)
+    want, bound = _attention_ggml_ref(q[:, :1, :], k[1].astype(np.float32), v[1].astype(np.float32), np_dtype,
+                                      29, 0, 0.25)
+    assert got.shape == (KVH, HD) and np.all(np.abs(got - want[:, 0, :]) <= bound[:, 0, :])
+    for attrs in ({"layer": np.int32(1), "valid": np.int32(29), "softcap": np.float32(5.0)},):
+        got, called = run(q, "ggml", **attrs)
+        exact, _ = run(q, "jax", **attrs)
+        assert not called and np.array_equal(got, exact)
+    rows = rng.standard_normal((4, KVH, G, HD)).astype(np.float32)  # S > 1 rows: the pure-JAX loop
+    got, called = run(rows, "ggml", layer=np.int32(1), valid=np.arange(26, 30, dtype=np.int32))
+    exact, _ = run(rows, "jax", layer=np.int32(1), valid=np.arange(26, 30, dtype=np.int32))
+    assert not called and np.array_equal(got, exact)
+
+
+@needs_ggml
+def test_ggml_attention_under_vmap_is_each_row_alone():
+    """A batch's slots (`Program.batch` vmaps the step): one handler call per slot, each equal to
+    that slot's call alone, bit for bit."""
+    from oi2jax.ops import apply, load
+    attention = {d.name: d for d in load(["nn"]).added()}["attention"]
+    rng = np.random.default_rng(12)
+    k = rng.standard_normal((3, 24, 2, 8)).astype(np.float16)
+    v = rng.standard_normal((3, 24, 2, 8)).astype(np.float16)
+    q = rng.standard_normal((4, 2, 2, 8)).astype(np.float32)
+    n = np.array([3, 24, 11, 1], np.int32)
+
+    def one(q, n):
+        return apply(attention, [q, k, v], {"layer": np.int32(2), "valid": n}, in_dtypes=["f32", "f16", "f16"],
+                     out_dtype="f32", mode="normal", guards=[], kernels="ggml")
+    batched = np.asarray(jax.jit(jax.vmap(one))(q, n))
+    for i in range(4):
+        np.testing.assert_array_equal(batched[i], np.asarray(jax.jit(one)(q[i], n[i])))

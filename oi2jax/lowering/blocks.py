@@ -60,7 +60,8 @@ def _op(node: ir.Op, env, frame, tr):
         out = op_calls.apply(tr.lowering.op_calls, sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
                              out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
                              out_shape=None if node.output in tr.lowering.shaped else sig.out_shape,
-                             precision=tr.lowering.precision, platform=tr.lowering.loop_policy.platform)
+                             precision=tr.lowering.precision, platform=tr.lowering.loop_policy.platform,
+                             kernels=tr.lowering.kernels)
     except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
         raise OiError(exc.message, node.span, source=tr.graph.source) from None
     for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)

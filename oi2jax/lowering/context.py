@@ -85,6 +85,7 @@ class Lowering:
     shaped: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     loop_policy: LoopPolicy = LoopPolicy()  # how `loop` lowers (lowering/loops.py)
     precision: str = "highest"  # float matmul precision (CompileOptions.precision; ops Ctx.precision)
+    kernels: str = "jax"  # the kernel set (CompileOptions.kernels; ops Ctx.kernels)
     # prefix tables held member by member (`W[0]`, `W[1]`, ...: loops.split_families under
     # `loop_policy`): every read of one is at static indices; the others are stacked
     split: frozenset = frozenset()

@@ -27,7 +27,8 @@ from .loops import LoopPolicy, split_families
 from .subbyte import unpack
 from .state import Env, PhaseIO, Shaped, commit
 
-def build_lowering(bound, loop_policy: LoopPolicy = LoopPolicy(), precision: str = "highest") -> Lowering:
+def build_lowering(bound, loop_policy: LoopPolicy = LoopPolicy(), precision: str = "highest",
+                   kernels: str = "jax") -> Lowering:
     """The `Lowering` of a checked and bound graph under `loop_policy` and the float matmul
     `precision` (CompileOptions): its cache layouts, grow slots and the families held member by
     member (loops.split_families)."""
@@ -36,7 +37,7 @@ def build_lowering(bound, loop_policy: LoopPolicy = LoopPolicy(), precision: str
     layouts = build_layouts(bound, grow_slots)
     lowering = Lowering(bound=bound, caches=MappingProxyType(layouts), growable=tuple(grow_slots),
                         shaped=MappingProxyType(dict(bound.checked.runtime_shaped)), loop_policy=loop_policy,
-                        precision=precision)
+                        precision=precision, kernels=kernels)
     return replace(lowering, split=frozenset(split_families(Tracer(lowering, {}), loop_policy)))
 
 

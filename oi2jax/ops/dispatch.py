@@ -57,7 +57,7 @@ def _full_attrs(spec: OpDef, attrs: dict, first: str) -> dict:
 
 
 def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guards: list | None = None,
-          out_shape=None, precision: str = "highest", platform: str = "cpu"):
+          out_shape=None, precision: str = "highest", platform: str = "cpu", kernels: str = "jax"):
     """The op's result in `out_dtype`'s representation. Works eagerly and under jit.
 
     `op`: an `OpDef` (what the checker typed the node against: `OpSig.op`), or a built-in's name.
@@ -66,7 +66,8 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guar
     receiving the kernel's runtime checks `(cond, message, value)` (`Ctx.fail_if`). `out_shape`:
     the shape the checker typed, which an added op's kernel must return. `precision`: the float
     matmul precision (`Ctx.precision`; the lowering passes its program's). `platform`: the JAX
-    platform the program is lowered for (`Ctx.platform`)."""
+    platform the program is lowered for (`Ctx.platform`). `kernels`: the program's kernel set
+    (`Ctx.kernels`: "ggml" lets an op call ggml's kernels, `kernels="ggml"`)."""
     if not isinstance(op, OpDef):
         spec = builtin_registry().get(op)
         if spec is None:
@@ -76,7 +77,7 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guar
     full = _full_attrs(spec, attrs, in_dtypes[0])
     if mode == "acc_rule":  # acc=[A, O] (SPEC-2026-03 §2)
         return accumulate.apply(spec, list(inputs), full, in_dtypes, out_dtype, precision)
-    ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards, precision, platform)
+    ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards, precision, platform, kernels)
     if spec.builtin:
         return spec.kernel(list(inputs), full, ctx)
     try:

@@ -99,6 +99,7 @@ class Ctx:
     guards: list | None = field(default=None, compare=False, repr=False)
     precision: str = "highest"  # the program's float matmul precision (CompileOptions.precision)
     platform: str = "cpu"  # the JAX platform the program is lowered for (LoopPolicy.platform)
+    kernels: str = "jax"  # the program's kernel set (CompileOptions.kernels): "ggml" opts into ggml's
 
     @property
     def dtype(self) -> str:

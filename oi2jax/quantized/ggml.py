@@ -5,15 +5,17 @@ Numerics are llama.cpp's, not oi2jax's exact default: each row of x is first rou
 block of 32 (or 256 for K-quants) values, the kind's `vec_dot_type` (Q8_0, Q8_1 or Q8_K), and the
 dot products are integer sums scaled per block (docs/semantics.md, "Quantized weights"; the bound
 tests/test_ggml_kernels.py asserts). Weights are placed as GGUF's raw blocks (`raw_tensor`), the
-bytes ggml reads, and nothing else.
+bytes ggml reads, and nothing else. The nn op `attention` of one query row (a decode step) runs
+through the handler's second function, which reads each filled K/V row once, with q rounded to the
+table's dtype as llama.cpp rounds it (`attention` below).
 
 ggml comes from the `llama-cpp-python` package (the benchmark extra: `pip install
 llama-cpp-python`, which builds llama.cpp from source and installs ggml's headers and shared
 libraries), or from a built ggml tree named by OI2JAX_GGML_DIR (its `include/` and the directory
-holding `libggml-cpu.so` and `libggml-base.so`: `lib/` or `build/src/`). The 80-line C++ handler
-`ggml_matvec.cc` is compiled once with the system C++ compiler (CXX, default g++) into the user
-cache's oi2jax/ggml ($XDG_CACHE_HOME, else ~/.cache), named by a hash of everything it was built
-from.
+holding `libggml-cpu.so` and `libggml-base.so`: `lib/` or `build/src/`). The C++ handler
+`ggml_matvec.cc` is compiled once with the system C++ compiler (CXX, default g++; -O3 -march=native)
+into the user cache's oi2jax/ggml ($XDG_CACHE_HOME, else ~/.cache), named by a hash of everything it
+was built from, the CPU's feature flags included.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ KERNELS = ("jax", "ggml")  # the `kernels=` choices: oi2jax's exact pure-JAX ker
 SOURCE = Path(__file__).with_name("ggml_matvec.cc")
 TARGET = "oi2jax_ggml_matvec"
 SYMBOL = "Oi2jaxGgmlMatvec"
+ATTENTION_TARGET = "oi2jax_ggml_attention"
+ATTENTION_SYMBOL = "Oi2jaxGgmlAttention"
 _LIBS = ("libggml-cpu.so", "libggml-base.so")
 _HEADERS = ("ggml.h", "ggml-cpu.h")
 _lock = threading.Lock()
@@ -83,22 +87,33 @@ def ggml_dirs() -> tuple[Path, Path]:
     return include, lib
 
 
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux's /proc/cpuinfo), part of the built handler's name: it is
+    compiled for the CPU it is built on, and a cache shared by other machines must not serve it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
 def library_path() -> tuple[Path, list[str]]:
     """Where the built handler lives and the compiler command that builds it (named by a hash of the
     source, the compiler, jax's FFI headers and ggml's headers and libraries)."""
     include, lib = ggml_dirs()
     cxx = os.environ.get("CXX", "g++")
     jax_include = jax.ffi.include_dir()
+    command = [cxx, "-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+               "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC", f"-I{jax_include}", f"-I{include}", str(SOURCE),
+               f"-L{lib}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{lib}"]
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
-    for part in (cxx, jax_include, jax.__version__, str(include), str(lib)):
+    for part in (*command, jax.__version__, _cpu_flags()):  # -march=native: built for this CPU
         key.update(part.encode() + b"\0")
     for f in [include / h for h in _HEADERS] + [lib / n for n in _LIBS]:
         st = f.stat()
         key.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
     target = user_cache_base() / "ggml" / f"libggml_matvec-{key.hexdigest()[:16]}.so"
-    command = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{jax_include}", f"-I{include}", str(SOURCE),
-               f"-L{lib}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{lib}"]
     return target, command
 
 
@@ -132,7 +147,8 @@ def _registered() -> str:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise OiError(f"kernels='ggml': cannot load {path}: {exc}") from None
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, SYMBOL)), platform="cpu")
+    for target, symbol in ((TARGET, SYMBOL), (ATTENTION_TARGET, ATTENTION_SYMBOL)):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return str(path)
 
 
@@ -153,3 +169,20 @@ def matvec(x, raw, kind: str):
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape[:-1] + (out,), jnp.float32),
                             vmap_method="expand_dims")
     return call(x, raw, type=int(GGMLQuantizationType[kind]))
+
+
+ATTENTION_TABLES = (jnp.float32, jnp.float16, jnp.bfloat16)  # the table dtypes the handler reads
+
+
+def attention(q, k, v, layer, lo, n, scale, softcap):
+    """One query row's attention over rows lo..n-1 of table `layer` of k/v ([L, T, KVH, HD], or
+    [T, KVH, HD] with layer 0), as llama.cpp computes a decode step's: q [KVH, G, HD] rounded to
+    the table's type for the scores (llama.cpp's row dot products), the softmax and the sum of the
+    V rows in f32 -> f32 [KVH, G, HD]. softcap <= 0: none. Under jax.vmap (a batch's slots), one
+    call per slot."""
+    ensure()
+    q = q.astype(jnp.float32)
+    meta = jnp.stack([jnp.asarray(x, jnp.int32).reshape(()) for x in (layer, lo, n)])
+    factors = jnp.stack([jnp.asarray(x, jnp.float32).reshape(()) for x in (scale, softcap)])
+    call = jax.ffi.ffi_call(ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential")
+    return call(q, k, v, meta, factors)

@@ -2,14 +2,20 @@
 // for W [out, in] in GGUF's raw blocks (or bf16/f16 rows), through ggml's own CPU kernels, as
 // llama.cpp computes it: `from_float` converts each row of x to the kind's vec_dot_type (Q8_0,
 // Q8_1, Q8_K; BF16, F16), `vec_dot` is llama.cpp's row dot product. A large product's rows are
-// split over XLA's intra-op thread pool.
+// split over XLA's intra-op thread pool. A second function, `Attention`, is one query row's
+// attention over a K/V cache (a decode step's), in llama.cpp's arithmetic.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -86,3 +92,307 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Oi2jaxGgmlMatvec, Matvec,
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("type"));
+
+// `n` values of a table row in f32: the row itself (f32), or widened into `buf` (f16, bf16)
+static const float* widen(ggml_type t, const uint8_t* src, float* buf, int64_t n) {
+  if (t == GGML_TYPE_F16)
+    ggml_cpu_fp16_to_fp32(reinterpret_cast<const ggml_fp16_t*>(src), buf, n);
+  else if (t == GGML_TYPE_BF16)
+    ggml_bf16_to_fp32_row(reinterpret_cast<const ggml_bf16_t*>(src), buf, n);
+  else
+    return reinterpret_cast<const float*>(src);
+  return buf;
+}
+
+// each row of s [rows, len] to exp(s - its max) in place, its sum to `sums`
+static void softmax_rows(float* s, int64_t rows, int64_t len, float* sums) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* si = s + i * len;
+    float top = -INFINITY;
+    for (int64_t p = 0; p < len; ++p) top = std::max(top, si[p]);
+    float total = 0;
+    for (int64_t p = 0; p < len; ++p) total += (si[p] = std::exp(si[p] - top));
+    sums[i] = total;
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// The AVX2 form of the handler's attention (docs/performance.md, "Attention through ggml"), for HD a
+// multiple of 64. What sets its speed is the memory walk: the filled rows are read in memory order,
+// in blocks of 8 (scores) and 32 (values) positions, the next block prefetched, each K and V row
+// widened to f32 once for the G query heads that share it. Scores: 8 positions' dot products summed
+// across lanes at once; softmax with an 8-lane exp; the weighted V sum in registers per block.
+static constexpr int64_t kMaxHeads = 128;  // query heads of one row the fast form takes (scratch on the stack)
+
+struct LoadF16 {
+  static __m256 at(const uint8_t* row, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i * 2)));
+  }
+};
+struct LoadBF16 {
+  static __m256 at(const uint8_t* row, int64_t i) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i * 2))), 16));
+  }
+};
+struct LoadF32 {
+  static __m256 at(const uint8_t* row, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+};
+
+// exp(x) of 8 lanes for x <= 0 (a score minus its row's max): x = k ln2 + r with |r| <= ln2/2 (Cody
+// and Waite's two-constant reduction), exp(r) by Cephes' degree-6 polynomial for expf, times 2^k;
+// within 1.3 ulp of exp on [-87, 0] (measured). x below -87.33 (exp under f32's normal range) gives
+// 0, -inf gives 0, NaN stays NaN.
+static inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(lo, x);  // NaN passes (max returns its second operand when one is NaN)
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// lane i of the result: the sum of the 8 lanes of a[i]
+static inline __m256 sum_lanes8(const float* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_load_ps(a), _mm256_load_ps(a + 8));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_load_ps(a + 16), _mm256_load_ps(a + 24));
+  const __m256 t2 = _mm256_hadd_ps(_mm256_load_ps(a + 32), _mm256_load_ps(a + 40));
+  const __m256 t3 = _mm256_hadd_ps(_mm256_load_ps(a + 48), _mm256_load_ps(a + 56));
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline void prefetch_rows(const uint8_t* base, int64_t from, int64_t to, int64_t len, size_t pitch) {
+  to = std::min(to, len);
+  if (from >= to) return;
+  for (const uint8_t *a = base + from * pitch, *b = base + to * pitch; a < b; a += 64) _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+}
+
+// out[j] += sum over positions p0..p1-1 of w[j][p] V[p] for GJ query heads j of KV head h; their
+// sums over one block kept in registers, 32 values at a time
+template <class Load, int GJ>
+static void weighted_rows(const uint8_t* vh, size_t pitch, int64_t hd, const float* w, int64_t len, int64_t p0, int64_t p1, float* out) {
+  for (int64_t c0 = 0; c0 < hd; c0 += 32) {
+    __m256 acc[GJ][4];
+    for (int j = 0; j < GJ; ++j)
+      for (int c = 0; c < 4; ++c) acc[j][c] = _mm256_setzero_ps();
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* v = vh + p * pitch;
+      const __m256 v0 = Load::at(v, c0), v1 = Load::at(v, c0 + 8), v2 = Load::at(v, c0 + 16), v3 = Load::at(v, c0 + 24);
+      for (int j = 0; j < GJ; ++j) {
+        const __m256 wj = _mm256_broadcast_ss(w + j * len + p);
+        acc[j][0] = _mm256_fmadd_ps(wj, v0, acc[j][0]);
+        acc[j][1] = _mm256_fmadd_ps(wj, v1, acc[j][1]);
+        acc[j][2] = _mm256_fmadd_ps(wj, v2, acc[j][2]);
+        acc[j][3] = _mm256_fmadd_ps(wj, v3, acc[j][3]);
+      }
+    }
+    for (int j = 0; j < GJ; ++j)
+      for (int c = 0; c < 4; ++c) {
+        float* o = out + j * hd + c0 + c * 8;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[j][c]));
+      }
+  }
+}
+
+// q [KVH, G, HD] (f32, already rounded as the handler rounds it); K and V: the first filled row of the
+// layer's table; s [heads, len] scratch; sums [heads]; o [heads, HD] zeroed: the unnormalised sums
+template <class Load>
+static void attention_avx2(const float* q, const uint8_t* K, const uint8_t* V, int64_t kvh, int64_t g, int64_t hd, int64_t len,
+                           size_t pitch, float scale, float cap, float* s, float* sums, float* o) {
+  const int64_t heads = kvh * g;
+  const size_t hpitch = pitch / kvh;  // bytes from one KV head's part of a row to the next
+  alignas(32) float part[kMaxHeads * 64];  // [head][position of the block][8 lanes]
+  const __m256 sc = _mm256_set1_ps(scale);
+  prefetch_rows(K, 0, 16, len, pitch);
+  for (int64_t p = 0; p < len; p += 8) {
+    const int64_t rows = std::min<int64_t>(8, len - p);
+    prefetch_rows(K, p + 16, p + 24, len, pitch);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < kvh; ++h) {
+        const uint8_t* k = K + (p + r) * pitch + h * hpitch;
+        for (int64_t c0 = 0; c0 < hd; c0 += 64) {
+          const __m256 k0 = Load::at(k, c0), k1 = Load::at(k, c0 + 8), k2 = Load::at(k, c0 + 16), k3 = Load::at(k, c0 + 24),
+                       k4 = Load::at(k, c0 + 32), k5 = Load::at(k, c0 + 40), k6 = Load::at(k, c0 + 48), k7 = Load::at(k, c0 + 56);
+          for (int64_t j = 0; j < g; ++j) {
+            const float* a = q + (h * g + j) * hd + c0;
+            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(a), k0), y = _mm256_mul_ps(_mm256_loadu_ps(a + 8), k1);
+            x = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), k2, x);
+            y = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), k3, y);
+            x = _mm256_fmadd_ps(_mm256_loadu_ps(a + 32), k4, x);
+            y = _mm256_fmadd_ps(_mm256_loadu_ps(a + 40), k5, y);
+            x = _mm256_fmadd_ps(_mm256_loadu_ps(a + 48), k6, x);
+            y = _mm256_fmadd_ps(_mm256_loadu_ps(a + 56), k7, y);
+            float* dst = part + ((h * g + j) * 8 + r) * 8;
+            const __m256 xy = _mm256_add_ps(x, y);
+            _mm256_store_ps(dst, c0 == 0 ? xy : _mm256_add_ps(_mm256_load_ps(dst), xy));
+          }
+        }
+      }
+    for (int64_t r = rows; r < 8; ++r)
+      for (int64_t i = 0; i < heads; ++i) _mm256_store_ps(part + (i * 8 + r) * 8, _mm256_setzero_ps());
+    for (int64_t i = 0; i < heads; ++i) {
+      alignas(32) float d[8];
+      _mm256_store_ps(d, _mm256_mul_ps(sum_lanes8(part + i * 64), sc));
+      for (int64_t r = 0; r < rows; ++r) s[i * len + p + r] = cap > 0 ? std::tanh(d[r] / cap) * cap : d[r];
+    }
+  }
+  prefetch_rows(V, 0, 32, len, pitch);
+  for (int64_t i = 0; i < heads; ++i) {  // softmax numerators in place, their sums
+    float* si = s + i * len;
+    float top = -INFINITY;
+    int64_t p = 0;
+    if (len >= 8) {
+      __m256 m8 = _mm256_loadu_ps(si);
+      for (p = 8; p + 8 <= len; p += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(si + p));
+      alignas(32) float m[8];
+      _mm256_store_ps(m, m8);
+      for (int c = 0; c < 8; ++c) top = std::max(top, m[c]);
+    }
+    for (; p < len; ++p) top = std::max(top, si[p]);
+    const __m256 t8 = _mm256_set1_ps(top);
+    __m256 acc = _mm256_setzero_ps();
+    for (p = 0; p + 8 <= len; p += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + p), t8));
+      _mm256_storeu_ps(si + p, e);
+      acc = _mm256_add_ps(acc, e);
+    }
+    alignas(32) float a8[8];
+    _mm256_store_ps(a8, acc);
+    float total = 0;
+    for (int c = 0; c < 8; ++c) total += a8[c];
+    if (p < len) {
+      alignas(32) float tail[8] = {0};
+      for (int64_t r = p; r < len; ++r) tail[r - p] = si[r] - top;
+      _mm256_store_ps(tail, exp8(_mm256_load_ps(tail)));
+      for (int64_t r = p; r < len; ++r) total += (si[r] = tail[r - p]);
+    }
+    sums[i] = total;
+  }
+  constexpr int64_t kBlock = 32;
+  for (int64_t p0 = 0; p0 < len; p0 += kBlock) {
+    const int64_t p1 = std::min(p0 + kBlock, len);
+    prefetch_rows(V, p0 + kBlock, p0 + 2 * kBlock, len, pitch);
+    for (int64_t h = 0; h < kvh; ++h)
+      for (int64_t j = 0; j < g; j += 3) {
+        const uint8_t* vh = V + h * hpitch;
+        const float* w = s + (h * g + j) * len;
+        float* out = o + (h * g + j) * hd;
+        switch (std::min<int64_t>(3, g - j)) {
+          case 1: weighted_rows<Load, 1>(vh, pitch, hd, w, len, p0, p1, out); break;
+          case 2: weighted_rows<Load, 2>(vh, pitch, hd, w, len, p0, p1, out); break;
+          default: weighted_rows<Load, 3>(vh, pitch, hd, w, len, p0, p1, out); break;
+        }
+      }
+  }
+}
+#endif
+
+// Attention of one query row over the filled rows lo..n-1 of a K/V table [L, T, KVH, HD] (or
+// [T, KVH, HD]) in f32, f16 or bf16, in llama.cpp's arithmetic for a decode step's attention:
+// each query head rounded to the table's type (`from_float`, llama.cpp's vec_dot_type), its scores
+// the f32 dot products with the rows of its KV head (widened to f32 exactly), times `scale`,
+// soft-capped when `softcap` > 0; the softmax and the weighted sum of the V rows in f32.
+// Each K and V row is read once for the G query heads that share it. q and out [KVH, G, HD];
+// meta i32 [3] = (layer, lo, n), runtime values (the caller's guards check them; clamped here so
+// a bad one never reads outside the table); factors f32 [2] = (scale, softcap).
+static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> meta,
+                           ffi::Buffer<ffi::F32> factors, ffi::ResultBuffer<ffi::F32> out) {
+  (void)kInit;
+  const auto kd = k.dimensions();
+  if ((kd.size() != 3 && kd.size() != 4) || k.element_type() != v.element_type() || v.dimensions().size() != kd.size())
+    return ffi::Error::InvalidArgument("ggml_attention: k and v must be tables [T, KVH, HD] or [L, T, KVH, HD] of one type");
+  ggml_type t;
+  switch (k.element_type()) {
+    case ffi::DataType::F32: t = GGML_TYPE_F32; break;
+    case ffi::DataType::F16: t = GGML_TYPE_F16; break;
+    case ffi::DataType::BF16: t = GGML_TYPE_BF16; break;
+    default: return ffi::Error::InvalidArgument("ggml_attention: the table must be f32, f16 or bf16");
+  }
+  const int64_t layers = kd.size() == 4 ? kd[0] : 1, rows = kd[kd.size() - 3], kvh = kd[kd.size() - 2],
+                hd = kd.back();
+  if (rows == 0 || kvh == 0 || hd == 0 || q.element_count() % (kvh * hd) != 0 || out->element_count() != q.element_count() ||
+      meta.element_count() != 3 || factors.element_count() != 2)
+    return ffi::Error::InvalidArgument("ggml_attention: q and out must be [KVH, G, HD] of the table's KVH and HD");
+  const int64_t g = q.element_count() / (kvh * hd);
+  const int32_t* m = meta.typed_data();
+  const int64_t layer = std::clamp<int64_t>(m[0], 0, layers - 1);
+  const int64_t n = std::clamp<int64_t>(m[2], 0, rows), lo = std::clamp<int64_t>(m[1], 0, n), len = n - lo;
+  const float scale = factors.typed_data()[0], cap = factors.typed_data()[1];
+  const auto* traits = ggml_get_type_traits_cpu(t);
+  const auto* qtraits = ggml_get_type_traits_cpu(traits->vec_dot_type);
+  const size_t qrow = ggml_row_size(traits->vec_dot_type, hd), esize = ggml_type_size(t);
+  const size_t pitch = static_cast<size_t>(kvh * hd) * esize;  // bytes from one position's row to the next
+  const auto* kp = static_cast<const uint8_t*>(k.untyped_data()) + static_cast<size_t>(layer * rows) * pitch;
+  const auto* vp = static_cast<const uint8_t*>(v.untyped_data()) + static_cast<size_t>(layer * rows) * pitch;
+  // the rows are read in memory order, all KV heads of a position at once (a strided walk over
+  // one head's rows at a time measured 2-3x slower: each row a cache miss the prefetcher missed);
+  // a position's K row widened to f32 once, then the G query heads' dots of each KV head. With
+  // AVX2, HD a multiple of 64: attention_avx2 above; otherwise the plain loops below.
+  const int64_t heads = kvh * g;  // query heads, [KVH, G] order
+  std::vector<float> qs(heads * hd), row(kvh * hd), s(static_cast<size_t>(heads * len)), sums(heads);
+  for (int64_t i = 0; i < heads * hd; ++i) qs[i] = q.typed_data()[i];
+  if (t != GGML_TYPE_F32) {  // rounded to the table's type, as llama.cpp's vec_dot_type
+    std::vector<uint8_t> qv(qrow);
+    for (int64_t i = 0; i < heads; ++i) {
+      qtraits->from_float(qs.data() + i * hd, qv.data(), hd);
+      widen(t, qv.data(), qs.data() + i * hd, hd);
+    }
+  }
+  float* o = out->typed_data();
+  std::fill(o, o + heads * hd, 0.0f);
+  // scores s [heads, len]: head i's row contiguous for the softmax
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (hd % 64 == 0 && heads <= kMaxHeads) {
+    switch (t) {
+      case GGML_TYPE_F16: attention_avx2<LoadF16>(qs.data(), kp + lo * pitch, vp + lo * pitch, kvh, g, hd, len, pitch, scale, cap, s.data(), sums.data(), o); break;
+      case GGML_TYPE_BF16: attention_avx2<LoadBF16>(qs.data(), kp + lo * pitch, vp + lo * pitch, kvh, g, hd, len, pitch, scale, cap, s.data(), sums.data(), o); break;
+      default: attention_avx2<LoadF32>(qs.data(), kp + lo * pitch, vp + lo * pitch, kvh, g, hd, len, pitch, scale, cap, s.data(), sums.data(), o); break;
+    }
+  } else
+#endif
+  {
+    for (int64_t p = 0; p < len; ++p) {
+      const float* kf = widen(t, kp + (lo + p) * pitch, row.data(), kvh * hd);
+      for (int64_t i = 0; i < heads; ++i) {
+        const float* a = qs.data() + i * hd;
+        const float* b = kf + (i / g) * hd;
+        float x = 0;
+        for (int64_t d = 0; d < hd; ++d) x += a[d] * b[d];
+        x *= scale;
+        s[i * len + p] = cap > 0 ? std::tanh(x / cap) * cap : x;
+      }
+    }
+    softmax_rows(s.data(), heads, len, sums.data());
+    for (int64_t p = 0; p < len; ++p) {
+      const float* vf = widen(t, vp + (lo + p) * pitch, row.data(), kvh * hd);
+      for (int64_t i = 0; i < heads; ++i) {
+        const float w = s[i * len + p];
+        const float* vh = vf + (i / g) * hd;
+        float* oi = o + i * hd;
+        for (int64_t d = 0; d < hd; ++d) oi[d] += w * vh[d];
+      }
+    }
+  }
+  for (int64_t i = 0; i < heads; ++i)
+    for (int64_t d = 0; d < hd; ++d) o[i * hd + d] /= sums[i];  // 0 / 0 = NaN where no row is read
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Oi2jaxGgmlAttention, Attention,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -88,7 +88,8 @@ class Program:
             raise OiError(f"kernels='ggml' runs on the CPU; this program's device is {self._platform()} "
                           f"(use kernels='jax' there)")
         with self.scope():
-            lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision)
+            lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision,
+                                      options.kernels)
             builder = StepBuilder(lowering)
             try:
                 consts, defaults = self._place(bound, lowering, builder, shared)

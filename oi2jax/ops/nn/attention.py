@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ...quantized import ggml
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
@@ -196,6 +197,12 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
     sc = float_attr(scale, ctx.dtype)
     cap = None if softcap is None else float_attr(softcap, ctx.dtype)
 
+    if (ctx.kernels == "ggml" and not ctx.accelerator and qg.shape[0] == 1 and cap is None and ct == jnp.float32
+            and k.dtype == v.dtype and k.dtype in ggml.ATTENTION_TABLES):
+        # kernels="ggml": one query row (a decode step's, S=1 included) through the handler that reads
+        # each filled K/V row once, in memory order (docs/performance.md, "Attention through ggml")
+        out = ggml.attention(qg[0], k, v, lead[0] if lead else 0, lo[0], n[0], sc, 0.0)
+        return N.store(out[None] if q.ndim == 4 else out if q.ndim == 3 else out[:, 0, :], ctx.out_dtype)
     # heads first: [KVH, S*G, HD] against a block [KVH, b, HD], one batched matmul per kv head
     rows_n, groups = qg.shape[0], qg.shape[2]
     qh = jnp.transpose(qg, (1, 0, 2, 3)).reshape(kvh, rows_n * groups, hd)
