@@ -115,7 +115,8 @@ def test_ggml_linear_is_llama_cpps_arithmetic(kind, rows):
 @needs_ggml
 def test_a_large_product_splits_its_rows_over_the_pool_with_the_same_values():
     """Two rows of a 17 MB Q8_0 weight (past the handler's 32 MB of row work: rows split over XLA's
-    thread pool) equal each row's own product (one row: not split) bit for bit, and llama.cpp's."""
+    thread pool) equal each row's own product (one row: shared with the spinning helper threads
+    where the machine has more than one CPU) bit for bit, and llama.cpp's."""
     raw, shape, w = _weight("Q8_0", out=4096, blocks=128, seed=9)
     q = jax.device_put(Q.raw_tensor("Q8_0", raw, shape))
     xs = np.random.default_rng(10).standard_normal((2, shape[1])).astype(np.float32)
@@ -124,6 +125,46 @@ def test_a_large_product_splits_its_rows_over_the_pool_with_the_same_values():
     np.testing.assert_array_equal(both, alone)
     want, bound = _llama_cpp(raw, "Q8_0", w, xs)
     assert np.all(np.abs(both - want) <= bound)
+
+
+@needs_ggml
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_helper_threads_share_a_product_with_the_same_values(kind):
+    """A decode step's product (one row, 40-68 KB of weight bytes: past the handler's 32 KB) shared
+    with 0, 1 and 3 spinning helper threads (`Oi2jaxGgmlSetThreads`, what OI2JAX_GGML_THREADS sets)
+    is the same bit for bit, over repeated calls: each output row is one thread's row dot product,
+    whoever computes it; and llama.cpp's."""
+    import ctypes
+    lib = ctypes.CDLL(str(ggml.build()))  # the loaded handler (dlopen returns the same library)
+    raw, shape, w = _weight(kind, out=1000, blocks=2, seed=21)
+    q = jax.device_put(Q.raw_tensor(kind, raw, shape))
+    x = np.random.default_rng(22).standard_normal((1, shape[1])).astype(np.float32)
+    fn = jax.jit(Q.linear)
+    got = {}
+    try:
+        for n in (1, 2, 4):
+            lib.Oi2jaxGgmlSetThreads(ctypes.c_int(n))
+            assert lib.Oi2jaxGgmlHelpers() == n - 1
+            got[n] = [np.asarray(fn(jnp.asarray(x), q)) for _ in range(20)]
+    finally:
+        lib.Oi2jaxGgmlSetThreads(ctypes.c_int(ggml.threads()))
+    for n, ys in got.items():
+        for y in ys:
+            np.testing.assert_array_equal(y, got[1][0])
+    want, bound = _llama_cpp(raw, kind, w, x)
+    assert np.all(np.abs(got[1][0] - want) <= bound)
+
+
+def test_ggml_threads_come_from_the_environment_or_the_cpus():
+    """OI2JAX_GGML_THREADS: a positive integer, else an error naming the variable (never ignored);
+    unset or empty: the CPUs this process may run on."""
+    assert ggml.threads({"OI2JAX_GGML_THREADS": "3"}) == 3
+    assert ggml.threads({"OI2JAX_GGML_THREADS": " 1 "}) == 1
+    assert ggml.threads({}) == len(os.sched_getaffinity(0)) >= 1
+    assert ggml.threads({"OI2JAX_GGML_THREADS": ""}) == ggml.threads({})
+    for bad in ("0", "-2", "two", "1.5", "2000"):
+        with pytest.raises(OiError, match=r"OI2JAX_GGML_THREADS='.*': expected the number of threads"):
+            ggml.threads({"OI2JAX_GGML_THREADS": bad})
 
 
 @needs_ggml

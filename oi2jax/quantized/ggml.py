@@ -149,7 +149,31 @@ def _registered() -> str:
         raise OiError(f"kernels='ggml': cannot load {path}: {exc}") from None
     for target, symbol in ((TARGET, SYMBOL), (ATTENTION_TARGET, ATTENTION_SYMBOL)):
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    lib.Oi2jaxGgmlSetThreads(ctypes.c_int(threads()))
     return str(path)
+
+
+THREADS_ENV = "OI2JAX_GGML_THREADS"
+
+
+def threads(environ=os.environ) -> int:
+    """The threads a decode step's product may use, the calling one included (the handler's spinning
+    helpers are this minus one): `OI2JAX_GGML_THREADS` when set (a positive integer), else the
+    CPUs this process may run on (as llama.cpp's default uses the machine's cores)."""
+    text = environ.get(THREADS_ENV)
+    if text is None or not text.strip():
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):  # not Linux
+            return max(1, os.cpu_count() or 1)
+    try:
+        n = int(text.strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 1024:
+        raise OiError(f"{THREADS_ENV}={text!r}: expected the number of threads for kernels='ggml', an integer "
+                      f"from 1 to 1024 (1: the calling thread only)")
+    return n
 
 
 def ensure() -> str:

@@ -9,11 +9,16 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#if defined(__AVX2__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
@@ -25,6 +30,75 @@ namespace ffi = xla::ffi;
 
 static const bool kInit = (ggml_cpu_init(), true);
 static constexpr double kSplitBytes = 32.0 * (1 << 20);  // weight bytes x rows from which rows are split
+
+// Helper threads for a decode step's small products, llama.cpp's way: its worker threads spin
+// between ops, so a product of 20-100 us can be shared. XLA's pool sleeps between calls and wakes
+// too late for one (docs/performance.md, "Helper threads"). `Oi2jaxGgmlSetThreads(n)` (ggml.py
+// calls it when it loads the library) sets the threads a product may use, the calling one
+// included: n - 1 helpers, started on first use. A posted product is run by every active helper,
+// each claiming chunks of rows from the product's counter; one that wakes late finds none left.
+// Each output row is one thread's `vec_dot`, so the result is the same whoever computes it.
+static constexpr double kHelperBytes = 32.0 * 1024;  // weight bytes x rows from which helpers join
+static constexpr auto kSpin = std::chrono::microseconds(300);  // a helper's spin before it sleeps
+
+class Helpers {
+ public:
+  static Helpers& get() {
+    static Helpers* h = new Helpers();  // never destroyed: its threads outlive static destructors
+    return *h;
+  }
+  void set_threads(int n) {
+    std::lock_guard<std::mutex> lk(m_);
+    active_.store(std::max(n, 1) - 1);
+    while (static_cast<int>(started_) < active_.load()) {
+      const int index = started_++;
+      std::thread([this, index] { loop(index); }).detach();
+    }
+  }
+  int helpers() const { return active_.load(std::memory_order_relaxed); }
+  void post(std::function<void()> work) {
+    std::lock_guard<std::mutex> lk(m_);
+    job_ = std::move(work);
+    seq_.fetch_add(1, std::memory_order_release);
+    if (sleeping_ > 0) cv_.notify_all();
+  }
+
+ private:
+  void loop(int index) {
+    uint64_t seen = seq_.load();
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      while (seq_.load(std::memory_order_acquire) == seen) {
+#if defined(__x86_64__) || defined(__i386__)
+        _mm_pause();
+#endif
+        if (std::chrono::steady_clock::now() - start > kSpin) {
+          std::unique_lock<std::mutex> lk(m_);
+          ++sleeping_;
+          cv_.wait(lk, [&] { return seq_.load() != seen; });
+          --sleeping_;
+          break;
+        }
+      }
+      std::function<void()> job;
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        job = job_;
+        seen = seq_.load();
+      }
+      if (job && index < active_.load()) job();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int> active_{0};
+  int started_ = 0, sleeping_ = 0;
+};
+
+extern "C" void Oi2jaxGgmlSetThreads(int n) { Helpers::get().set_threads(n); }
+extern "C" int Oi2jaxGgmlHelpers() { return Helpers::get().helpers(); }
 
 static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                          ffi::ResultBuffer<ffi::F32> y, int64_t type) {
@@ -72,14 +146,17 @@ static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
       st->done.fetch_add(1);
     }
   };
-  // W's rows are split over XLA's pool only for a large product (several rows of a large weight):
-  // inside a decode step the pool's other thread sleeps between calls and joins too late to help
-  // a small one, and the same step measured faster unsplit (docs/performance.md)
-  const int64_t helpers = static_cast<double>(out) * wrow * rows >= kSplitBytes ? pool.num_threads() : 0;
+  // W's rows are split over XLA's pool for a large product (several rows of a large weight); a
+  // smaller one from 32 KB over the spinning helpers: inside a decode step the pool's other
+  // thread sleeps between calls and joins too late to help (docs/performance.md)
+  const double bytes = static_cast<double>(out) * wrow * rows;
+  const int64_t helpers = bytes >= kSplitBytes ? pool.num_threads() : 0;
   for (int64_t p = 0; p < helpers && p + 1 < chunks; ++p) {
     auto task = work;
     pool.Schedule(std::move(task));
   }
+  if (helpers == 0 && chunks > 1 && bytes >= kHelperBytes && Helpers::get().helpers() > 0)
+    Helpers::get().post(work);  // a decode step's product: the spinning helpers share it
   work();
   while (st->done.load() < chunks) std::this_thread::yield();
   return ffi::Error::Success();
