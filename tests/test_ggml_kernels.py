@@ -155,6 +155,42 @@ def test_helper_threads_share_a_product_with_the_same_values(kind):
     assert np.all(np.abs(got[1][0] - want) <= bound)
 
 
+@needs_ggml
+def test_ggml_attention_in_chunks_is_the_same_whoever_runs_them():
+    """A long decode row's attention (n = 333 rows: 6 chunks of 64 positions, each chunk's softmax
+    against its own max, merged in chunk order) shared with 0, 1 and 3 helper threads is the same bit
+    for bit over repeated calls, and within the f32 rounding bound of the float64 reference (a
+    window of 200 rows too)."""
+    import ctypes
+    from oi2jax.ops import apply, load
+    lib = ctypes.CDLL(str(ggml.build()))
+    attention = {d.name: d for d in load(["nn"]).added()}["attention"]
+    rng = np.random.default_rng(31)
+    k = rng.standard_normal((2, 400, 3, 64)).astype(np.float16)
+    v = rng.standard_normal((2, 400, 3, 64)).astype(np.float16)
+    q = (2 * rng.standard_normal((1, 3, 3, 64))).astype(np.float32)
+    for window in (None, 200):
+        attrs = {"layer": np.int32(1), "valid": np.int32(333), "scale": 0.125}
+        if window is not None:
+            attrs["window"] = np.int32(window)
+        fn = jax.jit(lambda q: apply(attention, [q, k, v], attrs, in_dtypes=["f32", "f16", "f16"], out_dtype="f32",
+                                     mode="normal", guards=[], kernels="ggml"))
+        got = {}
+        try:
+            for n in (1, 2, 4):
+                lib.Oi2jaxGgmlSetThreads(ctypes.c_int(n))
+                got[n] = [np.asarray(fn(q)) for _ in range(10)]
+        finally:
+            lib.Oi2jaxGgmlSetThreads(ctypes.c_int(ggml.threads()))
+        for ys in got.values():
+            for y in ys:
+                np.testing.assert_array_equal(y, got[1][0])
+        lo = 0 if window is None else 333 - window
+        want, bound = _attention_ggml_ref(q[0], k[1].astype(np.float32), v[1].astype(np.float32), np.float16, 333,
+                                          lo, 0.125)
+        assert np.all(np.abs(got[1][0][0] - want) <= bound), np.abs(got[1][0][0] - want).max()
+
+
 def test_ggml_threads_come_from_the_environment_or_the_cpus():
     """OI2JAX_GGML_THREADS: a positive integer, else an error naming the variable (never ignored);
     unset or empty: the CPUs this process may run on."""

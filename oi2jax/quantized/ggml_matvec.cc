@@ -200,6 +200,7 @@ static void softmax_rows(float* s, int64_t rows, int64_t len, float* sums) {
 // widened to f32 once for the G query heads that share it. Scores: 8 positions' dot products summed
 // across lanes at once; softmax with an 8-lane exp; the weighted V sum in registers per block.
 static constexpr int64_t kMaxHeads = 128;  // query heads of one row the fast form takes (scratch on the stack)
+static constexpr int64_t kChunk = 64;  // positions a chunk: the unit of work the helper threads share
 
 struct LoadF16 {
   static __m256 at(const uint8_t* row, int64_t i) {
@@ -281,11 +282,12 @@ static void weighted_rows(const uint8_t* vh, size_t pitch, int64_t hd, const flo
   }
 }
 
-// q [KVH, G, HD] (f32, already rounded as the handler rounds it); K and V: the first filled row of the
-// layer's table; s [heads, len] scratch; sums [heads]; o [heads, HD] zeroed: the unnormalised sums
+// q [KVH, G, HD] (f32, already rounded as the handler rounds it); K and V: the first of `len` rows of
+// the layer's table; s [heads, len] scratch; o [heads, HD] zeroed: the sums of the V rows weighted by
+// exp(score - tops[i]), sums[i] the sum of those weights, tops[i] head i's largest score
 template <class Load>
 static void attention_avx2(const float* q, const uint8_t* K, const uint8_t* V, int64_t kvh, int64_t g, int64_t hd, int64_t len,
-                           size_t pitch, float scale, float cap, float* s, float* sums, float* o) {
+                           size_t pitch, float scale, float cap, float* s, float* sums, float* o, float* tops) {
   const int64_t heads = kvh * g;
   const size_t hpitch = pitch / kvh;  // bytes from one KV head's part of a row to the next
   alignas(32) float part[kMaxHeads * 64];  // [head][position of the block][8 lanes]
@@ -354,6 +356,7 @@ static void attention_avx2(const float* q, const uint8_t* K, const uint8_t* V, i
       for (int64_t r = p; r < len; ++r) total += (si[r] = tail[r - p]);
     }
     sums[i] = total;
+    tops[i] = top;
   }
   constexpr int64_t kBlock = 32;
   for (int64_t p0 = 0; p0 < len; p0 += kBlock) {
@@ -430,10 +433,48 @@ static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyB
   // scores s [heads, len]: head i's row contiguous for the softmax
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (hd % 64 == 0 && heads <= kMaxHeads) {
-    switch (t) {
-      case GGML_TYPE_F16: attention_avx2<LoadF16>(qs.data(), kp + lo * pitch, vp + lo * pitch, kvh, g, hd, len, pitch, scale, cap, s.data(), sums.data(), o); break;
-      case GGML_TYPE_BF16: attention_avx2<LoadBF16>(qs.data(), kp + lo * pitch, vp + lo * pitch, kvh, g, hd, len, pitch, scale, cap, s.data(), sums.data(), o); break;
-      default: attention_avx2<LoadF32>(qs.data(), kp + lo * pitch, vp + lo * pitch, kvh, g, hd, len, pitch, scale, cap, s.data(), sums.data(), o); break;
+    // the rows in chunks of kChunk positions, each chunk's softmax against its own max, merged in
+    // chunk order: the same arithmetic whoever runs a chunk (the caller or a spinning helper), so
+    // the result does not depend on the threads
+    const int64_t chunks = (len + kChunk - 1) / kChunk;
+    std::vector<float> tops(chunks * heads), csums(chunks * heads), co(chunks * heads * hd, 0.0f);
+    const float* qp = qs.data();
+    auto chunk = [&, qp](int64_t c) {
+      const int64_t r0 = c * kChunk, rows_c = std::min(len, r0 + kChunk) - r0;
+      std::vector<float> sc(static_cast<size_t>(heads * rows_c));
+      const uint8_t *kc = kp + (lo + r0) * pitch, *vc = vp + (lo + r0) * pitch;
+      float *sm = csums.data() + c * heads, *oc = co.data() + c * heads * hd, *tc = tops.data() + c * heads;
+      switch (t) {
+        case GGML_TYPE_F16: attention_avx2<LoadF16>(qp, kc, vc, kvh, g, hd, rows_c, pitch, scale, cap, sc.data(), sm, oc, tc); break;
+        case GGML_TYPE_BF16: attention_avx2<LoadBF16>(qp, kc, vc, kvh, g, hd, rows_c, pitch, scale, cap, sc.data(), sm, oc, tc); break;
+        default: attention_avx2<LoadF32>(qp, kc, vc, kvh, g, hd, rows_c, pitch, scale, cap, sc.data(), sm, oc, tc); break;
+      }
+    };
+    struct State {
+      std::atomic<int64_t> next{0}, done{0};
+    };
+    auto st = std::make_shared<State>();
+    std::function<void(int64_t)> run = chunk;
+    auto work = [st, chunks, run] {  // a helper that wakes late claims nothing: `run` is not called
+      for (int64_t c; (c = st->next.fetch_add(1)) < chunks;) {
+        run(c);
+        st->done.fetch_add(1);
+      }
+    };
+    if (chunks > 1 && Helpers::get().helpers() > 0) Helpers::get().post(work);
+    work();
+    while (st->done.load() < chunks) std::this_thread::yield();
+    for (int64_t i = 0; i < heads; ++i) {
+      float top = -INFINITY;
+      for (int64_t c = 0; c < chunks; ++c) top = std::max(top, tops[c * heads + i]);
+      float total = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float f = std::exp(tops[c * heads + i] - top);
+        total += csums[c * heads + i] * f;
+        const float* oc = co.data() + (c * heads + i) * hd;
+        for (int64_t d = 0; d < hd; ++d) o[i * hd + d] += oc[d] * f;
+      }
+      sums[i] = total;
     }
   } else
 #endif
