@@ -35,7 +35,7 @@ static constexpr double kSplitBytes = 32.0 * (1 << 20);  // weight bytes x rows 
 // between ops, so a product of 20-100 us can be shared. XLA's pool sleeps between calls and wakes
 // too late for one (docs/performance.md, "Helper threads"). `Oi2jaxGgmlSetThreads(n)` (ggml.py
 // calls it when it loads the library) sets the threads a product may use, the calling one
-// included: n - 1 helpers, started on first use. A posted product is run by every active helper,
+// included: n - 1 helpers, started then. A posted product is run by every active helper,
 // each claiming chunks of rows from the product's counter; one that wakes late finds none left.
 // Each output row is one thread's `vec_dot`, so the result is the same whoever computes it.
 static constexpr double kHelperBytes = 32.0 * 1024;  // weight bytes x rows from which helpers join
