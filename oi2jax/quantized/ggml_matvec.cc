@@ -100,6 +100,32 @@ class Helpers {
 extern "C" void Oi2jaxGgmlSetThreads(int n) { Helpers::get().set_threads(n); }
 extern "C" int Oi2jaxGgmlHelpers() { return Helpers::get().helpers(); }
 
+// run(0) .. run(chunks - 1), each once, on the calling thread and on `pool_tasks` tasks of XLA's
+// pool or (`helpers`) the spinning helpers: each chunk claimed from one counter. Returns when every
+// chunk has run. The caller never waits on a chunk nobody claimed (that would deadlock a busy pool);
+// a task or helper that starts late claims nothing, so `run` (which may refer to the caller's
+// locals) is never called after this returns.
+static void run_chunks(int64_t chunks, std::function<void(int64_t)> run, ffi::ThreadPool* pool, int64_t pool_tasks,
+                       bool helpers) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto st = std::make_shared<State>();
+  auto work = [st, chunks, run] {
+    for (int64_t c; (c = st->next.fetch_add(1)) < chunks;) {
+      run(c);
+      st->done.fetch_add(1);
+    }
+  };
+  for (int64_t p = 0; pool != nullptr && p < pool_tasks && p + 1 < chunks; ++p) {
+    auto task = work;
+    pool->Schedule(std::move(task));
+  }
+  if (helpers && chunks > 1 && Helpers::get().helpers() > 0) Helpers::get().post(work);
+  work();
+  while (st->done.load() < chunks) std::this_thread::yield();
+}
+
 static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                          ffi::ResultBuffer<ffi::F32> y, int64_t type) {
   (void)kInit;
@@ -128,37 +154,21 @@ static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   if (rows == 0 || out == 0) return ffi::Error::Success();
   std::vector<uint8_t> xq(xrow * rows);
   for (int64_t r = 0; r < rows; ++r) xtraits->from_float(x.typed_data() + r * in, xq.data() + r * xrow, in);
-  // chunks of W's rows claimed from one counter by the caller and by helper tasks; the caller
-  // never waits on a task that has not started (that would deadlock a busy pool), only on claimed chunks
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto st = std::make_shared<State>();
-  const int64_t chunk = 16, chunks = (out + chunk - 1) / chunk;
+  const int64_t chunk = 16, chunks = (out + chunk - 1) / chunk;  // W's rows in chunks of 16
   const uint8_t* wp = w.typed_data();
   const uint8_t* xp = xq.data();
   float* yp = y->typed_data();
-  auto work = [st, chunks, chunk, out, rows, in, wrow, xrow, wp, xp, yp, traits] {
-    for (int64_t c; (c = st->next.fetch_add(1)) < chunks;) {
-      for (int64_t o = c * chunk; o < std::min(out, (c + 1) * chunk); ++o)
-        for (int64_t r = 0; r < rows; ++r)
-          traits->vec_dot(in, yp + r * out + o, 0, wp + o * wrow, 0, xp + r * xrow, 0, 1);
-      st->done.fetch_add(1);
-    }
+  auto rows_of = [chunk, out, rows, in, wrow, xrow, wp, xp, yp, traits](int64_t c) {
+    for (int64_t o = c * chunk; o < std::min(out, (c + 1) * chunk); ++o)
+      for (int64_t r = 0; r < rows; ++r)
+        traits->vec_dot(in, yp + r * out + o, 0, wp + o * wrow, 0, xp + r * xrow, 0, 1);
   };
   // W's rows are split over XLA's pool for a large product (several rows of a large weight); a
   // smaller one from 32 KB over the spinning helpers: inside a decode step the pool's other
   // thread sleeps between calls and joins too late to help (docs/performance.md)
   const double bytes = static_cast<double>(out) * wrow * rows;
-  const int64_t helpers = bytes >= kSplitBytes ? pool.num_threads() : 0;
-  for (int64_t p = 0; p < helpers && p + 1 < chunks; ++p) {
-    auto task = work;
-    pool.Schedule(std::move(task));
-  }
-  if (helpers == 0 && chunks > 1 && bytes >= kHelperBytes && Helpers::get().helpers() > 0)
-    Helpers::get().post(work);  // a decode step's product: the spinning helpers share it
-  work();
-  while (st->done.load() < chunks) std::this_thread::yield();
+  const bool large = bytes >= kSplitBytes;
+  run_chunks(chunks, rows_of, &pool, large ? pool.num_threads() : 0, !large && bytes >= kHelperBytes);
   return ffi::Error::Success();
 }
 
@@ -419,7 +429,7 @@ static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyB
   // a position's K row widened to f32 once, then the G query heads' dots of each KV head. With
   // AVX2, HD a multiple of 64: attention_avx2 above; otherwise the plain loops below.
   const int64_t heads = kvh * g;  // query heads, [KVH, G] order
-  std::vector<float> qs(heads * hd), row(kvh * hd), s(static_cast<size_t>(heads * len)), sums(heads);
+  std::vector<float> qs(heads * hd), sums(heads);
   for (int64_t i = 0; i < heads * hd; ++i) qs[i] = q.typed_data()[i];
   if (t != GGML_TYPE_F32) {  // rounded to the table's type, as llama.cpp's vec_dot_type
     std::vector<uint8_t> qv(qrow);
@@ -450,20 +460,7 @@ static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyB
         default: attention_avx2<LoadF32>(qp, kc, vc, kvh, g, hd, rows_c, pitch, scale, cap, sc.data(), sm, oc, tc); break;
       }
     };
-    struct State {
-      std::atomic<int64_t> next{0}, done{0};
-    };
-    auto st = std::make_shared<State>();
-    std::function<void(int64_t)> run = chunk;
-    auto work = [st, chunks, run] {  // a helper that wakes late claims nothing: `run` is not called
-      for (int64_t c; (c = st->next.fetch_add(1)) < chunks;) {
-        run(c);
-        st->done.fetch_add(1);
-      }
-    };
-    if (chunks > 1 && Helpers::get().helpers() > 0) Helpers::get().post(work);
-    work();
-    while (st->done.load() < chunks) std::this_thread::yield();
+    run_chunks(chunks, chunk, nullptr, 0, true);
     for (int64_t i = 0; i < heads; ++i) {
       float top = -INFINITY;
       for (int64_t c = 0; c < chunks; ++c) top = std::max(top, tops[c * heads + i]);
@@ -479,6 +476,7 @@ static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyB
   } else
 #endif
   {
+    std::vector<float> row(kvh * hd), s(static_cast<size_t>(heads * len));  // the plain loops' scratch
     for (int64_t p = 0; p < len; ++p) {
       const float* kf = widen(t, kp + (lo + p) * pitch, row.data(), kvh * hd);
       for (int64_t i = 0; i < heads; ++i) {
