@@ -1,5 +1,5 @@
 """Weights kept quantized on a GPU (issue 42's GPU item): `python -m benchmarks.quantized_gpu
-[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR] [--skip-decode] [--no-bf16] [--tiles R,V,W]`.
+[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR] [--skip-decode] [--skip-products] [--no-bf16] [--profile STEPS] [--tiles R,V,W]`.
 
 On JAX's default device, in ONE process (the GPU is what it is for; `--shape tiny` is a smoke run
 that works on any device):
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -170,7 +171,64 @@ def device_s(fn, args, tries: int = 5) -> float:
     return max(best[1] - best[0], 1e-9) / (DEVICE_REPS - 1)
 
 
-def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True) -> list[str]:
+def profile_decode(g, ids, steps: int, out: Path, label: str) -> list[str]:
+    """A `jax.profiler` trace of `steps` decode steps (the fused `Session.run` generate makes, after
+    the prompt `ids`): the device's kernel events summed per trace line, the busiest line's kernels
+    by name, and the trace itself written to `out` (perfetto JSON, for reading elsewhere)."""
+    import gzip
+    import json
+    import shutil
+    settings = g._inputs({"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0})
+    first = g.prompt_step(ids)
+    sess = first.session
+    run = dict(steps=steps, feedback={g.token_input: "next"}, collect="next")
+    token = np.asarray([first.next], np.int32)
+    sess.run({g.token_input: token, **settings}, **run)  # the loop compiled and warm
+    trace = Path(tempfile.mkdtemp(prefix="oi2jax-gpu-trace-"))
+    t0 = time.perf_counter()
+    jax.profiler.start_trace(str(trace), create_perfetto_trace=True)
+    sess.run({g.token_input: token, **settings}, **run)
+    jax.profiler.stop_trace()
+    wall = time.perf_counter() - t0
+    sess.close()
+    path = next(trace.rglob("perfetto_trace.json.gz"))
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, out / f"trace-{label}.json.gz")
+    events = json.load(gzip.open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    lines: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and "GPU" in str(procs.get(e.get("pid"), "")):
+            key = (procs[e["pid"]], threads.get((e["pid"], e.get("tid")), str(e.get("tid"))))
+            lines.setdefault(key, []).append((e["name"], float(e.get("dur", 0.0)), float(e.get("ts", 0.0))))
+    rows = [f"`jax.profiler` trace of {steps} decode steps ({label}, one fused `Session.run` after the "
+            f"{len(ids)}-token prompt): {wall * 1e3 / steps:.3f} ms a step traced. Device trace lines: "
+            "events a step, their µs a step, span (first start to last end) a step.", "",
+            "| process | line | events / step | busy µs / step | span µs / step |", "|---|---|---|---|---|"]
+    for (proc, thread), evs in sorted(lines.items(), key=lambda t: -len(t[1])):
+        span = max(ts + d for _, d, ts in evs) - min(ts for _, _, ts in evs)
+        rows.append(f"| {proc} | {thread} | {len(evs) / steps:.1f} | {sum(d for _, d, _ in evs) / steps:.1f} | "
+                    f"{span / steps:.1f} |")
+    if lines:
+        busiest = max(lines.values(), key=lambda evs: sum(d for _, d, _ in evs))
+        by: dict = {}
+        for name, d, _ in busiest:
+            kind = re.sub(r"[._]\d+$", "", name)
+            n, t = by.get(kind, (0, 0.0))
+            by[kind] = (n + 1, t + d)
+        rows += ["", "The busiest line's kernels by name (numbers stripped), per step:", "",
+                 "| kernel | count / step | µs / step |", "|---|---|---|"]
+        rows += [f"| {k} | {n / steps:.1f} | {t / steps:.1f} |"
+                 for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]]
+    print("\n".join(rows), flush=True)
+    return rows
+
+
+def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True, profile: int = 0,
+           out: Path | None = None) -> list[str]:
     t0 = time.perf_counter()
     ck = llama_checkpoint.write_random_llama(tmp / "hf", dtype="bf16", **s)
     paths = {"bf16 (kept)": convert_hf(ck, tmp / "bf16.oinf").path} if bf16 else {}
@@ -202,6 +260,8 @@ def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True
                      f"{'**' if ms / floor > TARGET else ''} | {per_token / ms / 1e6:.0f} | "
                      f"{list(map(int, first.ids[:6]))} |")
         print(lines[-1], flush=True)
+        if profile:
+            lines += ["", *profile_decode(g, ids, profile, out, label.split()[0]), ""]
         del g, consts, runs, first, warm
         gc.collect()
     return lines
@@ -222,6 +282,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--skip-decode", action="store_true", help="the products only")
     p.add_argument("--no-bf16", action="store_true", help="decode the quantized models only")
+    p.add_argument("--skip-products", action="store_true", help="the decode only")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="also trace STEPS decode steps per model (the trace written beside the report)")
     p.add_argument("--tiles", action="append", default=[], metavar="ROWS,VALUES,WARPS", type=_tiles,
                    help="also time the Pallas kernel at these tiles (repeatable)")
     args = p.parse_args(argv)
@@ -230,15 +293,18 @@ def main(argv=None) -> int:
     dev = jax.devices()[0]
     rate = copy_rate(dev)
     out = [f"# Weights kept quantized on {dev.device_kind} ({dev.platform})", "",
-           f"`python -m benchmarks.quantized_gpu --shape {args.shape}`: jax {jax.__version__}, "
+           f"`python -m benchmarks.quantized_gpu {' '.join(argv if argv is not None else sys.argv[1:])}`: XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; jax {jax.__version__}, "
            f"{os.cpu_count()} CPUs; shape {', '.join(f'{k}={v}' for k, v in s.items())}; "
-           f"copy rate {rate / 1e9:.0f} GB/s (read + written).", "", "## Matrix-vector products", ""]
-    out += products(s, kinds, rounds=20, rate=rate, tiles=args.tiles)
+           f"copy rate {rate / 1e9:.0f} GB/s (read + written)."]
+    if not args.skip_products:
+        out += ["", "## Matrix-vector products", ""]
+        out += products(s, kinds, rounds=20, rate=rate, tiles=args.tiles)
     print("\n".join(out), flush=True)
     if not args.skip_decode:
         out += ["", "## Decode (a random model, end to end)", ""]
         with tempfile.TemporaryDirectory() as tmp:
-            out += decode(Path(tmp), s, args.shape, kinds, rate, bf16=not args.no_bf16)
+            out += decode(Path(tmp), s, args.shape, kinds, rate, bf16=not args.no_bf16, profile=args.profile,
+                          out=Path(args.out))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_report(Path(args.out), f"quantized_gpu{'-' + args.shape if args.shape != 'tinyllama' else ''}",
                  "\n".join(out) + "\n")
