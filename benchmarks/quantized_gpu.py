@@ -1,5 +1,5 @@
 """Weights kept quantized on a GPU (issue 42's GPU item): `python -m benchmarks.quantized_gpu
-[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR] [--skip-decode] [--skip-products] [--no-bf16] [--profile STEPS] [--tiles R,V,W]`.
+[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR] [--skip-decode] [--skip-products] [--no-bf16] [--kv-dtype f16|bf16] [--profile STEPS] [--tiles R,V,W]`.
 
 On JAX's default device, in ONE process (the GPU is what it is for; `--shape tiny` is a smoke run
 that works on any device):
@@ -228,7 +228,7 @@ def profile_decode(g, ids, steps: int, out: Path, label: str) -> list[str]:
 
 
 def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True, profile: int = 0,
-           out: Path | None = None) -> list[str]:
+           out: Path | None = None, kv_dtype: str | None = None) -> list[str]:
     t0 = time.perf_counter()
     ck = llama_checkpoint.write_random_llama(tmp / "hf", dtype="bf16", **s)
     paths = {"bf16 (kept)": convert_hf(ck, tmp / "bf16.oinf").path} if bf16 else {}
@@ -239,12 +239,13 @@ def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True
     ids = np.random.default_rng(1).integers(0, s["vocab"], P).astype(np.int32)
     lines = [f"Random checkpoint written and converted in {made:.0f} s. Prompt {P} tokens, then {G} generated "
              f"(`Generator.generate(prompt_ids=..., max_tokens={G}, ignore_eos=True)`): a first run, then three "
-             f"(medians). Bytes/token: the device constants but the embedding table, plus one row of it.", "",
+             f"(medians), KV cache {kv_dtype or 'f32'}. Bytes/token: the device constants but the embedding "
+             f"table, plus one row of it.", "",
              "| weights | file MiB | compile s | first run prompt tok/s | prompt tok/s | decode ms/token | "
              "bytes/token MiB | floor ms | x floor | GB/s | first tokens |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, path in paths.items():
-        g = Generator(path)
+        g = Generator(path, kv_dtype=kv_dtype)
         consts = g.programs[1].executable.consts
         total = sum(a.nbytes for a in jax.tree.leaves(consts))
         emb = sum(a.nbytes for a in jax.tree.leaves(consts["embed"]))
@@ -282,6 +283,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--skip-decode", action="store_true", help="the products only")
     p.add_argument("--no-bf16", action="store_true", help="decode the quantized models only")
+    p.add_argument("--kv-dtype", choices=("f16", "bf16"), default=None, help="the decode's KV cache dtype")
     p.add_argument("--skip-products", action="store_true", help="the decode only")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="also trace STEPS decode steps per model (the trace written beside the report)")
@@ -304,7 +306,7 @@ def main(argv=None) -> int:
         out += ["", "## Decode (a random model, end to end)", ""]
         with tempfile.TemporaryDirectory() as tmp:
             out += decode(Path(tmp), s, args.shape, kinds, rate, bf16=not args.no_bf16, profile=args.profile,
-                          out=Path(args.out))
+                          out=Path(args.out), kv_dtype=args.kv_dtype)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_report(Path(args.out), f"quantized_gpu{'-' + args.shape if args.shape != 'tinyllama' else ''}",
                  "\n".join(out) + "\n")

@@ -3,10 +3,10 @@
 An unrolled layer loop calls the same kernels with the same shapes in every layer: run inline,
 each layer ran the kernel's Python again and JAX traced its equations again (a 30-layer decode
 step: 2.3-4.2 s of tracing and lowering, most of it that). Each op call whose operands include
-traced values goes through a `jax.jit(kernel, inline=True)`, cached per program by everything the
+traced values goes through a `jax.jit(kernel, inline=INLINE)`, cached per program by everything the
 kernel's trace depends on (the op, the traced operands' shapes and dtypes, the values of the
 others, the settings `ops.apply` takes): a later call with the same signature reuses the traced
-equations, which JAX copies into the step at the call (`inline=True`). The step's jaxpr, its
+equations, which JAX copies into the step at the call while tracing (`INLINE`). The step's jaxpr, its
 named scopes (`entry/45:attention/...`, per call site) and the compiled program are the inline
 form's; only the kernel's Python runs once (the 30-layer step: 1.2-2.0 s).
 
@@ -21,6 +21,9 @@ import numpy as np
 
 from .. import ops
 
+# inlined while tracing: `jax.Inline.JAX_EARLY` (jax >= 0.11), where jax 0.11.2 reads `inline=True`
+# as JAX_LATE (the call kept in the jaxpr, a `jit(kernel)` scope in the HLO's names); before 0.11, True
+INLINE = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
 _KEYED_ELEMENTS = 64  # a known array operand up to this size is part of the key, by value
 
 
@@ -105,4 +108,4 @@ def _staged(op, inputs, attrs, traced_in, traced_attrs, settings):
         return out, conds, values
 
     kernel.__name__ = kernel.__qualname__ = getattr(op, "name", str(op))
-    return jax.jit(kernel, inline=True), record
+    return jax.jit(kernel, inline=INLINE), record
