@@ -46,6 +46,7 @@ from oi2jax import quantized as Q  # noqa: E402
 from oi2jax.generation import Generator  # noqa: E402
 from oi2jax.model import ggml  # noqa: E402
 from oi2jax.model.convert import convert_hf  # noqa: E402
+from oi2jax.npz import write_atomic  # noqa: E402
 from oi2jax.quantized.blocks import dequantize_prepared  # noqa: E402
 
 from benchmarks import pallas_matvec  # noqa: E402
@@ -171,6 +172,38 @@ def device_s(fn, args, tries: int = 5) -> float:
     return max(best[1] - best[0], 1e-9) / (DEVICE_REPS - 1)
 
 
+def trace_tables(events, steps: int) -> list[str]:
+    """A perfetto trace's device lines (events a step, their µs a step, span a step) and the busiest
+    line's kernels by name (trailing numbers stripped), per step."""
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    lines: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and "GPU" in str(procs.get(e.get("pid"), "")):
+            key = (procs[e["pid"]], threads.get((e["pid"], e.get("tid")), str(e.get("tid"))))
+            lines.setdefault(key, []).append((e["name"], float(e.get("dur", 0.0)), float(e.get("ts", 0.0))))
+    rows = ["Device trace lines: events a step, their µs a step, span (first start to last end) a step.", "",
+            "| process | line | events / step | busy µs / step | span µs / step |", "|---|---|---|---|---|"]
+    for (proc, thread), evs in sorted(lines.items(), key=lambda t: -len(t[1])):
+        span = max(ts + d for _, d, ts in evs) - min(ts for _, _, ts in evs)
+        rows.append(f"| {proc} | {thread} | {len(evs) / steps:.1f} | {sum(d for _, d, _ in evs) / steps:.1f} | "
+                    f"{span / steps:.1f} |")
+    if lines:
+        busiest = max(lines.values(), key=lambda evs: sum(d for _, d, _ in evs))
+        by: dict = {}
+        for name, d, _ in busiest:
+            kind = re.sub(r"[._]\d+$", "", name)
+            n, t = by.get(kind, (0, 0.0))
+            by[kind] = (n + 1, t + d)
+        rows += ["", "The busiest line's kernels by name (numbers stripped), per step:", "",
+                 "| kernel | count / step | µs / step |", "|---|---|---|"]
+        rows += [f"| {k} | {n / steps:.1f} | {t / steps:.1f} |"
+                 for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]]
+    return rows
+
+
 def profile_decode(g, ids, steps: int, out: Path, label: str) -> list[str]:
     """A `jax.profiler` trace of `steps` decode steps (the fused `Session.run` generate makes, after
     the prompt `ids`): the device's kernel events summed per trace line, the busiest line's kernels
@@ -193,36 +226,11 @@ def profile_decode(g, ids, steps: int, out: Path, label: str) -> list[str]:
     sess.close()
     path = next(trace.rglob("perfetto_trace.json.gz"))
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, out / f"trace-{label}.json.gz")
-    events = json.load(gzip.open(path))
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    lines: dict = {}
-    for e in events:
-        if e.get("ph") == "X" and "GPU" in str(procs.get(e.get("pid"), "")):
-            key = (procs[e["pid"]], threads.get((e["pid"], e.get("tid")), str(e.get("tid"))))
-            lines.setdefault(key, []).append((e["name"], float(e.get("dur", 0.0)), float(e.get("ts", 0.0))))
+    write_atomic(out / f"trace-{label}.json.gz", lambda f: f.write(path.read_bytes()))
+    shutil.rmtree(trace, ignore_errors=True)
+    events = json.loads(gzip.decompress((out / f"trace-{label}.json.gz").read_bytes()))
     rows = [f"`jax.profiler` trace of {steps} decode steps ({label}, one fused `Session.run` after the "
-            f"{len(ids)}-token prompt): {wall * 1e3 / steps:.3f} ms a step traced. Device trace lines: "
-            "events a step, their µs a step, span (first start to last end) a step.", "",
-            "| process | line | events / step | busy µs / step | span µs / step |", "|---|---|---|---|---|"]
-    for (proc, thread), evs in sorted(lines.items(), key=lambda t: -len(t[1])):
-        span = max(ts + d for _, d, ts in evs) - min(ts for _, _, ts in evs)
-        rows.append(f"| {proc} | {thread} | {len(evs) / steps:.1f} | {sum(d for _, d, _ in evs) / steps:.1f} | "
-                    f"{span / steps:.1f} |")
-    if lines:
-        busiest = max(lines.values(), key=lambda evs: sum(d for _, d, _ in evs))
-        by: dict = {}
-        for name, d, _ in busiest:
-            kind = re.sub(r"[._]\d+$", "", name)
-            n, t = by.get(kind, (0, 0.0))
-            by[kind] = (n + 1, t + d)
-        rows += ["", "The busiest line's kernels by name (numbers stripped), per step:", "",
-                 "| kernel | count / step | µs / step |", "|---|---|---|"]
-        rows += [f"| {k} | {n / steps:.1f} | {t / steps:.1f} |"
-                 for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]]
+            f"{len(ids)}-token prompt): {wall * 1e3 / steps:.3f} ms a step traced.", "", *trace_tables(events, steps)]
     print("\n".join(rows), flush=True)
     return rows
 

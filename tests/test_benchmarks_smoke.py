@@ -198,6 +198,29 @@ def test_quantized_gpu_benchmark_smoke():
     assert all(float(r.split(" | ")[2]) > 0 for r in rows)
 
 
+def test_quantized_gpu_trace_tables():
+    """benchmarks/quantized_gpu.py --profile's reading of a perfetto trace: per device line, events,
+    busy µs and span per step; the busiest line's kernels by name, numbers stripped; host lines
+    left out. A hand-made trace of 2 steps."""
+    from benchmarks.quantized_gpu import trace_tables
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #14(Compute)"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 8, "args": {"name": "Stream #15(MemcpyH2D)"}}]
+    kernels = [("input_reduce_fusion.3", 10.0, 0.0), ("input_reduce_fusion_12", 6.0, 10.0), ("gemm_fusion_dot.1", 4.0, 16.0),
+               ("input_reduce_fusion", 8.0, 100.0), ("loop_add_fusion", 2.0, 108.0)]
+    events = meta + [{"ph": "X", "pid": 1, "tid": 7, "name": n, "dur": d, "ts": t} for n, d, t in kernels]
+    events += [{"ph": "X", "pid": 1, "tid": 8, "name": "MemcpyH2D", "dur": 1.0, "ts": 50.0},
+               {"ph": "X", "pid": 2, "tid": 9, "name": "python", "dur": 500.0, "ts": 0.0}]
+    rows = trace_tables({"traceEvents": events}, steps=2)
+    assert "| /device:GPU:0 | Stream #14(Compute) | 2.5 | 15.0 | 55.0 |" in rows  # 30 µs, span 0..110
+    assert "| /device:GPU:0 | Stream #15(MemcpyH2D) | 0.5 | 0.5 | 0.5 |" in rows
+    assert not any("python" in r or "CPU" in r for r in rows)
+    kinds = [r for r in rows if r.startswith("| ") and r.count("|") == 4 and not r.startswith("| kernel")]
+    assert kinds == ["| input_reduce_fusion | 1.5 | 12.0 |", "| gemm_fusion_dot | 0.5 | 2.0 |",
+                     "| loop_add_fusion | 0.5 | 1.0 |"]
+
+
 def test_pallas_matvec_candidate_values(kind="Q4_K"):
     """benchmarks/pallas_matvec.py's kernel (timed on a GPU, not kept), through Pallas' interpreter:
     the f32 product of gguf's dequantized weight, up to the summation order; two programs of the
