@@ -25,10 +25,12 @@ CLI prints after the text (exit 1).
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from . import api, ir
@@ -36,7 +38,9 @@ from .diagnostics import OiError
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
-from .runtime.runstats import compile_seconds
+from .runtime.runargs import collected_rows
+from .runtime.runstats import apart, compile_seconds
+from .runtime.session import compile_run
 
 __all__ = ["Generator", "Generation", "Stats", "generate"]
 
@@ -123,12 +127,20 @@ class Generator:
     `["nn"]`); `kernels`: as `oi2jax.compile`'s ("ggml": llama.cpp's kernels for weights kept in
     GGML blocks); `kv_dtype` ("f16" | "bf16" | "f32"; default: as the graph declares them): the
     graph's cache tables, its K/V caches, stored in that dtype, as `oi2jax.compile`'s `table_dtype`
-    (llama.cpp's KV cache is f16). `mode`: "prompt steps" or "token by token"; `programs`: the
-    compiled step programs by S (1: the decode step)."""
+    (llama.cpp's KV cache is f16). `compile_ahead`: a generation's fused decode loop, the first
+    time one of its length and stop ids is needed, is compiled in a second thread while the
+    prompt's program compiles, not after the prompt (XLA compiles on one core); default: where
+    JAX's persistent compilation cache is off (where it is on, as `oi2jax generate` turns it on,
+    a later process reads the loop from it, and compiling beside the prompt's run slowed the
+    prompt; docs/performance.md "Compile time").
+    `mode`: "prompt steps" or "token by token"; `programs`: the compiled step programs by S (1:
+    the decode step)."""
 
     def __init__(self, model, graph=None, *, tokenizer=None, ops=("nn",), precision: str = "highest",
-                 kernels: str = "jax", kv_dtype: str | None = None):
+                 kernels: str = "jax", kv_dtype: str | None = None, compile_ahead: bool | None = None):
         self.model_path = str(model)
+        self.compile_ahead = compile_ahead
+        self._ahead: set = set()  # the decode loops compiled ahead (or being compiled)
         t0 = time.perf_counter()
         with open_model(self.model_path) as m:
             meta = _metadata(m)
@@ -251,6 +263,10 @@ class Generator:
             for size, _ in prompt_steps(len(ids), self.buckets):
                 self.program(size)
         build_s = time.perf_counter() - b0  # compiling too: counted with it, not as prompt time
+        run = dict(steps=max_tokens - 1, feedback={self.token_input: "next"}, collect="next",
+                   stop={"next": _stop_slots(stops)})
+        ahead = self._compile_decode_ahead(settings, run) if max_tokens > 1 else None
+        waited = 0.0  # waiting for that compile: compiling, not generating
         c0, t0 = compile_seconds(), time.perf_counter()
         first = self.prompt_step(ids, **settings)  # the prompt's error, if any, raises here: nothing generated
         c1, t1 = compile_seconds(), time.perf_counter()
@@ -264,9 +280,9 @@ class Generator:
         elif 0 < len(out) < max_tokens:
             sess = first.session
             token = np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next, np.int32)
+            waited = _joined(ahead)
             try:
-                rows = sess.run({self.token_input: token, **self._inputs(settings)}, steps=max_tokens - 1,
-                                feedback={self.token_input: "next"}, collect="next", stop={"next": _stop_slots(stops)},
+                rows = sess.run({self.token_input: token, **self._inputs(settings)}, **run,
                                 on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
                                 every=STREAM_EVERY if on_text is not None else None)["next"]
             except OiError as exc:  # a step's error: the tokens before it are kept
@@ -277,17 +293,56 @@ class Generator:
             if error is None and sess.last_run.stopped:  # the stop id is the last row
                 finish, stop_id = "stop", out.pop()
         c2, t2 = compile_seconds(), time.perf_counter()
+        # no compile left running behind a generation that returns (an error or Ctrl-C goes out at
+        # once: the daemon thread's compile may finish after it)
+        late = _joined(ahead)
         first.session.close()
         text = self.decode(out)
         stream.finish(text)
         stats = Stats(prompt_tokens=len(ids), prompt_s=(t1 - t0) - (c1 - c0), generated_tokens=len(out),
-                      generate_s=(t2 - t1) - (c2 - c1), compile_s=build_s + c2 - c0)
+                      generate_s=(t2 - t1) - (c2 - c1) - waited, compile_s=build_s + c2 - c0 + waited + late)
         return Generation(prompt_ids=ids, ids=out, text=text, finish=finish, stats=stats, stop_id=stop_id, error=error)
+
+    def _compile_decode_ahead(self, settings: dict, run: dict):
+        """Compile the fused decode loop of `run` in a second thread, while this one runs the
+        prompt (its program's compile takes one core: the other idles), once per loop a
+        generation needs (`runtime/session.compile_run`); the thread, or None. Its compiling is
+        counted apart (`runstats.apart`); a generation that waits for it counts the wait as
+        compiling. A failure there only leaves the loop to be compiled by the run, as before."""
+        key = (collected_rows(run["steps"], run["collect"]), len(run["stop"]["next"]))
+        ahead = self.compile_ahead
+        if ahead is None:  # where JAX keeps compiled programs on disk, a later process reads the loop
+            ahead = not jax.config.jax_compilation_cache_dir  # there, and compiling beside the prompt's run only slows it
+        if not ahead or key in self._ahead:
+            return None
+        self._ahead.add(key)
+        token = np.zeros([1] if self.mode == PROMPT_STEPS else [], np.int32)
+        inputs = {self.token_input: token, **self._inputs(settings)}
+
+        def compile_loop():
+            with apart():
+                try:
+                    compile_run(self.programs[1], inputs, **run)
+                except Exception:  # the run compiles (and reports) it itself
+                    self._ahead.discard(key)
+
+        thread = threading.Thread(target=compile_loop, name="oi2jax-compile-decode", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def token_input(self) -> str:
         """The input a drawn token is fed back into: `tokens` (the step graph) or `token`."""
         return "tokens" if self.mode == PROMPT_STEPS else "token"
+
+
+def _joined(thread) -> float:
+    """Wait for `thread` (None: nothing); the seconds waited."""
+    if thread is None or not thread.is_alive():
+        return 0.0
+    start = time.perf_counter()
+    thread.join()
+    return time.perf_counter() - start
 
 
 PROMPT_STEPS, TOKEN_BY_TOKEN = "prompt steps", "token by token"

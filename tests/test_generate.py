@@ -107,6 +107,51 @@ def test_greedy_text_equals_the_numpy_llama(model, gen):
     assert res.stats.prompt_tokens == len(res.prompt_ids) and res.stats.generated_tokens == 8
 
 
+def test_the_decode_loop_compiled_ahead_is_the_one_the_run_takes(model, gen):
+    """`compile_ahead`: the fused decode loop, compiled in a second thread while the prompt runs,
+    is the executable the decode run then calls (JAX's cache of the jitted loop holds one entry,
+    not two), once per loop length; the tokens are those of a generator compiling it in turn,
+    and no compiling of that thread is taken from the prompt's or the decode's seconds. By
+    default only where JAX's persistent cache is off (the tests' processes have one on)."""
+    import jax
+
+    from oi2jax.runtime import runstats
+    assert jax.config.jax_compilation_cache_dir and gen.compile_ahead is None
+    apart = runstats.apart_seconds()
+    gen.generate(prompt_ids=[2, 6], max_tokens=5, ignore_eos=True)
+    assert runstats.apart_seconds() == apart  # the default here: nothing compiled ahead
+    ahead, plain = Generator(model["path"], compile_ahead=True), Generator(model["path"], compile_ahead=False)
+    apart = runstats.apart_seconds()
+    a = ahead.generate(prompt_ids=[3, 5, 7], max_tokens=6, ignore_eos=True)
+    loop = ahead.programs[1].executable.kernels.multi_jit
+    assert runstats.apart_seconds() > apart and loop._cache_size() == 1
+    assert a.ids == plain.generate(prompt_ids=[3, 5, 7], max_tokens=6, ignore_eos=True).ids
+    assert a.ids == greedy_reference(model, [3, 5, 7], 6)
+    assert a.stats.prompt_s > 0 and a.stats.generate_s > 0 and a.stats.compile_s > 0
+    apart = runstats.apart_seconds()
+    b = ahead.generate(prompt_ids=[9, 4], max_tokens=6, ignore_eos=True)  # the same loop: nothing ahead
+    assert runstats.apart_seconds() == apart and loop._cache_size() == 1
+    assert b.ids == greedy_reference(model, [9, 4], 6)
+
+
+def test_compiling_apart_is_not_counted_in_the_calling_threads_seconds():
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    from oi2jax.runtime import runstats
+    before, apart = runstats.compile_seconds(), runstats.apart_seconds()
+
+    def compile_apart():
+        with runstats.apart():
+            jax.jit(lambda v: jnp.sin(v) * 3.0 + 1.25).lower(np.ones(7, np.float32)).compile()
+    thread = threading.Thread(target=compile_apart)
+    thread.start()
+    thread.join()
+    assert runstats.compile_seconds() == before and runstats.apart_seconds() > apart
+
+
 def test_a_stop_id_ends_the_generation_with_nothing_after_it(model, gen):
     ids = greedy_reference(model, [5, 6, 7], 10)
     stop = ids[4]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import dtypes, ir
@@ -97,6 +98,19 @@ def validate_run(prog, inputs: dict, steps, collect, convert, feedback=None, sto
         return run
     # converted inputs: a run of this call's own
     return ValidatedRun(prog, tuple(per_dev), steps, collect, values={**per_dev, **fixed_dev}, feedback=pairs)
+
+
+def collected_rows(steps: int, collect) -> int:
+    """The length of a run's collected stacks: a power of two of rows (>= 64), so that runs of
+    many lengths share a loop; 0 when nothing is collected."""
+    return max(64, 1 << (steps - 1).bit_length()) if collect else 0
+
+
+def stop_arrays(prog, stop_ids: dict) -> tuple[dict, dict]:
+    """A run's stop ids on the device and each stop output's `done` (all False): the loop's
+    arguments (called inside the program's scope)."""
+    return ({k: jnp.asarray(v) for k, v in stop_ids.items()},
+            {k: jnp.zeros(tuple(prog.bound.shape(k)), bool) for k in stop_ids})
 
 
 def feedback_pairs(prog, feedback) -> tuple:

@@ -3,9 +3,13 @@
 
 Compiling is measured, not estimated: JAX reports the seconds of each trace, lowering and XLA
 compilation as monitoring events (`/jax/core/compile/...`); `compile_seconds()` is their running
-total in this process, so the compiling inside any stretch of time is a difference of two reads."""
+total in this process, so the compiling inside any stretch of time is a difference of two reads.
+Compiling done `apart()` (ahead of time in a second thread, which nobody's timed stretch waits
+for) is counted apart; a thread that waits for it counts its wait as compiling itself."""
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass
 
@@ -14,20 +18,37 @@ import jax
 COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
                             "/jax/core/compile/jaxpr_to_mlir_module_duration",
                             "/jax/core/compile/backend_compile_duration"})
-_total = [0.0]  # seconds of the COMPILE_EVENTS so far (this process)
+_total = [0.0, 0.0]  # seconds of the COMPILE_EVENTS so far (this process): counted, apart
+_local = threading.local()  # .apart: this thread compiles apart
 
 
-def _on_duration(event: str, seconds: float, **kwargs) -> None:
+def _on_duration(event: str, seconds: float, **kwargs) -> None:  # called in the compiling thread
     if event in COMPILE_EVENTS:
-        _total[0] += seconds
+        _total[1 if getattr(_local, "apart", False) else 0] += seconds
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
 def compile_seconds() -> float:
-    """Seconds JAX spent tracing, lowering and compiling in this process so far."""
+    """Seconds JAX spent tracing, lowering and compiling in this process so far, but `apart()`."""
     return _total[0]
+
+
+def apart_seconds() -> float:
+    """Seconds of compiling done `apart()` so far (this process)."""
+    return _total[1]
+
+
+@contextlib.contextmanager
+def apart():
+    """Compiling in this thread inside the block is counted by `apart_seconds`, not by
+    `compile_seconds` (a compile ahead of time that no timed stretch of another thread includes)."""
+    _local.apart = True
+    try:
+        yield
+    finally:
+        _local.apart = False
 
 
 @dataclass(frozen=True)

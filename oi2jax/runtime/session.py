@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import ir
@@ -27,10 +26,11 @@ from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
 from ..values import convert_output
 from . import state_file
-from .kernels import StepOutcome
+from .kernels import StepOutcome, compiled
+from .placement import Placer
 from .runstats import RunClock
-from .runargs import (collect_names, device_inputs, fed_back, feedback_pairs, split_inputs, stop_hits, stop_set, stopped,
-                      validate_run)
+from .runargs import (collect_names, collected_rows, device_inputs, fed_back, feedback_pairs, split_inputs, stop_arrays,
+                      stop_hits, stop_set, stopped, validate_run)
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 
@@ -508,12 +508,10 @@ class Session:
             raise OiError(f"every must be an integer >= 1, got {every!r}")
         per_dev, fixed_dev, fed = call.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
-        # the collected stacks hold a power of two of rows (>= 64): runs of many lengths share a loop
-        rows = max(64, 1 << (steps - 1).bit_length()) if collect else 0
+        rows = collected_rows(steps, collect)
         clock = RunClock()
         with prog.scope():
-            stop_dev = {k: jnp.asarray(v) for k, v in stop_ids.items()}
-            done = {k: jnp.zeros(tuple(prog.bound.shape(k)), bool) for k in stop_ids}
+            stop_dev, done = stop_arrays(prog, stop_ids)
             base = 0
             # calls of about CALL_SECONDS each, so that Ctrl-C, progress and growth are never more
             # than a call away; the loop is traced once whatever n. The pace (seconds per step, its
@@ -629,3 +627,32 @@ class Session:
         for k in collect:
             result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
         return result
+
+
+def compile_run(prog, inputs: dict, steps: int, collect=(), feedback: dict | None = None, stop: dict | None = None) -> bool:
+    """Compile the fused loop that a session of `prog` runs for `run(inputs, steps, collect=,
+    feedback=, stop=)`, without running a step or keeping a state: its state is described by
+    shapes and dtypes (`jax.ShapeDtypeStruct`s, as uncommitted as the state a program on JAX's
+    default device holds), so that the run, from such a state, finds the loop compiled (JAX's
+    cache of the jitted loop). `Generator.generate` does it in a second thread while the prompt's
+    program compiles. Returns False, doing nothing, where the run would not take the jitted loop
+    this way: a program placed on a device or a mesh (the state's placement decides the
+    executable), one with a yield/await driver, or device-array inputs (the ahead-of-time path)."""
+    if type(prog.placer) is not Placer or prog.placer.device is not None or prog.driver is not None:
+        return False
+    with prog.scope():
+        stop_ids = stop_set(prog, stop)
+        call = validate_run(prog, dict(inputs), steps, collect, lambda given, steps=None: device_inputs(prog, given, {}, steps),
+                            feedback, stop_ids)
+        if call.values is None:
+            return False
+        per_dev, fixed_dev, fed = call.arguments(dict(inputs))
+        stop_dev, done = stop_arrays(prog, stop_ids)
+        exe = prog.executable
+        state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)),
+                             exe.initial_host_state())
+        kernels = exe.kernels
+        args = kernels.multi_args(exe.consts, state, per_dev, fixed_dev, 0, 1, call.collect,
+                                  collected_rows(call.steps, call.collect), call.feedback, fed, stop_dev, done)
+        compiled(kernels.multi_jit.lower(*args))
+    return True
