@@ -1,5 +1,6 @@
 """Ctrl-C and SIGTERM for the CLI: one clean path (KeyboardInterrupt -> temporary files removed,
 `error: interrupted`, exit 130), never raised inside a library callback that would swallow it.
+And Ctrl-C in the Python API's long calls (`deferred`, below).
 
 Python raises KeyboardInterrupt in whatever frame is running, and in a gc or import-lock callback
 (JAX has some) it is printed as "Exception ignored" and lost. The handler here records the
@@ -68,3 +69,77 @@ def restore(previous: dict) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+# ------------------------------------------------------------------ the Python API's long calls
+# `Session.run` and `Generator.generate` run fused calls of about half a second, each of which
+# donates the session's state and hands back the next one. A KeyboardInterrupt raised by Python's
+# default handler lands wherever the main thread is: between a call and the bookkeeping of what
+# it produced (the session's step count then behind its state, the call's rows lost), or inside
+# one of JAX's gc callbacks, where it is printed as "Exception ignored" and lost (an interrupt
+# during an XLA compile, often). Within `deferred()`, the first Ctrl-C is recorded and raised by
+# `raise_pending()` at the next point oi2jax chooses: right after an XLA compile returns
+# (runtime/kernels.compiled, before anything runs), after the fused call in flight (about half a
+# second), after a prompt step; with what was produced so far in its `partial`. A second Ctrl-C
+# before then raises at once, wherever.
+_DEFERRED = {"depth": 0, "pending": 0, "previous": None, "held": 0}
+
+
+def _defer(signum, frame):
+    _DEFERRED["pending"] += 1
+    if _DEFERRED["pending"] > 1 and not _DEFERRED["held"]:  # a second Ctrl-C: at once
+        _DEFERRED["pending"] = 0
+        raise KeyboardInterrupt
+
+
+class deferred:
+    """A long call of the Python API: SIGINT deferred as above. Only on the main thread and only
+    where SIGINT has Python's default handler (the CLI's handler, a user's own, or none stays as
+    it is); nested blocks share the outermost's handler."""
+
+    def __enter__(self):
+        self.main = threading.current_thread() is threading.main_thread()  # signals reach it alone
+        if not self.main:
+            return self
+        if _DEFERRED["depth"] == 0 and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            _DEFERRED["previous"], _DEFERRED["pending"] = signal.signal(signal.SIGINT, _defer), 0
+        _DEFERRED["depth"] += 1
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if not self.main:
+            return
+        _DEFERRED["depth"] -= 1
+        if _DEFERRED["depth"] == 0 and _DEFERRED["previous"] is not None:
+            signal.signal(signal.SIGINT, _DEFERRED["previous"])
+            _DEFERRED["previous"] = None
+            if exc_type is None:
+                raise_pending()  # one that came after the last point that could raise it
+            _DEFERRED["pending"] = 0
+
+
+class held:
+    """A few statements no Ctrl-C may cut (a fused call's dispatch and the bookkeeping that makes
+    the session's step count match its state): a second Ctrl-C that came meanwhile raises at the
+    end of the block."""
+
+    def __enter__(self):
+        self.main = threading.current_thread() is threading.main_thread()
+        if self.main:
+            _DEFERRED["held"] += 1
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if not self.main:
+            return
+        _DEFERRED["held"] -= 1
+        if not _DEFERRED["held"] and exc_type is None and _DEFERRED["pending"] > 1:
+            raise_pending()
+
+
+def raise_pending() -> None:
+    """Raise the Ctrl-C that `deferred` recorded, if any (and forget it): on the main thread only
+    (a helper thread's work, such as `Generator`'s compile ahead, goes on)."""
+    if _DEFERRED["pending"] and threading.current_thread() is threading.main_thread():
+        _DEFERRED["pending"] = 0
+        raise KeyboardInterrupt

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from . import api, ir
+from ._signals import deferred, raise_pending
 from .diagnostics import OiError
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
@@ -73,7 +74,8 @@ class Stats:
 class Generation:
     """One generation: the generated `ids` (a stop id that ended it is not among them), their
     `text` (None without a tokenizer), why it ended (`"stop"`: a stop id, `"length"`: the token
-    budget, `"error"`: `error` holds the runtime error of the failing step)."""
+    budget, `"error"`: `error` holds the runtime error of the failing step; `"interrupted"`: the
+    `partial` of a KeyboardInterrupt, Ctrl-C during `generate`)."""
 
     prompt_ids: list[int]
     ids: list[int]
@@ -211,6 +213,7 @@ class Generator:
             tokens[:n] = ids[start:start + n]
             out = sess.step(tokens=tokens, n=np.int32(n), **given)
             state, start = sess.state, start + n  # `state` raises the step's error, if any
+            raise_pending()  # Ctrl-C (`generate`'s `deferred`): between two prompt steps
         sess = self.programs[1].session(state=state)
         return PromptResult(sess, int(np.asarray(out["next"])[0]), np.asarray(out["logits"]))
 
@@ -268,30 +271,50 @@ class Generator:
         ahead = self._compile_decode_ahead(settings, run) if max_tokens > 1 else None
         waited = 0.0  # waiting for that compile: compiling, not generating
         c0, t0 = compile_seconds(), time.perf_counter()
-        first = self.prompt_step(ids, **settings)  # the prompt's error, if any, raises here: nothing generated
-        c1, t1 = compile_seconds(), time.perf_counter()
+        c1 = t1 = None
         out, finish, stop_id, error = [], "length", None, None
-        stream = _Stream(self, on_text, stops)
-        if max_tokens > 0:
-            out.append(first.next)
-            stream.add(out)
-        if out and out[-1] in stops:
-            finish, stop_id = "stop", out.pop()
-        elif 0 < len(out) < max_tokens:
-            sess = first.session
-            token = np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next, np.int32)
-            waited = _joined(ahead)
+        with deferred():  # Ctrl-C: raised after the call in flight, with what was generated (`partial`)
             try:
-                rows = sess.run({self.token_input: token, **self._inputs(settings)}, **run,
-                                on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
-                                every=STREAM_EVERY if on_text is not None else None)["next"]
-            except OiError as exc:  # a step's error: the tokens before it are kept
-                if getattr(exc, "partial", None) is None:
-                    raise
-                rows, finish, error = exc.partial["next"], "error", exc
-            out[1:] = [int(i) for i in np.ravel(rows)]
-            if error is None and sess.last_run.stopped:  # the stop id is the last row
-                finish, stop_id = "stop", out.pop()
+                first = self.prompt_step(ids, **settings)  # the prompt's error, if any, raises here: nothing generated
+                c1, t1 = compile_seconds(), time.perf_counter()
+                stream = _Stream(self, on_text, stops)
+                if max_tokens > 0:
+                    out.append(first.next)
+                    stream.add(out)
+                raise_pending()
+                if out and out[-1] in stops:
+                    finish, stop_id = "stop", out.pop()
+                elif 0 < len(out) < max_tokens:
+                    sess = first.session
+                    token = np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next, np.int32)
+                    waited = _joined(ahead)
+                    raise_pending()
+                    try:
+                        rows = sess.run({self.token_input: token, **self._inputs(settings)}, **run,
+                                        on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
+                                        every=STREAM_EVERY if on_text is not None else None)["next"]
+                    except OiError as exc:  # a step's error: the tokens before it are kept
+                        if getattr(exc, "partial", None) is None:
+                            raise
+                        rows, finish, error = exc.partial["next"], "error", exc
+                    except KeyboardInterrupt as exc:
+                        if getattr(exc, "partial", None) is not None:
+                            out[1:] = [int(i) for i in np.ravel(exc.partial["next"])]
+                        raise
+                    out[1:] = [int(i) for i in np.ravel(rows)]
+                    if error is None and sess.last_run.stopped:  # the stop id is the last row
+                        finish, stop_id = "stop", out.pop()
+            except KeyboardInterrupt as exc:
+                c2, t2 = compile_seconds(), time.perf_counter()
+                if t1 is None:  # in the prompt: nothing generated
+                    c1, t1 = c2, t2
+                if out and out[-1] in stops:  # the run's last row: the stop id that ended it
+                    out.pop()
+                exc.partial = Generation(
+                    prompt_ids=ids, ids=list(out), text=self.decode(out), finish="interrupted",
+                    stats=Stats(prompt_tokens=len(ids), prompt_s=(t1 - t0) - (c1 - c0), generated_tokens=len(out),
+                                generate_s=max(0.0, (t2 - t1) - (c2 - c1) - waited), compile_s=build_s + c2 - c0 + waited))
+                raise
         c2, t2 = compile_seconds(), time.perf_counter()
         # no compile left running behind a generation that returns (an error or Ctrl-C goes out at
         # once: the daemon thread's compile may finish after it)

@@ -106,6 +106,36 @@ def test_each_slot_equals_its_solo_run(llama):
     assert batch.active == []
 
 
+def test_ctrl_c_in_a_batch_run_keeps_its_tokens_and_the_batch_goes_on(llama, monkeypatch):
+    """Ctrl-C during `Batch.run` (sent while the second compiled call's tokens are taken): raised
+    after that call, its `partial` the tokens so far; the batch goes on to each slot's solo run."""
+    import signal
+    from oi2jax.runtime.batch import Batch
+    batch = _batch(llama)
+    for slot in range(B):
+        batch.insert(slot, PROMPTS[slot], max_tokens=12)
+    takes, take = [], Batch._take
+
+    def taking(self, slots, tokens):
+        takes.append(len(tokens))
+        if len(takes) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return take(self, slots, tokens)
+    monkeypatch.setattr(Batch, "_take", taking)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a script's (an xdist worker's may differ)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            batch.run(100)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert takes == [CHUNK, CHUNK]  # no call after the one in flight
+    assert caught.value.partial == {slot: batch.result(slot).tokens[1:] for slot in range(B)}
+    assert all(len(t) == 2 * CHUNK for t in caught.value.partial.values())
+    batch.run(100)
+    for slot in range(B):
+        assert batch.result(slot).tokens == _solo(llama, slot, 12)[0], slot
+
+
 def test_a_finished_slot_takes_a_new_prompt_without_recompiling_or_disturbing_the_others(llama):
     decode = llama[1]
     solo = {k: _solo(llama, k, 14)[0] for k in range(5)}  # before the compile counts are taken

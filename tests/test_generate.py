@@ -178,6 +178,32 @@ def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):
     assert res.ids == want and len(prompt) + len(res.ids) == 41  # the token of step 40 was drawn, not fed
 
 
+def test_ctrl_c_returns_what_was_generated(model, gen):
+    """Ctrl-C during `generate` (sent from the text callback, between two fused calls): a
+    KeyboardInterrupt whose `partial` is the generation so far, the NumPy Llama's tokens."""
+    import os
+    import signal
+    pieces = []
+
+    def on_text(piece):
+        pieces.append(piece)
+        if len(pieces) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a script's (an xdist worker's may differ)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            gen.generate(prompt_ids=[5, 6, 7], max_tokens=30, ignore_eos=True, on_text=on_text)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    res = caught.value.partial
+    assert res.finish == "interrupted" and 1 < len(res.ids) < 30
+    assert res.ids == greedy_reference(model, [5, 6, 7], len(res.ids))
+    assert res.text == model["tok"].decode(res.ids, skip_special_tokens=True) and res.text.startswith("".join(pieces))
+    assert res.stats.generated_tokens == len(res.ids)
+    again = gen.generate(prompt_ids=[5, 6, 7], max_tokens=30, ignore_eos=True)  # the generator goes on
+    assert again.ids[:len(res.ids)] == res.ids and again.finish == "length"
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_p=0.0), dict(min_p=2.0), dict(top_k=-1),
                                  dict(max_tokens=-2), dict(seed=-1)])
 def test_bad_settings_are_named(gen, bad):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -150,3 +151,168 @@ def test_interrupted_run_leaves_no_partial_output(tmp_path):
         assert proc.returncode == 130 and err.strip() == "error: interrupted", (sig, err)
         assert (d / "out.npz").read_bytes() == b"previous result", sig
         assert sorted(p.name for p in d.iterdir()) == ["out.npz", "x.npy"], sig
+
+
+# ------------------------------------------------------------------ the Python API's long calls
+# Ctrl-C during `Session.run` (and `Generator.generate`, tests/test_generate.py): the first is
+# raised after the fused call in flight, with the run's result so far in its `partial` and the
+# session's step count equal to its state; a second one at once. The signals are sent from the
+# run's own progress callback, between two calls: no timing window.
+COUNTER_SOURCE = """
+dynamic { x: f32; }
+volatile { y: f32; }
+persistent { acc: f32 @init(0.0); t: i32 @init(0); }
+block entry {
+    cache.read acc >> y;
+    op add(y, x) >> y;
+    cache.write y >> acc;
+    cache.increment t;
+    return;
+}
+"""
+
+
+@pytest.fixture
+def python_sigint(monkeypatch):
+    """SIGINT with Python's default handler (what a script or a notebook has; a pytest-xdist
+    worker may have another), restored after the test."""
+    import signal as sig
+    previous = sig.signal(sig.SIGINT, sig.default_int_handler)
+    yield
+    sig.signal(sig.SIGINT, previous)
+
+
+def _counter_session():
+    import oi2jax
+    sess = oi2jax.compile(COUNTER_SOURCE).session()
+    sess.run({"x": np.float32(1.0)}, steps=2)  # compiled: the interrupted runs below do not compile
+    return sess
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_in_session_run_returns_what_it_made_and_the_session_goes_on(python_sigint, presses):
+    sess = _counter_session()
+    calls = []
+
+    def progress(done):
+        calls.append(done)
+        if len(calls) == 2:
+            for _ in range(presses):  # 2: the second raises at once, here in the callback
+                os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        sess.run({"x": np.float32(1.0)}, steps=100, collect="y", progress=progress, every=3)
+    partial = caught.value.partial
+    assert len(calls) == 2  # no call after the one that was in flight (one press), none at all (two)
+    made = calls[1]
+    np.testing.assert_array_equal(partial["y"], np.arange(3, 3 + made, dtype=np.float32))
+    assert sess.steps == 2 + made and int(sess.read("t")) == 2 + made and float(sess.read("acc")) == 2 + made
+    # the session goes on from there, as if the run had been asked for `made` steps
+    res = sess.run({"x": np.float32(1.0)}, steps=4, collect="y")
+    np.testing.assert_array_equal(res["y"], np.arange(3 + made, 7 + made, dtype=np.float32))
+    assert sess.steps == 6 + made
+
+
+def test_the_first_ctrl_c_is_recorded_and_raised_where_oi2jax_chooses(python_sigint):
+    """Inside `deferred()` a Ctrl-C raises nothing where it lands (a library callback would
+    swallow it: JAX's gc callbacks do, during a compile); `raise_pending` raises it. Outside, and
+    where another handler is installed, nothing is changed."""
+    from oi2jax._signals import deferred, held, raise_pending
+    with pytest.raises(KeyboardInterrupt):
+        with deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # bytecodes run: the handler has run, and raised nothing
+                pass
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            with deferred():  # nested: the same handler
+                pass
+            raise_pending()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with deferred():
+        raise_pending()  # nothing pending: nothing raised
+    with deferred():  # a second press raises at once, but not inside `held`: at its end
+        inside = []
+        with pytest.raises(KeyboardInterrupt):
+            with held():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):
+                    pass
+                inside.append("not cut")
+        assert inside == ["not cut"]
+        raise_pending()  # both presses answered by that one KeyboardInterrupt
+    own = lambda signum, frame: None  # noqa: E731
+    signal.signal(signal.SIGINT, own)
+    with deferred():
+        assert signal.getsignal(signal.SIGINT) is own
+    assert signal.getsignal(signal.SIGINT) is own
+
+
+def test_a_second_ctrl_c_while_a_call_is_read_keeps_that_calls_steps(python_sigint, monkeypatch):
+    """Two presses landing while the third call's outcome is read (the wait for the device): the
+    interrupt goes out at once, and that call -- its state already the session's -- is counted."""
+    from oi2jax.runtime import session as session_module
+    sess = _counter_session()
+    reads = []
+    of_status = session_module.StepOutcome.of_status
+
+    def read(status):
+        reads.append(1)
+        if len(reads) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # raises here, before the outcome is read
+        return of_status(status)
+    monkeypatch.setattr(session_module.StepOutcome, "of_status", staticmethod(read))
+    with pytest.raises(KeyboardInterrupt) as caught:
+        sess.run({"x": np.float32(1.0)}, steps=100, collect="y", every=3)
+    made = len(caught.value.partial["y"])
+    assert made == 9  # three calls of 3 steps, the third counted after the interrupt
+    np.testing.assert_array_equal(caught.value.partial["y"], np.arange(3, 3 + made, dtype=np.float32))
+    assert sess.steps == 2 + made and int(sess.read("t")) == 2 + made
+
+
+def test_a_call_cut_off_with_the_state_it_took_closes_the_session_saying_so(python_sigint, monkeypatch):
+    """The one case a session cannot go on: a second Ctrl-C inside a fused call after JAX took
+    (donated) the state and before the call returned the next one. Simulated: the third call
+    deletes the state it was given, then raises. The rows of the calls before it are the partial
+    result, and every later use of the session says why it is closed."""
+    from oi2jax.diagnostics import OiError
+    from oi2jax.runtime.kernels import StepKernels
+    sess = _counter_session()
+    calls = []
+    multi = StepKernels.multi
+
+    def cut_off(self, consts, state, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            for leaf in jax.tree.leaves(state):
+                leaf.delete()
+            raise KeyboardInterrupt
+        return multi(self, consts, state, *args, **kwargs)
+    monkeypatch.setattr(StepKernels, "multi", cut_off)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        sess.run({"x": np.float32(1.0)}, steps=100, collect="y", every=3)
+    np.testing.assert_array_equal(caught.value.partial["y"], np.arange(3, 9, dtype=np.float32))
+    with pytest.raises(OiError, match="this session is closed: its state was given to a fused call that a second "
+                                      "Ctrl-C cut off"):
+        sess.read("t")
+
+
+def test_ctrl_c_during_a_steps_compile_is_raised_before_it_runs(python_sigint, monkeypatch):
+    """A Ctrl-C while `Session.step` compiles: raised once the compile returns, before the step
+    runs (runtime/kernels.compiled); the session has run nothing and steps on as if untouched."""
+    import oi2jax
+    from jax import stages
+    compile_ = stages.Lowered.compile
+
+    def interrupted_compile(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # lands in the compile (recorded, not raised there)
+        return compile_(self, *args, **kwargs)
+    sess = oi2jax.compile(COUNTER_SOURCE).session()
+    monkeypatch.setattr(stages.Lowered, "compile", interrupted_compile)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        sess.step(x=np.float32(1.0))
+    assert [e.name for e in caught.traceback[-2:]] == ["compiled", "raise_pending"]  # not where it landed
+    monkeypatch.setattr(stages.Lowered, "compile", compile_)
+    assert sess.steps == 0
+    sess.step(x=np.float32(1.0))
+    assert sess.steps == 1 and int(sess.read("t")) == 1 and float(sess.read("acc")) == 1.0

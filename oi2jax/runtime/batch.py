@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from .._signals import deferred, held, raise_pending
 from ..diagnostics import OiError, suggest
 from ..lowering.state import CacheState, Guards, StepState
 from .buckets import bucket_program, program_buckets, prompt_steps
@@ -258,15 +259,19 @@ class Batch:
 
     def step(self) -> dict:
         """One decode step of every slot (one compiled call); the step's outputs, each with the
-        slot axis first (device arrays; a free or finished slot's row means nothing)."""
-        _, self._state, slots, buf, outputs = self._run_compiled(self._chunk, self._state, self._slots, np.int32(1))
-        self._take(slots, np.asarray(buf)[:1])
+        slot axis first (device arrays; a free or finished slot's row means nothing). Ctrl-C
+        (`_signals.deferred`) is raised after the step, its tokens taken."""
+        with deferred(), held():  # the state and the host's copy of the slots change together
+            _, self._state, slots, buf, outputs = self._run_compiled(self._chunk, self._state, self._slots, np.int32(1))
+            self._take(slots, np.asarray(buf)[:1])
         return outputs
 
     def run(self, steps: int, stop=()) -> dict[int, list[int]]:
         """Up to `steps` decode steps of every running slot, fused `chunk` at a time into one
         compiled loop that ends early when every slot is done; `stop`: ids that end any slot (with
-        its own). The tokens each slot generated in this call (a finished slot: none)."""
+        its own). The tokens each slot generated in this call (a finished slot: none). Ctrl-C
+        (`_signals.deferred`) is raised after the compiled call in flight, its tokens taken, with
+        this result so far as the KeyboardInterrupt's `partial`."""
         if not isinstance(steps, (int, np.integer)) or steps < 0:
             raise OiError(f"steps must be a non-negative integer, got {steps!r}")
         extra = _stop_ids(stop)
@@ -279,17 +284,26 @@ class Batch:
                     raise OiError(f"slot {slot}: {len(merged)} stop ids, at most {MAX_STOPS}")
                 self._slots["stops"][slot, :len(merged)] = merged
         before = [len(r.tokens) if r is not None else 0 for r in self._results]
+
+        def result():
+            return {slot: (r.tokens[before[slot]:] if r is not None else []) for slot, r in enumerate(self._results)}
         try:
-            left = int(steps)
-            while left > 0 and self._slots["active"].any():
-                limit = min(left, self.chunk)
-                done, self._state, slots, buf, _ = self._run_compiled(self._chunk, self._state, self._slots,
-                                                                      np.int32(limit))
-                self._take(slots, np.asarray(buf)[:int(done)])
-                left -= int(done)
+            with deferred():
+                left = int(steps)
+                while left > 0 and self._slots["active"].any():
+                    limit = min(left, self.chunk)
+                    with held():  # the state and the host's copy of the slots change together
+                        done, self._state, slots, buf, _ = self._run_compiled(self._chunk, self._state, self._slots,
+                                                                              np.int32(limit))
+                        self._take(slots, np.asarray(buf)[:int(done)])
+                    left -= int(done)
+                    raise_pending()
+        except KeyboardInterrupt as interrupt:
+            interrupt.partial = result()
+            raise
         finally:
             self._slots["stops"] = saved
-        return {slot: (r.tokens[before[slot]:] if r is not None else []) for slot, r in enumerate(self._results)}
+        return result()
 
     def _take(self, slots: dict, tokens: np.ndarray) -> None:
         """The host's copy of the slots after a compiled call, and the tokens it produced

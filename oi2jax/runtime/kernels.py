@@ -33,6 +33,7 @@ from jax import lax
 from jax.tree_util import tree_map_with_path
 
 from .. import dtypes as dt
+from .._signals import raise_pending
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
 from .placement import TRIM_AFTER_SECONDS, return_freed_memory
@@ -52,6 +53,7 @@ def compiled(lowered):
     exe = lowered.compile()
     if time.perf_counter() - start >= TRIM_AFTER_SECONDS:
         return_freed_memory()
+    raise_pending()  # a Ctrl-C during the compile (`_signals.deferred`): nothing has run yet
     return exe
 
 

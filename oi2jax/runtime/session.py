@@ -24,6 +24,7 @@ import numpy as np
 from .. import ir
 from ..diagnostics import OiError, suggest
 from ..lowering.state import Guards, StepState
+from .._signals import deferred, held, raise_pending
 from ..values import convert_output
 from . import state_file
 from .kernels import StepOutcome, compiled
@@ -87,6 +88,7 @@ class Session:
         self._fast: dict = {}  # device inputs accepted without conversion: name -> runargs.InputSig
         self._given: tuple | None = None  # input names of the last step (checked complete)
         self._closed = False
+        self._closed_why = ""  # why the session closed itself (not `close()`): said by every later use
         self.outcomes = DeviceOutcomes  # how dispatched steps' outcomes are read (a documented hook)
         self.call_seconds = CALL_SECONDS  # `run`: the length of one fused call, about
         self.general_steps = 0  # `step` calls that took the general path (validated, maybe compiled)
@@ -197,7 +199,7 @@ class Session:
         """Raise the runtime error of a step not yet reported, if any (waits for the last
         dispatched step: a point where the session hands data to the host)."""
         if self._closed:
-            raise OiError("this session is closed")
+            raise OiError("this session is closed" + (f": {self._closed_why}" if self._closed_why else ""))
         if self._pending:
             self._confirm(len(self._pending) - 1)
 
@@ -216,8 +218,13 @@ class Session:
         try:
             self.check()
         finally:
-            self._closed, self._hot, self._pending, self._recent = True, None, [], []
-            self._user_tree = self._leaves = self._flags = None
+            self._let_go()
+
+    def _let_go(self, why: str = "") -> None:
+        """Closed: the state let go; `why` (the session closed itself) said by every later use."""
+        self._closed, self._hot, self._pending, self._recent = True, None, [], []
+        self._user_tree = self._leaves = self._flags = None
+        self._closed_why = why
 
     def __enter__(self) -> "Session":
         return self
@@ -376,9 +383,11 @@ class Session:
 
     def _step_general(self, inputs: dict) -> dict:
         """`step` for anything the hot path does not take: validates and converts the inputs,
-        compiles the kernel form for their signature, and sets up the hot path."""
+        compiles the kernel form for their signature, and sets up the hot path. A Ctrl-C
+        during a compile is raised once it returns, before anything runs (`_signals.deferred`;
+        not around every step: installing a handler costs microseconds)."""
         if self._closed:
-            raise OiError("this session is closed")
+            raise OiError("this session is closed" + (f": {self._closed_why}" if self._closed_why else ""))
         self.general_steps += 1
         prog = self.program
         exe = prog.executable
@@ -404,18 +413,19 @@ class Session:
         forms = kernels.session_forms(full)
         flat = forms.form(clean)
         if flat is None:  # each form compiled on its first use
-            with prog.scope():
+            with prog.scope(), deferred():
                 flat = forms.compile(clean, exe.consts, self._user, self._flags, full)
-        leaves, flags, outputs, ahead = kernels.call_session_step(flat, clean, exe.consts, self._user_leaves(),
-                                                                  self._flags, full)
-        self._leaves, self._user_tree, self._user_def = leaves, None, flat.user_def
-        if ahead and dyn is inputs and full is dyn and not self._shaped:
-            # every input a device array of its declared shape and dtype (`_inputs` passed them
-            # through as given), all of them given, and the compiled form took the step (the state
-            # is placed as it takes it): the next such step takes the hot path
-            fast = self._fast
-            self._hot = SessionHotPath(exe, forms, tuple((name, fast[name].type) for name in inputs))
-        self._dispatched(dyn, flags, outputs)
+        with held():  # the state handed over and taken back, and the step counted, as one
+            leaves, flags, outputs, ahead = kernels.call_session_step(flat, clean, exe.consts, self._user_leaves(),
+                                                                      self._flags, full)
+            self._leaves, self._user_tree, self._user_def = leaves, None, flat.user_def
+            if ahead and dyn is inputs and full is dyn and not self._shaped:
+                # every input a device array of its declared shape and dtype (`_inputs` passed them
+                # through as given), all of them given, and the compiled form took the step (the state
+                # is placed as it takes it): the next such step takes the hot path
+                fast = self._fast
+                self._hot = SessionHotPath(exe, forms, tuple((name, fast[name].type) for name in inputs))
+            self._dispatched(dyn, flags, outputs)
         if self._shaped:  # runtime-shaped values: cut to their current shapes (reads the step's result)
             outputs = exe.trim_outputs(outputs)
         return outputs if self._all_returned else self._returned(outputs)
@@ -510,7 +520,7 @@ class Session:
         pieces: dict = {k: [] for k in collect}
         rows = collected_rows(steps, collect)
         clock = RunClock()
-        with prog.scope():
+        with prog.scope(), deferred():
             stop_dev, done = stop_arrays(prog, stop_ids)
             base = 0
             # calls of about CALL_SECONDS each, so that Ctrl-C, progress and growth are never more
@@ -528,29 +538,29 @@ class Session:
             chunk = min(16, limit) if pace is None else steps_per_call(pace)
             if on_chunk is not None:
                 chunk = 1
-            last = None
-            while base < steps:
-                n = min(chunk, steps - base)
-                clock.start()
-                exe = prog.executable  # the next one after a growth
-                kernels = exe.kernels
-                res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, rows,
-                                    exes=call.exes(kernels), feedback=call.feedback, fed=fed, stop=stop_dev,
-                                    done=done)
-                self._state, fed, done = res.state, res.fed, res.done
-                outcome = StepOutcome.of_status(res.status)
-                over = bool(stopped(jax.device_get(done))) if done else False
+            last, over, res = None, False, None  # res: a call whose steps are not counted yet
+
+            def account(call_res):
+                """Count a call's steps and keep its rows (its state is the session's already):
+                (steps applied, outcome, its seconds); its error raises with the run's result
+                before it. What waits for the device comes first; the bookkeeping after it is
+                one `held` block, so an interrupt leaves the call counted entirely or not at all."""
+                nonlocal base, last, over, res
+                outcome = StepOutcome.of_status(call_res.status)
+                stops_now = bool(stopped(jax.device_get(call_res.done))) if call_res.done else False
                 applied = outcome.applied
-                running = clock.stop(applied)
-                if applied:
-                    if running > 0:
-                        pace = kernels.timed(running, applied)
-                        chunk = steps_per_call(pace)
-                    last = res.last
-                    for k in collect:  # sliced on the host: a device slice per (base, applied) compiles
-                        pieces[k].append(exe.to_host(res.stacked[k])[base:base + applied])
-                base += applied
-                self.steps += applied
+                # sliced on the host: a device slice per (base, applied) compiles
+                got = {k: exe.to_host(call_res.stacked[k])[base:base + applied] for k in collect} if applied else {}
+                with held():
+                    over = stops_now
+                    running = clock.stop(applied)
+                    if applied:
+                        last = call_res.last
+                        for k in collect:
+                            pieces[k].append(got[k])
+                    base += applied
+                    self.steps += applied
+                    res = None
                 if outcome.err:
                     self._set_values(last)
                     error = exe.status_error(outcome, step=self.steps)
@@ -558,18 +568,59 @@ class Session:
                     self.last_run = clock.stats(stopped=False)
                     error.partial = self._result(pieces, drop=1)
                     raise error
-                if outcome.undone:  # the undone step asks for capacity: grow
-                    self._state = prog.grow(self._state, outcome)
-                if on_chunk is not None and applied:
-                    on_chunk({k: self._collected([pieces[k][-1]], k) for k in collect}, base)
-                if progress is not None:
-                    progress(base)
-                if over:
-                    break
-            self._set_values(last)
+                return applied, outcome, running
+
+            try:
+                while base < steps:
+                    n = min(chunk, steps - base)
+                    clock.start()
+                    exe = prog.executable  # the next one after a growth
+                    kernels = exe.kernels
+                    with held():  # the state handed over and taken back as one
+                        res = kernels.multi(exe.consts, self._state, per_dev, fixed_dev, base, n, collect, rows,
+                                            exes=call.exes(kernels), feedback=call.feedback, fed=fed, stop=stop_dev,
+                                            done=done)
+                        self._state, fed, done = res.state, res.fed, res.done
+                    applied, outcome, running = account(res)
+                    if applied and running > 0:
+                        pace = kernels.timed(running, applied)
+                        chunk = steps_per_call(pace)
+                    if outcome.undone:  # the undone step asks for capacity: grow
+                        self._state = prog.grow(self._state, outcome)
+                    if on_chunk is not None and applied:
+                        on_chunk({k: self._collected([pieces[k][-1]], k) for k in collect}, base)
+                    if progress is not None:
+                        progress(base)
+                    if over:
+                        break
+                    raise_pending()  # Ctrl-C: after the call in flight, with what the run made
+                self._set_values(last)
+                result = self._result(pieces)
+                raise_pending()
+            except KeyboardInterrupt as interrupt:
+                self._interrupted(interrupt, res, account, lambda: (self._set_values(last), self._result(pieces))[1], pieces)
+                raise
         self._clean = True  # the last status read said: no error, no growth pending
         self.last_run = clock.stats(stopped=over if steps else False)
-        return self._result(pieces)
+        return result
+
+    def _interrupted(self, interrupt: KeyboardInterrupt, res, account, result, pieces: dict) -> None:
+        """A Ctrl-C in `run` (deferred to the end of a fused call, or a second one at once): the
+        call in flight `res`, if its steps were not counted yet, counted now (its state is the
+        session's already), and the run's result so far as the interrupt's `partial`. Where the
+        interrupt cut a call off before it returned, its state may be gone with it (JAX donated
+        it): the session is closed then, saying so, rather than left on a deleted state, and the
+        partial result is the rows collected before that call."""
+        if any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(self._state)):
+            self._let_go("its state was given to a fused call that a second Ctrl-C cut off")
+            interrupt.partial = {k: self._collected(parts, k) for k, parts in pieces.items() if parts}
+            return
+        try:
+            if res is not None:
+                account(res)
+            interrupt.partial = result()
+        except KeyboardInterrupt:  # yet another Ctrl-C: out at once, without a partial result
+            pass
 
     def _collected(self, pieces: list, name: str) -> np.ndarray:
         """A collected variable's rows from the pieces the fused calls left (host), widened."""
