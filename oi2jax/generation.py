@@ -304,6 +304,7 @@ class Generator:
                     out[1:] = [int(i) for i in np.ravel(rows)]
                     if error is None and sess.last_run.stopped:  # the stop id is the last row
                         finish, stop_id = "stop", out.pop()
+                raise_pending()  # one that came after the run's last point: with the generation too
             except KeyboardInterrupt as exc:
                 c2, t2 = compile_seconds(), time.perf_counter()
                 if t1 is None:  # in the prompt: nothing generated
