@@ -250,7 +250,9 @@ class Generator:
 
         `temperature` 0 is greedy (the default); `stop_ids`: more stop ids besides the model's
         (`ignore_eos`: only these). `on_text(piece)` is called with the text as it is produced,
-        every `STREAM_EVERY` tokens (pieces that end inside a multi-byte character wait)."""
+        every `STREAM_EVERY` tokens (pieces that end inside a multi-byte character wait).
+        Ctrl-C: KeyboardInterrupt after the call in flight, its `partial` the `Generation` so far
+        (`finish="interrupted"`)."""
         if (prompt is None) == (prompt_ids is None):
             raise OiError("give a prompt (text) or prompt_ids, not both")
         ids = self.prompt_ids(prompt, chat=chat, system=system) if prompt is not None else [

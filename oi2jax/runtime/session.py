@@ -506,8 +506,10 @@ class Session:
         `partial` is the run's result up to the step before the failing one (the collected rows of
         the steps before it; every other variable as the session holds it: the failing step's
         state, its failing write skipped). Growth re-runs the step that needed it after doubling
-        the capacity; the result equals `steps` calls of `step`. `last_run` (`RunStats`): steps,
-        seconds, compiling, the first call and the steady rate of this run."""
+        the capacity; the result equals `steps` calls of `step`. Ctrl-C (`_signals.deferred`):
+        KeyboardInterrupt after the call in flight, its `partial` the result so far (the session
+        goes on from there). `last_run` (`RunStats`): steps, seconds, compiling, the first call
+        and the steady rate of this run."""
         self.check()
         prog = self.program
         inputs = dict(inputs or {})
@@ -586,7 +588,8 @@ class Session:
                         pace = kernels.timed(running, applied)
                         chunk = steps_per_call(pace)
                     if outcome.undone:  # the undone step asks for capacity: grow
-                        self._state = prog.grow(self._state, outcome)
+                        with held():
+                            self._state = prog.grow(self._state, outcome)
                     if on_chunk is not None and applied:
                         on_chunk({k: self._collected([pieces[k][-1]], k) for k in collect}, base)
                     if progress is not None:
