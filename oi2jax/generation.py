@@ -39,7 +39,7 @@ from .diagnostics import OiError
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
-from .runtime.runargs import collected_rows
+from .runtime.runargs import check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds
 from .runtime.session import compile_run
 
@@ -270,6 +270,9 @@ class Generator:
         build_s = time.perf_counter() - b0  # compiling too: counted with it, not as prompt time
         run = dict(steps=max_tokens - 1, feedback={self.token_input: "next"}, collect="next",
                    stop={"next": _stop_slots(stops)})
+        if max_tokens > 1:  # before the prompt runs: its tokens are held on the device for the whole decode
+            check_collected(self.programs[1], max_tokens - 1, ("next",), what=f"max_tokens {max_tokens}",
+                            fix="ask for fewer tokens (the cache holds at most the model's positions)")
         ahead = self._compile_decode_ahead(settings, run) if max_tokens > 1 else None
         waited = 0.0  # waiting for that compile: compiling, not generating
         c0, t0 = compile_seconds(), time.perf_counter()

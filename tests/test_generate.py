@@ -178,6 +178,15 @@ def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):
     assert res.ids == want and len(prompt) + len(res.ids) == 41  # the token of step 40 was drawn, not fed
 
 
+def test_a_token_budget_too_large_to_hold_is_refused_before_the_prompt(gen):
+    """max_tokens 10**12: the decode's token stack (a power of two of rows on the device) would be
+    4 TiB. Refused before anything runs or is allocated (it failed inside XLA's run: a JAX
+    RESOURCE_EXHAUSTED error, or a generation that hung)."""
+    with pytest.raises(OiError, match=r"max_tokens 1000000000000 needs 4398046511104 bytes on the device .*too "
+                                      r"large to allocate .*ask for fewer tokens"):
+        gen.generate(prompt_ids=[5, 6, 7], max_tokens=10**12)
+
+
 def test_ctrl_c_returns_what_was_generated(model, gen):
     """Ctrl-C during `generate` (sent from the text callback, between two fused calls): a
     KeyboardInterrupt whose `partial` is the generation so far, the NumPy Llama's tokens."""

@@ -539,6 +539,29 @@ def test_cli_run_overflow_names_the_step(capsys, tmp_path):
         assert partial["K"].tobytes() == four["K"].tobytes()  # the failing write skipped, never clamped
 
 
+def test_collected_stacks_too_large_to_hold_are_refused_before_the_run(capsys, tmp_path):
+    """`steps=10**12` collecting a scalar: its stack (a power of two of rows >= the steps, on the
+    device for the whole run) would be 4 TiB. Refused with the bytes and the limit before anything
+    runs or is allocated (it reached XLA's allocator inside the run: RESOURCE_EXHAUSTED), in the
+    API and in the CLI; the session is untouched and a run of its size works."""
+    src = PLAIN_FAIL_SOURCE
+    sess = oi2jax.compile(src).session()
+    x = np.ones(2, np.float32)
+    with pytest.raises(OiError, match=r"run: collecting acc over 1000000000000 steps needs 8796093022208 bytes on "
+                                      r"the device \(stacks of 1099511627776 rows.*too large to allocate.*run fewer "
+                                      r"steps at a time"):
+        sess.run({"n": np.float32(1), "x": x}, steps=10**12, collect="acc")
+    assert sess.steps == 0
+    assert len(sess.run({"n": np.float32(1), "x": x}, steps=3, collect="acc")["acc"]) == 3
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "n.npy", np.float32(1))
+    (tmp_path / "g.oi").write_text(src)
+    code, _, err = run_cli(capsys, "run", tmp_path / "g.oi", "--input", f"x={tmp_path / 'x.npy'}", "--input", f"n={tmp_path / 'n.npy'}",
+                           "--steps", "1000000000000", "--collect", "acc", "--quiet", "--out", tmp_path / "o.npz")
+    assert code == 1 and "error: run: collecting acc over 1000000000000 steps needs" in err, err
+    assert not (tmp_path / "o.npz").exists()
+
+
 def test_out_members_named_like_numpy_keywords(capsys, tmp_path):
     graph = tmp_path / "g.oi"
     graph.write_text("dynamic { file: f32[2]; allow_pickle: f32[2]; }\nblock entry { return; }\n")

@@ -76,7 +76,7 @@ class Program:
         self._step_hot: StepHotPath | None = None  # `step`'s hot path
         self._const_ids: dict = {}  # each constant key's provenance (`_const_values`): what a rebound program shares
         self.general_steps = 0  # eager `step` calls that took the general path (validated, maybe compiled)
-        check_sizes(bound, self._first_device())
+        check_sizes(bound, self.first_device())
         # every variable a result holds (the `--out` layout), in order
         self.result_vars = tuple(d for d in self.graph.vars
                                  if d.kind != ir.MemKind.CONSTANT and not d.is_prefix_table)
@@ -129,7 +129,7 @@ class Program:
         export's target), else the device's, the mesh's, or JAX's default backend."""
         if self.options.platform is not None:
             return self.options.platform
-        return self._first_device().platform
+        return self.first_device().platform
 
     def _place(self, bound, lowering, builder, shared):
         """The program's constants and input defaults, read and placed on the device."""
@@ -147,7 +147,7 @@ class Program:
         defaults = self.placer.put("defaults", {name: bound.initial(name) for name in builder.dynamic})
         return consts, defaults
 
-    def _first_device(self):
+    def first_device(self):
         """The program's device, a mesh's first, or JAX's default device."""
         mesh = getattr(self.placer, "mesh", None)
         if self.device is not None:
@@ -551,12 +551,12 @@ class Program:
             layout = layouts[name]
             probe = replace(layout, capacity=tuple(cap))
             nbytes = dt.get(layout.dtype).nbytes(math.prod(probe.data_shape()))
-            limit = memory_limit(self._first_device())
+            limit = memory_limit(self.first_device())
             if nbytes > limit:
                 decl = self.graph.var(name)
                 raise OiError(f"cache {name} would need {nbytes} bytes to grow to capacity {cap} (a write needs "
                               f"{int(max(need))} entries): too large to allocate (the limit is {limit} bytes"
-                              f"{limit_note(limit, self._first_device())})", decl.span if decl else None,
+                              f"{limit_note(limit, self.first_device())})", decl.span if decl else None,
                               source=self.graph.source)
         reasons = []
         caches = dict(host.caches)

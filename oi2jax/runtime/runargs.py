@@ -6,6 +6,7 @@ signature (`Program.validated_runs`) together with the fused loop compiled ahead
 decode loop calling `run` again checks nothing twice (a hot path)."""
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -14,6 +15,7 @@ import numpy as np
 
 from .. import dtypes, ir
 from ..diagnostics import OiError, suggest
+from ..limits import limit_note, memory_limit
 
 MAX_VALIDATED = 64  # signatures remembered per program (then forgotten all at once)
 
@@ -84,6 +86,7 @@ def validate_run(prog, inputs: dict, steps, collect, convert, feedback=None, sto
     pairs = feedback_pairs(prog, feedback)
     per_step, fixed, steps = split_inputs(prog, inputs, steps, pairs)
     collect = collect_names(prog, collect)
+    check_collected(prog, steps, collect)
     per_dev = {}
     for length in dict.fromkeys(np.shape(v)[0] for v in per_step.values()):  # per length (feedback: its own)
         per_dev.update(convert({k: v for k, v in per_step.items() if np.shape(v)[0] == length}, steps=length))
@@ -104,6 +107,25 @@ def collected_rows(steps: int, collect) -> int:
     """The length of a run's collected stacks: a power of two of rows (>= 64), so that runs of
     many lengths share a loop; 0 when nothing is collected."""
     return max(64, 1 << (steps - 1).bit_length()) if collect else 0
+
+
+def check_collected(prog, steps: int, collect: tuple, what: str | None = None,
+                    fix: str = "run fewer steps at a time (the session goes on from where a run ended), or collect less") -> None:
+    """Refuse, before anything is allocated, a run whose collected stacks (`collected_rows` rows
+    of each collected variable, on the device for the whole run) cannot fit: `steps=10**12` with
+    `collect` asked for 4 TiB, which XLA:CPU failed to allocate inside the run (a JAX error, or a
+    generation that hung)."""
+    rows = collected_rows(steps, collect)
+    if not rows:
+        return
+    nbytes = sum(dtypes.get(prog.bound.dtype(k)).nbytes(rows * math.prod(prog.bound.shape(k))) for k in collect)
+    device = prog.first_device()
+    limit = memory_limit(device)
+    if nbytes > limit:
+        what = what or f"run: collecting {', '.join(collect)} over {steps} steps"
+        raise OiError(f"{what} needs {nbytes} bytes on the device (stacks of {rows} rows, the steps rounded up to "
+                      f"a power of two): too large to allocate (the limit is {limit} bytes"
+                      f"{limit_note(limit, device)}); {fix}")
 
 
 def stop_arrays(prog, stop_ids: dict) -> tuple[dict, dict]:
