@@ -39,7 +39,7 @@ from .diagnostics import OiError
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
-from .runtime.runargs import check_collected, collected_rows
+from .runtime.runargs import call_limit, check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds
 from .runtime.session import compile_run
 
@@ -273,7 +273,8 @@ class Generator:
         if max_tokens > 1:  # before the prompt runs: its tokens are held on the device for the whole decode
             check_collected(self.programs[1], max_tokens - 1, ("next",), what=f"max_tokens {max_tokens}",
                             fix="ask for fewer tokens (the cache holds at most the model's positions)")
-        ahead = self._compile_decode_ahead(settings, run) if max_tokens > 1 else None
+        every = STREAM_EVERY if on_text is not None else None  # the run's calls (their stacks: runargs.call_limit)
+        ahead = self._compile_decode_ahead(settings, run, every) if max_tokens > 1 else None
         waited = 0.0  # waiting for that compile: compiling, not generating
         c0, t0 = compile_seconds(), time.perf_counter()
         c1 = t1 = None
@@ -297,7 +298,7 @@ class Generator:
                     try:
                         rows = sess.run({self.token_input: token, **self._inputs(settings)}, **run,
                                         on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
-                                        every=STREAM_EVERY if on_text is not None else None)["next"]
+                                        every=every)["next"]
                     except OiError as exc:  # a step's error: the tokens before it are kept
                         if getattr(exc, "partial", None) is None:
                             raise
@@ -332,13 +333,13 @@ class Generator:
                       generate_s=(t2 - t1) - (c2 - c1) - waited, compile_s=build_s + c2 - c0 + waited + late)
         return Generation(prompt_ids=ids, ids=out, text=text, finish=finish, stats=stats, stop_id=stop_id, error=error)
 
-    def _compile_decode_ahead(self, settings: dict, run: dict):
+    def _compile_decode_ahead(self, settings: dict, run: dict, every: int | None):
         """Compile the fused decode loop of `run` in a second thread, while this one runs the
         prompt (its program's compile takes one core: the other idles), once per loop a
         generation needs (`runtime/session.compile_run`); the thread, or None. Its compiling is
         counted apart (`runstats.apart`); a generation that waits for it counts the wait as
         compiling. A failure there only leaves the loop to be compiled by the run, as before."""
-        key = (collected_rows(run["steps"], run["collect"]), len(run["stop"]["next"]))
+        key = (collected_rows(call_limit(run["steps"], False, every), run["collect"]), len(run["stop"]["next"]))
         ahead = self.compile_ahead
         if ahead is None:  # where JAX keeps compiled programs on disk, a later process reads the loop
             ahead = not jax.config.jax_compilation_cache_dir  # there, and compiling beside the prompt's run only slows it
@@ -351,7 +352,7 @@ class Generator:
         def compile_loop():
             with apart():
                 try:
-                    compile_run(self.programs[1], inputs, **run)
+                    compile_run(self.programs[1], inputs, **run, every=every)
                 except Exception:  # the run compiles (and reports) it itself
                     self._ahead.discard(key)
 

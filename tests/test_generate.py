@@ -179,10 +179,10 @@ def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):
 
 
 def test_a_token_budget_too_large_to_hold_is_refused_before_the_prompt(gen):
-    """max_tokens 10**12: the decode's token stack (a power of two of rows on the device) would be
-    4 TiB. Refused before anything runs or is allocated (it failed inside XLA's run: a JAX
+    """max_tokens 10**12: the decode's token rows (a power of two >= the steps) would be 4 TiB.
+    Refused before anything runs or is allocated (it failed inside XLA's run: a JAX
     RESOURCE_EXHAUSTED error, or a generation that hung)."""
-    with pytest.raises(OiError, match=r"max_tokens 1000000000000 needs 4398046511104 bytes on the device .*too "
+    with pytest.raises(OiError, match=r"max_tokens 1000000000000 needs 4398046511104 bytes for the rows it collects .*too "
                                       r"large to allocate .*ask for fewer tokens"):
         gen.generate(prompt_ids=[5, 6, 7], max_tokens=10**12)
 

@@ -540,15 +540,15 @@ def test_cli_run_overflow_names_the_step(capsys, tmp_path):
 
 
 def test_collected_stacks_too_large_to_hold_are_refused_before_the_run(capsys, tmp_path):
-    """`steps=10**12` collecting a scalar: its stack (a power of two of rows >= the steps, on the
-    device for the whole run) would be 4 TiB. Refused with the bytes and the limit before anything
-    runs or is allocated (it reached XLA's allocator inside the run: RESOURCE_EXHAUSTED), in the
-    API and in the CLI; the session is untouched and a run of its size works."""
+    """`steps=10**12` collecting an f32[2]: its rows (a power of two >= the steps) would be 8 TiB.
+    Refused with the bytes and the limit before anything runs or is allocated (it reached XLA's
+    allocator inside the run: RESOURCE_EXHAUSTED), in the API and in the CLI; the session is
+    untouched and a run of its size works."""
     src = PLAIN_FAIL_SOURCE
     sess = oi2jax.compile(src).session()
     x = np.ones(2, np.float32)
-    with pytest.raises(OiError, match=r"run: collecting acc over 1000000000000 steps needs 8796093022208 bytes on "
-                                      r"the device \(stacks of 1099511627776 rows.*too large to allocate.*run fewer "
+    with pytest.raises(OiError, match=r"run: collecting acc over 1000000000000 steps needs 8796093022208 bytes for "
+                                      r"the rows it collects \(1099511627776 rows.*too large to allocate.*run fewer "
                                       r"steps at a time"):
         sess.run({"n": np.float32(1), "x": x}, steps=10**12, collect="acc")
     assert sess.steps == 0
@@ -560,6 +560,29 @@ def test_collected_stacks_too_large_to_hold_are_refused_before_the_run(capsys, t
                            "--steps", "1000000000000", "--collect", "acc", "--quiet", "--out", tmp_path / "o.npz")
     assert code == 1 and "error: run: collecting acc over 1000000000000 steps needs" in err, err
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_a_calls_collected_stack_holds_its_own_rows_not_the_runs(monkeypatch):
+    """A run of many fused calls (streaming, a progress callback) gives each call a stack of its
+    own rows (runargs.call_limit), not the whole run's: 2000 steps in calls of at most 8 use
+    64-row stacks, where each call allocated, zeroed and fetched 2048 rows before (a run of 8192
+    steps collecting 4096 floats, in calls of 64: 20.4 s before, 0.48 s after). The rows are
+    the same as one call's, bit for bit."""
+    from oi2jax.runtime.kernels import StepKernels
+    sess = oi2jax.compile(PLAIN_FAIL_SOURCE).session()
+    x = np.array([0.5, 1.0], np.float32)
+    whole = sess.run({"n": np.float32(1), "x": x}, steps=2000, collect="y")["y"]
+    lengths, multi = [], StepKernels.multi
+
+    def recording(self, *args, **kwargs):
+        res = multi(self, *args, **kwargs)
+        lengths.extend(len(v) for v in res.stacked.values())
+        return res
+    monkeypatch.setattr(StepKernels, "multi", recording)
+    again = oi2jax.compile(PLAIN_FAIL_SOURCE).session()
+    streamed = again.run({"n": np.float32(1), "x": x}, steps=2000, collect="y", every=8)["y"]
+    assert set(lengths) == {64} and len(lengths) >= 2000 // 8
+    assert streamed.tobytes() == whole.tobytes()
 
 
 def test_out_members_named_like_numpy_keywords(capsys, tmp_path):

@@ -187,7 +187,7 @@ class StepKernels:
             def body(carry):
                 i, env, _, stacked, fb, hit = carry
                 flat, outputs = one(env, fb, i)
-                stacked = {k: lax.dynamic_update_index_in_dim(v, outputs[k], base + i, 0)
+                stacked = {k: lax.dynamic_update_index_in_dim(v, outputs[k], i, 0)  # the call's own rows
                            for k, v in stacked.items()}
                 new_fb = {k: outputs[source] for k, source in feedback}
                 new_hit = {k: hit[k] | stop_hits(outputs[k], ids, jnp) for k, ids in stop_ids.items()}
@@ -273,7 +273,7 @@ class StepKernels:
         args = self.multi_args(consts, state, per_step, fixed, base, n, collect, total, feedback, fed, stop, done)
         if exes is None:
             return called(self.multi_jit, args)
-        index = args[5].dtype
+        index = (args[5].dtype, args[10])  # and the stacks' length: a static argument the exe was built for
         if index not in exes:
             exes[index] = AheadOfTime(compiled(self.multi_jit.lower(*args)), first=1)
         loop = exes[index]
@@ -388,7 +388,7 @@ class FusedRun(NamedTuple):
 
     state: StepState  # after the last applied step
     last: dict  # every variable's value at the last step run (of an undone one: never shown)
-    stacked: dict  # collect name -> [total, ...] (rows base .. base + applied - 1 written)
+    stacked: dict  # collect name -> [total, ...] (rows 0 .. applied - 1 written: the call's steps)
     status: object  # int64 `status_vector`: read it with `StepOutcome.of_status`
     fed: dict  # input with feedback -> the value its next step takes when fed back
     done: dict  # stop output -> bool [output's shape]: the elements that gave a stop id so far

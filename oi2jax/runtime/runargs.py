@@ -104,17 +104,26 @@ def validate_run(prog, inputs: dict, steps, collect, convert, feedback=None, sto
 
 
 def collected_rows(steps: int, collect) -> int:
-    """The length of a run's collected stacks: a power of two of rows (>= 64), so that runs of
-    many lengths share a loop; 0 when nothing is collected."""
+    """The length of collected stacks for `steps` steps: a power of two of rows (>= 64), so that
+    runs of many lengths share a loop; 0 when nothing is collected."""
     return max(64, 1 << (steps - 1).bit_length()) if collect else 0
+
+
+def call_limit(steps: int, progress: bool = False, every: int | None = None) -> int:
+    """The most steps one fused call of a run takes: all of them, a fiftieth with a progress
+    callback, at most `every` when streaming. A call's collected stacks hold its own rows
+    (`collected_rows(call_limit(...))`), not the whole run's: a run of many calls does not
+    allocate, zero and fetch the whole run's rows at every call."""
+    limit = steps if not progress else max(1, -(-steps // 50))
+    return min(limit, every) if every is not None else limit
 
 
 def check_collected(prog, steps: int, collect: tuple, what: str | None = None,
                     fix: str = "run fewer steps at a time (the session goes on from where a run ended), or collect less") -> None:
-    """Refuse, before anything is allocated, a run whose collected stacks (`collected_rows` rows
-    of each collected variable, on the device for the whole run) cannot fit: `steps=10**12` with
-    `collect` asked for 4 TiB, which XLA:CPU failed to allocate inside the run (a JAX error, or a
-    generation that hung)."""
+    """Refuse, before anything is allocated, a run whose collected rows (`collected_rows` of the
+    steps, of each collected variable: one call's device stacks where the run is one call, the
+    result on the host in any case) cannot fit: `steps=10**12` with `collect` asked for 4 TiB,
+    which XLA:CPU failed to allocate inside the run (a JAX error, or a generation that hung)."""
     rows = collected_rows(steps, collect)
     if not rows:
         return
@@ -123,8 +132,8 @@ def check_collected(prog, steps: int, collect: tuple, what: str | None = None,
     limit = memory_limit(device)
     if nbytes > limit:
         what = what or f"run: collecting {', '.join(collect)} over {steps} steps"
-        raise OiError(f"{what} needs {nbytes} bytes on the device (stacks of {rows} rows, the steps rounded up to "
-                      f"a power of two): too large to allocate (the limit is {limit} bytes"
+        raise OiError(f"{what} needs {nbytes} bytes for the rows it collects ({rows} rows, the steps rounded up "
+                      f"to a power of two): too large to allocate (the limit is {limit} bytes"
                       f"{limit_note(limit, device)}); {fix}")
 
 

@@ -30,7 +30,7 @@ from . import state_file
 from .kernels import StepOutcome, compiled
 from .placement import Placer
 from .runstats import RunClock
-from .runargs import (collect_names, collected_rows, device_inputs, fed_back, feedback_pairs, split_inputs, stop_arrays,
+from .runargs import (call_limit, collect_names, collected_rows, device_inputs, fed_back, feedback_pairs, split_inputs, stop_arrays,
                       stop_hits, stop_set, stopped, validate_run)
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
@@ -520,7 +520,8 @@ class Session:
             raise OiError(f"every must be an integer >= 1, got {every!r}")
         per_dev, fixed_dev, fed = call.arguments(inputs)
         pieces: dict = {k: [] for k in collect}
-        rows = collected_rows(steps, collect)
+        limit = call_limit(steps, progress is not None, every)
+        rows = collected_rows(limit, collect)  # a call's own rows (runargs.call_limit)
         clock = RunClock()
         with prog.scope(), deferred():
             stop_dev, done = stop_arrays(prog, stop_ids)
@@ -529,10 +530,6 @@ class Session:
             # than a call away; the loop is traced once whatever n. The pace (seconds per step, its
             # compiling left out) is the last call's, kept with the kernels; a program's first run
             # measures it on 16 steps
-            limit = steps if progress is None else max(1, -(-steps // 50))
-            if every is not None:
-                limit = min(limit, every)
-
             def steps_per_call(pace):
                 return max(1, min(limit, int(self.call_seconds / max(pace, 1e-9))))
 
@@ -551,8 +548,8 @@ class Session:
                 outcome = StepOutcome.of_status(call_res.status)
                 stops_now = bool(stopped(jax.device_get(call_res.done))) if call_res.done else False
                 applied = outcome.applied
-                # sliced on the host: a device slice per (base, applied) compiles
-                got = {k: exe.to_host(call_res.stacked[k])[base:base + applied] for k in collect} if applied else {}
+                # sliced on the host: a device slice per `applied` compiles
+                got = {k: exe.to_host(call_res.stacked[k])[:applied] for k in collect} if applied else {}
                 with held():
                     over = stops_now
                     running = clock.stop(applied)
@@ -683,9 +680,10 @@ class Session:
         return result
 
 
-def compile_run(prog, inputs: dict, steps: int, collect=(), feedback: dict | None = None, stop: dict | None = None) -> bool:
+def compile_run(prog, inputs: dict, steps: int, collect=(), feedback: dict | None = None, stop: dict | None = None,
+                every: int | None = None) -> bool:
     """Compile the fused loop that a session of `prog` runs for `run(inputs, steps, collect=,
-    feedback=, stop=)`, without running a step or keeping a state: its state is described by
+    feedback=, stop=, every=)`, without running a step or keeping a state: its state is described by
     shapes and dtypes (`jax.ShapeDtypeStruct`s, as uncommitted as the state a program on JAX's
     default device holds), so that the run, from such a state, finds the loop compiled (JAX's
     cache of the jitted loop). `Generator.generate` does it in a second thread while the prompt's
@@ -707,6 +705,7 @@ def compile_run(prog, inputs: dict, steps: int, collect=(), feedback: dict | Non
                              exe.initial_host_state())
         kernels = exe.kernels
         args = kernels.multi_args(exe.consts, state, per_dev, fixed_dev, 0, 1, call.collect,
-                                  collected_rows(call.steps, call.collect), call.feedback, fed, stop_dev, done)
+                                  collected_rows(call_limit(call.steps, False, every), call.collect), call.feedback,
+                                  fed, stop_dev, done)
         compiled(kernels.multi_jit.lower(*args))
     return True
