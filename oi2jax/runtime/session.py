@@ -199,7 +199,7 @@ class Session:
         """Raise the runtime error of a step not yet reported, if any (waits for the last
         dispatched step: a point where the session hands data to the host)."""
         if self._closed:
-            raise OiError("this session is closed" + (f": {self._closed_why}" if self._closed_why else ""))
+            raise self._closed_error()
         if self._pending:
             self._confirm(len(self._pending) - 1)
 
@@ -219,6 +219,9 @@ class Session:
             self.check()
         finally:
             self._let_go()
+
+    def _closed_error(self) -> OiError:
+        return OiError("this session is closed" + (f": {self._closed_why}" if self._closed_why else ""))
 
     def _let_go(self, why: str = "") -> None:
         """Closed: the state let go; `why` (the session closed itself) said by every later use."""
@@ -387,7 +390,7 @@ class Session:
         during a compile is raised once it returns, before anything runs (`_signals.deferred`;
         not around every step: installing a handler costs microseconds)."""
         if self._closed:
-            raise OiError("this session is closed" + (f": {self._closed_why}" if self._closed_why else ""))
+            raise self._closed_error()
         self.general_steps += 1
         prog = self.program
         exe = prog.executable
@@ -598,16 +601,21 @@ class Session:
                 result = self._result(pieces)
                 raise_pending()
             except KeyboardInterrupt as interrupt:
-                self._interrupted(interrupt, res, account, lambda: (self._set_values(last), self._result(pieces))[1], pieces)
+                def so_far():  # the call in flight counted, if it was not, then the run's result
+                    if res is not None:
+                        account(res)
+                    self._set_values(last)
+                    return self._result(pieces)
+                self._interrupted(interrupt, so_far, pieces)
                 raise
         self._clean = True  # the last status read said: no error, no growth pending
         self.last_run = clock.stats(stopped=over if steps else False)
         return result
 
-    def _interrupted(self, interrupt: KeyboardInterrupt, res, account, result, pieces: dict) -> None:
+    def _interrupted(self, interrupt: KeyboardInterrupt, so_far, pieces: dict) -> None:
         """A Ctrl-C in `run` (deferred to the end of a fused call, or a second one at once): the
-        call in flight `res`, if its steps were not counted yet, counted now (its state is the
-        session's already), and the run's result so far as the interrupt's `partial`. Where the
+        run's result so far (`so_far()`: the call in flight counted, its state the session's
+        already) as the interrupt's `partial`. Where the
         interrupt cut a call off before it returned, its state may be gone with it (JAX donated
         it): the session is closed then, saying so, rather than left on a deleted state, and the
         partial result is the rows collected before that call."""
@@ -616,9 +624,7 @@ class Session:
             interrupt.partial = {k: self._collected(parts, k) for k, parts in pieces.items() if parts}
             return
         try:
-            if res is not None:
-                account(res)
-            interrupt.partial = result()
+            interrupt.partial = so_far()
         except KeyboardInterrupt:  # yet another Ctrl-C: out at once, without a partial result
             pass
 
