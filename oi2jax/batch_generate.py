@@ -17,6 +17,7 @@ from .diagnostics import OiError
 from .generation import PROMPT_STEPS
 from .npz import write_atomic
 from .runtime.batch import SlotResult
+from .runtime.tokens import prompt_ids, stop_ids as checked_stops, vocabulary
 
 DEFAULT_SETTINGS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
 
@@ -61,6 +62,9 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     fails gets its error (finish "error") and the others go on. `on_done(k, result)` is called as
     prompt k finishes. `settings`: sampling settings; one the graph has no input for is an error
     unless it has its default value."""
+    vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none is lost to another's error
+    prompts = [prompt_ids(p, vocab, f"prompt {k}") for k, p in enumerate(prompts)]
+    stop_ids = checked_stops(stop_ids, vocab)
     batch = program.batch(max(1, min(size, len(prompts))), buckets=buckets, programs=programs)
     given = {k: v for k, v in settings.items() if k in batch.settings or v != DEFAULT_SETTINGS.get(k)}
     results: list[SlotResult | None] = [None] * len(prompts)

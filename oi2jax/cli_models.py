@@ -48,6 +48,7 @@ def cmd_convert_hf(args) -> int:
 def cmd_generate(args) -> int:
     from . import api  # deferred: JAX
     from .generation import Generator  # deferred: JAX
+    from .runtime import tokens
 
     api.enable_compilation_cache(args.cache_dir)  # a second generate with the model reads its programs back
     if args.batch is not None:
@@ -67,6 +68,8 @@ def cmd_generate(args) -> int:
                           f"{prompt_ids.dtype}{list(prompt_ids.shape)}")
     gen = Generator(args.model, args.graph, tokenizer=args.tokenizer, ops=args.ops or ["nn"], kernels=args.kernels,
                     kv_dtype=args.table_dtype)
+    if prompt_ids is not None:  # named by its file (generate checks it again, as prompt_ids)
+        prompt_ids = tokens.prompt_ids(prompt_ids, gen.vocab, args.prompt_ids)
     printed = []
 
     def show(piece: str) -> None:

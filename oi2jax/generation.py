@@ -41,6 +41,7 @@ from .model.tokenizer import META, encode_prompt, render_chat
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
 from .runtime.runargs import call_limit, check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds
+from .runtime import tokens
 from .runtime.session import compile_run
 
 __all__ = ["Generator", "Generation", "Stats", "generate"]
@@ -169,6 +170,8 @@ class Generator:
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
                          decode.graph.var(k).kind == ir.MemKind.DYNAMIC}
         self.buckets = program_buckets(decode) if self.mode == PROMPT_STEPS else (1,)
+        self.vocab = tokens.vocabulary(decode)  # prompt and stop ids are checked against it
+        self.capacity = decode.bound.sizes.get("T")  # the cache's positions (the step-graph contract's T)
         # compiling is counted apart: what compiles during a generation (a bucket's first use, the
         # fused decode loop's first run) is measured there and left out of its rates
         self.compile_s = time.perf_counter() - t0  # reading the model file and compiling the S=1 program
@@ -255,14 +258,21 @@ class Generator:
         (`finish="interrupted"`)."""
         if (prompt is None) == (prompt_ids is None):
             raise OiError("give a prompt (text) or prompt_ids, not both")
-        ids = self.prompt_ids(prompt, chat=chat, system=system) if prompt is not None else [
-            int(i) for i in np.ravel(np.asarray(prompt_ids))]
-        if not ids:
+        ids = self.prompt_ids(prompt, chat=chat, system=system) if prompt is not None else prompt_ids
+        if np.size(ids) == 0:
             raise OiError("the prompt has no tokens")
+        # checked before anything compiles or runs (a 1-D integer vector, every id in the
+        # vocabulary, no longer than the cache): the prompt's step would fail only after its compile
+        ids = tokens.prompt_ids(ids, self.vocab, "prompt_ids" if prompt is None else
+                                "the prompt's token ids (from the tokenizer)").tolist()
+        if self.capacity is not None and len(ids) > self.capacity:
+            raise OiError(f"the prompt has {len(ids)} tokens, more than the {self.capacity} positions the model's "
+                          f"cache holds (its size T): shorten the prompt")
         _check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         seed=seed)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
-        stops = sorted(set(() if ignore_eos else self.stop_ids) | {int(i) for i in (stop_ids or ())})
+        stops = sorted(set(() if ignore_eos else self.stop_ids) |
+                       set(tokens.stop_ids(() if stop_ids is None else stop_ids, self.vocab)))
         b0 = time.perf_counter()
         if self.mode == PROMPT_STEPS:  # each bucket's program built (rebound, lowered) before the clock starts
             for size, _ in prompt_steps(len(ids), self.buckets):

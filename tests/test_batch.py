@@ -222,6 +222,18 @@ def test_batch_errors(llama):
         batch.insert(1, PROMPTS[0], temprature=0.5)
     with pytest.raises(OiError, match="a prompt is a non-empty vector"):
         batch.insert(1, np.zeros((0,), np.int32))
+    v = SIZES["vocab"]  # ids outside the vocabulary (the graph's logits: f32[V]), refused before the prompt runs
+    with pytest.raises(OiError, match=rf"token id {v} \(index 1\) is outside the vocabulary 0\.\.{v - 1} \(the graph's "
+                                      rf"logits: f32\[{v}\]\)"):
+        batch.insert(1, np.array([1, v, 2]))
+    with pytest.raises(OiError, match=r"token id 1099511627776 \(index 0\) is outside the vocabulary"):
+        batch.insert(1, np.array([2**40]))  # failed in NumPy's cast to int32 before
+    with pytest.raises(OiError, match=r"token id -1 \(index 0\) is outside"):
+        batch.insert(1, np.array([-1, 3]))
+    with pytest.raises(OiError, match=rf"stop ids: {v + 7} is outside the vocabulary .*: it can never be drawn"):
+        batch.insert(1, PROMPTS[0], stop=[3, v + 7])
+    with pytest.raises(OiError, match=rf"stop ids: {v} is outside the vocabulary"):
+        batch.run(1, stop=[v])
     with pytest.raises(OiError, match="batch size must be a positive integer"):
         decode.batch(0)
     with pytest.raises(OiError, match="axis='data' needs a mesh"):
@@ -308,6 +320,17 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     np.save(rows, np.zeros((2, 2), np.float32))
     with pytest.raises(OiError, match="row 0: a prompt is a non-empty 1-D array of integer token ids"):
         read_prompts(rows)
+    # a prompt outside the vocabulary, or a stop id that can never be drawn, is refused before any
+    # prompt runs: the prompts before it are not cut off by its error (it failed mid-batch before)
+    v = SIZES["vocab"]
+    np.savez(prompts, a=PROMPTS[0], b=np.array([4, 2**40]), c=PROMPTS[1])
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--max-tokens", "3")
+    assert (code, printed) == (1, "") and err == (f"error: prompt 1: token id 1099511627776 (index 1) is outside the "
+                                                  f"vocabulary 0..{v - 1} (the graph's logits: f32[{v}])\n"), err
+    np.savez(prompts, a=PROMPTS[0])
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--stop-id", str(v + 1))
+    assert (code, printed) == (1, "") and f"error: stop ids: {v + 1} is outside the vocabulary" in err, err
+    assert gen.programs == programs and gen.programs[BUCKET].compiles == compiles
 
 
 def test_the_benchmarks_handwritten_batched_step_gives_the_batchs_tokens(llama):

@@ -220,6 +220,40 @@ def test_bad_settings_are_named(gen, bad):
         gen.generate(prompt_ids=[1, 2], **bad)
 
 
+def test_ids_outside_the_vocabulary_and_a_prompt_past_the_cache_are_refused_before_anything_compiles(model, gen):
+    """A prompt id or stop id outside 0..V-1 (V: the graph's logits: f32[V]), an id past int32
+    (an OverflowError in NumPy's cast before), a prompt that is not a 1-D integer vector (it was
+    flattened, or its floats truncated) and a prompt longer than the cache's T = 40 positions:
+    each named before any program compiles or runs (they failed in the prompt's step, after its
+    compile, or were taken silently)."""
+    v, compiles, programs = len(model["vocab"]), gen.compiles, set(gen.programs)
+    outside = rf"is outside the vocabulary 0\.\.{v - 1} \(the graph's logits: f32\[{v}\]\)"
+    for ids, where in (([1, v, 2], rf"token id {v} \(index 1\)"), ([-3], r"token id -3 \(index 0\)"),
+                       (np.array([5, 2**40]), r"token id 1099511627776 \(index 1\)")):
+        with pytest.raises(OiError, match=rf"^error: prompt_ids: {where} {outside}$"):
+            gen.generate(prompt_ids=ids, max_tokens=3)
+    with pytest.raises(OiError, match=r"prompt_ids: a prompt is a non-empty vector of token ids, got shape \[2, 2\]"):
+        gen.generate(prompt_ids=[[1, 2], [3, 4]], max_tokens=3)
+    with pytest.raises(OiError, match=r"prompt_ids: prompt token ids must be integers, got float64"):
+        gen.generate(prompt_ids=[1.5, 2.0], max_tokens=3)
+    with pytest.raises(OiError, match=rf"^error: stop ids: {v + 9} {outside}: it can never be drawn$"):
+        gen.generate(prompt_ids=[1, 2], max_tokens=3, stop_ids=[4, v + 9])
+    with pytest.raises(OiError, match=r"^error: the prompt has 41 tokens, more than the 40 positions the model's cache holds "
+                                      r"\(its size T\): shorten the prompt$"):
+        gen.generate(prompt_ids=list(range(3, 44)), max_tokens=1)
+    assert gen.compiles == compiles and set(gen.programs) == programs  # nothing compiled for them
+    assert gen.generate(prompt_ids=list(range(3, 43)), max_tokens=1, ignore_eos=True).ids == \
+        greedy_reference(model, list(range(3, 43)), 1)  # 40 tokens fill the cache: its first token is drawn
+
+
+def test_cli_names_the_prompt_ids_file_of_an_id_outside_the_vocabulary(model, tmp_path, capsys, shared_cli):
+    v = len(model["vocab"])
+    np.save(tmp_path / "p.npy", np.array([1, 2, v + 3], np.int64))
+    code, out, err = run_cli(capsys, "generate", model["path"], "--prompt-ids", tmp_path / "p.npy")
+    assert (code, out) == (1, "") and err == (f"error: {tmp_path / 'p.npy'}: token id {v + 3} (index 2) is outside "
+                                              f"the vocabulary 0..{v - 1} (the graph's logits: f32[{v}])\n"), err
+
+
 def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys, shared_cli):
     ids_out = tmp_path / "ids.npy"
     code, out, err = run_cli(capsys, "generate", model["path"], "--prompt", "hello world", "--max-tokens", "6",

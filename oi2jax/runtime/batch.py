@@ -25,6 +25,7 @@ from ..diagnostics import OiError, suggest
 from ..lowering.state import CacheState, Guards, StepState
 from .buckets import bucket_program, program_buckets, prompt_steps
 from .kernels import StepOutcome
+from .tokens import prompt_ids, stop_ids, vocabulary
 
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed")  # the step graph's per-slot sampling inputs
 MAX_STOPS = 8  # stop ids per slot (insert's and run's together)
@@ -74,6 +75,7 @@ class Batch:
             raise OiError(f"chunk must be >= 1, got {chunk}")
         self.size, self.buckets, self.chunk = int(size), tuple(sorted(int(s) for s in buckets)), int(chunk)
         self.settings = tuple(name for name in SETTINGS if name in exe.defaults)
+        self.vocab = vocabulary(program)  # prompt and stop ids are checked against it (runtime/tokens.py)
         self._shared = {k: v for k, v in exe.defaults.items() if k not in ("tokens", "n") + self.settings}
         self.mesh, self._axis = _batch_mesh(program, mesh, axis, self.size)
         self._compiled = _COMPILED.setdefault(program, {})
@@ -179,8 +181,8 @@ class Batch:
         slot = self._slot(slot)
         if self._slots["active"][slot]:
             raise OiError(f"slot {slot} is still generating: evict it before inserting a new prompt")
-        ids = _prompt_ids(prompt, self._exe.lowering.bound.dtype("tokens"))
-        stops = _stop_ids(stop)
+        ids = prompt_ids(prompt, self.vocab)
+        stops = _stop_ids(stop, self.vocab)
         if max_tokens is not None and (not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1):
             raise OiError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         values = {}
@@ -274,7 +276,7 @@ class Batch:
         this result so far as the KeyboardInterrupt's `partial`."""
         if not isinstance(steps, (int, np.integer)) or steps < 0:
             raise OiError(f"steps must be a non-negative integer, got {steps!r}")
-        extra = _stop_ids(stop)
+        extra = _stop_ids(stop, self.vocab)
         saved = self._slots["stops"].copy()
         if extra:
             for slot in range(self.size):
@@ -399,21 +401,8 @@ def _batch_mesh(program, mesh, axis, size: int):
     return mesh, axis
 
 
-def _prompt_ids(prompt, dtype: str) -> np.ndarray:
-    ids = np.asarray(prompt)
-    if ids.ndim != 1 or ids.size == 0:
-        raise OiError(f"a prompt is a non-empty vector of token ids, got shape {list(ids.shape)}")
-    if ids.dtype.kind not in "iu":
-        raise OiError(f"prompt token ids must be integers, got {ids.dtype}")
-    if ids.min() < 0 or ids.max() > np.iinfo(np.int32).max:
-        raise OiError(f"prompt token id {int(ids.min() if ids.min() < 0 else ids.max())} does not fit {dtype}")
-    return ids.astype(np.int32)
-
-
-def _stop_ids(stop) -> list[int]:
-    ids = [int(t) for t in np.asarray(list(stop), np.int64).reshape(-1)]
-    if any(t < 0 for t in ids):
-        raise OiError(f"stop ids must be non-negative, got {ids}")
-    if len(set(ids)) > MAX_STOPS:
-        raise OiError(f"{len(set(ids))} stop ids, at most {MAX_STOPS}")
-    return list(dict.fromkeys(ids))
+def _stop_ids(stop, vocab: int | None) -> list[int]:
+    ids = stop_ids(stop, vocab)
+    if len(ids) > MAX_STOPS:
+        raise OiError(f"{len(ids)} stop ids, at most {MAX_STOPS}")
+    return ids
