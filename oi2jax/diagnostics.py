@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 from dataclasses import dataclass
 
 from .ir import Span
@@ -105,3 +106,13 @@ def suggest(name: str, candidates) -> str:
 def error(message: str, span: Span | None = None) -> OiError:
     """Shorthand: `raise error("unknown variable x", node.span)`."""
     return OiError(message, span)
+
+
+def check_whole(name: str, value, low: int, high: int | None = None) -> int:
+    """THE check of a whole-number argument (`steps`, `max_tokens`, `top_k`, ...): an int (not a
+    bool, not a float: 2.5 steps are not truncated to 2) in low..high; its value as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
+            high is not None and value > high):
+        span = f"{low}..{high}" if high is not None else f">= {low}"
+        raise OiError(f"{name} must be a whole number {span}, got {value!r}")
+    return int(value)

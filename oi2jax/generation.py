@@ -35,7 +35,7 @@ import numpy as np
 
 from . import api, ir
 from ._signals import deferred, raise_pending
-from .diagnostics import OiError
+from .diagnostics import OiError, check_whole
 from .model.reader import open_model
 from .model.tokenizer import META, encode_prompt, render_chat
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
@@ -453,20 +453,14 @@ class _Stream:
 
 
 def _check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> None:
-    def whole(name, value, low, high=None):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low or (
-                high is not None and value > high):
-            span = f"{low}..{high}" if high is not None else f">= {low}"
-            raise OiError(f"{name} must be a whole number {span}, got {value!r}")
-
     def number(name, value, ok, what):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value) \
                 or not ok(float(value)):
             raise OiError(f"{name} must be {what}, got {value!r}")
 
-    whole("max_tokens", max_tokens, 0)
-    whole("top_k", top_k, 0, 2**31 - 1)
-    whole("seed", seed, 0, 2**31 - 1)  # the graph's `seed: i32`
+    check_whole("max_tokens", max_tokens, 0)
+    check_whole("top_k", top_k, 0, 2**31 - 1)
+    check_whole("seed", seed, 0, 2**31 - 1)  # the graph's `seed: i32`
     number("temperature", temperature, lambda v: v >= 0, "a number >= 0 (0: greedy)")
     number("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1] (1: off)")
     number("min_p", min_p, lambda v: 0 <= v <= 1, "in [0, 1] (0: off)")

@@ -45,7 +45,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ir, messages, ops
-from .diagnostics import OiError
+from .diagnostics import OiError, check_whole
 from .interpret_caches import CacheOps, State, Table
 from .limits import check_sizes
 from .messages import CHECKED
@@ -257,8 +257,7 @@ class InterpretedProgram(CacheOps):
         with jax.enable_x64(True):
             converted = convert_inputs(inputs or {}, self.graph, self._decl_shape)
             check_given_inputs(self.bound, (inputs or {}).keys(), self.zero_missing_inputs)
-            if steps < 0:
-                raise OiError("steps must be >= 0")
+            steps = check_whole("steps", steps, 0)
             self.state = self._initial_state()
             self._reset_step(self.state, converted)  # so that steps=0 returns the initial values
             if self.trace is not None and not self.trace.echo:

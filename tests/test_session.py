@@ -2,6 +2,8 @@
 never lost, growth that never loses a write, save/resume, fused multi-step runs, the typed state."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -298,6 +300,13 @@ def test_session_inputs_are_validated(kv):
     np.testing.assert_array_equal(sess.read("K")[1], np.arange(d, dtype=np.float32) + kv.bound.initial("zero"))
     with pytest.raises(OiError, match=r"\[N, "):
         sess.run({"q": np.zeros((2, 3, d), np.float32)})
+    q = np.zeros(d, np.float32)
+    for steps in (2.5, True, "3", -1):  # 2.5 ran 2 steps and True 1, silently, before
+        with pytest.raises(OiError, match=rf"steps must be a whole number >= 0, got {re.escape(repr(steps))}"):
+            sess.run({"q": q}, steps=steps)
+        with pytest.raises(OiError, match=rf"steps must be a whole number >= 0, got {re.escape(repr(steps))}"):
+            kv.run({"q": q}, steps=steps)
+    assert sess.steps == 2 and sess.run({"q": q}, steps=np.int64(2)) is not None and sess.steps == 4
 
 
 def test_device_inputs_take_the_hot_path_with_the_same_checks(kv):

@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .._signals import deferred, held, raise_pending
-from ..diagnostics import OiError, suggest
+from ..diagnostics import OiError, check_whole, suggest
 from ..lowering.state import CacheState, Guards, StepState
 from .buckets import bucket_program, program_buckets, prompt_steps
 from .kernels import StepOutcome
@@ -183,8 +183,8 @@ class Batch:
             raise OiError(f"slot {slot} is still generating: evict it before inserting a new prompt")
         ids = prompt_ids(prompt, self.vocab)
         stops = _stop_ids(stop, self.vocab)
-        if max_tokens is not None and (not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1):
-            raise OiError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if max_tokens is not None:
+            check_whole("max_tokens", max_tokens, 1)
         values = {}
         for name, value in settings.items():
             if name not in self.settings:
@@ -274,8 +274,7 @@ class Batch:
         its own). The tokens each slot generated in this call (a finished slot: none). Ctrl-C
         (`_signals.deferred`) is raised after the compiled call in flight, its tokens taken, with
         this result so far as the KeyboardInterrupt's `partial`."""
-        if not isinstance(steps, (int, np.integer)) or steps < 0:
-            raise OiError(f"steps must be a non-negative integer, got {steps!r}")
+        steps = check_whole("steps", steps, 0)
         extra = _stop_ids(stop, self.vocab)
         saved = self._slots["stops"].copy()
         if extra:

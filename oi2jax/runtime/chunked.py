@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from .. import ir
-from ..diagnostics import OiError
+from ..diagnostics import OiError, check_whole
 from ..values import convert_input, unknown_input
 
 
@@ -67,8 +67,7 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
     if batch_var not in bound.sizes:
         raise OiError(f"run_batched: {batch_var} is not a size variable of this graph "
                       f"(sizes: {', '.join(sorted(bound.sizes)) or 'none'})")
-    if steps < 1:
-        raise OiError("run_batched: steps must be >= 1")
+    steps = check_whole("run_batched: steps", steps, 1)
     if program.growable:
         raise OiError("run_batched: graphs with growable caches are not supported (capacity growth "
                       "needs the host between steps); give the caches @fixed sizes or use run")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dtypes, ir
-from ..diagnostics import OiError, suggest
+from ..diagnostics import OiError, check_whole, suggest
 from ..limits import limit_note, memory_limit
 
 MAX_VALIDATED = 64  # signatures remembered per program (then forgotten all at once)
@@ -268,9 +268,7 @@ def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
     n = next(iter(lengths.values())) if lengths else None
     if steps is None:
         steps = n if n is not None else max(fed_lengths.values(), default=1)
-    steps = int(steps)
-    if steps < 0:
-        raise OiError(f"steps must be >= 0, got {steps}")
+    steps = check_whole("steps", steps, 0)
     if n is not None and steps > n:
         raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
                       f"({', '.join(lengths)})" + ("; only inputs with feedback may hold fewer" if fed else
