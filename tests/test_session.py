@@ -531,6 +531,12 @@ def test_cli_inputs_per_step_collect_and_state_files(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", graph, "--size", f"D={D}", "--inputs-per-step", tmp_path / "second.npz",
                            "--collect", "lst")
     assert code == 1 and "collect: unknown variable lst" in err
+    np.save(tmp_path / "one.npy", xs[0])  # an .npy as --state-in: named, not NumPy's context-manager error
+    code, _, err = run_cli(capsys, "run", graph, "--size", f"D={D}", "--inputs-per-step", tmp_path / "second.npz",
+                           "--state-in", tmp_path / "one.npy")
+    assert code == 1 and err == (f"error: {tmp_path / 'one.npy'}: not a state file (.npz): it holds one array "
+                                 f"(float32[{D}]), not the variables a state file holds (write one with --state-out "
+                                 f"/ Session.save)\n"), err
 
 
 def test_cli_run_overflow_names_the_step(capsys, tmp_path):

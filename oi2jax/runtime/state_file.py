@@ -20,10 +20,17 @@ def save(path, arrays: dict, steps: int) -> None:
 def load(path: str) -> dict:
     """The arrays of a state file (OiError when it is missing or not an `.npz`)."""
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
+        loaded = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise OiError(f"state file not found: {path}") from None
+    except Exception as exc:
+        raise OiError(f"{path}: not a state file (.npz): {exc}") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):  # an .npy: one array, not a state's variables
+        raise OiError(f"{path}: not a state file (.npz): it holds one array ({loaded.dtype}{list(loaded.shape)}), "
+                      f"not the variables a state file holds (write one with --state-out / Session.save)")
+    try:
+        with loaded as npz:
+            return {k: npz[k] for k in npz.files}
     except Exception as exc:
         raise OiError(f"{path}: not a state file (.npz): {exc}") from None
 
