@@ -176,7 +176,8 @@ def test_imports_inside_functions_say_why():
 # uses the executable's surface and never `Program`), the `Program` (the user's handle: compiles,
 # keeps the current executable, delegates), and what builds programs.
 RUNTIME_LAYERS = [
-    ("parts", {"placement", "cache_state", "runargs", "runstats", "executor", "state_file", "faults", "buckets"}),
+    ("parts", {"placement", "cache_state", "runargs", "runstats", "executor", "state_file", "faults", "buckets",
+               "tokens"}),
     ("kernels", {"kernels"}),
     ("executable", {"executable"}),
     ("clients", {"session", "driver", "chunked", "emit", "batch"}),
