@@ -268,7 +268,7 @@ class Generator:
         if self.capacity is not None and len(ids) > self.capacity:
             raise OiError(f"the prompt has {len(ids)} tokens, more than the {self.capacity} positions the model's "
                           f"cache holds (its size T): shorten the prompt")
-        _check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         seed=seed)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
         stops = sorted(set(() if ignore_eos else self.stop_ids) |
@@ -452,13 +452,16 @@ class _Stream:
             self.on_text(text[len(self.shown):])
 
 
-def _check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> None:
+def check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> None:
+    """THE check of a generation's settings, before anything runs: `Generator.generate` and
+    `generate_batch` (`max_tokens` None: a batch's slots run to a stop or the cache's end)."""
     def number(name, value, ok, what):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value) \
                 or not ok(float(value)):
             raise OiError(f"{name} must be {what}, got {value!r}")
 
-    check_whole("max_tokens", max_tokens, 0)
+    if max_tokens is not None:
+        check_whole("max_tokens", max_tokens, 0)
     check_whole("top_k", top_k, 0, 2**31 - 1)
     check_whole("seed", seed, 0, 2**31 - 1)  # the graph's `seed: i32`
     number("temperature", temperature, lambda v: v >= 0, "a number >= 0 (0: greedy)")

@@ -213,11 +213,24 @@ def test_ctrl_c_returns_what_was_generated(model, gen):
     assert again.ids[:len(res.ids)] == res.ids and again.finish == "length"
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_p=0.0), dict(min_p=2.0), dict(top_k=-1),
-                                 dict(max_tokens=-2), dict(seed=-1)])
+BAD_SETTINGS = [dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_p=0.0), dict(min_p=2.0),
+                dict(top_k=-1), dict(top_k=2.5), dict(max_tokens=-2), dict(seed=-1)]
+
+
+@pytest.mark.parametrize("bad", BAD_SETTINGS)
 def test_bad_settings_are_named(gen, bad):
     with pytest.raises(OiError, match=next(iter(bad))):
         gen.generate(prompt_ids=[1, 2], **bad)
+
+
+def test_a_batch_checks_the_settings_as_a_generation_does(gen):
+    """generate_batch (`generate --batch`) took a NaN or negative temperature as greedy and a
+    negative seed, and failed each prompt at run time on a top_p of 0: now the one check of
+    `Generator.generate`, before any prompt runs."""
+    from oi2jax.batch_generate import generate_batch
+    for bad in BAD_SETTINGS:
+        with pytest.raises(OiError, match=next(iter(bad))):
+            generate_batch(gen.programs[1], [np.array([1, 2])], programs=gen.programs, **bad)
 
 
 def test_ids_outside_the_vocabulary_and_a_prompt_past_the_cache_are_refused_before_anything_compiles(model, gen):

@@ -120,13 +120,19 @@ def test_sample_in_a_graph_equals_the_interpreter(tmp_path):
                 assert got["compiled"] == int(np.argmax(inputs["logits"]))
 
 
-def test_nan_logits_are_a_runtime_error(tmp_path):
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_nan_logits_or_temperature_are_a_runtime_error(tmp_path, mode):
+    """A NaN temperature compared as no temperature > 0: it drew greedily, silently."""
     g = tmp_path / "s.oi"
     g.write_text(SAMPLE_GRAPH)
-    prog = oi2jax.compile(str(g), sizes={"V": 4}, ops=["nn"], model=False)
-    with pytest.raises(oi2jax.OiError, match="NaN logits"):
-        prog.run({"logits": np.array([0, np.nan, 1, 2], np.float32), "temperature": np.float32(1),
-                  "top_k": np.int32(0), "seed": np.int32(0)})
+    prog = oi2jax.compile(str(g), sizes={"V": 4}, ops=["nn"], model=False, mode=mode)
+    logits = np.array([0, 3, 1, 2], np.float32)
+    for bad in ({"logits": np.array([0, np.nan, 1, 2], np.float32)}, {"temperature": np.float32(np.nan)}):
+        with pytest.raises(oi2jax.OiError, match=r"sample: NaN logits or temperature, or top_p outside"):
+            prog.run({"logits": logits, "temperature": np.float32(1), "top_k": np.int32(0), "seed": np.int32(0),
+                      **bad})
+    assert int(np.asarray(prog.run({"logits": logits, "temperature": np.float32(-1), "top_k": np.int32(0),
+                                    "seed": np.int32(0)})["next"])) == 1  # temperature <= 0: greedy
 
 
 def test_a_vmapped_draw_is_each_rows_draw_and_keeps_its_greedy_skip():

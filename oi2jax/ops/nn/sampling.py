@@ -239,17 +239,19 @@ def _any_nan(logits, xp):
     return N.any_true(jnp.isnan(at))
 
 
-def _bad_settings(logits, top_p, min_p, xp):
-    """What makes a draw undefined: a NaN logit, top_p outside (0, 1], min_p outside [0, 1]."""
-    return (_any_nan(logits, xp) | xp.any(~((xp.asarray(top_p) > 0) & (xp.asarray(top_p) <= 1)))
+def _bad_settings(logits, temperature, top_p, min_p, xp):
+    """What makes a draw undefined: a NaN logit or temperature (it compared as no temperature > 0:
+    a silent greedy draw), top_p outside (0, 1], min_p outside [0, 1]."""
+    return (_any_nan(logits, xp) | xp.any(xp.isnan(xp.asarray(temperature, np.float32)))
+            | xp.any(~((xp.asarray(top_p) > 0) & (xp.asarray(top_p) <= 1)))
             | xp.any(~((xp.asarray(min_p) >= 0) & (xp.asarray(min_p) <= 1))))
 
 
-_MESSAGE = "sample: NaN logits, or top_p outside (0, 1] or min_p outside [0, 1] (flag {value})"
+_MESSAGE = "sample: NaN logits or temperature, or top_p outside (0, 1] or min_p outside [0, 1] (flag {value})"
 
 
 def _sample_ref(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, position=0, ctx=None):
-    if ctx is not None and _bad_settings(logits, top_p, min_p, np):
+    if ctx is not None and _bad_settings(logits, temperature, top_p, min_p, np):
         ctx.fail_if(np.bool_(True), _MESSAGE, 1)
     with np.errstate(all="ignore"):
         return np.asarray(_draw(logits, temperature, top_k, top_p, min_p, seed, position, np))
@@ -276,7 +278,7 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, po
     0 keeps all). temperature <= 0 is greedy (the first maximum, as argmax). The draw is the
     Gumbel-max trick with the noise of `gumbel_noise(seed, position)`: reproducible for a seed,
     independent across seeds and positions; a scalar seed/position is shared by a batch, arrays
-    of the batch shape give each sequence its own. A NaN logit, top_p outside (0, 1] or min_p
-    outside [0, 1] is a runtime error of the node. All settings may be variables."""
-    ctx.fail_if(_bad_settings(logits, top_p, min_p, jnp), _MESSAGE, jnp.int32(1))
+    of the batch shape give each sequence its own. A NaN logit or temperature, top_p outside (0, 1]
+    or min_p outside [0, 1] is a runtime error of the node. All settings may be variables."""
+    ctx.fail_if(_bad_settings(logits, temperature, top_p, min_p, jnp), _MESSAGE, jnp.int32(1))
     return _draw_jax(logits, *(jnp.asarray(a) for a in (temperature, top_k, top_p, min_p, seed, position)))
