@@ -236,6 +236,9 @@ def test_batch_errors(llama):
         batch.run(1, stop=[v])
     with pytest.raises(OiError, match="batch size must be a positive integer"):
         decode.batch(0)
+    with pytest.raises(OiError, match=r"a batch of 1000000000 slots needs \d+ bytes for their states \(\d+ a slot\): "
+                                      r"too large to allocate \(the limit is \d+ bytes.*\); use fewer slots"):
+        decode.batch(10**9)  # refused before allocating: it was NumPy's MemoryError (10**6 slots: out of memory)
     with pytest.raises(OiError, match="axis='data' needs a mesh"):
         decode.batch(2, axis="data")
     prompt = _prompt_program(llama)

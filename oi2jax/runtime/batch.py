@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .._signals import deferred, held, raise_pending
 from ..diagnostics import OiError, check_whole, suggest
+from ..limits import limit_note, memory_limit
 from ..lowering.state import CacheState, Guards, StepState
 from .buckets import bucket_program, program_buckets, prompt_steps
 from .kernels import StepOutcome
@@ -81,6 +82,7 @@ class Batch:
         self._compiled = _COMPILED.setdefault(program, {})
         self._programs = self._compiled if programs is None else programs
         self._fresh = exe.host_state(program.init_state())  # a slot's state at program start
+        _check_batch_bytes(program, self.size, self._fresh, len(self.settings))
         self._results: list[SlotResult | None] = [None] * self.size
         self._prompt_steps = [0] * self.size  # each slot's prompt steps (a decode error names its step)
         defaults = {name: np.asarray(exe.to_host(exe.defaults[name])) for name in self.settings}
@@ -398,6 +400,18 @@ def _batch_mesh(program, mesh, axis, size: int):
     if size % mesh.shape[axis]:
         raise OiError(f"batch size {size} is not divisible by mesh axis {axis} of size {mesh.shape[axis]}")
     return mesh, axis
+
+
+def _check_batch_bytes(program, size: int, fresh, settings: int) -> None:
+    """Refuse, before anything is allocated, a batch whose B stacked slot states cannot fit (B
+    times one slot's state and its per-slot rows: `program.batch(10**9)` was NumPy's MemoryError
+    on the host, and 10**6 slots of a small model ran out the machine's memory)."""
+    per_slot = sum(np.asarray(a).nbytes for a in jax.tree.leaves(fresh)) + 4 * (5 + MAX_STOPS + settings)
+    device = program.first_device()
+    limit = memory_limit(device)
+    if size * per_slot > limit:
+        raise OiError(f"a batch of {size} slots needs {size * per_slot} bytes for their states ({per_slot} a slot): "
+                      f"too large to allocate (the limit is {limit} bytes{limit_note(limit, device)}); use fewer slots")
 
 
 def _stop_ids(stop, vocab: int | None) -> list[int]:
