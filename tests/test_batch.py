@@ -236,9 +236,15 @@ def test_batch_errors(llama):
         batch.run(1, stop=[v])
     with pytest.raises(OiError, match="batch size must be a positive integer"):
         decode.batch(0)
-    with pytest.raises(OiError, match=r"a batch of 1000000000 slots needs \d+ bytes for their states \(\d+ a slot\): "
-                                      r"too large to allocate \(the limit is \d+ bytes.*\); use fewer slots"):
+    with pytest.raises(OiError, match=r"a batch of 1000000000 slots needs \d+ bytes for their states and a call's "
+                                      r"tokens \(\d+ a slot, chunk 32\): too large to allocate \(the limit is \d+ bytes.*\); "
+                                      r"use fewer slots or a smaller chunk"):
         decode.batch(10**9)  # refused before allocating: it was NumPy's MemoryError (10**6 slots: out of memory)
+    with pytest.raises(OiError, match=r"a batch of 1024 slots needs \d+ bytes .*chunk 2147483647\)"):
+        decode.batch(1024, chunk=2**31 - 1)  # 8 TiB of tokens a call: past any machine's limit (at most 1 TiB)
+    for chunk in (0, 2.5, True, 2**31):  # 2.5 and True were taken as 2 and 1, 2**31 an OverflowError in the run
+        with pytest.raises(OiError, match=rf"chunk must be a whole number 1\.\.2147483647, got {chunk!r}"):
+            decode.batch(2, chunk=chunk)
     with pytest.raises(OiError, match="axis='data' needs a mesh"):
         decode.batch(2, axis="data")
     prompt = _prompt_program(llama)

@@ -72,9 +72,8 @@ class Batch:
         buckets = program_buckets(program) if buckets is None else buckets
         if not buckets or any(int(s) < 1 for s in buckets):
             raise OiError(f"prompt buckets must be positive sizes, got {list(buckets)}")
-        if chunk < 1:
-            raise OiError(f"chunk must be >= 1, got {chunk}")
-        self.size, self.buckets, self.chunk = int(size), tuple(sorted(int(s) for s in buckets)), int(chunk)
+        chunk = check_whole("chunk", chunk, 1, np.iinfo(np.int32).max)  # the compiled loop counts in int32
+        self.size, self.buckets, self.chunk = int(size), tuple(sorted(int(s) for s in buckets)), chunk
         self.settings = tuple(name for name in SETTINGS if name in exe.defaults)
         self.vocab = vocabulary(program)  # prompt and stop ids are checked against it (runtime/tokens.py)
         self._shared = {k: v for k, v in exe.defaults.items() if k not in ("tokens", "n") + self.settings}
@@ -82,7 +81,7 @@ class Batch:
         self._compiled = _COMPILED.setdefault(program, {})
         self._programs = self._compiled if programs is None else programs
         self._fresh = exe.host_state(program.init_state())  # a slot's state at program start
-        _check_batch_bytes(program, self.size, self._fresh, len(self.settings))
+        _check_batch_bytes(program, self.size, self.chunk, self._fresh, len(self.settings))
         self._results: list[SlotResult | None] = [None] * self.size
         self._prompt_steps = [0] * self.size  # each slot's prompt steps (a decode error names its step)
         defaults = {name: np.asarray(exe.to_host(exe.defaults[name])) for name in self.settings}
@@ -402,16 +401,18 @@ def _batch_mesh(program, mesh, axis, size: int):
     return mesh, axis
 
 
-def _check_batch_bytes(program, size: int, fresh, settings: int) -> None:
+def _check_batch_bytes(program, size: int, chunk: int, fresh, settings: int) -> None:
     """Refuse, before anything is allocated, a batch whose B stacked slot states cannot fit (B
-    times one slot's state and its per-slot rows: `program.batch(10**9)` was NumPy's MemoryError
-    on the host, and 10**6 slots of a small model ran out the machine's memory)."""
-    per_slot = sum(np.asarray(a).nbytes for a in jax.tree.leaves(fresh)) + 4 * (5 + MAX_STOPS + settings)
+    times one slot's state, its per-slot rows and its `chunk` tokens of a call: `program.batch(10**9)`
+    was NumPy's MemoryError on the host, and 10**6 slots of a small model ran out the machine's
+    memory)."""
+    per_slot = sum(np.asarray(a).nbytes for a in jax.tree.leaves(fresh)) + 4 * (5 + MAX_STOPS + settings + chunk)
     device = program.first_device()
     limit = memory_limit(device)
     if size * per_slot > limit:
-        raise OiError(f"a batch of {size} slots needs {size * per_slot} bytes for their states ({per_slot} a slot): "
-                      f"too large to allocate (the limit is {limit} bytes{limit_note(limit, device)}); use fewer slots")
+        raise OiError(f"a batch of {size} slots needs {size * per_slot} bytes for their states and a call's tokens "
+                      f"({per_slot} a slot, chunk {chunk}): too large to allocate (the limit is {limit} bytes"
+                      f"{limit_note(limit, device)}); use fewer slots or a smaller chunk")
 
 
 def _stop_ids(stop, vocab: int | None) -> list[int]:
