@@ -164,7 +164,7 @@ class Generator:
         sizes = {"S": 1} if self.mode == PROMPT_STEPS else None
         # widen_floats: a bf16/f16 conversion (a checkpoint's own dtype, kept by convert-hf) runs the
         # family's f32 graph on its exact f32 values, as a --dtype f32 conversion would
-        decode = api.compile(self.graph_path, model=self.model_path, ops=list(ops), precision=precision, sizes=sizes,
+        decode = api.compile(self.graph_path, model=self.model_path, ops=ops, precision=precision, sizes=sizes,
                              widen_floats=True, kernels=kernels, table_dtype=kv_dtype)
         self.programs = {1: decode}
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and

@@ -338,6 +338,13 @@ def test_cli_batch_needs_the_step_graph_interface(model, tmp_path, capsys, share
     assert code == 1 and "llama_decode.oi: --batch runs the step-graph interface" in err, err
 
 
+def test_ops_as_one_spec_string(model, gen):
+    """`Generator(model, ops="nn")`, as `oi2jax.compile(..., ops="nn")` takes it: one op set (it was
+    split into the sets "n" and "n")."""
+    g = Generator(model["path"], ops="nn")
+    assert g.generate(prompt_ids=[5, 6, 7], max_tokens=3, ignore_eos=True).ids == greedy_reference(model, [5, 6, 7], 3)
+
+
 def test_the_family_graphs_ship_in_the_package(tmp_path, monkeypatch):
     """generate runs the graph a model file names (`examples/<family>_decode.oi`, and the
     `_prefill.oi` beside it) from the copy shipped in the package (oi2jax/graphs, package data; the

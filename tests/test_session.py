@@ -393,6 +393,9 @@ def test_fused_runs_with_device_inputs_reuse_their_checks(kv):
         sess.run({"q": dev}, steps=4, collect="k_hist")
     with pytest.raises(OiError, match="collect: unknown variable k_hst"):
         sess.run({"q": dev}, collect="k_hst")
+    for bad in (5, [5], ["k_hist", None]):  # a TypeError from iterating it before
+        with pytest.raises(OiError, match=rf"collect: expected a variable name or a list of names, got {re.escape(repr(bad))}"):
+            sess.run({"q": dev}, collect=bad)
     with pytest.raises(OiError, match="unknown input qq"):
         sess.run({"qq": dev}, collect="k_hist")
     with pytest.raises(OiError, match=r"\[N, "):

@@ -324,8 +324,15 @@ def _cache_state(decl) -> str:
 def collect_names(prog, collect) -> tuple:
     """The variables `collect` names (one name or several), checked: each must keep its shape
     from step to step."""
+    given = collect
     if isinstance(collect, str):
         collect = (collect,)
+    try:
+        collect = tuple(collect)
+    except TypeError:
+        collect = None
+    if collect is None or not all(isinstance(n, str) for n in collect):
+        raise OiError(f"collect: expected a variable name or a list of names, got {given!r}")
     names = []
     for name in collect:
         decl = prog.graph.var(name)
