@@ -126,6 +126,20 @@ def test_error_reported_by_read_save_and_state(kv, tmp_path):
         assert int(sess.read("t")) == 5
 
 
+def test_read_of_a_constant_and_a_state_of_another_kind_are_named(kv):
+    sess = kv.session()
+    constant = next(v.name for v in kv.graph.vars if v.kind.value == "constant")
+    with pytest.raises(OiError, match=rf"read: {constant} is a constant \(a model tensor\), not part of the session's "
+                                      rf"state: read it from the model file"):  # "unknown variable" before
+        sess.read(constant)
+    with pytest.raises(OiError, match="read: unknown variable tt"):
+        sess.read("tt")
+    for bad in (5, [1, 2]):  # an AttributeError before
+        with pytest.raises(OiError, match=rf"state: expected a StepState, a \{{name: array\}} dict or a state file's "
+                                          rf"path, got {type(bad).__name__}"):
+            kv.session(state=bad)
+
+
 def test_growth_is_transparent_under_session_step(grow_prog):
     xs = tokens(100, D, seed=1)
     sess = grow_prog.session()

@@ -110,6 +110,9 @@ class Session:
             self._state = self._from_values(state_file.load(path), path)
         elif isinstance(state, dict):
             self._state = self._from_values(state, "state")
+        elif not isinstance(state, StepState):
+            raise OiError(f"state: expected a StepState, a {{name: array}} dict or a state file's path, got "
+                          f"{type(state).__name__}")
         else:
             program.refuse_used(state, "start the session from host values instead "
                                         "(`prog.session(state=sess.values())`) or from a copy of the tree")
@@ -290,7 +293,10 @@ class Session:
         self.check()
         prog = self.program
         decl = prog.graph.var(name)
-        if decl is None or decl.kind == ir.MemKind.CONSTANT:
+        if decl is not None and decl.kind == ir.MemKind.CONSTANT:
+            raise OiError(f"read: {name} is a constant (a model tensor), not part of the session's state: "
+                          f"read it from the model file")
+        if decl is None:
             known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
             raise OiError(f"read: unknown variable {name}{suggest(name, known)} "
                           f"(variables: {', '.join(known) or '(none)'})")
