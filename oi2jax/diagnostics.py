@@ -116,3 +116,17 @@ def check_whole(name: str, value, low: int, high: int | None = None) -> int:
         span = f"{low}..{high}" if high is not None else f">= {low}"
         raise OiError(f"{name} must be a whole number {span}, got {value!r}")
     return int(value)
+
+
+def check_sizes(sizes) -> dict:
+    """THE check of a `sizes=` argument (`oi2jax.compile`, `Program.rebound`): None or a dict of
+    size names to whole numbers >= 0 (a float, bool or string size was taken as it converted; a
+    negative one failed in NumPy)."""
+    if sizes is None:
+        return {}
+    if not isinstance(sizes, dict):
+        raise OiError(f"sizes: expected a dict {{name: int}}, got {type(sizes).__name__}")
+    for name in sizes:
+        if not isinstance(name, str):
+            raise OiError(f"sizes: a size name is a string, got {name!r}")
+    return {name: check_whole(f"size {name}", value, 0) for name, value in sizes.items()}

@@ -258,6 +258,10 @@ class Generator:
         (`finish="interrupted"`)."""
         if (prompt is None) == (prompt_ids is None):
             raise OiError("give a prompt (text) or prompt_ids, not both")
+        if prompt is not None and not isinstance(prompt, str):
+            raise OiError(f"prompt: expected text (a str), got {type(prompt).__name__} (token ids go in prompt_ids)")
+        if on_text is not None and not callable(on_text):  # it failed after the prompt had run
+            raise OiError(f"on_text: expected a function of the text piece, got {type(on_text).__name__}")
         ids = self.prompt_ids(prompt, chat=chat, system=system) if prompt is not None else prompt_ids
         if np.size(ids) == 0:
             raise OiError("the prompt has no tokens")

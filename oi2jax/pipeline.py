@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .check import check_graph
-from .diagnostics import OiError
+from .diagnostics import OiError, check_sizes
 from .grammar.fmt import format_graph
 from .grammar.parse import parse, parse_file
 from .graph_json import from_json
@@ -170,6 +170,7 @@ def checked(source_or_path, model=None, sizes=None, ops=None, widen_floats: bool
     `choose_model`, with the op registry of `ops`); OiError with every error otherwise. `model` may
     also be a `ModelChoice`. `table_dtype`: the float cache tables stored in that dtype
     (tables.narrow_tables; None: as declared)."""
+    sizes = check_sizes(sizes)
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
     reg = registry(ops)
     declared = load_graph(source_or_path)
@@ -190,6 +191,7 @@ def bound(source_or_path, model=None, sizes=None, ops=None, zero_missing_inputs:
     from. `zero_missing_inputs`: constants with no value (no model tensor, no `@init`) read as zeros
     instead of being an error; `widen_floats`: an f32 constant reads a bf16/f16 model tensor as its
     exact f32 values (model/bind.py); `table_dtype`: as `checked`'s."""
+    sizes = check_sizes(sizes)
     choice = model if isinstance(model, ModelChoice) else choose_model(source_or_path, model)
     checked_graph, model_obj = checked(source_or_path, choice, sizes, ops, widen_floats, table_dtype)
     return bind(checked_graph, model_obj, sizes, zero_missing_inputs=zero_missing_inputs,

@@ -338,6 +338,16 @@ def test_cli_batch_needs_the_step_graph_interface(model, tmp_path, capsys, share
     assert code == 1 and "llama_decode.oi: --batch runs the step-graph interface" in err, err
 
 
+def test_a_prompt_that_is_not_text_and_an_on_text_that_is_not_a_function_are_named(gen):
+    """Both failed as TypeErrors: the prompt inside the tokenizer, on_text after the prompt had run."""
+    for prompt in (5, [1, 2]):
+        with pytest.raises(OiError, match=rf"prompt: expected text \(a str\), got {type(prompt).__name__} \(token ids go "
+                                          rf"in prompt_ids\)"):
+            gen.generate(prompt, max_tokens=2)
+    with pytest.raises(OiError, match="on_text: expected a function of the text piece, got int"):
+        gen.generate(prompt_ids=[1, 2], max_tokens=2, on_text=5)
+
+
 def test_ops_as_one_spec_string(model, gen):
     """`Generator(model, ops="nn")`, as `oi2jax.compile(..., ops="nn")` takes it: one op set (it was
     split into the sets "n" and "n")."""

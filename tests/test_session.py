@@ -444,6 +444,27 @@ def test_pure_step_and_check(kv):
         kv.check(state)
     with pytest.raises(OiError, match=rf"input q: expected shape \[{d}\]"):
         kv.step(kv.init_state(), q=np.zeros(d + 1, np.float32))
+    for bad in ({"t": 0}, None):  # an AttributeError deep in the step before
+        with pytest.raises(OiError, match=rf"step: state must be a StepState .*got {type(bad).__name__}"):
+            kv.step(bad, q=np.zeros(d, np.float32))
+
+
+def test_sizes_are_whole_numbers_in_a_dict():
+    """`sizes=` of `oi2jax.compile` and `Program.rebound`: a float, bool or string size was taken as
+    it converted, a negative one failed in NumPy, a list of pairs was an AttributeError."""
+    graph, model = EXAMPLES / "mlp_regression.oi", EXAMPLES / "mlp_regression.oinf"
+    for sizes, message in (({"B": "4"}, "size B must be a whole number >= 0, got '4'"),
+                           ({"B": 4.0}, "size B must be a whole number >= 0, got 4.0"),
+                           ({"B": True}, "size B must be a whole number >= 0, got True"),
+                           ({"B": -1}, "size B must be a whole number >= 0, got -1"),
+                           ([("B", 4)], r"sizes: expected a dict \{name: int\}, got list"),
+                           ({4: 4}, "sizes: a size name is a string, got 4")):
+        with pytest.raises(OiError, match=message):
+            oi2jax.compile(graph, model=model, sizes=sizes)
+    prog = oi2jax.compile(graph, model=model, sizes={"B": np.int64(2)})
+    assert prog.bound.sizes["B"] == 2
+    with pytest.raises(OiError, match="size B must be a whole number >= 0, got 2.5"):
+        prog.rebound({"B": 2.5})
 
 
 def test_pure_step_called_eagerly_again_takes_the_hot_path_with_the_same_checks(kv):

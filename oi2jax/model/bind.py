@@ -16,7 +16,7 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir, messages
 from ..check import resize
-from ..diagnostics import Diagnostic, OiError
+from ..diagnostics import Diagnostic, OiError, check_sizes
 from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
@@ -116,6 +116,7 @@ class BoundGraph:
         """The same checked graph and model bound at other `sizes` (a chunked run's tail:
         runtime/chunked.py), with this binding's `zero_missing_inputs`: `check.resize` runs only
         the checker's rules that read a size; the rest of the CheckedGraph is kept."""
+        sizes = check_sizes(sizes)
         return bind(resize(self._checked(), self.model, sizes), self.model, sizes,
                     zero_missing_inputs=self.zero_missing_inputs, widen_floats=self.widen_floats)
 
