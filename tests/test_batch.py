@@ -236,6 +236,8 @@ def test_batch_errors(llama):
         batch.run(1, stop=[v])
     with pytest.raises(OiError, match="batch size must be a positive integer"):
         decode.batch(0)
+    with pytest.raises(OiError, match=r"poss is not a persistent variable of the graph \(did you mean pos\?\)"):
+        batch.read(0, "poss")
     with pytest.raises(OiError, match=r"a batch of 1000000000 slots needs \d+ bytes for their states and a call's "
                                       r"tokens \(\d+ a slot, chunk 32\): too large to allocate \(the limit is \d+ bytes.*\); "
                                       r"use fewer slots or a smaller chunk"):

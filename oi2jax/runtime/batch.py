@@ -336,7 +336,8 @@ class Batch:
         one = jax.tree.map(lambda a: a[slot], self._state)
         values = self._exe.export_state(one)
         if name not in values:
-            raise OiError(f"{name} is not a persistent variable of the graph (persistent: {', '.join(values)})")
+            raise OiError(f"{name} is not a persistent variable of the graph{suggest(name, list(values))} "
+                          f"(persistent: {', '.join(values)})")
         return values[name]
 
 
