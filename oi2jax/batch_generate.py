@@ -62,8 +62,9 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     fails gets its error (finish "error") and the others go on. `on_done(k, result)` is called as
     prompt k finishes. `settings`: sampling settings; one the graph has no input for is an error
     unless it has its default value."""
-    check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **{k: v for k, v in settings.items() if k in DEFAULT_SETTINGS}})
-    vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none is lost to another's error
+    known = {k: v for k, v in settings.items() if k in DEFAULT_SETTINGS}  # another name: Batch.insert says which
+    check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **known})  # as a single generation's
+    vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none lost to another's error
     prompts = [prompt_ids(p, vocab, f"prompt {k}") for k, p in enumerate(prompts)]
     stop_ids = checked_stops(stop_ids, vocab)
     batch = program.batch(max(1, min(size, len(prompts))), buckets=buckets, programs=programs)
