@@ -24,7 +24,7 @@ from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
 from .model.inspect import render_model
-from .npz import writable_target, write_atomic, write_text_atomic
+from .npz import refuse_inputs_as_outputs, writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .tables import explained, narrow_tables
 from .trace import Trace
@@ -66,28 +66,6 @@ def _sizes(pairs: list[str] | None) -> dict[str, int]:
         if sizes[name] < 0:
             raise UsageError(f"--size {name}: size must be non-negative, got {value}")
     return sizes
-
-
-def _refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
-    """An output path that resolves to an input file (the graph, the model, a state or input file)
-    is an error: writing it would destroy the input; so is one that is not a regular file
-    (`npz.writable_target`). Both are told before any work is done."""
-    def same(a, b) -> bool:
-        try:
-            if os.path.exists(a) and os.path.exists(b):
-                return os.path.samefile(a, b)
-        except OSError:
-            pass
-        return os.path.realpath(a) == os.path.realpath(b)
-
-    for flag, out in outputs.items():
-        if not out:
-            continue
-        if flag != "--dump-dir":
-            writable_target(out)
-        for what, path in inputs.items():
-            if path and same(out, path):
-                raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
 
 
 def _model(args):
@@ -187,7 +165,7 @@ def cmd_run(args) -> int:
     ins = {"graph": args.graph, "model": _model(args).path, "--state-in file": args.state_in,
            "--inputs-per-step file": args.inputs_per_step}
     ins.update({f"--input file of {p.partition('=')[0]}": p.partition("=")[2] for p in args.input or []})
-    _refuse_inputs_as_outputs({"--out": args.out, "--state-out": args.state_out, "--trace-json": args.trace_json},
+    refuse_inputs_as_outputs({"--out": args.out, "--state-out": args.state_out, "--trace-json": args.trace_json},
                               ins)
     if args.steps is not None and args.steps < 0:
         raise UsageError("--steps must be >= 0")
@@ -292,7 +270,7 @@ def cmd_export(args) -> int:
     from .export import write_export  # deferred: JAX
     model = _model(args)
     for suffix in ("", ".json", ".init.npz"):
-        _refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model.path})
+        refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model.path})
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=model, sizes=_sizes(args.size), symbolic=symbolic,
@@ -327,7 +305,7 @@ def cmd_graph(args) -> int:
 def cmd_compile(args) -> int:
     from . import api  # deferred: JAX
     api.enable_compilation_cache(args.cache_dir)
-    _refuse_inputs_as_outputs({"-o": args.output, "--dump-dir": args.dump_dir},
+    refuse_inputs_as_outputs({"-o": args.output, "--dump-dir": args.dump_dir},
                               {"graph": args.graph, "model": _model(args).path})
     if args.emit == "graph-json" and not args.dump_dir and not _sharding_kwargs(args):
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the

@@ -4,7 +4,6 @@ generate (text in, text out: oi2jax/generation.py); `add_model_commands` adds th
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
 import numpy as np
@@ -15,7 +14,7 @@ from .model.ggml import QUANTIZE_TYPES
 from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
 from .tables import TABLE_DTYPES
-from .npz import write_atomic
+from .npz import refuse_inputs_as_outputs, write_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 
 
@@ -50,6 +49,11 @@ def cmd_generate(args) -> int:
     from .generation import Generator  # deferred: JAX
     from .runtime import tokens
 
+    # --ids-out told before any work (a directory, a device, a missing directory, one of the inputs),
+    # not after the generation whose ids it would hold
+    refuse_inputs_as_outputs({"--ids-out": args.ids_out}, {"model": args.model, "--prompt-ids": args.prompt_ids,
+                                                           "--batch file": args.batch, "graph": args.graph,
+                                                           "tokenizer": args.tokenizer})
     api.enable_compilation_cache(args.cache_dir)  # a second generate with the model reads its programs back
     if args.batch is not None:
         from .batch_generate import cmd_generate_batch  # deferred: JAX
@@ -61,8 +65,6 @@ def cmd_generate(args) -> int:
     prompt_ids = None
     if args.prompt_ids is not None:
         prompt_ids = _load_npy(args.prompt_ids, "--prompt-ids")
-        if args.ids_out is not None and os.path.exists(args.ids_out) and os.path.samefile(args.ids_out, args.prompt_ids):
-            raise UsageError("--ids-out would overwrite --prompt-ids: choose another path")
         if prompt_ids.dtype.kind not in "iu" or prompt_ids.ndim != 1:
             raise OiError(f"{args.prompt_ids}: --prompt-ids takes a 1-D array of integer token ids, got "
                           f"{prompt_ids.dtype}{list(prompt_ids.shape)}")

@@ -12,6 +12,8 @@ import zipfile
 
 import numpy as np
 
+from .diagnostics import OiError
+
 
 def umask() -> int:
     """The process's umask, read without changing it where the system says it (/proc/self/status,
@@ -56,6 +58,9 @@ def writable_target(path) -> str:
     try:
         mode = os.stat(target).st_mode
     except OSError:  # absent (it will be created) or unreadable (the write itself reports it)
+        parent = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(parent):  # told now, not after the work whose result it would hold
+            raise FileNotFoundError(2, f"no such directory: {parent}", path) from None
         return target
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "is a directory", path)
@@ -63,6 +68,28 @@ def writable_target(path) -> str:
         kind = next((name for test, name in _KINDS if test(mode)), "a special file")
         raise NotRegularFileError(17, f"not a regular file ({kind}); refusing to replace it", path)
     return target
+
+
+def refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
+    """An output path that resolves to an input file (the graph, the model, a state or input file)
+    is an error: writing it would destroy the input; so is one that is not a regular file
+    (`npz.writable_target`). Both are told before any work is done."""
+    def same(a, b) -> bool:
+        try:
+            if os.path.exists(a) and os.path.exists(b):
+                return os.path.samefile(a, b)
+        except OSError:
+            pass
+        return os.path.realpath(a) == os.path.realpath(b)
+
+    for flag, out in outputs.items():
+        if not out:
+            continue
+        if flag != "--dump-dir":
+            writable_target(out)
+        for what, path in inputs.items():
+            if path and same(out, path):
+                raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
 
 
 def write_atomic(path, write) -> None:

@@ -193,7 +193,7 @@ def test_unwritable_output_path_is_a_clean_error(capsys, tmp_path, argv):
     code, _, err = run_cli(capsys, *argv, target)
     assert code == 1
     note = "" if argv[0] == "run" else "note: using model examples/mlp_regression.oinf (beside the graph)\n"  # not --quiet
-    assert err.strip() == f"{note}error: {target}: No such file or directory"
+    assert err.strip() == f"{note}error: {target}: no such directory: {target.parent}"  # told before any work
 
 
 def test_constants_without_a_value_are_errors_unless_zeros_are_asked_for(capsys, tmp_path):

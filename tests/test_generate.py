@@ -290,6 +290,23 @@ def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, cap
     assert out.strip()  # the text of the 11 tokens
 
 
+def test_cli_ids_out_is_refused_before_any_work(model, tmp_path, capsys, shared_cli):
+    """A directory, a FIFO, a path in a missing directory, the model itself: each was refused
+    only when the ids were written, after the whole generation (its text already printed)."""
+    import os
+    fifo = tmp_path / "f.npy"
+    os.mkfifo(fifo)
+    missing = tmp_path / "no" / "o.npy"
+    for out, message in ((tmp_path, f"{tmp_path}: is a directory"),
+                         (fifo, f"{fifo}: not a regular file (a FIFO); refusing to replace it"),
+                         (missing, f"{missing}: no such directory: {missing.parent}"),
+                         (model["path"], f"--ids-out {model['path']} is the model: writing it would destroy the "
+                                         f"input; choose another path")):
+        code, out_text, err = run_cli(capsys, "generate", model["path"], "--prompt", "hello", "--ids-out", out)
+        assert (code, out_text, err) == (1, "", f"error: {message}\n")
+    assert shared_cli == []  # no Generator made: nothing compiled or run
+
+
 def test_cli_usage_errors(model, tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", model["path"])
     assert code == 2 and "--prompt TEXT or --prompt-ids" in err

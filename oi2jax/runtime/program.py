@@ -351,10 +351,10 @@ class Program:
             # value, a used state's buffers): the general path below explains, traces or runs it
             return hot.step.exe(exe.consts, state, dynamic)
         self.general_steps += 1
+        checked = self.validate_inputs(dynamic)
         if not isinstance(state, StepState):  # an AttributeError deep in the step before
             raise OiError(f"step: state must be a StepState (prog.init_state(), or the state a step returned), "
                           f"got {type(state).__name__}")
-        checked = self.validate_inputs(dynamic)
         with self.scope():
             full = exe.dynamic_args(checked)
             try:
