@@ -82,6 +82,12 @@ def test_convert_hf_refuses_a_non_regular_output(capsys, tmp_path, checkpoint, k
     _untouched(kind, out)
 
 
+def test_convert_hf_into_a_missing_directory_is_named(capsys, tmp_path, checkpoint):
+    out = tmp_path / "no" / "model.oinf"
+    code, _, err = run_cli(capsys, "convert-hf", checkpoint, "-o", out, "--quiet")
+    assert (code, err) == (1, f"error: {out}: no such directory: {out.parent}\n")  # not the OSError's repr
+
+
 @pytest.mark.parametrize("flag", ["--out", "--state-out", "--trace-json"])
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_run_refuses_a_non_regular_output_before_running(capsys, tmp_path, kind, flag):

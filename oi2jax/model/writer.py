@@ -403,4 +403,6 @@ def save(path, sizevars: dict | None = None, metadata: dict | None = None, tenso
     except (IsADirectoryError, NotRegularFileError) as exc:
         raise ModelError(path_s, exc.strerror) from None
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and exc.filename == path_s:  # its directory (npz.writable_target)
+            raise ModelError(path_s, exc.strerror) from None
         raise ModelError(path_s, f"cannot write model file: {exc}") from None
