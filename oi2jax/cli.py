@@ -270,7 +270,8 @@ def cmd_export(args) -> int:
     from .export import write_export  # deferred: JAX
     model = _model(args)
     for suffix in ("", ".json", ".init.npz"):
-        refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model.path})
+        refuse_inputs_as_outputs({"-o": args.output + suffix}, {"graph": args.graph, "model": model.path},
+                                 makes_dirs=True)  # write_export makes the artifact's directory
     symbolic = [s.strip() for item in args.symbolic or [] for s in item.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
     for path in write_export(args.graph, args.output, model=model, sizes=_sizes(args.size), symbolic=symbolic,

@@ -58,9 +58,6 @@ def writable_target(path) -> str:
     try:
         mode = os.stat(target).st_mode
     except OSError:  # absent (it will be created) or unreadable (the write itself reports it)
-        parent = os.path.dirname(os.path.abspath(target))
-        if not os.path.isdir(parent):  # told now, not after the work whose result it would hold
-            raise FileNotFoundError(2, f"no such directory: {parent}", path) from None
         return target
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "is a directory", path)
@@ -70,10 +67,19 @@ def writable_target(path) -> str:
     return target
 
 
-def refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
+def check_directory(path: str, directory: str | None = None) -> None:
+    """FileNotFoundError `PATH: no such directory: DIR` where the directory a write to `path` goes
+    in does not exist (`write_atomic` never makes one)."""
+    directory = directory or os.path.dirname(os.path.abspath(writable_target(path)))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(2, f"no such directory: {directory}", path)
+
+
+def refuse_inputs_as_outputs(outputs: dict, inputs: dict, makes_dirs: bool = False) -> None:
     """An output path that resolves to an input file (the graph, the model, a state or input file)
     is an error: writing it would destroy the input; so is one that is not a regular file
-    (`npz.writable_target`). Both are told before any work is done."""
+    (`npz.writable_target`) and one whose directory does not exist (`check_directory`; not where
+    the writer makes it: `makes_dirs`, export's -o). All are told before any work is done."""
     def same(a, b) -> bool:
         try:
             if os.path.exists(a) and os.path.exists(b):
@@ -87,6 +93,8 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
             continue
         if flag != "--dump-dir":
             writable_target(out)
+            if not makes_dirs:
+                check_directory(os.fspath(out))
         for what, path in inputs.items():
             if path and same(out, path):
                 raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
@@ -100,6 +108,7 @@ def write_atomic(path, write) -> None:
     shown = os.fspath(path)
     path = writable_target(shown)
     directory = os.path.dirname(os.path.abspath(path))
+    check_directory(shown, directory)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".oi2jax-", suffix=".tmp", dir=directory)
     except OSError as exc:  # report the path the user gave, not the temporary name
