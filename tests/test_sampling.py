@@ -121,6 +121,25 @@ def test_sample_in_a_graph_equals_the_interpreter(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_a_temperature_too_small_to_divide_by_draws_the_greedy_token(tmp_path, mode):
+    """A subnormal temperature (XLA:CPU reads it as 0: greedy; the interpreter drew token 0 from
+    NaNs), one whose logits / t overflow to +inf (both drew a NaN's token), a +inf logit: each
+    row draws the softmax's limit, the greedy token, in the compiled step and the interpreter alike;
+    a small normal temperature whose quotients stay finite still samples."""
+    g = tmp_path / "s.oi"
+    g.write_text(SAMPLE_GRAPH)
+    prog = oi2jax.compile(str(g), sizes={"V": 8}, ops=["nn"], model=False, mode=mode)
+    logits = np.array([-4, 3, 1, 6, 2, -1, 0, 5], np.float32)
+    cases = [(logits, 1e-40), (logits, 1e-38), (logits, 1e-37), (np.where(logits == 2, np.inf, logits), 1.0)]
+    for x, t in cases:
+        got = [int(np.asarray(prog.run({"logits": x, "temperature": np.float32(t), "top_k": np.int32(k),
+                                        "seed": np.int32(s)})["next"])) for k in (0, 3) for s in (0, 5)]
+        assert got == [int(np.argmax(x))] * 4, (t, got)
+    assert int(np.asarray(prog.run({"logits": logits, "temperature": np.float32(1e-30), "top_k": np.int32(0),
+                                    "seed": np.int32(0)})["next"])) == 3  # 6e30 and 5e30: finite, still sampled
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
 def test_nan_logits_or_temperature_are_a_runtime_error(tmp_path, mode):
     """A NaN temperature compared as no temperature > 0: it drew greedily, silently."""
     g = tmp_path / "s.oi"

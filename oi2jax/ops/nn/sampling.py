@@ -194,18 +194,24 @@ def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
     batch, v = x.shape[:-1], x.shape[-1]
     t = xp.broadcast_to(xp.asarray(temperature, np.float32), batch)
     greedy = _argmax(x, xp)
+    # a temperature below the smallest normal f32 is 0: XLA:CPU reads a subnormal as 0, and NumPy
+    # must draw what the kernel draws
+    samples = t >= np.float32(_TINY)
 
     def sampled():
-        z = x / xp.where(t > 0, t, xp.asarray(1, np.float32))[..., None]
+        z = x / xp.where(samples, t, xp.asarray(1, np.float32))[..., None]
         kept = _filter(z, xp.broadcast_to(xp.asarray(top_k), batch),
                        xp.broadcast_to(xp.asarray(top_p, np.float32), batch),
                        xp.broadcast_to(xp.asarray(min_p, np.float32), batch), xp)
         drawn = _argmax(kept + _noise_for(seed, position, batch, v, xp), xp)
-        return xp.where(t > 0, drawn, greedy)
+        # where logits / t overflowed to +inf (a temperature so small, or a logit +inf, that the
+        # softmax is all at the maximum) the draw is that limit, the greedy token: the filters'
+        # inf - inf would make it a NaN's
+        return xp.where(samples & (xp.max(z, axis=-1) < np.inf), drawn, greedy)
     if xp is np:
         return sampled()
     # a greedy step (every temperature 0) skips the filters' sort and the noise at run time
-    return lax.cond(jnp.any(t > 0), sampled, lambda: greedy)
+    return lax.cond(jnp.any(samples), sampled, lambda: greedy)
 
 
 @jax.custom_batching.custom_vmap
@@ -275,7 +281,9 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, po
     The filters are transformers' warpers, in its order: top_k (keep the logits >= the k-th largest; k <= 0 or
     k >= V keeps all), top_p (keep the smallest set of most likely tokens whose probability sum
     exceeds p; p = 1 keeps all), min_p (drop the tokens below min_p x the largest probability;
-    0 keeps all). temperature <= 0 is greedy (the first maximum, as argmax). The draw is the
+    0 keeps all). temperature <= 0 is greedy (the first maximum, as argmax), and so is one below
+    the smallest normal f32 and a row whose logits / temperature overflow to +inf (the softmax's
+    limit). The draw is the
     Gumbel-max trick with the noise of `gumbel_noise(seed, position)`: reproducible for a seed,
     independent across seeds and positions; a scalar seed/position is shared by a batch, arrays
     of the batch shape give each sequence its own. A NaN logit or temperature, top_p outside (0, 1]
