@@ -139,6 +139,24 @@ def test_a_temperature_too_small_to_divide_by_draws_the_greedy_token(tmp_path, m
                                     "seed": np.int32(0)})["next"])) == 3  # 6e30 and 5e30: finite, still sampled
 
 
+def test_subnormal_logits_draw_the_same_token_compiled_and_interpreted(tmp_path):
+    """XLA:CPU flushes f32 subnormals to zero: logits of 1e-44 are ties in the kernel. The
+    interpreter's NumPy draw flushes them too (they were distinct values there: 6 of 30 draws
+    differed between the compiled step and the interpreter)."""
+    g = tmp_path / "s.oi"
+    g.write_text(SAMPLE_GRAPH)
+    progs = {mode: oi2jax.compile(str(g), sizes={"V": 8}, ops=["nn"], model=False, mode=mode)
+             for mode in ("compiled", "interpret")}
+    rng = np.random.default_rng(1)
+    for logits in ((rng.standard_normal(8) * 1e-44).astype(np.float32),
+                   np.where(np.arange(8) % 3 == 0, rng.standard_normal(8) * 1e-42, rng.standard_normal(8)).astype(np.float32)):
+        for t, k in ((1.0, 0), (0.5, 3), (1e10, 5)):
+            for seed in range(4):
+                inputs = {"logits": logits, "temperature": np.float32(t), "top_k": np.int32(k), "seed": np.int32(seed)}
+                got = {mode: int(np.asarray(p.run(inputs)["next"])) for mode, p in progs.items()}
+                assert got["compiled"] == got["interpret"], (logits, t, k, seed, got)
+
+
 @pytest.mark.parametrize("mode", ["compiled", "interpret"])
 def test_nan_logits_or_temperature_are_a_runtime_error(tmp_path, mode):
     """A NaN temperature compared as no temperature > 0: it drew greedily, silently."""

@@ -189,8 +189,17 @@ def _argmax(x, xp):
     return lax.argmax(x, x.ndim - 1, jnp.int32)
 
 
+def _flushed(v, xp):
+    """XLA:CPU reads and writes f32 subnormals as zero (flush-to-zero): the NumPy side flushes
+    the logits and their quotient by t the same way, so that the interpreter draws what the kernel
+    draws (subnormal logits were distinct values in NumPy, ties in the kernel)."""
+    if xp is not np:
+        return v
+    return np.where(np.abs(v) < np.float32(_TINY), np.copysign(np.float32(0), v), v).astype(np.float32)
+
+
 def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
-    x = xp.asarray(logits).astype(np.float32)
+    x = _flushed(xp.asarray(logits).astype(np.float32), xp)
     batch, v = x.shape[:-1], x.shape[-1]
     t = xp.broadcast_to(xp.asarray(temperature, np.float32), batch)
     greedy = _argmax(x, xp)
@@ -199,7 +208,7 @@ def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
     samples = t >= np.float32(_TINY)
 
     def sampled():
-        z = x / xp.where(samples, t, xp.asarray(1, np.float32))[..., None]
+        z = _flushed(x / xp.where(samples, t, xp.asarray(1, np.float32))[..., None], xp)
         kept = _filter(z, xp.broadcast_to(xp.asarray(top_k), batch),
                        xp.broadcast_to(xp.asarray(top_p, np.float32), batch),
                        xp.broadcast_to(xp.asarray(min_p, np.float32), batch), xp)
