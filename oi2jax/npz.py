@@ -67,10 +67,10 @@ def writable_target(path) -> str:
     return target
 
 
-def check_directory(path: str, directory: str | None = None) -> None:
-    """FileNotFoundError `PATH: no such directory: DIR` where the directory a write to `path` goes
-    in does not exist (`write_atomic` never makes one)."""
-    directory = directory or os.path.dirname(os.path.abspath(writable_target(path)))
+def check_directory(path: str, target: str) -> None:
+    """FileNotFoundError `PATH: no such directory: DIR` where the directory of `target` (the file a
+    write to `path` replaces: `writable_target`) does not exist (`write_atomic` never makes one)."""
+    directory = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(directory):
         raise FileNotFoundError(2, f"no such directory: {directory}", path)
 
@@ -92,9 +92,9 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict, makes_dirs: bool = Fal
         if not out:
             continue
         if flag != "--dump-dir":
-            writable_target(out)
+            target = writable_target(out)
             if not makes_dirs:
-                check_directory(os.fspath(out))
+                check_directory(os.fspath(out), target)
         for what, path in inputs.items():
             if path and same(out, path):
                 raise OiError(f"{flag} {out} is the {what}: writing it would destroy the input; choose another path")
@@ -107,8 +107,8 @@ def write_atomic(path, write) -> None:
     symbolic link is followed, so the file it names is replaced and the link kept."""
     shown = os.fspath(path)
     path = writable_target(shown)
+    check_directory(shown, path)
     directory = os.path.dirname(os.path.abspath(path))
-    check_directory(shown, directory)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".oi2jax-", suffix=".tmp", dir=directory)
     except OSError as exc:  # report the path the user gave, not the temporary name
