@@ -1,5 +1,6 @@
 """Weights kept quantized on a GPU (issue 42's GPU item): `python -m benchmarks.quantized_gpu
-[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR] [--skip-decode] [--skip-products] [--no-bf16] [--kv-dtype f16|bf16] [--profile STEPS] [--tiles R,V,W]`.
+[--shape tinyllama|tiny] [--kinds Q8_0,Q4_K] [--out DIR] [--skip-decode] [--skip-products] [--no-bf16] [--kv-dtype f16|bf16] [--profile STEPS] [--tiles R,V,W]
+[--static-loop] [--work DIR]`.
 
 On JAX's default device, in ONE process (the GPU is what it is for; `--shape tiny` is a smoke run
 that works on any device):
@@ -18,7 +19,12 @@ that works on any device):
             `oi2jax generate` runs) of G tokens after a P-token prompt, one first run then three
             (medians): prompt tokens/s, decode ms/token, the device's constant bytes a token reads
             (every weight but the embedding table, plus one row of it) and the floor they set at
-            the copy rate; target: decode <= 1.5x that floor
+            the copy rate; target: decode <= 1.5x that floor. `--static-loop`: also the same G
+            decode steps as one jitted `lax.fori_loop` of `Program.step` (a trip count XLA knows:
+            no loop condition read by the host between steps; the fused run's `while` reads one
+            per step to stop at a stop id), its tokens checked equal to the fused run's. `--work
+            DIR`: the random model's files kept in DIR and reused when there (a second process,
+            under other XLA_FLAGS, skips writing and converting them)
 Writes results/quantized_gpu[-gpu].md (results/ by default).
 """
 from __future__ import annotations
@@ -236,16 +242,19 @@ def profile_decode(g, ids, steps: int, out: Path, label: str) -> list[str]:
 
 
 def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True, profile: int = 0,
-           out: Path | None = None, kv_dtype: str | None = None) -> list[str]:
+           out: Path | None = None, kv_dtype: str | None = None, static_loop: bool = False) -> list[str]:
     t0 = time.perf_counter()
-    ck = llama_checkpoint.write_random_llama(tmp / "hf", dtype="bf16", **s)
-    paths = {"bf16 (kept)": convert_hf(ck, tmp / "bf16.oinf").path} if bf16 else {}
-    for kind in kinds:
-        paths[kind] = convert_hf(ck, tmp / f"{kind}.oinf", quantize=kind).path
+    names = (["bf16"] if bf16 else []) + list(kinds)
+    reused = all((tmp / f"{shape}-{name}.oinf").is_file() for name in names)  # `--work`: an earlier process's
+    if not reused:
+        ck = llama_checkpoint.write_random_llama(tmp / "hf", dtype="bf16", **s)
+        for name in names:
+            convert_hf(ck, tmp / f"{shape}-{name}.oinf", quantize=None if name == "bf16" else name)
+    paths = {("bf16 (kept)" if name == "bf16" else name): tmp / f"{shape}-{name}.oinf" for name in names}
     made = time.perf_counter() - t0
     P, G = RUNS[shape]
     ids = np.random.default_rng(1).integers(0, s["vocab"], P).astype(np.int32)
-    lines = [f"Random checkpoint written and converted in {made:.0f} s. Prompt {P} tokens, then {G} generated "
+    lines = [f"Random checkpoint {'reused from --work' if reused else 'written and converted'} in {made:.0f} s. Prompt {P} tokens, then {G} generated "
              f"(`Generator.generate(prompt_ids=..., max_tokens={G}, ignore_eos=True)`): a first run, then three "
              f"(medians), KV cache {kv_dtype or 'f32'}. Bytes/token: the device constants but the embedding "
              f"table, plus one row of it.", "",
@@ -269,11 +278,51 @@ def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True
                      f"{'**' if ms / floor > TARGET else ''} | {per_token / ms / 1e6:.0f} | "
                      f"{list(map(int, first.ids[:6]))} |")
         print(lines[-1], flush=True)
+        if static_loop:
+            lines.append(static_loop_row(g, ids, G, label, floor, [int(i) for i in first.ids]))
+            print(lines[-1], flush=True)
         if profile:
             lines += ["", *profile_decode(g, ids, profile, out, label.split()[0]), ""]
         del g, consts, runs, first, warm
         gc.collect()
     return lines
+
+
+def static_loop_row(g, ids, G: int, label: str, floor: float, fused: list[int]) -> str:
+    """The decode's G - 1 steps after the prompt as ONE jitted `lax.fori_loop` of the decode
+    program's pure `Program.step` (greedy, the token fed back on the device): a trip count XLA
+    knows, so no loop condition goes to the host between steps. Its tokens must equal the fused
+    run's (`fused`: the first generation's ids). A row of the decode table: warm ms/token, the
+    median of three after a compiling one."""
+    from oi2jax.generation import SETTINGS
+    prog, n = g.programs[1], G - 1
+    given = g._inputs({k: off for k, (_, off) in SETTINGS.items()})
+
+    @jax.jit
+    def loop(state, token):
+        def body(i, carry):
+            st, tok, got = carry
+            st, outs = prog.step(st, **{g.token_input: tok}, **given)
+            nxt = outs["next"].reshape(tok.shape).astype(tok.dtype)
+            return st, nxt, got.at[i].set(nxt.reshape(-1)[0])
+        return lax.fori_loop(0, n, body, (state, token, jnp.zeros((n,), jnp.int32)))
+
+    times, toks = [], None
+    for _ in range(4):
+        first = g.prompt_step(ids)
+        token = jnp.asarray(np.asarray([first.next] if np.ndim(g.programs[1].executable.defaults[g.token_input])
+                                       else first.next, np.int32))
+        state = first.session.state
+        jax.block_until_ready(state)
+        t = time.perf_counter()
+        _, _, got = loop(state, token)
+        toks = [first.next] + [int(v) for v in jax.device_get(got)]
+        times.append(time.perf_counter() - t)
+        first.session.close()
+    ms = statistics.median(times[1:]) / n * 1e3
+    same = "same tokens" if toks == fused[:len(toks)] else f"OTHER tokens {toks[:6]}"
+    return (f"| {label}, `fori_loop` of `Program.step` | | {times[0]:.1f} (first call) | | | {ms:.3f} | | {floor:.3f} | "
+            f"{ms / floor:.2f} | | {same} |")
 
 
 def _tiles(text: str) -> tuple[int, int, int]:
@@ -297,6 +346,9 @@ def main(argv=None) -> int:
                    help="also trace STEPS decode steps per model (the trace written beside the report)")
     p.add_argument("--tiles", action="append", default=[], metavar="ROWS,VALUES,WARPS", type=_tiles,
                    help="also time the Pallas kernel at these tiles (repeatable)")
+    p.add_argument("--static-loop", action="store_true",
+                   help="also the decode as a jitted fori_loop of Program.step (no host turn between steps)")
+    p.add_argument("--work", metavar="DIR", help="keep the random model's files in DIR; reuse them when there")
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
     s = SHAPES[args.shape]
@@ -313,8 +365,10 @@ def main(argv=None) -> int:
     if not args.skip_decode:
         out += ["", "## Decode (a random model, end to end)", ""]
         with tempfile.TemporaryDirectory() as tmp:
-            out += decode(Path(tmp), s, args.shape, kinds, rate, bf16=not args.no_bf16, profile=args.profile,
-                          out=Path(args.out), kv_dtype=args.kv_dtype)
+            work = Path(args.work) if args.work else Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            out += decode(work, s, args.shape, kinds, rate, bf16=not args.no_bf16, profile=args.profile,
+                          out=Path(args.out), kv_dtype=args.kv_dtype, static_loop=args.static_loop)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_report(Path(args.out), f"quantized_gpu{'-' + args.shape if args.shape != 'tinyllama' else ''}",
                  "\n".join(out) + "\n")

@@ -198,6 +198,19 @@ def test_quantized_gpu_benchmark_smoke():
     assert all(float(r.split(" | ")[2]) > 0 for r in rows)
 
 
+def test_quantized_gpu_decode_static_loop(tmp_path):
+    """benchmarks/quantized_gpu.py's decode at the tiny shape (any device), `--static-loop`: the
+    fori_loop of `Program.step` draws the fused run's tokens; `--work`: the model files kept
+    under the shape's name, and a second decode reuses them."""
+    from benchmarks.quantized_gpu import SHAPES, decode
+    lines = decode(tmp_path, SHAPES["tiny"], "tiny", ["Q8_0"], rate=1e10, bf16=False, static_loop=True)
+    rows = [line for line in lines if line.startswith("| Q8_0")]
+    assert len(rows) == 2 and rows[1].startswith("| Q8_0, `fori_loop` of `Program.step` |")
+    assert rows[1].endswith("| same tokens |") and float(rows[1].split(" | ")[5]) > 0
+    assert sorted(p.name for p in tmp_path.glob("*.oinf")) == ["tiny-Q8_0.oinf"]
+    assert lines[0].startswith("Random checkpoint written and converted in ")
+
+
 def test_quantized_gpu_trace_tables():
     """benchmarks/quantized_gpu.py --profile's reading of a perfetto trace: per device line, events,
     busy µs and span per step; the busiest line's kernels by name, numbers stripped; host lines
