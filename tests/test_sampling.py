@@ -140,9 +140,10 @@ def test_a_temperature_too_small_to_divide_by_draws_the_greedy_token(tmp_path, m
 
 
 def test_subnormal_logits_draw_the_same_token_compiled_and_interpreted(tmp_path):
-    """XLA:CPU flushes f32 subnormals to zero: logits of 1e-44 are ties in the kernel. The
-    interpreter's NumPy draw flushes them too (they were distinct values there: 6 of 30 draws
-    differed between the compiled step and the interpreter)."""
+    """XLA:CPU flushes f32 subnormals to zero: logits of 1e-44 are ties in its kernel. XLA:GPU
+    and NumPy keep them: they were distinct values there (6 of 30 draws differed between the CPU
+    kernel and the interpreter; on an H200 the kernel differed from the interpreter). The draw
+    flushes them itself, on every device and in the interpreter."""
     g = tmp_path / "s.oi"
     g.write_text(SAMPLE_GRAPH)
     progs = {mode: oi2jax.compile(str(g), sizes={"V": 8}, ops=["nn"], model=False, mode=mode)

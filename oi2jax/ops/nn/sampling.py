@@ -190,12 +190,13 @@ def _argmax(x, xp):
 
 
 def _flushed(v, xp):
-    """XLA:CPU reads and writes f32 subnormals as zero (flush-to-zero): the NumPy side flushes
-    the logits and their quotient by t the same way, so that the interpreter draws what the kernel
-    draws (subnormal logits were distinct values in NumPy, ties in the kernel)."""
-    if xp is not np:
-        return v
-    return np.where(np.abs(v) < np.float32(_TINY), np.copysign(np.float32(0), v), v).astype(np.float32)
+    """f32 subnormals as zero, explicitly, on every device and in NumPy: XLA:CPU reads and writes
+    them as zero (flush-to-zero), XLA:GPU keeps them (`--xla_gpu_ftz` is off), NumPy keeps them.
+    The logits and their quotient by t go through this, so that every device and the interpreter
+    draw the same token (subnormal logits were ties in the CPU kernel, distinct values in NumPy
+    and on an H200: a different token in 6 of 30 draws)."""
+    zero = xp.copysign(xp.asarray(0, np.float32), v)
+    return xp.where(xp.abs(v) < np.float32(_TINY), zero, v).astype(np.float32)
 
 
 def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
@@ -203,8 +204,8 @@ def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
     batch, v = x.shape[:-1], x.shape[-1]
     t = xp.broadcast_to(xp.asarray(temperature, np.float32), batch)
     greedy = _argmax(x, xp)
-    # a temperature below the smallest normal f32 is 0: XLA:CPU reads a subnormal as 0, and NumPy
-    # must draw what the kernel draws
+    # a temperature below the smallest normal f32 is 0 (XLA:CPU reads a subnormal as 0): on every
+    # device and in NumPy
     samples = t >= np.float32(_TINY)
 
     def sampled():
