@@ -42,6 +42,16 @@ from .runargs import fed_back, stop_hits, stopped
 
 SELECT_SKIP_BYTES = 1 << 16
 
+# Steps of the fused loop per reading of its condition, by the platform the kernels run on. XLA:GPU
+# copies a `while` loop's condition to the host at every iteration and only then launches the next
+# iteration's CUDA graph: the GPU idles once a step (0.69 ms of a 2.25 ms Q4_K decode step on an
+# H200, docs/performance.md). On a GPU the loop's body is therefore a `fori_loop` of this many steps
+# (a trip count XLA knows: launched back to back, nothing read), each after the loop's end
+# (the budget, a stop id, an error, a growth) a masked step that changes nothing: at most this many
+# less one steps are computed and dropped at the end of a fused call. The CPU runs its loop on the
+# host: one step per check, nothing computed in vain.
+STEPS_PER_CHECK = {"gpu": 8}
+
 
 def compiled(lowered):
     """`lowered.compile()`, then the heap pages XLA's compilation freed given back to the system
@@ -96,6 +106,7 @@ class StepKernels:
             dt.get(l.dtype).nbytes(math.prod(l.data_shape())) for l in layouts.values()) <= SELECT_SKIP_BYTES
 
         extra = builder.all_names  # every variable, so that a session can `read` any of them
+        self.steps_per_check = per_check = STEPS_PER_CHECK.get(exe.host.placer.platform(), 1)
 
         def guarded_trace(trace):
             """(trace(), whether tracing it registered a runtime guard): every guard registers
@@ -150,7 +161,7 @@ class StepKernels:
             extra = tuple(dict.fromkeys(collect + builder.all_names + tuple(x for pair in feedback for x in pair)
                                         + tuple(stop_ids)))
 
-            def one(env, fb, i):
+            def one(env, fb, i, skip=None):
                 dyn = dict(fixed)
                 for k, v in per_step.items():
                     if k not in fb:
@@ -162,7 +173,7 @@ class StepKernels:
                         row = lax.dynamic_index_in_dim(given, jnp.minimum(g, given.shape[0] - 1), keepdims=False)
                         v = jnp.where(fed_back(g, given.shape[0]), v, row)
                     dyn[k] = v
-                flat, outputs = builder(consts, spec.with_constants(env), dyn, extra=extra)
+                flat, outputs = builder(consts, spec.with_constants(env), dyn, extra=extra, skip=skip)
                 return spec.strip_constants(flat), outputs
 
             out_shapes, guarded = guarded_trace(
@@ -184,10 +195,12 @@ class StepKernels:
                 go = go & (env.guards.err == 0)
                 return go & ~jnp.any(env.guards.grow > 0) if growable else go
 
-            def body(carry):
+            def body(carry, skip=None):
                 i, env, _, stacked, fb, hit = carry
-                flat, outputs = one(env, fb, i)
-                stacked = {k: lax.dynamic_update_index_in_dim(v, outputs[k], i, 0)  # the call's own rows
+                flat, outputs = one(env, fb, i, skip)
+                rows = outputs if skip is None else \
+                    {k: jnp.where(skip, lax.dynamic_index_in_dim(v, i, keepdims=False), outputs[k]) for k, v in stacked.items()}
+                stacked = {k: lax.dynamic_update_index_in_dim(v, rows[k], i, 0)  # the call's own rows
                            for k, v in stacked.items()}
                 new_fb = {k: outputs[source] for k, source in feedback}
                 new_hit = {k: hit[k] | stop_hits(outputs[k], ids, jnp) for k, ids in stop_ids.items()}
@@ -198,8 +211,24 @@ class StepKernels:
                     return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, new_fb, new_hit
                 return i + 1, flat, outputs, stacked, new_fb, new_hit
 
+            def masked(_, carry):
+                """A step where the loop goes on, else one that changes nothing: its table writes
+                skipped (`skip`), every other carried value kept (STEPS_PER_CHECK)."""
+                active = cond_fn(carry)
+                new = body(carry, skip=~active)
+                i, env, last, _, fb, hit = carry
+                ni, nenv, nlast, stacked, nfb, nhit = new
+
+                def keep(old, value):
+                    return jnp.where(active, value, old)
+                nenv = tree_map_with_path(lambda path, old, value: value if is_table_data(path) else keep(old, value),
+                                          env, nenv)
+                return (keep(i, ni), nenv, jax.tree.map(keep, last, nlast), stacked, jax.tree.map(keep, fb, nfb),
+                        jax.tree.map(keep, hit, nhit))
+
             init = (jnp.zeros((), n.dtype), env0, last0, stacked0, fed, done)
-            i, flat, last, stacked, fb, done = lax.while_loop(cond_fn, body, init)
+            loop_body = body if per_check == 1 else lambda carry: lax.fori_loop(0, per_check, masked, carry)
+            i, flat, last, stacked, fb, done = lax.while_loop(cond_fn, loop_body, init)
             last = dict(last)
             for name in builder.dynamic:
                 if name in last:
