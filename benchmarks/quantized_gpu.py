@@ -290,7 +290,7 @@ def decode(tmp: Path, s: dict, shape: str, kinds, rate: float, bf16: bool = True
 
 def static_loop_row(g, ids, G: int, label: str, floor: float, fused: list[int]) -> str:
     """The decode's G - 1 steps after the prompt as ONE jitted `lax.fori_loop` of the decode
-    program's pure `Program.step` (greedy, the token fed back on the device): a trip count XLA
+    program's pure step (`Program.apply`, the weights an argument; greedy, the token fed back on the device): a trip count XLA
     knows, so no loop condition goes to the host between steps. Its tokens must equal the fused
     run's (`fused`: the first generation's ids). A row of the decode table: warm ms/token, the
     median of three after a compiling one."""
@@ -299,10 +299,10 @@ def static_loop_row(g, ids, G: int, label: str, floor: float, fused: list[int]) 
     given = g._inputs({k: off for k, (_, off) in SETTINGS.items()})
 
     @jax.jit
-    def loop(state, token):
+    def loop(consts, state, token):  # the weights an argument (`Program.apply`), not compiled in
         def body(i, carry):
             st, tok, got = carry
-            st, outs = prog.step(st, **{g.token_input: tok}, **given)
+            st, outs = prog.apply(consts, st, **{g.token_input: tok}, **given)
             nxt = outs["next"].reshape(tok.shape).astype(tok.dtype)
             return st, nxt, got.at[i].set(nxt.reshape(-1)[0])
         return lax.fori_loop(0, n, body, (state, token, jnp.zeros((n,), jnp.int32)))
@@ -315,7 +315,7 @@ def static_loop_row(g, ids, G: int, label: str, floor: float, fused: list[int]) 
         state = first.session.state
         jax.block_until_ready(state)
         t = time.perf_counter()
-        _, _, got = loop(state, token)
+        _, _, got = loop(prog.consts, state, token)
         toks = [first.next] + [int(v) for v in jax.device_get(got)]
         times.append(time.perf_counter() - t)
         first.session.close()

@@ -184,3 +184,44 @@ def test_a_traced_64_bit_input_without_x64_is_a_clear_error():
     # a concrete array is converted exactly, under the user's jit too
     state, out = jax.jit(lambda s: prog.step(s, n=np.array([1, 2], np.int64)))(state)
     np.testing.assert_array_equal(np.asarray(out["m"]), [2, 4])
+
+
+APPLY_GRAPH = """
+dynamic { x: f32[1, N]; }
+constant { W: f32[N, N]; }
+volatile { y: f32[1, N]; }
+persistent { t: i32 @init(0); }
+block entry {
+    op matmul(x, W) >> y;
+    cache.increment t;
+    return;
+}
+"""
+
+
+def test_apply_takes_the_weights_as_an_argument_of_the_users_jit(tmp_path):
+    """`prog.step` closes over the weights: inside a user's jit JAX compiles them into the program
+    as constants (their values in the HLO text). `prog.apply(consts, ...)` with `prog.consts`
+    passed in keeps them an argument: the same values, an HLO without them."""
+    from oi2jax.model.writer import save
+    n = 96
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((n, n)).astype(np.float32)
+    save(tmp_path / "m.oinf", sizevars={"N": n}, tensors={"W": w})
+    prog = oi2jax.compile(APPLY_GRAPH, model=tmp_path / "m.oinf")
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    closed = jax.jit(lambda state, x: prog.step(state, x=x))
+    given = jax.jit(lambda consts, state, x: prog.apply(consts, state, x=x))
+    s1, o1 = closed(prog.init_state(), x)
+    s2, o2 = given(prog.consts, prog.init_state(), x)
+    np.testing.assert_array_equal(np.asarray(o1["y"]), np.asarray(o2["y"]))
+    np.testing.assert_array_equal(np.asarray(o2["y"]), prog.run({"x": x})["y"])  # the same lowering
+    np.testing.assert_allclose(np.asarray(o2["y"]), x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
+    assert int(s1.vars["t"]) == int(s2.vars["t"]) == 1
+    weight_bytes = w.nbytes
+    assert len(closed.lower(prog.init_state(), x).as_text()) > weight_bytes  # the weights, as text
+    assert len(given.lower(prog.consts, prog.init_state(), x).as_text()) < weight_bytes // 4
+    with pytest.raises(OiError, match=r"apply: consts must be the program's constants \(prog.consts: 1 entries, W\)"):
+        prog.apply({}, prog.init_state(), x=x)
+    with pytest.raises(OiError, match=r"apply: consts\['W'\] is float32\[96, 95\], but the program's is float32\[96, 96\]"):
+        prog.apply({"W": w[:, 1:]}, prog.init_state(), x=x)

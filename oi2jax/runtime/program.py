@@ -351,17 +351,8 @@ class Program:
             # value, a used state's buffers): the general path below explains, traces or runs it
             return hot.step.exe(exe.consts, state, dynamic)
         self.general_steps += 1
-        checked = self.validate_inputs(dynamic)
-        if not isinstance(state, StepState):  # an AttributeError deep in the step before
-            raise OiError(f"step: state must be a StepState (prog.init_state(), or the state a step returned), "
-                          f"got {type(state).__name__}")
+        checked, full, out = self._pure_step(exe, exe.consts, state, dynamic)
         with self.scope():
-            full = exe.dynamic_args(checked)
-            try:
-                out = exe.jit_step(exe.consts, state, full)
-            except (RuntimeError, ValueError):
-                self.refuse_used(state)
-                raise
             array = type(out[0].guards.flags)  # a concrete jax.Array type, unless traced
             if (hot is None or hot.executable is not exe) and len(checked) == len(full) and \
                     not isinstance(out[0].guards.flags, jax.core.Tracer) and \
@@ -371,6 +362,39 @@ class Program:
                 self._step_hot = StepHotPath(exe, AheadOfTime(lowered.compile(exe.compile_options),
                                                               first=1), tuple(full))
             return out
+
+    def apply(self, consts, state: StepState, **dynamic):
+        """`step` with the program's constants given: `prog.apply(prog.consts, state, **inputs)`
+        equals `prog.step(state, **inputs)`. Inside a `jax.jit` of your own, pass `prog.consts` in
+        as an argument of your function and call this: `step` closes over the weights, and JAX
+        compiles closed-over arrays into the program as constants (every weight a literal of its
+        HLO: a TinyLlama-sized model's loop took 50 s to compile on an H200). `consts` must have
+        the structure, shapes and dtypes of `prog.consts` (traced or concrete)."""
+        exe = self.executable
+        if jax.tree.structure(consts) != jax.tree.structure(exe.consts):
+            names = sorted(exe.consts)
+            raise OiError(f"apply: consts must be the program's constants (prog.consts: {len(names)} entries, "
+                          f"{', '.join(names[:4])}{', ...' if len(names) > 4 else ''}), got another structure")
+        for (path, have), need in zip(jax.tree_util.tree_flatten_with_path(consts)[0], jax.tree.leaves(exe.consts)):
+            shape, dtype = list(getattr(have, "shape", ())), str(getattr(have, "dtype", type(have).__name__))
+            if (shape, dtype) != (list(need.shape), str(need.dtype)):
+                raise OiError(f"apply: consts{jax.tree_util.keystr(path)} is {dtype}{shape}, but the program's "
+                              f"is {need.dtype}{list(need.shape)}")
+        return self._pure_step(exe, consts, state, dynamic)[2]
+
+    def _pure_step(self, exe, consts, state, dynamic: dict) -> tuple:
+        """The checked inputs, every input (defaults added) and the jitted step's `(state, outputs)`."""
+        checked = self.validate_inputs(dynamic)
+        if not isinstance(state, StepState):  # an AttributeError deep in the step before
+            raise OiError(f"step: state must be a StepState (prog.init_state(), or the state a step returned), "
+                          f"got {type(state).__name__}")
+        with self.scope():
+            full = exe.dynamic_args(checked)
+            try:
+                return checked, full, exe.jit_step(consts, state, full)
+            except (RuntimeError, ValueError):
+                self.refuse_used(state)
+                raise
 
     @staticmethod
     def refuse_used(state, fix: str = "pass the state that step returned (`state, out = "
