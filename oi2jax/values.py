@@ -15,7 +15,13 @@ from .host_numerics import f8_encode
 
 
 def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """User array -> representation of `dtype` with exactly `shape`; OiError on any loss."""
+    """User array -> representation of `dtype` with exactly `shape`; OiError on any loss (a value
+    the cast overflows is refused by the comparison after it, without NumPy's RuntimeWarning)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _convert_input(name, array, dtype, shape)
+
+
+def _convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     a = np.asarray(array)
     d = dt.get(dtype)
     if tuple(a.shape) != tuple(shape):

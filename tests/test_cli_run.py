@@ -73,6 +73,14 @@ def test_run_rejects_lossy_float_input(capsys, tmp_path):
     np.save(tmp_path / "x.npy", np.array([0.1], np.float64))
     code, _, err = run_cli(capsys, "run", path, "--input", f"x={tmp_path / 'x.npy'}")
     assert code == 1 and "not exactly representable in f32" in err
+    # a value the cast overflows: the same refusal, and no NumPy RuntimeWarning (it printed one, with
+    # oi2jax's source line, before the error)
+    np.save(tmp_path / "x.npy", np.array([1e40], np.float64))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        code, _, err = run_cli(capsys, "run", path, "--input", f"x={tmp_path / 'x.npy'}")
+    assert code == 1 and "error: input x: value 1e+40 (float64) is not exactly representable in f32" in err
 
 
 @pytest.mark.parametrize("argv, message", [
