@@ -3,7 +3,9 @@ compiled at S = P, against benchmarks/handwritten/llama.py's `prefill` (the same
 jitted causal step, cache donated) and against today's token-by-token prompt (examples/
 llama_decode.oi, one fused `Session.run` of P steps). Ratios measured in ONE process, medians of
 interleaved runs; time to first token (compile, the prompt step, the first token on the host) in
-fresh processes per side, alternating. Before timing, the two prompt steps' last-row logits are
+fresh processes per side, alternating. oi2jax's prompt program is the one a greedy `generate`
+runs: the temperature fixed at 0 (`Program.specialized`), as the hand-written side draws with
+`jnp.argmax`. Before timing, the two prompt steps' last-row logits are
 asserted within 1e-4 of the largest |logit|.
 
     python -m benchmarks.llama_prompt [--profile full|quick|tiny] [--repeats 5] [--fresh 3]
@@ -36,7 +38,10 @@ TARGETS = {"prompt/hand": 1.15, "tokens/prompt": 20.0, "ttft": 1.5}
 
 
 def _prompt_program(case: LlamaCase, model: Path):
-    return oi2jax.compile(str(EXAMPLES / "llama_prefill.oi"), model=str(model), ops=["nn"], sizes={"S": case.prompt})
+    """The prompt step's program as a greedy `generate` runs it: the temperature fixed at 0
+    (`Program.specialized`; the hand-written side draws with `jnp.argmax`)."""
+    general = oi2jax.compile(str(EXAMPLES / "llama_prefill.oi"), model=str(model), ops=["nn"], sizes={"S": case.prompt})
+    return general.specialized({"temperature": 0.0})
 
 
 def measure(case: LlamaCase, model: Path, repeats: int) -> dict:

@@ -123,7 +123,7 @@ def test_the_decode_loop_compiled_ahead_is_the_one_the_run_takes(model, gen):
     ahead, plain = Generator(model["path"], compile_ahead=True), Generator(model["path"], compile_ahead=False)
     apart = runstats.apart_seconds()
     a = ahead.generate(prompt_ids=[3, 5, 7], max_tokens=6, ignore_eos=True)
-    loop = ahead.programs[1].executable.kernels.multi_jit
+    loop = ahead.greedy_programs[1].executable.kernels.multi_jit  # a greedy generation's programs
     assert runstats.apart_seconds() > apart and loop._cache_size() == 1
     assert a.ids == plain.generate(prompt_ids=[3, 5, 7], max_tokens=6, ignore_eos=True).ids
     assert a.ids == greedy_reference(model, [3, 5, 7], 6)
@@ -341,7 +341,7 @@ def test_prompts_of_17_lengths_compile_only_their_buckets(model, gen):
     warm = g.compiles
     for m in lengths:
         g.generate(prompt_ids=[(7 * i) % 60 + 3 for i in range(m)], max_tokens=1, ignore_eos=True)
-    assert sorted(g.programs) == sorted(seen) == [1, 16, 32]
+    assert sorted(g.greedy_programs) == sorted(seen) == [1, 16, 32]  # greedy generations run these
     assert g.compiles == warm  # 17 lengths: not one more trace
     long = list(range(3, 3 + 38))  # 38 tokens: one step of 32, then 6 in the bucket of 16
     res = g.generate(prompt_ids=long, max_tokens=1, ignore_eos=True)
@@ -396,3 +396,32 @@ def test_the_family_graphs_ship_in_the_package(tmp_path, monkeypatch):
         generation.GRAPHS / "llama_decode.oi"
     with pytest.raises(OiError, match="its example graph examples/nope.oi is not found: give the graph"):
         generation._graph_path({"example_graph": "examples/nope.oi"}, "m.oinf", None)
+
+
+def test_a_greedy_generation_runs_programs_with_the_temperature_fixed(model):
+    """Greedy (temperature 0): the programs with the temperature fixed at 0 (`Program.specialized`,
+    the same placed weights), whose steps compile the greedy draw alone -- no sampler's loops or
+    conditional in their HLO. The first sampled generation compiles the general programs; the
+    tokens are the NumPy Llama's either way, and a sampled run draws what it drew before."""
+    g = Generator(model["path"])
+    greedy, general = g.greedy_programs[1], g.programs[1]
+    assert greedy.bound.fixed == {"temperature": 0.0} and not general.bound.fixed
+    assert all(greedy.consts[k] is general.consts[k] for k in general.consts)  # not placed again
+    assert "temperature" not in g._inputs({"temperature": 0.0, "top_k": 0})
+    ids = [5, 9, 2]
+    before = general.compiles
+    res = g.generate(prompt_ids=ids, max_tokens=5, ignore_eos=True)
+    assert res.ids == greedy_reference(model, ids, 5) and general.compiles == before  # nothing general compiled
+    assert set(g.greedy_programs) == {1, 16} and set(g.programs) == {1}
+    token = np.zeros(1, np.int32)
+    fixed, full = (p.lower(tokens=token, n=np.int32(1)).as_text() for p in (greedy, general))
+    assert fixed.count("stablehlo.case") == 0 < full.count("stablehlo.case")
+    assert fixed.count("stablehlo.while") < full.count("stablehlo.while")
+    sampled = g.generate(prompt_ids=ids, max_tokens=5, ignore_eos=True, temperature=0.7, top_k=5, seed=3)
+    assert general.compiles > before and set(g.programs) == {1, 16}
+    again = Generator(model["path"]).generate(prompt_ids=ids, max_tokens=5, ignore_eos=True, temperature=0.7,
+                                              top_k=5, seed=3)
+    assert sampled.ids == again.ids
+    # a fixed input is no input of those programs
+    with pytest.raises(OiError, match=r"input temperature is fixed at 0.0 in this program \(Program.specialized\)"):
+        greedy.session().step(tokens=token, n=np.int32(1), temperature=np.float32(0))

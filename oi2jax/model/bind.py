@@ -16,15 +16,21 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir, messages
 from ..check import resize
-from ..diagnostics import Diagnostic, OiError, check_sizes
+from ..diagnostics import Diagnostic, OiError, check_sizes, suggest
 from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
+from ..values import convert_input
 from .ggml import AFFINE, HALF_KINDS, KeptBlocks
 from .quant import affine_parts, dequantize as quant_dequantize
 from .reader import MetaValue, Model
 
 __all__ = ["bind", "AttrVar", "BoundGraph"]
+
+
+def _literal_kind(dtype: str) -> str:
+    """The kind of literal (`ir.Literal`) a value of `dtype` is written as: bool, float or int."""
+    return "bool" if dtype == "bool" else "float" if dt.get(dtype).is_float else "int"
 
 
 def _fmt_shape(shape) -> str:
@@ -47,12 +53,14 @@ class BoundGraph:
     """
 
     __slots__ = ("graph", "checked", "model", "sizes", "_shapes", "_cache", "_families", "zero_missing_inputs",
-                 "widen_floats")
+                 "widen_floats", "fixed")
 
     def __init__(self, graph: ir.Graph, model: Model | None, sizes: dict[str, int],
                  shapes: dict[str, tuple[int, ...]], checked=None, zero_missing_inputs: bool = False,
-                 widen_floats: bool = False):
+                 widen_floats: bool = False, fixed: dict | None = None):
         self.graph = graph
+        # dynamic scalars fixed at compile time (`specialized`): name -> Python value
+        self.fixed = dict(fixed or {})
         self.checked = checked  # the CheckedGraph this was bound from (None: bound unchecked)
         self.model = model
         # OpenInfer's zero-filled default asked for: inputs and constants without a value read as
@@ -100,6 +108,8 @@ class BoundGraph:
     def static_scalar(self, name: str):
         """A Python value for a constant scalar known at bind time, else None."""
         decl = self.graph.var(name)
+        if name in self.fixed:
+            return self.fixed[name]
         if decl is None or decl.kind != ir.MemKind.CONSTANT:
             return None
         value = self.initial(name)
@@ -110,15 +120,42 @@ class BoundGraph:
     def with_shapes(self, sizes: dict, shapes: dict) -> "BoundGraph":
         """The same checked graph and model at other (e.g. symbolic) sizes and shapes."""
         return BoundGraph(self.graph, self.model, sizes, shapes, self.checked, self.zero_missing_inputs,
-                          self.widen_floats)
+                          self.widen_floats, self.fixed)
 
     def rebind(self, sizes: dict) -> "BoundGraph":
         """The same checked graph and model bound at other `sizes` (a chunked run's tail:
         runtime/chunked.py), with this binding's `zero_missing_inputs`: `check.resize` runs only
         the checker's rules that read a size; the rest of the CheckedGraph is kept."""
         sizes = check_sizes(sizes)
-        return bind(resize(self._checked(), self.model, sizes), self.model, sizes,
-                    zero_missing_inputs=self.zero_missing_inputs, widen_floats=self.widen_floats)
+        bound = bind(resize(self._checked(), self.model, sizes), self.model, sizes,
+                     zero_missing_inputs=self.zero_missing_inputs, widen_floats=self.widen_floats)
+        return bound.specialized(self.fixed) if self.fixed else bound
+
+    def specialized(self, values: dict) -> "BoundGraph":
+        """The same binding with the dynamic scalars `values` names fixed at compile time (besides
+        those fixed already): an op attribute that reads one is then a value known while tracing
+        (`op_attrs`: its `static`), as a literal is -- `sample(temperature=temperature)` fixed at
+        0 compiles the greedy draw alone -- and its value at step start (`initial`) is the fixed
+        one. It stays a dynamic variable of the graph, which a run may not give (runtime
+        `Program.validate_inputs`). Each value must convert exactly to the variable's dtype; a
+        name that is not a dynamic scalar is an OiError."""
+        dynamic = [d.name for d in self.graph.vars_of(ir.MemKind.DYNAMIC)]
+        fixed = dict(self.fixed)
+        for name, value in values.items():
+            decl = self.graph.var(name)
+            if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+                raise OiError(f"specialized: {name} is not a dynamic variable of {self.graph.path}"
+                              f"{suggest(name, dynamic)}")
+            if decl.dims:
+                raise OiError(f"specialized: {name} is {decl.dtype}{_fmt_shape(self.shape(name))}: only a "
+                              f"scalar input can be fixed at compile time")
+            if isinstance(value, (bool, np.bool_)) != (decl.dtype == "bool") or \
+                    not isinstance(value, (int, float, np.number, np.bool_)):
+                raise OiError(f"specialized: {name}: expected a {decl.dtype} number, got {value!r}")
+            convert_input(name, np.asarray(value), decl.dtype, ())  # exactly, else OiError
+            fixed[name] = {"bool": bool, "float": float, "int": int}[_literal_kind(decl.dtype)](value)
+        return BoundGraph(self.graph, self.model, self.sizes, self._shapes, self.checked, self.zero_missing_inputs,
+                          self.widen_floats, fixed)
 
     def __repr__(self) -> str:
         return f"BoundGraph({self.graph.path!r}, model={self.model_path!r}, sizes={self.sizes})"
@@ -179,7 +216,9 @@ class BoundGraph:
             return cached
         decl = self._decl_or_temp(name)
         shape = self.shape(name)
-        if isinstance(decl, ir.Assign):
+        if name in self.fixed:
+            value = fill_value(decl.dtype, shape, ir.Literal(_literal_kind(decl.dtype), self.fixed[name]))
+        elif isinstance(decl, ir.Assign):
             value = fill_value(decl.dtype, shape, None)
         elif decl.kind == ir.MemKind.PERSISTENT or decl.is_prefix_table or decl.is_table:
             value = fill_value(decl.dtype, shape, decl.init)
@@ -195,6 +234,8 @@ class BoundGraph:
         """Whether a dynamic variable has a value of its own when the host gives none: a model
         tensor (or metadata) of its name, or an `@init`. Otherwise its default is zeros."""
         decl = self.graph.var(name)
+        if name in self.fixed:  # its fixed value (`specialized`)
+            return True
         if decl is None or decl.init is not None:
             return decl is not None
         return self._model_value(decl, self.shape(name)) is not None

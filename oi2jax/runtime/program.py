@@ -550,6 +550,15 @@ class Program:
         return Program(self.bound.rebind(sizes), replace(self.options, yield_mode="fused"), device=self.device,
                        shared=self)
 
+    def specialized(self, values: dict) -> "Program":
+        """This program with the dynamic scalars `values` names fixed at compile time
+        (`BoundGraph.specialized`: each a constant of that value), on this device with these
+        options, holding this program's placed constants (the weights are not placed again). An
+        op attribute reading one is a value known while tracing: `sample` at a fixed temperature
+        0 compiles the greedy draw alone (what `generate` runs for a greedy generation). The
+        fixed names are no longer inputs."""
+        return Program(self.bound.specialized(values), self.options, device=self.device, shared=self)
+
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of
         `batch_var` rows in one compiled program, state carried (runtime/chunked.py)."""

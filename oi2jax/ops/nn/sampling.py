@@ -199,6 +199,17 @@ def _flushed(v, xp):
     return xp.where(xp.abs(v) < np.float32(_TINY), zero, v).astype(np.float32)
 
 
+def _known_greedy(temperature) -> bool:
+    """Whether a temperature known while tracing (a literal, a constant scalar, an input fixed by
+    `Program.specialized`: a Python or NumPy value, not a traced one) makes every draw greedy
+    (below the smallest normal f32, or NaN: then the node's error is raised too). The draw is
+    then `argmax` of the flushed logits, what `_draw` computes for it."""
+    if isinstance(temperature, jax.core.Tracer) or isinstance(temperature, jax.Array) or \
+            not isinstance(temperature, (int, float, np.number, np.ndarray)):
+        return False
+    return not bool(np.all(np.asarray(temperature, np.float32) >= np.float32(_TINY)))
+
+
 def _draw(logits, temperature, top_k, top_p, min_p, seed, position, xp):
     x = _flushed(xp.asarray(logits).astype(np.float32), xp)
     batch, v = x.shape[:-1], x.shape[-1]
@@ -299,4 +310,6 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, po
     of the batch shape give each sequence its own. A NaN logit or temperature, top_p outside (0, 1]
     or min_p outside [0, 1] is a runtime error of the node. All settings may be variables."""
     ctx.fail_if(_bad_settings(logits, temperature, top_p, min_p, jnp), _MESSAGE, jnp.int32(1))
+    if _known_greedy(temperature):  # the greedy draw alone: no filters or noise traced or compiled
+        return _argmax(_flushed(jnp.asarray(logits).astype(np.float32), jnp), jnp)
     return _draw_jax(logits, *(jnp.asarray(a) for a in (temperature, top_k, top_p, min_p, seed, position)))
