@@ -116,6 +116,17 @@ WORKER = textwrap.dedent(r'''
         "W_want": (3 * ins["delta"]).tolist(),
     }
 
+    # a program specialized (Program.specialized) keeps its mesh and shard spec
+    prog = oi2jax.compile("dynamic { x: f32[B, D]; s: f32; } volatile { y: f32[B, D]; } "
+                          "block entry { op mul(x, s) >> y; return; }", sizes={"B": 8, "D": 4}, model=False,
+                          mesh=mesh_d, shard={"B": "data"})
+    fixed = prog.specialized({"s": 2.5})
+    xs = np.arange(32, dtype=np.float32).reshape(8, 4)
+    state, outs = fixed.step(fixed.init_state(), x=xs)
+    report["specialized"] = {"mesh": None if fixed.mesh is None else dict(fixed.mesh.shape),
+                             "y": np.asarray(outs["y"]).tolist(), "want": (xs * 2.5).tolist(),
+                             "y_spec": str(outs["y"].sharding.spec)}
+
     # constants are read shard by shard from the mmap, never whole
     prog = oi2jax.compile(f"{examples}/mlp_regression.oi", model=f"{models}/mlp_regression.oinf",
                           mesh=mesh_dm, shard={"B": "data", "H": "model"})
@@ -174,6 +185,11 @@ def test_sharded_equals_unsharded(report, name):
             assert cfg["close"], f"{name} sharded ({label}) is not the unsharded run up to reduction rounding"
     for cfg in entry.values():
         assert cfg["compiles"] == 1  # 3 steps, one trace: state keeps its sharding
+
+
+def test_a_specialized_program_keeps_its_mesh(report):
+    got = report["specialized"]
+    assert got["mesh"] == {"data": 4} and got["y"] == got["want"] and "data" in got["y_spec"]
 
 
 def test_data_parallel_has_no_collectives(report):

@@ -557,7 +557,11 @@ class Program:
         op attribute reading one is a value known while tracing: `sample` at a fixed temperature
         0 compiles the greedy draw alone (what `generate` runs for a greedy generation). The
         fixed names are no longer inputs."""
-        return Program(self.bound.specialized(values), self.options, device=self.device, shared=self)
+        bound = self.bound.specialized(values)
+        placer = None  # a program sharded over a mesh: the same mesh and shard spec
+        if getattr(self.placer, "mesh", None) is not None:
+            placer = type(self.placer)(bound, self.placer.mesh, self.placer.shard)
+        return Program(bound, self.options, device=self.device, placer=placer, shared=self)
 
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Like `run`, for inputs with more rows than the size variable `batch_var`: chunks of
