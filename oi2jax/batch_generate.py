@@ -104,7 +104,8 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
 def cmd_generate_batch(args, generator) -> int:
     """The `generate --batch FILE` command: `generator` (generation.Generator, with `--graph` if
     given) gives the model's tokenizer, chat template, stop ids and its compiled step programs
-    (`Generator.programs`: the S=1 program runs the batch, the others its prompt steps)."""
+    (`Generator.programs_for` the settings: the S=1 program runs the batch, the others its prompt
+    steps; greedy, the programs with the temperature fixed at 0)."""
     if args.prompt is not None or args.prompt_ids is not None:
         raise OiError("--batch takes the prompts from its file: leave out --prompt / --prompt-ids")
     if args.ids_out is not None and not str(args.ids_out).endswith(".npz"):
@@ -126,7 +127,8 @@ def cmd_generate_batch(args, generator) -> int:
         if result.error is not None:
             print(result.error.render(), file=sys.stderr)
 
-    results = generate_batch(generator.programs[1], prompts, programs=generator.programs, size=args.batch_size,
+    programs = generator.programs_for({"temperature": args.temperature})  # greedy: the temperature fixed at 0
+    results = generate_batch(programs[1], prompts, programs=programs, size=args.batch_size,
                              max_tokens=args.max_tokens, stop_ids=stops, on_done=show, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                              min_p=args.min_p, seed=args.seed)
     if args.ids_out is not None:

@@ -295,8 +295,9 @@ def test_a_four_device_mesh_gives_the_tokens_of_one_device(llama):
 
 def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, tmp_path, capsys, monkeypatch):
     """`oi2jax generate MODEL --batch FILE` without --graph runs on the Generator's programs (the
-    module's Generator, made with the CLI's arguments): its S=1 program and its bucket programs,
-    none compiled again."""
+    module's Generator, made with the CLI's arguments): greedy, its programs with the temperature
+    fixed at 0 (`greedy_programs`: its S=1 program and its bucket programs); the general ones
+    are not compiled again. A slot of such a batch cannot set the temperature."""
     from oi2jax import generation
     from oi2jax.batch_generate import read_prompts
     model, decode, _, gen = llama
@@ -316,6 +317,10 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     assert code == 0, err
     assert made == [(str(model), None, {"tokenizer": None, "ops": ["nn"], "kernels": "jax", "kv_dtype": None})]
     assert gen.programs == programs and gen.programs[BUCKET].compiles == compiles  # nothing compiled again
+    assert BUCKET in gen.greedy_programs  # the batch's prompt steps: the greedy bucket program
+    with pytest.raises(OiError, match=r"temperature is fixed at 0.0 in this batch's program \(Program.specialized\)"):
+        gen.greedy_programs[1].batch(2, buckets=(BUCKET,), programs=gen.greedy_programs).insert(
+            0, PROMPTS[0], temperature=0.5)
     ids = np.load(out)
     for name, k in zip(("prompt_0", "prompt_1", "prompt_2"), (0, 2, 1)):
         assert ids[name].tolist() == solo[k], name

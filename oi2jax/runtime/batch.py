@@ -74,7 +74,8 @@ class Batch:
             raise OiError(f"prompt buckets must be positive sizes, got {list(buckets)}")
         chunk = check_whole("chunk", chunk, 1, np.iinfo(np.int32).max)  # the compiled loop counts in int32
         self.size, self.buckets, self.chunk = int(size), tuple(sorted(int(s) for s in buckets)), chunk
-        self.settings = tuple(name for name in SETTINGS if name in exe.defaults)
+        # the per-slot sampling inputs (one `Program.specialized` fixed is none: it is the program's)
+        self.settings = tuple(name for name in SETTINGS if name in exe.defaults and name not in program.bound.fixed)
         self.vocab = vocabulary(program)  # prompt and stop ids are checked against it (runtime/tokens.py)
         self._shared = {k: v for k, v in exe.defaults.items() if k not in ("tokens", "n") + self.settings}
         self.mesh, self._axis = _batch_mesh(program, mesh, axis, self.size)
@@ -188,6 +189,9 @@ class Batch:
             check_whole("max_tokens", max_tokens, 1)
         values = {}
         for name, value in settings.items():
+            if name in self.program.bound.fixed:
+                raise OiError(f"{name} is fixed at {self.program.bound.fixed[name]!r} in this batch's program "
+                              f"(Program.specialized): a slot cannot set it")
             if name not in self.settings:
                 known = ", ".join(self.settings) or "none"
                 raise OiError(f"the step graph has no sampling input {name}{suggest(name, self.settings)} "
