@@ -341,7 +341,9 @@ class Program:
         range) do not raise here: they are recorded in the state (the failing write is skipped;
         the first error wins) and **the caller must call `check(state)`** to see them. A step of
         a graph with growable caches that needs more capacity returns the old state with
-        `state.guards.grow > 0` -- `check` says so; `session()` handles both for you."""
+        `state.guards.grow > 0` -- `check` says so; `session()` handles both for you. Inside a
+        `jax.jit` of your own, use `apply` with the weights an argument (`step` closes over them,
+        and JAX compiles closed-over arrays into the program)."""
         hot, exe = self._step_hot, self.executable
         if hot is not None and hot.executable is exe and len(dynamic) == len(hot.names) and \
                 hot.step.accepts(state, dynamic):
