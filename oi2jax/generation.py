@@ -139,13 +139,18 @@ class Generator:
     prompt's program compiles, not after the prompt (XLA compiles on one core); default: where
     JAX's persistent compilation cache is off (where it is on, as `oi2jax generate` turns it on,
     a later process reads the loop from it, and compiling beside the prompt's run slowed the
-    prompt; docs/performance.md "Compile time").
+    prompt; docs/performance.md "Compile time"). `specialize_greedy` (default True): greedy
+    generations run programs with the temperature fixed at 0, which compile no sampler (a
+    faster first token); the first sampled generation then compiles the general programs, once.
+    False: every generation runs the general programs (no compile when the settings change).
     `mode`: "prompt steps" or "token by token"; `programs`: the compiled step programs by S (1:
     the decode step); `greedy_programs`: the same with the temperature fixed at 0 (greedy
-    generations run these; empty where the graph has no dynamic temperature)."""
+    generations run these; empty where the graph has no dynamic temperature, or with
+    `specialize_greedy=False`)."""
 
     def __init__(self, model, graph=None, *, tokenizer=None, ops=("nn",), precision: str = "highest",
-                 kernels: str = "jax", kv_dtype: str | None = None, compile_ahead: bool | None = None):
+                 kernels: str = "jax", kv_dtype: str | None = None, compile_ahead: bool | None = None,
+                 specialize_greedy: bool = True):
         self.model_path = str(model)
         self.compile_ahead = compile_ahead
         self._ahead: set = set()  # the decode loops compiled ahead (or being compiled)
@@ -175,7 +180,10 @@ class Generator:
         self.settings = {k for k in SETTINGS if decode.graph.var(k) is not None and
                          decode.graph.var(k).kind == ir.MemKind.DYNAMIC}
         # greedy generations: the temperature fixed at 0 (the same weights; its programs compile on first use)
-        self.greedy_programs = {1: decode.specialized({"temperature": 0.0})} if "temperature" in self.settings else {}
+        if not isinstance(specialize_greedy, bool):
+            raise OiError(f"specialize_greedy: expected True or False, got {specialize_greedy!r}")
+        self.greedy_programs = {1: decode.specialized({"temperature": 0.0})} \
+            if specialize_greedy and "temperature" in self.settings else {}
         self.buckets = program_buckets(decode) if self.mode == PROMPT_STEPS else (1,)
         self.vocab = tokens.vocabulary(decode)  # prompt and stop ids are checked against it
         self.capacity = decode.bound.sizes.get("T")  # the cache's positions (the step-graph contract's T)

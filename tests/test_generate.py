@@ -425,3 +425,17 @@ def test_a_greedy_generation_runs_programs_with_the_temperature_fixed(model):
     # a fixed input is no input of those programs
     with pytest.raises(OiError, match=r"input temperature is fixed at 0.0 in this program \(Program.specialized\)"):
         greedy.session().step(tokens=token, n=np.int32(1), temperature=np.float32(0))
+
+
+def test_specialize_greedy_false_runs_the_general_programs_only(model):
+    """`Generator(specialize_greedy=False)`: no greedy programs; greedy and sampled generations run
+    the general programs, and changing the settings compiles nothing more."""
+    g = Generator(model["path"], specialize_greedy=False)
+    assert g.greedy_programs == {} and g.programs_for({"temperature": 0.0}) is g.programs
+    ids = [5, 9, 2]
+    assert g.generate(prompt_ids=ids, max_tokens=4, ignore_eos=True).ids == greedy_reference(model, ids, 4)
+    compiles = g.compiles
+    g.generate(prompt_ids=ids, max_tokens=4, ignore_eos=True, temperature=0.7, top_k=5, seed=3)
+    assert g.compiles == compiles
+    with pytest.raises(OiError, match="specialize_greedy: expected True or False, got 'no'"):
+        Generator(model["path"], specialize_greedy="no")
