@@ -211,7 +211,7 @@ class Generator:
         """The sampling settings as the graph's inputs (its dtypes); one the graph lacks must be off.
         A greedy generation's programs take no temperature (fixed at 0 there)."""
         out = {}
-        fixed = self.greedy_programs and not settings.get("temperature", 0)
+        fixed = self.programs_for(settings) is self.greedy_programs
         for name, value in settings.items():
             typ, off = SETTINGS[name]
             if name == "temperature" and fixed:

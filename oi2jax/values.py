@@ -145,7 +145,7 @@ def check_given_inputs(bound, given, allow_zeros: bool) -> None:
     for name in given:  # an unknown name first: a typo is the likely cause of a missing input
         if name not in dynamic:
             raise unknown_input(name, bound.graph)
-        if name in getattr(bound, "fixed", ()):
+        if name in bound.fixed:
             raise OiError(f"input {name} is fixed at {bound.fixed[name]!r} in this program (Program.specialized): "
                           f"a run cannot give it; run the program it was specialized from to vary it")
     if allow_zeros:

@@ -155,16 +155,10 @@ def test_growth_is_transparent_under_session_step(grow_prog):
     assert grow_prog.compiles - before <= 7
 
 
-@pytest.mark.parametrize("placed", [False, True], ids=["host", "device"])
-def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
-    """Host inputs take the jitted loop; device inputs a validated plan and the loop compiled
-    ahead of time for it (recompiled after the growth): the same values either way."""
-    prog = oi2jax.compile(GROW_AND_FAIL_SOURCE, sizes={"D": D})
-    xs = tokens(12, D, seed=2)
-    if placed:
-        import jax
-        with prog.scope():
-            xs = jax.device_put(xs)
+def check_fused_equals_steps_with_growth_and_error(prog, xs) -> None:
+    """GROW_AND_FAIL_SOURCE's 12 steps, fused against one `Session.step` at a time: step 5 grows
+    A (capacity 4 -> 8: the step is undone, the host grows, the run goes on from it), step 6 writes
+    past F's 5 rows; every later step fails too. Each error names its step; every value equal."""
     one = prog.session()
     for k in range(5):
         one.step(x=xs[k])  # step 5 grows A (capacity 4 -> 8)
@@ -187,6 +181,19 @@ def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
         np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
     np.testing.assert_array_equal(fused.read("A"), xs)
     np.testing.assert_array_equal(fused.read("F"), xs[:5])
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["host", "device"])
+def test_fused_run_equals_steps_bit_for_bit_with_growth_and_error(placed):
+    """Host inputs take the jitted loop; device inputs a validated plan and the loop compiled
+    ahead of time for it (recompiled after the growth): the same values either way."""
+    prog = oi2jax.compile(GROW_AND_FAIL_SOURCE, sizes={"D": D})
+    xs = tokens(12, D, seed=2)
+    if placed:
+        import jax
+        with prog.scope():
+            xs = jax.device_put(xs)
+    check_fused_equals_steps_with_growth_and_error(prog, xs)
     compiled = [p for p in prog.validated_runs.values() if p.exes(prog.executable.kernels)]
     assert bool(compiled) == placed
 

@@ -12,7 +12,7 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.runtime import kernels
 
-from test_session import D, GROW_AND_FAIL_SOURCE, tokens
+from test_session import D, GROW_AND_FAIL_SOURCE, check_fused_equals_steps_with_growth_and_error, tokens
 from test_stops import CYCLE, SOURCE, T, host_loop
 
 
@@ -52,29 +52,10 @@ def test_past_the_capacity_the_steps_before_the_failing_one_are_kept(per_check):
 
 
 def test_growth_and_an_error_inside_a_group_equal_steps_bit_for_bit(per_check):
-    """Step 5 grows A (capacity 4 -> 8: that step is undone, the host grows, the run goes on from
-    it); step 6 writes past F's 5 rows. Every value equals one `Session.step` at a time."""
-    prog = oi2jax.compile(GROW_AND_FAIL_SOURCE, sizes={"D": D})
-    xs = tokens(12, D, seed=2)
-    one = prog.session()
-    for k in range(5):
-        one.step(x=xs[k])
-    with pytest.raises(OiError, match=r"\(in step 6\)"):
-        one.step(x=xs[5])
-    for k in range(6, 12):
-        with pytest.raises(OiError):
-            one.step(x=xs[k])
-    fused = prog.session()
-    with pytest.raises(OiError, match=r"\(in step 6\)") as info:
-        fused.run({"x": xs})
-    assert info.value.step == 6 and fused.steps == 6
-    for k in range(6, 12):
-        with pytest.raises(OiError, match=rf"\(in step {k + 1}\)"):
-            fused.run({"x": xs[k:k + 1]})
-    assert one.steps == fused.steps == 12
-    for name in ("t", "A", "F", "x", "last"):
-        np.testing.assert_array_equal(one.read(name), fused.read(name), err_msg=name)
-    np.testing.assert_array_equal(fused.read("A"), xs)
+    """Step 5 grows A (that step undone, the run goes on from it after the growth), step 6 fails:
+    inside a group, every value equals one `Session.step` at a time (test_session's check)."""
+    check_fused_equals_steps_with_growth_and_error(oi2jax.compile(GROW_AND_FAIL_SOURCE, sizes={"D": D}),
+                                                   tokens(12, D, seed=2))
 
 
 def test_runs_of_every_length_collect_what_steps_do(per_check):

@@ -204,7 +204,7 @@ def _known_greedy(temperature) -> bool:
     `Program.specialized`: a Python or NumPy value, not a traced one) makes every draw greedy
     (below the smallest normal f32, or NaN: then the node's error is raised too). The draw is
     then `argmax` of the flushed logits, what `_draw` computes for it."""
-    if isinstance(temperature, jax.core.Tracer) or isinstance(temperature, jax.Array) or \
+    if isinstance(temperature, (jax.core.Tracer, jax.Array)) or \
             not isinstance(temperature, (int, float, np.number, np.ndarray)):
         return False
     return not bool(np.all(np.asarray(temperature, np.float32) >= np.float32(_TINY)))
