@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -58,7 +59,10 @@ def profile_worker(oinf: str, graph: str, ids_path: str, steps: int = 5, kernels
     untraced_ms = (time.perf_counter() - t0) / steps * 1e3
     names = set(re.findall(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", compiled.as_text(), re.M))
     names = {n for n in names if not re.match(r"(while|conditional|call)\b", n)}  # containers: their ops count
-    events = [(n, d) for n, d in thunk_events(next(trace.rglob("perfetto_trace.json.gz"))) if n in names]
+    try:
+        events = [(n, d) for n, d in thunk_events(next(trace.rglob("perfetto_trace.json.gz"))) if n in names]
+    finally:
+        shutil.rmtree(trace, ignore_errors=True)  # the trace is read; nothing left in the temp folder
     parts: dict[str, float] = {}
     for name, dur_us in events:
         part = scope_of.get(name, "(unattributed: " + re.sub(r"[.\d]+$", "", name) + ")")

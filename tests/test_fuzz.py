@@ -7,10 +7,12 @@ Most cases call `oi2jax.cli.main` in-process (fast); a few go through `python -m
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,8 @@ from conftest import EXAMPLES, MODELS, REPO
 MAX_SECONDS = 30.0  # per case
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-TMP = Path(tempfile.mkdtemp(prefix="oi2jax_fuzz_"))
+TMP = Path(tempfile.mkdtemp(prefix="oi2jax_fuzz_"))  # one per process (each xdist worker imports this)
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # removed when the process ends
 
 from test_parse import SPEC_15 as SPEC_EXAMPLE  # noqa: E402  (SPEC §1.5, one copy)
 
