@@ -291,11 +291,13 @@ def run_llamacpp(gguf: Path, ids_path: Path, shape: Shape, reps: int = REPS, thr
 
 STATS = {"compile": re.compile(r"compile ([\d.]+) s"),
          "prompt": re.compile(r"prompt (\d+) tokens in ([\d.]+) s"),
-         "generated": re.compile(r"generated (\d+) tokens in ([\d.]+) s")}
+         "generated": re.compile(r"generated (\d+) tokens in ([\d.]+) s"),
+         "memory": re.compile(r"memory ([\d.]+) MB weights \+ ([\d.]+) MB state")}
 
 
 def parse_stats(stderr: str) -> dict:
-    """generate --stats' stderr lines -> {compile_s, prompt_tokens, prompt_s, gen_tokens, generate_s}."""
+    """generate --stats' stderr lines -> {compile_s, prompt_tokens, prompt_s, gen_tokens, generate_s,
+    weights_bytes, state_bytes (the device's, to 0.05 MB)}."""
     out = {}
     for key, pattern in STATS.items():
         m = pattern.search(stderr)
@@ -305,6 +307,8 @@ def parse_stats(stderr: str) -> dict:
             out["compile_s"] = float(m.group(1))
         elif key == "prompt":
             out["prompt_tokens"], out["prompt_s"] = int(m.group(1)), float(m.group(2))
+        elif key == "memory":
+            out["weights_bytes"], out["state_bytes"] = float(m.group(1)) * 1e6, float(m.group(2)) * 1e6
         else:
             out["gen_tokens"], out["generate_s"] = int(m.group(1)), float(m.group(2))
     return out
@@ -453,6 +457,9 @@ def summarize(kind: str, files: dict, shape: Shape, lcp: list, oi: dict, cost: d
         row["oi_decode"] = oi["gen_tokens"] / oi["generate_s"]
         row["oi_prompt"] = oi["prompt_tokens"] / oi["prompt_s"]
         row["oi_ms"] = 1e3 / row["oi_decode"]
+        if "weights_bytes" in oi:  # what the device holds: the weights and one sequence's state (its KV cache)
+            row["oi_device"] = oi["weights_bytes"] + oi["state_bytes"]
+            row["oi_device_ref"] = row["gguf_bytes"] + oi["state_bytes"]  # the GGUF + the cache as oi2jax keeps it
         row.update(oi_rss=oi["rss"], oi_compile_s=oi.get("compile_s"), oi_convert_s=oi["convert_s"],
                    oinf_bytes=oi["oinf_bytes"], oi_ids=oi["ids"])
         if "bytes_accessed" in cost:
@@ -691,15 +698,23 @@ def report(res: dict) -> str:
                          f"{ratio('warm_prompt_ratio', '{:.2f}x')} |")
     lines += ["", "## Resident memory (peak RSS of each tool's process) and bytes read per token", "",
               "| type | GGUF | GGUF + KV cache (f32, T) | llama.cpp RSS (/ GGUF + cache) | oi2jax RSS | oi2jax / (GGUF + cache) | "
+              "oi2jax device: weights + state (/ GGUF + that cache) | "
               "oi2jax .oinf | llama.cpp bytes/token | llama.cpp GB/s | oi2jax bytes/token (XLA) | oi2jax GB/s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = r.get("oi_rss") and r["oi_rss"] / r["ref_mem"]
         lcp_mem = f" ({r['lcp_rss'] / r['ref_mem']:.2f}x)" if r.get("lcp_rss") else ""
+        device = (f"{_mb(r['oi_device'])} ({_target(r['oi_device'] / r['oi_device_ref'], lambda x: x <= 1.2)})"
+                  if r.get("oi_device") else "n/a")
         lines.append(f"| {r['kind']} | {_mb(r['gguf_bytes'])} | {_mb(r['ref_mem'])} | {_mb(r.get('lcp_rss'))}{lcp_mem} | "
-                     f"{_mb(r.get('oi_rss'))} | {_target(ratio or None, lambda x: x <= 1.2)} | {_mb(r.get('oinf_bytes'))} | "
+                     f"{_mb(r.get('oi_rss'))} | {_target(ratio or None, lambda x: x <= 1.2)} | {device} | "
+                     f"{_mb(r.get('oinf_bytes'))} | "
                      f"{_mb(r.get('lcp_bytes'))} | {_f(r.get('lcp_gbs'))} | {_mb(r.get('oi_bytes'))} | {_f(r.get('oi_gbs'))} |")
-    lines += ["", "llama.cpp's bytes/token: the GGUF's tensor bytes + its f16 KV cache's filled rows at the mean decode "
+    lines += ["", "oi2jax device: the bytes the device holds for the generation (`generate --stats`' memory line: "
+              "the placed weights, each buffer once, and one sequence's state, its KV cache at capacity), against the "
+              "GGUF's size plus that cache. The process's RSS also holds Python and JAX (the bare process's above), XLA's "
+              "compiled programs and the compiler's own peak.",
+              "", "llama.cpp's bytes/token: the GGUF's tensor bytes + its f16 KV cache's filled rows at the mean decode "
               "position; oi2jax's: XLA's cost analysis of the compiled step (`bytes accessed`: every operand and "
               "result of every HLO op, so it counts intermediates too; a loop body once; with `--kernels ggml`, plus the "
               "GGML-block weights its jax.ffi calls read, which XLA does not see).", ""]

@@ -15,6 +15,7 @@ from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
 from .tables import TABLE_DTYPES
 from .npz import refuse_inputs_as_outputs, write_atomic
+from .runtime import runstats
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 
 
@@ -93,6 +94,7 @@ def cmd_generate(args) -> int:
               file=sys.stderr)
         for line in result.stats.lines():
             print(line, file=sys.stderr)
+        print(runstats.memory_line(gen.memory()), file=sys.stderr)
     if result.error is not None:
         print(result.error.render(), file=sys.stderr)
         print(f"note: {len(result.ids)} tokens were generated before the failing step (shown above)",
@@ -172,8 +174,8 @@ def add_model_commands(sub) -> None:
                      help="another stop token id (repeatable; besides the model's)")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's stop ids")
     gen.add_argument("--ids-out", metavar="OUT.npy", help="write the generated token ids")
-    gen.add_argument("--stats", action="store_true", help="print compile time, prompt and generation rates on "
-                                                          "stderr")
+    gen.add_argument("--stats", action="store_true", help="print compile time, prompt and generation rates, "
+                                                          "and memory (weights, state, peak resident) on stderr")
     gen.add_argument("--graph", metavar="G.oi", help="the graph to run (default: the model's example graph)")
     gen.add_argument("--tokenizer", metavar="tokenizer.json", help="a tokenizer (default: the model's own)")
     gen.add_argument("--ops", action="append", metavar="SPEC", help="op sets (default: nn)")

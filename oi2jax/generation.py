@@ -196,6 +196,11 @@ class Generator:
         """Traces of step kernels over every program compiled so far (the recompile counter)."""
         return sum(p.compiles for p in (*self.programs.values(), *self.greedy_programs.values()))
 
+    def memory(self) -> dict:
+        """Bytes the device holds for generating (`Program.memory`): the weights, which every step
+        program shares, and one sequence's state (the KV cache), as the decode program has it."""
+        return self.programs[1].memory()
+
     def programs_for(self, settings: dict) -> dict:
         """The step programs by S a generation with these sampling settings runs: the greedy ones
         at temperature 0 (where the graph has them), else the general ones."""

@@ -133,6 +133,9 @@ def test_llamacpp_benchmark_smoke(tmp_path):
     stats = Stats(prompt_tokens=512, prompt_s=2.5, generated_tokens=64, generate_s=0.5)
     assert L.parse_stats("compile 3.2 s (g.oi)\n" + "\n".join(stats.lines())) == dict(
         compile_s=3.2, prompt_tokens=512, prompt_s=2.5, gen_tokens=64, generate_s=0.5)
+    from oi2jax.runtime.runstats import memory_line
+    line = memory_line({"weights": 84_200_000, "state": 23_600_000, "where": "cpu:0"})
+    assert L.parse_stats(line) == dict(weights_bytes=84.2e6, state_bytes=23.6e6)
 
     def step(w, x):
         with jax.named_scope("7:linear"):
@@ -151,7 +154,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
                 peer=False, copy_rate=2.5e10, baseline_rss={"oi2jax": 4e8}, threads=2)
     row.update(oi_warm_decode=(20.0, 19.0, 21.0), oi_warm_prompt=(400.0, 390.0, 410.0), oi_first_prompt=200.0,
                warm_decode_ratio=0.2, warm_prompt_ratio=1.33)
-    ggml_row = dict(row, kind="Q4_1 --kernels ggml", decode_ratio=1.2)
+    ggml_row = dict(row, kind="Q4_1 --kernels ggml", decode_ratio=1.2, oi_device=1.2e8, oi_device_ref=1.25e8)
     ggml_row.pop("profile")
     kv_row = dict(ggml_row, kind=f"Q4_1 {L._variant('ggml', 'f16')}", decode_ratio=0.7)
     text = L.report({"meta": meta, "rows": [row, ggml_row, kv_row, dict(kind="BF16", gguf_bytes=1, tensor_bytes=1,
@@ -163,6 +166,7 @@ def test_llamacpp_benchmark_smoke(tmp_path):
     assert text.split("## The model files")[1].count("| Q4_1 |") == 1  # each type's file once
     assert "| Q4_1 | 100.0 (90.0-110.0) | 20.0 (19.0-21.0) | 0.20x MISSED | 300 (280-320) | 200 | 400 (390-410) | 1.33x met |" \
         in text  # the warm runs
+    assert "| 1000 MB | 9.09x MISSED | 120 MB (0.96x met) |" in text and "| 1000 MB | 9.09x MISSED | n/a |" in text
     assert "| layers' linear (matvecs) | 20.00 | 57% |" in text and "BF16 oi: generate: boom" in text
     assert "llama-cpp-python is not installed" in text
 

@@ -12,12 +12,15 @@ import json
 import re
 import sys
 
+import jax
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from oi2jax.diagnostics import OiError
 from oi2jax.generation import Generator
+from oi2jax.model import open_model
 from oi2jax.model.convert import convert_hf
 
 from conftest import EXAMPLES, run_cli
@@ -48,7 +51,6 @@ def model(tmp_path_factory):
     (ck / "generation_config.json").write_text(json.dumps({"eos_token_id": [vocab["<|im_end|>"]]}))
     path = tmp / "m.oinf"
     convert_hf(ck, path)
-    from safetensors.numpy import load_file
     weights = load_file(str(ck / "model.safetensors"))
     config = json.loads((ck / "config.json").read_text())
     return {"path": path, "weights": weights, "config": config, "tok": tok, "vocab": vocab, "tmp": tmp}
@@ -279,7 +281,37 @@ def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys, shared
     assert re.search(rf"^prompt {len(prompt)} tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
     assert re.search(r"^generated 6 tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
     assert re.search(r"^compile [0-9.]+ s \(.*llama_prefill.oi: prompt steps\)$", err, re.M), err
+    assert re.search(r"^memory 0\.1 MB weights \+ 0\.0 MB state on \w+:0, peak resident [0-9]+ MB \(the process\)$",
+                     err, re.M), err  # the bytes: test_memory_is_the_weights_once_and_one_sequences_state
     assert [graph for _, graph, _ in shared_cli] == [None]  # the model's default graph
+
+
+def _extra_constant_bytes(path) -> int:
+    """What llama_prefill.oi's constants hold beyond the checkpoint's tensors: the converter's
+    rope.inv_freq and two f32 scalars from the metadata (rms_norm_eps, attn_scale)."""
+    return open_model(path).tensors["rope.inv_freq"].nbytes + 2 * 4
+
+
+def test_memory_is_the_weights_once_and_one_sequences_state(model, gen, tmp_path):
+    """`Generator.memory` (the `--stats` memory line): the checkpoint's tensors, a tied embedding
+    once; the state is the KV cache (2 tables of L x T x KVH x HD f32) and pos, end (i32)."""
+    c = model["config"]
+    hd = c["hidden_size"] // c["num_attention_heads"]
+    state = 2 * c["num_hidden_layers"] * c["max_position_embeddings"] * c["num_key_value_heads"] * hd * 4 + 2 * 4
+    weights = sum(w.nbytes for w in model["weights"].values())
+    device = jax.devices()[0]
+    assert gen.memory() == {"weights": weights + _extra_constant_bytes(model["path"]), "state": state,
+                            "where": f"{device.platform}:{device.id}"}
+    vocab = c["vocab_size"]
+    tied = llama_checkpoint.write_random_llama(tmp_path / "tied", tied=True, vocab=vocab, hidden=32, layers=2, heads=4,
+                                               kv_heads=2, intermediate=64, max_positions=40, seed=3)
+    convert_hf(tied, tmp_path / "tied.oinf")
+    stored = load_file(str(tied / "model.safetensors"))
+    assert "lm_head.weight" not in stored  # the embedding is both embed and lm_head: placed once, counted once
+    mem = Generator(tmp_path / "tied.oinf").memory()
+    assert mem["weights"] == sum(w.nbytes for w in stored.values()) + _extra_constant_bytes(tmp_path / "tied.oinf")
+    assert mem["weights"] == weights - vocab * 32 * 4 + _extra_constant_bytes(tmp_path / "tied.oinf")
+    assert mem["state"] == state
 
 
 def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys, shared_cli):

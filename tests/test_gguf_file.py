@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from gguf import quants
+from gguf import GGUFReader, quants
 from gguf.constants import GGMLQuantizationType as T
 from tokenizers import Tokenizer
 
@@ -91,6 +91,11 @@ def test_q8_0_file_chats_as_its_dequantized_checkpoint(ck, capsys):
     assert np.load(tmp / "ids.npy").tolist() == want.ids
     assert out == (want.text + "\n" if want.text else "")
     assert "generated 10 tokens" in err
+    # the device holds the GGUF's blocks, no dequantized copy: its tensor bytes, plus the converter's
+    # rope.inv_freq and two f32 scalars of the metadata (rms_norm_eps, attn_scale)
+    file_bytes = sum(int(t.n_bytes) for t in GGUFReader(tmp / "q8.gguf").tensors)
+    extra = open_model(tmp / "q8.oinf").tensors["rope.inv_freq"].nbytes + 2 * 4
+    assert Generator(tmp / "q8.oinf").memory()["weights"] == file_bytes + extra
 
 
 def test_q4_k_blocks_load_as_gguf_dequantizes_them(tmp_path):

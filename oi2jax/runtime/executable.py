@@ -120,6 +120,20 @@ class Executable:
             return None
         return self.lowering.error_for(outcome.err, outcome.errval, step=step)
 
+    def memory(self) -> dict:
+        """Bytes this program keeps in device memory: `weights`, its placed constants (each buffer
+        once: a tied embedding's two names share one; GGML blocks at their packed size), and
+        `state`, one session's persistent variables and caches at their current capacity (the KV
+        cache). Computed from the buffers and the layouts: nothing is allocated."""
+        seen, weights = set(), 0
+        for leaf in jax.tree.leaves(self.consts):
+            if isinstance(leaf, jax.Array) and id(leaf) not in seen:
+                seen.add(id(leaf))
+                weights += leaf.nbytes
+        state = sum(dt.get(layout.dtype).nbytes(math.prod(layout.data_shape()))
+                    for layout in self.lowering.caches.values())
+        return {"weights": weights, "state": state}
+
     # ------------------------------------------------------------------ the state
 
     def initial_values(self) -> dict:

@@ -154,6 +154,13 @@ class Program:
             return self.device
         return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
 
+    def memory(self) -> dict:
+        """Bytes the program keeps in device memory (`Executable.memory`: `weights`, `state`) and
+        `where`: its device, or its mesh (then the sizes are the arrays' global ones)."""
+        mesh = getattr(self.placer, "mesh", None)
+        where = f"a mesh of {mesh.devices.size} devices" if mesh is not None else device_name(self.first_device())
+        return {**self.executable.memory(), "where": where}
+
     def loop_policy(self) -> LoopPolicy:
         """The loop lowering policy the program was lowered under (`Lowering.loop_policy`)."""
         return self.lowering.loop_policy

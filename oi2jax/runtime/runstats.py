@@ -9,6 +9,7 @@ for) is counted apart; a thread that waits for it counts its wait as compiling i
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -108,3 +109,24 @@ class RunClock:
         return RunStats(steps=sum(n for n, _ in calls), seconds=time.perf_counter() - self._t0,
                         compile_s=compile_seconds() - self._c0, first_steps=first_steps, first_s=first_s,
                         rest_steps=sum(n for n, _ in rest), rest_s=sum(s for _, s in rest), stopped=stopped)
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory so far (getrusage's ru_maxrss), or None where the
+    system has no getrusage."""
+    try:
+        import resource  # optional: Unix only
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux kB
+
+
+def memory_line(memory: dict) -> str:
+    """The `--stats` memory line: `memory` (`Program.memory`: the weights and state bytes the
+    device holds for the program, and where) and the process's peak resident memory, in MB
+    (10^6 bytes)."""
+    peak = peak_rss_bytes()
+    rss = "n/a" if peak is None else f"{peak / 1e6:.0f} MB"
+    return (f"memory {memory['weights'] / 1e6:.1f} MB weights + {memory['state'] / 1e6:.1f} MB state on "
+            f"{memory['where']}, peak resident {rss} (the process)")
