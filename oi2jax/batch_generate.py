@@ -9,22 +9,28 @@ finishes, under `=== K (FINISH) ===` (K: the prompt's index in the file)."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from .diagnostics import OiError
-from .generation import PROMPT_STEPS, check_settings
+from .generation import PROMPT_STEPS, Stats, check_settings
 from .npz import write_atomic
+from .runtime import runstats
 from .runtime.batch import SlotResult
 from .runtime.tokens import prompt_ids, stop_ids as checked_stops, vocabulary
 
 DEFAULT_SETTINGS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
 
 
-def read_prompts(path, encode=None) -> list[np.ndarray]:
-    """The prompts of `path` as 1-D int32 id arrays; `encode(text) -> ids` for a text file."""
+def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.ndarray]:
+    """The prompts of `path` as 1-D int32 id arrays; `encode(text) -> ids` for a text file.
+    `text_only`: a flag that applies to text prompts only (refused with a file of ids)."""
     path = Path(path)
+    if path.suffix in (".npy", ".npz") and text_only is not None:
+        raise OiError(f"{path}: {text_only} renders text prompts with the chat template; a file of token ids is "
+                      f"the model's input as it is (leave out {text_only}, or give a text file)")
     if path.suffix in (".npy", ".npz"):
         try:
             data = np.load(path, allow_pickle=False)
@@ -55,13 +61,26 @@ def read_prompts(path, encode=None) -> list[np.ndarray]:
     return prompts
 
 
+class BatchResults(list):
+    """`generate_batch`'s answer: one `SlotResult` per prompt, in order (a list), and `stats`
+    (generation.Stats) over the whole batch: the prompt tokens its prompt steps ran and their
+    seconds (`Batch.insert`), the tokens generated and the seconds of the batched decode
+    (`Batch.run`), each with compiling left out, and the seconds compiled (`compile_s`); `slots`,
+    the batch's B; `memory`, what the device held for it (`Batch.memory`)."""
+
+    stats: Stats
+    slots: int
+    memory: dict
+
+
 def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = None, stop_ids=(),
-                   buckets=None, programs: dict | None = None, on_done=None, **settings) -> list[SlotResult]:
+                   buckets=None, programs: dict | None = None, on_done=None, **settings) -> BatchResults:
     """Every prompt generated through `program.batch(size, buckets=, programs=)` (the step graph
-    at S=1; `Batch`): a finished slot takes the next prompt. One `SlotResult` per prompt, in order; a prompt whose prompt step
-    fails gets its error (finish "error") and the others go on. `on_done(k, result)` is called as
-    prompt k finishes. `settings`: sampling settings; one the graph has no input for is an error
-    unless it has its default value."""
+    at S=1; `Batch`): a finished slot takes the next prompt. One `SlotResult` per prompt, in order
+    (`BatchResults`, with the batch's `stats`); a prompt whose prompt step fails gets its error
+    (finish "error") and the others go on. `on_done(k, result)` is called as prompt k finishes.
+    `settings`: sampling settings; one the graph has no input for is an error unless it has its
+    default value."""
     known = {k: v for k, v in settings.items() if k in DEFAULT_SETTINGS}  # another name: Batch.insert says which
     check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **known})  # as a single generation's
     vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none lost to another's error
@@ -72,6 +91,15 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     results: list[SlotResult | None] = [None] * len(prompts)
     queue = list(range(len(prompts)))
     running: dict[int, int] = {}  # slot -> prompt
+    clock = {"prompt": 0.0, "decode": 0.0, "prompt_tokens": 0}  # seconds without compiling
+    compiled_before = runstats.compile_seconds()
+
+    def timed(part: str, call, *args, **kwargs):
+        t0, c0 = time.perf_counter(), runstats.compile_seconds()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            clock[part] += max(0.0, time.perf_counter() - t0 - (runstats.compile_seconds() - c0))
 
     def finish(k: int, result: SlotResult) -> None:
         results[k] = result
@@ -84,7 +112,8 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
                 k = queue.pop(0)
                 batch.evict(slot)
                 try:
-                    batch.insert(slot, prompts[k], max_tokens=max_tokens, stop=stop_ids, **given)
+                    timed("prompt", batch.insert, slot, prompts[k], max_tokens=max_tokens, stop=stop_ids, **given)
+                    clock["prompt_tokens"] += len(prompts[k])
                 except OiError as exc:
                     if exc.step is None:
                         raise  # not a prompt step's runtime error: the same for every prompt
@@ -97,8 +126,13 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
                 del running[slot]
                 finish(k, result)
         if batch.active:
-            batch.run(batch.chunk)
-    return results
+            timed("decode", batch.run, batch.chunk)
+    out = BatchResults(results)
+    out.stats = Stats(prompt_tokens=clock["prompt_tokens"], prompt_s=clock["prompt"],
+                      generated_tokens=sum(len(r.tokens) for r in results), generate_s=clock["decode"],
+                      compile_s=runstats.compile_seconds() - compiled_before)
+    out.slots, out.memory = batch.size, batch.memory()
+    return out
 
 
 def cmd_generate_batch(args, generator) -> int:
@@ -117,7 +151,8 @@ def cmd_generate_batch(args, generator) -> int:
     if generator.mode != PROMPT_STEPS:
         raise OiError(f"{generator.graph_path}: --batch runs the step-graph interface (dynamic `tokens: i32[S]` "
                       f"and `n: i32`: examples/llama_prefill.oi), not the token-by-token one")
-    prompts = read_prompts(args.batch, encode if generator.tokenizer is not None else None)
+    prompts = read_prompts(args.batch, encode if generator.tokenizer is not None else None,
+                           text_only="--chat" if args.chat else "--system" if args.system is not None else None)
     stops = sorted(set(() if args.ignore_eos else generator.stop_ids) | set(args.stop_id or ()))
 
     def show(k: int, result: SlotResult) -> None:
@@ -134,4 +169,10 @@ def cmd_generate_batch(args, generator) -> int:
     if args.ids_out is not None:
         arrays = {f"prompt_{k}": np.asarray(r.tokens, np.int32) for k, r in enumerate(results)}
         write_atomic(args.ids_out, lambda f: np.savez(f, **arrays))
+    if args.stats:  # the lines of a single generation's --stats, over the whole batch
+        print(f"compile {generator.compile_s + results.stats.compile_s:.3f} s ({generator.graph_path}: "
+              f"batch of {len(results)} prompts in {results.slots} slot{'s' if results.slots != 1 else ''})", file=sys.stderr)
+        for line in results.stats.lines():
+            print(line, file=sys.stderr)
+        print(runstats.memory_line(results.memory), file=sys.stderr)
     return 1 if any(r.error is not None for r in results) else 0

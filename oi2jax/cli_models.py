@@ -19,6 +19,9 @@ from .runtime import runstats
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 
 
+BATCH_SIZE = 8  # `generate --batch`'s slots by default
+
+
 class UsageError(Exception):
     pass
 
@@ -46,6 +49,14 @@ def cmd_convert_hf(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    if args.batch is None and args.batch_size is not None:
+        raise UsageError("--batch-size sets the slots of --batch FILE: give --batch, or leave out --batch-size")
+    if args.prompt_ids is not None and (args.chat or args.system is not None):
+        flag = "--chat" if args.chat else "--system"
+        raise UsageError(f"{flag} renders a text prompt with the chat template; --prompt-ids are the model's input "
+                         f"as they are: give --prompt TEXT, or leave out {flag}")
+    if args.batch_size is None:
+        args.batch_size = BATCH_SIZE
     from . import api  # deferred: JAX
     from .generation import Generator  # deferred: JAX
     from .runtime import tokens
@@ -184,5 +195,5 @@ def add_model_commands(sub) -> None:
     add_cache_flag(gen)
     gen.add_argument("--batch", metavar="FILE", help="generate every prompt of FILE together (a text file, one "
                                                      "prompt a line; .npy / .npz token ids): docs/decode.md")
-    gen.add_argument("--batch-size", type=int, default=8, metavar="B", help="sequences at once with --batch (8)")
+    gen.add_argument("--batch-size", type=int, metavar="B", help=f"sequences at once with --batch ({BATCH_SIZE})")
     gen.set_defaults(func=cmd_generate)

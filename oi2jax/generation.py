@@ -292,6 +292,9 @@ class Generator:
             raise OiError("give a prompt (text) or prompt_ids, not both")
         if prompt is not None and not isinstance(prompt, str):
             raise OiError(f"prompt: expected text (a str), got {type(prompt).__name__} (token ids go in prompt_ids)")
+        if prompt_ids is not None and (chat or system is not None):  # else silently not applied
+            raise OiError(f"{'chat' if chat else 'system'}: the chat template renders a text prompt; prompt_ids are "
+                          f"the model's input as they are (render the chat yourself, or give the text)")
         if on_text is not None and not callable(on_text):  # it failed after the prompt had run
             raise OiError(f"on_text: expected a function of the text piece, got {type(on_text).__name__}")
         ids = self.prompt_ids(prompt, chat=chat, system=system) if prompt is not None else prompt_ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -313,8 +314,15 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     np.savez(prompts, a=PROMPTS[0], b=PROMPTS[2], c=PROMPTS[1])  # 3 prompts through 2 slots, all in S = 16
     out = tmp_path / "ids.npz"
     code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--batch-size", "2",
-                                 "--max-tokens", "6", "--ids-out", out)
+                                 "--max-tokens", "6", "--ids-out", out, "--stats")
     assert code == 0, err
+    # --stats: a single generation's lines over the batch (prompt steps, batched decode, compiling apart)
+    n_prompt = len(PROMPTS[0]) + len(PROMPTS[2]) + len(PROMPTS[1])
+    assert re.search(r"^compile [0-9.]+ s \(.*: batch of 3 prompts in 2 slots\)$", err, re.M), err
+    assert re.search(rf"^prompt {n_prompt} tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
+    assert re.search(rf"^generated {sum(len(v) for v in solo.values())} tokens in [0-9.]+ s", err, re.M), err
+    mem = gen.greedy_programs[1].memory()
+    assert f"memory {mem['weights'] / 1e6:.1f} MB weights + {2 * mem['state'] / 1e6:.1f} MB state on " in err, err
     assert made == [(str(model), None, {"tokenizer": None, "ops": ["nn"], "kernels": "jax", "kv_dtype": None})]
     assert gen.programs == programs and gen.programs[BUCKET].compiles == compiles  # nothing compiled again
     assert BUCKET in gen.greedy_programs  # the batch's prompt steps: the greedy bucket program
@@ -346,6 +354,10 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     np.savez(prompts, a=PROMPTS[0])
     code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--stop-id", str(v + 1))
     assert (code, printed) == (1, "") and f"error: stop ids: {v + 1} is outside the vocabulary" in err, err
+    # the chat template renders text: with a file of ids, --chat / --system are refused, not ignored
+    for flags, named in ((["--chat"], "--chat"), (["--system", "be brief", "--chat"], "--chat"), (["--system", "x"], "--system")):
+        code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, *flags)
+        assert (code, printed) == (1, "") and f"{prompts}: {named} renders text prompts" in err, err
     assert gen.programs == programs and gen.programs[BUCKET].compiles == compiles
 
 

@@ -346,6 +346,19 @@ def test_cli_usage_errors(model, tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt-ids",
                            tmp_path / "bad.npy")
     assert code == 1 and "not a .npy array" in err
+    # flags that would otherwise be ignored: refused, exit 2, before the model is read
+    np.save(tmp_path / "ids.npy", np.array([5, 6], np.int32))
+    for flags, message in ((["--prompt", "hi", "--batch-size", "4"], "--batch-size sets the slots of --batch FILE"),
+                           (["--prompt-ids", tmp_path / "ids.npy", "--chat"], "--chat renders a text prompt"),
+                           (["--prompt-ids", tmp_path / "ids.npy", "--system", "x"], "--system renders a text prompt")):
+        code, out, err = run_cli(capsys, "generate", tmp_path / "no-such-model.oinf", *flags)
+        assert (code, out) == (2, "") and message in err, err
+
+
+def test_chat_settings_with_prompt_ids_are_refused(gen):
+    for options in ({"chat": True}, {"system": "be brief"}):
+        with pytest.raises(OiError, match="the chat template renders a text prompt; prompt_ids are the model's input"):
+            gen.generate(prompt_ids=[5, 6], max_tokens=2, **options)
 
 
 def test_the_prompt_step_equals_token_by_token(model, gen, token_gen):

@@ -334,6 +334,11 @@ class Batch:
                 result.error = self._exe.status_error(StepOutcome.of_flags(flags[slot]),
                                                       step=self._prompt_steps[slot] + len(result.tokens))
 
+    def memory(self) -> dict:
+        """Bytes the device holds for the batch (`Program.memory`'s keys): the program's weights
+        and B slots' states (each as `Program.memory` counts one: its persistent variables and caches)."""
+        return {**self.program.memory(), "state": self.size * self._exe.memory()["state"]}
+
     def read(self, slot: int, name: str) -> np.ndarray:
         """A persistent variable of one slot (widened like `--out`)."""
         slot = self._slot(slot)
