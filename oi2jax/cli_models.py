@@ -153,11 +153,12 @@ def add_model_commands(sub) -> None:
     gg = sub.add_parser("convert-gguf", help="convert a GGUF file (llama.cpp: llama, qwen2, qwen3, phi3, gemma2, "
                                              "gemma3) to a .oinf model")
     gg.add_argument("source", metavar="FILE.gguf", help="the GGUF file")
-    for h, keeps in ((h, "the checkpoint's"), (gg, "F32/F16/BF16, and the quantized types' raw blocks")):
+    for h, keeps in ((h, "the checkpoint's; with --quantize it applies to the weights left unquantized"),
+                     (gg, "F32/F16/BF16, and the quantized types' raw blocks")):
         h.add_argument("-o", dest="output", required=True, metavar="MODEL.oinf", help="the .oinf file to write")
         h.add_argument("--dtype", choices=("f32", "bf16", "f16"),
-                       help=f"store every tensor in this dtype (default: keep {keeps}; narrowing rounds to "
-                            f"nearest even)")
+                       help=f"store every weight in this dtype (default: keep {keeps}; narrowing rounds to "
+                            f"nearest even; the computed rope.inv_freq stays f32)")
         h.add_argument("--max-positions", type=int, metavar="N",
                        help="the size variable T (default: the model's trained context length)")
         h.add_argument("--nonfinite", choices=("note", "error"), default="note",
