@@ -30,6 +30,7 @@ import numpy as np
 
 import oi2jax
 from oi2jax.npz import write_text_atomic
+from oi2jax.runtime.buckets import bucket_program
 from benchmarks.handwritten.llama import LlamaJax
 from benchmarks.llama import REPO, LlamaCase, block, case_list, make_model, prompt_tokens, rel
 
@@ -38,10 +39,13 @@ TARGETS = {"prompt/hand": 1.15, "tokens/prompt": 20.0, "ttft": 1.5}
 
 
 def _prompt_program(case: LlamaCase, model: Path):
-    """The prompt step's program as a greedy `generate` runs it: the temperature fixed at 0
-    (`Program.specialized`; the hand-written side draws with `jnp.argmax`)."""
-    general = oi2jax.compile(str(EXAMPLES / "llama_prefill.oi"), model=str(model), ops=["nn"], sizes={"S": case.prompt})
-    return general.specialized({"temperature": 0.0})
+    """The prompt step's program as a greedy `generate` runs it: the step graph at S = 1 with the
+    temperature fixed at 0 (`Program.specialized`; the hand-written side draws with `jnp.argmax`),
+    at S = P by the Generator's rule (runtime/buckets.py `bucket_program`: on a CPU its loops
+    rolled, on the decode program's weights)."""
+    decode = oi2jax.compile(str(EXAMPLES / "llama_prefill.oi"), model=str(model), ops=["nn"], sizes={"S": 1})
+    greedy = decode.specialized({"temperature": 0.0})
+    return bucket_program({1: greedy}, greedy, case.prompt)
 
 
 def measure(case: LlamaCase, model: Path, repeats: int) -> dict:

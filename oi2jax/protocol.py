@@ -27,6 +27,10 @@ class CompileOptions:
       (default) their fields, oi2jax's exact pure-JAX kernels; "ggml" GGUF's raw blocks, a few rows'
       `linear` by ggml's CPU kernels with llama.cpp's numerics (quantized/ggml.py).
 
+    - `members` (bool): on a CPU, families read at a rolled loop's index are held member by
+      member too, each such read a `lax.switch` (`LoopPolicy.members`); `Program.rebound(...,
+      rolled=True)` sets it with `unroll="none"` for a prompt program (runtime/buckets.py).
+
     `zero_missing_inputs` is a binding option: the `BoundGraph` carries it (model/bind.py), and so
     does a graph rebound at other sizes."""
 
@@ -38,6 +42,7 @@ class CompileOptions:
     build: str = "concurrent"
     schedule: str = "dataflow"
     kernels: str = "jax"
+    members: bool = False
 
 
 @runtime_checkable

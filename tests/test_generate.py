@@ -314,6 +314,19 @@ def test_memory_is_the_weights_once_and_one_sequences_state(model, gen, tmp_path
     assert mem["state"] == state
 
 
+def test_prompt_programs_on_a_cpu_roll_their_layer_loop_on_the_decode_programs_weights(gen):
+    """runtime/buckets.py: a bucket program on a CPU is the step graph rebound with its loops
+    rolled (`rebound(rolled=True)`), reading the decode program's member buffers (one copy of the
+    weights); test_the_prompt_step_equals_token_by_token checks its values."""
+    prompt, decode = gen.program(16), gen.programs[1]
+    if decode.first_device().platform != "cpu":
+        pytest.skip("prompt programs roll on a CPU only")
+    assert prompt.lowering.loop_policy.unroll == "none" and prompt.lowering.loop_policy.members
+    assert decode.lowering.loop_policy.unroll == "auto" and "Wq" in prompt.lowering.split
+    assert all(prompt.executable.consts[k] is v for k, v in decode.executable.consts.items())
+    assert prompt.memory()["weights"] == decode.memory()["weights"]
+
+
 def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys, shared_cli):
     np.save(tmp_path / "p.npy", np.arange(30, dtype=np.int32))
     code, out, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi",

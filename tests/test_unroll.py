@@ -215,6 +215,38 @@ def test_the_policy_is_the_lowerings_own(res_model):
         np.testing.assert_array_equal(prog.run({"x": x})["y"], want["y"])
 
 
+def test_a_rolled_program_reads_its_sources_members_by_switch(res_model, tmp_path):
+    """`Program.rebound(sizes, rolled=True)` (a prompt program on a CPU: runtime/buckets.py): its
+    loop rolled, the families still held member by member (`LoopPolicy.members`), each read at
+    the loop's index a `lax.switch` over the members: it holds its source's buffers (no second
+    copy of the weights, no dynamic-slice of a stacked family) and gives the unrolled program's
+    values bit for bit; a traced index outside the family is reported as the stacked read's."""
+    x = np.random.default_rng(4).standard_normal((2, 8)).astype(np.float32)
+    full = oi2jax.compile(RES, model=res_model, unroll="full")
+    rolled = full.rebound(dict(full.bound.sizes), rolled=True)
+    cpu = device_platform() == "cpu"
+    assert rolled.lowering.loop_policy == LoopPolicy("none", device_platform(), members=cpu)
+    np.testing.assert_array_equal(rolled.run({"x": x})["y"], full.run({"x": x})["y"])
+    if not cpu:
+        return  # members only on a CPU: elsewhere a switch in a loop is a host round trip per read
+    text = rolled.emit("hlo")
+    assert rolled.lowering.split == {"W", "b"} and whiles(text) == 1 and dynamic_slices(text) == 0
+    assert len(re.findall(r"\bconditional\(", text)) == 2  # W[l] and b[l]
+    assert all(rolled.consts[k] is full.consts[k] for k in full.consts)  # the source's buffers
+    assert rolled.memory()["weights"] == full.memory()["weights"]
+    model = tmp_path / "w.oinf"
+    save(str(model), tensors={f"w.{l}": np.asarray([0.5 + l, 1.25], np.float32) for l in range(3)})
+    dyn = oi2jax.compile(DYNAMIC, model=model, unroll="full")
+    dyn_rolled = dyn.rebound({}, rolled=True)
+    assert dyn_rolled.lowering.split == {"W"} and "W" not in dyn_rolled.consts and "W" in dyn.consts
+    v = np.asarray([0.1, -0.3], np.float32)
+    for n in (0, 2, 3):
+        np.testing.assert_array_equal(dyn_rolled.run({"x": v, "n": np.int32(n)})["y"],
+                                      dyn.run({"x": v, "n": np.int32(n)})["y"])
+    with pytest.raises(OiError, match="prefix table W: model tensor w.3 not found"):
+        dyn_rolled.run({"x": v, "n": np.int32(4)})
+
+
 # ------------------------------------------------------------------------------ the option
 
 

@@ -288,9 +288,18 @@ class Tracer:
                 missing = self.bound.member_name(decl, self._placeholder(ref, pos, static_bad))
                 raise OiError(messages.prefix_member_missing(ref.name, missing), ref.span, source=self.graph.source)
             indices.append((idx, extent))
-        if value is None:  # split_families holds a family member by member only when every read is static
-            assert all(isinstance(i, int) for i, _ in indices), (ref.name, "a traced read of a split family")
-            return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
+        if value is None:  # held member by member (split_families): the member's own buffer
+            if all(isinstance(i, int) for i, _ in indices):
+                return env, self.consts[member_key(ref.name, tuple(i for i, _ in indices))]
+            # a traced index (LoopPolicy.members: a rolled loop's): lax.switch over the members,
+            # the flat index clipped into range as dynamic-slice clips (a guard above reports it)
+            assert self.lowering.loop_policy.members, (ref.name, "a traced read of a split family")
+            flat, keys = jnp.int32(0), [()]
+            for idx, extent in indices:
+                flat = flat * extent + jnp.clip(jnp.asarray(idx, jnp.int32), 0, extent - 1)
+                keys = [k + (i,) for k in keys for i in range(extent)]
+            members = [self.consts[member_key(ref.name, k)] for k in keys]
+            return env, jax.lax.switch(flat, [lambda m=m: m for m in members])
         for idx, extent in indices:
             if isinstance(idx, int):  # a static slice (a literal, a size, an unrolled loop's index)
                 def pick(a, idx=idx):

@@ -25,6 +25,7 @@ splits (`Lowering.split`); lowering code reads `tr.lowering.loop_policy`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .. import ir
@@ -51,10 +52,19 @@ def check_unroll(value) -> "str | int":
     raise OiError(f"unknown unroll {value!r} (expected auto, none, full or an unroll factor k >= 1)")
 
 
+# a family read at a traced index is held member by member under `LoopPolicy.members` only up to
+# this many members (the read is a `lax.switch` with a branch per member)
+MAX_SWITCH_MEMBERS = 256
+
+
 @dataclass(frozen=True)
 class LoopPolicy:
     unroll: "str | int" = "auto"
     platform: str = "cpu"  # jax platform name: cpu | gpu | cuda | rocm | tpu
+    # also hold a family read at traced indices (a rolled loop's index) member by member, each
+    # such read a `lax.switch` over the members (a CPU prompt program's rolled layer loop: it
+    # shares the unrolled decode program's member buffers; docs/loops.md)
+    members: bool = False
 
     @property
     def accelerator(self) -> bool:
@@ -205,7 +215,9 @@ def split_families(tr, policy: LoopPolicy) -> set[str]:
     constant scalars, indices of unrolled loops): the program holds them member by member
     (`member_key`), so an unrolled layer reads its own weight buffer -- no slice of the stacked
     family, which XLA materialises as a copy (docs/loops.md). A family with any traced read
-    (a fori loop's index, a persistent scalar) stays stacked, for dynamic-slice."""
+    (a fori loop's index, a persistent scalar) stays stacked, for dynamic-slice; under
+    `policy.members` it too is held member by member (up to MAX_SWITCH_MEMBERS members), each
+    traced read a `lax.switch`. A read of the whole family keeps it stacked."""
     graph = tr.graph
     families = {d.name: d for d in graph.vars if d.is_prefix_table}
     traced: set[str] = set()
@@ -233,10 +245,14 @@ def split_families(tr, policy: LoopPolicy) -> set[str]:
             for r in _refs(n):
                 if r.name in families:
                     decl = families[r.name]
-                    if r.indices is None or len(r.indices) != len(decl.index_params) or \
-                            not all(static(i, unrolled) for i in r.indices):
+                    if r.indices is None or len(r.indices) != len(decl.index_params):
+                        whole.add(r.name)  # the stacked family itself
+                    elif not all(static(i, unrolled) for i in r.indices):
                         traced.add(r.name)
 
+    whole: set[str] = set()
     for block in graph.blocks:
         walk(block.nodes, {})
-    return set(families) - traced
+    if policy.members:  # traced reads select their member with lax.switch (a bounded count of members)
+        traced = {name for name in traced if math.prod(tr.bound.family_counts(name)) > MAX_SWITCH_MEMBERS}
+    return set(families) - traced - whole

@@ -24,12 +24,16 @@ def program_buckets(program) -> tuple[int, ...]:
 
 def bucket_program(programs: dict, program, size: int):
     """The step-graph `program` (S = 1) at S = `size`: from `programs` (step programs by S), else
-    compiled (`Program.rebound`) and kept there, so that each bucket compiles once."""
+    compiled (`Program.rebound`) and kept there, so that each bucket compiles once. On a CPU (one
+    device) a prompt program's loops are rolled (`rebound(rolled=True)`): a prompt step is matrix
+    work, which a rolled layer loop runs as fast, and its program compiles and first runs in a
+    fraction of the unrolled one's time (docs/performance.md, "A rolled prompt program")."""
     if size == 1:
         return program
     prog = programs.get(size)
     if prog is None:
-        prog = programs[size] = program.rebound({"S": size})
+        rolled = program.first_device().platform == "cpu" and getattr(program.placer, "mesh", None) is None
+        prog = programs[size] = program.rebound({"S": size}, rolled=rolled)
     return prog
 
 

@@ -88,7 +88,8 @@ class Program:
             raise OiError(f"kernels='ggml' runs on the CPU; this program's device is {self._platform()} "
                           f"(use kernels='jax' there)")
         with self.scope():
-            lowering = build_lowering(bound, LoopPolicy(self.unroll, self._platform()), self.precision,
+            policy = LoopPolicy(self.unroll, self._platform(), members=options.members and self._platform() == "cpu")
+            lowering = build_lowering(bound, policy, self.precision,
                                       options.kernels)
             builder = StepBuilder(lowering)
             try:
@@ -550,14 +551,19 @@ class Program:
         return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
                          for e in events)
 
-    def rebound(self, sizes: dict) -> "Program":
+    def rebound(self, sizes: dict, rolled: bool = False) -> "Program":
         """The same graph, model and op registry checked and bound at other `sizes`, as a fused
         program on this device with this program's options (precision, unroll: a chunked run's
         tail computes as its chunks do): the bound graph rebinds itself (`BoundGraph.rebind`),
         the front end is not called again, and the model is not placed again: the new program
-        holds this one's placed constants where they are the same (`_const_values`)."""
-        return Program(self.bound.rebind(sizes), replace(self.options, yield_mode="fused"), device=self.device,
-                       shared=self)
+        holds this one's placed constants where they are the same (`_const_values`).
+        `rolled` (a prompt program on a CPU: runtime/buckets.py): its loops rolled
+        (`unroll="none"`), a layer's weights read member by member (`CompileOptions.members`),
+        so it still holds this program's buffers; the values are the same."""
+        options = replace(self.options, yield_mode="fused")
+        if rolled:
+            options = replace(options, unroll="none", members=True)
+        return Program(self.bound.rebind(sizes), options, device=self.device, shared=self)
 
     def specialized(self, values: dict) -> "Program":
         """This program with the dynamic scalars `values` names fixed at compile time
