@@ -314,17 +314,31 @@ def test_memory_is_the_weights_once_and_one_sequences_state(model, gen, tmp_path
     assert mem["state"] == state
 
 
-def test_prompt_programs_on_a_cpu_roll_their_layer_loop_on_the_decode_programs_weights(gen):
-    """runtime/buckets.py: a bucket program on a CPU is the step graph rebound with its loops
-    rolled (`rebound(rolled=True)`), reading the decode program's member buffers (one copy of the
-    weights); test_the_prompt_step_equals_token_by_token checks its values."""
-    prompt, decode = gen.program(16), gen.programs[1]
-    if decode.first_device().platform != "cpu":
+def test_prompt_programs_on_a_cpu_roll_a_long_layer_loop_on_the_decode_programs_weights(gen, tmp_path):
+    """runtime/buckets.py: on a CPU, a bucket program of a step graph whose layer loop unrolls to
+    ROLL_FROM_TRIPS (8) layers or more is rebound with its loops rolled (`rebound(rolled=True)`),
+    reading the decode program's member buffers (one copy of the weights), and draws the unrolled
+    program's tokens; a 2-layer model's stays unrolled (it compiles faster so)."""
+    from oi2jax.runtime.buckets import ROLL_FROM_TRIPS, rolls_prompts
+    if gen.programs[1].first_device().platform != "cpu":
         pytest.skip("prompt programs roll on a CPU only")
-    assert prompt.lowering.loop_policy.unroll == "none" and prompt.lowering.loop_policy.members
+    assert not rolls_prompts(gen.programs[1]) and gen.program(16).lowering.loop_policy.unroll == "auto"
+    ck = llama_checkpoint.write_random_llama(tmp_path / "ck", vocab=64, hidden=16, layers=ROLL_FROM_TRIPS, heads=2,
+                                             kv_heads=1, intermediate=32, max_positions=32, seed=5, std=0.3)
+    convert_hf(ck, tmp_path / "m.oinf")
+    deep = Generator(tmp_path / "m.oinf")
+    prompt, decode = deep.program(16), deep.programs[1]
+    assert rolls_prompts(decode) and prompt.lowering.loop_policy.unroll == "none" and prompt.lowering.loop_policy.members
     assert decode.lowering.loop_policy.unroll == "auto" and "Wq" in prompt.lowering.split
     assert all(prompt.executable.consts[k] is v for k, v in decode.executable.consts.items())
     assert prompt.memory()["weights"] == decode.memory()["weights"]
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    unrolled = {1: decode, 16: decode.rebound({"S": 16})}  # the bucket program as it was, unrolled
+    want = Generator(tmp_path / "m.oinf")
+    want.programs.update(unrolled)
+    want.greedy_programs = {}  # greedy through the general programs, where the unrolled bucket sits
+    assert deep.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids == \
+        want.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids
 
 
 def test_cli_past_capacity_prints_the_tokens_then_the_error(model, tmp_path, capsys, shared_cli):

@@ -210,6 +210,20 @@ def member_key(name: str, index: tuple[int, ...]) -> MemberKey:
     return MemberKey(name, index)
 
 
+def most_unrolled_trips(tr, policy: LoopPolicy) -> int:
+    """The largest trip count of a loop the program unrolls under `policy` (0: none unrolled):
+    how many copies of a loop body a program holds (runtime/buckets.py rolls a prompt program
+    whose layer loop this makes large)."""
+    most = 0
+    for block in tr.graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Loop):
+                trips = static_trips(node, tr)
+                if trips is not None and unrolling(node, trips, tr, policy).unroll:
+                    most = max(most, trips)
+    return most
+
+
 def split_families(tr, policy: LoopPolicy) -> set[str]:
     """Prefix tables every read of which has static indices under `policy` (literals, sizes,
     constant scalars, indices of unrolled loops): the program holds them member by member
