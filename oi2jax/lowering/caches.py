@@ -15,6 +15,7 @@ runtime/cache_state.py.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import jax
@@ -121,6 +122,10 @@ class CacheLayout:
         if self.kind is AUTO_DIM:
             return tuple(b + c for b, c in zip(self.shape, self.capacity)) + self.shape[len(self.capacity):]
         return self.shape
+
+    def data_nbytes(self) -> int:
+        """Bytes of the data buffer (`data_shape` of `dtype`, sub-byte types packed)."""
+        return dt.get(self.dtype).nbytes(math.prod(self.data_shape()))
 
 
 def _fill(shape, fill, dtype):

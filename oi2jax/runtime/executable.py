@@ -4,7 +4,6 @@ next generation (`Executable.grown`); `Program` keeps the current one and delega
 `Session`, the yield/await `Driver`, export and the chunked runner are clients of this surface."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable
@@ -12,7 +11,6 @@ from typing import Callable
 import jax
 import numpy as np
 
-from .. import dtypes as dt
 from ..diagnostics import OiError
 from ..limits import allocation_error
 from ..lowering.context import Lowering
@@ -130,8 +128,7 @@ class Executable:
             if isinstance(leaf, jax.Array) and id(leaf) not in seen:
                 seen.add(id(leaf))
                 weights += leaf.nbytes
-        state = sum(dt.get(layout.dtype).nbytes(math.prod(layout.data_shape()))
-                    for layout in self.lowering.caches.values())
+        state = sum(layout.data_nbytes() for layout in self.lowering.caches.values())
         return {"weights": weights, "state": state}
 
     # ------------------------------------------------------------------ the state
@@ -145,7 +142,7 @@ class Executable:
                 faults.reach(faults.ALLOCATE)
                 values[layout.name] = cache_state.initial_state(layout)
             except MemoryError as exc:
-                nbytes = dt.get(layout.dtype).nbytes(math.prod(layout.data_shape()))
+                nbytes = layout.data_nbytes()
                 raise allocation_error(exc, f"{layout.name} ({nbytes} bytes)") from None
         return values
 

@@ -21,7 +21,6 @@
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,7 +31,6 @@ import numpy as np
 from jax import lax
 from jax.tree_util import tree_map_with_path
 
-from .. import dtypes as dt
 from .._signals import raise_pending
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
@@ -103,7 +101,7 @@ class StepKernels:
             return len(path) == 3 and getattr(path[0], "name", None) == "caches" and \
                 getattr(path[1], "key", None) in tables and getattr(path[2], "name", None) == "data"
         self.select_skip = select_skip = not any(l.is_cache for l in layouts.values()) and sum(
-            dt.get(l.dtype).nbytes(math.prod(l.data_shape())) for l in layouts.values()) <= SELECT_SKIP_BYTES
+            l.data_nbytes() for l in layouts.values()) <= SELECT_SKIP_BYTES
 
         extra = builder.all_names  # every variable, so that a session can `read` any of them
         self.steps_per_check = per_check = STEPS_PER_CHECK.get(exe.host.placer.platform(), 1)

@@ -4,7 +4,6 @@ with its kernels) and delegates to it; a cache growth builds the next executable
 inputs, runs, traces and reports errors."""
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -605,7 +604,7 @@ class Program:
         for name, cap in per_cache.items():  # refuse before allocating: a write at index 10**9 ...
             layout = layouts[name]
             probe = replace(layout, capacity=tuple(cap))
-            nbytes = dt.get(layout.dtype).nbytes(math.prod(probe.data_shape()))
+            nbytes = probe.data_nbytes()
             limit = memory_limit(self.first_device())
             if nbytes > limit:
                 decl = self.graph.var(name)
