@@ -154,7 +154,16 @@ static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   if (rows == 0 || out == 0) return ffi::Error::Success();
   std::vector<uint8_t> xq(xrow * rows);
   for (int64_t r = 0; r < rows; ++r) xtraits->from_float(x.typed_data() + r * in, xq.data() + r * xrow, in);
-  const int64_t chunk = 16, chunks = (out + chunk - 1) / chunk;  // W's rows in chunks of 16
+  // W's rows are split over XLA's pool for a large product (several rows of a large weight); a
+  // smaller one from 32 KB over the spinning helpers: inside a decode step the pool's other
+  // thread sleeps between calls and joins too late to help (docs/performance.md). W's rows in one
+  // contiguous chunk per thread that may join (a multiple of 16 rows, so no two threads write one
+  // cache line of y): each thread streams its own part of W, as llama.cpp's decode splits a product
+  // by thread; chunks of 16 rows claimed in turn measured 20-25% slower (docs/performance.md)
+  const double bytes = static_cast<double>(out) * wrow * rows;
+  const bool large = bytes >= kSplitBytes, shared = !large && bytes >= kHelperBytes;
+  const int64_t threads = 1 + (large ? pool.num_threads() : shared ? Helpers::get().helpers() : 0);
+  const int64_t chunk = (((out + threads - 1) / threads + 15) / 16) * 16, chunks = (out + chunk - 1) / chunk;
   const uint8_t* wp = w.typed_data();
   const uint8_t* xp = xq.data();
   float* yp = y->typed_data();
@@ -163,12 +172,7 @@ static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
       for (int64_t r = 0; r < rows; ++r)
         traits->vec_dot(in, yp + r * out + o, 0, wp + o * wrow, 0, xp + r * xrow, 0, 1);
   };
-  // W's rows are split over XLA's pool for a large product (several rows of a large weight); a
-  // smaller one from 32 KB over the spinning helpers: inside a decode step the pool's other
-  // thread sleeps between calls and joins too late to help (docs/performance.md)
-  const double bytes = static_cast<double>(out) * wrow * rows;
-  const bool large = bytes >= kSplitBytes;
-  run_chunks(chunks, rows_of, &pool, large ? pool.num_threads() : 0, !large && bytes >= kHelperBytes);
+  run_chunks(chunks, rows_of, &pool, large ? pool.num_threads() : 0, shared);
   return ffi::Error::Success();
 }
 
