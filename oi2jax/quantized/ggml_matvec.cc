@@ -464,7 +464,11 @@ static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyB
         default: attention_avx2<LoadF32>(qp, kc, vc, kvh, g, hd, rows_c, pitch, scale, cap, sc.data(), sm, oc, tc); break;
       }
     };
-    run_chunks(chunks, chunk, nullptr, 0, true);
+    // one contiguous run of chunks per thread that may join, as a product's rows (Matvec)
+    const int64_t threads = 1 + Helpers::get().helpers(), per = (chunks + threads - 1) / threads;
+    run_chunks((chunks + per - 1) / std::max<int64_t>(per, 1), [&](int64_t part) {
+      for (int64_t c = part * per; c < std::min(chunks, (part + 1) * per); ++c) chunk(c);
+    }, nullptr, 0, true);
     for (int64_t i = 0; i < heads; ++i) {
       float top = -INFINITY;
       for (int64_t c = 0; c < chunks; ++c) top = std::max(top, tops[c * heads + i]);
