@@ -326,7 +326,8 @@ def test_prompt_programs_on_a_cpu_roll_a_long_layer_loop_on_the_decode_programs_
                                              kv_heads=1, intermediate=32, max_positions=32, seed=5, std=0.3)
     convert_hf(ck, tmp_path / "m.oinf")
     deep = Generator(tmp_path / "m.oinf")
-    prompt, decode = deep.program(16), deep.programs[1]
+    # the greedy programs, which the generations below run (the general ones are built the same way)
+    prompt, decode = deep.program(16, deep.greedy_programs), deep.greedy_programs[1]
     if decode.first_device().platform != "cpu":  # an accelerator: a switch in a loop is a host round trip
         assert not rolls_prompts(decode) and prompt.lowering.loop_policy.unroll == "auto"
         return
@@ -337,8 +338,7 @@ def test_prompt_programs_on_a_cpu_roll_a_long_layer_loop_on_the_decode_programs_
     ids = [5, 6, 7, 8, 9, 10, 11, 12, 13]
     unrolled = {1: decode, 16: decode.rebound({"S": 16})}  # the bucket program as it was, unrolled
     want = Generator(tmp_path / "m.oinf")
-    want.programs.update(unrolled)
-    want.greedy_programs = {}  # greedy through the general programs, where the unrolled bucket sits
+    want.greedy_programs = unrolled
     assert deep.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids == \
         want.generate(prompt_ids=ids, max_tokens=6, ignore_eos=True).ids
 
