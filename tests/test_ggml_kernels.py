@@ -470,3 +470,35 @@ def test_ggml_attention_under_vmap_is_each_row_alone():
     batched = np.asarray(jax.jit(jax.vmap(one))(q, n))
     for i in range(4):
         np.testing.assert_array_equal(batched[i], np.asarray(jax.jit(one)(q[i], n[i])))
+
+
+def test_ggml_attention_reads_each_slots_own_table_under_vmap():
+    """`Program.batch`'s slots each hold their own K/V tables: under jax.vmap the handler takes the
+    batch in one call (vmap_method="expand_dims") and each row reads its slot's table in place,
+    bit for bit that slot's call alone; under two vmaps too (slots x the rows of a slot, a table
+    shared by the inner rows: an axis of 1 broadcast), with a single table [T, KVH, HD]."""
+    from oi2jax.ops import apply, load
+    attention = {d.name: d for d in load(["nn"]).added()}["attention"]
+    rng = np.random.default_rng(13)
+    k = rng.standard_normal((4, 3, 40, 3, 64)).astype(np.float16)  # [B, L, T, KVH, HD]: a table per slot
+    v = rng.standard_normal((4, 3, 40, 3, 64)).astype(np.float16)
+    q = rng.standard_normal((4, 3, 2, 64)).astype(np.float32)
+    n = np.array([3, 40, 11, 1], np.int32)
+
+    def one(q, k, v, n, layer=np.int32(1)):
+        return apply(attention, [q, k, v], {"layer": layer, "valid": n}, in_dtypes=["f32", "f16", "f16"],
+                     out_dtype="f32", mode="normal", guards=[], kernels="ggml")
+    batched = np.asarray(jax.jit(jax.vmap(one))(q, k, v, n))
+    for i in range(4):
+        alone = np.asarray(jax.jit(one)(q[i], k[i], v[i], n[i]))
+        np.testing.assert_array_equal(batched[i], alone)
+        assert np.isfinite(alone).all()
+    # two vmaps: 4 slots x 2 rows; the tables and layer per slot, the rows' own q and fill counts
+    q2 = rng.standard_normal((4, 2, 3, 2, 64)).astype(np.float32)
+    n2 = np.array([[3, 7], [40, 1], [11, 12], [1, 2]], np.int32)
+    single = lambda q, k, v, n: one(q, k[1], v[1], n, None)  # a slot's single table [T, KVH, HD]
+    inner = jax.vmap(single, in_axes=(0, None, None, 0))
+    got = np.asarray(jax.jit(jax.vmap(inner))(q2, k, v, n2))
+    for i in range(4):
+        for j in range(2):
+            np.testing.assert_array_equal(got[i, j], np.asarray(jax.jit(single)(q2[i, j], k[i], v[i], n2[i, j])))

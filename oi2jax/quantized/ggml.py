@@ -202,11 +202,14 @@ def attention(q, k, v, layer, lo, n, scale, softcap):
     """One query row's attention over rows lo..n-1 of table `layer` of k/v ([L, T, KVH, HD], or
     [T, KVH, HD] with layer 0), as llama.cpp computes a decode step's: q [KVH, G, HD] rounded to
     the table's type for the scores (llama.cpp's row dot products), the softmax and the sum of the
-    V rows in f32 -> f32 [KVH, G, HD]. softcap <= 0: none. Under jax.vmap (a batch's slots), one
-    call per slot."""
+    V rows in f32 -> f32 [KVH, G, HD]. softcap <= 0: none. Under jax.vmap (a batch's slots) one
+    call for the batch, each slot's row reading its own table in place (a call per slot would
+    slice each slot's whole table out first)."""
     ensure()
     q = q.astype(jnp.float32)
+    if k.ndim == 3:  # one table: [1, T, KVH, HD] (a reshape, no copy)
+        k, v = k[None], v[None]
     meta = jnp.stack([jnp.asarray(x, jnp.int32).reshape(()) for x in (layer, lo, n)])
     factors = jnp.stack([jnp.asarray(x, jnp.float32).reshape(()) for x in (scale, softcap)])
-    call = jax.ffi.ffi_call(ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential")
+    call = jax.ffi.ffi_call(ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="expand_dims")
     return call(q, k, v, meta, factors)

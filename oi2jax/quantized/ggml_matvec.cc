@@ -391,50 +391,32 @@ static void attention_avx2(const float* q, const uint8_t* K, const uint8_t* V, i
 }
 #endif
 
-// Attention of one query row over the filled rows lo..n-1 of a K/V table [L, T, KVH, HD] (or
-// [T, KVH, HD]) in f32, f16 or bf16, in llama.cpp's arithmetic for a decode step's attention:
+// Attention of one query row over the filled rows lo..n-1 of a K/V table [L, T, KVH, HD] in f32, f16 or bf16, in llama.cpp's arithmetic for a decode step's attention:
 // each query head rounded to the table's type (`from_float`, llama.cpp's vec_dot_type), its scores
 // the f32 dot products with the rows of its KV head (widened to f32 exactly), times `scale`,
 // soft-capped when `softcap` > 0; the softmax and the weighted sum of the V rows in f32.
-// Each K and V row is read once for the G query heads that share it. q and out [KVH, G, HD];
-// meta i32 [3] = (layer, lo, n), runtime values (the caller's guards check them; clamped here so
-// a bad one never reads outside the table); factors f32 [2] = (scale, softcap).
-static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> meta,
-                           ffi::Buffer<ffi::F32> factors, ffi::ResultBuffer<ffi::F32> out) {
-  (void)kInit;
-  const auto kd = k.dimensions();
-  if ((kd.size() != 3 && kd.size() != 4) || k.element_type() != v.element_type() || v.dimensions().size() != kd.size())
-    return ffi::Error::InvalidArgument("ggml_attention: k and v must be tables [T, KVH, HD] or [L, T, KVH, HD] of one type");
-  ggml_type t;
-  switch (k.element_type()) {
-    case ffi::DataType::F32: t = GGML_TYPE_F32; break;
-    case ffi::DataType::F16: t = GGML_TYPE_F16; break;
-    case ffi::DataType::BF16: t = GGML_TYPE_BF16; break;
-    default: return ffi::Error::InvalidArgument("ggml_attention: the table must be f32, f16 or bf16");
-  }
-  const int64_t layers = kd.size() == 4 ? kd[0] : 1, rows = kd[kd.size() - 3], kvh = kd[kd.size() - 2],
-                hd = kd.back();
-  if (rows == 0 || kvh == 0 || hd == 0 || q.element_count() % (kvh * hd) != 0 || out->element_count() != q.element_count() ||
-      meta.element_count() != 3 || factors.element_count() != 2)
-    return ffi::Error::InvalidArgument("ggml_attention: q and out must be [KVH, G, HD] of the table's KVH and HD");
-  const int64_t g = q.element_count() / (kvh * hd);
-  const int32_t* m = meta.typed_data();
+// Each K and V row is read once for the G query heads that share it. `attend` is one row's (the
+// handler below runs it for each row of a batch): qsrc and o [KVH, G, HD]; kbase / vbase one
+// slot's tables [layers, rows, KVH, HD] of type t; m = (layer, lo, n), clamped here so a bad one
+// never reads outside the table; f = (scale, softcap).
+static void attend(ggml_type t, const float* qsrc, const uint8_t* kbase, const uint8_t* vbase, int64_t layers,
+                   int64_t rows, int64_t kvh, int64_t g, int64_t hd, const int32_t* m, const float* f, float* o) {
   const int64_t layer = std::clamp<int64_t>(m[0], 0, layers - 1);
   const int64_t n = std::clamp<int64_t>(m[2], 0, rows), lo = std::clamp<int64_t>(m[1], 0, n), len = n - lo;
-  const float scale = factors.typed_data()[0], cap = factors.typed_data()[1];
+  const float scale = f[0], cap = f[1];
   const auto* traits = ggml_get_type_traits_cpu(t);
   const auto* qtraits = ggml_get_type_traits_cpu(traits->vec_dot_type);
   const size_t qrow = ggml_row_size(traits->vec_dot_type, hd), esize = ggml_type_size(t);
   const size_t pitch = static_cast<size_t>(kvh * hd) * esize;  // bytes from one position's row to the next
-  const auto* kp = static_cast<const uint8_t*>(k.untyped_data()) + static_cast<size_t>(layer * rows) * pitch;
-  const auto* vp = static_cast<const uint8_t*>(v.untyped_data()) + static_cast<size_t>(layer * rows) * pitch;
+  const auto* kp = kbase + static_cast<size_t>(layer * rows) * pitch;
+  const auto* vp = vbase + static_cast<size_t>(layer * rows) * pitch;
   // the rows are read in memory order, all KV heads of a position at once (a strided walk over
   // one head's rows at a time measured 2-3x slower: each row a cache miss the prefetcher missed);
   // a position's K row widened to f32 once, then the G query heads' dots of each KV head. With
   // AVX2, HD a multiple of 64: attention_avx2 above; otherwise the plain loops below.
   const int64_t heads = kvh * g;  // query heads, [KVH, G] order
   std::vector<float> qs(heads * hd), sums(heads);
-  for (int64_t i = 0; i < heads * hd; ++i) qs[i] = q.typed_data()[i];
+  for (int64_t i = 0; i < heads * hd; ++i) qs[i] = qsrc[i];
   if (t != GGML_TYPE_F32) {  // rounded to the table's type, as llama.cpp's vec_dot_type
     std::vector<uint8_t> qv(qrow);
     for (int64_t i = 0; i < heads; ++i) {
@@ -442,7 +424,6 @@ static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyB
       widen(t, qv.data(), qs.data() + i * hd, hd);
     }
   }
-  float* o = out->typed_data();
   std::fill(o, o + heads * hd, 0.0f);
   // scores s [heads, len]: head i's row contiguous for the softmax
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -509,6 +490,65 @@ static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyB
   }
   for (int64_t i = 0; i < heads; ++i)
     for (int64_t d = 0; d < hd; ++d) o[i * hd + d] /= sums[i];  // 0 / 0 = NaN where no row is read
+}
+
+// The handler: `attend` for each row of a batch. q and out [..., KVH, G, HD]; k and v [..., L, T,
+// KVH, HD] (ggml.py gives a single table L = 1); meta i32 [..., 3] = (layer, lo, n), runtime values
+// (the caller's guards check them; clamped here so a bad one never reads outside the table);
+// factors f32 [..., 2] = (scale, softcap). The axes before those are a batch (jax.vmap's, with
+// vmap_method="expand_dims": every operand has them, an unbatched one with size 1, broadcast), so a
+// batch's slots read their own tables in place, never a copy of one.
+static ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> meta,
+                           ffi::Buffer<ffi::F32> factors, ffi::ResultBuffer<ffi::F32> out) {
+  (void)kInit;
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = meta.dimensions(),
+             fd = factors.dimensions();
+  if (qd.size() < 3)
+    return ffi::Error::InvalidArgument("ggml_attention: q must be [..., KVH, G, HD]");
+  const size_t nb = qd.size() - 3;  // batch axes
+  if (kd.size() != nb + 4 || vd.size() != nb + 4 || md.size() != nb + 1 || fd.size() != nb + 1 ||
+      k.element_type() != v.element_type())
+    return ffi::Error::InvalidArgument("ggml_attention: k and v must be tables [..., L, T, KVH, HD] of one type, meta "
+                                       "[..., 3] and factors [..., 2], with q's batch axes");
+  ggml_type t;
+  switch (k.element_type()) {
+    case ffi::DataType::F32: t = GGML_TYPE_F32; break;
+    case ffi::DataType::F16: t = GGML_TYPE_F16; break;
+    case ffi::DataType::BF16: t = GGML_TYPE_BF16; break;
+    default: return ffi::Error::InvalidArgument("ggml_attention: the table must be f32, f16 or bf16");
+  }
+  const int64_t layers = kd[nb], rows = kd[nb + 1], kvh = kd[nb + 2], hd = kd[nb + 3], g = qd[nb + 1];
+  if (rows == 0 || kvh == 0 || hd == 0 || qd[nb] != kvh || qd[nb + 2] != hd || md[nb] != 3 || fd[nb] != 2 ||
+      out->element_count() != q.element_count())
+    return ffi::Error::InvalidArgument("ggml_attention: q and out must be [..., KVH, G, HD] of the table's KVH and HD");
+  for (size_t a = 0; a < nb; ++a)
+    for (auto d : {kd[a], vd[a], md[a], fd[a]})
+      if (d != qd[a] && d != 1)
+        return ffi::Error::InvalidArgument("ggml_attention: a batch axis of k, v, meta or factors is neither q's nor 1");
+  for (size_t a = 0; a < 4; ++a)
+    if (vd[nb + a] != kd[nb + a])
+      return ffi::Error::InvalidArgument("ggml_attention: k and v must have one shape");
+  int64_t batch = 1;
+  for (size_t a = 0; a < nb; ++a) batch *= qd[a];
+  const size_t table = static_cast<size_t>(layers * rows * kvh * hd) * ggml_type_size(t), row = kvh * g * hd;
+  const auto* kb = static_cast<const uint8_t*>(k.untyped_data());
+  const auto* vb = static_cast<const uint8_t*>(v.untyped_data());
+  for (int64_t b = 0; b < batch; ++b) {
+    // b's index in each operand: q's batch index with the operand's axes of 1 at 0
+    int64_t ki = 0, vi = 0, mi = 0, fi = 0;
+    for (size_t a = 0, rest = b; a < nb; ++a) {
+      int64_t stride = 1;
+      for (size_t c = a + 1; c < nb; ++c) stride *= qd[c];
+      const int64_t at = static_cast<int64_t>(rest) / stride;
+      rest %= stride;
+      ki = ki * kd[a] + (kd[a] == 1 ? 0 : at);
+      vi = vi * vd[a] + (vd[a] == 1 ? 0 : at);
+      mi = mi * md[a] + (md[a] == 1 ? 0 : at);
+      fi = fi * fd[a] + (fd[a] == 1 ? 0 : at);
+    }
+    attend(t, q.typed_data() + b * row, kb + ki * table, vb + vi * table, layers, rows, kvh, g, hd,
+           meta.typed_data() + mi * 3, factors.typed_data() + fi * 2, out->typed_data() + b * row);
+  }
   return ffi::Error::Success();
 }
 
