@@ -157,8 +157,8 @@ static ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   // W's rows are split over XLA's pool for a large product (several rows of a large weight); a
   // smaller one from 32 KB over the spinning helpers: inside a decode step the pool's other
   // thread sleeps between calls and joins too late to help (docs/performance.md). W's rows in one
-  // contiguous chunk per thread that may join (a multiple of 16 rows, so no two threads write one
-  // cache line of y): each thread streams its own part of W, as llama.cpp's decode splits a product
+  // contiguous part per thread that may join (a multiple of 16 rows: no two threads write one
+  // 64-byte line of y): each thread streams its own part of W, as llama.cpp's decode splits a product
   // by thread; chunks of 16 rows claimed in turn measured 20-25% slower (docs/performance.md)
   const double bytes = static_cast<double>(out) * wrow * rows;
   const bool large = bytes >= kSplitBytes, shared = !large && bytes >= kHelperBytes;
@@ -391,7 +391,8 @@ static void attention_avx2(const float* q, const uint8_t* K, const uint8_t* V, i
 }
 #endif
 
-// Attention of one query row over the filled rows lo..n-1 of a K/V table [L, T, KVH, HD] in f32, f16 or bf16, in llama.cpp's arithmetic for a decode step's attention:
+// Attention of one query row over the filled rows lo..n-1 of a K/V table [L, T, KVH, HD] in f32,
+// f16 or bf16, in llama.cpp's arithmetic for a decode step's attention:
 // each query head rounded to the table's type (`from_float`, llama.cpp's vec_dot_type), its scores
 // the f32 dot products with the rows of its KV head (widened to f32 exactly), times `scale`,
 // soft-capped when `softcap` > 0; the softmax and the weighted sum of the V rows in f32.
