@@ -454,8 +454,8 @@ def test_ggml_attention_is_llama_cpps_arithmetic(dtype, kvh, g, hd):
 
 @needs_ggml
 def test_ggml_attention_under_vmap_is_each_row_alone():
-    """A batch's slots (`Program.batch` vmaps the step): one handler call per slot, each equal to
-    that slot's call alone, bit for bit."""
+    """A batch's slots (`Program.batch` vmaps the step): one handler call for the batch (a table
+    shared by the rows), each row equal to that row's call alone, bit for bit."""
     from oi2jax.ops import apply, load
     attention = {d.name: d for d in load(["nn"]).added()}["attention"]
     rng = np.random.default_rng(12)
@@ -502,3 +502,26 @@ def test_ggml_attention_reads_each_slots_own_table_under_vmap():
     for i in range(4):
         for j in range(2):
             np.testing.assert_array_equal(got[i, j], np.asarray(jax.jit(single)(q2[i, j], k[i], v[i], n2[i, j])))
+
+
+@needs_ggml
+def test_a_batch_with_ggml_kernels_gives_each_prompt_its_solo_tokens(tmp_path):
+    """`generate --batch` with kernels="ggml" on a kept-Q8_0 Llama (head dim 64: the handler's AVX2
+    attention where the machine has it) and an f16 KV cache: prompts of different lengths decode
+    side by side in 2 slots, each at its own position, a finished slot taking the next prompt; every
+    product and decode row's attention takes the batch's rows in one handler call, each slot
+    reading its own K/V table. Each prompt's tokens equal its solo generation's."""
+    from oi2jax.batch_generate import generate_batch
+    from oi2jax.generation import Generator
+    from oi2jax.model.convert import convert_hf
+    from test_gguf import ex
+    ck = ex.write_random_llama(tmp_path / "ck", vocab=96, hidden=128, layers=2, heads=2, kv_heads=1,
+                               intermediate=128, max_positions=64, seed=7, std=0.3)
+    convert_hf(ck, tmp_path / "q8.oinf", quantize="q8_0")
+    gen = Generator(tmp_path / "q8.oinf", kernels="ggml", kv_dtype="f16")
+    prompts = [[5, 6, 7], list(range(3, 22)), [9], [40, 41, 42, 43, 44]]
+    solo = [gen.generate(prompt_ids=p, max_tokens=7, ignore_eos=True).ids for p in prompts]
+    programs = gen.programs_for({"temperature": 0.0})
+    results = generate_batch(programs[1], prompts, programs=programs, size=2, max_tokens=7)
+    assert [r.tokens for r in results] == solo and all(r.finish == "length" for r in results)
+    assert len({tuple(t) for t in solo}) > 1  # the prompts' continuations differ
