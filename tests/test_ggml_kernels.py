@@ -472,6 +472,7 @@ def test_ggml_attention_under_vmap_is_each_row_alone():
         np.testing.assert_array_equal(batched[i], np.asarray(jax.jit(one)(q[i], n[i])))
 
 
+@needs_ggml
 def test_ggml_attention_reads_each_slots_own_table_under_vmap():
     """`Program.batch`'s slots each hold their own K/V tables: under jax.vmap the handler takes the
     batch in one call (vmap_method="expand_dims") and each row reads its slot's table in place,
