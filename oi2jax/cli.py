@@ -169,6 +169,8 @@ def cmd_run(args) -> int:
                               ins)
     if args.steps is not None and args.steps < 0:
         raise UsageError("--steps must be >= 0")
+    if args.quiet and args.show:
+        raise UsageError("--show and --quiet: --quiet prints no variables; give one of them")
     session_flags = [f for f, v in (("--inputs-per-step", args.inputs_per_step), ("--collect", args.collect),
                                     ("--feedback", args.feedback), ("--stop", args.stop), ("--state-in", args.state_in),
                                     ("--state-out", args.state_out), ("--stats", args.stats)) if v]
@@ -229,6 +231,8 @@ def cmd_run(args) -> int:
         run_kwargs["session"] = session
         if args.collect:
             run_kwargs["collect"] = tuple(n.strip() for item in args.collect for n in item.split(",") if n.strip())
+            if not run_kwargs["collect"]:
+                raise UsageError("--collect needs one or more variable names (--collect A,B)")
         if feedback:
             run_kwargs["feedback"] = feedback
         if stop:
@@ -247,6 +251,10 @@ def cmd_run(args) -> int:
         partial = getattr(exc, "partial", None)
         if partial is not None:
             write_outputs(args, partial, main_outputs(program, run_kwargs.get("collect", ())), partial=exc.step)
+        if args.state_out and partial is not None and "session" in run_kwargs:
+            session.save(args.state_out)  # the session's state, as --out's variables: resumable
+            print(f"note: wrote {args.state_out}: the state after the failing step {exc.step} (its failing write "
+                  f"skipped, its other writes applied); resume with --state-in", file=sys.stderr)
         raise
     finally:
         if bar is not None:

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from .cli_models import UsageError
-from .diagnostics import OiError
+from .diagnostics import OiError, suggest
 from .ir import MemKind
 from .npz import save_npz, write_text_atomic
 
@@ -101,7 +101,8 @@ def write_outputs(args, outputs, main, partial: int | None = None) -> None:
     if show and show != ["all"]:
         unknown = [n for n in show if n not in outputs]
         if unknown:
-            raise UsageError(f"--show {unknown[0]}: not a variable of the graph (variables: {', '.join(outputs)})")
+            raise UsageError(f"--show {unknown[0]}: not a variable of the graph{suggest(unknown[0], list(outputs))} "
+                             f"(variables: {', '.join(outputs)})")
         names = show
     elif show:
         names = list(outputs)

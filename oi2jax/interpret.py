@@ -247,7 +247,8 @@ class InterpretedProgram(CacheOps):
 
     def run(self, inputs: dict | None = None, steps: int = 1, progress=None) -> dict[str, np.ndarray]:
         """Run `steps` steps from a fresh state with the same dynamic `inputs` each step.
-        `progress(n)` is called after each step (e.g. oi2jax.progress.ProgressBar)."""
+        `progress(n)` is called after each step (e.g. oi2jax.progress.ProgressBar). A runtime
+        error names its step and carries every variable after the step before it (`.partial`)."""
         try:
             return self._run(inputs, steps, progress)
         except MemoryError as exc:
@@ -263,10 +264,15 @@ class InterpretedProgram(CacheOps):
             if self.trace is not None and not self.trace.echo:
                 self.trace.clear()
             for i in range(steps):
+                before = self.state.copy()  # shallow: arrays are never mutated in place
                 try:
                     self.step(converted)
-                except OiError as exc:  # a runtime error names its step, as a compiled guard does
-                    raise exc.in_step(i + 1) from None
+                except OiError as exc:  # a runtime error names its step, as a compiled guard does;
+                    # what the steps before it produced goes with it (`partial`), as a compiled run's
+                    error = exc.in_step(i + 1)
+                    self.state = before
+                    error.partial = self.outputs()
+                    raise error from None
                 if progress is not None:
                     progress(i + 1)
             return self.outputs()

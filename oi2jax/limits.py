@@ -9,6 +9,7 @@ import os
 import jax
 
 from . import dtypes as dt
+from . import ir
 from .diagnostics import OiError
 
 INITIAL_CAPACITY = 4  # rows a growable table / auto_dim dim starts with (then doubled)
@@ -42,12 +43,19 @@ def memory_limit(device=None) -> int:
     return min(limit, own) if own is not None else limit
 
 
+# the variables a step holds all at once, counted together against the limit (constants are the
+# model's tensors, placed as stored, maybe packed: not counted here; temporaries may never exist)
+HELD = (ir.MemKind.PERSISTENT, ir.MemKind.DYNAMIC, ir.MemKind.VOLATILE)
+
+
 def check_sizes(bound, device=None) -> None:
     """Refuse absurd shapes (e.g. a size variable of 2**56) with a located error, before allocating
-    (on `device`: its memory is a limit too)."""
+    (on `device`: its memory is a limit too): each value, and the values a step holds at once
+    (`HELD`) together."""
     graph = bound.graph
     limit = memory_limit(device)
     names = [v.name for v in graph.vars] + [t for t in graph.temporaries if graph.var(t) is None]
+    held = []  # (bytes, name): the values a step holds at once (its state, inputs and outputs)
     for name in names:
         shape = bound.shape(name)
         decl = graph.var(name)
@@ -70,6 +78,16 @@ def check_sizes(bound, device=None) -> None:
             raise OiError(f"{name} would need {nbytes} bytes ({what}): too large to allocate (the limit is "
                           f"{limit} bytes{limit_note(limit, device)}); check the size variables and @fixed sizes",
                           decl.span, source=graph.source)
+        if decl is not None and decl.kind in HELD:
+            held.append((nbytes, name))
+    total = sum(n for n, _ in held)
+    if total > limit:  # each fits, all together do not
+        largest = sorted(held, reverse=True)[:3]
+        decl = graph.var(largest[0][1])
+        raise OiError(f"the graph's state, inputs and outputs would need {total} bytes together: too large to "
+                      f"allocate (the limit is {limit} bytes{limit_note(limit, device)}); the largest: "
+                      + ", ".join(f"{name} {n} bytes" for n, name in largest)
+                      + "; check the size variables and @fixed sizes", decl.span, source=graph.source)
 
 
 def limit_note(limit: int, device=None) -> str:

@@ -77,7 +77,8 @@ def check_directory(path: str, target: str) -> None:
 
 def refuse_inputs_as_outputs(outputs: dict, inputs: dict, makes_dirs: bool = False) -> None:
     """An output path that resolves to an input file (the graph, the model, a state or input file)
-    is an error: writing it would destroy the input; so is one that is not a regular file
+    is an error: writing it would destroy the input; so are an empty path, two outputs naming one
+    file (the later write would replace the earlier), and one that is not a regular file
     (`npz.writable_target`) and one whose directory does not exist (`check_directory`; not where
     the writer makes it: `makes_dirs`, export's -o). All are told before any work is done."""
     def same(a, b) -> bool:
@@ -88,9 +89,16 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict, makes_dirs: bool = Fal
             pass
         return os.path.realpath(a) == os.path.realpath(b)
 
-    for flag, out in outputs.items():
-        if not out:
-            continue
+    given = [(flag, out) for flag, out in outputs.items() if out is not None]
+    for flag, out in given:
+        if not os.fspath(out):
+            raise OiError(f"{flag}: the path is empty")
+    for i, (flag, out) in enumerate(given):
+        for other, path in given[i + 1:]:
+            if "--dump-dir" not in (flag, other) and same(out, path):
+                raise OiError(f"{flag} and {other} name the same file ({out}): one would overwrite the other; "
+                              f"choose two paths")
+    for flag, out in given:
         if flag != "--dump-dir":
             target = writable_target(out)
             if not makes_dirs:

@@ -85,6 +85,9 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
     N = next(iter(rows.values()))
     if N < 1:
         raise OiError("run_batched: inputs have no rows")
+    if B < 1:
+        raise OiError(f"run_batched: {batch_var}={B}: inputs of {N} rows cannot run in chunks of {B} rows "
+                      f"(give {batch_var} >= 1, or inputs of {B} rows)")
     n_full, rem = divmod(N, B)
     if rem:
         dependent = [v.name for v in graph.vars if v.kind == ir.MemKind.PERSISTENT

@@ -336,7 +336,9 @@ def collect_names(prog, collect) -> tuple:
     names = []
     for name in collect:
         decl = prog.graph.var(name)
-        if decl is None or decl.kind == ir.MemKind.CONSTANT:
+        if decl is not None and decl.kind == ir.MemKind.CONSTANT:
+            raise OiError(f"collect: {name} is a constant, the same at every step: read it once (session.read)")
+        if decl is None:
             known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
             raise OiError(f"collect: unknown variable {name}{suggest(name, known)} "
                           f"(variables: {', '.join(known) or '(none)'})")

@@ -107,7 +107,7 @@ class Session:
             self._state = program.init_state()
         elif isinstance(state, (str, os.PathLike)):
             path = os.fspath(state)
-            self._state = self._from_values(state_file.load(path), path)
+            self._state = self._from_values(state_file.load(path), path, whole=True)
         elif isinstance(state, dict):
             self._state = self._from_values(state, "state")
         elif not isinstance(state, StepState):
@@ -182,9 +182,10 @@ class Session:
             vals.update(outputs)  # outputs hold every variable a step writes
         del recent[:n]
 
-    def _from_values(self, values: dict, source: str):
-        """The state of saved `values` (state_file.py); their step count and last values taken."""
-        steps, persistent, last = state_file.split_saved(self.program, values, source)
+    def _from_values(self, values: dict, source: str, whole: bool = False):
+        """The state of saved `values` (state_file.py); their step count and last values taken.
+        `whole`: a state file, which must hold every persistent variable."""
+        steps, persistent, last = state_file.split_saved(self.program, values, source, whole)
         if steps is not None:
             self.steps = steps
         self._last_values.update(last)
@@ -332,8 +333,11 @@ class Session:
 
     def save(self, path) -> None:
         """Write every variable (the `--out` layout) and the step count to an `.npz`, atomically;
-        `Program.session(state=path)` resumes from it."""
-        state_file.save(path, self.values(), self.steps)
+        `Program.session(state=path)` resumes from it (the state file it started from may be
+        replaced: a checkpoint kept up to date). An OiError, with nothing written, for the
+        program's graph or model file, a directory, a device, an empty path or a missing folder."""
+        state_file.save(path, self.values(), self.steps, {"graph": self.program.graph.path,
+                                                         "model": self.program.model_path})
 
     # ------------------------------------------------------------------ errors
 

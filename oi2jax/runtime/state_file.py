@@ -2,19 +2,27 @@
 `--state-out`): every variable in the `--out` layout plus the step count, as an `.npz`."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .. import ir
 from ..diagnostics import OiError, suggest
-from ..npz import save_npz
+from ..npz import refuse_inputs_as_outputs, save_npz
 from ..values import convert_input
 
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
 
 
-def save(path, arrays: dict, steps: int) -> None:
-    """Write `arrays` (every variable) and the step count, atomically."""
-    save_npz(path, {**arrays, STEPS_KEY: np.int64(steps)})
+def save(path, arrays: dict, steps: int, inputs: dict | None = None, what: str = "Session.save") -> None:
+    """Write `arrays` (every variable) and the step count, atomically. `inputs` ({what: path}: the
+    graph, model and state files the session was made from) are never overwritten; a path that
+    cannot be written is an OiError naming it (npz.refuse_inputs_as_outputs, npz.write_atomic)."""
+    try:
+        refuse_inputs_as_outputs({what: path}, {k: v for k, v in (inputs or {}).items() if v and os.path.isfile(v)})
+        save_npz(path, {**arrays, STEPS_KEY: np.int64(steps)})
+    except OSError as exc:  # a directory, a device, no such directory, no permission: the user's path
+        raise OiError(f"{what}: cannot write {os.fspath(path)}: {exc.strerror or exc}") from None
 
 
 def load(path: str) -> dict:
@@ -35,12 +43,20 @@ def load(path: str) -> dict:
         raise OiError(f"{path}: not a state file (.npz): {exc}") from None
 
 
-def split_saved(prog, values: dict, source: str) -> tuple[int | None, dict, dict]:
+def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[int | None, dict, dict]:
     """`(steps or None, persistent values, last values)` of saved `values`: the persistent ones as
     given (`Program.import_state` converts them), the dynamic and volatile ones converted exactly
-    (a runtime-shaped one at the shape it was saved at), for `read`; any other name an OiError."""
+    (a runtime-shaped one at the shape it was saved at), for `read`; any other name an OiError.
+    `whole` (a state file): every persistent variable must be there (a file that lacks one is of
+    another graph, or damaged: it is not silently started from its @init)."""
     values = dict(values)
-    steps = int(np.asarray(values.pop(STEPS_KEY))) if STEPS_KEY in values else None
+    steps = None
+    if STEPS_KEY in values:
+        count = np.asarray(values.pop(STEPS_KEY))
+        if count.shape != () or count.dtype.kind not in "iu" or int(count) < 0:
+            raise OiError(f"{source}: {STEPS_KEY} must be the step count, a whole number >= 0; got "
+                          f"{count.dtype}{list(count.shape)} {np.array2string(count, threshold=4)}")
+        steps = int(count)
     persistent, others = {}, {}
     for name, value in values.items():
         decl = prog.graph.var(name)
@@ -52,6 +68,13 @@ def split_saved(prog, values: dict, source: str) -> tuple[int | None, dict, dict
             known = [v.name for v in prog.graph.vars if v.kind != ir.MemKind.CONSTANT]
             raise OiError(f"{source}: {name} is not a variable of the graph{suggest(name, known)} (variables: "
                           f"{', '.join(known) or '(none)'})")
+    if whole:
+        missing = [v.name for v in prog.graph.vars if v.kind == ir.MemKind.PERSISTENT and not v.is_prefix_table
+                   and v.name not in persistent]
+        if missing:
+            raise OiError(f"{source}: no value for the persistent variable{'s' if len(missing) > 1 else ''} "
+                          f"{', '.join(missing)}: a state file holds every one (Session.save, --state-out, --out); "
+                          f"to start some from their @init, pass a dict: Program.session(state={{...}})")
     last = {}
     for name, value in others.items():
         if name in prog.shaped:  # saved at its current shape: kept as such for `read`

@@ -1,0 +1,149 @@
+"""Outputs, state files and sizes under mistakes a user makes (a probe of the CLI and the
+Python API, 2026-11-27): nothing an output writes replaces the program's own files, a failing run
+keeps what it produced in every file it was asked for, a state file is whole, and sizes that do not
+fit together are refused before anything is allocated."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import oi2jax
+from oi2jax.diagnostics import OiError
+from oi2jax.limits import memory_limit
+
+from conftest import run_cli
+
+# a fixed table of 4 rows written at t: the 5th step writes past it (a runtime error in step 5)
+KV = """
+dynamic { q: f32[3]; }
+constant { zero: f32[3] @init(0.0); }
+volatile { k_hist: f32[4, 3]; }
+persistent { t: i32 @init(0); K(i): f32[3] @table @fixed(i=4); }
+block entry {
+    op add(q, zero) >> q;
+    cache.write q >> K[t];
+    cache.increment t;
+    cache.read K[] >> k_hist;
+    return;
+}
+"""
+Q = np.array([1.0, 2.0, -3.0], np.float32)
+
+
+@pytest.fixture
+def kv(tmp_path):
+    (tmp_path / "kv.oi").write_text(KV)
+    np.save(tmp_path / "q.npy", Q)
+    return tmp_path
+
+
+def test_session_save_never_replaces_the_programs_files_and_names_a_bad_path(kv):
+    prog = oi2jax.compile(kv / "kv.oi", model=False)
+    sess = prog.session()
+    sess.step(q=Q)
+    graph_text = (kv / "kv.oi").read_text()
+    with pytest.raises(OiError, match="kv.oi is the graph: writing it would destroy the input"):
+        sess.save(kv / "kv.oi")
+    assert (kv / "kv.oi").read_text() == graph_text
+    (kv / "folder").mkdir()
+    for path, why in ((kv / "folder", "is a directory"), ("", "the path is empty"),
+                      (kv / "missing" / "s.npz", "no such directory"), ("/dev/null", "not a regular file")):
+        with pytest.raises(OiError, match=why):
+            sess.save(path)
+    sess.save(kv / "s.npz")
+    resumed = prog.session(state=kv / "s.npz")
+    resumed.step(q=Q)
+    resumed.save(kv / "s.npz")  # a checkpoint kept up to date: the file it started from, replaced
+    saved = np.load(kv / "s.npz")
+    assert int(saved["#steps"]) == 2 and int(saved["t"]) == 2
+    np.testing.assert_array_equal(saved["K"][:2], [Q, Q])
+
+
+def test_a_state_file_must_hold_every_persistent_variable_and_a_whole_step_count(kv):
+    prog = oi2jax.compile(kv / "kv.oi", model=False)
+    sess = prog.session()
+    sess.step(q=Q)
+    sess.save(kv / "s.npz")
+    whole = dict(np.load(kv / "s.npz"))
+    np.savez(kv / "no_t.npz", **{k: v for k, v in whole.items() if k != "t"})
+    with pytest.raises(OiError, match="no value for the persistent variable t: a state file holds every one"):
+        prog.session(state=kv / "no_t.npz")
+    # a dict may leave some out: they start from their @init (as documented)
+    assert int(prog.session(state={"K": whole["K"]}).read("t")) == 0
+    for bad in (np.int64(-5), np.float64(2.5), np.array([1, 2])):
+        np.savez(kv / "bad.npz", **{**whole, "#steps": bad})
+        with pytest.raises(OiError, match="#steps must be the step count, a whole number >= 0"):
+            prog.session(state=kv / "bad.npz")
+
+
+def test_a_failing_cli_run_writes_its_state_out_and_resumes(capsys, kv):
+    code, _, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--input", f"q={kv / 'q.npy'}",
+                           "--steps", "6", "--out", kv / "out.npz", "--state-out", kv / "state.npz", "--quiet")
+    assert code == 1 and "(in step 5)" in err
+    assert "note: wrote" in err and "state.npz: the state after the failing step 5" in err
+    state = np.load(kv / "state.npz")
+    # the failing step's write skipped, its other writes applied (docs/decode.md), as --out's variables
+    assert int(state["#steps"]) == 5 and int(state["t"]) == 5
+    np.testing.assert_array_equal(state["K"], [Q] * 4)
+    out = np.load(kv / "out.npz")
+    assert int(out["t"]) == 5
+    code, _, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--input", f"q={kv / 'q.npy'}",
+                           "--state-in", kv / "state.npz", "--quiet")
+    assert code == 1 and "(in step 6)" in err  # resumed: the next step is the 6th, still past the table
+
+
+def test_an_interpreted_failing_run_writes_the_steps_before_it(capsys, kv):
+    code, _, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--interpret", "--input", f"q={kv / 'q.npy'}",
+                           "--steps", "6", "--out", kv / "out.npz", "--quiet")
+    assert code == 1 and "(in step 5)" in err and "note: wrote" in err
+    out = np.load(kv / "out.npz")
+    assert int(out["t"]) == 4  # the variables after step 4: the interpreter stops at the failing node
+    np.testing.assert_array_equal(out["K"], [Q] * 4)
+    np.testing.assert_array_equal(out["k_hist"], [Q] * 4)
+    prog = oi2jax.compile(kv / "kv.oi", model=False, mode="interpret")
+    with pytest.raises(OiError) as caught:
+        prog.run({"q": Q}, steps=6)
+    assert caught.value.step == 5 and int(caught.value.partial["t"]) == 4
+
+
+def test_output_flags_that_would_lose_a_file_are_refused_before_running(capsys, kv):
+    base = ["run", kv / "kv.oi", "--no-model", "--input", f"q={kv / 'q.npy'}"]
+    code, _, err = run_cli(capsys, *base, "--out", kv / "same.npz", "--state-out", f"{kv}/./same.npz")
+    assert code == 1 and "--out and --state-out name the same file" in err
+    assert not (kv / "same.npz").exists()
+    for flag in ("--out", "--state-out"):
+        code, _, err = run_cli(capsys, *base, flag, "")
+        assert code == 1 and f"error: {flag}: the path is empty" in err
+    code, _, err = run_cli(capsys, "compile", kv / "kv.oi", "--no-model", "-o", "")
+    assert code == 1 and "error: -o: the path is empty" in err
+
+
+def test_show_collect_and_quiet_are_checked(capsys, kv):
+    base = ["run", kv / "kv.oi", "--no-model", "--input", f"q={kv / 'q.npy'}"]
+    code, _, err = run_cli(capsys, *base, "--quiet", "--show", "t")
+    assert code == 2 and "--show and --quiet" in err
+    code, _, err = run_cli(capsys, *base, "--show", "k_hsit")
+    assert code == 2 and "--show k_hsit: not a variable of the graph (did you mean k_hist?)" in err
+    code, _, err = run_cli(capsys, *base, "--collect", "")
+    assert code == 2 and "--collect needs one or more variable names" in err
+    code, _, err = run_cli(capsys, *base, "--collect", "zero")
+    assert code == 1 and "collect: zero is a constant, the same at every step" in err
+
+
+def test_a_batch_size_of_zero_cannot_chunk_rows(capsys, tmp_path):
+    (tmp_path / "g.oi").write_text("dynamic { x: f32[B, 2]; }\nvolatile { y: f32[B, 2]; }\n"
+                                   "block entry { op relu(x, alpha=0.0) >> y; return; }\n")
+    np.save(tmp_path / "x.npy", np.ones((4, 2), np.float32))
+    code, _, err = run_cli(capsys, "run", tmp_path / "g.oi", "--no-model", "--size", "B=0",
+                           "--input", f"x={tmp_path / 'x.npy'}")
+    assert code == 1 and "run_batched: B=0: inputs of 4 rows cannot run in chunks of 0 rows" in err
+
+
+def test_values_that_fit_one_by_one_but_not_together_are_refused_before_allocating(tmp_path):
+    n = int(0.4 * memory_limit()) // 4  # three f32 values of n elements: 1.2x this machine's memory
+    (tmp_path / "g.oi").write_text("dynamic { x: f32[N]; }\nvolatile { y: f32[N]; z: f32[N]; }\n"
+                                   "block entry { op relu(x, alpha=0.0) >> y; op relu(y, alpha=0.0) >> z; return; }\n")
+    for mode in ("compiled", "interpret"):
+        with pytest.raises(OiError, match=f"would need {12 * n} bytes together: too large to allocate") as caught:
+            oi2jax.compile(tmp_path / "g.oi", model=False, sizes={"N": n}, mode=mode)
+        assert f"the largest: z {4 * n} bytes, y {4 * n} bytes, x {4 * n} bytes" in str(caught.value)
