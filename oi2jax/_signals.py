@@ -55,19 +55,81 @@ def _handler(signum, frame):
     if not _CATCHING[0] or _unsafe(frame):
         signal.setitimer(signal.ITIMER_REAL, 0.02)  # try again soon, from wherever execution is then
         return
+    with _WATCH_LOCK:  # taken: the watchdog stands down (or has already ended the process)
+        _WATCH["taken"] += 1
     raise KeyboardInterrupt
 
 
+# ------------------------------------------------------------------ the watchdog
+# Python runs a signal handler on the main thread between bytecodes, so while the main thread is in
+# a long native call -- XLA compiling a step with thousands of conditionals can take many minutes
+# -- the handler above does not run, and SIGTERM (`timeout`, a job manager) or Ctrl-C would wait
+# for the call to end. Python's C-level handler writes each signal's number to the wakeup fd at
+# once, whatever the main thread does; a thread reading it gives the main thread GRACE_S to take
+# the interrupt (raise it, above), else prints the same one line, removes the temporary files of
+# writes in flight (TEMP_FILES: npz.write_atomic) and ends the process with 130.
+GRACE_S = 5.0
+TEMP_FILES: set = set()
+_WATCH = {"armed": 0, "taken": 0, "fd": None, "previous_fd": -1}
+_WATCH_LOCK = threading.RLock()  # re-entrant: a handler may run inside another on the main thread
+
+
+def _watchdog(fd: int) -> None:
+    import time
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        if not any(b in (signal.SIGINT, signal.SIGTERM) for b in data) or not _WATCH["armed"]:
+            continue  # SIGALRM (the handler's retry timer), or a signal while no CLI runs
+        seen, deadline = _WATCH["taken"], time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and _WATCH["taken"] == seen and _WATCH["armed"]:
+            time.sleep(0.05)
+        with _WATCH_LOCK:
+            if _WATCH["taken"] == seen and _WATCH["armed"]:
+                for tmp in list(TEMP_FILES):
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                os.write(2, b"error: interrupted\n")
+                os._exit(130)
+
+
+def _arm() -> None:
+    if _WATCH["fd"] is None:
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        _WATCH["fd"] = write
+        threading.Thread(target=_watchdog, args=(read,), name="oi2jax-interrupt-watchdog", daemon=True).start()
+    if _WATCH["armed"] == 0:
+        _WATCH["previous_fd"] = signal.set_wakeup_fd(_WATCH["fd"], warn_on_full_buffer=False)
+    _WATCH["armed"] += 1
+
+
+def _disarm() -> None:
+    _WATCH["armed"] -= 1
+    if _WATCH["armed"] == 0:
+        signal.set_wakeup_fd(_WATCH["previous_fd"])
+
+
 def install() -> dict:
-    """Install the handlers (main thread only); returns what to give `restore`."""
+    """Install the handlers and arm the watchdog (main thread only); returns what to give
+    `restore`."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
+    previous = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
+    _arm()
+    return previous
 
 
 def restore(previous: dict) -> None:
     if previous:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _disarm()
     for sig, handler in previous.items():
         signal.signal(sig, handler)
 

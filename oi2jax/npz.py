@@ -12,6 +12,7 @@ import zipfile
 
 import numpy as np
 
+from ._signals import TEMP_FILES
 from .diagnostics import OiError
 
 
@@ -121,6 +122,7 @@ def write_atomic(path, write) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".oi2jax-", suffix=".tmp", dir=directory)
     except OSError as exc:  # report the path the user gave, not the temporary name
         raise type(exc)(exc.errno, exc.strerror, shown) from None
+    TEMP_FILES.add(tmp)  # an interrupt that ends the process from its watchdog removes it (_signals.py)
     try:
         os.chmod(tmp, output_mode(path))
         with os.fdopen(fd, "wb") as f:
@@ -134,6 +136,8 @@ def write_atomic(path, write) -> None:
         except OSError:
             pass
         raise
+    finally:
+        TEMP_FILES.discard(tmp)
 
 
 def save_npz(path, arrays: dict) -> None:

@@ -153,6 +153,38 @@ def test_interrupted_run_leaves_no_partial_output(tmp_path):
         assert sorted(p.name for p in d.iterdir()) == ["out.npz", "x.npy"], sig
 
 
+# a CLI whose main thread never takes the interrupt: it sits outside oi2jax's code (as in a long
+# native call, XLA compiling thousands of conditionals, where no Python handler runs) with a write
+# in flight; `ready` is printed once the watchdog is armed
+STUCK = """
+import os, sys, time
+from oi2jax import _signals
+_signals.install()
+tmp = sys.argv[1]
+open(tmp, "w").close()
+_signals.TEMP_FILES.add(tmp)
+with _signals.catching():
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_the_main_thread_cannot_take_ends_the_process_from_the_watchdog(tmp_path, sig):
+    """The watchdog (oi2jax/_signals.py) gives the main thread GRACE_S to take an interrupt, then
+    prints the same one line, removes the temporary files of writes in flight and exits 130."""
+    tmp = tmp_path / ".oi2jax-x.tmp"
+    proc = subprocess.Popen([sys.executable, "-c", STUCK, str(tmp)], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n", proc.stderr.read()
+    assert tmp.exists()
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and err == "error: interrupted\n", (proc.returncode, err)
+    assert not tmp.exists()
+
+
 # ------------------------------------------------------------------ the Python API's long calls
 # Ctrl-C during `Session.run` (and `Generator.generate`, tests/test_generate.py): the first is
 # raised after the fused call in flight, with the run's result so far in its `partial` and the
