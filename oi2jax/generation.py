@@ -328,52 +328,55 @@ class Generator:
         c0, t0 = compile_seconds(), time.perf_counter()
         c1 = t1 = None
         out, finish, stop_id, error = [], "length", None, None
-        with deferred():  # Ctrl-C: raised after the call in flight, with what was generated (`partial`)
-            try:
-                first = self.prompt_step(ids, **settings)  # the prompt's error, if any, raises here: nothing generated
-                c1, t1 = compile_seconds(), time.perf_counter()
-                stream = _Stream(self, on_text, stops)
-                if max_tokens > 0:
-                    out.append(first.next)
-                    stream.add(out)
-                raise_pending()
-                if out and out[-1] in stops:
-                    finish, stop_id = "stop", out.pop()
-                elif 0 < len(out) < max_tokens:
-                    sess = first.session
-                    token = np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next, np.int32)
-                    waited = _joined(ahead)
+        try:
+            with deferred():  # Ctrl-C: raised after the call in flight, with what was generated (`partial`)
+                try:
+                    first = self.prompt_step(ids, **settings)  # the prompt's error, if any, raises here: nothing generated
+                    c1, t1 = compile_seconds(), time.perf_counter()
+                    stream = _Stream(self, on_text, stops)
+                    if max_tokens > 0:
+                        out.append(first.next)
+                        stream.add(out)
                     raise_pending()
-                    try:
-                        rows = sess.run({self.token_input: token, **self._inputs(settings)}, **run,
-                                        on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
-                                        every=every)["next"]
-                    except OiError as exc:  # a step's error: the tokens before it are kept
-                        if getattr(exc, "partial", None) is None:
-                            raise
-                        rows, finish, error = exc.partial["next"], "error", exc
-                    except KeyboardInterrupt as exc:
-                        if getattr(exc, "partial", None) is not None:
-                            out[1:] = [int(i) for i in np.ravel(exc.partial["next"])]
-                        raise
-                    out[1:] = [int(i) for i in np.ravel(rows)]
-                    if error is None and sess.last_run.stopped:  # the stop id is the last row
+                    if out and out[-1] in stops:
                         finish, stop_id = "stop", out.pop()
-                raise_pending()  # one that came after the run's last point: with the generation too
-            except KeyboardInterrupt as exc:
-                c2, t2 = compile_seconds(), time.perf_counter()
-                if t1 is None:  # in the prompt: nothing generated
-                    c1, t1 = c2, t2
-                if out and out[-1] in stops:  # the run's last row: the stop id that ended it
-                    out.pop()
-                exc.partial = Generation(
-                    prompt_ids=ids, ids=list(out), text=self.decode(out), finish="interrupted",
-                    stats=Stats(prompt_tokens=len(ids), prompt_s=(t1 - t0) - (c1 - c0), generated_tokens=len(out),
-                                generate_s=max(0.0, (t2 - t1) - (c2 - c1) - waited), compile_s=build_s + c2 - c0 + waited))
-                raise
+                    elif 0 < len(out) < max_tokens:
+                        sess = first.session
+                        token = np.asarray([first.next] if self.mode == PROMPT_STEPS else first.next, np.int32)
+                        waited = _joined(ahead)
+                        raise_pending()
+                        try:
+                            rows = sess.run({self.token_input: token, **self._inputs(settings)}, **run,
+                                            on_chunk=None if on_text is None else lambda chunk, _: stream.add(out, chunk["next"]),
+                                            every=every)["next"]
+                        except OiError as exc:  # a step's error: the tokens before it are kept
+                            if getattr(exc, "partial", None) is None:
+                                raise
+                            rows, finish, error = exc.partial["next"], "error", exc
+                        except KeyboardInterrupt as exc:
+                            if getattr(exc, "partial", None) is not None:
+                                out[1:] = [int(i) for i in np.ravel(exc.partial["next"])]
+                            raise
+                        out[1:] = [int(i) for i in np.ravel(rows)]
+                        if error is None and sess.last_run.stopped:  # the stop id is the last row
+                            finish, stop_id = "stop", out.pop()
+                    raise_pending()  # one that came after the run's last point: with the generation too
+                except KeyboardInterrupt as exc:
+                    c2, t2 = compile_seconds(), time.perf_counter()
+                    if t1 is None:  # in the prompt: nothing generated
+                        c1, t1 = c2, t2
+                    if out and out[-1] in stops:  # the run's last row: the stop id that ended it
+                        out.pop()
+                    exc.partial = Generation(
+                        prompt_ids=ids, ids=list(out), text=self.decode(out), finish="interrupted",
+                        stats=Stats(prompt_tokens=len(ids), prompt_s=(t1 - t0) - (c1 - c0), generated_tokens=len(out),
+                                    generate_s=max(0.0, (t2 - t1) - (c2 - c1) - waited), compile_s=build_s + c2 - c0 + waited))
+                    raise
+        except BaseException:  # an error or Ctrl-C: no compile left running behind it either (a daemon
+            _joined(ahead)  # thread still in XLA when the interpreter exits aborts the process)
+            raise
         c2, t2 = compile_seconds(), time.perf_counter()
-        # no compile left running behind a generation that returns (an error or Ctrl-C goes out at
-        # once: the daemon thread's compile may finish after it)
+        # no compile left running behind a generation that returns (nor one that raises: above)
         late = _joined(ahead)
         first.session.close()
         text = self.decode(out)
@@ -499,6 +502,12 @@ def check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> Non
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value) \
                 or not ok(float(value)):
             raise OiError(f"{name} must be {what}, got {value!r}")
+        off = SETTINGS[name][1]
+        with np.errstate(over="ignore"):
+            kept = float(np.float32(value))  # the graph's input: what the sampler sees
+        if not np.isfinite(kept) or not ok(kept) or (kept == off) != (float(value) == off):
+            raise OiError(f"{name} {value!r} is {kept} in f32, the sampler's precision, which "
+                          f"{'turns it off' if kept == off else 'is out of range'}: give a value that f32 keeps")
 
     if max_tokens is not None:
         check_whole("max_tokens", max_tokens, 0)

@@ -136,6 +136,18 @@ def test_the_decode_loop_compiled_ahead_is_the_one_the_run_takes(model, gen):
     assert b.ids == greedy_reference(model, [9, 4], 6)
 
 
+def test_a_generation_that_raises_leaves_no_compile_running(model):
+    """The decode loop compiled ahead, in a daemon thread, is joined when the prompt step raises
+    too: a thread still inside XLA when the interpreter exits aborts the process (`terminate
+    called ...`, exit 134; seen from `oi2jax generate` with its XLA cache off)."""
+    import threading
+    ahead = Generator(model["path"], compile_ahead=True)
+    ahead.prompt_step = lambda ids, **settings: (_ for _ in ()).throw(OiError("the prompt step failed"))
+    with pytest.raises(OiError, match="the prompt step failed"):
+        ahead.generate(prompt_ids=[3, 5], max_tokens=4, ignore_eos=True)
+    assert not [t for t in threading.enumerate() if t.name == "oi2jax-compile-decode"]
+
+
 def test_compiling_apart_is_not_counted_in_the_calling_threads_seconds():
     import threading
 
@@ -216,7 +228,10 @@ def test_ctrl_c_returns_what_was_generated(model, gen):
 
 
 BAD_SETTINGS = [dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_p=0.0), dict(min_p=2.0),
-                dict(top_k=-1), dict(top_k=2.5), dict(max_tokens=-2), dict(seed=-1)]
+                dict(top_k=-1), dict(top_k=2.5), dict(max_tokens=-2), dict(seed=-1),
+                # fine as Python floats, but not as the sampler's f32 inputs: inf, off, or 0
+                dict(temperature=1e39), dict(temperature=1e-50), dict(top_p=0.99999999999), dict(top_p=1e-50),
+                dict(min_p=1e-50)]
 
 
 @pytest.mark.parametrize("bad", BAD_SETTINGS)
