@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .diagnostics import OiError
+from .diagnostics import OiError, check_whole
 from .generation import PROMPT_STEPS, Stats, check_settings
-from .npz import write_atomic
+from .npz import regular_input, write_atomic
 from .runtime import runstats
 from .runtime.batch import SlotResult
 from .runtime.tokens import prompt_ids, stop_ids as checked_stops, vocabulary
@@ -28,16 +28,20 @@ def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.nda
     """The prompts of `path` as 1-D int32 id arrays; `encode(text) -> ids` for a text file.
     `text_only`: a flag that applies to text prompts only (refused with a file of ids)."""
     path = Path(path)
+    regular_input(path, "the prompts")
     if path.suffix in (".npy", ".npz") and text_only is not None:
         raise OiError(f"{path}: {text_only} renders text prompts with the chat template; a file of token ids is "
                       f"the model's input as it is (leave out {text_only}, or give a text file)")
     if path.suffix in (".npy", ".npz"):
         try:
             data = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # missing, not an array, a damaged zip: numpy and zipfile raise several kinds
             raise OiError(f"{path}: cannot read the prompts: {exc}") from None
         if path.suffix == ".npz":
-            arrays = [(f"{path}: member {name}", data[name]) for name in data.files]
+            try:
+                arrays = [(f"{path}: member {name}", data[name]) for name in data.files]
+            except Exception as exc:  # a damaged member: zip, zlib and numpy raise several kinds
+                raise OiError(f"{path}: cannot read the prompts: {exc}") from None
         elif data.ndim == 2:
             arrays = [(f"{path}: row {k}", row) for k, row in enumerate(data)]
         else:
@@ -86,7 +90,8 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none lost to another's error
     prompts = [prompt_ids(p, vocab, f"prompt {k}") for k, p in enumerate(prompts)]
     stop_ids = checked_stops(stop_ids, vocab)
-    batch = program.batch(max(1, min(size, len(prompts))), buckets=buckets, programs=programs)
+    check_whole("size", size, 1)
+    batch = program.batch(min(size, len(prompts)), buckets=buckets, programs=programs)
     given = {k: v for k, v in settings.items() if k in batch.settings or v != DEFAULT_SETTINGS.get(k)}
     results: list[SlotResult | None] = [None] * len(prompts)
     queue = list(range(len(prompts)))

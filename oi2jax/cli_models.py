@@ -14,7 +14,7 @@ from .model.ggml import QUANTIZE_TYPES
 from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
 from .tables import TABLE_DTYPES
-from .npz import refuse_inputs_as_outputs, write_atomic
+from .npz import refuse_inputs_as_outputs, regular_input, write_atomic
 from .runtime import runstats
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 
@@ -57,6 +57,14 @@ def cmd_generate(args) -> int:
                          f"as they are: give --prompt TEXT, or leave out {flag}")
     if args.batch_size is None:
         args.batch_size = BATCH_SIZE
+    elif args.batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag, text in (("--prompt", args.prompt), ("--system", args.system)):
+        try:
+            (text or "").encode("utf-8")
+        except UnicodeEncodeError as exc:  # bytes the terminal's encoding could not decode
+            bad = exc.object[exc.start:exc.end].encode("utf-8", "surrogateescape")
+            raise UsageError(f"{flag}: not UTF-8 text (bytes {bad!r} at character {exc.start})") from None
     from . import api  # deferred: JAX
     from .generation import Generator  # deferred: JAX
     from .runtime import tokens
@@ -115,12 +123,17 @@ def cmd_generate(args) -> int:
 
 
 def _load_npy(path: str, flag: str) -> np.ndarray:
+    regular_input(path, flag)
     try:
-        return np.load(path, allow_pickle=False)
+        data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise OiError(f"{path}: {flag}: no such file") from None
     except Exception as exc:  # a corrupt or foreign file: numpy raises several kinds
         raise OiError(f"{path}: {flag}: not a .npy array ({exc})") from None
+    if not isinstance(data, np.ndarray):  # an .npz: several arrays
+        data.close()
+        raise OiError(f"{path}: {flag}: an .npz of arrays ({', '.join(data.files)}); {flag} takes one .npy array")
+    return data
 
 
 def add_kernels_flag(p) -> None:

@@ -41,6 +41,7 @@ from . import api, ir
 from ._signals import deferred, raise_pending
 from .diagnostics import OiError, check_whole
 from .model.reader import open_model
+from .npz import regular_input
 from .model.tokenizer import META, encode_prompt, render_chat
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
 from .runtime.runargs import call_limit, check_collected, collected_rows
@@ -116,9 +117,12 @@ def _tokenizer(meta: dict, model_path: str, tokenizer):
 
     try:
         if tokenizer is not None:
+            regular_input(tokenizer, "the tokenizer")
             return Tokenizer.from_file(str(tokenizer))
         text = meta.get(META["tokenizer"])
         return Tokenizer.from_str(text) if isinstance(text, str) else None
+    except OiError:
+        raise
     except Exception as exc:  # tokenizers raises its own Exception type for a bad file
         where = tokenizer if tokenizer is not None else f"{model_path}: metadata {META['tokenizer']}"
         raise OiError(f"{where}: cannot read the tokenizer: {exc}") from None

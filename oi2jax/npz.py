@@ -50,6 +50,20 @@ class NotRegularFileError(OSError):
     never replaced, as `cp` and editors refuse it. The CLI prints `error: PATH: not a regular file ...`."""
 
 
+def regular_input(path, what: str) -> None:
+    """An input file named by the user (a tokenizer, a prompts or ids file) that exists but is not a
+    regular file (a device such as /dev/zero, a FIFO, a directory) is an OiError naming it: it would
+    be read without end, or not at all. A missing one is left to the reader to report."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else next((name for test, name in _KINDS if test(mode)),
+                                                              "a special file")
+        raise OiError(f"{os.fspath(path)}: {what}: not a regular file ({kind})")
+
+
 def writable_target(path) -> str:
     """The file a write to `path` replaces: `path`, or the file a symbolic link names (the link
     stays a link). Raises `IsADirectoryError` or `NotRegularFileError` for an existing target that is

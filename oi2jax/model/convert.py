@@ -35,7 +35,7 @@ from .hf.families import FAMILIES, ModelConfig, read_config
 from .ggml import QUANTIZE_TYPES, block_layout, ggml_stored_shape, meta_key, quantize as ggml_quantize
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
 from .reader import NAME_RE
-from .tokenizer import META, config_token_ids, hf_tokenizer_metadata
+from .tokenizer import HF_TOKENIZER_FILES, META, check_token_ids, config_token_ids, hf_tokenizer_metadata
 from .writer import LazyTensor, save
 
 __all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSource", "SourceEntry", "read_config",
@@ -144,7 +144,8 @@ def convert_hf(src_dir, out_path, dtype: str | None = None, max_positions: int |
         source = SafetensorsSource(directory, stack)
         return convert_checkpoint(raw_config, source, out_path, dtype=dtype, max_positions=max_positions,
                                   progress=progress, config_where=str(config_path), quantize=quantize,
-                                  inputs=("config.json", "model.safetensors.index.json"), nonfinite=nonfinite,
+                                  inputs=("config.json", "model.safetensors.index.json", *HF_TOKENIZER_FILES),
+                                  nonfinite=nonfinite,
                                   extra_metadata=hf_tokenizer_metadata(directory, raw_config), _cfg=cfg)
 
 
@@ -273,6 +274,7 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
                 **{meta_key(out): kind for out, kind in blocks.items()}}
     if cfg.tied:
         metadata[ALIAS_PREFIX + "lm_head.weight"] = cfg.family.embed
+    check_token_ids(metadata, int(cfg.sizevars["V"]), config_where)
     try:
         save(out_s, sizevars=cfg.sizevars, metadata=metadata, tensors=tensors)
         bar.finish()

@@ -50,14 +50,24 @@ GGUF_PRE_TOKENIZERS = tuple(_GGUF_PRE)
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types of special tokens
 
 
-def _ids(value) -> list[int]:
-    if isinstance(value, bool):
+def _ids(value, where: str = "") -> list[int]:
+    """The token ids of a config entry: one id or a list (None: none). Anything else -- a string, a
+    float, an id no i32 holds -- is an OiError naming `where` (nothing is silently dropped); the
+    converter checks the ids against the vocabulary (`check_token_ids`)."""
+    if value is None:
         return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return list(value)
-    return []
+    ids = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 for v in ids):
+        raise OiError(f"{where}: expected a token id (a whole number >= 0) or a list of them, got {value!r}")
+    return list(ids)
+
+
+def check_token_ids(metadata: dict, vocab: int, where: str) -> None:
+    """The special ids about to be stored (bos, eos, stop) must name tokens of the vocabulary."""
+    for key in (META["bos"], META["eos"], META["stop"]):
+        for i in np.ravel(metadata.get(key, [])):
+            if not 0 <= int(i) < vocab:
+                raise OiError(f"{where}: {key} {int(i)} is not a token of the vocabulary (0..{vocab - 1})")
 
 
 def _entries(tokenizer_json: str | None, template: str | None, bos: int | None, eos: int | None,
@@ -102,12 +112,22 @@ def config_token_ids(config: dict) -> dict:
     """The special-id entries a `config.json` alone gives (its bos_token_id, eos_token_id: one id or
     a list): what `convert.convert_checkpoint` stores for any source; the checkpoint's other files
     (`hf_tokenizer_metadata`) and a GGUF's tokenizer entries take precedence."""
-    bos, eos = _ids(config.get("bos_token_id")), _ids(config.get("eos_token_id"))
+    bos, eos = _ids(config.get("bos_token_id"), "config.json bos_token_id"), \
+        _ids(config.get("eos_token_id"), "config.json eos_token_id")
     return _entries(None, None, bos[0] if bos else None, eos[0] if eos else None, eos)
 
 
+# the files of a Hugging Face checkpoint directory that `hf_tokenizer_metadata` reads (a conversion's
+# output must never replace one)
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
+
+
 def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
-    """The tokenizer entries of a Hugging Face checkpoint directory (whichever files it has)."""
+    """The tokenizer entries of a Hugging Face checkpoint directory (whichever of HF_TOKENIZER_FILES
+    it has; one that exists but is not a file is an error, not a file left out)."""
+    for name in HF_TOKENIZER_FILES:
+        if (directory / name).exists() and not (directory / name).is_file():
+            raise OiError(f"{directory / name}: not a regular file (the checkpoint's {name} is read as one)")
     text = None
     tok_path = directory / "tokenizer.json"
     if tok_path.is_file():
@@ -134,10 +154,11 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     # special ids, later layers first: generation_config.json, config.json, the tokenizer's tokens
     tok_bos = _ids(_token_id(tokenizer, tok_config.get("bos_token")))
     tok_eos = _ids(_token_id(tokenizer, tok_config.get("eos_token")))
-    gen_bos = _ids(gen.get("bos_token_id"))
+    gen_bos = _ids(gen.get("bos_token_id"), f"{directory / 'generation_config.json'}: bos_token_id")
     ids = {**_entries(None, None, tok_bos[0] if tok_bos else None, tok_eos[0] if tok_eos else None, tok_eos),
            **config_token_ids(config),
-           **_entries(None, None, gen_bos[0] if gen_bos else None, None, _ids(gen.get("eos_token_id")))}
+           **_entries(None, None, gen_bos[0] if gen_bos else None, None, _ids(gen.get("eos_token_id"),
+                                                                           f"{directory / 'generation_config.json'}: eos_token_id"))}
     return {**_entries(text, template, None, None, []), **ids}
 
 

@@ -1,0 +1,110 @@
+"""`generate` and `convert-hf` under inputs a user gets wrong (a probe of the CLI, 2026-11-27):
+a conversion never replaces a file it reads, special token ids are whole ids of the vocabulary
+(never dropped, never wrapped), and generate's input files and texts are refused with their names
+before anything runs -- never read without end, never an internal error."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES, run_cli
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("llama_checkpoint", EXAMPLES / "llama_checkpoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    """A random Llama checkpoint with a tokenizer (V=320) and its conversion."""
+    root = tmp_path_factory.mktemp("chat")
+    directory = _example().write_random_llama(root / "ck", tokenizer=True, layers=1, max_positions=64)
+    from oi2jax.model.convert import convert_hf
+    convert_hf(directory, root / "chat.oinf")
+    return directory, root / "chat.oinf"
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_convert_hf_never_writes_over_a_file_it_reads(capsys, chat, name):
+    directory, _ = chat
+    before = (directory / name).read_bytes()
+    code, _, err = run_cli(capsys, "convert-hf", directory, "-o", directory / name)
+    assert code == 1 and f"is the checkpoint's {name}: writing it would destroy the input" in err
+    assert (directory / name).read_bytes() == before
+
+
+def _variant(tmp_path, chat, edit):
+    directory, _ = chat
+    copy = tmp_path / "ck"
+    copy.mkdir()
+    for f in directory.iterdir():
+        os.symlink(f, copy / f.name)
+    edit(copy)
+    return copy
+
+
+@pytest.mark.parametrize("value,why", [
+    ("2", "expected a token id (a whole number >= 0) or a list of them, got '2'"),
+    (2.0, "expected a token id (a whole number >= 0) or a list of them, got 2.0"),
+    (2**40, "expected a token id (a whole number >= 0) or a list of them, got 1099511627776"),
+    (-1, "expected a token id (a whole number >= 0) or a list of them, got -1"),
+    ([2, 5000], "5000 is not a token of the vocabulary (0..319)"),
+    (999, "999 is not a token of the vocabulary (0..319)")])
+def test_special_ids_are_whole_ids_of_the_vocabulary(capsys, tmp_path, chat, value, why):
+    def edit(copy):
+        (copy / "generation_config.json").unlink()
+        (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": value}))
+    copy = _variant(tmp_path, chat, edit)
+    code, _, err = run_cli(capsys, "convert-hf", copy, "-o", tmp_path / "m.oinf")
+    assert code == 1 and why in err, err
+    assert not (tmp_path / "m.oinf").exists()
+
+
+def test_a_tokenizer_file_that_is_a_directory_is_an_error_not_left_out(capsys, tmp_path, chat):
+    def edit(copy):
+        (copy / "tokenizer.json").unlink()
+        (copy / "tokenizer.json").mkdir()
+    copy = _variant(tmp_path, chat, edit)
+    code, _, err = run_cli(capsys, "convert-hf", copy, "-o", tmp_path / "m.oinf")
+    assert code == 1 and "tokenizer.json: not a regular file" in err
+
+
+def test_generate_refuses_bad_input_files_and_text_before_running(capsys, tmp_path, chat):
+    _, model = chat
+    np.savez(tmp_path / "ids.npz", a=np.array([1, 2, 3], np.int32))
+    code, _, err = run_cli(capsys, "generate", model, "--prompt-ids", tmp_path / "ids.npz")
+    assert code == 1 and "--prompt-ids: an .npz of arrays (a); --prompt-ids takes one .npy array" in err
+    (tmp_path / "prompts.txt").write_text("hello\nworld\n")
+    code, _, err = run_cli(capsys, "generate", model, "--batch", tmp_path / "prompts.txt", "--batch-size", "0")
+    assert code == 2 and "--batch-size must be >= 1, got 0" in err
+    np.savez(tmp_path / "p.npz", a=np.array([1, 2], np.int32))
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "p.npz").read_bytes()[:40])
+    code, _, err = run_cli(capsys, "generate", model, "--batch", tmp_path / "cut.npz")
+    assert code == 1 and "cut.npz: cannot read the prompts" in err
+    # what Python makes of bytes that are not UTF-8 in argv (the surrogateescape error handler)
+    code, _, err = run_cli(capsys, "generate", model, "--prompt", b"ab\xff\xfe".decode("utf-8", "surrogateescape"))
+    assert code == 2 and "--prompt: not UTF-8 text (bytes b'\\xff\\xfe' at character 2)" in err
+    if os.path.exists("/dev/zero"):  # a device: read without end, were it read
+        for flag, what in (("--tokenizer", "the tokenizer"), ("--batch", "the prompts"),
+                           ("--prompt-ids", "--prompt-ids")):
+            argv = [flag, "/dev/zero"] + ([] if flag == "--batch" else ["--prompt", "hi"] if flag == "--tokenizer"
+                                          else [])
+            code, _, err = run_cli(capsys, "generate", model, *argv)
+            assert code == 1 and f"/dev/zero: {what}: not a regular file (a character device)" in err, err
+
+
+def test_generate_batch_takes_no_size_below_one(chat):
+    from oi2jax.diagnostics import OiError
+    from oi2jax.generation import Generator
+    from oi2jax.batch_generate import generate_batch
+    _, model = chat
+    gen = Generator(model)
+    with pytest.raises(OiError, match="size"):
+        generate_batch(gen.programs[1], [[1, 2]], size=0, programs=gen.programs, max_tokens=1)
