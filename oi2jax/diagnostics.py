@@ -31,6 +31,7 @@ class Diagnostic:
 
 
 _LINES_CACHE: dict = {}
+SHOWN_WIDTH = 160  # the most characters of a source line a diagnostic shows
 
 
 def source_lines(source: str) -> list[str]:
@@ -57,7 +58,15 @@ def _render_one(severity: str, message: str, span: Span | None, source: str | No
     if not 1 <= span.line <= len(lines):
         return head
     text = lines[span.line - 1].expandtabs(1)
-    caret = " " * (max(span.col, 1) - 1) + "^"
+    col = max(span.col, 1) - 1
+    if len(text) > SHOWN_WIDTH:  # a window around the caret, not a line of megabytes
+        start = max(0, min(col - SHOWN_WIDTH // 2, len(text) - SHOWN_WIDTH))
+        end = start + SHOWN_WIDTH
+        text = ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
+        col += (3 if start else 0) - start
+    # control characters (a NUL, an escape) shown as one visible character each: the caret stays put
+    text = "".join("\ufffd" if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text)
+    caret = " " * col + "^"
     return f"{head}\n    {text}\n    {caret}"
 
 

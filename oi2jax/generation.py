@@ -520,6 +520,12 @@ def check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> Non
     number("temperature", temperature, lambda v: v >= 0, "a number >= 0 (0: greedy)")
     number("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1] (1: off)")
     number("min_p", min_p, lambda v: 0 <= v <= 1, "in [0, 1] (0: off)")
+    if temperature == 0:  # greedy: a sampling setting would be silently ignored
+        given = [f"{k}={v}" for k, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p), ("seed", seed))
+                 if v != SETTINGS[k][1]]
+        if given:
+            raise OiError(f"{', '.join(given)}: sampling settings, but temperature 0 is greedy (the most likely "
+                          f"token, whatever they say): give a temperature > 0, or leave them out")
 
 
 def generate(model, prompt: str | None = None, *, graph=None, tokenizer=None, ops=("nn",), kernels: str = "jax",

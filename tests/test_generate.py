@@ -231,7 +231,9 @@ BAD_SETTINGS = [dict(temperature=-1.0), dict(temperature=float("nan")), dict(top
                 dict(top_k=-1), dict(top_k=2.5), dict(max_tokens=-2), dict(seed=-1),
                 # fine as Python floats, but not as the sampler's f32 inputs: inf, off, or 0
                 dict(temperature=1e39), dict(temperature=1e-50), dict(top_p=0.99999999999), dict(top_p=1e-50),
-                dict(min_p=1e-50)]
+                dict(min_p=1e-50),
+                # sampling settings at temperature 0 (greedy) would be ignored
+                dict(top_k=5), dict(top_p=0.9), dict(min_p=0.1), dict(seed=7)]
 
 
 @pytest.mark.parametrize("bad", BAD_SETTINGS)

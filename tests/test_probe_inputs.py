@@ -108,3 +108,47 @@ def test_generate_batch_takes_no_size_below_one(chat):
     gen = Generator(model)
     with pytest.raises(OiError, match="size"):
         generate_batch(gen.programs[1], [[1, 2]], size=0, programs=gen.programs, max_tokens=1)
+
+
+def test_config_numbers_must_survive_f32(capsys, tmp_path, chat):
+    def edit(copy):
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").unlink()
+        (copy / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e300}))
+    copy = _variant(tmp_path, chat, edit)
+    code, _, err = run_cli(capsys, "convert-hf", copy, "-o", tmp_path / "m.oinf")
+    assert code == 1 and "rms_norm_eps 1e+300 is inf in f32, in which the model file holds it" in err
+    assert "Warning" not in err
+
+
+def test_a_chat_template_that_fails_is_named(capsys):
+    from oi2jax.diagnostics import OiError
+    from oi2jax.model.tokenizer import render_chat
+    with pytest.raises(OiError, match="chat template: OverflowError"):
+        render_chat("{% for i in range(10**9) %}x{% endfor %}", [{"role": "user", "content": "hi"}])
+
+
+def test_a_gguf_given_as_a_model_says_how_to_convert_it(capsys, tmp_path, chat):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(200))
+    code, _, err = run_cli(capsys, "inspect", tmp_path / "m.gguf")
+    assert code == 1 and "a GGUF file: convert it first (oi2jax convert-gguf FILE.gguf -o MODEL.oinf)" in err
+
+
+def test_graph_diagnostics_show_control_characters_and_a_window_of_a_long_line(capsys, tmp_path):
+    (tmp_path / "nul.oi").write_text("dynamic { x: f32[2]; }\nblock en\0try {\n    return;\n}\n")
+    code, _, err = run_cli(capsys, "check", tmp_path / "nul.oi", "--no-model")
+    assert code == 1 and "unexpected character U+0000" in err and "\0" not in err
+    assert "block en\ufffdtry {" in err
+    (tmp_path / "long.oi").write_text("dynamic { x: f32[2]; }\nblock entry {\n" + " " * 1_000_000 + "?\n}\n")
+    code, _, err = run_cli(capsys, "check", tmp_path / "long.oi", "--no-model")
+    lines = err.splitlines()
+    assert code == 1 and len(err) < 1000, len(err)
+    shown, caret = lines[1], lines[2]
+    assert shown.startswith("    ...") and shown.endswith("?") and caret.index("^") == shown.index("?")
+
+
+def test_gguf_merges_of_tokens_outside_the_vocabulary_are_named():
+    from oi2jax.diagnostics import OiError
+    from oi2jax.model.tokenizer import _byte_level_bpe
+    with pytest.raises(OiError, match="m.gguf: metadata tokenizer.ggml.merges: the tokenizer cannot be built"):
+        _byte_level_bpe({"tokenizer.ggml.merges": ["a Q"], "tokenizer.ggml.pre": "gpt2"}, "m.gguf", ["a", "b", "ab"])

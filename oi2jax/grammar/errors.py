@@ -47,7 +47,9 @@ def _describe_token(tok: Token) -> str:
 def translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
     line, col = getattr(exc, "line", None), getattr(exc, "column", None)
     if isinstance(exc, UnexpectedCharacters):
-        msg = f"unexpected character '{exc.char}'"
+        char = exc.char
+        shown = f"'{char}'" if char.isprintable() else f"U+{ord(char):04X}"  # a NUL or control byte, named
+        msg = f"unexpected character {shown}"
         if exc.allowed:
             msg += "; " + _expected(exc.allowed)
         return OiError(msg, ir.Span(path, line, col), source=text)

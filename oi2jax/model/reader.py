@@ -431,7 +431,9 @@ def _parse(path: str, buf, size: int) -> Model:
     (magic, version, _flags, n_sv, n_meta, n_t, _reserved,
      off_sv, off_meta, off_t, off_data, file_size) = HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise ModelError(path, f"not an .oinf file (bad magic {magic.hex(' ')})")
+        hint = "; a GGUF file: convert it first (oi2jax convert-gguf FILE.gguf -o MODEL.oinf)" \
+            if magic[:4] == b"GGUF" else ""
+        raise ModelError(path, f"not an .oinf file (bad magic {magic.hex(' ')}){hint}")
     if version not in VERSIONS:
         raise ModelError(path, f"unsupported OINF version {version} (oi2jax reads versions 1 and 2)")
     if file_size != size:

@@ -187,7 +187,11 @@ def _byte_level_bpe(fields: dict, where: str, tokens: list[str]):
         if len(parts) != 2:
             raise OiError(f"{where}: metadata tokenizer.ggml.merges: {m!r} is not two tokens separated by a space")
         pairs.append((parts[0], parts[1]))
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs, ignore_merges=ignore_merges))
+    try:
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
+                                   ignore_merges=ignore_merges))
+    except Exception as exc:  # tokenizers raises its own Exception type: a merge of tokens not in the vocabulary
+        raise OiError(f"{where}: metadata tokenizer.ggml.merges: the tokenizer cannot be built: {exc}") from None
     steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
     if split is not None:
         steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
@@ -311,6 +315,8 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
                                                 bos_token=bos_token, eos_token=eos_token, **kwargs)
     except TemplateError as exc:
         raise OiError(f"chat template: {exc}") from None
+    except (ArithmeticError, RecursionError, MemoryError, TypeError, ValueError) as exc:  # the sandbox's range
+        raise OiError(f"chat template: {type(exc).__name__}: {exc}") from None  # limit, a bad operand
 
 
 def encode_prompt(tokenizer, text: str, bos_id: int | None) -> list[int]:

@@ -8,6 +8,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from ...diagnostics import OiError
 
 # THE bounds of a size read from a config: a hostile number is refused here, by key, before a
@@ -112,4 +114,8 @@ def number(where: str, value, key: str, positive: bool = True) -> float:
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if not ok or (positive and value <= 0):
         fail(where, f"{key} must be a {'positive ' if positive else ''}number, got {_show(value)}")
+    with np.errstate(over="ignore", under="ignore"):
+        kept = float(np.float32(value))  # model files hold such numbers as f32 metadata
+    if not math.isfinite(kept) or (kept == 0) != (value == 0):
+        fail(where, f"{key} {_show(value)} is {kept} in f32, in which the model file holds it: give a value f32 keeps")
     return float(value)
