@@ -24,6 +24,10 @@ def convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.nd
 def _convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     a = np.asarray(array)
     d = dt.get(dtype)
+    if a.dtype.kind not in "biufV" and a.dtype.name not in ("bfloat16", "float8_e5m2"):  # "abc", None, an object
+        what = "text" if a.dtype.kind in "US" else "Python objects" if a.dtype.kind == "O" else a.dtype.name
+        raise OiError(f"input {name}: expected {dtype}{list(shape)} values (numbers), got {what} "
+                      f"({np.array2string(a, threshold=4)[:100]})")
     if tuple(a.shape) != tuple(shape):
         raise OiError(f"input {name}: expected shape {list(shape)}, got {list(a.shape)}")
     kind = a.dtype.kind

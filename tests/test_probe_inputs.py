@@ -152,3 +152,13 @@ def test_gguf_merges_of_tokens_outside_the_vocabulary_are_named():
     from oi2jax.model.tokenizer import _byte_level_bpe
     with pytest.raises(OiError, match="m.gguf: metadata tokenizer.ggml.merges: the tokenizer cannot be built"):
         _byte_level_bpe({"tokenizer.ggml.merges": ["a Q"], "tokenizer.ggml.pre": "gpt2"}, "m.gguf", ["a", "b", "ab"])
+
+
+def test_a_batch_slot_must_be_an_integer(chat):
+    from oi2jax.diagnostics import OiError
+    from oi2jax.generation import Generator
+    _, model = chat
+    batch = Generator(model).programs[1].batch(2)
+    for slot in (1.0, True):
+        with pytest.raises(OiError, match=f"slot must be an integer in 0..1, got {type(slot).__name__} {slot!r}"):
+            batch.evict(slot)

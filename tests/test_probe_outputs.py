@@ -4,6 +4,8 @@ keeps what it produced in every file it was asked for, a state file is whole, an
 fit together are refused before anything is allocated."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,17 @@ def test_values_that_fit_one_by_one_but_not_together_are_refused_before_allocati
         with pytest.raises(OiError, match=f"would need {12 * n} bytes together: too large to allocate") as caught:
             oi2jax.compile(tmp_path / "g.oi", model=False, sizes={"N": n}, mode=mode)
         assert f"the largest: z {4 * n} bytes, y {4 * n} bytes, x {4 * n} bytes" in str(caught.value)
+
+
+def test_inputs_that_are_not_arrays_and_damaged_state_files_are_named(kv):
+    prog = oi2jax.compile(kv / "kv.oi", model=False)
+    sess = prog.session()
+    for value, shown in (("abc", "text ('abc')"), (None, "Python objects (None)")):
+        with pytest.raises(OiError, match=re.escape(f"input q: expected f32[3] values (numbers), got {shown}")):
+            sess.step(q=value)
+    (kv / "garbage.npz").write_text("not an archive\n")
+    with pytest.raises(OiError) as caught:
+        prog.session(state=kv / "garbage.npz")
+    assert "garbage.npz: not a state file (.npz): not a NumPy file" in str(caught.value)
+    assert "pickle" not in str(caught.value)
+

@@ -102,7 +102,7 @@ def test_past_the_capacity_the_steps_before_the_failing_one_are_kept(prog):
 @pytest.mark.parametrize("stop,message", [({"nxt": [1]}, "stop nxt: not a variable a step leaves a value in "
                                                          r"\(did you mean next\?\)"),
                                           ({"h": [1]}, "stop h: h is f32; stop ids need an integer output"),
-                                          ({"next": [2**31]}, "stop next: 2147483648 is not a i32 value"),
+                                          ({"next": [2**31]}, "stop next: 2147483648 is not an i32 value"),
                                           ({"next": []}, "stop next: no stop ids given"),
                                           ({"H": [1]}, "stop H: H is a cache table")])
 def test_bad_stops_are_named(prog, stop, message):

@@ -164,7 +164,9 @@ class Batch:
     # ------------------------------------------------------------------ slots
 
     def _slot(self, slot) -> int:
-        if not isinstance(slot, (int, np.integer)) or isinstance(slot, bool) or not 0 <= slot < self.size:
+        if not isinstance(slot, (int, np.integer)) or isinstance(slot, bool):
+            raise OiError(f"slot must be an integer in 0..{self.size - 1}, got {type(slot).__name__} {slot!r}")
+        if not 0 <= slot < self.size:
             raise OiError(f"slot {slot!r} is not in 0..{self.size - 1}")
         return int(slot)
 

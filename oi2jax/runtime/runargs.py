@@ -193,7 +193,7 @@ def stop_set(prog, stop) -> dict:
         values = list(np.ravel(np.asarray(ids, dtype=object)))
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not d.min <= v <= d.max:
-                raise OiError(f"stop {name}: {v!r} is not a {d.name} value (stop ids are whole numbers "
+                raise OiError(f"stop {name}: {v!r} is not an {d.name} value (stop ids are whole numbers "
                               f"{d.min}..{d.max})")
         if not values:
             raise OiError(f"stop {name}: no stop ids given")
