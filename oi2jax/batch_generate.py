@@ -60,6 +60,12 @@ def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.nda
         if encode is None:
             raise OiError(f"{path}: text prompts need a tokenizer (--tokenizer), or give token ids (.npy / .npz)")
         prompts = [np.asarray(encode(line), np.int64) for line in lines if line.strip()]
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        blank = [i + 1 for i, line in enumerate(lines[:last]) if not line.strip()]
+        if blank:  # before a prompt: the prompts' indices are no longer their lines' (trailing ones shift nothing)
+            shown = ", ".join(map(str, blank[:8])) + (" ..." if len(blank) > 8 else "")
+            print(f"note: {path}: blank line{'s' if len(blank) > 1 else ''} {shown} skipped: a prompt's index K "
+                  f"counts the prompts, not the lines", file=sys.stderr)
     if not prompts:
         raise OiError(f"{path}: no prompts")
     return prompts

@@ -162,3 +162,15 @@ def test_a_batch_slot_must_be_an_integer(chat):
     for slot in (1.0, True):
         with pytest.raises(OiError, match=f"slot must be an integer in 0..1, got {type(slot).__name__} {slot!r}"):
             batch.evict(slot)
+
+
+def test_blank_lines_of_a_prompts_file_are_said_to_be_skipped(capsys, tmp_path):
+    from oi2jax.batch_generate import read_prompts
+    (tmp_path / "p.txt").write_text("hello\nworld\n\nfoo\n\n")
+    prompts = read_prompts(tmp_path / "p.txt", encode=lambda text: [len(text)])
+    assert [list(p) for p in prompts] == [[5], [5], [3]]
+    assert capsys.readouterr().err == (f"note: {tmp_path / 'p.txt'}: blank line 3 skipped: a prompt's index K counts "
+                                       f"the prompts, not the lines\n")
+    (tmp_path / "q.txt").write_text("hello\nworld\n\n")  # trailing: no index moves, nothing said
+    assert len(read_prompts(tmp_path / "q.txt", encode=lambda text: [1])) == 2
+    assert capsys.readouterr().err == ""
