@@ -174,3 +174,19 @@ def test_blank_lines_of_a_prompts_file_are_said_to_be_skipped(capsys, tmp_path):
     (tmp_path / "q.txt").write_text("hello\nworld\n\n")  # trailing: no index moves, nothing said
     assert len(read_prompts(tmp_path / "q.txt", encode=lambda text: [1])) == 2
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("extra,code_want,said", [
+    ({"embedding_multiplier": 12.0}, 1, "embedding_multiplier is 12.0: this family's forward pass has no such setting"),
+    ({"final_logit_softcapping": 30.0}, 1, "final_logit_softcapping is 30.0: this family's forward pass"),
+    ({"embedding_multiplier": 1.0, "final_logit_softcapping": None}, 0, ""),  # neutral: nothing changes
+    ({"rope_scalling": {"rope_type": "linear", "factor": 4.0}}, 0,
+     "config.json: key rope_scalling is not read (did you mean rope_scaling?)")])
+def test_config_keys_a_llama_does_not_read(capsys, tmp_path, chat, extra, code_want, said):
+    def edit(copy):
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").unlink()
+        (copy / "config.json").write_text(json.dumps({**config, **extra}))
+    copy = _variant(tmp_path, chat, edit)
+    code, _, err = run_cli(capsys, "convert-hf", copy, "-o", tmp_path / "m.oinf")
+    assert code == code_want and said in err, err

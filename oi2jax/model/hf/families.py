@@ -288,13 +288,14 @@ def read_config(config, where: str = "config.json", max_positions: int | None = 
         sizes[s.var] = cfg.size(s.keys, limit=s.limit or MAX_SIZE)
     metadata: dict[str, object] = {}
     for m in family.metadata:
-        metadata[m.name] = cfg.number(m.key)
+        metadata[m.name] = cfg.number(m.key, f32=True)  # stored as f32 metadata
     constants: dict[str, np.ndarray] = {}
     for hook in family.derive:
         hook(cfg, sizes, metadata, constants)
     archs = cfg.config.get("architectures")
     metadata["architecture"] = archs[0] if archs else family.architectures[0]
     tied = cfg.flag("tie_word_embeddings", family.tied_default)
+    cfg.check_unread()
     return ModelConfig(family, sizes, metadata, _plan(family, sizes, tied), constants, tied, tuple(cfg.notes))
 
 
