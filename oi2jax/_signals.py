@@ -15,6 +15,7 @@ import _signal
 import os
 import signal
 import threading
+import time
 
 INTERRUPTED: list[int] = []
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
@@ -75,7 +76,6 @@ _WATCH_LOCK = threading.RLock()  # re-entrant: a handler may run inside another 
 
 
 def _watchdog(fd: int) -> None:
-    import time
     while True:
         try:
             data = os.read(fd, 64)
