@@ -339,6 +339,7 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     text = tmp_path / "p.txt"
     text.write_text("one\n\ntwo\n")
     assert [p.tolist() for p in read_prompts(text, encode=lambda s: [len(s)])] == [[3], [3]]
+    assert "p.txt: blank line 2 skipped: a prompt's index K counts the prompts" in capsys.readouterr().err
     with pytest.raises(OiError, match="text prompts need a tokenizer"):
         read_prompts(text)
     np.save(rows, np.zeros((2, 2), np.float32))
