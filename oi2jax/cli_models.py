@@ -116,7 +116,8 @@ def cmd_generate(args) -> int:
         print(runstats.memory_line(gen.memory()), file=sys.stderr)
     if result.error is not None:
         print(result.error.render(), file=sys.stderr)
-        print(f"note: {len(result.ids)} tokens were generated before the failing step (shown above)",
+        n = len(result.ids)
+        print(f"note: {n} token{' was' if n == 1 else 's were'} generated before the failing step (shown above)",
               file=sys.stderr)
         return 1
     return 0
@@ -129,7 +130,8 @@ def _load_npy(path: str, flag: str) -> np.ndarray:
     except FileNotFoundError:
         raise OiError(f"{path}: {flag}: no such file") from None
     except Exception as exc:  # a corrupt or foreign file: numpy raises several kinds
-        raise OiError(f"{path}: {flag}: not a .npy array ({exc})") from None
+        why = "not a NumPy file" if "pickle" in str(exc) else str(exc)  # numpy's allow_pickle advice is not ours
+        raise OiError(f"{path}: {flag}: not a .npy array ({why})") from None
     if not isinstance(data, np.ndarray):  # an .npz: several arrays
         data.close()
         raise OiError(f"{path}: {flag}: an .npz of arrays ({', '.join(data.files)}); {flag} takes one .npy array")

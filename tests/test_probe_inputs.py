@@ -190,3 +190,10 @@ def test_config_keys_a_llama_does_not_read(capsys, tmp_path, chat, extra, code_w
     copy = _variant(tmp_path, chat, edit)
     code, _, err = run_cli(capsys, "convert-hf", copy, "-o", tmp_path / "m.oinf")
     assert code == code_want and said in err, err
+
+
+def test_prompt_ids_that_are_text_say_so(capsys, tmp_path, chat):
+    _, model = chat
+    (tmp_path / "ids.txt").write_text("1 2 3\n")
+    code, _, err = run_cli(capsys, "generate", model, "--prompt-ids", tmp_path / "ids.txt")
+    assert code == 1 and "ids.txt: --prompt-ids: not a .npy array (not a NumPy file)" in err and "pickle" not in err
