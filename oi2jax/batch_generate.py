@@ -16,7 +16,7 @@ import numpy as np
 
 from .diagnostics import OiError, check_whole
 from .generation import PROMPT_STEPS, Stats, check_settings
-from .npz import regular_input, write_atomic
+from .npz import load_error, regular_input, write_atomic
 from .runtime import runstats
 from .runtime.batch import SlotResult
 from .runtime.tokens import prompt_ids, stop_ids as checked_stops, vocabulary
@@ -36,12 +36,12 @@ def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.nda
         try:
             data = np.load(path, allow_pickle=False)
         except Exception as exc:  # missing, not an array, a damaged zip: numpy and zipfile raise several kinds
-            raise OiError(f"{path}: cannot read the prompts: {exc}") from None
+            raise OiError(f"{path}: cannot read the prompts: {load_error(exc)}") from None
         if path.suffix == ".npz":
             try:
                 arrays = [(f"{path}: member {name}", data[name]) for name in data.files]
             except Exception as exc:  # a damaged member: zip, zlib and numpy raise several kinds
-                raise OiError(f"{path}: cannot read the prompts: {exc}") from None
+                raise OiError(f"{path}: cannot read the prompts: {load_error(exc)}") from None
         elif data.ndim == 2:
             arrays = [(f"{path}: row {k}", row) for k, row in enumerate(data)]
         else:

@@ -14,7 +14,7 @@ from .model.ggml import QUANTIZE_TYPES
 from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
 from .tables import TABLE_DTYPES
-from .npz import refuse_inputs_as_outputs, regular_input, write_atomic
+from .npz import load_error, refuse_inputs_as_outputs, regular_input, write_atomic
 from .runtime import runstats
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 
@@ -130,8 +130,7 @@ def _load_npy(path: str, flag: str) -> np.ndarray:
     except FileNotFoundError:
         raise OiError(f"{path}: {flag}: no such file") from None
     except Exception as exc:  # a corrupt or foreign file: numpy raises several kinds
-        why = "not a NumPy file" if "pickle" in str(exc) else str(exc)  # numpy's allow_pickle advice is not ours
-        raise OiError(f"{path}: {flag}: not a .npy array ({why})") from None
+        raise OiError(f"{path}: {flag}: not a .npy array ({load_error(exc)})") from None
     if not isinstance(data, np.ndarray):  # an .npz: several arrays
         data.close()
         raise OiError(f"{path}: {flag}: an .npz of arrays ({', '.join(data.files)}); {flag} takes one .npy array")

@@ -50,6 +50,17 @@ class NotRegularFileError(OSError):
     never replaced, as `cp` and editors refuse it. The CLI prints `error: PATH: not a regular file ...`."""
 
 
+def load_error(exc: Exception) -> str:
+    """What `np.load(..., allow_pickle=False)`'s failure means for the user: NumPy's own words advise
+    `allow_pickle=` (unsafe, and not an option of oi2jax) for a file that is not NumPy's at all."""
+    text = str(exc)
+    if "pickled (object) data" in text:
+        return "not a NumPy file"
+    if "Object arrays cannot be loaded" in text:
+        return "it holds Python objects, not numbers"
+    return text
+
+
 def regular_input(path, what: str) -> None:
     """An input file named by the user (a tokenizer, a prompts or ids file) that exists but is not a
     regular file (a device such as /dev/zero, a FIFO, a directory) is an OiError naming it: it would

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import ir
 from ..diagnostics import OiError, suggest
-from ..npz import refuse_inputs_as_outputs, save_npz
+from ..npz import load_error, refuse_inputs_as_outputs, save_npz
 from ..values import convert_input
 
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
@@ -31,9 +31,8 @@ def load(path: str) -> dict:
         loaded = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise OiError(f"state file not found: {path}") from None
-    except Exception as exc:  # numpy's advice for a file it does not know (allow_pickle=...) is not ours
-        why = "not a NumPy file" if "pickle" in str(exc) else str(exc)
-        raise OiError(f"{path}: not a state file (.npz): {why}") from None
+    except Exception as exc:
+        raise OiError(f"{path}: not a state file (.npz): {load_error(exc)}") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):  # an .npy: one array, not a state's variables
         raise OiError(f"{path}: not a state file (.npz): it holds one array ({loaded.dtype}{list(loaded.shape)}), "
                       f"not the variables a state file holds (write one with --state-out / Session.save)")
