@@ -450,3 +450,20 @@ def test_wrong_shapes_and_cli_errors(tmp_path, capsys):
         and "has shape [32, 64], expected [64, 32]" in stderr and "Traceback" not in stderr
     code, _, stderr = run_cli(capsys, "convert-gguf", tmp_path / "nope.gguf", "-o", out)
     assert code == 1 and stderr == f"error: {tmp_path / 'nope.gguf'}: file not found\n"
+
+
+def test_metadata_errors_name_the_gguf_keys(tmp_path):
+    """convert-gguf reads a GGUF's `{arch}.` keys into a Hugging Face config; an error about one of
+    them names the GGUF key it was read from, not the config key it became."""
+    from oi2jax.model.gguf import _in_gguf_keys
+    where = "m.gguf (metadata)"
+    arch = type("Arch", (), {"keys": {}})()
+    for hf, want in (("max_position_embeddings must be a positive integer, got 0",
+                      "llama.context_length must be a positive integer, got 0"),
+                     ("num_key_value_heads 3 does not divide num_attention_heads 4",
+                      "llama.attention.head_count_kv 3 does not divide llama.attention.head_count 4")):
+        assert str(_in_gguf_keys(OiError(f"{where}: {hf}"), where, "llama", arch)) == f"error: {where}: {want}"
+    _, path, _ = _twin(tmp_path, "F32", SMALL, kv=lambda w: w.add_eos_token_id(99999))
+    with pytest.raises(OiError, match=r"\(metadata\): tokenizer.ggml.eos_token_id 99999 is not a token of the "
+                                      r"vocabulary"):
+        convert_gguf(path, tmp_path / "m.oinf")

@@ -391,8 +391,8 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
     if "head_dim" not in config and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
         config["head_dim"] = hidden // heads if hidden % heads == 0 else None
     head_dim = config.get("head_dim")
-    for sub in _CHECKED_KEYS:
-        if sub in checked and checked[sub] != head_dim:
+    for sub in _CHECKED_KEYS:  # (a head dim not known yet: the missing key it comes from is named below)
+        if sub in checked and head_dim is not None and checked[sub] != head_dim:
             raise OiError(f"{where}: metadata {prefix}{sub} is {checked[sub]}, head dim is {head_dim}: "
                           + ("a partial rotary embedding is not supported" if sub.startswith("rope")
                              else "value heads wider or narrower than key heads are not supported"))
@@ -544,6 +544,23 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
     extra.update(arch.metadata)
     source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
     source.notes += notes
-    return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
-                              progress=progress, config_where=f"{path} (metadata)", extra_metadata=extra,
-                              nonfinite=nonfinite)
+    where = f"{path} (metadata)"
+    try:
+        return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
+                                  progress=progress, config_where=where, extra_metadata=extra, nonfinite=nonfinite)
+    except OiError as exc:  # the config read from the GGUF's keys: its messages name those keys
+        raise _in_gguf_keys(exc, where, fields["general.architecture"], arch) from None
+
+
+def _in_gguf_keys(exc: OiError, where: str, name: str, arch) -> OiError:
+    """`exc` with the Hugging Face config keys of a message about the metadata (`where: ...`)
+    named as the GGUF keys they were read from (`max_position_embeddings` -> `llama.context_length`)."""
+    message = exc.diagnostics[0].message if exc.diagnostics else ""
+    if len(exc.diagnostics) != 1 or not message.startswith(f"{where}: "):
+        return exc
+    names = {hf: f"{name}.{sub}" for sub, hf in {**_COMMON_KEYS, **arch.keys}.items()}
+    names.setdefault("original_max_position_embeddings", f"{name}.rope.scaling.original_context_length")
+    names["rope_scaling"] = f"{name}.rope.scaling.*"  # (its fields `rope_type`, `factor`: common words, kept)
+    names.update({"tokenizer.bos_id": "tokenizer.ggml.bos_token_id", "tokenizer.eos_id": "tokenizer.ggml.eos_token_id"})
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?![\w.])")
+    return OiError(pattern.sub(lambda m: names[m.group(1)], message))
