@@ -15,8 +15,8 @@ STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no iden
 
 
 def save(path, arrays: dict, steps: int, inputs: dict | None = None, what: str = "Session.save") -> None:
-    """Write `arrays` (every variable) and the step count, atomically. `inputs` ({what: path}: the
-    graph, model and state files the session was made from) are never overwritten; a path that
+    """Write `arrays` (every variable) and the step count, atomically. `inputs` ({label: path}: the
+    graph and model files the session's program was made from) are never overwritten; a path that
     cannot be written is an OiError naming it (npz.refuse_inputs_as_outputs, npz.write_atomic)."""
     try:
         refuse_inputs_as_outputs({what: path}, {k: v for k, v in (inputs or {}).items() if v and os.path.isfile(v)})
@@ -39,8 +39,8 @@ def load(path: str) -> dict:
     try:
         with loaded as npz:
             return {k: npz[k] for k in npz.files}
-    except Exception as exc:
-        raise OiError(f"{path}: not a state file (.npz): {exc}") from None
+    except Exception as exc:  # a damaged member, or one of Python objects
+        raise OiError(f"{path}: not a state file (.npz): {load_error(exc)}") from None
 
 
 def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[int | None, dict, dict]:
