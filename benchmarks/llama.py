@@ -170,9 +170,16 @@ class Loop:
 COMPILES = [0]  # XLA compilations in this process so far
 
 
+STAGES = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+          "/jax/core/compile/backend_compile_duration": "xla"}
+STAGE_S = dict.fromkeys(STAGES.values(), 0.0)  # seconds in each compile stage in this process so far
+
+
 def _count_compiles(event: str, duration: float, **kw) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
         COMPILES[0] += 1
+    if event in STAGES:
+        STAGE_S[STAGES[event]] += duration
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compiles)
@@ -367,6 +374,7 @@ def worker(side: str, case: LlamaCase, model: Path, device_kind: str | None) -> 
     stats = device.memory_stats() or {}
     base_dev = stats.get("bytes_in_use")
     base_rss, rss_how = _rss_start()
+    stages0 = dict(STAGE_S)
     t0 = time.perf_counter()
     if side == "oi2jax":
         prog = oi2jax.compile(str(case.graph), model=str(model), ops=["nn"], device=device)
@@ -374,6 +382,7 @@ def worker(side: str, case: LlamaCase, model: Path, device_kind: str | None) -> 
         sess.step(token=np.int32(prompt[0]))
         logits = sess.read("logits")
         ttft = time.perf_counter() - t0
+        split = {k: STAGE_S[k] - stages0[k] for k in STAGE_S}
         res = sess.run({"token": prompt[1:]}, steps=case.prompt - 1 + case.gen, feedback={"token": "next"},
                        collect=("next",))
         toks = res["next"]
@@ -383,6 +392,7 @@ def worker(side: str, case: LlamaCase, model: Path, device_kind: str | None) -> 
         cache, logits, _ = m.step(m.params, cache, np.int32(prompt[0]), np.int32(0))
         logits = np.asarray(logits)
         ttft = time.perf_counter() - t0
+        split = {k: STAGE_S[k] - stages0[k] for k in STAGE_S}
         _, toks, _ = m.generate(m.params, cache, prompt[1:], case.prompt - 1 + case.gen, np.int32(1))
         toks = np.asarray(toks)
     stats = device.memory_stats() or {}
@@ -391,7 +401,8 @@ def worker(side: str, case: LlamaCase, model: Path, device_kind: str | None) -> 
     else:
         peak = _rss_peak(rss_how) - base_rss
         how = "peak RSS growth (VmHWM reset at the start)" if rss_how == "VmHWM" else "max RSS growth"
-    return dict(side=side, ttft_s=ttft, peak_bytes=int(peak), mem_method=how, logits0=float(np.max(np.abs(logits))),
+    split["rest"] = ttft - sum(split.values())  # reading and placing the weights, dispatch, the step itself
+    return dict(side=side, ttft_s=ttft, ttft_split_s=split, peak_bytes=int(peak), mem_method=how, logits0=float(np.max(np.abs(logits))),
                 last_tokens=np.asarray(toks)[-4:].tolist())
 
 
@@ -416,6 +427,8 @@ def fresh(case: LlamaCase, model: Path, device_kind: str | None, repeats: int) -
     for side, rs in runs.items():
         out[f"ttft_{side}_s"] = statistics.median(r["ttft_s"] for r in rs)
         out[f"peak_{side}_bytes"] = statistics.median(r["peak_bytes"] for r in rs)
+        out[f"ttft_split_{side}_s"] = {k: statistics.median(r["ttft_split_s"][k] for r in rs)
+                                       for k in rs[0]["ttft_split_s"]}
     out["mem_method"] = runs["oi2jax"][0]["mem_method"]
     out["ttft_ratio"] = out["ttft_oi2jax_s"] / out["ttft_hand_s"]
     out["mem_ratio"] = out["peak_oi2jax_bytes"] / max(out["peak_hand_bytes"], 1)
@@ -477,6 +490,12 @@ def report(results: list[dict], skipped: list[str], meta: dict) -> str:
                              f"{mark(r['ttft_ratio'], TARGETS['ttft'])} | {fmt_b(r['peak_oi2jax_bytes'])} | "
                              f"{fmt_b(r['peak_hand_bytes'])} | {mark(r['mem_ratio'], TARGETS['mem'])} | "
                              f"{r['mem_method']} ({r['fresh_repeats']} runs each) |")
+        lines += ["", "Where the time to first token goes (JAX's compile events, summed; the rest: reading and "
+                  "placing the weights, dispatch and the step): " + "; ".join(
+                      f"{r['name']}: " + ", ".join(
+                          f"{side} " + " + ".join(f"{k} {v:.2f}" for k, v in r[f"ttft_split_{side}_s"].items()) + " s"
+                          for side in ("oi2jax", "hand"))
+                      for r in results if "ttft_split_oi2jax_s" in r) + "."]
     lines += ["", "Bold: outside its target. Checked before timing: the logits of every prompt step "
               "within " + ", ".join(f"{v:g} ({k})" for k, v in TOL.items()) + " of the largest |logit|: " +
               "; ".join(f"{r['name']} {r['rel_err']:.2g}" for r in results) + ". Generated tokens (c) == (d): " +

@@ -4,14 +4,18 @@
 #
 # Here first (at no device time): `bash tools/gpu_session.sh --wheels` downloads what the device's
 # image lacks (lark, gguf and the linters the suite imports) into .whl/ for its Python 3.12; put
-# `/.whl/` in .git/info/exclude or rely on .gitignore.  There: `bash tools/gpu_session.sh`.
+# `/.whl/` in .git/info/exclude or rely on .gitignore.  There: as below (at most 8 files come back from $OUT).
 #
-# What it runs, in order of what the open issues still need (each under its own time limit, so a
-# slow one cannot starve the rest; every log lands in $OUT):
-#   1. benchmarks.quantized_gpu --static-loop on the TinyLlama-shaped Q4_K model: the fused loop's
+# What it runs (each check under its own time limit, so a slow one cannot starve the rest; every
+# log lands in $OUT), in two calls, so that the second can be shaped by what the first found:
+#   `bash tools/gpu_session.sh bench` (about 350 s):
+#   1. benchmarks.llama --device gpu --quick --dtype bf16: issue 40's GPU rows, with the time to
+#      first token split into JAX's compile stages
+#   2. benchmarks.quantized_gpu --static-loop on the TinyLlama-shaped Q4_K model: the fused loop's
 #      8 steps per check (runtime/kernels.py STEPS_PER_CHECK) against its fori_loop row (issue 42)
-#   2. benchmarks.llama --device gpu --quick --dtype bf16: issue 40's GPU rows
-#   3. the suite, tests/test_interrupt.py first (never reached on a GPU so far), then the rest
+#   `bash tools/gpu_session.sh suite SECONDS`: the suite in 16 processes for SECONDS (default 300),
+#      tests/test_interrupt.py first (never reached on a GPU so far), then the slowest files; at
+#      the limit pytest gets SIGINT, so its summary of what ran still prints (`-v`: each result too)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--wheels" ]; then
@@ -36,10 +40,20 @@ step() {  # step NAME SECONDS COMMAND...: one check under its limit, its log in 
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 }
-step quantized_gpu 200 python3 -m benchmarks.quantized_gpu --skip-products --no-bf16 --kinds Q4_K --static-loop \
-  --work /tmp/qgpu --out "$OUT/results"
-step llama_gpu 150 python3 -m benchmarks.llama --device gpu --quick --dtype bf16 --out "$OUT/results"
-step interrupt 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_interrupt.py
-step suite 170 python3 -m pytest -q -n 4 --dist loadfile -p no:cacheprovider tests --deselect tests/test_interrupt.py
-tail -3 "$OUT"/*.log > "$OUT/tails.txt" 2>&1
+export PYTHONUNBUFFERED=1
+case "${1:-bench}" in
+  bench)
+    step llama_gpu 170 python3 -m benchmarks.llama --device gpu --quick --dtype bf16 --out "$OUT/results"
+    step quantized_gpu 170 python3 -m benchmarks.quantized_gpu --skip-products --no-bf16 --kinds Q4_K --static-loop \
+      --work /tmp/qgpu --out "$OUT/results" ;;
+  suite)
+    first="tests/test_interrupt.py tests/test_docs_snippets.py tests/test_ops.py tests/test_prefill.py"
+    first="$first tests/test_differential.py tests/test_benchmarks_smoke.py tests/test_generate.py"
+    rest=$(ls tests/test_*.py | grep -v -F -x -f <(tr ' ' '\n' <<< "$first"))
+    t0=$SECONDS
+    timeout -s INT -k 20 "${2:-300}" python3 -m pytest -v -rfE -n 16 --dist loadfile -p no:cacheprovider \
+      $first $rest > "$OUT/suite.log" 2>&1
+    echo "suite: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
+    grep -c " PASSED " "$OUT/suite.log" | sed 's/^/passed lines: /' | tee -a "$OUT/summary.txt" ;;
+esac
 cat "$OUT/summary.txt"
