@@ -12,13 +12,15 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.runtime import kernels
 
+from conftest import device_platform
 from test_session import D, GROW_AND_FAIL_SOURCE, check_fused_equals_steps_with_growth_and_error, tokens
 from test_stops import CYCLE, SOURCE, T, host_loop
 
 
 @pytest.fixture(params=[2, 3, 8], ids=lambda k: f"{k} per check")
 def per_check(request, monkeypatch):
-    monkeypatch.setitem(kernels.STEPS_PER_CHECK, "cpu", request.param)
+    """The steps per check of the platform the tests run on (a GPU's 8 too, when one runs them)."""
+    monkeypatch.setitem(kernels.STEPS_PER_CHECK, device_platform(), request.param)
     return request.param
 
 

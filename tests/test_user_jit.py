@@ -16,6 +16,8 @@ from oi2jax import dtypes as D
 from oi2jax import ops
 from oi2jax.diagnostics import OiError
 
+from conftest import assert_matches
+
 SHAPE = (2, 3)
 _REQUIRED_VALUES = {"int_list": [1], "dtype": "f32"}  # the required attributes' values, by kind
 _SCALAR_REQUIRED = {"int": 1, "scalar": 1, "float": 1.0, "bool": True}
@@ -214,7 +216,10 @@ def test_apply_takes_the_weights_as_an_argument_of_the_users_jit(tmp_path):
     given = jax.jit(lambda consts, state, x: prog.apply(consts, state, x=x))
     s1, o1 = closed(prog.init_state(), x)
     s2, o2 = given(prog.consts, prog.init_state(), x)
-    np.testing.assert_array_equal(np.asarray(o1["y"]), np.asarray(o2["y"]))
+    # bit for bit on a CPU; on a GPU the weights as constants may get another matmul algorithm
+    # than the weights as an argument (the per-device table, tests/conftest.py EXACTNESS: an H200
+    # differed in the last bits of 72 of 96 values)
+    assert_matches({"y": np.asarray(o1["y"])}, {"y": np.asarray(o2["y"])}, {"matmul"}, "closed over vs given")
     np.testing.assert_array_equal(np.asarray(o2["y"]), prog.run({"x": x})["y"])  # the same lowering
     np.testing.assert_allclose(np.asarray(o2["y"]), x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
     assert int(s1.vars["t"]) == int(s2.vars["t"]) == 1
