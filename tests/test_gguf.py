@@ -352,6 +352,8 @@ def _hostile(tmp_path, data: bytes):
     ("partial block", r"tensor token_embd.weight: row of 16 values is not a whole number of Q4_0 blocks \(32\)"),
     ("bad utf-8", r"a metadata key is not UTF-8"),
     ("huge tensor count", r"1 metadata entries and 1152921504606846976 tensors cannot fit in"),
+    ("overlapping tensors", r"tensor output.weight: data \(offset 224\) overlaps tensor token_embd.weight's "
+                            r"\(offset 192, 64 bytes\)"),
 ])
 def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
     arch = _kv_string("general.architecture", "llama")
@@ -374,6 +376,9 @@ def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
         "partial block": _header(arch, 1, _tensor_info("token_embd.weight", [16, 2], 2, 0), 1) + bytes(256),
         "bad utf-8": _header(struct.pack("<Q", 2) + b"\xff\xfe" + struct.pack("<IQ", 8, 0), 1),
         "huge tensor count": b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 1) + arch,
+        # two f32 tensors of 16 values (64 bytes), the second starting 32 bytes into the first
+        "overlapping tensors": _header(arch, 1, _tensor_info("token_embd.weight", [16], 0, 0) +
+                                       _tensor_info("output.weight", [16], 0, 32), 2) + bytes(128),
     }[case]
     path = _hostile(tmp_path, data)
     out = tmp_path / "m.oinf"
@@ -467,3 +472,17 @@ def test_metadata_errors_name_the_gguf_keys(tmp_path):
     with pytest.raises(OiError, match=r"\(metadata\): tokenizer.ggml.eos_token_id 99999 is not a token of the "
                                       r"vocabulary"):
         convert_gguf(path, tmp_path / "m.oinf")
+
+
+def test_another_architectures_keys_are_named_not_dropped_unseen(tmp_path):
+    """A llama file with a gemma2 key: llama.cpp reads only the file's own architecture's keys, as
+    the converter does; the key is named in a note, and the model equals the file without it."""
+    def foreign(w):
+        w.add_float32("gemma2.attn_logit_softcapping", 50.0)
+    hf_dir, path, _ = _twin(tmp_path, "F32", SMALL, kv=foreign)
+    convert_hf(hf_dir, tmp_path / "hf.oinf")
+    summary = convert_gguf(path, tmp_path / "gguf.oinf")
+    _same_model(tmp_path / "hf.oinf", tmp_path / "gguf.oinf")
+    assert [n for n in summary.notes if "another architecture" in n] == [
+        f"{path}: 1 metadata key(s) of another architecture than this file's llama are not read: "
+        "gemma2.attn_logit_softcapping"]

@@ -183,6 +183,12 @@ def scan(path) -> GGUFHeader:
                 s.fail(f"tensor {name}: data (offset {data_offset + offset}, {nbytes} bytes) runs past the end "
                        f"of the file ({size} bytes)")
             tensors[name] = GGUFTensor(name, kind, tuple(reversed(ne)), data_offset + offset, nbytes)
+        # two tensors' data never share bytes (ggml's own reader wants them laid out one after another)
+        laid = sorted(tensors.values(), key=lambda t: t.offset)
+        for a, b in zip(laid, laid[1:]):
+            if a.offset + a.nbytes > b.offset:
+                s.fail(f"tensor {b.name}: data (offset {b.offset}) overlaps tensor {a.name}'s (offset {a.offset}, "
+                       f"{a.nbytes} bytes)")
     return GGUFHeader(version, keys, tensors, data_offset)
 
 
@@ -543,13 +549,25 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
     extra, notes = gguf_tokenizer_metadata(fields, str(path))
     extra.update(arch.metadata)
     source = GGUFSource(path, reader, header, arch, config, keep=dtype is None)
-    source.notes += notes
+    source.notes += notes + foreign_keys(fields, str(path))
     where = f"{path} (metadata)"
     try:
         return convert_checkpoint(config, source, out_path, dtype=dtype, max_positions=max_positions,
                                   progress=progress, config_where=where, extra_metadata=extra, nonfinite=nonfinite)
     except OiError as exc:  # the config read from the GGUF's keys: its messages name those keys
         raise _in_gguf_keys(exc, where, fields["general.architecture"], arch) from None
+
+
+def foreign_keys(fields: dict, where: str) -> list[str]:
+    """Notes for the metadata of another supported architecture than the file's (`gemma2.` keys in
+    a `llama` file): llama.cpp reads only its own architecture's keys, and so does the converter;
+    they are named, not dropped unseen."""
+    name = fields.get("general.architecture")
+    foreign = sorted(k for k in fields if k.split(".", 1)[0] in ARCHITECTURES and k.split(".", 1)[0] != name)
+    if not foreign:
+        return []
+    return [f"{where}: {len(foreign)} metadata key(s) of another architecture than this file's {name} are not read: "
+            + ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")]
 
 
 def _in_gguf_keys(exc: OiError, where: str, name: str, arch) -> OiError:
