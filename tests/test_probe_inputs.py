@@ -64,6 +64,7 @@ def test_special_ids_are_whole_ids_of_the_vocabulary(capsys, tmp_path, chat, val
     copy = _variant(tmp_path, chat, edit)
     code, _, err = run_cli(capsys, "convert-hf", copy, "-o", tmp_path / "m.oinf")
     assert code == 1 and why in err, err
+    assert f"error: {copy / 'generation_config.json'}: " in err, err  # the file the id came from
     assert not (tmp_path / "m.oinf").exists()
 
 

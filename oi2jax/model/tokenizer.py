@@ -155,10 +155,20 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     tok_bos = _ids(_token_id(tokenizer, tok_config.get("bos_token")))
     tok_eos = _ids(_token_id(tokenizer, tok_config.get("eos_token")))
     gen_bos = _ids(gen.get("bos_token_id"), f"{directory / 'generation_config.json'}: bos_token_id")
-    ids = {**_entries(None, None, tok_bos[0] if tok_bos else None, tok_eos[0] if tok_eos else None, tok_eos),
-           **config_token_ids(config),
-           **_entries(None, None, gen_bos[0] if gen_bos else None, None, _ids(gen.get("eos_token_id"),
-                                                                           f"{directory / 'generation_config.json'}: eos_token_id"))}
+    layers = ((_entries(None, None, tok_bos[0] if tok_bos else None, tok_eos[0] if tok_eos else None, tok_eos),
+               directory / "tokenizer_config.json"),
+              (config_token_ids(config), directory / "config.json"),
+              (_entries(None, None, gen_bos[0] if gen_bos else None, None,
+                        _ids(gen.get("eos_token_id"), f"{directory / 'generation_config.json'}: eos_token_id")),
+               directory / "generation_config.json"))
+    ids, origin = {}, {}
+    for layer, where in layers:
+        ids.update(layer)
+        origin.update(dict.fromkeys(layer, where))
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:  # each id blamed on the file it came from
+        for key, value in ids.items():
+            check_token_ids({key: value}, vocab, str(origin[key]))
     return {**_entries(text, template, None, None, []), **ids}
 
 
