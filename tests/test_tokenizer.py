@@ -134,6 +134,30 @@ def test_chat_template_globals_are_transformers():
         render_chat("{{ messages.append(1) }}", [])
 
 
+@pytest.mark.parametrize("template, message", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+     "more than 1,000,000 range items in one rendering"),
+    ("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+     "more than 100,000 calls in one rendering"),
+    ("{{ 'x' * 10000000000 }}", "a str of 1 times 10000000000"),
+    ("{{ [0] * 10000000000 }}", "a list of 1 times 10000000000"),
+    ("{{ 2 ** 100000000 }}", "2 \\*\\* 100000000"),
+    ("{% for i in range(99999) %}{{ 'abcdefghij' * 1000 }}{% endfor %}", "more than 16,777,216 characters"),
+])
+def test_a_chat_template_that_runs_away_is_an_error_not_a_hang(template, message):
+    """A model file's template is bounded (RENDER_LIMITS): nested ranges, recursive macros, `*` and
+    `**` and the output's size stop with an error, each well within a second, nothing made first."""
+    with pytest.raises(OiError, match="chat template: it runs away: " + message):
+        render_chat(template, [{"role": "user", "content": "hi"}])
+
+
+def test_a_long_chat_stays_within_the_render_limits():
+    messages = [{"role": ("user", "assistant")[i % 2], "content": f"message {i} " * 20} for i in range(2000)]
+    want = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHATML).render(
+        messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
+    assert render_chat(CHATML, messages, add_generation_prompt=True) == want
+
+
 def test_never_a_second_bos(bpe):
     tok = Tokenizer.from_str(bpe.to_str())
     bos = tok.token_to_id("<|endoftext|>")

@@ -309,20 +309,75 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+# What one rendering of a chat template may spend (a template comes with a model file: one that
+# runs away is an error, not a hang or a process out of memory). jinja2's sandbox bounds each
+# `range` to 100,000 items, not ranges nested in loops, recursive macros or `*`. Real templates
+# stay far below: a loop over the messages, a few calls per message.
+RENDER_LIMITS = {"range items": 1_000_000, "calls": 100_000, "characters": 1 << 24}
+
+
+def _bounded_environment():
+    """jinja2's ImmutableSandboxedEnvironment with RENDER_LIMITS: the items of every `range`, the
+    calls (macros, methods, globals) and the characters of the output are counted; a string or
+    list `*` an integer and `**` are sized before they are made."""
+    from jinja2.ext import loopcontrols  # optional: only chat needs jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range  # optional
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def __init__(self):
+            super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+            self.left = dict(RENDER_LIMITS)
+            self.globals["range"] = self._range
+
+        def spend(self, what: str, n: int) -> None:
+            self.left[what] -= n
+            if self.left[what] < 0:
+                raise OiError(f"chat template: it runs away: more than {RENDER_LIMITS[what]:,} {what} in one "
+                              f"rendering")
+
+        def _range(self, *args):
+            r = safe_range(*args)
+            self.spend("range items", len(r))
+            return r
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
+            __self.spend("calls", 1)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and \
+                            len(seq) * n > RENDER_LIMITS["characters"]:
+                        raise OiError(f"chat template: it runs away: a {type(seq).__name__} of {len(seq)} times {n}")
+            elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 4096:
+                raise OiError(f"chat template: it runs away: {left} ** {right}")
+            return super().call_binop(context, operator, left, right)
+
+    return Bounded()
+
+
 def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = False,
                 bos_token: str = "", eos_token: str = "", **kwargs) -> str:
-    """The text transformers' `apply_chat_template(..., tokenize=False)` renders."""
+    """The text transformers' `apply_chat_template(..., tokenize=False)` renders (within
+    RENDER_LIMITS)."""
     from jinja2 import TemplateError  # optional: only chat needs jinja2
-    from jinja2.ext import loopcontrols  # optional
-    from jinja2.sandbox import ImmutableSandboxedEnvironment  # optional
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = _bounded_environment()
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                bos_token=bos_token, eos_token=eos_token, **kwargs)
+        pieces, size = [], 0
+        for piece in env.from_string(template).generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                        bos_token=bos_token, eos_token=eos_token, **kwargs):
+            size += len(piece)
+            if size > RENDER_LIMITS["characters"]:
+                env.spend("characters", size)
+            pieces.append(piece)
+        return "".join(pieces)
     except TemplateError as exc:
         raise OiError(f"chat template: {exc}") from None
     except (ArithmeticError, RecursionError, MemoryError, TypeError, ValueError) as exc:  # the sandbox's range
