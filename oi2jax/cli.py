@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .cfg import format_for, render, to_dot
-from .diagnostics import OiError
+from .diagnostics import OiError, suggest
 from .grammar.fmt import format_graph
 from .grammar.parse import parse_file
 from .graph_json import to_json
@@ -43,8 +43,37 @@ EMIT_KINDS = ("jaxpr", "stablehlo", "hlo", "optimized-hlo", "graph-json")
 
 
 class _Parser(argparse.ArgumentParser):
+    """No abbreviated flags (argparse takes `--mode` for `--model`, `--step` for `--steps`): a
+    script's flags keep their meaning when a flag is added. An unknown flag gets a suggestion."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _flags(self) -> list[str]:
+        """The long flags of the command being parsed (the subcommand's, when one is named)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 (argparse's own type)
+                command = next((a for a in self._argv if a in action.choices), None)
+                if command is not None:
+                    return action.choices[command]._flags()
+        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+
     def error(self, message):  # argparse exits 2 on usage errors; keep that, without a traceback
         self.print_usage(sys.stderr)
+        if message.startswith("unrecognized arguments: "):
+            known = self._flags()
+            for flag in (w.partition("=")[0] for w in message.split(": ", 1)[1].split() if w.startswith("--")):
+                longer = [k for k in known if k.startswith(flag)]  # what argparse's abbreviation would have read
+                hint = f" (did you mean {' or '.join(longer)}?)" if longer else suggest(flag, known)
+                if hint:
+                    message += hint
+                    break
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
 

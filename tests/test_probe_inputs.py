@@ -198,3 +198,22 @@ def test_prompt_ids_that_are_text_say_so(capsys, tmp_path, chat):
     (tmp_path / "ids.txt").write_text("1 2 3\n")
     code, _, err = run_cli(capsys, "generate", model, "--prompt-ids", tmp_path / "ids.txt")
     assert code == 1 and "ids.txt: --prompt-ids: not a .npy array (not a NumPy file)" in err and "pickle" not in err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["run", "GRAPH", "--mode", "compiled"], "unrecognized arguments: --mode compiled (did you mean --model?)"),
+    (["run", "GRAPH", "--step", "3"], "unrecognized arguments: --step 3 (did you mean --steps?)"),
+    (["run", "GRAPH", "--in", "x"], "(did you mean --input or --inputs-per-step or --interpret?)"),
+    (["run", "GRAPH", "--zero-mising-inputs"], "(did you mean --zero-missing-inputs?)"),
+    (["generate", "m.oinf", "--temp", "0.5"], "unrecognized arguments: --temp 0.5 (did you mean --temperature?)"),
+])
+def test_a_flag_is_never_read_as_the_abbreviation_of_another(capsys, argv, hint):
+    """argparse read `--mode compiled` as `--model compiled` (and `--step` as `--steps`): a flag added
+    later would change what a script's abbreviation means. Abbreviations are usage errors (exit 2),
+    naming what they would have read."""
+    from oi2jax.cli import main
+    argv = [str(EXAMPLES / "mlp_regression.oi") if a == "GRAPH" else a for a in argv]
+    with pytest.raises(SystemExit) as usage:  # a flag error: argparse's exit 2
+        main(argv)
+    err = capsys.readouterr().err
+    assert usage.value.code == 2 and hint in err and "Traceback" not in err, err
