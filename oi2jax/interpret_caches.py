@@ -132,9 +132,10 @@ class CacheOps:
             raise self._err(messages.negative_index(decl.name, f"index {sel.value}", k), node)
         return k
 
-    def _table_read(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: State, ctx, node,
+    def _table_read(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: State, ctx,
                     out_lengths) -> np.ndarray:
-        """The selection; each slice's length must be the destination's dimension (`out_lengths`)."""
+        """The selection; each slice's length must be the destination's dimension (`out_lengths`).
+        Errors are located at the access, as the compiled step locates them."""
         t = st.tables[decl.name]
         before = t.key()
         n = len(t.sizes)
@@ -143,25 +144,25 @@ class CacheOps:
         ranges, out_dims = [], []
         for d, sel in enumerate(sels):
             if isinstance(sel, ir.Single):
-                k = self._single(decl, sel, frames, st, node)
-                self._grow(decl, t, d, k + 1, node)
+                k = self._single(decl, sel, frames, st, access)
+                self._grow(decl, t, d, k + 1, access)
                 ranges.append([k])
                 continue
             size = t.sizes[d]
-            start = 0 if sel.start is None else self._index(sel.start, frames, st, node)
+            start = 0 if sel.start is None else self._index(sel.start, frames, st, access)
             if start < 0:
-                raise self._err(messages.negative_index(decl.name, "slice start", start), node)
-            end = size if sel.end is None else self._index(sel.end, frames, st, node)
+                raise self._err(messages.negative_index(decl.name, "slice start", start), access)
+            end = size if sel.end is None else self._index(sel.end, frames, st, access)
             if end < 0:
                 if -end > size:
-                    raise self._err(messages.slice_end_underflow(decl.name, size), node)
+                    raise self._err(messages.slice_end_underflow(decl.name, size), access)
                 end = size + end
             if end < start:
-                raise self._err(messages.slice_end_before_start(decl.name, end), node)
-            self._grow(decl, t, d, end, node, what="slice end")
+                raise self._err(messages.slice_end_before_start(decl.name, end), access)
+            self._grow(decl, t, d, end, access, what="slice end")
             length = out_lengths[len(out_dims)]
             if end - start != length:
-                raise self._err(messages.read_slice_length(decl.name, end - start, length), node)
+                raise self._err(messages.read_slice_length(decl.name, end - start, length), access)
             ranges.append(range(start, end))
             out_dims.append(end - start)
         entry = decl.shape(self._sizes)
@@ -177,7 +178,9 @@ class CacheOps:
             return np.zeros(tuple(out_dims) + entry, dtype=dt.get(decl.dtype).np_dtype)
         return np.stack(values).reshape(tuple(out_dims) + entry)
 
-    def _auto_dim(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: State, ctx, node) -> None:
+    def _auto_dim(self, decl: ir.VarDecl, access: ir.CacheAccess, frames, st: State, ctx) -> None:
+        """The access's indices grow the tensor's current shape (errors located at the access, as the
+        compiled step locates them)."""
         names = decl.auto_dim
         assert len(names) == len(decl.dims) and len(access.indices) <= len(names), CHECKED
         counts = st.counts[decl.name]
@@ -185,10 +188,10 @@ class CacheOps:
         new = list(counts)
         for j, sel in enumerate(access.indices):
             assert isinstance(sel, ir.Single), CHECKED
-            v = self._single(decl, sel, frames, st, node)
+            v = self._single(decl, sel, frames, st, access)
             mx = fixed.get(names[j])
             if mx is not None and v > mx:
-                raise self._err(messages.auto_dim_exceeds(decl.name, mx, names[j], v), node)
+                raise self._err(messages.auto_dim_exceeds(decl.name, mx, names[j], v), access)
             new[j] = max(new[j], v)
         if new != counts:
             base = decl.shape(self._sizes)
@@ -210,9 +213,9 @@ class CacheOps:
         if decl.is_table:
             assert access.bracketed, CHECKED
             n_slices = len(st.tables[decl.name].sizes) - sum(isinstance(s, ir.Single) for s in access.indices)
-            value = self._table_read(decl, access, frames, st, ctx, node, want[:n_slices])
+            value = self._table_read(decl, access, frames, st, ctx, want[:n_slices])
         elif decl.is_auto_dim:
-            self._auto_dim(decl, access, frames, st, ctx, node)
+            self._auto_dim(decl, access, frames, st, ctx)
             value = st.values[decl.name]
         else:
             assert not access.bracketed, CHECKED
@@ -220,7 +223,7 @@ class CacheOps:
         if tuple(np.shape(value)) != want and dst.name not in self._shaped:  # §0 item 12: declared shape,
             # except where the destination takes an @auto_dim tensor's current shape
             assert decl.is_auto_dim, CHECKED  # a table's selection: its slice lengths were checked above
-            raise self._err(messages.current_shape("cache.read", decl.name, np.shape(value), want), node)
+            raise self._err(messages.current_shape("cache.read", decl.name, np.shape(value), want), access)
         st.values[dst.name] = np.array(value, copy=True)
         ctx.wrote(dst.name)
 
@@ -240,13 +243,13 @@ class CacheOps:
             if tuple(src.shape) != entry:  # a runtime-shaped source (phases.runtime_shaped)
                 raise self._err(messages.write_shape(decl.name, entry, src.shape), node)
             combo = []
-            for d, sel in enumerate(access.indices):
-                k = self._single(decl, sel, frames, st, node)
-                self._grow(decl, t, d, k + 1, node)
+            for d, sel in enumerate(access.indices):  # located at the access, as the compiled step locates them
+                k = self._single(decl, sel, frames, st, access)
+                self._grow(decl, t, d, k + 1, access)
                 combo.append(k)
             t.entries[tuple(combo)] = src
         elif decl.is_auto_dim:
-            self._auto_dim(decl, access, frames, st, ctx, node)
+            self._auto_dim(decl, access, frames, st, ctx)
             cur = st.values[decl.name]
             if tuple(src.shape) != tuple(cur.shape):
                 raise self._err(messages.write_shape(decl.name, cur.shape, src.shape), node)

@@ -163,3 +163,38 @@ def test_inputs_that_are_not_arrays_and_damaged_state_files_are_named(kv):
     assert "garbage.npz: not a state file (.npz): not a NumPy file" in str(caught.value)
     assert "pickle" not in str(caught.value)
 
+
+
+_TABLE = """
+dynamic { x: f32[2]; }
+volatile { r: f32[1, 2]; }
+persistent {
+  t: i32 @init(0);
+  H(n): f32[2] @table @fixed(n=3);
+}
+block entry {
+  %s
+  return;
+}
+"""
+
+
+@pytest.mark.parametrize("body", [
+    "cache.write x >> H[t];\n  cache.increment t;",       # an index past the fixed size
+    "cache.write x >> H[0];\n  cache.read H[t..1] >> r;\n  cache.increment t;",  # a slice of length 0
+    "cache.write x >> H[0];\n  cache.read H[t..3] >> r;\n  cache.increment t;",  # a slice of the wrong length
+])
+def test_a_runtime_error_is_located_alike_interpreted_and_compiled(body):
+    """The interpreter located a cache access's errors at its statement, the compiled step at the
+    access (`H[t]`): both now name the same line and column."""
+    import oi2jax
+    from oi2jax.diagnostics import OiError
+    src = _TABLE % body
+    where = {}
+    for mode in ("interpret", "compiled"):
+        prog = oi2jax.compile(src, mode=mode, zero_missing_inputs=True)
+        with pytest.raises(OiError) as info:
+            prog.run({}, steps=5)
+        d = info.value.errors[0]
+        where[mode] = (d.message, d.span.line, d.span.col)
+    assert where["interpret"] == where["compiled"], where
