@@ -15,8 +15,9 @@
 #      first token split into JAX's compile stages
 #   2. benchmarks.quantized_gpu --static-loop on the TinyLlama-shaped Q4_K model: the fused loop's
 #      8 steps per check (runtime/kernels.py STEPS_PER_CHECK) against its fori_loop row (issue 42)
-#   `bash tools/gpu_session.sh probe` (about 200 s): tools/gpu_probe.py's two open questions (the
-#      integer matmul that doubled; where the decode step's XLA:GPU compile time goes)
+#   `bash tools/gpu_session.sh probe` (about 250 s): tools/gpu_probe.py's open questions (the
+#      integer matmul that doubled; what Session.step's host path costs; where the decode step's
+#      XLA:GPU compile time goes)
 #   `bash tools/gpu_session.sh suite SECONDS`: the suite in 16 processes for SECONDS (default 300),
 #      tests/test_interrupt.py first, then the slowest files; at the limit pytest gets SIGINT, so
 #      its summary of what ran still prints (`-v`: each result too). JAX's allocator grows instead
@@ -55,6 +56,7 @@ case "${1:-bench}" in
       --work /tmp/qgpu --out "$OUT/results" ;;
   probe)
     step probe_int_matmul 90 python3 tools/gpu_probe.py int-matmul
+    step probe_step 60 python3 tools/gpu_probe.py step
     step probe_ttft 180 python3 tools/gpu_probe.py ttft --work /tmp/probe ;;
   suite)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
