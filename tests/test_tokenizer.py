@@ -175,8 +175,11 @@ GPT2 = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"}
 @pytest.mark.parametrize("fields, message", [
     ({"tokenizer.ggml.model": "bert"}, r"tokenizer.ggml.model is 'bert': supported GGUF tokenizer models are gpt2, "
                                        r"llama"),
-    ({"tokenizer.ggml.model": "gpt2"}, r"tokenizer.ggml.pre is 'default': supported pre-tokenizers are gpt2, smollm, "
+    ({"tokenizer.ggml.model": "gpt2"}, r"tokenizer.ggml.pre is missing \(llama.cpp then uses its 'default' "
+                                       r"pre-tokenizer\): supported pre-tokenizers are gpt2, smollm, "
                                        r"starcoder, refact, codeshell, llama-bpe, qwen2"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default"},
+     r"tokenizer.ggml.pre is 'default': supported pre-tokenizers are gpt2"),
     ({**GPT2, "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": ["ab"]},
      r"tokenizer.ggml.merges: 'ab' is not two tokens"),
     ({**GPT2, "tokenizer.ggml.tokens": ["a", "a"]}, r"tokenizer.ggml.tokens holds a token twice"),

@@ -180,7 +180,10 @@ def gguf_tokenizer_unsupported(fields: dict) -> str | None:
                 f"{', '.join(GGUF_TOKENIZER_MODELS)}")
     if model == "llama":  # SentencePiece: no pre-tokenizer
         return None
-    pre = fields.get("tokenizer.ggml.pre", "default")
+    pre = fields.get("tokenizer.ggml.pre")
+    if pre is None:  # llama.cpp then splits with its own 'default' pre-tokenizer (with a warning)
+        return (f"metadata tokenizer.ggml.pre is missing (llama.cpp then uses its 'default' pre-tokenizer): "
+                f"supported pre-tokenizers are {', '.join(GGUF_PRE_TOKENIZERS)}")
     if pre not in _GGUF_PRE:
         return f"metadata tokenizer.ggml.pre is {pre!r}: supported pre-tokenizers are {', '.join(GGUF_PRE_TOKENIZERS)}"
     return None
