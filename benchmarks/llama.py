@@ -383,9 +383,11 @@ def worker(side: str, case: LlamaCase, model: Path, device_kind: str | None) -> 
         logits = sess.read("logits")
         ttft = time.perf_counter() - t0
         split = {k: STAGE_S[k] - stages0[k] for k in STAGE_S}
+        t1 = time.perf_counter()
         res = sess.run({"token": prompt[1:]}, steps=case.prompt - 1 + case.gen, feedback={"token": "next"},
                        collect=("next",))
         toks = res["next"]
+        run_s = time.perf_counter() - t1
     else:
         m = LlamaJax.from_model(model, layers="unrolled", device=device)
         cache = m.init_cache()
@@ -393,8 +395,10 @@ def worker(side: str, case: LlamaCase, model: Path, device_kind: str | None) -> 
         logits = np.asarray(logits)
         ttft = time.perf_counter() - t0
         split = {k: STAGE_S[k] - stages0[k] for k in STAGE_S}
-        _, toks, _ = m.generate(m.params, cache, prompt[1:], case.prompt - 1 + case.gen, np.int32(1))
+        t1 = time.perf_counter()
+        cache, toks, _ = m.generate(m.params, cache, prompt[1:], case.prompt - 1 + case.gen, np.int32(1))
         toks = np.asarray(toks)
+        run_s = time.perf_counter() - t1
     stats = device.memory_stats() or {}
     if base_dev is not None and "peak_bytes_in_use" in stats:
         peak, how = stats["peak_bytes_in_use"] - base_dev, "device peak_bytes_in_use"
@@ -402,7 +406,18 @@ def worker(side: str, case: LlamaCase, model: Path, device_kind: str | None) -> 
         peak = _rss_peak(rss_how) - base_rss
         how = "peak RSS growth (VmHWM reset at the start)" if rss_how == "VmHWM" else "max RSS growth"
     split["rest"] = ttft - sum(split.values())  # reading and placing the weights, dispatch, the step itself
-    return dict(side=side, ttft_s=ttft, ttft_split_s=split, peak_bytes=int(peak), mem_method=how, logits0=float(np.max(np.abs(logits))),
+    # the same run again from where it ended (compiled now; the positions go on), where T holds
+    # both: its seconds are the steady per-step cost of a fresh process's program (tools/gpu_probe.py)
+    run2_s = None
+    if 2 * (case.prompt + case.gen) <= case.max_positions:
+        t1 = time.perf_counter()
+        if side == "oi2jax":
+            sess.run({"token": prompt[1:]}, steps=case.prompt - 1 + case.gen, feedback={"token": "next"},
+                     collect=("next",))
+        else:
+            block(m.generate(m.params, cache, prompt[1:], case.prompt - 1 + case.gen, np.int32(case.prompt + case.gen)))
+        run2_s = time.perf_counter() - t1
+    return dict(side=side, ttft_s=ttft, ttft_split_s=split, run_s=run_s, run2_s=run2_s, peak_bytes=int(peak), mem_method=how, logits0=float(np.max(np.abs(logits))),
                 last_tokens=np.asarray(toks)[-4:].tolist())
 
 

@@ -58,10 +58,10 @@ class _Parser(argparse.ArgumentParser):
     def _flags(self) -> list[str]:
         """The long flags of the command being parsed (the subcommand's, when one is named)."""
         for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 (argparse's own type)
-                command = next((a for a in self._argv if a in action.choices), None)
-                if command is not None:
-                    return action.choices[command]._flags()
+            commands = action.choices if isinstance(action.choices, dict) else {}  # the subcommands' parsers
+            command = next((a for a in self._argv if isinstance(commands.get(a), _Parser)), None)
+            if command is not None:
+                return commands[command]._flags()
         return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
 
     def error(self, message):  # argparse exits 2 on usage errors; keep that, without a traceback
