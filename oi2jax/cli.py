@@ -149,20 +149,39 @@ def cmd_fmt(args) -> int:
     _ops(args)  # an op file that does not load is reported (fmt itself formats any op)
     if args.in_place:
         writable_target(args.graph)  # before reading: a FIFO would block the read
+    if args.graph.endswith(".json") and (args.in_place or args.check):
+        raise UsageError(f"fmt {'-i' if args.in_place else '--check'} takes .oi text, not a graph-JSON file; "
+                         f"fmt GRAPH.json prints its .oi text")
     graph = _load_graph(args.graph)
-    text = format_graph(graph)
-    if args.check:
-        if text != graph.source:
+    text = same_program(graph, format_graph(graph))
+    if args.check:  # the file's own bytes: CRLF line ends or a BOM are a reformatting too
+        if text.encode() != Path(args.graph).read_bytes():
             print(f"{args.graph}: would be reformatted", file=sys.stderr)
             return 1
         return 0
     if args.in_place:
-        if args.graph.endswith(".json"):
-            raise UsageError("fmt -i would overwrite a graph-JSON file with .oi text; redirect stdout instead")
         write_text_atomic(args.graph, text)  # never a half-written graph
         return 0
     sys.stdout.write(text)
     return 0
+
+
+def same_program(graph, text: str) -> str:
+    """`text` (`format_graph(graph)`) when it parses to the same program with every comment of the
+    source; else an error, before anything is printed or written: fmt must never change a graph."""
+    from .grammar.fmt import scan_comments  # the one comment scanner
+    from .grammar.parse import parse
+    try:
+        again = parse(text, "<formatted>")
+        same = to_json(again) == to_json(graph)
+    except OiError:
+        same = False
+    kept = sorted(c[3].strip() for c in scan_comments(text)) == \
+        sorted(c[3].strip() for c in scan_comments(graph.source or ""))
+    if not (same and kept):
+        raise OiError(f"{graph.path or 'the graph'}: fmt would change the program or lose a comment (an oi2jax "
+                      f"bug: please report it with this file); nothing was written")
+    return text
 
 
 def cmd_inspect(args) -> int:
@@ -321,6 +340,8 @@ def cmd_export(args) -> int:
 
 def cmd_graph(args) -> int:
     _ops(args)  # an op file that does not load is reported
+    if args.output is not None:
+        refuse_inputs_as_outputs({"-o": args.output}, {"graph": args.graph, "model": _model(args).path})
     graph = _load_graph(args.graph)
     sizes = {}
     model = _model(args).model

@@ -90,6 +90,8 @@ def writable_target(path) -> str:
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "a special file")
         raise NotRegularFileError(17, f"not a regular file ({kind}); refusing to replace it", path)
+    if not os.access(target, os.W_OK):  # a plain write would fail: so does a replacing rename
+        raise PermissionError(13, "Permission denied (the file is not writable)", path)
     return target
 
 
@@ -146,7 +148,8 @@ def write_atomic(path, write) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=".oi2jax-", suffix=".tmp", dir=directory)
     except OSError as exc:  # report the path the user gave, not the temporary name
-        raise type(exc)(exc.errno, exc.strerror, shown) from None
+        where = f" (writing a file in {directory})" if isinstance(exc, PermissionError) else ""
+        raise type(exc)(exc.errno, exc.strerror + where, shown) from None
     TEMP_FILES.add(tmp)  # an interrupt that ends the process from its watchdog removes it (_signals.py)
     try:
         os.chmod(tmp, output_mode(path))

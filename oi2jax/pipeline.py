@@ -65,7 +65,7 @@ def load_graph_json(data, path: str = "<json>"):
             raise OiError(f"{path}: cannot read graph JSON: nested too deeply for the JSON reader") from None
     try:
         graph = from_json(data, path)
-    except (KeyError, ValueError, TypeError, AttributeError, IndexError, RecursionError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
         raise OiError(f"{path}: not an OpenInfer graph JSON (SPEC §8.1): "
                       f"{type(exc).__name__}: {exc}") from None
     try:
@@ -73,6 +73,9 @@ def load_graph_json(data, path: str = "<json>"):
     except RecursionError:
         raise OiError(f"{path}: not a valid graph: nested too deeply (loops nest at most "
                       f"32 deep)") from None
+    except (ValueError, OverflowError, TypeError, AttributeError) as exc:  # a value the DSL cannot write:
+        # NaN or an infinity, an integer from 1e400, f16 bits outside 0..65535, a name that is not text
+        raise OiError(f"{path}: not a valid graph: {type(exc).__name__}: {exc}") from None
     return graph
 
 

@@ -360,3 +360,81 @@ def test_fmt_fuzz_comments_in_every_position(data):
     assert _comment_texts(out) == _comment_texts(src)
     assert same(parse(out), parse(src))
     assert format_graph(parse(out)) == out
+
+
+# The formatter probe of 2026-11-28 (cases it found, each reduced to a few lines)
+_HEAD = "dynamic {\n    q: f32[4];\n}\n\n"
+
+
+def _fmt_holds(src: str) -> str:
+    """fmt's promises on `src`: the output parses to the same program, keeps every comment (the same
+    texts, in order), and is its own format."""
+    out = format_graph(parse(src))
+    assert same(parse(out), parse(src)), out
+    assert _comment_texts(out) == _comment_texts(src), out
+    assert format_graph(parse(out)) == out, out
+    return out
+
+
+def test_a_second_comment_after_a_line_comment_gets_a_line_of_its_own():
+    """`// a` then a multi-line `/* b ... */` after one statement: the block comment was appended after
+    the `//`, its second line became code (`unsupported node c`), and `fmt -i` saved that."""
+    src = _HEAD + "block entry {\n    op add(q, // a\n        q) >> q; /* b\n    c */\n    return;\n}\n"
+    assert _fmt_holds(src) == _HEAD + "block entry {\n    op add(q, q) >> q;  // a\n    /* b\n    c */\n    return;\n}\n"
+    one_line = _HEAD + "block entry {\n    op add(q, // a\n        q) >> q; /* b */\n    return;\n}\n"
+    assert "// a\n    /* b */\n" in _fmt_holds(one_line)  # not absorbed into the line comment
+    header = _HEAD + "block entry {\n    loop// a\n    l// b\n    (i in 0..2) {\n        op add(q, q) >> q;\n    }\n" \
+                     "    return;\n}\n"
+    _fmt_holds(header)  # the second on a loop header: inside the loop, at the body's indentation
+
+
+def test_a_trailing_comment_after_a_multi_line_one_keeps_its_column():
+    src = _HEAD + "block entry {\n    op add(q, q) >> q; /* x\n */                                        // y\n" \
+                  "    return;\n}\n"
+    _fmt_holds(src)
+
+
+def test_lines_are_counted_as_the_parser_counts_them():
+    """U+2028, NEL, form feed and vertical tab are not line ends of the DSL: str.splitlines split there,
+    which lost blank lines and moved comments (once into a place that did not parse)."""
+    for odd in ("\u2028", "\x85", "\x0c", "\x0b"):
+        src = ("dynamic {\n    a: f32[4]; // x" + odd + "y\n    b: f32[4]; // about b\n        /* multi\n"
+               "        line */\n    c: f32[4]; /* " + odd + " */\n    d: f32[4];\n\n    e: f32[4];\n}\n\n"
+               "block entry {\n    return;\n}\n")
+        out = _fmt_holds(src)
+        assert "    d: f32[4];\n\n    e: f32[4];" in out and "    c: f32[4];\n    d" not in out.replace(" /* " + odd + " */", "")
+    ff = "dynamic {\n    a: f32[4];\n\x0c\n    b: f32[4];\n\n    c: f32[4];\n}\n"  # a form feed alone on a line
+    assert "    b: f32[4];\n\n    c: f32[4];" in _fmt_holds(ff)
+
+
+def test_fmt_check_reads_the_files_bytes_and_json_is_refused(tmp_path, capsys):
+    """`--check` passed a CRLF, CR or BOM file that `-i` then rewrote; now it names them."""
+    from oi2jax.cli import main
+    text = format_graph(parse(SPEC_15))
+    for name, data in (("crlf", text.replace("\n", "\r\n").encode()), ("bom", b"\xef\xbb\xbf" + text.encode()),
+                       ("lf", text.encode())):
+        path = tmp_path / f"{name}.oi"
+        path.write_bytes(data)
+        assert main(["fmt", "--check", str(path)]) == (0 if name == "lf" else 1), name
+        assert main(["fmt", "-i", str(path)]) == 0 and path.read_bytes() == text.encode()
+        assert main(["fmt", "--check", str(path)]) == 0
+    js = tmp_path / "g.json"
+    js.write_text(json.dumps(to_json(parse(SPEC_15))))
+    for flag in ("--check", "-i"):
+        try:
+            main(["fmt", flag, str(js)])
+        except SystemExit as usage:
+            assert usage.code == 2
+        assert f"fmt {flag} takes .oi text, not a graph-JSON file" in capsys.readouterr().err
+
+
+def test_fmt_never_writes_a_text_that_is_not_the_same_program(tmp_path, capsys, monkeypatch):
+    """The last guard: a formatter bug that would change the program or drop a comment is an error,
+    and `-i` leaves the file as it was."""
+    from oi2jax import cli
+    path = tmp_path / "g.oi"
+    path.write_text(SPEC_15)
+    monkeypatch.setattr(cli, "format_graph", lambda g: format_graph(g).replace("return;", "yield x;", 1))
+    assert cli.main(["fmt", "-i", str(path)]) == 1
+    assert "fmt would change the program or lose a comment" in capsys.readouterr().err
+    assert path.read_text() == SPEC_15

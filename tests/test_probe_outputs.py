@@ -13,7 +13,7 @@ import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.limits import memory_limit
 
-from conftest import run_cli
+from conftest import EXAMPLES, run_cli
 
 # a fixed table of 4 rows written at t: the 5th step writes past it (a runtime error in step 5)
 KV = """
@@ -198,3 +198,50 @@ def test_a_runtime_error_is_located_alike_interpreted_and_compiled(body):
         d = info.value.errors[0]
         where[mode] = (d.message, d.span.line, d.span.col)
     assert where["interpret"] == where["compiled"], where
+
+
+def test_graph_refuses_to_write_over_its_own_graph(capsys, tmp_path):
+    """`graph g.oi -o g.dot` where g.dot links to g.oi replaced the graph with DOT text (compile and
+    export refused it; graph did not)."""
+    import shutil
+    graph = tmp_path / "k.oi"
+    shutil.copy(EXAMPLES / "kv_cache_decode.oi", graph)
+    (tmp_path / "k.dot").symlink_to("k.oi")
+    before = graph.read_bytes()
+    code, _, err = run_cli(capsys, "graph", graph, "--no-model", "-o", tmp_path / "k.dot")
+    assert code == 1 and "is the graph: writing it would destroy the input" in err
+    assert graph.read_bytes() == before
+
+
+def test_a_write_the_user_may_not_make_is_refused(capsys, tmp_path, monkeypatch):
+    """An atomic write replaced a read-only file (a rename needs only the folder's permission), where
+    a plain write fails: the file's own permission is asked first."""
+    from oi2jax import npz
+    target = tmp_path / "g.oi"
+    text = (EXAMPLES / "kv_cache_decode.oi").read_text()
+    target.write_text(text + "\n\n")  # not formatted: fmt -i would rewrite it
+    real = npz.os.access
+    monkeypatch.setattr(npz.os, "access", lambda p, mode: False if str(p) == str(target) else real(p, mode))
+    code, _, err = run_cli(capsys, "fmt", "-i", target)
+    assert code == 1 and "Permission denied (the file is not writable)" in err
+    assert target.read_text() == text + "\n\n"
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda g: g["vars"]["zero"].__setitem__("init", {"F32": float("nan")}), "NaN cannot be written in the DSL"),
+    (lambda g: g["vars"]["zero"].__setitem__("init", {"F32": float("-inf")}), "-inf cannot be written in the DSL"),
+    (lambda g: g["vars"]["t"].__setitem__("init", {"I32": float("inf")}), "OverflowError"),
+    (lambda g: g["vars"]["K"].__setitem__("fixed", [["i", float("inf")]]), "OverflowError"),
+])
+def test_graph_json_values_the_dsl_cannot_hold_are_named_errors(capsys, tmp_path, edit, words):
+    """A NaN or infinite @init, an integer @init or a @fixed size from 1e400 in graph JSON were
+    internal errors (a traceback's last line); now `FILE: not a ... graph: ...`, exit 1."""
+    import json as json_
+    code, out, _ = run_cli(capsys, "compile", EXAMPLES / "kv_cache_decode.oi", "--no-model", "--emit", "graph-json")
+    assert code == 0
+    g = json_.loads(out)
+    edit(g)
+    path = tmp_path / "g.json"
+    path.write_text(json_.dumps(g))
+    code, _, err = run_cli(capsys, "check", path, "--no-model")
+    assert code == 1 and f"{path}: not a" in err and words in err and "internal error" not in err, err

@@ -29,7 +29,7 @@ def format_graph(graph: ir.Graph) -> str:
     comments = scan_comments(source) if source else []
     if not comments and not source:
         return "\n\n".join("\n".join(text for text, _, _ in c) for c in chunks) + "\n" if chunks else ""
-    src_lines = source.splitlines()
+    src_lines = source.split("\n")  # lines as the parser counts them (never at U+2028, NEL, \f, \v)
     # each output line: [text, source line, kind]; comments become lines too
     out: list[list] = []
     chunk_start: set[int] = set()
@@ -37,14 +37,25 @@ def format_graph(graph: ir.Graph) -> str:
         chunk_start.add(len(out))
         out.extend([text, line, kind] for text, line, kind in chunk)
     pending = []
+    ended = set()  # ids of the lines that end in a `//` comment: nothing may follow it on that line
     for c_line, c_col, c_end, text in comments:
         before = src_lines[c_line - 1][:c_col - 1] if c_line - 1 < len(src_lines) else ""
         if _code(before).strip():  # after code on its line: a trailing comment
             host = [e for e in out if e[1] is not None and e[1] <= c_line and e[2] != "comment"]
             if host:
                 target = max(host, key=lambda e: e[1])
-                code = target[0]
-                target[0] = code + (" " * (c_col - 1 - len(code)) if len(code) < c_col - 2 else "  ") + text
+                if id(target) in ended:  # a second comment after a `//` one: a line of its own after it
+                    at = next(k for k, e in enumerate(out) if e is target)
+                    while at + 1 < len(out) and out[at + 1][2] == "comment" and out[at + 1][1] == target[1]:
+                        at += 1
+                    inside = INDENT if target[2] == "open" else ""  # after a `{`: the block's first line
+                    out.insert(at + 1, [_indent_of(target[0]) + inside + text, target[1], "comment", c_end])
+                    chunk_start = {j + 1 if j > at else j for j in chunk_start}
+                    continue
+                last = target[0].rsplit("\n", 1)[-1]  # the column counts on the line the comment goes on
+                target[0] += (" " * (c_col - 1 - len(last)) if len(last) < c_col - 2 else "  ") + text
+                if text.startswith("//"):
+                    ended.add(id(target))
                 continue
         pending.append((c_line, c_end, text))
     for c_line, c_end, text in pending:  # before the next source item (statement, brace, comment)
