@@ -167,7 +167,16 @@ def _atom(s: str):
     return int(s) if s.lstrip("-").isdigit() else s
 
 
+def _whole(x, what: str) -> int:
+    """A JSON integer, as it is: 4.5 or "2" or true is not silently made one."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise ValueError(f"{what} must be an integer, got {x!r}")
+    return x
+
+
 def _dim(s: str) -> ir.Dim:
+    if not isinstance(s, str) or not s.strip():
+        raise ValueError(f"a dimension must be a size (an integer or a size name, as text), got {s!r}")
     return ir.Dim(tuple(_atom(a.strip()) for a in s.split("*")))
 
 
@@ -196,7 +205,13 @@ def _input_back(x, span):
 
 
 def _val_back(v):
-    return None if v is None else (v["Lit"] if "Lit" in v else v["Ident"])
+    if v is None:
+        return None
+    if "Lit" in v:
+        return _whole(v["Lit"], "a literal index")
+    if not isinstance(v["Ident"], str):
+        raise ValueError(f"an index name must be text, got {v['Ident']!r}")
+    return v["Ident"]
 
 
 def _access_back(a: dict, span) -> ir.CacheAccess:
@@ -230,7 +245,9 @@ def scalar_from_json(dtype: str, v) -> ir.Literal | None:
     (_, x), = v.items()
     dt = dtypes.get(dtype)
     if isinstance(x, dict):
-        bits = int(x["bits"])
+        bits = _whole(x["bits"], f"the bits of a {dtype} value")
+        if not 0 <= bits < 1 << dt.bits:
+            raise ValueError(f"the bits of a {dtype} value must be 0..{(1 << dt.bits) - 1}, got {bits}")
         if dtype == "f16":
             return ir.Literal("float", float(np.uint16(bits).view(np.float16)))
         if dtype in ("bf16", "f8"):
@@ -244,10 +261,14 @@ def scalar_from_json(dtype: str, v) -> ir.Literal | None:
     return ir.Literal("float", float(x)) if dt.is_float else ir.Literal("int", int(x))
 
 
+def _step_word(cls) -> str:
+    return {"CacheIncrement": "cache.increment", "CacheDecrement": "cache.decrement"}.get(cls.__name__, cls.__name__)
+
+
 def _amount(cls):
     def back(i, span, v):
-        return cls(index=i, span=span, target=v["target"], amount=int(v["amount"]),
-                   explicit_amount=int(v["amount"]) != 1)
+        amount = _whole(v["amount"], f"{_step_word(cls)} amount")
+        return cls(index=i, span=span, target=v["target"], amount=amount, explicit_amount=amount != 1)
     return back
 
 
@@ -288,7 +309,7 @@ def _node_back(d: dict, span) -> ir.Node:
     back = _FROM_JSON.get(k)
     if back is None:
         raise ValueError(f"unknown node kind {k}")
-    return back(d["index"], span, v)
+    return back(_whole(d["index"], "a node index"), span, v)
 
 
 def from_json(data: dict, path: str = "<json>") -> ir.Graph:
@@ -300,7 +321,8 @@ def from_json(data: dict, path: str = "<json>") -> ir.Graph:
             name=v["name"], kind=ir.MemKind(v["kind"].lower()), dtype=dtype, dims=tuple(_dim(x) for x in v["dims"]),
             span=span, init=scalar_from_json(dtype, v.get("init")), ref=v.get("ref_name"), pattern=v.get("pattern"),
             index_params=tuple(v.get("table_indices", ())), table=bool(v.get("table")),
-            auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, n if isinstance(n, str) else int(n)) for k, n in v.get("fixed", ()))))
+            auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, n if isinstance(n, str) else _whole(n, f"{v['name']}: @fixed({k})"))
+                         for k, n in v.get("fixed", ()))))
     blocks = [ir.Block(b["name"], tuple(_node_back(n, span) for n in b["nodes"]), span)
               for b in data["blocks"].values()]
     seen: set[int] = set()

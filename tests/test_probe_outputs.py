@@ -245,3 +245,28 @@ def test_graph_json_values_the_dsl_cannot_hold_are_named_errors(capsys, tmp_path
     path.write_text(json_.dumps(g))
     code, _, err = run_cli(capsys, "check", path, "--no-model")
     assert code == 1 and f"{path}: not a" in err and words in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda g: g["blocks"]["entry"]["nodes"][0].__setitem__("index", None), "a node index must be an integer, got None"),
+    (lambda g: g["blocks"]["entry"]["nodes"][0].__setitem__("index", 1.5), "a node index must be an integer, got 1.5"),
+    (lambda g: g["vars"]["q"].__setitem__("dims", [""]), "a dimension must be a size"),
+    (lambda g: g["vars"]["K"].__setitem__("fixed", [["i", 4.5]]), "K: @fixed(i) must be an integer, got 4.5"),
+    (lambda g: g["blocks"]["entry"]["nodes"][2]["kind"]["CacheIncrement"].__setitem__("amount", 2.7),
+     "cache.increment amount must be an integer, got 2.7"),
+    (lambda g: g["blocks"]["entry"]["nodes"][2]["kind"]["CacheIncrement"].__setitem__("amount", "2"),
+     "cache.increment amount must be an integer, got '2'"),
+    (lambda g: g["blocks"]["entry"]["nodes"][1]["kind"]["CacheWrite"]["dst"].__setitem__(
+        "indices", [{"Single": {"Lit": "t"}}]), "a literal index must be an integer, got 't'"),
+])
+def test_graph_json_numbers_are_not_silently_made_integers(capsys, tmp_path, edit, words):
+    """A @fixed of 4.5 became 4, an amount of 2.7 or "2" became 2, a dims entry "" made a scalar, a
+    literal index "t" became the variable t, a node index null was kept: each now an error."""
+    import json as json_
+    code, out, _ = run_cli(capsys, "compile", EXAMPLES / "kv_cache_decode.oi", "--no-model", "--emit", "graph-json")
+    g = json_.loads(out)
+    edit(g)
+    path = tmp_path / "g.json"
+    path.write_text(json_.dumps(g))
+    code, _, err = run_cli(capsys, "check", path, "--no-model")
+    assert code == 1 and words in err, err
