@@ -8,6 +8,8 @@ Exit codes: 0 success, 1 user error (diagnostics printed), 2 usage error. Never 
 from __future__ import annotations
 
 import argparse
+import errno
+import io
 import json
 import os
 import signal
@@ -563,7 +565,17 @@ from ._signals import INTERRUPTED as _INTERRUPTED, catching as _catching, instal
     restore as _restore_signals
 
 
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout when the process started with it closed (`oi2jax fmt g.oi >&-`: Python sets None):
+    a command that prints fails as any unwritable output does, one that writes files goes on."""
+
+    def write(self, text):
+        raise OSError(errno.EBADF, "standard output is closed: nowhere to print")
+
+
 def main(argv: list[str] | None = None) -> int:
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
     previous = _install_signals()
     try:
         try:
