@@ -147,13 +147,12 @@ def test_check_uses_the_model_beside_the_graph_and_says_so(tmp_path, cli):
 def test_a_closed_standard_output_is_an_error_for_a_command_that_prints(tmp_path):
     """`oi2jax fmt g.oi >&-` was an internal error (Python sets sys.stdout to None); now the printing
     command fails as an unwritable output does, and one that writes only files goes on."""
-    import os
     graph = tmp_path / "g.oi"
     graph.write_text(GOOD.replace("    op", "  op"))  # not canonical: -i rewrites it
 
-    def closed(*args):
-        return subprocess.run([sys.executable, "-m", "oi2jax", *map(str, args)], stderr=subprocess.PIPE, text=True,
-                              cwd=REPO, timeout=60, preexec_fn=lambda: os.close(1))
+    def closed(*args):  # the shell closes fd 1 (no preexec_fn: a fork of a process with JAX's threads)
+        return subprocess.run(["sh", "-c", 'exec "$0" -m oi2jax "$@" >&-', sys.executable, *map(str, args)],
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=60)
     p = closed("fmt", graph)
     assert p.returncode == 1 and p.stderr == "error: standard output is closed: nowhere to print\n"
     p = closed("fmt", "-i", graph)
