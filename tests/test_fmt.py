@@ -438,3 +438,10 @@ def test_fmt_never_writes_a_text_that_is_not_the_same_program(tmp_path, capsys, 
     assert cli.main(["fmt", "-i", str(path)]) == 1
     assert "fmt would change the program or lose a comment" in capsys.readouterr().err
     assert path.read_text() == SPEC_15
+
+
+def test_a_trailing_comment_goes_after_the_last_item_of_its_line():
+    """`dynamic { a; b; } // ab` put the comment on the `dynamic {` line; it follows the brace."""
+    out = _fmt_holds("dynamic { a: f32[4]; b: f32[4]; } // ab\n\nblock a { branch b; } block b { return; } // end\n")
+    assert out.splitlines()[3].startswith("}") and out.splitlines()[3].endswith("// ab")
+    assert out.rstrip("\n").splitlines()[-1].startswith("}") and out.rstrip("\n").endswith("// end")

@@ -42,8 +42,8 @@ def format_graph(graph: ir.Graph) -> str:
         before = src_lines[c_line - 1][:c_col - 1] if c_line - 1 < len(src_lines) else ""
         if _code(before).strip():  # after code on its line: a trailing comment
             host = [e for e in out if e[1] is not None and e[1] <= c_line and e[2] != "comment"]
-            if host:
-                target = max(host, key=lambda e: e[1])
+            if host:  # the last item of the latest line before it (`a; b; } // c`: after the brace)
+                target = max(reversed(host), key=lambda e: e[1])
                 if id(target) in ended:  # a second comment after a `//` one: a line of its own after it
                     at = next(k for k, e in enumerate(out) if e is target)
                     while at + 1 < len(out) and out[at + 1][2] == "comment" and out[at + 1][1] == target[1]:
