@@ -20,8 +20,8 @@ from pathlib import Path
 from . import __version__
 from .cfg import format_for, render, to_dot
 from .diagnostics import OiError, suggest
-from .grammar.fmt import format_graph
-from .grammar.parse import parse_file
+from .grammar.fmt import format_graph, scan_comments
+from .grammar.parse import parse, parse_file
 from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
@@ -70,9 +70,15 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         if message.startswith("unrecognized arguments: "):
             known = self._flags()
-            for flag in (w.partition("=")[0] for w in message.split(": ", 1)[1].split() if w.startswith("--")):
+            for word in message.split(": ", 1)[1].split():
+                if word == "--":  # the end of the flags: what follows is not one
+                    break
+                flag = word.partition("=")[0]
+                if not flag.startswith("--") or len(flag) < 3:
+                    continue
                 longer = [k for k in known if k.startswith(flag)]  # what argparse's abbreviation would have read
-                hint = f" (did you mean {' or '.join(longer)}?)" if longer else suggest(flag, known)
+                close = suggest(flag[2:], [k[2:] for k in known]).replace("(did you mean ", "(did you mean --")
+                hint = f" (did you mean {' or '.join(longer)}?)" if longer else close
                 if hint:
                     message += hint
                     break
@@ -170,16 +176,14 @@ def cmd_fmt(args) -> int:
 
 def same_program(graph, text: str) -> str:
     """`text` (`format_graph(graph)`) when it parses to the same program with every comment of the
-    source; else an error, before anything is printed or written: fmt must never change a graph."""
-    from .grammar.fmt import scan_comments  # the one comment scanner
-    from .grammar.parse import parse
+    source, in their order; else an error, before anything is printed or written: fmt must never
+    change a graph."""
     try:
         again = parse(text, "<formatted>")
         same = to_json(again) == to_json(graph)
     except OiError:
         same = False
-    kept = sorted(c[3].strip() for c in scan_comments(text)) == \
-        sorted(c[3].strip() for c in scan_comments(graph.source or ""))
+    kept = [c[3].strip() for c in scan_comments(text)] == [c[3].strip() for c in scan_comments(graph.source or "")]
     if not (same and kept):
         raise OiError(f"{graph.path or 'the graph'}: fmt would change the program or lose a comment (an oi2jax "
                       f"bug: please report it with this file); nothing was written")

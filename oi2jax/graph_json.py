@@ -256,9 +256,15 @@ def scalar_from_json(dtype: str, v) -> ir.Literal | None:
         if dt.is_signed and bits >= 1 << (dt.bits - 1):
             bits -= 1 << dt.bits
         return ir.Literal("int", bits)
-    if isinstance(x, bool):
+    if dtype == "bool" or isinstance(x, bool):  # as scalar_to_json writes them: a bool for a bool
+        if dtype != "bool" or not isinstance(x, bool):
+            raise ValueError(f"an @init of a {dtype} variable cannot be {x!r}")
         return ir.Literal("bool", x)
-    return ir.Literal("float", float(x)) if dt.is_float else ir.Literal("int", int(x))
+    if dt.is_float:
+        if not isinstance(x, (int, float)):
+            raise ValueError(f"an @init of a {dtype} variable must be a number, got {x!r}")
+        return ir.Literal("float", float(x))
+    return ir.Literal("int", _whole(x, f"an @init of a {dtype} variable"))
 
 
 def _step_word(cls) -> str:

@@ -230,8 +230,11 @@ def test_a_write_the_user_may_not_make_is_refused(capsys, tmp_path, monkeypatch)
 @pytest.mark.parametrize("edit, words", [
     (lambda g: g["vars"]["zero"].__setitem__("init", {"F32": float("nan")}), "NaN cannot be written in the DSL"),
     (lambda g: g["vars"]["zero"].__setitem__("init", {"F32": float("-inf")}), "-inf cannot be written in the DSL"),
-    (lambda g: g["vars"]["t"].__setitem__("init", {"I32": float("inf")}), "OverflowError"),
-    (lambda g: g["vars"]["K"].__setitem__("fixed", [["i", float("inf")]]), "OverflowError"),
+    (lambda g: g["vars"]["t"].__setitem__("init", {"I32": float("inf")}), "an @init of a i32 variable must be an integer, got inf"),
+    (lambda g: g["vars"]["t"].__setitem__("init", {"I32": 4.5}), "an @init of a i32 variable must be an integer, got 4.5"),
+    (lambda g: g["vars"]["t"].__setitem__("init", {"I32": "2"}), "an @init of a i32 variable must be an integer, got '2'"),
+    (lambda g: g["vars"]["t"].__setitem__("init", {"I32": True}), "an @init of a i32 variable cannot be True"),
+    (lambda g: g["vars"]["K"].__setitem__("fixed", [["i", float("inf")]]), "K: @fixed(i) must be an integer, got inf"),
 ])
 def test_graph_json_values_the_dsl_cannot_hold_are_named_errors(capsys, tmp_path, edit, words):
     """A NaN or infinite @init, an integer @init or a @fixed size from 1e400 in graph JSON were
