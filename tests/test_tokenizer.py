@@ -136,19 +136,35 @@ def test_chat_template_globals_are_transformers():
 
 @pytest.mark.parametrize("template, message", [
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-     "more than 1,000,000 range items in one rendering"),
+     "more than 1,000,000 items in one rendering \\(of ranges and repeated strings or lists\\)"),
     ("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
      "more than 100,000 calls in one rendering"),
     ("{{ 'x' * 10000000000 }}", "a str of 1 times 10000000000"),
     ("{{ [0] * 10000000000 }}", "a list of 1 times 10000000000"),
     ("{{ 2 ** 100000000 }}", "2 \\*\\* 100000000"),
-    ("{% for i in range(99999) %}{{ 'abcdefghij' * 1000 }}{% endfor %}", "more than 16,777,216 characters"),
+    ("{{ ((9 ** 4096) ** 4096) ** 4096 }}", "\\(an integer of 12985 bits\\) \\*\\* 4096"),
+    ("{% for i in range(99999) %}{{ messages[0].content }}{% endfor %}", "more than 16,777,216 characters"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "a str of more than 16,777,216 items"),
+    ("{% set ns = namespace(n=9**4096) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
+     "an argument of \\(an integer of 12985 bits\\)"),
+    ("{{ 'x'|center(2000000000) }}", "an argument of 2000000000"),
+    ("{{ '{:>2000000000}'.format('x') }}", "a format field of 10\\^6 characters or more"),
+    ("{{ '%2000000000d' % 1 }}", "a format field of 10\\^6 characters or more"),
+    ("{{ '%2000000000d'|format(1) }}", "a format field of 10\\^6 characters or more"),
+    ("{% for i in [0] * 16000000 %}{% for j in [0] * 16000000 %}{% endfor %}{% endfor %}",
+     "more than 1,000,000 items"),
+    ("{% macro f(s, n) %}{% if n %}{{ f(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ f('x', 40) }}",
+     "a str of more than 16,777,216 items"),
 ])
 def test_a_chat_template_that_runs_away_is_an_error_not_a_hang(template, message):
-    """A model file's template is bounded (RENDER_LIMITS): nested ranges, recursive macros, `*` and
-    `**` and the output's size stop with an error, each well within a second, nothing made first."""
+    """A model file's template is bounded (RENDER_LIMITS): nested ranges and repeated lists, recursive
+    macros, growing strings and integers, wide format fields and the output's size stop with an
+    error, nothing larger than the limits made first (the review of 2026-11-28 found the ways
+    around the first version: `~`, `+`, integer `*`, filters' widths, `%` and `.format`)."""
+    messages = [{"role": "user", "content": "x" * 1000}]
     with pytest.raises(OiError, match="chat template: it runs away: " + message):
-        render_chat(template, [{"role": "user", "content": "hi"}])
+        render_chat(template, messages)
 
 
 def test_a_long_chat_stays_within_the_render_limits():
