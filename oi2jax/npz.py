@@ -90,7 +90,13 @@ def writable_target(path) -> str:
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "a special file")
         raise NotRegularFileError(17, f"not a regular file ({kind}); refusing to replace it", path)
-    if not os.access(target, os.W_OK):  # a plain write would fail: so does a replacing rename
+    if not os.access(target, os.W_OK):  # a plain write would fail (a rename needs only the folder's permission)
+        try:
+            read_only = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        if read_only:
+            raise OSError(30, "Read-only file system", path)
         raise PermissionError(13, "Permission denied (the file is not writable)", path)
     return target
 

@@ -11,7 +11,8 @@ several settings (run by tools/gpu_session.sh's `probe`; prints one line per run
   and off, and oi2jax's with its layer loop rolled (`unroll="none"`: one body to compile; the
   hand-written's `lax.scan` form ran 0.86x its unrolled step there), and counts the optimized
   module's fusions and gemm kinds (a fusion that differs per layer is compiled, and a gemm
-  autotuned, once per layer).
+  autotuned, once per layer). Every run dumps its HLO while compiling, which adds to both sides'
+  compile times alike: compare the variants with each other, not with benchmarks/llama.py.
 
 `step`: `Session.step` cost the host 0.55 ms a step more than a jitted step on the H200 (the quick
   model: 819 against 270 µs; about 90 µs on a CPU). Times the hot path as it is, then with the
@@ -151,7 +152,10 @@ def step_child() -> dict:
 def run_child(args: list[str], env: dict) -> str:
     full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **env)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=full, timeout=300)
+    try:
+        proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=full, timeout=300)
+    except subprocess.TimeoutExpired:
+        return f"({time.perf_counter() - t0:.0f} s) timed out"
     tail = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-600:]}"
     return f"({time.perf_counter() - t0:.0f} s) {tail}"
 

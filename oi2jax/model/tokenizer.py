@@ -195,7 +195,7 @@ def _byte_level_bpe(fields: dict, where: str, tokens: list[str]):
     """llama.cpp's `gpt2` tokenizer: byte-level BPE over its merges, split as `tokenizer.ggml.pre` says."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # optional
 
-    split, digits, ignore_merges = _GGUF_PRE[fields.get("tokenizer.ggml.pre", "default")]
+    split, digits, ignore_merges = _GGUF_PRE[fields["tokenizer.ggml.pre"]]
     pairs = []
     for m in fields.get("tokenizer.ggml.merges", []):
         parts = m.split(" ") if isinstance(m, str) else []
