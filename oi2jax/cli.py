@@ -66,6 +66,14 @@ class _Parser(argparse.ArgumentParser):
                 return commands[command]._flags()
         return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
 
+    def _print_message(self, message, file=None):  # argparse's own drops a failed write (--help >&-)
+        if message:
+            try:
+                (file or sys.stderr).write(message)
+            except OSError as exc:
+                print(f"error: {exc.strerror or exc}", file=sys.stderr)
+                raise SystemExit(1) from None
+
     def error(self, message):  # argparse exits 2 on usage errors; keep that, without a traceback
         self.print_usage(sys.stderr)
         if message.startswith("unrecognized arguments: "):

@@ -167,6 +167,16 @@ def _atom(s: str):
     return int(s) if s.lstrip("-").isdigit() else s
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _name(x, what: str) -> str:
+    """A name where the DSL has one (a size, an index variable): `"4"` is not read as one."""
+    if not isinstance(x, str) or not _NAME.fullmatch(x):
+        raise ValueError(f"{what} must be a name, got {x!r}")
+    return x
+
+
 def _whole(x, what: str) -> int:
     """A JSON integer, as it is: 4.5 or "2" or true is not silently made one."""
     if isinstance(x, bool) or not isinstance(x, int):
@@ -209,9 +219,7 @@ def _val_back(v):
         return None
     if "Lit" in v:
         return _whole(v["Lit"], "a literal index")
-    if not isinstance(v["Ident"], str):
-        raise ValueError(f"an index name must be text, got {v['Ident']!r}")
-    return v["Ident"]
+    return _name(v["Ident"], "an index variable")
 
 
 def _access_back(a: dict, span) -> ir.CacheAccess:
@@ -327,7 +335,7 @@ def from_json(data: dict, path: str = "<json>") -> ir.Graph:
             name=v["name"], kind=ir.MemKind(v["kind"].lower()), dtype=dtype, dims=tuple(_dim(x) for x in v["dims"]),
             span=span, init=scalar_from_json(dtype, v.get("init")), ref=v.get("ref_name"), pattern=v.get("pattern"),
             index_params=tuple(v.get("table_indices", ())), table=bool(v.get("table")),
-            auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, n if isinstance(n, str) else _whole(n, f"{v['name']}: @fixed({k})"))
+            auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, _name(n, f"{v['name']}: @fixed({k})") if isinstance(n, str) else _whole(n, f"{v['name']}: @fixed({k})"))
                          for k, n in v.get("fixed", ()))))
     blocks = [ir.Block(b["name"], tuple(_node_back(n, span) for n in b["nodes"]), span)
               for b in data["blocks"].values()]

@@ -157,3 +157,6 @@ def test_a_closed_standard_output_is_an_error_for_a_command_that_prints(tmp_path
     assert p.returncode == 1 and p.stderr == "error: standard output is closed: nowhere to print\n"
     p = closed("fmt", "-i", graph)
     assert p.returncode == 0 and p.stderr == "" and graph.read_text() == GOOD
+    for args in (["--version"], ["fmt", "--help"]):  # argparse's own printing dropped the failed write: exit 0
+        p = closed(*args)
+        assert p.returncode == 1 and p.stderr == "error: standard output is closed: nowhere to print\n", args

@@ -261,6 +261,9 @@ def test_graph_json_values_the_dsl_cannot_hold_are_named_errors(capsys, tmp_path
      "cache.increment amount must be an integer, got '2'"),
     (lambda g: g["blocks"]["entry"]["nodes"][1]["kind"]["CacheWrite"]["dst"].__setitem__(
         "indices", [{"Single": {"Lit": "t"}}]), "a literal index must be an integer, got 't'"),
+    (lambda g: g["blocks"]["entry"]["nodes"][1]["kind"]["CacheWrite"]["dst"].__setitem__(
+        "indices", [{"Single": {"Ident": "2"}}]), "an index variable must be a name, got '2'"),
+    (lambda g: g["vars"]["K"].__setitem__("fixed", [["i", "4"]]), "K: @fixed(i) must be a name, got '4'"),
 ])
 def test_graph_json_numbers_are_not_silently_made_integers(capsys, tmp_path, edit, words):
     """A @fixed of 4.5 became 4, an amount of 2.7 or "2" became 2, a dims entry "" made a scalar, a
