@@ -40,7 +40,9 @@ def format_graph(graph: ir.Graph) -> str:
     ended = set()  # ids of the lines that end in a `//` comment: nothing may follow it on that line
     for c_line, c_col, c_end, text in comments:
         before = src_lines[c_line - 1][:c_col - 1] if c_line - 1 < len(src_lines) else ""
-        if _code(before).strip():  # after code on its line: a trailing comment
+        if _code(before).strip() or _inside_item(src_lines, out, c_line, c_col):
+            # after code on its line, or on a line of its own inside an item that spans lines
+            # (`op add(q, // a` / `// s` / `q) >> q;`): a trailing comment of that item, in order
             host = [e for e in out if e[1] is not None and e[1] <= c_line and e[2] != "comment"]
             if host:  # the last item of the latest line before it (`a; b; } // c`: after the brace)
                 target = max(reversed(host), key=lambda e: e[1])
@@ -59,7 +61,9 @@ def format_graph(graph: ir.Graph) -> str:
                 continue
         pending.append((c_line, c_end, text))
     for c_line, c_end, text in pending:  # before the next source item (statement, brace, comment)
-        later = [i for i, e in enumerate(out) if e[1] is not None and e[1] > c_line]
+        # nothing precedes it on its line: an item on that line comes after it (`/* a */ op ...;`);
+        # right before that item, so after the comments already placed before it
+        later = [i for i, e in enumerate(out) if e[1] is not None and e[1] >= c_line and e[2] != "comment"]
         if later:
             i = min(later, key=lambda j: (out[j][1], j))
             nxt = out[i]
@@ -81,6 +85,18 @@ def format_graph(graph: ir.Graph) -> str:
         lines.append(e[0])
         prev = e
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _inside_item(src_lines: list[str], out: list, c_line: int, c_col: int) -> bool:
+    """A comment alone on its line lies inside the item (statement, declaration, header) that starts
+    on an earlier line and has not ended by it: the code from that item's line up to the comment
+    does not end in `;`, `{` or `}`."""
+    starts = [e[1] for e in out if e[1] is not None and e[1] < c_line and e[2] != "comment"]
+    if not starts:
+        return False
+    first = max(starts)
+    code = _code("\n".join(src_lines[first - 1:c_line - 1] + [src_lines[c_line - 1][:c_col - 1]])).rstrip()
+    return bool(code) and code[-1] not in ";{}"
 
 
 def _end(entry) -> int:
