@@ -42,7 +42,8 @@ from ._signals import deferred, raise_pending
 from .diagnostics import OiError, check_whole
 from .model.reader import open_model
 from .npz import regular_input
-from .model.tokenizer import META, encode_prompt, render_chat
+from .model.chat_template import render_chat
+from .model.tokenizer import META, encode_prompt
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
 from .runtime.runargs import call_limit, check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds

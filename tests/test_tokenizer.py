@@ -14,7 +14,8 @@ from oi2jax.diagnostics import OiError
 from oi2jax.model import open_model
 from oi2jax.model.convert import convert_hf
 from oi2jax.model.gguf import convert_gguf
-from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, gguf_tokenizer_metadata, render_chat
+from oi2jax.model.chat_template import render_chat
+from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, gguf_tokenizer_metadata
 
 from conftest import run_cli
 from test_gguf import SMALL, _twin
