@@ -15,7 +15,6 @@ from .model.gguf import convert_gguf
 from .model.hf.config import MAX_SIZE
 from .tables import TABLE_DTYPES
 from .npz import load_error, refuse_inputs_as_outputs, regular_input, write_atomic
-from .runtime import runstats
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 
 
@@ -113,7 +112,8 @@ def cmd_generate(args) -> int:
               file=sys.stderr)
         for line in result.stats.lines():
             print(line, file=sys.stderr)
-        print(runstats.memory_line(gen.memory()), file=sys.stderr)
+        from .runtime.runstats import memory_line  # deferred: JAX (generate's runs import it anyway)
+        print(memory_line(gen.memory()), file=sys.stderr)
     if result.error is not None:
         print(result.error.render(), file=sys.stderr)
         n = len(result.ids)
