@@ -3,6 +3,9 @@ never lost, growth that never loses a write, save/resume, fused multi-step runs,
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -790,3 +793,30 @@ def test_steps_without_runtime_guards_read_nothing_back():
     np.testing.assert_array_equal(np.asarray(ref.state.guards.flags), np.zeros(2, np.int64))
     assert before.is_deleted()  # donated to the loop, which returned the same guards
     np.testing.assert_allclose(ref.read("W"), deltas.sum(0) + deltas[:5].sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_session_let_go_with_an_unreported_error_reports_it():
+    """`Session.step` returns before its step's outcome is read (docs/decode.md, "When errors
+    surface"); a session let go, or still open when the interpreter exits, before anything read
+    it reports the error as a RuntimeWarning instead of losing it (a script that ends right after
+    a failing `step` exited 0 in silence)."""
+    import gc
+    x = np.ones(2, np.float32)
+    sess = oi2jax.compile(PLAIN_FAIL_SOURCE).session()
+    sess.step(n=np.float32(np.inf), x=x)
+    with pytest.warns(RuntimeWarning, match=r"(?s)never reported \(the session was let go.*in step 1\)"):
+        del sess
+        gc.collect()
+    fine = oi2jax.compile(PLAIN_FAIL_SOURCE).session()
+    fine.step(n=np.float32(2), x=x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del fine  # no error: nothing said
+        gc.collect()
+    script = (f"import numpy as np, oi2jax\nsess = oi2jax.compile({PLAIN_FAIL_SOURCE!r}).session()\n"
+              "out = sess.step(n=np.float32(np.inf), x=np.ones(2, np.float32))\nprint('stepped')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "stepped\n"
+    assert "RuntimeWarning: a session's runtime error was never reported (the interpreter exits" in proc.stderr, \
+        proc.stderr
+    assert "(in step 1)" in proc.stderr and "Traceback" not in proc.stderr

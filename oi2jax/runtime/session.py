@@ -16,8 +16,12 @@ recompile) and the step re-run with its own inputs: n growth steps cost O(log n)
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import warnings
+import weakref
+
 import jax
 import numpy as np
 
@@ -34,6 +38,18 @@ from .runargs import (call_limit, collect_names, collected_rows, device_inputs, 
                       stop_hits, stop_set, stopped, validate_run)
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
+
+
+# Every session, so that one still holding a step whose outcome is unread when the interpreter
+# exits reports that step's error (`Session._report_unchecked`); one let go earlier reports it
+# from `__del__`. Registered after JAX's own exit handlers, so it runs before them.
+_SESSIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _report_unchecked_at_exit() -> None:
+    for sess in list(_SESSIONS):
+        sess._report_unchecked("the interpreter exits")
 
 
 MAX_UNCHECKED = 8  # default K: steps `Session.step` may leave unchecked (docs/decode.md, "When errors surface")
@@ -120,6 +136,24 @@ class Session:
         # whether the state's guard flags are known to hold no error (every dispatched step's
         # outcome read): the next step needs no skip. A StepState handed in is not known clean.
         self._clean = not isinstance(state, StepState)
+        _SESSIONS.add(self)
+
+    def __del__(self):
+        self._report_unchecked("the session was let go")
+
+    def _report_unchecked(self, when: str) -> None:
+        """A session let go (or still open when the interpreter exits) with dispatched steps whose
+        outcome is unread: their error, if any, is reported as a RuntimeWarning, not lost with
+        the session (a script that ends right after `step`)."""
+        if getattr(self, "_closed", True) or not getattr(self, "_pending", None):
+            return
+        try:
+            self.check()
+        except OiError as exc:
+            warnings.warn(f"a session's runtime error was never reported ({when} before a later step, `read`, "
+                          f"`check`, `save` or `close`):\n{exc.render()}", RuntimeWarning, stacklevel=2)
+        except Exception:  # noqa: BLE001 (the device already gone at exit: nothing left to read)
+            pass
 
     # ------------------------------------------------------------------ state in / out
 
