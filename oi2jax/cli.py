@@ -312,7 +312,9 @@ def cmd_run(args) -> int:
     except OiError as exc:  # what the steps before the failing one produced is written, not lost
         partial = getattr(exc, "partial", None)
         if partial is not None:
-            write_outputs(args, partial, main_outputs(program, run_kwargs.get("collect", ())), partial=exc.step)
+            collected = run_kwargs.get("collect", ())
+            write_outputs(args, partial, main_outputs(program, collected), partial=exc.step, collected=collected,
+                          interpreted=args.interpret)
         if args.state_out and partial is not None and "session" in run_kwargs:
             session.save(args.state_out)  # the session's state, as --out's variables: resumable
             print(f"note: wrote {args.state_out}: the state after the failing step {exc.step} (its failing write "

@@ -87,16 +87,34 @@ def stop_ids(items: list[str] | None) -> dict:
     return stop
 
 
-def write_outputs(args, outputs, main, partial: int | None = None) -> None:
+RAN_ON = "the step ran on past its error, as OpenInfer's runtime does, a failing cache write skipped: docs/cli.md"
+
+
+def failed_run_contents(step: int, collected, interpreted: bool) -> str:
+    """What a failed run's result holds (`--out`, what stdout shows): a compiled run's collected
+    rows are the steps before the failing one, every other variable the failing step's own (its
+    failing write skipped, its other writes applied: docs/cli.md); the interpreter stops at the
+    failing node, so its variables are those after the step before."""
+    if interpreted:
+        return f"every variable as it was before the failing step {step} (the interpreter stops at the failing node)"
+    rows = f"the collected rows of the steps before the failing step {step} ({', '.join(collected)}); every other " \
+           f"variable" if collected else "every variable"
+    return f"{rows} as the failing step {step} left it ({RAN_ON})"
+
+
+def write_outputs(args, outputs, main, partial: int | None = None, collected=(), interpreted: bool = False) -> None:
     """--out gets every variable; stdout (unless --quiet) what `--show` asks for: by default the
     `main` ones (the collected variables, else the volatile ones: `main_outputs`) and every
-    scalar, not whole caches. `partial`: the step that failed (the outputs are those before it)."""
+    scalar, not whole caches. `partial`: the step that failed (`failed_run_contents`); a
+    compiled run then shows by default only the `collected` rows (the steps before it), not the
+    failing step's own values as if they were results."""
     if args.out:
         save_npz(args.out, outputs)
         if partial is not None:
-            print(f"note: wrote {args.out}: the steps before the failing step {partial}", file=sys.stderr)
+            print(f"note: wrote {args.out}: {failed_run_contents(partial, collected, interpreted)}", file=sys.stderr)
     if args.quiet:
         return
+    failed = partial is not None and not interpreted
     show = [n.strip() for item in args.show or [] for n in item.split(",") if n.strip()]
     if show and show != ["all"]:
         unknown = [n for n in show if n not in outputs]
@@ -106,6 +124,8 @@ def write_outputs(args, outputs, main, partial: int | None = None) -> None:
         names = show
     elif show:
         names = list(outputs)
+    elif failed:  # the failing step's own values are not results: the collected rows only
+        names = [n for n in outputs if n in collected]
     else:
         names = [n for n, v in outputs.items() if n in main or np.ndim(v) == 0]
     for name in names:
@@ -113,7 +133,14 @@ def write_outputs(args, outputs, main, partial: int | None = None) -> None:
         print(f"{name}: {value.dtype}{list(value.shape)}")
         print(np.array2string(value, threshold=64, edgeitems=3, precision=5))
     hidden = [n for n in outputs if n not in names]
-    if hidden:
+    own = [n for n in outputs if n not in collected]  # the failing step's values
+    if failed and show and any(n in own for n in names):
+        print(f"note: shown as the failing step {partial} left them ({RAN_ON}): "
+              f"{', '.join(n for n in names if n in own)}", file=sys.stderr)
+    elif failed and hidden:
+        print(f"note: not shown: {', '.join(hidden)}, as the failing step {partial} left them ({RAN_ON}; "
+              f"--show NAME,... to see them)", file=sys.stderr)
+    elif hidden:
         print(f"(not shown: {', '.join(hidden)}; --show all or --show NAME,...)")
 
 

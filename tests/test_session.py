@@ -594,7 +594,7 @@ def test_cli_run_overflow_names_the_step(capsys, tmp_path):
     assert code == 1
     assert "kv_cache_decode.oi:23:22: error: dimension 0 of K: index 4 is past its fixed size 4 (in step 5)" in err
     # nothing lost (issue 40 item 5): --out holds what the steps before the failing one produced
-    assert "note: wrote" in err and "the steps before the failing step 5" in err
+    assert "note: wrote" in err and "every variable as the failing step 5 left it" in err, err
     code, _, err = run_cli(capsys, "run", KV_SOURCE, "--inputs-per-step", tmp_path / "qs.npz", "--steps", "4",
                            "--out", tmp_path / "o4.npz", "--quiet")
     assert code == 0, err
@@ -820,3 +820,31 @@ def test_a_session_let_go_with_an_unreported_error_reports_it():
     assert "RuntimeWarning: a session's runtime error was never reported (the interpreter exits" in proc.stderr, \
         proc.stderr
     assert "(in step 1)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_failed_cli_run_shows_the_collected_rows_not_the_failing_steps_values(capsys, tmp_path):
+    """A run whose step fails printed every volatile value of the failing step as if it were the
+    result (an embedding row of a clamped id in the probe), and its note said `--out` held "the
+    steps before the failing step". Now stdout shows only the collected rows (the steps before
+    it), a note names what is not shown and why, and the note on --out says which is which."""
+    graph = tmp_path / "g.oi"
+    graph.write_text(PLAIN_FAIL_SOURCE)
+    np.save(tmp_path / "x.npy", np.ones(2, np.float32))
+    np.savez(tmp_path / "n.npz", n=np.array([1, 2, np.inf, 1], np.float32))
+    base = ["run", graph, "--input", f"x={tmp_path / 'x.npy'}", "--inputs-per-step", tmp_path / "n.npz"]
+    code, out, err = run_cli(capsys, *base, "--out", tmp_path / "o.npz")
+    assert code == 1 and "(in step 3)" in err, err
+    assert out == "", out  # nothing collected: no value of the failing step shown as a result
+    assert "note: wrote" in err and "every variable as the failing step 3 left it" in err, err
+    assert "note: not shown: n, x, y, acc, count, as the failing step 3 left them" in err, err
+    code, out, err = run_cli(capsys, *base, "--collect", "acc")
+    assert code == 1 and out == "acc: float32[2, 2]\n[[1. 1.]\n [3. 3.]]\n", out
+    assert "note: not shown: n, x, y, count, as the failing step 3 left them" in err, err
+    code, out, err = run_cli(capsys, *base, "--show", "y", "--out", tmp_path / "o.npz")
+    assert code == 1 and out.startswith("y: float32[2]"), out
+    assert "note: shown as the failing step 3 left them" in err and ": y\n" in err, err
+    np.save(tmp_path / "inf.npy", np.float32(np.inf))  # the interpreter: its variables are the step before's
+    code, out, err = run_cli(capsys, "run", graph, "--input", f"x={tmp_path / 'x.npy'}", "--input",
+                             f"n={tmp_path / 'inf.npy'}", "--interpret", "--out", tmp_path / "i.npz")
+    assert code == 1 and "every variable as it was before the failing step 1 (the interpreter stops" in err, err
+    assert "y: float32[2]\n[0. 0.]" in out, out
