@@ -29,6 +29,49 @@ def pattern_regex(decl: ir.VarDecl) -> tuple[re.Pattern, list[str]]:
     return re.compile("".join(parts) + r"\Z"), groups
 
 
+def member_name(decl: ir.VarDecl, values) -> str:
+    """The model tensor name of a prefix table's member `values` (one per index parameter): each
+    `{param}` of the pattern replaced by the value of the parameter of that NAME (SPEC §2.4)."""
+    bound = {p: str(int(v)) for p, v in zip(decl.index_params, values)}
+    return PLACEHOLDER.sub(lambda m: bound.get(m.group(1), m.group(0)), decl.pattern or "")
+
+
+def family_members(decl: ir.VarDecl, tensor_names) -> dict[tuple[int, ...], str]:
+    """Index values (one per index parameter, in declaration order) -> model tensor name, for
+    every name matching the prefix table's pattern (the checker's and bind's one lookup)."""
+    regex, groups = pattern_regex(decl)
+    members = {}
+    if not all(p in groups for p in decl.index_params):
+        return members  # a parameter the pattern does not use: the checker's error, bind's too
+    for tensor in tensor_names:
+        m = regex.match(tensor)
+        if m:
+            members[tuple(int(m.group(p)) for p in decl.index_params)] = tensor
+    return members
+
+
+def family_hole(members: dict[tuple[int, ...], str]) -> tuple[int, ...] | None:
+    """The first grid position, in index order, that a family's members leave empty (the grid:
+    0 .. the largest index present, per parameter), or None. Looks at no more positions than
+    there are members, plus one: a grid larger than its members has a hole among those."""
+    if not members:
+        return None
+    rank = len(next(iter(members)))
+    counts = [max(k[j] for k in members) + 1 for j in range(rank)]
+    idx = [0] * rank
+    for _ in range(len(members) + 1):
+        if tuple(idx) not in members:
+            return tuple(idx)
+        for j in reversed(range(rank)):  # the next position in index order (the last index fastest)
+            idx[j] += 1
+            if idx[j] < counts[j]:
+                break
+            idx[j] = 0
+        else:
+            return None  # the whole grid seen: no hole
+    return None
+
+
 def size_names(graph: ir.Graph) -> set[str]:
     """Every name the graph may use as a size: identifiers in declared dims, `@fixed` sizes, loop
     bounds, op int-list attributes and cache indices (a superset: some of those are variables)."""

@@ -338,3 +338,31 @@ def test_a_compiled_program_keeps_no_host_copy_of_the_model():
     assert_matches({n: np.asarray(got[n]) for n in want}, {n: np.asarray(want[n]) for n in want},
                    graph_ops(EXAMPLES / "mlp_regression.oi"))  # bit for bit on a CPU
 
+
+
+def test_check_finds_a_hole_in_a_family_as_run_does(tmp_path, capsys):
+    """A layer's weight missing from a family (w.2 absent, w.3 present): `check` passed and `run`
+    failed, its message without the source line. `check` now names the missing tensor at the
+    declaration, with its caret, as the run's error does; a family far past its members (a
+    member named w.1000000000) is the same error, found without walking the grid."""
+    from conftest import run_cli
+    src = ('constant { W(l): f32[2] @pattern("w.{l}"); }\nvolatile { y: f32[2]; }\n'
+           "block entry {\n    loop ls (l in 0..3) { op add(y, W[l]) >> y; }\n    return;\n}\n")
+    (tmp_path / "g.oi").write_text(src)
+    for name, last in (("m.oinf", "w.3"), ("far.oinf", "w.1000000000")):
+        save(tmp_path / name, tensors={t: np.ones(2, np.float32) for t in ("w.0", "w.1", last)})
+        code, _, err = run_cli(capsys, "check", tmp_path / "g.oi", "--model", tmp_path / name)
+        assert code == 1 and err == (f"{tmp_path / 'g.oi'}:1:12: error: prefix table W: model tensor w.2 not found\n"
+                                     f"    constant {{ W(l): f32[2] @pattern(\"w.{{l}}\"); }}\n"
+                                     f"               ^\n"), err
+    save(tmp_path / "whole.oinf", tensors={f"w.{i}": np.ones(2, np.float32) for i in range(3)})
+    assert run_cli(capsys, "check", tmp_path / "g.oi", "--model", tmp_path / "whole.oinf")[0] == 0
+
+
+def test_family_hole_two_parameters():
+    from oi2jax.naming import family_hole
+    grid = {(a, b): f"t{a}{b}" for a in range(2) for b in range(3)}
+    assert family_hole(grid) is None
+    assert family_hole({k: v for k, v in grid.items() if k != (1, 0)}) == (1, 0)
+    assert family_hole({(0, 0): "a", (0, 10**9): "b"}) == (0, 1)
+    assert family_hole({}) is None

@@ -4,7 +4,8 @@ from __future__ import annotations
 from .. import dtypes, ir, messages
 from ..diagnostics import suggest
 from ..ir import MemKind
-from ..naming import pattern_regex, resolve_alias  # the one prefix-member matcher and alias rule (bind's too)
+from ..naming import family_hole, family_members, member_name, resolve_alias  # the one prefix-member
+# lookup and alias rule (bind's too)
 from . import shape_text
 
 
@@ -73,12 +74,15 @@ class DeclRules:
                 self.error(f"model variable not found: {d.ref}", d.attr_span("ref"))
                 continue
             if d.is_prefix_table:
-                members = self.family_members(d)
-                for tname in members:
+                members = family_members(d, tensors)
+                for tname in members.values():
                     self.check_bound(d, tname)
                 if not members and d.kind == MemKind.CONSTANT:
                     self.error(f"constant {d.name} not found in model: no tensor matches @pattern(\"{d.pattern}\")",
                                d.span)
+                hole = family_hole(members)
+                if hole is not None:  # bind stacks the grid 0..largest index: a hole has no value
+                    self.error(messages.prefix_member_missing(d.name, member_name(d, hole)), d.span)
                 continue
             tname = resolve_alias(m, d.ref if d.ref is not None else d.name)
             if tname in tensors:
@@ -88,10 +92,6 @@ class DeclRules:
                 known = list(self.model.tensors) + list(self.model.metadata or {})
                 self.error(f"constant {d.name} not found in model (no tensor or metadata entry)"
                            f"{suggest(d.ref or d.name, known)}", d.span)
-
-    def family_members(self, d: ir.VarDecl) -> list[str]:
-        rx, _ = pattern_regex(d)
-        return [t for t in self.model.tensors if rx.match(t)]
 
     def check_bound(self, d: ir.VarDecl, tname: str):
         info = self.model.tensors[tname]

@@ -19,7 +19,7 @@ from ..check import resize
 from ..diagnostics import Diagnostic, OiError, check_sizes, suggest
 from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
-from ..naming import PLACEHOLDER, int_list_names, pattern_regex, resolve_alias
+from ..naming import PLACEHOLDER, family_members, int_list_names, member_name, pattern_regex, resolve_alias
 from ..values import convert_input
 from .ggml import AFFINE, HALF_KINDS, KeptBlocks
 from .quant import affine_parts, dequantize as quant_dequantize
@@ -280,15 +280,11 @@ class BoundGraph:
         if len(values) != len(decl.index_params):
             raise OiError(f"prefix table {decl.name} takes {len(decl.index_params)} indices, got {len(values)}",
                           decl.span)
-        bound = {p: int(v) for p, v in zip(decl.index_params, values)}
-
-        def sub(m):
-            if m.group(1) not in bound:
+        for m in PLACEHOLDER.finditer(decl.pattern or ""):
+            if m.group(1) not in decl.index_params:
                 raise OiError(f"prefix table {decl.name}: pattern placeholder {{{m.group(1)}}} is not one of its "
                               f"parameters ({', '.join(decl.index_params)})", decl.attr_span("pattern"))
-            return str(bound[m.group(1)])
-
-        return PLACEHOLDER.sub(sub, decl.pattern or "")
+        return member_name(decl, values)
 
     def _prefix_decl(self, name: str) -> ir.VarDecl:
         decl = self.graph.var(name)
@@ -301,17 +297,12 @@ class BoundGraph:
         decl = self._prefix_decl(name)
         if self.model is None:
             return {}
-        regex, groups = pattern_regex(decl)
+        _, groups = pattern_regex(decl)
         missing = [p for p in decl.index_params if p not in groups]
         if missing:
             raise OiError(f"prefix table {name}: pattern {decl.pattern!r} does not use parameter "
                           f"{missing[0]}", decl.attr_span("pattern"))
-        members = {}
-        for tensor in self.model.tensors:
-            m = regex.match(tensor)
-            if m:
-                members[tuple(int(m.group(p)) for p in decl.index_params)] = tensor
-        return members
+        return family_members(decl, self.model.tensors)
 
     def family_counts(self, name: str) -> tuple[int, ...]:
         """n_j = max index present + 1 among matching model tensors, per index param (0 when none)."""
