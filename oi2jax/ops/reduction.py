@@ -43,6 +43,30 @@ def _grouped(x, axes):
     return y.reshape(tuple(x.shape[i] for i in keep) + (k,))
 
 
+IN_ORDER_CHAIN = 32  # a float reduction of up to this many elements: a chain of adds; longer: a scan
+IN_ORDER_UNROLL = 16  # the scan's elements per iteration (still one after another)
+
+
+def in_order(x, axes, kind: str):
+    """A float sum (or product) over `axes` accumulated one element after another in row-major
+    input order, each partial result rounded: SPEC §6.4's "accumulate natively in row-major input
+    order", OpenInfer's loop. XLA's own reduce adds in another order (vectorized, tree-shaped):
+    on a CPU another result from 64 elements on ([2^24, 1, 1, ...]: 2^24 + 32 where the loop
+    keeps 2^24). The accumulator starts at 0 (1 for a product), an opaque constant XLA cannot
+    fold into the first element."""
+    g = _grouped(x, axes)
+    op = jnp.multiply if kind == "prod" else jnp.add
+    acc = jnp.broadcast_to(N.opaque(jnp.asarray(1 if kind == "prod" else 0, g.dtype)), g.shape[:-1])
+    k = g.shape[-1]
+    if k <= IN_ORDER_CHAIN:
+        for i in range(k):
+            acc = op(acc, g[..., i])
+        return acc
+    columns = jnp.moveaxis(g, -1, 0)
+    acc, _ = lax.scan(lambda a, c: (op(a, c), None), acc, columns, unroll=IN_ORDER_UNROLL)
+    return acc
+
+
 def _sum_like(kind):
     def impl(inputs, attrs, ctx):
         x = inputs[0]
@@ -52,12 +76,12 @@ def _sum_like(kind):
         count = math.prod(x.shape[i] for i in axes)
         if is_float(d):
             xc = N.to_compute(x, d)
-            if kind == "prod":
-                y = jnp.prod(xc, axis=axes)
+            if ctx.accelerator:  # the device's own reduce (docs/semantics.md: within the table's bound)
+                y = jnp.prod(xc, axis=axes) if kind == "prod" else jnp.sum(xc, axis=axes)
             else:
-                y = jnp.sum(xc, axis=axes)
-                if kind == "mean":
-                    y = N.ieee_div(y, jnp.asarray(count, xc.dtype))
+                y = in_order(xc, axes, "prod" if kind == "prod" else "sum")
+            if kind == "mean":
+                y = N.ieee_div(y, jnp.asarray(count, xc.dtype))
             return _finish(N.store(y, ctx.out_dtype), x.shape, axes, keepdims)
         out = ctx.out_dtype
         signed = D.get(d).is_signed
