@@ -76,7 +76,8 @@ def init_scalar(dtype: str, init) -> np.ndarray:
         return np.asarray(float(v), d.np_dtype)
     if d.name == "bool":
         return np.asarray(bool(v), np.bool_)
-    return np.asarray(int(v), np.int64).astype(d.np_dtype)
+    v = int(v)  # in the dtype's range (the checker's `init_error`); u64 above i64's as u64
+    return np.asarray(v, np.uint64 if v > np.iinfo(np.int64).max else np.int64).astype(d.np_dtype)
 
 
 def fill_value(dtype: str, shape: tuple[int, ...], init) -> np.ndarray:

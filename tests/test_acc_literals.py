@@ -312,3 +312,18 @@ def test_setting_beyond_its_suffix_type_warns(tmp_path, capsys):
     assert f"{g}:3:26: warning: setting value=300u8: 300 does not fit its suffix type u8 (0..255); OpenInfer " \
            f"ignores the suffix and uses 300" in err
     assert oi2jax.compile(str(g), zero_missing_inputs=True).run({})["b"].tolist() == [300, 300]
+
+
+def test_u64_values_above_i64s_range(capsys, tmp_path):
+    """A u64 `@init` or literal of 2^63 and more (valid: SPEC §2.3) was an internal error
+    (OverflowError: the value went through an int64) after `check` had passed; both modes now
+    hold it, and wrap as u64 does."""
+    src = ("volatile { a: u64 @init(18446744073709551615); b: u64 @init(9223372036854775808); s: u64; t: u64; }\n"
+           "block entry { op add(a, 18446744073709551615u64) >> s; op add(b, 1u64) >> t; return; }\n")
+    for mode in ("compiled", "interpret"):
+        out = oi2jax.compile(src, mode=mode).run({})
+        assert out["a"].dtype == np.uint64 and int(out["a"]) == 2 ** 64 - 1, mode
+        assert int(out["s"]) == 2 ** 64 - 2 and int(out["t"]) == 2 ** 63 + 1, mode
+    (tmp_path / "u.oi").write_text(src)
+    code, out, err = run_cli(capsys, "run", tmp_path / "u.oi")
+    assert code == 0 and "s: uint64[]\n18446744073709551614\n" in out, err
