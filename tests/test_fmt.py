@@ -14,6 +14,7 @@ from oi2jax.grammar import parse, parse_file
 from oi2jax.grammar.fmt import describe, format_graph, strip_spans
 from oi2jax.graph_json import from_json, to_json
 
+from conftest import run_cli
 from test_parse import SPEC_15
 
 EXAMPLES = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "examples" / "*.oi")))
@@ -456,3 +457,17 @@ def test_comments_keep_their_order_inside_a_statement_and_before_code_on_their_l
     assert _comment_texts(out) == ["// a", "// s", "/* b */"]
     before = _HEAD + "block entry {\n    op add(q, q) >> q;\n    /* c */op add(q, q) >> q;   // d\n    return;\n}\n"
     assert "    /* c */\n    op add(q, q) >> q;" in _fmt_holds(before)
+
+
+def test_fmt_of_graph_json_keeps_literal_suffixes(capsys, tmp_path):
+    """`fmt G.json` of a graph whose op inputs are suffixed literals (`7i32`, `1.0f32`) wrote them
+    without their suffix, and its own guard then refused the changed program: graph JSON keeps
+    the dtype, not the text, and the suffix now comes back from it."""
+    src = ("dynamic { i: i32[2]; f: f32[2]; d: f64[2]; }\nvolatile { j: i32[2]; g: f32[2]; e: f64[2]; }\n"
+           "block entry { op add(i, -7i32) >> j; op add(f, 1f32) >> g; op mul(d, 0.1f64) >> e; return; }\n")
+    (tmp_path / "s.oi").write_text(src)
+    code, _, err = run_cli(capsys, "compile", tmp_path / "s.oi", "--emit", "graph-json", "-o", tmp_path / "s.json")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "fmt", tmp_path / "s.json")
+    assert code == 0, err
+    assert "op add(i, -7i32) >> j;" in out and "op add(f, 1.0f32) >> g;" in out and "op mul(d, 0.1f64) >> e;" in out

@@ -312,7 +312,10 @@ def format_literal(lit: ir.Literal) -> str:
 def format_ref(r: "ir.VarRef | ir.LiteralInput", sep: str = ", ") -> str:
     """An op input, transfer or cache operand as written: `x`, `W[l]`, a literal input `0.125`."""
     if isinstance(r, ir.LiteralInput):
-        return format_literal(r.value)
+        text = format_literal(r.value)
+        if r.dtype is not None and ir.literal_text(r.value.value) is None:  # from graph JSON: no text kept
+            text += r.dtype  # the suffix that gave it its dtype (`7i32`, `1.0f32`)
+        return text
     if r.indices is None:
         return r.name
     return f"{r.name}[{sep.join(str(i) for i in r.indices)}]"
