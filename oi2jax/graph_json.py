@@ -237,13 +237,26 @@ def _attr_back(v: dict) -> ir.Literal:
     kind = {"Float": "float", "Double": "float", "Int": "int", "UInt": "int", "Bool": "bool", "Str": "str",
             "IntList": "int_list", "Var": "var", "DType": "dtype", "DTypeList": "dtype_list"}[k]
     if kind == "int_list":
-        x = tuple(x)
+        if not isinstance(x, list):
+            raise ValueError(f"an IntList setting must be a list of integers, got {x!r}")
+        x = tuple(_name(i, "an IntList item") if isinstance(i, str) else _whole(i, "an IntList item")
+                  for i in x)  # an integer or a size's name
     elif kind == "dtype_list":
         x = tuple(_dt_back(d) for d in x)
     elif kind == "dtype":
         x = _dt_back(x)
     elif kind == "float":
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"a {k} value must be a number, got {x!r}")
         x = float(x)
+    elif kind == "int":
+        x = _whole(x, f"an {k} value")
+    elif kind == "bool" and not isinstance(x, bool):
+        raise ValueError(f"a Bool value must be true or false, got {x!r}")
+    elif kind == "str" and not isinstance(x, str):
+        raise ValueError(f"a Str value must be a string, got {x!r}")
+    elif kind == "var":
+        x = _name(x, "a Var setting")
     return ir.Literal(kind, x)
 
 
@@ -292,8 +305,9 @@ _FROM_JSON = {  # serde variant (= the IR node type's name) -> (index, span, fie
     "Assign": lambda i, span, v: ir.Assign(index=i, span=span, name=v["name"], dtype=_dt_back(v["dtype"]),
                                            dims=tuple(_dim(x) for x in v["dims"])),
     "Op": lambda i, span, v: ir.Op(
-        index=i, span=span, op=v["op"], inputs=tuple(_input_back(x, span) for x in v["inputs"]),
-        attrs=tuple(ir.Attr(a["name"], _attr_back(a["value"]), span) for a in v["attrs"]["items"]),
+        index=i, span=span, op=_name(v["op"], "an op name"), inputs=tuple(_input_back(x, span) for x in v["inputs"]),
+        attrs=tuple(ir.Attr(_name(a["name"], "a setting's name"), _attr_back(a["value"]), span)
+                    for a in v["attrs"]["items"]),
         output=v["output"], output_span=span),
     "Branch": lambda i, span, v: ir.Branch(index=i, span=span, cond=v["cond"], then_block=v["then_block"],
                                            else_block=v["else_block"]),

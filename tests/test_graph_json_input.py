@@ -195,3 +195,33 @@ def test_a_member_reference_without_its_closing_bracket_is_refused():
     op["inputs"][1] = "W[1"
     with pytest.raises(OiError, match=r"variable reference 'W\[1': expected NAME or NAME\[INDEX, \.\.\.\]"):
         api.load_graph(data)
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda op: op.update(op=None), "an op name must be a name, got None"),
+    (lambda op: op.update(op=True), "an op name must be a name, got True"),
+    (lambda op: op.update(inputs=[op["inputs"][0], {"Literal": {"Int": "7"}, "dtype": None}]),
+     "an Int value must be an integer, got '7'"),
+    (lambda op: op.update(inputs=[op["inputs"][0], {"Literal": {"Double": "1"}, "dtype": None}]),
+     "a Double value must be a number, got '1'"),
+    (lambda op: op["attrs"]["items"].append({"name": None, "value": {"Double": 1.0}}),
+     "a setting's name must be a name, got None"),
+    (lambda op: op["attrs"]["items"].append({"name": "axes", "value": {"IntList": ["1"]}}),
+     "an IntList item must be a name, got '1'"),
+    (lambda op: op["attrs"]["items"].append({"name": "axes", "value": {"IntList": [1.5]}}),
+     "an IntList item must be an integer, got 1.5"),
+    (lambda op: op["attrs"]["items"].append({"name": "keepdims", "value": {"Bool": 1}}),
+     "a Bool value must be true or false, got 1"),
+])
+def test_an_ops_fields_of_the_wrong_type_are_refused_with_the_file(tmp_path, capsys, mutate, message):
+    """An op's name or setting name of null or true, or a literal `{"Int": "7"}`, went on to the
+    checker and ended as an internal error (TypeError); each is now the file's error."""
+    data = json.loads(json.dumps(FIXTURE))
+    op = next(n["kind"]["Op"] for b in data["blocks"].values() for n in b["nodes"]
+              if isinstance(n["kind"], dict) and "Op" in n["kind"])
+    mutate(op)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    assert main(["check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {bad}: not an OpenInfer graph JSON (SPEC §8.1): ValueError: {message}\n", err
