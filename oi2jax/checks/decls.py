@@ -90,8 +90,10 @@ class DeclRules:
                     self.check_bound(d, tname)
             elif d.kind == MemKind.CONSTANT and d.name not in (m.metadata or {}):
                 known = list(self.model.tensors) + list(self.model.metadata or {})
+                init = (" (its @init is its value only when no model is given: add the tensor to the model, or make it "
+                        "a persistent variable)") if d.init is not None else ""
                 self.error(f"constant {d.name} not found in model (no tensor or metadata entry)"
-                           f"{suggest(d.ref or d.name, known)}", d.span)
+                           f"{suggest(d.ref or d.name, known)}{init}", d.span)
 
     def check_bound(self, d: ir.VarDecl, tname: str):
         info = self.model.tensors[tname]

@@ -192,9 +192,10 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     if spec is None:
         raise OpTypeError(f"unsupported op {op}{suggest(op, reg)}")
     if not spec.min_arity <= len(in_dtypes) <= spec.arity:
-        count = (f"Fixed({spec.arity})" if spec.min_arity == spec.arity else
-                 f"{spec.min_arity} to {spec.arity} ({', '.join(i.name for i in spec.inputs)})")
-        raise OpTypeError(f"op {op} expects {count} inputs, got {len(in_dtypes)}")
+        names = ", ".join(i.name for i in spec.inputs)  # the SPEC's wording, then the inputs by name
+        count = f"Fixed({spec.arity}) inputs, got {len(in_dtypes)} ({names})" if spec.min_arity == spec.arity else \
+            f"{spec.min_arity} to {spec.arity} inputs, got {len(in_dtypes)} ({names})"
+        raise OpTypeError(f"op {op} expects {count}")
     attrs = canonical_attrs(spec, attrs)
     rule = None
     if "acc" in attrs and _lit_kind(attrs["acc"]) == "dtype_list":  # acc=[A, O]
