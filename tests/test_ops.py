@@ -673,3 +673,21 @@ def test_float_reductions_accumulate_in_row_major_order(dtype, shape, axes):
     one_src = "dynamic { x: f32[64]; }\nvolatile { s: f32; }\nblock entry { op sum_axis(x, axes=[0]) >> s; return; }\n"
     for mode in ("compiled", "interpret"):
         assert oi2jax.compile(one_src, mode=mode).run({"x": ones})["s"] == np.float32(2 ** 24)
+
+
+def test_subnormals_read_as_zero_on_a_cpu_as_documented():
+    """docs/semantics.md, "Subnormal floats on a CPU": XLA:CPU runs with flush-to-zero and
+    denormals-are-zero, compiled and interpreted alike; pinned here so that a JAX which keeps
+    subnormals shows up (and the page changes with it)."""
+    from conftest import device_platform
+    if device_platform() != "cpu":
+        pytest.skip("the CPU's flush-to-zero")
+    src = ("dynamic { a: f32[3]; b: f32[3]; }\nvolatile { q: f32[3]; s: f32[3]; z: bool[3]; }\n"
+           "block entry { op div(a, b) >> q; op add(a, a) >> s; op eq(a, b) >> z; return; }\n")
+    a = np.array([1e-38, 1e-40, 1], np.float32)
+    b = np.array([100, 0, 1e-40], np.float32)
+    for mode in ("compiled", "interpret"):
+        out = oi2jax.compile(src, mode=mode).run({"a": a, "b": b})
+        assert out["s"].tolist() == [0.0, 0.0, 2.0], mode  # 2e-38 and 2e-40 in IEEE arithmetic
+        assert out["z"].tolist() == [False, True, False], mode  # 1e-40 == 0
+        assert out["q"][0] == 0 and np.isnan(out["q"][1:]).all(), mode  # a subnormal divisor: the mask (0 -> NaN)
