@@ -384,10 +384,20 @@ def cmd_compile(args) -> int:
                               {"graph": args.graph, "model": _model(args).path})
     if args.emit == "graph-json" and not args.dump_dir and not _sharding_kwargs(args):
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
-        # graph (against the model when there is one) and write it; nothing to compile
+        # graph (against the model when there is one) and write it; nothing to compile, so a flag
+        # that only shapes what is compiled is refused, not dropped
+        unused = [flag for flag, given in (("--precision", args.precision != "highest"), ("--unroll", args.unroll != "auto"),
+                                           ("--kernels", args.kernels != "jax"), ("--device", args.device is not None),
+                                           ("--zero-missing-inputs", args.zero_missing_inputs)) if given]
+        if unused:
+            raise UsageError(f"{unused[0]} has no effect on --emit graph-json: nothing is compiled (the JSON is the graph "
+                             f"as written; with --dump-dir it applies to the forms dumped)")
         from . import pipeline  # deferred: JAX
         graph = pipeline.checked(Path(args.graph), _model(args), _sizes(args.size), _ops(args),
-                                 table_dtype=args.table_dtype)[0].graph
+                                 widen_floats=args.widen_floats, table_dtype=args.table_dtype)[0].graph
+        if args.size:
+            print("note: --size checks the graph at those sizes; graph JSON keeps the size names (it is written "
+                  "without a model, as OpenInfer writes it)", file=sys.stderr)
         return _write_output(args.output, json.dumps(to_json(graph), indent=2))
     program = api.compile(args.graph, model=_model(args), sizes=_sizes(args.size), device=args.device,
                           precision=args.precision, zero_missing_inputs=args.zero_missing_inputs, ops=_ops(args),

@@ -225,3 +225,21 @@ def test_an_ops_fields_of_the_wrong_type_are_refused_with_the_file(tmp_path, cap
     assert main(["check", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err == f"error: {bad}: not an OpenInfer graph JSON (SPEC §8.1): ValueError: {message}\n", err
+
+
+def test_compile_graph_json_refuses_flags_that_only_shape_a_compile(tmp_path, capsys):
+    """`compile --emit graph-json` compiles nothing: --precision, --unroll, --kernels, --device and
+    --zero-missing-inputs were dropped without a word; they are usage errors now (with --dump-dir,
+    which compiles the forms it dumps, they apply). --size checks the graph and says that the JSON
+    keeps the names; --widen-floats reaches the check."""
+    graph = str(EXAMPLES / "mlp_regression.oi")
+    out = str(tmp_path / "g.json")
+    for flag in (["--precision", "high"], ["--unroll", "full"], ["--kernels", "ggml"], ["--device", "cpu"],
+                 ["--zero-missing-inputs"]):
+        assert main(["compile", graph, "--emit", "graph-json", *flag, "-o", out]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {flag[0]} has no effect on --emit graph-json: nothing is compiled" in err, err
+        assert not (tmp_path / "g.json").exists()
+    assert main(["compile", graph, "--emit", "graph-json", "--size", "B=9", "-o", out]) == 0
+    assert "note: --size checks the graph at those sizes; graph JSON keeps the size names" in capsys.readouterr().err
+    assert '"B"' in (tmp_path / "g.json").read_text()
