@@ -62,7 +62,8 @@ def check_sizes(bound, device=None) -> None:
         big = next((i for i, n in enumerate(shape) if n > limit), None)
         if big is not None:  # even beside a 0 dim: no allocator takes such a shape
             where = decl or graph.temporaries[name]
-            raise OiError(f"{name}: dimension {big} is {shape[big]}, too large to allocate (the limit is {limit})",
+            raise OiError(f"{name}: dimension {big} is {shape[big]}, too large to allocate (the limit is {limit} "
+                          f"bytes of memory, which no dimension may pass)",
                           where.span, source=graph.source)
         what = f"shape {list(shape)}"
         count = math.prod(shape)

@@ -217,3 +217,15 @@ def test_a_flag_is_never_read_as_the_abbreviation_of_another(capsys, argv, hint)
         main(argv)
     err = capsys.readouterr().err
     assert usage.value.code == 2 and hint in err and "Traceback" not in err, err
+
+
+def test_a_per_step_file_of_the_wrong_shape_says_what_each_step_would_get():
+    """`--inputs-per-step` with a scalar input given as [2, 1]: the message showed `[N, ]` and
+    spoke of a missing step axis, where the array has one and each step's value is [1]."""
+    from oi2jax.diagnostics import OiError
+    from oi2jax.runtime.runargs import check_per_step
+    with pytest.raises(OiError) as info:
+        check_per_step("token", np.zeros((2, 1), np.int32), (), "--inputs-per-step")
+    assert info.value.diagnostics[0].message == (
+        "--inputs-per-step token: expected a leading step axis [N], got shape [2, 1]; with the first as the step "
+        "axis each step's value would be [1], where token is []")

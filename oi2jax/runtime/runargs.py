@@ -243,8 +243,11 @@ def check_per_step(name: str, value, shape: tuple, source: str) -> None:
     """OiError unless `value` (from `source`, e.g. `--inputs-per-step`) holds one value per
     step: shape `[N, *shape]` (`step_axis`)."""
     if np.ndim(value) != len(shape) + 1:
-        raise OiError(f"{source} {name}: expected a leading step axis [N, {', '.join(map(str, shape))}], "
-                      f"got shape {list(np.shape(value))}")
+        got = list(np.shape(value))
+        each = f"; with the first as the step axis each step's value would be {got[1:]}, where {name} is " \
+               f"{list(shape)}" if len(got) > len(shape) + 1 else ""
+        raise OiError(f"{source} {name}: expected a leading step axis {list(('N',) + tuple(shape))}, got shape "
+                      f"{got}{each}".replace("'N'", "N"))
     step_axis(name, value, tuple(shape))
 
 
