@@ -17,14 +17,15 @@ def _dims(shape) -> str:
     return str([int(d) for d in shape])
 
 
-def unknown_size(var: str, size: str, model=None, no_model: str | None = None) -> str:
+def unknown_size(var: str, size: str, model=None, no_model: str | None = None, known=()) -> str:
     """A declaration's dim names a size that neither the sizes given nor the model define (the
     checker says it when sizes are given, binding otherwise). Why: the model lacks it, or there is
-    no model (`no_model`: pipeline.ModelChoice.no_model_reason, where the default was looked for)."""
+    no model (`no_model`: pipeline.ModelChoice.no_model_reason, where the default was looked for);
+    `known`: the sizes there are (a close one is suggested)."""
     path = getattr(model, "path", None)
     why = f" (not a size variable of model {path})" if path is not None else \
         f" ({no_model})" if model is None and no_model else ""
-    return f"invalid dims for {var}: unknown size: {size}{why}"
+    return f"invalid dims for {var}: unknown size: {size}{suggest(size, known)}{why}"
 
 
 def unknown_fixed_size(index: str, size: str, var: str, known=()) -> str:

@@ -471,3 +471,13 @@ def test_fmt_of_graph_json_keeps_literal_suffixes(capsys, tmp_path):
     code, out, err = run_cli(capsys, "fmt", tmp_path / "s.json")
     assert code == 0, err
     assert "op add(i, -7i32) >> j;" in out and "op add(f, 1.0f32) >> g;" in out and "op mul(d, 0.1f64) >> e;" in out
+
+
+def test_fmt_writes_exponents_as_one_writes_them():
+    """`eps=1e-5` came back as `eps=1e-05` (Python's repr); the exponent's leading zeros go."""
+    src = ("dynamic { x: f32[4]; g: f32[4]; b: f32[4]; }\nvolatile { y: f32[4]; }\n"
+           "block entry { op layer_norm(x, g, b, eps=1e-5) >> y; op mul(y, 1e-10) >> y; op mul(y, 2.5e-300) >> y; "
+           "return; }\n")
+    text = format_graph(parse(src))
+    assert "eps=1e-5)" in text and "op mul(y, 1e-10)" in text and "op mul(y, 2.5e-300)" in text, text
+    assert format_graph(parse(text)) == text

@@ -33,7 +33,7 @@ class DeclRules:
         for dim in d.dims:
             for name in dim.names:
                 if name not in self.sizes and self.strict:
-                    self.error(messages.unknown_size(d.name, name, self.model, self.no_model), d.span)
+                    self.error(messages.unknown_size(d.name, name, self.model, self.no_model, self.sizes), d.span)
         if d.table and not d.index_params:
             self.error(f"persistent table {d.name} missing table indices", d.attr_span("table"))
         if d.is_table and dtypes.get(d.dtype).packed:
@@ -139,8 +139,8 @@ class DeclRules:
                 for dim in node.dims:
                     for name in dim.names:
                         if name not in self.sizes and self.strict:
-                            self.error(messages.unknown_size(node.name, name, self.model, self.no_model),
-                                       node.span)
+                            self.error(messages.unknown_size(node.name, name, self.model, self.no_model,
+                                                             self.sizes), node.span)
 
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import re
 
 from .. import ir
 
@@ -289,8 +290,7 @@ def _float(v: float) -> str:
         return "inf"
     if math.isnan(v):
         raise ValueError("NaN cannot be written in the DSL")
-    text = repr(float(v))
-    return text
+    return re.sub(r"e([+-]?)0+(?=\d)", r"e\1", repr(float(v)))  # 1e-05 -> 1e-5, as one writes it
 
 
 def format_literal(lit: ir.Literal) -> str:

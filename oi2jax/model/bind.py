@@ -597,7 +597,8 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
         try:
             shapes[name] = tuple(d.resolve(all_sizes) for d in dims)
         except KeyError as exc:
-            problems.append(Diagnostic(messages.unknown_size(name, exc.args[0], model, no_model), span))
+            problems.append(Diagnostic(messages.unknown_size(name, exc.args[0], model, no_model, all_sizes),
+                                       span))
 
     for decl in graph.vars:
         resolve(decl.name, decl.dims, decl.span)
