@@ -1,6 +1,7 @@
 """Checker: one failing program per rule, asserting the message and its exact line:column."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from oi2jax import ir
@@ -319,3 +320,19 @@ def test_resize_reports_what_the_new_sizes_break_as_the_checker_does(sizes, mess
     with pytest.raises(OiError) as fresh:
         check_graph(parse(RESIZED), sizes=sizes)
     assert str(resized.value) == str(fresh.value) and message in str(resized.value)
+
+
+def test_messages_for_a_model_that_lacks_a_name(tmp_path):
+    """An unknown size in a dim suggests a close one; a constant missing from the model with an
+    @init says that the @init is its value only without a model (helper probe, 2026-11-28)."""
+    from oi2jax.check import check
+    from oi2jax.grammar import parse
+    from oi2jax.model import open_model, save
+    save(tmp_path / "m.oinf", sizevars={"D": 4}, tensors={"w": np.ones(4, np.float32)})
+    model = open_model(tmp_path / "m.oinf")
+    graph = parse("dynamic { x: f32[Dd]; }\nconstant { one: f32 @init(1.0); w: f32[D]; }\nblock entry { return; }\n")
+    messages = [d.message for d in check(graph, model=model)]
+    assert any(m.startswith("invalid dims for x: unknown size: Dd (did you mean D?) (not a size variable of model")
+               for m in messages), messages
+    assert "constant one not found in model (no tensor or metadata entry) (its @init is its value only when no " \
+           "model is given: add the tensor to the model, or make it a persistent variable)" in messages, messages
