@@ -191,3 +191,31 @@ def test_cli_feedback_generates(graph, expected, capsys, tmp_path):
     assert code == 2 and "--feedback needs a compiled run (not --interpret)" in err
     code, _, err = run_cli(capsys, "run", g, "--model", m, "--feedback", "token=y", "--quiet")
     assert code == 1 and err.strip().startswith("error: feedback token=y: y is f32[1, 8] but input token is i64[1]")
+
+
+def test_a_run_that_continues_a_session_feeds_back_its_last_output(graph, expected, tmp_path, capsys):
+    """A second `run` of a session (or a run from a saved state) with `feedback` and the fed-back
+    input not given takes the session's last OUT as its first IN: the two runs equal one run of
+    their steps together. It was a missing-input error (or the input's default), so a saved
+    generation could not be resumed without giving its last token again (helper probe)."""
+    g, m = graph
+    tokens, h0, scales = _prompt()
+    prog = oi2jax.compile(g, model=m)
+    sess = prog.session()
+    feedback = {"token": "next", "h": "y"}
+    first = sess.run({"token": tokens, "h": h0, "scale": scales[:10]}, steps=10, feedback=feedback, collect="next")
+    rest = sess.run({"scale": scales[10:]}, steps=STEPS - 10, feedback=feedback, collect="next")
+    np.testing.assert_array_equal(np.concatenate([first["next"], rest["next"]]), expected["next"])
+    for name in ("acc", "H", "t"):
+        np.testing.assert_array_equal(rest[name], expected[name], err_msg=name)
+    # the CLI: --state-out, then --state-in with the feedback and no token
+    np.savez(tmp_path / "p.npz", token=tokens)
+    common = ["run", g, "--model", m, "--feedback", "token=next", "--collect", "next", "--quiet"]
+    assert run_cli(capsys, *common, "--inputs-per-step", tmp_path / "p.npz", "--steps", "6", "--state-out",
+                   tmp_path / "s.npz", "--out", tmp_path / "a.npz")[0] == 0
+    code, _, err = run_cli(capsys, *common, "--state-in", tmp_path / "s.npz", "--steps", "4", "--out", tmp_path / "b.npz")
+    assert code == 0, err
+    assert run_cli(capsys, *common, "--inputs-per-step", tmp_path / "p.npz", "--steps", "10", "--out",
+                   tmp_path / "w.npz")[0] == 0
+    with np.load(tmp_path / "a.npz") as a, np.load(tmp_path / "b.npz") as b, np.load(tmp_path / "w.npz") as w:
+        np.testing.assert_array_equal(np.concatenate([a["next"], b["next"]]), w["next"])

@@ -512,6 +512,7 @@ class Program:
         `trace=True` records `last_trace`: one event per step, each step waited for and timed."""
         session = self.session() if session is None else session
         faults.reach(faults.RUN)
+        inputs = session.continued(inputs or {}, feedback)
         if self.driver is not None:
             if stop:
                 raise OiError("stop: a graph run by the yield/await driver has no fused loop to stop; run it "

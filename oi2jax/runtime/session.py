@@ -540,7 +540,8 @@ class Session:
         `feedback={IN: OUT}`: once IN's per-step values run out (after its first step, when it
         is given once or not at all), step i takes IN from step i-1's OUT, inside the loop
         (generation: a prompt teacher-forced, then each token fed back); `steps` may exceed the
-        per-step values only of inputs with feedback.
+        per-step values only of inputs with feedback. IN not given: its default in the session's
+        first step, else the session's last OUT (`continued`).
         `stop={OUT: [ID, ...]}`: the loop ends after the step whose OUT is one of the ids (every
         element of OUT, each of a batch's sequences at its own step: `runargs.stopped`), on the
         device, no host read per step; that step is the run's last and is kept (its OUT, the stop
@@ -559,7 +560,7 @@ class Session:
         and the steady rate of this run."""
         self.check()
         prog = self.program
-        inputs = dict(inputs or {})
+        inputs = self.continued(dict(inputs or {}), feedback)
         stop_ids = stop_set(prog, stop)
         call = validate_run(prog, inputs, steps, collect, self._inputs, feedback, stop_ids)
         steps, collect = call.steps, call.collect
@@ -655,6 +656,17 @@ class Session:
         self._clean = True  # the last status read said: no error, no growth pending
         self.last_run = clock.stats(stopped=over if steps else False)
         return result
+
+    def continued(self, inputs: dict, feedback) -> dict:
+        """`inputs`, with each fed-back input that is not given taken from this session's value of
+        its output: a run that continues the session (steps run, or a state resumed) starts where
+        the last step left off, its first step's IN that step's OUT, as `feedback` defines it for
+        every later step. A session with no step yet: unchanged (its first IN must be given)."""
+        if not isinstance(feedback, dict) or not self.steps:
+            return inputs
+        graph = self.program.graph
+        missing = {i: o for i, o in feedback.items() if i not in inputs and isinstance(o, str) and graph.var(o)}
+        return {**inputs, **{i: self.read(o) for i, o in missing.items()}} if missing else inputs
 
     def _interrupted(self, interrupt: KeyboardInterrupt, so_far, pieces: dict) -> None:
         """A Ctrl-C in `run` (deferred to the end of a fused call, or a second one at once): the
