@@ -411,6 +411,11 @@ def test_an_nn_op_without_the_set_is_pointed_at_it():
     with pytest.raises(OiError) as info:
         oi2jax.compile("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry {\n  op silu(x) >> y;\n}\n")
     assert 'unsupported op silu; it is in the bundled op set nn (--ops nn, or ops=["nn"])' in info.value.render()
+    # not also a guess at a close built-in (`gelu`: "did you mean relu?", `softmax`: "did you mean max?")
+    for op in ("gelu", "softmax"):
+        with pytest.raises(OiError) as info:
+            oi2jax.compile(f"dynamic {{ x: f32[2]; }}\nvolatile {{ y: f32[2]; }}\nblock entry {{\n  op {op}(x) >> y;\n}}\n")
+        assert f'unsupported op {op}; it is in the bundled op set nn (--ops nn, or ops=["nn"])\n' in info.value.render()
 
 
 SLIDING = """

@@ -76,7 +76,8 @@ class OpRules:
     def check_op(self, node: ir.Op, loops):
         name_span = self.name_span(node.span, "op")
         if node.op not in self.registry:
-            self.error(f"unsupported op {node.op}{suggest(node.op, self.registry)}{self.ops_hint(node.op)}",
+            hint = self.ops_hint(node.op)  # the op of a bundled set not loaded: that, not a close built-in
+            self.error(f"unsupported op {node.op}{hint or suggest(node.op, self.registry)}",
                        name_span)
             return
         spec = self.registry[node.op]
