@@ -275,8 +275,14 @@ def cmd_run(args) -> int:
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
     batch_var = args.batch_var
     if batch_var is None and program.supports_batched and not session_flags:
-        from .runtime.chunked import batch_var_for  # deferred: JAX
-        batch_var = batch_var_for(program, inputs)  # an input longer than its batch size variable
+        from .runtime.chunked import over_long_input  # deferred: JAX
+        found = over_long_input(program, inputs)  # an input longer than its batch size variable
+        if found is not None:
+            batch_var, name, rows = found
+            if not args.quiet:  # said, not silent: the run's shape is not the graph's
+                size = program.bound.sizes[batch_var]
+                print(f"note: {name} holds {rows} row{'' if rows == 1 else 's'} where {batch_var}={size}: running them in chunks of {size} "
+                      f"rows (docs/executor.md; --batch-var {batch_var} asks for it)", file=sys.stderr)
     if batch_var is not None:
         if not program.supports_batched:
             raise UsageError("--batch-var needs a compiled run (not --interpret)")

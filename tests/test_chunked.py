@@ -185,8 +185,10 @@ def test_cli_run_chunks_a_long_input(tmp_path):
     out = tmp_path / "out.npz"
     proc = subprocess.run([sys.executable, "-m", "oi2jax", "run", str(graph), "--size", "B=4", "--size", "D=3",
                            "--input", f"x={tmp_path / 'x.npy'}", "--input", f"scale={tmp_path / 'scale.npy'}",
-                           "--out", str(out), "--quiet", "--cache-dir", "none"],
+                           "--out", str(out), "--cache-dir", "none"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    # said, not silent (helper probe): the run's rows are not the graph's B
+    assert "note: x holds 13 rows where B=4: running them in chunks of 4 rows" in proc.stderr, proc.stderr
     got = dict(np.load(out))
     same(got, manual(ACC, x, extra={"scale": np.ones(3, np.float32)}))
