@@ -389,7 +389,8 @@ def _check_step_graph(program, exe) -> None:
     if "tokens" not in dynamic or tuple(bound.shape("tokens")) != (1,) or "n" not in dynamic or \
             "next" not in volatile:
         raise OiError(f"a batch runs a step graph at S=1 (examples/llama_prefill.oi with sizes={{'S': 1}}): "
-                      f"inputs tokens: i32[1] and n, output next; {program.graph.path or 'this graph'} is not one")
+                      f"inputs tokens: i32[1] and n, output next; {program.graph.path or 'this graph'} is not one "
+                      f"(docs/decode.md, \"Batches\", says what a batched graph offers)")
     if exe.growable:
         caches = ", ".join(name for name, _ in exe.lowering.growable)
         raise OiError(f"a batch needs every cache @fixed (slots share one compiled shape): {caches} grows")
