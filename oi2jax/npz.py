@@ -83,13 +83,18 @@ def writable_target(path) -> str:
     target = os.path.realpath(path) if os.path.islink(path) else path
     try:
         mode = os.stat(target).st_mode
-    except OSError:  # absent (it will be created) or unreadable (the write itself reports it)
-        return target
+    except OSError:  # absent (it will be created) or unreadable (the write itself reports it), or a
+        try:  # link that only the kernel resolves (/dev/stdout -> /proc/self/fd/1 -> a pipe)
+            mode = os.stat(path).st_mode
+        except OSError:
+            return target
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "is a directory", path)
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "a special file")
-        raise NotRegularFileError(17, f"not a regular file ({kind}); refusing to replace it", path)
+        stdout = " (leave out -o to print on standard output)" if os.path.abspath(path) in ("/dev/stdout", "/dev/fd/1") \
+            else ""
+        raise NotRegularFileError(17, f"not a regular file ({kind}); refusing to replace it{stdout}", path)
     if not os.access(target, os.W_OK):  # a plain write would fail (a rename needs only the folder's permission)
         try:
             read_only = bool(os.statvfs(target).f_flag & os.ST_RDONLY)

@@ -276,3 +276,15 @@ def test_graph_json_numbers_are_not_silently_made_integers(capsys, tmp_path, edi
     path.write_text(json_.dumps(g))
     code, _, err = run_cli(capsys, "check", path, "--no-model")
     assert code == 1 and words in err, err
+
+
+def test_minus_o_dev_stdout_on_a_pipe_is_named_as_a_pipe():
+    """`compile -o /dev/stdout` with standard output a pipe said `No such file or directory` (the
+    link's target, pipe:[N], is no path); it is now refused as what it is, with the way out."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "oi2jax", "compile", str(EXAMPLES / "mlp_regression.oi"), "-o",
+                           "/dev/stdout"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert "error: /dev/stdout: not a regular file (a FIFO); refusing to replace it (leave out -o to print on " \
+           "standard output)" in proc.stderr, proc.stderr
