@@ -336,3 +336,10 @@ def test_messages_for_a_model_that_lacks_a_name(tmp_path):
                for m in messages), messages
     assert "constant one not found in model (no tensor or metadata entry) (its @init is its value only when no " \
            "model is given: add the tensor to the model, or make it a persistent variable)" in messages, messages
+
+
+def test_a_fixed_arity_error_names_the_inputs():
+    """The SPEC's wording (`expects Fixed(k) inputs, got m`), then the op's inputs by name (the
+    helper probe read `Fixed(3)` as an internal name, with nothing saying which three)."""
+    diags = check(parse("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry { op add(x) >> y; return; }\n"))
+    assert [d.message for d in diags if d.severity == "error"] == ["op add expects Fixed(2) inputs, got 1 (a, b)"], diags

@@ -194,7 +194,7 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     if not spec.min_arity <= len(in_dtypes) <= spec.arity:
         names = ", ".join(i.name for i in spec.inputs)  # the SPEC's wording, then the inputs by name
         count = f"Fixed({spec.arity}) inputs, got {len(in_dtypes)} ({names})" if spec.min_arity == spec.arity else \
-            f"{spec.min_arity} to {spec.arity} inputs, got {len(in_dtypes)} ({names})"
+            f"{spec.min_arity} to {spec.arity} ({names}) inputs, got {len(in_dtypes)}"
         raise OpTypeError(f"op {op} expects {count}")
     attrs = canonical_attrs(spec, attrs)
     rule = None
