@@ -202,6 +202,23 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
                 return ir.Span(span.path, span.line, m.end() + 1)
         return span
 
+    def word_span(self, span: ir.Span, word: str, after: str = "") -> ir.Span:
+        """The span of the name `word`, as a whole word, on the line of `span` past its column (and
+        past the first `after` there, e.g. a loop's `(`): where a bound or a branch's condition or
+        target is written; `span` itself when it is not on that line."""
+        lines = self.__dict__.get("_lines")
+        if lines is None:
+            lines = self._lines = source_lines(self.g.source or "")
+        if 1 <= span.line <= len(lines):
+            line, start = lines[span.line - 1], span.col - 1
+            if after:
+                at = line.find(after, start)
+                start = at + len(after) if at >= 0 else start
+            m = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(word) + r"(?![A-Za-z0-9_])").search(line, start)
+            if m:
+                return ir.Span(span.path, span.line, m.start() + 1)
+        return span
+
     # ---------------------------------------------------------------- driver
     def run(self):
         for message in unknown_sizes(self.g, self.model, self.given_sizes):

@@ -87,12 +87,12 @@ def test_valid_head_program_is_clean():
     ("block entry {\n  cache.increment P;\n}", 7, 3, "cache.increment P requires a scalar persistent variable"),
     ("persistent { b: bool; }\nblock entry {\n  cache.decrement b;\n}", 8, 3, "cache.decrement b does not support dtype bool"),
     # control
-    ("block entry {\n  branch nope;\n}", 7, 3, "branch target block not found: nope"),
-    ("block entry {\n  branch zz entry entry;\n}", 7, 3, "unknown variable zz"),
-    ("block entry {\n  branch x a a;\n}\nblock a { return; }", 7, 3, "x must be scalar"),
+    ("block entry {\n  branch nope;\n}", 7, 10, "branch target block not found: nope"),
+    ("block entry {\n  branch zz entry entry;\n}", 7, 10, "unknown variable zz"),
+    ("block entry {\n  branch x a a;\n}\nblock a { return; }", 7, 10, "x must be scalar"),
     ("block entry {\n  branch a;\n}\nblock a {\n  branch entry;\n}", 10, 3, "recursion through branches: entry -> a -> entry"),
-    ("block entry {\n  loop L (i in x..3) { barrier; }\n}", 7, 3, "loop start bound x is invalid: x must be scalar"),
-    ("block entry {\n  loop L (i in 0..2) {\n    loop M (j in 0..i) { barrier; }\n  }\n}", 8, 5, "loop end bound i is invalid: loop index i is not a variable"),
+    ("block entry {\n  loop L (i in x..3) { barrier; }\n}", 7, 16, "loop start bound x is invalid: x must be scalar"),
+    ("block entry {\n  loop L (i in 0..2) {\n    loop M (j in 0..i) { barrier; }\n  }\n}", 8, 21, "loop end bound i is invalid: loop index i is not a variable"),
     ("block entry {\n  loop L (i in 0..2) {\n    loop M (i in 0..2) { barrier; }\n  }\n}", 8, 5, "loop index i shadows an enclosing loop index"),
     ("block entry {\n  branch a;\n}\nblock a {\n  return x;\n}", 10, 3, "return with values is only allowed at the top level of entry"),
     ("block entry {\n  loop L (i in 0..2) {\n    return x;\n  }\n}", 8, 5, "not inside a loop"),
@@ -165,7 +165,7 @@ def test_dead_block_is_a_warning():
 
 def test_all_errors_reported_sorted():
     errs = errors("block entry {\n  op add(x, q1) >> v;\n  op add(x, q2) >> v;\n  branch nope;\n}")
-    assert [(l, c) for l, c, _ in errs] == [(7, 13), (8, 13), (9, 3)]
+    assert [(l, c) for l, c, _ in errs] == [(7, 13), (8, 13), (9, 10)]
 
 
 def test_no_blocks():
@@ -262,7 +262,7 @@ def test_loop_bound_unknown_is_error_once_sizes_are_known():
     assert errors(body) == []  # zz may be a size variable of a model bound later
     got = [(d.span and d.span.line, d.span and d.span.col, d.message) for d in diags(body, sizes={"N": 1})]
     assert got == [(None, None, "unknown size N: the graph and model sizes are zz"),
-                   (7, 3, "loop end bound zz is invalid: unknown variable zz")]
+                   (7, 19, "loop end bound zz is invalid: unknown variable zz")]
 
 
 def test_unknown_size_names_are_errors_with_suggestions(capsys):

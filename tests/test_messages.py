@@ -164,7 +164,7 @@ def test_unknown_block_and_model_tensor_suggest(capsys, tmp_path):
                  "    return;\n}\nblock yes { return; }\nblock nop { return; }\n")
     code, _, err = run_cli(capsys, "check", g, "--model", tmp_path / "m.oinf")
     assert code == 1
-    assert f"{g}:4:5: error: branch target block not found: nope (did you mean nop?)" in err
+    assert f"{g}:4:18: error: branch target block not found: nope (did you mean nop?)" in err
     assert f"{g}:2:12: error: constant weigth not found in model (no tensor or metadata entry) " \
            f"(did you mean weight?)" in err
 

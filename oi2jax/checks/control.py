@@ -26,25 +26,29 @@ class ControlRules:
         return True
 
     def check_branch(self, node: ir.Branch):
-        if node.cond is not None and self.check_scalar_var(node.cond, node.span):
+        cond_span = self.word_span(node.span, node.cond, "branch") if node.cond is not None else node.span
+        if node.cond is not None and self.check_scalar_var(node.cond, cond_span):
             if dtypes.get(self.dtype(node.cond)).packed:
-                self.error(f"branch condition {node.cond}: packed scalars are not supported", node.span)
+                self.error(f"branch condition {node.cond}: packed scalars are not supported", cond_span)
         for target in (node.then_block, node.else_block):
             if target is not None and target not in self.g.block_map:
+                after = "branch" if node.cond is None else node.cond  # the target follows the condition
                 self.error(f"branch target block not found: {target}"
-                           f"{suggest(target, [b.name for b in self.g.blocks])}", node.span)
+                           f"{suggest(target, [b.name for b in self.g.blocks])}",
+                           self.word_span(node.span, target, after))
 
     def check_loop_bound(self, node: ir.Loop, which: str, bound, loops):
         if isinstance(bound, int) or bound in self.sizes:
             return
         prefix = f"loop {which} bound {bound} is invalid: "
+        span = self.word_span(node.span, bound, " in " if which == "start" else "..")  # where the bound is written
         if bound in loops:
-            self.loop_index_error(bound, node.span, prefix, use="c as the bound")
+            self.loop_index_error(bound, span, prefix, use="c as the bound")
             return
         if not self.known(bound) and not self.strict:
             return  # may be a size variable of a model bound later
-        if self.check_scalar_var(bound, node.span, prefix) and dtypes.get(self.dtype(bound)).packed:
-            self.error(prefix + "packed scalars are not supported", node.span)
+        if self.check_scalar_var(bound, span, prefix) and dtypes.get(self.dtype(bound)).packed:
+            self.error(prefix + "packed scalars are not supported", span)
 
     # ---------------------------------------------------------------- whole-graph rules
     def branch_targets(self) -> dict[str, list[ir.Branch]]:
