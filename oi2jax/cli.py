@@ -246,8 +246,9 @@ def cmd_run(args) -> int:
                 raise UsageError(f"--feedback {name}: given twice ({name}={feedback[name]}, {pair})")
             feedback[name] = source
     stop = stop_ids(args.stop)
-    if args.interpret and session_flags:
-        raise UsageError(f"{session_flags[0]} needs a compiled run (not --interpret)")
+    compiled_only = [f for f in session_flags if f != "--inputs-per-step"]  # the interpreter takes per-step inputs
+    if args.interpret and compiled_only:
+        raise UsageError(f"{compiled_only[0]} needs a compiled run (not --interpret)")
     sharding = _sharding_kwargs(args)
     if sharding and args.interpret:
         raise UsageError("--mesh/--shard cannot be used with --interpret")

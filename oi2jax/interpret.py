@@ -53,7 +53,8 @@ from .model.bind import AttrVar
 from .host_numerics import state_fill
 from .protocol import CompileOptions
 from .trace import Trace
-from .values import check_given_inputs, convert_inputs, convert_output  # one message each, compiled or interpreted
+from .values import check_given_inputs, convert_inputs, convert_output, step_axis  # one rule and message
+# each, compiled or interpreted
 
 MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
@@ -245,8 +246,10 @@ class InterpretedProgram(CacheOps):
 
     # ------------------------------------------------------------------------------- running
 
-    def run(self, inputs: dict | None = None, steps: int = 1, progress=None) -> dict[str, np.ndarray]:
-        """Run `steps` steps from a fresh state with the same dynamic `inputs` each step.
+    def run(self, inputs: dict | None = None, steps: int | None = None, progress=None) -> dict[str, np.ndarray]:
+        """Run `steps` steps from a fresh state. An input of its declared shape is the same every
+        step; one with a leading step axis `[N, ...]` gives step i the value `[i]` (`steps=None`:
+        N, else at most N; 1 without such an input), as the compiled `Program.run`.
         `progress(n)` is called after each step (e.g. oi2jax.progress.ProgressBar). A runtime
         error names its step and carries every variable after the step before it (`.partial`)."""
         try:
@@ -256,17 +259,35 @@ class InterpretedProgram(CacheOps):
 
     def _run(self, inputs, steps, progress=None):
         with jax.enable_x64(True):
-            converted = convert_inputs(inputs or {}, self.graph, self._decl_shape)
-            check_given_inputs(self.bound, (inputs or {}).keys(), self.zero_missing_inputs)
-            steps = check_whole("steps", steps, 0)
+            inputs = dict(inputs or {})
+            per_step = {}  # name -> its values, one per step (`step_axis`: THE per-step input rule)
+            for name, value in inputs.items():
+                decl = self.graph.var(name)
+                if decl is not None and decl.kind == ir.MemKind.DYNAMIC and \
+                        step_axis(name, value, tuple(self._decl_shape(name))) is not None:
+                    per_step[name] = [convert_inputs({name: row}, self.graph, self._decl_shape)[name]
+                                      for row in np.asarray(value)]
+            converted = convert_inputs({k: v for k, v in inputs.items() if k not in per_step}, self.graph,
+                                       self._decl_shape)
+            check_given_inputs(self.bound, inputs.keys(), self.zero_missing_inputs)
+            lengths = {k: len(v) for k, v in per_step.items()}
+            if len(set(lengths.values())) > 1:
+                raise OiError("per-step inputs disagree on the number of steps: " +
+                              ", ".join(f"{k} has {v}" for k, v in lengths.items()))
+            n = next(iter(lengths.values()), None)
+            steps = check_whole("steps", (1 if n is None else n) if steps is None else steps, 0)
+            if n is not None and steps > n:
+                raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
+                              f"({', '.join(lengths)})")
             self.state = self._initial_state()
-            self._reset_step(self.state, converted)  # so that steps=0 returns the initial values
+            first = {**converted, **{k: v[0] for k, v in per_step.items() if v}}
+            self._reset_step(self.state, first)  # so that steps=0 returns the initial values
             if self.trace is not None and not self.trace.echo:
                 self.trace.clear()
             for i in range(steps):
                 before = self.state.copy()  # shallow: arrays are never mutated in place
                 try:
-                    self.step(converted)
+                    self.step({**converted, **{k: v[i] for k, v in per_step.items()}})
                 except OiError as exc:  # a runtime error names its step, as a compiled guard does;
                     # what the steps before it produced goes with it (`partial`), as a compiled run's
                     error = exc.in_step(i + 1)

@@ -163,3 +163,14 @@ def check_given_inputs(bound, given, allow_zeros: bool) -> None:
                       f"{'it' if one else 'them'} (--input NAME=FILE.npy, or the inputs dict), or ask for "
                       f"OpenInfer's zero-filled default with --zero-missing-inputs (zero_missing_inputs=True)")
 
+
+def step_axis(name: str, value, shape: tuple) -> int | None:
+    """THE per-step input rule: a value of shape `[N, *shape]` gives one value per step (returns
+    N); one of `shape` is the same every step (None); any other shape is an OiError."""
+    vshape = tuple(np.shape(value))
+    if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
+        return vshape[0]
+    if vshape == shape:
+        return None
+    raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
+                  f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")

@@ -281,15 +281,14 @@ def test_inputs_are_never_reshaped_or_broadcast(capsys, tmp_path):
     prog, interp = oi2jax.compile(str(g)), oi2jax.compile(str(g), mode="interpret")
     for what, (change, message) in bad.items():
         ins = {**good, **change}
-        ways = {"Session.step": lambda: prog.session().step(**ins), "Program.step": lambda: prog.step(None, **ins),
-                "interpreted run": lambda: interp.run(ins)}
+        ways = {"Session.step": lambda: prog.session().step(**ins), "Program.step": lambda: prog.step(None, **ins)}
         for way, call in ways.items():
             with pytest.raises(OiError) as info:
                 call()
             assert str(info.value).startswith(f"error: {message}"), (what, way, str(info.value))
     # Program.run / Session.run: [N, ...] is one value per step, [] never
-    ins = {**good, "x": np.float32(1)}
-    for call in (lambda: prog.run(ins), lambda: prog.session().run(ins, steps=1)):
+    ins = {**good, "x": np.float32(1)}  # the interpreter's run takes inputs as Program.run does
+    for call in (lambda: prog.run(ins), lambda: prog.session().run(ins, steps=1), lambda: interp.run(ins)):
         with pytest.raises(OiError) as info:
             call()
         assert str(info.value) == ("error: input x: expected shape [4, 16] (the same every step) or [N, 4, 16] "
@@ -299,14 +298,14 @@ def test_inputs_are_never_reshaped_or_broadcast(capsys, tmp_path):
     assert out["y"].shape == (2, 4, 16) and out["y"][1, 0, 0] == 3.0
 
 
-def test_interpret_takes_fixed_inputs_only_and_says_so(capsys, tmp_path, graph):
-    """Issue 34 item 5: `--interpret` with `--inputs-per-step` is refused (the interpreter runs
-    every step on the same inputs); docs/cli.md now says so."""
+def test_interpret_refuses_the_session_flags_and_says_so(capsys, tmp_path, graph):
+    """Issue 34 item 5: `--interpret` with a flag only a compiled run has is refused, as
+    docs/cli.md says (--inputs-per-step is not one since 2026-11-28: the interpreter takes per-step
+    inputs, tests/test_interpret.py)."""
     from conftest import REPO
     np.savez(tmp_path / "per.npz", x=np.ones((2, 2), np.float32))
-    for flag, value in (("--inputs-per-step", tmp_path / "per.npz"), ("--collect", "y"),
-                        ("--state-in", tmp_path / "per.npz"), ("--state-out", tmp_path / "s.npz")):
+    for flag, value in (("--collect", "y"), ("--state-in", tmp_path / "per.npz"), ("--state-out", tmp_path / "s.npz")):
         code, _, err = run_cli(capsys, "run", graph, "--interpret", flag, value, "--quiet")
         assert code == 2 and err.strip() == f"error: {flag} needs a compiled run (not --interpret)"
-    assert ("`--interpret` runs the reference interpreter instead of the compiled program, with the same "
-            "inputs every step") in " ".join((REPO / "docs" / "cli.md").read_text().split())
+    assert ("`--collect`, `--feedback`, `--stop`, `--state-in`, `--state-out` and `--stats` need a compiled run and "
+            "are refused with it") in " ".join((REPO / "docs" / "cli.md").read_text().split())

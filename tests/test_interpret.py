@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import oi2jax
 from oi2jax.diagnostics import OiError
 from oi2jax.grammar.parse import parse
 from oi2jax.interpret import InterpretedProgram
@@ -221,8 +222,8 @@ def test_dynamic_not_given_reads_initial_value_or_is_missing_and_unknown_inputs_
         run(text, {"nope": np.int32(1)})
     with pytest.raises(OiError, match="unknown input"):
         run(text, {"y": np.int32(1)})
-    with pytest.raises(OiError, match="shape"):
-        run(text, {"a": np.zeros(3, np.int32)})
+    with pytest.raises(OiError, match="shape"):  # [3] would be 3 steps' values (as Program.run takes it)
+        run(text, {"a": np.zeros((3, 2), np.int32)})
 
 
 def test_transfer_copies():
@@ -587,3 +588,36 @@ def test_prefix_tables_from_the_model_residual_mlp_stack():
         h = np.maximum(y @ model.load(f"res.mlp.w.{layer}") + model.load(f"res.mlp.b.{layer}"), 0)
         y = y + h
     np.testing.assert_allclose(out["y"], y, rtol=1e-5, atol=1e-5)
+
+
+def test_the_interpreter_takes_per_step_inputs_as_the_compiled_run_does(tmp_path, capsys):
+    """`[N, ...]` inputs give step i the value [i] in the interpreter too (its `run` refused them:
+    `expected shape [4, 16], got [3, 4, 16]`, and the CLI refused --inputs-per-step with
+    --interpret; helper probe): the same result as the compiled run, bit for bit, with steps
+    defaulting to N, fewer allowed, more an error."""
+    from conftest import run_cli
+    src = ("dynamic { x: f32[2]; k: f32; }\nvolatile { y: f32[2]; }\npersistent { acc: f32[2] @init(0.0); }\n"
+           "block entry { cache.read acc >> y; op mul(x, k) >> x; op add(y, x) >> y; cache.write y >> acc; return; }\n")
+    xs = np.random.default_rng(1).standard_normal((5, 2)).astype(np.float32)
+    k = np.float32(0.5)
+    compiled = oi2jax.compile(src).run({"x": xs, "k": k})
+    interpreted = oi2jax.compile(src, mode="interpret").run({"x": xs, "k": k})
+    for name in compiled:
+        np.testing.assert_array_equal(interpreted[name], compiled[name], err_msg=name)
+    np.testing.assert_array_equal(interpreted["acc"], (xs * k).astype(np.float32).cumsum(0, dtype=np.float32)[-1])
+    three = oi2jax.compile(src, mode="interpret").run({"x": xs, "k": k}, steps=3)
+    np.testing.assert_array_equal(three["acc"], oi2jax.compile(src).run({"x": xs, "k": k}, steps=3)["acc"])
+    with pytest.raises(OiError, match="6 steps asked for, but the per-step inputs hold 5 values"):
+        oi2jax.compile(src, mode="interpret").run({"x": xs, "k": k}, steps=6)
+    (tmp_path / "g.oi").write_text(src)
+    np.savez(tmp_path / "xs.npz", x=xs)
+    np.save(tmp_path / "k.npy", k)
+    outs = {}
+    for flag in ((), ("--interpret",)):
+        code, _, err = run_cli(capsys, "run", tmp_path / "g.oi", "--inputs-per-step", tmp_path / "xs.npz", "--input",
+                               f"k={tmp_path / 'k.npy'}", "--quiet", "--out", tmp_path / f"o{len(flag)}.npz", *flag)
+        assert code == 0, err
+        with np.load(tmp_path / f"o{len(flag)}.npz") as f:
+            outs[flag] = dict(f)
+    for name, value in outs[()].items():
+        np.testing.assert_array_equal(outs[("--interpret",)][name], value, err_msg=name)

@@ -16,6 +16,7 @@ import numpy as np
 from .. import dtypes, ir
 from ..diagnostics import OiError, check_whole, suggest
 from ..limits import limit_note, memory_limit
+from ..values import step_axis  # THE per-step input rule, the interpreter's too
 
 MAX_VALIDATED = 64  # signatures remembered per program (then forgotten all at once)
 
@@ -225,18 +226,6 @@ def fed_back(step, given_steps):
     value, or the default). Python ints and traced scalars alike: the fused loop, the host loop
     (`Session.run_stepwise`) and `ValidatedRun.arguments` all follow it."""
     return step >= given_steps
-
-
-def step_axis(name: str, value, shape: tuple) -> int | None:
-    """THE per-step input rule: a value of shape `[N, *shape]` gives one value per step (returns
-    N); one of `shape` is the same every step (None); any other shape is an OiError."""
-    vshape = tuple(np.shape(value))
-    if len(vshape) == len(shape) + 1 and vshape[1:] == shape:
-        return vshape[0]
-    if vshape == shape:
-        return None
-    raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
-                  f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
 
 
 def check_per_step(name: str, value, shape: tuple, source: str) -> None:
