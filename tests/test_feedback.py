@@ -208,6 +208,10 @@ def test_a_run_that_continues_a_session_feeds_back_its_last_output(graph, expect
     np.testing.assert_array_equal(np.concatenate([first["next"], rest["next"]]), expected["next"])
     for name in ("acc", "H", "t"):
         np.testing.assert_array_equal(rest[name], expected[name], err_msg=name)
+    stepwise = prog.session()  # the host loop (`run_stepwise`: traced runs, the driver) continues alike
+    stepwise.run_stepwise({"token": tokens, "h": h0, "scale": scales[:10]}, steps=10, feedback=feedback)
+    again = stepwise.run_stepwise({"scale": scales[10:]}, steps=STEPS - 10, feedback=feedback, collect="next")
+    np.testing.assert_array_equal(again["next"], rest["next"])
     # the CLI: --state-out, then --state-in with the feedback and no token
     np.savez(tmp_path / "p.npz", token=tokens)
     common = ["run", g, "--model", m, "--feedback", "token=next", "--collect", "next", "--quiet"]

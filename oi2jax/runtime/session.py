@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import os
+import sys
 import warnings
 import weakref
 
@@ -44,12 +46,16 @@ CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C
 # exits reports that step's error (`Session._report_unchecked`); one let go earlier reports it
 # from `__del__`. Registered after JAX's own exit handlers, so it runs before them.
 _SESSIONS: weakref.WeakSet = weakref.WeakSet()
+_SERIAL = itertools.count(1)
 
 
 @atexit.register
 def _report_unchecked_at_exit() -> None:
     for sess in list(_SESSIONS):
-        sess._report_unchecked("the interpreter exits")
+        try:  # each session's report on its own: one that raises (`-W error`) does not stop the others'
+            sess._report_unchecked("the interpreter exits")
+        except Exception as exc:  # noqa: BLE001 (a warning turned into an error: said, then the next)
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 MAX_UNCHECKED = 8  # default K: steps `Session.step` may leave unchecked (docs/decode.md, "When errors surface")
@@ -137,6 +143,7 @@ class Session:
         # outcome read): the next step needs no skip. A StepState handed in is not known clean.
         self._clean = not isinstance(state, StepState)
         _SESSIONS.add(self)
+        self._serial = next(_SERIAL)  # named in the unreported-error warning (two alike are two warnings)
 
     def __del__(self):
         self._report_unchecked("the session was let go")
@@ -150,8 +157,9 @@ class Session:
         try:
             self.check()
         except OiError as exc:
-            warnings.warn(f"a session's runtime error was never reported ({when} before a later step, `read`, "
-                          f"`check`, `save` or `close`):\n{exc.render()}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"the runtime error of session #{self._serial} of this process was never reported ({when} "
+                          f"before a later step, `read`, `check`, `save` or `close`):\n{exc.render()}", RuntimeWarning,
+                          stacklevel=2)
         except Exception:  # noqa: BLE001 (the device already gone at exit: nothing left to read)
             pass
 
@@ -710,7 +718,8 @@ class Session:
         step with the program's yield/await driver. `feedback` and `stop` as in `run`, through the host."""
         self.check()
         prog = self.program
-        prog.check_given(inputs or {})
+        inputs = self.continued(dict(inputs or {}), feedback)
+        prog.check_given(inputs)
         pairs = feedback_pairs(prog, feedback)
         stop_ids = stop_set(prog, stop)
         done = {k: np.zeros(tuple(prog.bound.shape(k)), bool) for k in stop_ids}
