@@ -297,3 +297,23 @@ def test_an_nn_op_exports_with_a_symbolic_rows_dimension(tmp_path):
             _, out = exp.call(state, {"x": x})
             np.testing.assert_allclose(np.asarray(out["y"]), x.astype(np.float64) @ w.T.astype(np.float64),
                                        rtol=1e-5, atol=1e-6)
+
+
+def test_an_artifact_for_a_cpu_and_a_gpu_adds_in_order_on_the_cpu(tmp_path):
+    """A float sum_axis adds in row-major order on a CPU (SPEC §6.4); an artifact exported for
+    cpu and cuda chose the accelerator's reduce for both (the review of 2026-11-28), so run on a
+    CPU it gave [2^24, 1 x 63] as 2^24 + 32. The form is chosen per platform at lowering now."""
+    g = tmp_path / "s.oi"
+    g.write_text("dynamic { x: f32[64]; }\nvolatile { s: f32; }\nblock entry { op sum_axis(x, axes=[0]) >> s; return; }\n")
+    x = np.ones(64, np.float32)
+    x[0] = 2 ** 24
+    write_export(g, tmp_path / "s.jaxexport", model=False, platforms=("cpu", "cuda"))
+    with jax.enable_x64(True):
+        exp = jax.export.deserialize(bytearray((tmp_path / "s.jaxexport").read_bytes()))
+        man = json.loads((tmp_path / "s.jaxexport.json").read_text())
+        npz = np.load(tmp_path / man["init_npz"])
+        st = man["state"]
+        state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]}, "caches": {},
+                 "guards": {k: npz[st["guards"][k]["npz_key"]] for k in ("err", "errval", "grow")}}
+        _, out = exp.call(state, {"x": x})
+    assert np.asarray(out["s"]) == np.float32(2 ** 24)

@@ -76,10 +76,11 @@ def _sum_like(kind):
         count = math.prod(x.shape[i] for i in axes)
         if is_float(d):
             xc = N.to_compute(x, d)
-            if ctx.accelerator:  # the device's own reduce (docs/semantics.md: within the table's bound)
-                y = jnp.prod(xc, axis=axes) if kind == "prod" else jnp.sum(xc, axis=axes)
-            else:
-                y = in_order(xc, axes, "prod" if kind == "prod" else "sum")
+            # a CPU adds in order; an accelerator uses its own reduce (docs/semantics.md: within the
+            # table's bound), chosen per platform at lowering (an export for cpu and cuda keeps both)
+            y = lax.platform_dependent(
+                xc, cpu=lambda v: in_order(v, axes, "prod" if kind == "prod" else "sum"),
+                default=lambda v: jnp.prod(v, axis=axes) if kind == "prod" else jnp.sum(v, axis=axes))
             if kind == "mean":
                 y = N.ieee_div(y, jnp.asarray(count, xc.dtype))
             return _finish(N.store(y, ctx.out_dtype), x.shape, axes, keepdims)
