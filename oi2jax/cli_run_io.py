@@ -96,7 +96,8 @@ def failed_run_contents(step: int, collected, interpreted: bool) -> str:
     failing write skipped, its other writes applied: docs/cli.md); the interpreter stops at the
     failing node, so its variables are those after the step before."""
     if interpreted:
-        return f"every variable as it was before the failing step {step} (the interpreter stops at the failing node)"
+        return f"every variable as it was before the failing step {step}, the inputs given to it excepted (the " \
+               f"interpreter stops at the failing node)"
     rows = f"the collected rows of the steps before the failing step {step} ({', '.join(collected)}); every other " \
            f"variable" if collected else "every variable"
     return f"{rows} as the failing step {step} left it ({RAN_ON})"

@@ -11,6 +11,7 @@ comes back as `cache.increment x`; a literal op input comes back with its value 
 """
 from __future__ import annotations
 
+import math
 import re
 import uuid
 
@@ -211,6 +212,12 @@ def _input_back(x, span):
     dtype = None if x.get("dtype") is None else _dt_back(x["dtype"])
     if dtype is not None and not dtypes.is_dtype(dtype):
         raise ValueError(f"literal op input dtype {x['dtype']!r} is not a dtype")
+    if dtype is not None:  # what the DSL's suffixes write: a float's suffix on a float, an integer's on an integer
+        floating = dtypes.get(dtype).is_float
+        if not ((lit.kind == "float" and floating and math.isfinite(lit.value)) or
+                (lit.kind == "int" and not floating and dtype != "bool")):
+            raise ValueError(f"literal op input {x['Literal']!r} cannot have dtype {x['dtype']!r} (a suffix "
+                             f"writes a finite float with a float dtype, an integer with an integer dtype)")
     return ir.LiteralInput(lit, span, dtype)
 
 

@@ -243,3 +243,22 @@ def test_compile_graph_json_refuses_flags_that_only_shape_a_compile(tmp_path, ca
     assert main(["compile", graph, "--emit", "graph-json", "--size", "B=9", "-o", out]) == 0
     assert "note: --size checks the graph at those sizes; graph JSON keeps the size names" in capsys.readouterr().err
     assert '"B"' in (tmp_path / "g.json").read_text()
+
+
+@pytest.mark.parametrize("literal,dtype", [({"Int": 7}, "F32"), ({"Bool": True}, "I32"), ({"Bool": True}, "Bool"),
+                                           ({"Double": 1.5}, "I32"), ({"Double": float("inf")}, "F32")])
+def test_a_literal_input_with_a_dtype_no_suffix_writes_is_the_files_error(tmp_path, capsys, literal, dtype):
+    """A literal op input whose dtype its value cannot take as a suffix (`{"Int": 7}` with F32):
+    `fmt G.json` wrote `7f32`, which parses as another literal, and its guard called that an oi2jax
+    bug (the review of 2026-11-28); the file is refused as it is read now, by every command."""
+    data = json.loads(json.dumps(FIXTURE))
+    op = next(n["kind"]["Op"] for b in data["blocks"].values() for n in b["nodes"]
+              if isinstance(n["kind"], dict) and "Op" in n["kind"])
+    op["inputs"] = [op["inputs"][0], {"Literal": literal, "dtype": dtype}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    for command in ("fmt", "check"):
+        assert main([command, str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert f"error: {bad}: not an OpenInfer graph JSON (SPEC §8.1): ValueError: literal op input" in err, err
+        assert "cannot have dtype" in err and "oi2jax bug" not in err, err
