@@ -190,34 +190,31 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
             n *= s
         return n == 1
 
-    def name_span(self, span: ir.Span, keyword: str) -> ir.Span:
-        """The span of the word after `keyword` at `span` (an op's name)."""
+    def _line(self, span: ir.Span) -> str | None:
+        """The source line `span` is on (None without one)."""
         lines = self.__dict__.get("_lines")
         if lines is None:  # split once per check, not per op (per op is quadratic in the graph's size)
             lines = self._lines = source_lines(self.g.source or "")
-        if 1 <= span.line <= len(lines):
-            line = lines[span.line - 1]
-            m = re.compile(re.escape(keyword) + r"\s+").match(line, span.col - 1)
-            if m:
-                return ir.Span(span.path, span.line, m.end() + 1)
-        return span
+        return lines[span.line - 1] if 1 <= span.line <= len(lines) else None
+
+    def name_span(self, span: ir.Span, keyword: str) -> ir.Span:
+        """The span of the word after `keyword` at `span` (an op's name)."""
+        line = self._line(span)
+        m = re.compile(re.escape(keyword) + r"\s+").match(line, span.col - 1) if line is not None else None
+        return ir.Span(span.path, span.line, m.end() + 1) if m else span
 
     def word_span(self, span: ir.Span, word: str, after: str = "") -> ir.Span:
         """The span of the name `word`, as a whole word, on the line of `span` past its column (and
-        past the first `after` there, e.g. a loop's `(`): where a bound or a branch's condition or
+        past the first `after` there, e.g. a loop's `..`): where a bound or a branch's condition or
         target is written; `span` itself when it is not on that line."""
-        lines = self.__dict__.get("_lines")
-        if lines is None:
-            lines = self._lines = source_lines(self.g.source or "")
-        if 1 <= span.line <= len(lines):
-            line, start = lines[span.line - 1], span.col - 1
-            if after:
-                at = line.find(after, start)
-                start = at + len(after) if at >= 0 else start
-            m = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(word) + r"(?![A-Za-z0-9_])").search(line, start)
-            if m:
-                return ir.Span(span.path, span.line, m.start() + 1)
-        return span
+        line = self._line(span)
+        if line is None:
+            return span
+        start = span.col - 1
+        at = line.find(after, start) if after else -1
+        start = at + len(after) if at >= 0 else start
+        m = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(word) + r"(?![A-Za-z0-9_])").search(line, start)
+        return ir.Span(span.path, span.line, m.start() + 1) if m else span
 
     # ---------------------------------------------------------------- driver
     def run(self):

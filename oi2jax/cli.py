@@ -282,8 +282,9 @@ def cmd_run(args) -> int:
             batch_var, name, rows = found
             if not args.quiet:  # said, not silent: the run's shape is not the graph's
                 size = program.bound.sizes[batch_var]
-                print(f"note: {name} holds {rows} row{'' if rows == 1 else 's'} where {batch_var}={size}: running them in chunks of {size} "
-                      f"rows (docs/executor.md; --batch-var {batch_var} asks for it)", file=sys.stderr)
+                print(f"note: {name} holds {rows} row{'' if rows == 1 else 's'} where {batch_var}={size}: running them "
+                      f"in chunks of {size} rows (docs/executor.md; --batch-var {batch_var} asks for it)",
+                      file=sys.stderr)
     if batch_var is not None:
         if not program.supports_batched:
             raise UsageError("--batch-var needs a compiled run (not --interpret)")

@@ -286,12 +286,7 @@ def test_an_nn_op_exports_with_a_symbolic_rows_dimension(tmp_path):
     save(tmp_path / "lin.oinf", sizevars={"B": 4, "D": 8, "O": 3}, tensors={"w": w})
     write_export(g, tmp_path / "lin.jaxexport", model=tmp_path / "lin.oinf", ops=["nn"], symbolic=("B",))
     with jax.enable_x64(True):
-        exp = jax.export.deserialize(bytearray((tmp_path / "lin.jaxexport").read_bytes()))
-        man = json.loads((tmp_path / "lin.jaxexport.json").read_text())
-        npz = np.load(tmp_path / man["init_npz"])
-        st = man["state"]
-        state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]}, "caches": {},
-                 "guards": {k: npz[st["guards"][k]["npz_key"]] for k in ("err", "errval", "grow")}}
+        exp, state = _load_cacheless(tmp_path / "lin.jaxexport")
         for b in (1, 5):
             x = np.random.default_rng(b).standard_normal((b, 8)).astype(np.float32)
             _, out = exp.call(state, {"x": x})
@@ -309,11 +304,17 @@ def test_an_artifact_for_a_cpu_and_a_gpu_adds_in_order_on_the_cpu(tmp_path):
     x[0] = 2 ** 24
     write_export(g, tmp_path / "s.jaxexport", model=False, platforms=("cpu", "cuda"))
     with jax.enable_x64(True):
-        exp = jax.export.deserialize(bytearray((tmp_path / "s.jaxexport").read_bytes()))
-        man = json.loads((tmp_path / "s.jaxexport.json").read_text())
-        npz = np.load(tmp_path / man["init_npz"])
-        st = man["state"]
-        state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]}, "caches": {},
-                 "guards": {k: npz[st["guards"][k]["npz_key"]] for k in ("err", "errval", "grow")}}
+        exp, state = _load_cacheless(tmp_path / "s.jaxexport")
         _, out = exp.call(state, {"x": x})
     assert np.asarray(out["s"]) == np.float32(2 ** 24)
+
+
+def _load_cacheless(artifact):
+    """An artifact of a graph without caches and its initial state, read as a plain JAX user would
+    (the manifest's npz keys; no oi2jax)."""
+    exp = jax.export.deserialize(bytearray(artifact.read_bytes()))
+    man = json.loads(artifact.with_name(artifact.name + ".json").read_text())
+    npz = np.load(artifact.parent / man["init_npz"])
+    st = man["state"]
+    return exp, {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]}, "caches": {},
+                 "guards": {k: npz[st["guards"][k]["npz_key"]] for k in ("err", "errval", "grow")}}
