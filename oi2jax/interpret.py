@@ -45,7 +45,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ir, messages, ops
-from .diagnostics import OiError, check_whole
+from .diagnostics import OiError
 from .interpret_caches import CacheOps, State, Table
 from .limits import check_sizes
 from .messages import CHECKED
@@ -53,8 +53,8 @@ from .model.bind import AttrVar
 from .host_numerics import state_fill
 from .protocol import CompileOptions
 from .trace import Trace
-from .values import check_given_inputs, convert_inputs, convert_output, step_axis  # one rule and message
-# each, compiled or interpreted
+# one rule and message each, compiled or interpreted:
+from .values import check_given_inputs, convert_inputs, convert_output, step_axis, step_count
 
 MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
@@ -270,15 +270,7 @@ class InterpretedProgram(CacheOps):
             converted = convert_inputs({k: v for k, v in inputs.items() if k not in per_step}, self.graph,
                                        self._decl_shape)
             check_given_inputs(self.bound, inputs.keys(), self.zero_missing_inputs)
-            lengths = {k: len(v) for k, v in per_step.items()}
-            if len(set(lengths.values())) > 1:
-                raise OiError("per-step inputs disagree on the number of steps: " +
-                              ", ".join(f"{k} has {v}" for k, v in lengths.items()))
-            n = next(iter(lengths.values()), None)
-            steps = check_whole("steps", (1 if n is None else n) if steps is None else steps, 0)
-            if n is not None and steps > n:
-                raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
-                              f"({', '.join(lengths)})")
+            steps = step_count({k: len(v) for k, v in per_step.items()}, steps, 1)
             self.state = self._initial_state()
             first = {**converted, **{k: v[0] for k, v in per_step.items() if v}}
             self._reset_step(self.state, first)  # so that steps=0 returns the initial values

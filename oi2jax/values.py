@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ir
-from .diagnostics import OiError, suggest
+from .diagnostics import OiError, check_whole, suggest
 from .host_numerics import f8_encode
 
 
@@ -164,6 +164,11 @@ def check_given_inputs(bound, given, allow_zeros: bool) -> None:
                       f"OpenInfer's zero-filled default with --zero-missing-inputs (zero_missing_inputs=True)")
 
 
+def per_step_shape(shape) -> str:
+    """`[N, *shape]` as messages write it (`[N]` for a scalar)."""
+    return "[" + ", ".join(["N", *map(str, shape)]) + "]"
+
+
 def step_axis(name: str, value, shape: tuple) -> int | None:
     """THE per-step input rule: a value of shape `[N, *shape]` gives one value per step (returns
     N); one of `shape` is the same every step (None); any other shape is an OiError."""
@@ -173,4 +178,19 @@ def step_axis(name: str, value, shape: tuple) -> int | None:
     if vshape == shape:
         return None
     raise OiError(f"input {name}: expected shape {list(shape)} (the same every step) or "
-                  f"[N, {', '.join(map(str, shape))}] (one value per step), got {list(vshape)}")
+                  f"{per_step_shape(shape)} (one value per step), got {list(vshape)}")
+
+
+def step_count(lengths: dict, steps, default: int, hint=lambda: "") -> int:
+    """THE run-length rule, compiled and interpreted: the per-step inputs (`lengths`: name -> N)
+    agree on N; `steps=None` runs N (`default` without per-step inputs); more than N is an error
+    (`hint()`: what more the message may say)."""
+    if len(set(lengths.values())) > 1:
+        raise OiError("per-step inputs disagree on the number of steps: " +
+                      ", ".join(f"{k} has {v}" for k, v in lengths.items()))
+    n = next(iter(lengths.values()), None)
+    steps = check_whole("steps", (default if n is None else n) if steps is None else steps, 0)
+    if n is not None and steps > n:
+        raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values ({', '.join(lengths)})"
+                      + hint())
+    return steps

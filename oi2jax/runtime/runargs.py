@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dtypes, ir
-from ..diagnostics import OiError, check_whole, suggest
+from ..diagnostics import OiError, suggest
 from ..limits import limit_note, memory_limit
-from ..values import step_axis  # THE per-step input rule, the interpreter's too
+from ..values import per_step_shape, step_axis, step_count  # THE per-step rules, the interpreter's too
 
 MAX_VALIDATED = 64  # signatures remembered per program (then forgotten all at once)
 
@@ -235,8 +235,7 @@ def check_per_step(name: str, value, shape: tuple, source: str) -> None:
         got = list(np.shape(value))
         each = f"; with the first as the step axis each step's value would be {got[1:]}, where {name} is " \
                f"{list(shape)}" if len(got) > len(shape) + 1 else ""
-        raise OiError(f"{source} {name}: expected a leading step axis {list(('N',) + tuple(shape))}, got shape "
-                      f"{got}{each}".replace("'N'", "N"))
+        raise OiError(f"{source} {name}: expected a leading step axis {per_step_shape(shape)}, got shape {got}{each}")
     step_axis(name, value, tuple(shape))
 
 
@@ -254,17 +253,9 @@ def split_inputs(prog, inputs: dict, steps, feedback: tuple = ()):
             (fed_lengths if name in fed else lengths)[name] = n
         else:
             fixed[name] = value
-    if len(set(lengths.values())) > 1:
-        raise OiError("per-step inputs disagree on the number of steps: " +
-                      ", ".join(f"{k} has {v}" for k, v in lengths.items()))
-    n = next(iter(lengths.values())) if lengths else None
-    if steps is None:
-        steps = n if n is not None else max(fed_lengths.values(), default=1)
-    steps = check_whole("steps", steps, 0)
-    if n is not None and steps > n:
-        raise OiError(f"{steps} steps asked for, but the per-step inputs hold {n} values "
-                      f"({', '.join(lengths)})" + ("; only inputs with feedback may hold fewer" if fed else
-                                                   _feedback_hint(prog, next(iter(lengths)))))
+    steps = step_count(lengths, steps, max(fed_lengths.values(), default=1),
+                       lambda: "; only inputs with feedback may hold fewer" if fed else
+                       _feedback_hint(prog, next(iter(lengths))))
     empty = [k for k, v in fed_lengths.items() if v == 0]
     if empty and steps > 0:
         raise OiError(f"feedback input {empty[0]}: its per-step values hold no step; give at least the first "
