@@ -12,7 +12,7 @@ import numpy as np
 from .cli_models import UsageError
 from .diagnostics import OiError, suggest
 from .ir import MemKind
-from .npz import save_npz, write_text_atomic
+from .npz import load_error, regular_input, save_npz, write_text_atomic
 
 
 def load_inputs(pairs: list[str] | None) -> dict:
@@ -23,6 +23,7 @@ def load_inputs(pairs: list[str] | None) -> dict:
             raise UsageError(f"--input expects NAME=FILE.npy, got '{pair}'")
         if name in inputs:
             raise UsageError(f"--input {name} is given twice")
+        regular_input(file, f"--input {name}")  # a FIFO would be read twice (its magic, then the array)
         try:
             with open(file, "rb") as f:
                 magic = f.read(6)
@@ -35,11 +36,12 @@ def load_inputs(pairs: list[str] | None) -> dict:
         except OiError:
             raise
         except Exception as exc:  # corrupt .npy
-            raise OiError(f"cannot read input {name} from {file}: {exc}") from None
+            raise OiError(f"cannot read input {name} from {file}: {load_error(exc)}") from None
     return inputs
 
 
 def load_npz(path: str, what: str) -> dict:
+    regular_input(path, what)
     try:
         with np.load(path, allow_pickle=False) as npz:
             if not hasattr(npz, "files"):
@@ -50,7 +52,7 @@ def load_npz(path: str, what: str) -> dict:
     except OiError:
         raise
     except Exception as exc:
-        raise OiError(f"cannot read {what} {path}: {exc}") from None
+        raise OiError(f"cannot read {what} {path}: {load_error(exc)}") from None
 
 
 def per_step_inputs(args, program, inputs: dict) -> dict:

@@ -229,3 +229,23 @@ def test_a_per_step_file_of_the_wrong_shape_says_what_each_step_would_get():
     assert info.value.diagnostics[0].message == (
         "--inputs-per-step token: expected a leading step axis [N], got shape [2, 1]; with the first as the step "
         "axis each step's value would be [1], where token is []")
+
+
+def test_run_input_files_must_be_regular_files_and_numpys_advice_is_not_repeated(capsys, tmp_path):
+    """`run`'s --input, --inputs-per-step and --state-in take regular files: a FIFO (shell process
+    substitution) was read twice (its first bytes, then the array) and failed with "No data left in
+    file"; a directory or device is named as such. A file that is not NumPy's says so, without
+    NumPy's advice to pass `allow_pickle=` (not an option of oi2jax)."""
+    graph = EXAMPLES / "mlp_regression.oi"
+    fifo = tmp_path / "x.fifo"
+    os.mkfifo(fifo)  # never opened: the check reads its type, not its contents
+    for flag, what in (("--input", "--input x"), ("--inputs-per-step", "--inputs-per-step"),
+                       ("--state-in", "the state file")):
+        for path, kind in ((fifo, "a FIFO"), (tmp_path, "a directory")):
+            arg = f"x={path}" if flag == "--input" else path
+            code, out, err = run_cli(capsys, "run", graph, flag, arg, "--quiet")
+            assert (code, out) == (1, "") and err.strip().endswith(f"error: {path}: {what}: not a regular file ({kind})"), err
+    (tmp_path / "p.npz").write_bytes(b"\x80\x04K\x01.")  # a pickle, not NumPy's format
+    code, _, err = run_cli(capsys, "run", graph, "--inputs-per-step", tmp_path / "p.npz", "--quiet")
+    assert code == 1 and err.strip().endswith(f"error: cannot read --inputs-per-step {tmp_path / 'p.npz'}: "
+                                              "not a NumPy file"), err

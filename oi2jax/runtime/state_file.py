@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import ir
 from ..diagnostics import OiError, suggest
-from ..npz import load_error, refuse_inputs_as_outputs, save_npz
+from ..npz import load_error, refuse_inputs_as_outputs, regular_input, save_npz
 from ..values import convert_input
 
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
@@ -27,6 +27,7 @@ def save(path, arrays: dict, steps: int, inputs: dict | None = None, what: str =
 
 def load(path: str) -> dict:
     """The arrays of a state file (OiError when it is missing or not an `.npz`)."""
+    regular_input(path, "the state file")
     try:
         loaded = np.load(path, allow_pickle=False)
     except FileNotFoundError:
