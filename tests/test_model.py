@@ -178,6 +178,21 @@ def test_writer_metadata_inference(tmp_path):
     assert md["m"].value == -1 and md["o"].value == 1.5
 
 
+def test_writer_keeps_what_its_dtype_holds(tmp_path):
+    """What a float dtype holds is stored rounded, and non-finite values as given: 1e-5 as
+    f32(1e-5), a NaN or infinity as itself, a tiny tensor value (not metadata) rounded to 0, and
+    Meta('f64', 1e-50) exactly."""
+    save(tmp_path / "m.oinf", metadata={"a": 1e-5, "b": float("nan"), "c": -np.inf, "d": -0.0, "e": Meta("f64", 1e-50)},
+         tensors={"w": Tensor("f16", np.array([1e-10, np.inf, np.nan, 65504.0])),
+                  "x": Tensor("f32", np.array([1e-50, 0.1]))})
+    model = open_model(tmp_path / "m.oinf")
+    md = model.metadata
+    assert md["a"].value == np.float32(1e-5) and np.isnan(md["b"].value) and md["c"].value == -np.inf
+    assert np.signbit(md["d"].value) and md["e"] == MetaValue("f64", 1e-50)
+    np.testing.assert_array_equal(model.load("w"), np.array([0, np.inf, np.nan, 65504], np.float16))
+    assert model.load("x").tolist() == [0.0, float(np.float32(0.1))]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(tensors={"W[0]": np.zeros(1, np.float32)}), "invalid name"),
     (dict(tensors={"": np.zeros(1, np.float32)}), "invalid name"),
@@ -196,6 +211,18 @@ def test_writer_metadata_inference(tmp_path):
     (dict(metadata={"k": 1 << 64}), "does not fit"),
     (dict(metadata={"k": object()}), "unsupported metadata"),
     (dict(metadata={"k": Meta("string", 3)}), "needs a str"),
+    # a finite float stored as a dtype it overflows: an error, never an infinity in its place
+    (dict(tensors={"q": Tensor("f16", np.array([1.0, 70000.0, -80000.0]))}),
+     r"tensor q: value 80000 overflows f16 \(largest finite 65504\)"),
+    (dict(tensors={"q": Tensor("f16", np.array([70000], np.int64))}), "value 70000 overflows f16"),
+    (dict(tensors={"q": Tensor("bf16", np.array([1e39]))}), r"value 1e\+39 overflows bf16"),
+    (dict(tensors={"q": Tensor("f8", np.array([1e6], np.float32))}), r"value 1e\+06 overflows f8 \(largest finite 57344\)"),
+    (dict(tensors={"q": Tensor("f32", np.array([1e300]))}), r"value 1e\+300 overflows f32"),
+    (dict(metadata={"eps": 1e300}), r"metadata eps: value 1e\+300 overflows f32"),
+    # a Python float is stored as f32: one f32 holds only as 0 is an error, not a 0
+    (dict(metadata={"eps": 1e-50}), r"metadata eps: value 1e-50 is 0 in f32, in which the file would hold it "
+                                    r"\(give Meta\('f64', value\) to keep it\)"),
+    (dict(metadata={"eps": Meta("f16", -1e-9)}), r"value -1e-09 is 0 in f16"),
 ])
 def test_writer_rejects(tmp_path, kwargs, message):
     with pytest.raises(ModelError, match=message) as exc:

@@ -36,7 +36,7 @@ from .ggml import QUANTIZE_TYPES, block_layout, ggml_stored_shape, meta_key, qua
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
 from .reader import NAME_RE
 from .tokenizer import HF_TOKENIZER_FILES, META, check_token_ids, config_token_ids, hf_tokenizer_metadata
-from .writer import LazyTensor, save
+from .writer import LazyTensor, overflow, save
 
 __all__ = ["convert_hf", "convert_checkpoint", "TensorSource", "SafetensorsSource", "SourceEntry", "read_config",
            "ConvertSummary", "ModelConfig", "FAMILIES", "DTYPES", "ALIAS_PREFIX"]
@@ -59,12 +59,9 @@ def convert_values(name: str, values: np.ndarray, target: str, where: str = "") 
     with np.errstate(over="ignore"):  # an overflow is reported below, by tensor name
         out = src.astype(want)
     if ml_dtypes.finfo(want).max < ml_dtypes.finfo(values.dtype).max:  # a narrower range: may overflow
-        bad = np.isfinite(src)
-        bad &= ~np.isfinite(out)
-        if bad.any():
-            worst = float(np.max(np.abs(src[bad])))
-            raise OiError(f"{where + ': ' if where else ''}tensor {name}: value {worst:g} overflows {target} "
-                          f"(largest finite {float(ml_dtypes.finfo(want).max):g}); convert to a wider dtype instead")
+        lost = overflow(src, out, target)
+        if lost:
+            raise OiError(f"{where + ': ' if where else ''}tensor {name}: {lost}; convert to a wider dtype instead")
     return out
 
 

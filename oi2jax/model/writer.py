@@ -17,7 +17,8 @@ float8_e5m2 -> f8, int4 -> i4, uint4 -> u4, int2 -> i2, uint2 -> u2, bool, ...) 
 values produced by `load()` only when the writer reaches that tensor, written and dropped before
 the next one, so a model larger than memory (a converted checkpoint) is written with about one
 tensor in memory at a time. The file is streamed into a temporary file renamed over the target.
-Metadata: int -> smallest fitting u8..u64 / i8..i64, float -> f32, str -> string, bool -> bool,
+Metadata: int -> smallest fitting u8..u64 / i8..i64, float -> f32 (rounded, as a model's f32 graph reads it;
+one that f32 turns into 0 or an infinity is an error: `Meta("f64", value)` keeps it), str -> string, bool -> bool,
 NumPy scalar -> its dtype, np.ndarray -> ndarray, or `Meta(type, value, elem=None)` explicitly.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import struct
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from .. import dtypes as dt
@@ -36,7 +38,7 @@ from .quant import QuantParams
 from .reader import (ALIGN, DEFAULT_VERSION, HEADER_PADDED, MAGIC, NAME_RE, VERSIONS, HEADER, Meta, MetaValue,
                      ModelError)
 
-__all__ = ["save", "Tensor", "LazyTensor", "Meta", "QuantParams", "encode", "dtype_of_array"]
+__all__ = ["save", "Tensor", "LazyTensor", "Meta", "QuantParams", "encode", "dtype_of_array", "overflow"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,19 @@ def _string(path: str, s: str, what: str, check_name: bool = True) -> bytes:
     return _padded(struct.pack("<I", len(raw)) + raw)
 
 
+def overflow(given: np.ndarray, stored: np.ndarray, dtype: str) -> str | None:
+    """THE float-range rule of model values (the writer's and the converters'): a finite value given
+    for float dtype `dtype` must stay finite when stored as it; what is said when one does not (the
+    largest such value: 70000 as f16, 1e300 as f32), else None. Rounding, down to zero for a value
+    below the dtype's smallest, is what storing as `dtype` means."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = np.isfinite(given) & ~np.isfinite(stored.astype(np.float32))
+    if not bad.any():
+        return None
+    worst = float(np.max(np.abs(np.asarray(given)[bad].astype(np.float64))))
+    return f"value {worst:g} overflows {dtype} (largest finite {float(ml_dtypes.finfo(dt.get(dtype).np_dtype).max):g})"
+
+
 def encode(dtype: str, data, path: str = "<model>", what: str = "tensor") -> bytes:
     """Values -> stored bytes for dtype `dtype` (§5, §7.5). Raises ModelError on values that do not fit.
 
@@ -127,11 +142,17 @@ def encode(dtype: str, data, path: str = "<model>", what: str = "tensor") -> byt
     if d.is_float:
         if a.dtype.kind not in "fiub" and name not in ("bfloat16", "float8_e5m2"):
             raise ModelError(path, f"{what}: cannot store {a.dtype} values as {dtype}")
-        if d.name == "f8":
-            return f8_encode(a.astype(np.float32)).tobytes()
-        if d.name == "bf16":
-            return bf16_encode(a.astype(np.float32)).tobytes()
-        return a.astype(d.np_dtype.newbyteorder("<")).tobytes()
+        with np.errstate(over="ignore", invalid="ignore"):
+            if d.name == "f8":
+                out = f8_encode(a.astype(np.float32))
+            elif d.name == "bf16":
+                out = bf16_encode(a.astype(np.float32))
+            else:
+                out = a.astype(d.np_dtype.newbyteorder("<"))
+        lost = overflow(a, out, dtype)
+        if lost:
+            raise ModelError(path, f"{what}: {lost}")
+        return out.tobytes()
     # integer / bitset targets
     if a.dtype.kind == "b":
         a = a.astype(np.uint8)
@@ -299,7 +320,11 @@ def _meta_spec(path: str, key: str, value) -> tuple[int, bytes]:
         raise ModelError(path, f"{what}: {mtype} metadata must be a scalar")
     if isinstance(v, (int, bool)) and not isinstance(v, bool) and dt.get(mtype).is_float:
         arr = np.asarray(float(v))
-    return dt.get(mtype).code, encode(mtype, arr, path, what)
+    raw = encode(mtype, arr, path, what)
+    if dt.get(mtype).is_float and arr != 0 and not np.any(np.frombuffer(raw, np.uint8) & ~np.uint8(0x80)):
+        raise ModelError(path, f"{what}: value {v!r} is 0 in {mtype}, in which the file would hold it "
+                               f"(give Meta('f64', value) to keep it)")
+    return dt.get(mtype).code, raw
 
 
 def save(path, sizevars: dict | None = None, metadata: dict | None = None, tensors: dict | None = None,
