@@ -292,6 +292,9 @@ def cmd_run(args) -> int:
             raise UsageError(f"{session_flags[0]} cannot be combined with a batch-chunked run (--batch-var)")
         if steps is None or steps < 1:
             raise UsageError("a batch-chunked run needs --steps >= 1")
+        if program.bound.sizes.get(batch_var, 1) < 1:
+            raise OiError(f"--batch-var {batch_var}: chunks of {batch_var}={program.bound.sizes[batch_var]} rows "
+                          f"hold no row (give --size {batch_var}=N with N >= 1)")
         outputs = program.run_batched(inputs, batch_var=batch_var, steps=steps)
         write_outputs(args, outputs, main_outputs(program, ()))
         return 0

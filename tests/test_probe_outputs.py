@@ -136,9 +136,14 @@ def test_a_batch_size_of_zero_cannot_chunk_rows(capsys, tmp_path):
     (tmp_path / "g.oi").write_text("dynamic { x: f32[B, 2]; }\nvolatile { y: f32[B, 2]; }\n"
                                    "block entry { op relu(x, alpha=0.0) >> y; return; }\n")
     np.save(tmp_path / "x.npy", np.ones((4, 2), np.float32))
-    code, _, err = run_cli(capsys, "run", tmp_path / "g.oi", "--no-model", "--size", "B=0",
-                           "--input", f"x={tmp_path / 'x.npy'}")
-    assert code == 1 and "run_batched: B=0: inputs of 4 rows cannot run in chunks of 0 rows" in err
+    argv = ["run", tmp_path / "g.oi", "--no-model", "--size", "B=0", "--input", f"x={tmp_path / 'x.npy'}"]
+    code, _, err = run_cli(capsys, *argv)  # no chunking chosen for 0 rows: the input's shape is wrong
+    assert code == 1 and err == ("error: input x: expected shape [0, 2] (the same every step) or [N, 0, 2] "
+                                 "(one value per step), got [4, 2]\n"), err
+    code, _, err = run_cli(capsys, *argv, "--batch-var", "B")  # asked for: said in the CLI's words
+    assert code == 1 and err == "error: --batch-var B: chunks of B=0 rows hold no row (give --size B=N with N >= 1)\n"
+    with pytest.raises(OiError, match="run_batched: B=0: inputs of 4 rows cannot run in chunks of 0 rows"):
+        oi2jax.compile(tmp_path / "g.oi", sizes={"B": 0}).run_batched({"x": np.ones((4, 2), np.float32)})
 
 
 def test_values_that_fit_one_by_one_but_not_together_are_refused_before_allocating(tmp_path):

@@ -42,7 +42,8 @@ def batched_names(graph: ir.Graph, batch_var: str) -> list[str]:
 
 def over_long_input(program, inputs: dict) -> tuple[str, str, int] | None:
     """(size variable, input, its rows) of the first dynamic input whose leading dim is a single
-    size variable and whose rows differ from it, the other dims matching; None if none is."""
+    size variable and whose rows differ from it, the other dims matching; None if none is, or if
+    that size is 0 (no chunk of 0 rows: the run says what shape the input must have)."""
     for name, value in inputs.items():
         decl = program.graph.var(name)
         if decl is None or decl.kind != ir.MemKind.DYNAMIC or not decl.dims:
@@ -51,7 +52,7 @@ def over_long_input(program, inputs: dict) -> tuple[str, str, int] | None:
         shape = program.bound.shape(name)
         a = np.asarray(value)
         if len(atoms) == 1 and isinstance(atoms[0], str) and a.ndim == len(shape) and a.ndim \
-                and a.shape[0] != shape[0] and tuple(a.shape[1:]) == tuple(shape[1:]):
+                and a.shape[0] != shape[0] and shape[0] > 0 and tuple(a.shape[1:]) == tuple(shape[1:]):
             return atoms[0], name, int(a.shape[0])
     return None
 
