@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from .diagnostics import OiError, check_whole
-from .generation import PROMPT_STEPS, Stats, check_settings
+from .generation import PROMPT_STEPS, Stats
 from .npz import load_error, regular_input, write_atomic
 from .runtime import runstats
 from .runtime.batch import SlotResult
-from .runtime.tokens import prompt_ids, stop_ids as checked_stops, vocabulary
-
-DEFAULT_SETTINGS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+from .runtime.settings import OFF as DEFAULT_SETTINGS, check_settings
+from .runtime.tokens import capacity, prompt_ids, stop_ids as checked_stops, vocabulary
 
 
 def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.ndarray]:
@@ -94,7 +93,9 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     known = {k: v for k, v in settings.items() if k in DEFAULT_SETTINGS}  # another name: Batch.insert says which
     check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **known})  # as a single generation's
     vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none lost to another's error
-    prompts = [prompt_ids(p, vocab, f"prompt {k}") for k, p in enumerate(prompts)]
+    prompts = [prompt_ids(p, vocab, f"prompt {k}", capacity(program)) for k, p in enumerate(prompts)]
+    if not prompts:
+        raise OiError("generate_batch: no prompts (give a list of token-id prompts)")
     stop_ids = checked_stops(stop_ids, vocab)
     check_whole("size", size, 1)
     batch = program.batch(min(size, len(prompts)), buckets=buckets, programs=programs)
@@ -141,7 +142,8 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     out = BatchResults(results)
     out.stats = Stats(prompt_tokens=clock["prompt_tokens"], prompt_s=clock["prompt"],
                       generated_tokens=sum(len(r.tokens) for r in results), generate_s=clock["decode"],
-                      compile_s=runstats.compile_seconds() - compiled_before)
+                      compile_s=runstats.compile_seconds() - compiled_before,
+                      from_prompt=sum(1 for r in results if r.tokens))  # each prompt step's drawn token
     out.slots, out.memory = batch.size, batch.memory()
     return out
 

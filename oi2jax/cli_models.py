@@ -79,8 +79,10 @@ def cmd_generate(args) -> int:
         return cmd_generate_batch(args, Generator(args.model, args.graph, tokenizer=args.tokenizer,
                                                   ops=args.ops or ["nn"], kernels=args.kernels,
                                                   kv_dtype=args.table_dtype))
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy")
+    if args.prompt is not None and args.prompt_ids is not None:
+        raise UsageError("give --prompt TEXT or --prompt-ids IDS.npy, not both")
+    if args.prompt is None and args.prompt_ids is None:
+        raise UsageError("give --prompt TEXT, --prompt-ids IDS.npy or --batch FILE")
     prompt_ids = None
     if args.prompt_ids is not None:
         prompt_ids = _load_npy(args.prompt_ids, "--prompt-ids")

@@ -49,13 +49,12 @@ from .runtime.runargs import call_limit, check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds
 from .runtime import tokens
 from .runtime.session import compile_run
+from .runtime.settings import SETTINGS, as_input, check_settings
 
 __all__ = ["Generator", "Generation", "Stats", "generate"]
 
 GRAPHS = Path(__file__).resolve().parent / "graphs"  # the families' step graphs, shipped in the package
 STREAM_EVERY = 8  # tokens per fused call when the text is streamed (`on_text`)
-SETTINGS = {"temperature": (np.float32, 0.0), "top_k": (np.int32, 0), "top_p": (np.float32, 1.0),
-            "min_p": (np.float32, 0.0), "seed": (np.int32, 0)}  # the graph inputs of sampling, and their "off"
 
 
 @dataclass(frozen=True)
@@ -67,14 +66,24 @@ class Stats:
     generated_tokens: int
     generate_s: float
     compile_s: float = 0.0  # compiling during this generation (a bucket's first use, the decode loop's first run)
+    # of the generated tokens, those a prompt step drew (a sequence's first: its time is the prompt's)
+    from_prompt: int = 1
+
+    @property
+    def decoded_tokens(self) -> int:
+        """The generated tokens the decode steps drew, in `generate_s`: the decode rate's count."""
+        return max(self.generated_tokens - self.from_prompt, 0)
 
     def lines(self) -> list[str]:
-        """The two lines `--stats` prints (other tools read these phrases)."""
+        """The two lines `--stats` prints (other tools read these phrases). The generated rate is
+        that of the decode steps: M - 1 tokens in S s for one sequence (its first token is drawn by
+        the prompt's last step, in the prompt's time); n/a where no decode step drew one."""
         def rate(n, s):
             return f"{n / s:.1f}" if s > 0 else "inf"
+        decoded = self.decoded_tokens
         return [f"prompt {self.prompt_tokens} tokens in {self.prompt_s:.3f} s ({rate(self.prompt_tokens, self.prompt_s)} tok/s)",
                 f"generated {self.generated_tokens} tokens in {self.generate_s:.3f} s "
-                f"({rate(self.generated_tokens, self.generate_s)} tok/s)"]
+                f"({rate(decoded, self.generate_s) if decoded else 'n/a'} tok/s)"]
 
 
 @dataclass(frozen=True)
@@ -191,7 +200,7 @@ class Generator:
             if specialize_greedy and "temperature" in self.settings else {}
         self.buckets = program_buckets(decode) if self.mode == PROMPT_STEPS else (1,)
         self.vocab = tokens.vocabulary(decode)  # prompt and stop ids are checked against it
-        self.capacity = decode.bound.sizes.get("T")  # the cache's positions (the step-graph contract's T)
+        self.capacity = tokens.capacity(decode)  # the cache's positions (the step-graph contract's T)
         # compiling is counted apart: what compiles during a generation (a bucket's first use, the
         # fused decode loop's first run) is measured there and left out of its rates
         self.compile_s = time.perf_counter() - t0  # reading the model file and compiling the S=1 program
@@ -223,11 +232,11 @@ class Generator:
         out = {}
         fixed = self.programs_for(settings) is self.greedy_programs
         for name, value in settings.items():
-            typ, off = SETTINGS[name]
+            off = SETTINGS[name][1]
             if name == "temperature" and fixed:
                 continue
             if name in self.settings:
-                out[name] = typ(value)
+                out[name] = as_input(name, value)
             elif value != off:
                 raise OiError(f"{self.graph_path}: {name}={value}: the graph has no dynamic `{name}` (it samples "
                               f"greedily through its `next`); run a graph with sampling inputs (the step-graph "
@@ -307,11 +316,7 @@ class Generator:
             raise OiError("the prompt has no tokens")
         # checked before anything compiles or runs (a 1-D integer vector, every id in the
         # vocabulary, no longer than the cache): the prompt's step would fail only after its compile
-        ids = tokens.prompt_ids(ids, self.vocab, "prompt_ids" if prompt is None else
-                                "the prompt's token ids (from the tokenizer)").tolist()
-        if self.capacity is not None and len(ids) > self.capacity:
-            raise OiError(f"the prompt has {len(ids)} tokens, more than the {self.capacity} positions the model's "
-                          f"cache holds (its size T): shorten the prompt")
+        ids = tokens.prompt_ids(ids, self.vocab, "prompt_ids" if prompt is None else "the prompt", self.capacity).tolist()
         check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         seed=seed)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
@@ -498,35 +503,6 @@ class _Stream:
     def finish(self, text: str | None) -> None:
         if self.on_text is not None and text is not None and len(text) > len(self.shown):
             self.on_text(text[len(self.shown):])
-
-
-def check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> None:
-    """THE check of a generation's settings, before anything runs: `Generator.generate` and
-    `generate_batch` (`max_tokens` None: a batch's slots run to a stop or the cache's end)."""
-    def number(name, value, ok, what):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value) \
-                or not ok(float(value)):
-            raise OiError(f"{name} must be {what}, got {value!r}")
-        off = SETTINGS[name][1]
-        with np.errstate(over="ignore"):
-            kept = float(np.float32(value))  # the graph's input: what the sampler sees
-        if not np.isfinite(kept) or not ok(kept) or (kept == off) != (float(value) == off):
-            raise OiError(f"{name} {value!r} is {kept} in f32, the sampler's precision, which "
-                          f"{'turns it off' if kept == off else 'is out of range'}: give a value that f32 keeps")
-
-    if max_tokens is not None:
-        check_whole("max_tokens", max_tokens, 0)
-    check_whole("top_k", top_k, 0, 2**31 - 1)
-    check_whole("seed", seed, 0, 2**31 - 1)  # the graph's `seed: i32`
-    number("temperature", temperature, lambda v: v >= 0, "a number >= 0 (0: greedy)")
-    number("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1] (1: off)")
-    number("min_p", min_p, lambda v: 0 <= v <= 1, "in [0, 1] (0: off)")
-    if temperature == 0:  # greedy: a sampling setting would be silently ignored
-        given = [f"{k}={v}" for k, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p), ("seed", seed))
-                 if v != SETTINGS[k][1]]
-        if given:
-            raise OiError(f"{', '.join(given)}: sampling settings, but temperature 0 is greedy (the most likely "
-                          f"token, whatever they say): give a temperature > 0, or leave them out")
 
 
 def generate(model, prompt: str | None = None, *, graph=None, tokenizer=None, ops=("nn",), kernels: str = "jax",

@@ -253,9 +253,47 @@ def test_batch_errors(llama):
     prompt = _prompt_program(llama)
     with pytest.raises(OiError, match="a batch runs a step graph at S=1"):
         prompt.batch(2)
-    with pytest.raises(OiError, match=r"slice end 41 is past its fixed size 40 \(in step 3\)"):
-        batch.insert(1, np.arange(41, dtype=np.int32) % SIZES["vocab"])  # the third prompt step fails
+    # a prompt longer than the cache is refused before it runs, as `generate` refuses it (it failed
+    # in its third prompt step, after two had run)
+    with pytest.raises(OiError, match=r"^error: the prompt has 41 tokens, more than the 40 positions the model's cache "
+                                      r"holds \(its size T\): shorten the prompt$"):
+        batch.insert(1, np.arange(41, dtype=np.int32) % SIZES["vocab"])
     assert batch.result(1) is None and batch.active == [0]
+
+
+@pytest.mark.parametrize("settings, message", [
+    # the rule of a single generation (runtime/settings.py), before the prompt runs: these were
+    # taken as given (a negative temperature ran greedy, top_k=-3 kept every token, a top_k with
+    # temperature 0 was ignored) or failed in the sampler after the prompt step, naming no setting
+    (dict(temperature=np.float32(-1)), r"temperature must be a number >= 0 \(0: greedy\), got np.float32\(-1.0\)"),
+    (dict(temperature=float("inf")), "temperature must be a number >= 0"),
+    (dict(temperature=float("nan")), "temperature must be a number >= 0"),
+    (dict(top_k=5), r"top_k=5: sampling settings, but temperature 0 is greedy"),  # the graph's default: 0
+    (dict(temperature=0.0, seed=3), r"seed=3: sampling settings, but temperature 0 is greedy"),
+    (dict(temperature=0.5, top_k=-3), r"top_k must be a whole number 0\.\.2147483647, got -3"),
+    (dict(temperature=0.5, seed=-1), r"seed must be a whole number 0\.\.2147483647, got -1"),
+    (dict(temperature=0.5, top_p=0.0), r"top_p must be in \(0, 1\] \(1: off\), got 0.0"),
+    (dict(temperature=0.5, top_p=2.0), r"top_p must be in \(0, 1\]"),
+    (dict(temperature=0.5, min_p=-1.0), r"min_p must be in \[0, 1\] \(0: off\), got -1.0"),
+    (dict(temperature=1e-50), r"temperature 1e-50 is 0.0 in f32, the sampler's precision, which turns it off"),
+])
+def test_a_slots_settings_are_checked_as_a_generations(llama, settings, message):
+    batch = _batch(llama, 2)
+    with pytest.raises(OiError, match=message):
+        batch.insert(0, PROMPTS[0], max_tokens=3, **settings)
+    assert batch.result(0) is None and batch.active == []
+
+
+def test_a_slots_settings_are_rounded_as_a_generations(llama):
+    """Python floats are the graph's f32 inputs, the f32 nearest each (0.9 is not an f32): it was
+    refused ("not exactly representable in f32; pass a float32 array"), so `generate --batch
+    --temperature 0.7` generated nothing. The tokens are those of the same settings as f32."""
+    batch = _batch(llama)
+    batch.insert(0, PROMPTS[0], max_tokens=10, temperature=0.9, top_k=20, top_p=0.95, seed=7)
+    batch.insert(1, PROMPTS[0], max_tokens=0)  # no token asked for: nothing runs, nothing returned
+    assert (batch.result(1).tokens, batch.result(1).finish, batch.active) == ([], "length", [0])
+    batch.run(20)
+    assert batch.result(0).tokens == _solo(llama, 0, 10, **SAMPLED)[0]
 
 
 WORKER = textwrap.dedent('''
@@ -426,3 +464,35 @@ def test_a_batch_multiplies_its_rows_weight_first_in_one_product():
     assert list(dots(jax.make_jaxpr(jax.vmap(lambda r: product(r, w)))(x).jaxpr)) == [[(5, 4), (8, 1, 4)]]
     assert list(dots(jax.make_jaxpr(lambda r: product(r, w))(x[0]).jaxpr)) == [[(1, 4), (5, 4)]]
     np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(lambda r: product(r, w)))(x)), x @ w.T, rtol=1e-6)
+
+
+def test_generate_batch_cli_samples_with_any_temperature_and_checks_every_prompt_first(llama, tmp_path, capsys,
+                                                                                         monkeypatch):
+    """`generate --batch FILE --temperature 0.7 --top-p 0.9` (settings f32 does not hold exactly)
+    samples as the same settings in f32 do; `--max-tokens 0` gives empty results, as a single
+    generate does; a prompt longer than the cache is named by its index before any prompt runs
+    (it failed in its own prompt step, and the error cut off the prompts before it); no prompts
+    at all is said so in the Python API too."""
+    from oi2jax import generation
+    from oi2jax.batch_generate import generate_batch
+    model, decode, _, gen = llama
+    monkeypatch.setattr(generation, "Generator", lambda path, graph=None, **options: gen)
+    prompts = tmp_path / "p.npz"
+    np.savez(prompts, a=PROMPTS[0], b=PROMPTS[1])
+    out = tmp_path / "ids.npz"
+    code, _, err = run_cli(capsys, "generate", model, "--batch", prompts, "--max-tokens", "5", "--temperature", "0.7",
+                           "--top-p", "0.9", "--seed", "4", "--ids-out", out)
+    assert code == 0, err
+    settings = dict(temperature=np.float32(0.7), top_p=np.float32(0.9), seed=np.int32(4))
+    got = np.load(out)
+    assert [got["prompt_0"].tolist(), got["prompt_1"].tolist()] == [_solo(llama, k, 5, **settings)[0] for k in (0, 1)]
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--max-tokens", "0", "--ids-out", out)
+    assert (code, err) == (0, ""), err
+    assert printed == "=== 0 (length) ===\n\n=== 1 (length) ===\n\n", printed
+    assert [np.load(out)[k].tolist() for k in ("prompt_0", "prompt_1")] == [[], []]
+    np.savez(prompts, a=PROMPTS[0], b=np.arange(41) % SIZES["vocab"])
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts)
+    assert (code, printed) == (1, "") and err == ("error: prompt 1 has 41 tokens, more than the 40 positions the "
+                                                  "model's cache holds (its size T): shorten the prompt\n"), err
+    with pytest.raises(OiError, match=r"generate_batch: no prompts \(give a list of token-id prompts\)"):
+        generate_batch(decode, [])

@@ -530,3 +530,18 @@ def test_specialize_greedy_false_runs_the_general_programs_only(model):
     assert g.compiles == compiles
     with pytest.raises(OiError, match="specialize_greedy: expected True or False, got 'no'"):
         Generator(model["path"], specialize_greedy="no")
+
+
+def test_the_stats_decode_rate_counts_the_tokens_the_decode_steps_drew():
+    """`generated M tokens in S s (R tok/s)`: S is the decode's seconds, and the first token is
+    drawn by the prompt's last step (in the prompt's seconds), so R = (M - 1) / S (a batch: M less
+    one token per prompt that drew one); it was M / S, 5835 tok/s for a 1-token generation."""
+    from oi2jax.generation import Stats
+    assert Stats(prompt_tokens=3, prompt_s=0.5, generated_tokens=6, generate_s=0.5).lines() == [
+        "prompt 3 tokens in 0.500 s (6.0 tok/s)", "generated 6 tokens in 0.500 s (10.0 tok/s)"]
+    assert Stats(prompt_tokens=3, prompt_s=0.5, generated_tokens=1, generate_s=0.0).lines()[1] == \
+        "generated 1 tokens in 0.000 s (n/a tok/s)"
+    assert Stats(prompt_tokens=3, prompt_s=0.5, generated_tokens=0, generate_s=0.0).lines()[1] == \
+        "generated 0 tokens in 0.000 s (n/a tok/s)"
+    assert Stats(prompt_tokens=9, prompt_s=1.0, generated_tokens=10, generate_s=2.0, from_prompt=2).lines()[1] == \
+        "generated 10 tokens in 2.000 s (4.0 tok/s)"  # a batch of two prompts

@@ -82,6 +82,10 @@ def test_generate_refuses_bad_input_files_and_text_before_running(capsys, tmp_pa
     np.savez(tmp_path / "ids.npz", a=np.array([1, 2, 3], np.int32))
     code, _, err = run_cli(capsys, "generate", model, "--prompt-ids", tmp_path / "ids.npz")
     assert code == 1 and "--prompt-ids: an .npz of arrays (a); --prompt-ids takes one .npy array" in err
+    code, _, err = run_cli(capsys, "generate", model, "--prompt", "hi", "--prompt-ids", tmp_path / "ids.npz")
+    assert (code, err) == (2, "error: give --prompt TEXT or --prompt-ids IDS.npy, not both\n"), err
+    code, _, err = run_cli(capsys, "generate", model)
+    assert (code, err) == (2, "error: give --prompt TEXT, --prompt-ids IDS.npy or --batch FILE\n"), err
     (tmp_path / "prompts.txt").write_text("hello\nworld\n")
     code, _, err = run_cli(capsys, "generate", model, "--batch", tmp_path / "prompts.txt", "--batch-size", "0")
     assert code == 2 and "--batch-size must be >= 1, got 0" in err

@@ -95,8 +95,8 @@ class _Scan:
     def skip_value(self, vtype: int, key: str, nested: bool = False) -> None:
         if vtype in _SCALAR:
             self.take(struct.calcsize(_SCALAR[vtype]), f"metadata {key}")
-        elif vtype == _STRING:
-            self.take(self.num("<Q", f"metadata {key}: string length"), f"metadata {key}")
+        elif vtype == _STRING:  # decoded too: a string that is not UTF-8 is named here, by key (and item)
+            self.string(f"metadata {key}")
         elif vtype == _ARRAY and not nested:
             etype = self.num("<I", f"metadata {key}: array type")
             count = self.num("<Q", f"metadata {key}: array length")
@@ -106,8 +106,8 @@ class _Scan:
             if count * least > self.size - self.f.tell():  # bounded before anything is built
                 self.fail(f"metadata {key}: an array of {count} items does not fit in the file")
             if etype == _STRING:
-                for _ in range(count):
-                    self.skip_value(_STRING, key, nested=True)
+                for i in range(count):
+                    self.skip_value(_STRING, f"{key}[{i}]", nested=True)
             else:
                 self.take(count * least, f"metadata {key}")
         else:

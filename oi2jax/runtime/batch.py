@@ -26,9 +26,8 @@ from ..limits import limit_note, memory_limit
 from ..lowering.state import CacheState, Guards, StepState
 from .buckets import bucket_program, program_buckets, prompt_steps
 from .kernels import StepOutcome
-from .tokens import prompt_ids, stop_ids, vocabulary
-
-SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed")  # the step graph's per-slot sampling inputs
+from .settings import OFF, SETTINGS, as_input, check_settings
+from .tokens import capacity, prompt_ids, stop_ids, vocabulary
 MAX_STOPS = 8  # stop ids per slot (insert's and run's together)
 CHUNK = 32  # steps per compiled call of `run`: tokens reach the host once per chunk
 _NO_TOKEN = -1  # an unused stop-id entry; a step that produced no token for a slot
@@ -77,6 +76,7 @@ class Batch:
         # the per-slot sampling inputs (one `Program.specialized` fixed is none: it is the program's)
         self.settings = tuple(name for name in SETTINGS if name in exe.defaults and name not in program.bound.fixed)
         self.vocab = vocabulary(program)  # prompt and stop ids are checked against it (runtime/tokens.py)
+        self.capacity = capacity(program)  # and a prompt's length against the cache's positions
         self._shared = {k: v for k, v in exe.defaults.items() if k not in ("tokens", "n") + self.settings}
         self.mesh, self._axis = _batch_mesh(program, mesh, axis, self.size)
         self._compiled = _COMPILED.setdefault(program, {})
@@ -86,6 +86,7 @@ class Batch:
         self._results: list[SlotResult | None] = [None] * self.size
         self._prompt_steps = [0] * self.size  # each slot's prompt steps (a decode error names its step)
         defaults = {name: np.asarray(exe.to_host(exe.defaults[name])) for name in self.settings}
+        self._defaults = defaults  # a slot's settings where its insert gives none
         self._slots = {
             "token": np.zeros(self.size, np.int32), "active": np.zeros(self.size, bool),
             "count": np.zeros(self.size, np.int32), "budget": np.full(self.size, NO_BUDGET, np.int32),
@@ -181,16 +182,18 @@ class Batch:
         drawn after it is the slot's first generated token. `max_tokens`: the slot's budget (None:
         until a stop id or the cache's capacity); `stop`: ids that end it (not returned);
         `settings`: the graph's sampling inputs (temperature, top_k, top_p, min_p, seed) for this
-        slot. An error of a prompt step raises (the slot stays free)."""
+        slot, checked and rounded as a single generation's (runtime/settings.py; those not given
+        are the graph's defaults). Everything is checked before the prompt runs; an error of a
+        prompt step raises (the slot stays free). `max_tokens=0`: nothing runs, the slot's result
+        is empty (finish "length")."""
         slot = self._slot(slot)
         if self._slots["active"][slot]:
             raise OiError(f"slot {slot} is still generating: evict it before inserting a new prompt")
-        ids = prompt_ids(prompt, self.vocab)
+        ids = prompt_ids(prompt, self.vocab, positions=self.capacity)
         stops = _stop_ids(stop, self.vocab)
         if max_tokens is not None:
-            check_whole("max_tokens", max_tokens, 1)
-        values = {}
-        for name, value in settings.items():
+            check_whole("max_tokens", max_tokens, 0)
+        for name in settings:
             if name in self.program.bound.fixed:
                 raise OiError(f"{name} is fixed at {self.program.bound.fixed[name]!r} in this batch's program "
                               f"(Program.specialized): a slot cannot set it")
@@ -198,15 +201,23 @@ class Batch:
                 known = ", ".join(self.settings) or "none"
                 raise OiError(f"the step graph has no sampling input {name}{suggest(name, self.settings)} "
                               f"(its sampling inputs: {known})")
-            values[name] = self.program.convert(name, value)
-        state, first, self._prompt_steps[slot] = self._prefill(ids, values)
+        fixed = {k: v for k, v in self.program.bound.fixed.items() if k in SETTINGS}
+        check_settings(max_tokens=None, **{**OFF, **{k: v.item() for k, v in self._defaults.items()}, **fixed,
+                                           **settings})
+        values = {name: self.program.convert(name, as_input(name, value)) for name, value in settings.items()}
         result = SlotResult(ids)
+        if max_tokens == 0:  # a budget of no token: no prompt step to run
+            result.finish = FINISH[LENGTH]
+            self._results[slot] = result
+            self._slots["why"][slot] = LENGTH
+            return result
+        state, first, self._prompt_steps[slot] = self._prefill(ids, values)
         slots = self._slots
         slots["stops"][slot] = _NO_TOKEN
         slots["stops"][slot, :len(stops)] = stops
         slots["budget"][slot] = NO_BUDGET if max_tokens is None else min(int(max_tokens), NO_BUDGET)
         for name in self.settings:
-            slots[name][slot] = values.get(name, self._fresh_setting(name))
+            slots[name][slot] = values.get(name, self._defaults[name])
         if first in stops:
             result.finish, why = "stop", STOPPED
         else:
@@ -219,9 +230,6 @@ class Batch:
             self._state = self._put(self._state, self._place(state, batched=False), np.int32(slot))
         self._results[slot] = result
         return result
-
-    def _fresh_setting(self, name: str):
-        return np.asarray(self._exe.to_host(self._exe.defaults[name]))
 
     def _prefill(self, ids: np.ndarray, values: dict):
         """Run the prompt on a fresh one-slot state: (state as host arrays, first token, the number

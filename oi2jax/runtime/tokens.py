@@ -3,7 +3,8 @@ the graph's vocabulary before anything runs. The vocabulary is the length V of t
 `logits: f32[V]` (the contract of examples/llama_prefill.oi and llama_decode.oi). An id outside
 0..V-1 would otherwise fail the prompt's first step at its embedding, after the compile and, in
 a batch, after the prompts before it had started (an id past int32 failed in NumPy's cast); as a
-stop id it can never be drawn, so it would never stop anything. `Generator` (generation.py),
+stop id it can never be drawn, so it would never stop anything; a prompt longer than the cache
+fails a prompt step only after those before it ran. `Generator` (generation.py),
 `generate_batch` and `Batch` (runtime/batch.py) all use this one rule."""
 from __future__ import annotations
 
@@ -23,15 +24,23 @@ def vocabulary(program) -> int | None:
     return int(program.bound.shape("logits")[0])
 
 
+def capacity(program) -> int | None:
+    """The positions the step graph's cache holds (its size variable T, the step-graph contract's),
+    None where it has none: a prompt longer than it is refused before it runs."""
+    value = program.bound.sizes.get("T")
+    return None if value is None else int(value)
+
+
 def _outside(vocab: int | None) -> str:
     if vocab is None:
         return f"outside 0..{_I32.max} (a token id is an i32)"
     return f"outside the vocabulary 0..{vocab - 1} (the graph's logits: f32[{vocab}])"
 
 
-def prompt_ids(ids, vocab: int | None, what: str = "the prompt") -> np.ndarray:
+def prompt_ids(ids, vocab: int | None, what: str = "the prompt", positions: int | None = None) -> np.ndarray:
     """A prompt's token ids as int32: a non-empty 1-D integer array, every id in 0..vocab-1 (the
-    first one outside named with its index)."""
+    first one outside named with its index), no more of them than the cache's `positions` (its T:
+    `capacity`) where given."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.size == 0:
         raise OiError(f"{what}: a prompt is a non-empty vector of token ids, got shape {list(ids.shape)}")
@@ -42,6 +51,9 @@ def prompt_ids(ids, vocab: int | None, what: str = "the prompt") -> np.ndarray:
     if bad.size:
         i = int(bad[0])
         raise OiError(f"{what}: token id {int(ids[i])} (index {i}) is {_outside(vocab)}")
+    if positions is not None and ids.size > positions:
+        raise OiError(f"{what} has {ids.size} tokens, more than the {positions} positions the model's cache holds "
+                      f"(its size T): shorten the prompt")
     return ids.astype(np.int32)
 
 
