@@ -72,6 +72,26 @@ def test_a_stop_id_ends_the_fused_loop_where_a_host_loop_does(prog, calls, stop,
         assert want[-1] in stop["next"] and not set(want[:-1]) & set(stop["next"])  # the stop id is kept, last
 
 
+@pytest.mark.parametrize("way", ["fused", "a call per step", "host loop"])
+def test_a_stop_id_predicted_inside_a_teacher_forced_prompt_ends_nothing(prog, way):
+    """A prompt given per step (token = 1, 8, 3) with feedback: the `next` of its first two steps
+    is replaced by the next prompt token, so it is not generated and a stop id there ends nothing
+    (it ended the run at step 2, the rest of the prompt never ran, exit 0); the stop counts from
+    the prompt's last step, whose `next` is fed back (`runargs.stop_from`). From 1: 8; from 8: 10;
+    from 3 the cycle 7 (= 5*3+3 mod 11), 5, 6, 0."""
+    prompt = np.array([[1], [8], [3]], np.int32)
+    for stop, steps_run in (({"next": [8, 10]}, 6), ({"next": [8, 5]}, 4), ({"next": [7]}, 3)):
+        sess = prog.session()
+        if way == "a call per step":
+            sess.call_seconds = 1e-9
+        run = sess.run_stepwise if way == "host loop" else sess.run
+        out = run({"token": prompt}, steps=6, feedback={"token": "next"}, stop=stop, collect="next")
+        assert int(out["t"]) == steps_run, (stop, way)  # 8 and 10 are the prompt's predictions: ignored
+        assert out["next"].ravel().tolist() == [8, 10, 7, 5, 6, 0][:steps_run]
+        if way != "host loop":
+            assert sess.last_run.stopped == (steps_run < 6)
+
+
 def test_the_stop_rule_is_per_element():
     hits = stop_hits(np.array([[2], [5]]), np.array([2, 7]))
     assert hits.ravel().tolist() == [True, False]

@@ -35,7 +35,7 @@ from .._signals import raise_pending
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
 from .placement import TRIM_AFTER_SECONDS, return_freed_memory
-from .runargs import fed_back, stop_hits, stopped
+from .runargs import fed_back, stop_from, stop_hits, stopped
 
 
 SELECT_SKIP_BYTES = 1 << 16
@@ -174,6 +174,8 @@ class StepKernels:
                 flat, outputs = builder(consts, spec.with_constants(env), dyn, extra=extra, skip=skip)
                 return spec.strip_constants(flat), outputs
 
+            # a stop counts once its output is fed back (not while a prompt is teacher-forced)
+            counts_from = stop_from(stop_ids, feedback, lambda k: per_step[k].shape[0] if k in per_step else 1)
             out_shapes, guarded = guarded_trace(
                 lambda: jax.eval_shape(lambda e, f: one(e, f, jnp.zeros((), n.dtype))[1], env0, fed))
             # a step that cannot record an error, without growth, runs exactly n times
@@ -201,7 +203,8 @@ class StepKernels:
                 stacked = {k: lax.dynamic_update_index_in_dim(v, rows[k], i, 0)  # the call's own rows
                            for k, v in stacked.items()}
                 new_fb = {k: outputs[source] for k, source in feedback}
-                new_hit = {k: hit[k] | stop_hits(outputs[k], ids, jnp) for k, ids in stop_ids.items()}
+                new_hit = {k: hit[k] | (stop_hits(outputs[k], ids, jnp) & (base + i >= counts_from[k]))
+                           for k, ids in stop_ids.items()}
                 if growable:  # an undone step is not counted: the host re-runs it after growing
                     undone = jnp.any(flat.guards.grow > 0)
                     new_fb = {k: jnp.where(undone, fb[k], v) for k, v in new_fb.items()}  # nor fed back

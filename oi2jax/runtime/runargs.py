@@ -209,6 +209,18 @@ def stop_hits(value, ids, xp=np):
     return xp.isin(value, ids)
 
 
+def stop_from(stop_outputs, feedback: tuple, given_steps) -> dict:
+    """THE rule of which steps a stop counts in: {stop output: its first step (0-based in the
+    run)}. A step's output fed back to an input (`feedback`: (IN, OUT) pairs) is generated only
+    once IN's given values have run out: while a prompt is teacher-forced (IN given per step,
+    `given_steps(IN)` values), the OUT it predicts is replaced by the next given value, so a stop
+    id there ends nothing; OUT's stop counts from the step whose OUT is fed back (`fed_back`: step
+    N - 1 for N given values). An output fed back nowhere counts from the first step. The fused
+    loop and the host loop (`Session.run_stepwise`) both follow it."""
+    return {out: max([given_steps(inp) - 1 for inp, src in feedback if src == out], default=0)
+            for out in stop_outputs}
+
+
 def stopped(done: dict, xp=np):
     """Whether a run is over: `done` holds, per stop output, which of its elements have given a
     stop id in some step (`stop_hits`, or-ed step by step); the run ends after the step that

@@ -37,7 +37,7 @@ from .kernels import StepOutcome, compiled
 from .placement import Placer
 from .runstats import RunClock
 from .runargs import (call_limit, collect_names, collected_rows, device_inputs, fed_back, feedback_pairs, split_inputs, stop_arrays,
-                      stop_hits, stop_set, stopped, validate_run)
+                      stop_from, stop_hits, stop_set, stopped, validate_run)
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 
@@ -728,6 +728,7 @@ class Session:
         per_host = {k: prog.convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
         fixed_dev = self._inputs(fixed)
         stacks: dict = {k: [] for k in collect}
+        counts_from = stop_from(stop_ids, pairs, lambda k: len(per_host[k]) if k in per_host else 1)
         for i in range(steps):
             dyn = dict(fixed_dev)
             given = {k: v[i] for k, v in per_host.items() if i < len(v)}
@@ -742,7 +743,8 @@ class Session:
             if progress is not None:
                 progress(i + 1)
             for k, ids in stop_ids.items():
-                done[k] = done[k] | stop_hits(self.read(k), ids)
+                if i >= counts_from[k]:
+                    done[k] = done[k] | stop_hits(self.read(k), ids)
             if done and stopped(done):
                 break
         result = self.values()
