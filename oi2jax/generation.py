@@ -256,14 +256,17 @@ class Generator:
             sess.check()  # the prompt's error, if any, raises here
             return PromptResult(sess, int(out["next"]), np.asarray(out["logits"]))
         state, start = programs[1].init_state(), 0  # every prompt step: one kernel form (from a state)
+        done = 0  # the sequence's steps so far: an error names its step among them, prompt steps included
         for size, n in prompt_steps(len(ids), self.buckets):
             sess = self.program(size, programs).session(state=state)
+            sess.steps = done
             tokens = np.zeros(size, np.int32)
             tokens[:n] = ids[start:start + n]
             out = sess.step(tokens=tokens, n=np.int32(n), **given)
-            state, start = sess.state, start + n  # `state` raises the step's error, if any
+            state, start, done = sess.state, start + n, done + 1  # `state` raises the step's error, if any
             raise_pending()  # Ctrl-C (`generate`'s `deferred`): between two prompt steps
         sess = programs[1].session(state=state)
+        sess.steps = done  # the decode goes on counting (as a batch's slot and a token-by-token prompt do)
         return PromptResult(sess, int(np.asarray(out["next"])[0]), np.asarray(out["logits"]))
 
     def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
@@ -316,7 +319,9 @@ class Generator:
             raise OiError("the prompt has no tokens")
         # checked before anything compiles or runs (a 1-D integer vector, every id in the
         # vocabulary, no longer than the cache): the prompt's step would fail only after its compile
-        ids = tokens.prompt_ids(ids, self.vocab, "prompt_ids" if prompt is None else "the prompt", self.capacity).tolist()
+        ids = tokens.prompt_ids(ids, self.vocab, "prompt_ids" if prompt is None else
+                                "the prompt's token ids (from the tokenizer)").tolist()
+        tokens.fits(len(ids), self.capacity)
         check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         seed=seed)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}

@@ -190,6 +190,9 @@ def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):
     assert res.finish == "error" and "40" in str(res.error)
     want = greedy_reference(model, prompt, len(res.ids))
     assert res.ids == want and len(prompt) + len(res.ids) == 41  # the token of step 40 was drawn, not fed
+    # the failing step counts the sequence's steps, its prompt step included (as a batch's slot
+    # and a token-by-token prompt count them): 1 prompt step + 37 decode steps
+    assert res.error.step == 38 and "(in step 38)" in str(res.error), res.error
 
 
 def test_a_token_budget_too_large_to_hold_is_refused_before_the_prompt(gen):
@@ -387,7 +390,7 @@ def test_cli_ids_out_is_refused_before_any_work(model, tmp_path, capsys, shared_
 
 def test_cli_usage_errors(model, tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", model["path"])
-    assert code == 2 and "--prompt TEXT or --prompt-ids" in err
+    assert code == 2 and "give --prompt TEXT, --prompt-ids IDS.npy or --batch FILE" in err  # names the batch form too
     (tmp_path / "bad.npy").write_text("no")
     code, _, err = run_cli(capsys, "generate", model["path"], "--graph", EXAMPLES / "llama_decode.oi", "--prompt-ids",
                            tmp_path / "bad.npy")

@@ -51,10 +51,15 @@ def prompt_ids(ids, vocab: int | None, what: str = "the prompt", positions: int 
     if bad.size:
         i = int(bad[0])
         raise OiError(f"{what}: token id {int(ids[i])} (index {i}) is {_outside(vocab)}")
-    if positions is not None and ids.size > positions:
-        raise OiError(f"{what} has {ids.size} tokens, more than the {positions} positions the model's cache holds "
-                      f"(its size T): shorten the prompt")
+    fits(ids.size, positions, what)
     return ids.astype(np.int32)
+
+
+def fits(tokens: int, positions: int | None, what: str = "the prompt") -> None:
+    """A prompt of `tokens` ids is no longer than the cache's `positions` (None: no limit known)."""
+    if positions is not None and tokens > positions:
+        raise OiError(f"{what} has {tokens} tokens, more than the {positions} positions the model's cache holds "
+                      f"(its size T): shorten the prompt")
 
 
 def stop_ids(ids, vocab: int | None, what: str = "stop ids") -> list[int]:
