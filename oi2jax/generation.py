@@ -39,7 +39,7 @@ import numpy as np
 
 from . import api, ir
 from ._signals import deferred, raise_pending
-from .diagnostics import OiError, check_whole
+from .diagnostics import OiError
 from .model.reader import open_model
 from .npz import regular_input
 from .model.chat_template import render_chat

@@ -177,7 +177,7 @@ def test_imports_inside_functions_say_why():
 # keeps the current executable, delegates), and what builds programs.
 RUNTIME_LAYERS = [
     ("parts", {"placement", "cache_state", "runargs", "runstats", "executor", "state_file", "faults", "buckets",
-               "tokens"}),
+               "tokens", "settings"}),
     ("kernels", {"kernels"}),
     ("executable", {"executable"}),
     ("clients", {"session", "driver", "chunked", "emit", "batch"}),
