@@ -351,6 +351,10 @@ def _hostile(tmp_path, data: bytes):
     ("zero dim", r"tensor token_embd.weight: dims \[16, 0\] are not a tensor this file can hold"),
     ("partial block", r"tensor token_embd.weight: row of 16 values is not a whole number of Q4_0 blocks \(32\)"),
     ("bad utf-8", r"a metadata key is not UTF-8"),
+    # a string value, and an item of a string array (a fuzzed vocabulary): an internal
+    # UnicodeDecodeError of gguf's reader before
+    ("bad utf-8 value", r"metadata general.name is not UTF-8"),
+    ("bad utf-8 item", r"metadata tokenizer.ggml.tokens\[1\] is not UTF-8"),
     ("huge tensor count", r"1 metadata entries and 1152921504606846976 tensors cannot fit in"),
     ("overlapping tensors", r"tensor output.weight: data \(offset 224\) overlaps tensor token_embd.weight's "
                             r"\(offset 192, 64 bytes\)"),
@@ -375,6 +379,10 @@ def test_hostile_files_are_errors_naming_file_and_key(tmp_path, case, message):
         "zero dim": _header(arch, 1, _tensor_info("token_embd.weight", [16, 0], 0, 0), 1),
         "partial block": _header(arch, 1, _tensor_info("token_embd.weight", [16, 2], 2, 0), 1) + bytes(256),
         "bad utf-8": _header(struct.pack("<Q", 2) + b"\xff\xfe" + struct.pack("<IQ", 8, 0), 1),
+        "bad utf-8 value": _header(arch + struct.pack("<Q", 12) + b"general.name" + struct.pack("<IQ", 8, 2) + b"\xc3(",
+                                   2),
+        "bad utf-8 item": _header(arch + struct.pack("<Q", 21) + b"tokenizer.ggml.tokens" + struct.pack("<IIQ", 9, 8, 2)
+                                  + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"\xff", 2),
         "huge tensor count": b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 1) + arch,
         # two f32 tensors of 16 values (64 bytes), the second starting 32 bytes into the first
         "overlapping tensors": _header(arch, 1, _tensor_info("token_embd.weight", [16], 0, 0) +
