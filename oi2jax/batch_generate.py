@@ -172,8 +172,10 @@ def cmd_generate_batch(args, generator) -> int:
         text = generator.decode(result.tokens)
         body = " ".join(map(str, result.tokens)) if text is None else text
         print(f"=== {k} ({result.finish}) ===\n{body}", flush=True)
-        if result.error is not None:
-            print(result.error.render(), file=sys.stderr)
+        if result.error is not None:  # named by its prompt: the others' text goes on around it
+            n = len(result.tokens)
+            print(f"{result.error.render()}\nnote: prompt {k}: {n} token{' was' if n == 1 else 's were'} generated "
+                  f"before the failing step (shown under === {k} (error) ===)", file=sys.stderr)
 
     programs = generator.programs_for({"temperature": args.temperature})  # greedy: the temperature fixed at 0
     results = generate_batch(programs[1], prompts, programs=programs, size=args.batch_size,

@@ -496,3 +496,10 @@ def test_generate_batch_cli_samples_with_any_temperature_and_checks_every_prompt
                                                   "model's cache holds (its size T): shorten the prompt\n"), err
     with pytest.raises(OiError, match=r"generate_batch: no prompts \(give a list of token-id prompts\)"):
         generate_batch(decode, [])
+    # a prompt whose decode passes the cache: its error on stderr names the prompt (the other's
+    # text goes on around it); its 21 tokens are printed under its header
+    np.savez(prompts, a=PROMPTS[3], b=PROMPTS[0])
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--ignore-eos", "--max-tokens", "30")
+    assert code == 1 and "=== 0 (error) ===" in printed and "=== 1 (length) ===" in printed, (printed, err)
+    assert "slice end 41 is past its fixed size 40 (in step 22)" in err and err.endswith(  # 1 prompt step (S=32) + 21
+        "note: prompt 0: 21 tokens were generated before the failing step (shown under === 0 (error) ===)\n"), err
