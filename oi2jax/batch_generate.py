@@ -93,7 +93,8 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     known = {k: v for k, v in settings.items() if k in DEFAULT_SETTINGS}  # another name: Batch.insert says which
     check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **known})  # as a single generation's
     vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none lost to another's error
-    prompts = [prompt_ids(p, vocab, f"prompt {k}", capacity(program)) for k, p in enumerate(prompts)]
+    positions = capacity(program)
+    prompts = [prompt_ids(p, vocab, f"prompt {k}", positions) for k, p in enumerate(prompts)]
     if not prompts:
         raise OiError("generate_batch: no prompts (give a list of token-id prompts)")
     stop_ids = checked_stops(stop_ids, vocab)

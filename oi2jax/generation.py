@@ -49,7 +49,7 @@ from .runtime.runargs import call_limit, check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds
 from .runtime import tokens
 from .runtime.session import compile_run
-from .runtime.settings import SETTINGS, as_input, check_settings
+from .runtime.settings import OFF, SETTINGS, as_input, check_settings
 
 __all__ = ["Generator", "Generation", "Stats", "generate"]
 
@@ -232,12 +232,11 @@ class Generator:
         out = {}
         fixed = self.programs_for(settings) is self.greedy_programs
         for name, value in settings.items():
-            off = SETTINGS[name][1]
             if name == "temperature" and fixed:
                 continue
             if name in self.settings:
                 out[name] = as_input(name, value)
-            elif value != off:
+            elif value != OFF[name]:
                 raise OiError(f"{self.graph_path}: {name}={value}: the graph has no dynamic `{name}` (it samples "
                               f"greedily through its `next`); run a graph with sampling inputs (the step-graph "
                               f"contract, examples/llama_prefill.oi)")
@@ -247,7 +246,7 @@ class Generator:
         """Run the prompt `ids`: the session after it (its state goes on in the S=1 program), the
         first drawn token and the last prompt token's logits (f32[V], host)."""
         ids = np.asarray(ids, np.int32)
-        settings = {**{k: off for k, (_, off) in SETTINGS.items()}, **settings}
+        settings = {**OFF, **settings}
         given, programs = self._inputs(settings), self.programs_for(settings)
         if self.mode != PROMPT_STEPS:  # token by token: one step per prompt token (a fused run would compile per length)
             sess = programs[1].session()

@@ -105,7 +105,7 @@ def overflow(given: np.ndarray, stored: np.ndarray, dtype: str) -> str | None:
     largest such value: 70000 as f16, 1e300 as f32), else None. Rounding, down to zero for a value
     below the dtype's smallest, is what storing as `dtype` means."""
     with np.errstate(over="ignore", invalid="ignore"):
-        bad = np.isfinite(given) & ~np.isfinite(stored.astype(np.float32))
+        bad = np.isfinite(given) & ~np.isfinite(stored.astype(np.float32, copy=False))
     if not bad.any():
         return None
     worst = float(np.max(np.abs(np.asarray(given)[bad].astype(np.float64))))
@@ -321,10 +321,11 @@ def _meta_spec(path: str, key: str, value) -> tuple[int, bytes]:
     if isinstance(v, (int, bool)) and not isinstance(v, bool) and dt.get(mtype).is_float:
         arr = np.asarray(float(v))
     raw = encode(mtype, arr, path, what)
-    if dt.get(mtype).is_float and arr != 0 and not np.any(np.frombuffer(raw, np.uint8) & ~np.uint8(0x80)):
+    d = dt.get(mtype)
+    if d.is_float and arr != 0 and np.frombuffer(raw, d.np_dtype.newbyteorder("<"))[0] == 0:  # +0.0 or -0.0
         raise ModelError(path, f"{what}: value {v!r} is 0 in {mtype}, in which the file would hold it "
                                f"(give Meta('f64', value) to keep it)")
-    return dt.get(mtype).code, raw
+    return d.code, raw
 
 
 def save(path, sizevars: dict | None = None, metadata: dict | None = None, tensors: dict | None = None,

@@ -203,7 +203,8 @@ class StepKernels:
                 stacked = {k: lax.dynamic_update_index_in_dim(v, rows[k], i, 0)  # the call's own rows
                            for k, v in stacked.items()}
                 new_fb = {k: outputs[source] for k, source in feedback}
-                new_hit = {k: hit[k] | (stop_hits(outputs[k], ids, jnp) & (base + i >= counts_from[k]))
+                new_hit = {k: hit[k] | (stop_hits(outputs[k], ids, jnp) & (base + i >= counts_from[k])
+                                        if counts_from[k] else stop_hits(outputs[k], ids, jnp))
                            for k, ids in stop_ids.items()}
                 if growable:  # an undone step is not counted: the host re-runs it after growing
                     undone = jnp.any(flat.guards.grow > 0)
