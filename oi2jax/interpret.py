@@ -221,8 +221,13 @@ class InterpretedProgram(CacheOps):
             f = float(v.astype(np.float64))
             if not np.isfinite(f):
                 raise self._err(messages.loop_bound_not_finite(value), node)
-            return int(f)  # truncates toward zero
-        return int(v)
+            b, shown = int(f), f  # truncates toward zero
+        else:
+            b = shown = int(v)
+        lo, hi = messages.LOOP_INDEX_RANGE
+        if not lo <= b < hi:
+            raise self._err(messages.loop_bound_out_of_range(value, shown), node)
+        return b
 
     # ------------------------------------------------------------------------------- reading
 

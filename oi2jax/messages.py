@@ -68,6 +68,17 @@ def loop_bound_not_finite(bound) -> str:
     return f"loop bound {bound} is not finite"
 
 
+LOOP_INDEX_RANGE = (-2**63, 2**63)  # a loop index is an i64: [lo, hi)
+
+
+OUTSIDE_LOOP_INDEX = "outside a loop index's range (i64: -2^63 to 2^63-1)"
+
+
+def loop_bound_out_of_range(bound, value) -> str:
+    """A bound read from a u64 or float variable (floats truncated) that no i64 holds."""
+    return f"loop bound {bound} is {value}, {OUTSIDE_LOOP_INDEX}"
+
+
 def op_output_shape(op: str, out: str, declared, result) -> str:
     """An op whose result shape is not its output's (the checker's when it can type the shape,
     the backends' when it depends on a value, e.g. `keepdims=` a model scalar)."""

@@ -1,7 +1,7 @@
 """Control-flow rules: branch conditions and targets, loop bounds, and recursion in the branch graph."""
 from __future__ import annotations
 
-from .. import dtypes, ir
+from .. import dtypes, ir, messages
 from ..diagnostics import suggest
 
 
@@ -38,10 +38,14 @@ class ControlRules:
                            self.word_span(node.span, target, after))
 
     def check_loop_bound(self, node: ir.Loop, which: str, bound, loops):
-        if isinstance(bound, int) or bound in self.sizes:
+        lo, hi = messages.LOOP_INDEX_RANGE
+        if isinstance(bound, int) and lo <= bound < hi or bound in self.sizes:
             return
         prefix = f"loop {which} bound {bound} is invalid: "
-        span = self.word_span(node.span, bound, " in " if which == "start" else "..")  # where the bound is written
+        span = self.word_span(node.span, str(bound), " in " if which == "start" else "..")  # where it is written
+        if isinstance(bound, int):  # OpenInfer reads a literal bound as an i64
+            self.error(prefix + messages.OUTSIDE_LOOP_INDEX, span)
+            return
         if bound in loops:
             self.loop_index_error(bound, span, prefix, use="c as the bound")
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import dtypes as dt
 from .. import ir
@@ -37,39 +38,48 @@ def _branch(node: ir.Branch, env, frame: Frame, tr: Tracer):
 
 
 def _bound(value: ir.IndexValue, env, frame: Frame, tr: Tracer):
-    """A loop bound: static int (literal, sizevar, metadata, constant) or a traced int64."""
+    """A loop bound and the runtime errors reading it can raise: a static int (literal, sizevar,
+    metadata, constant) and none, or a traced int64 and `(cond, message, errval, render)` guards
+    (a float that is not finite or truncates outside i64, a u64 past i64's range)."""
+    lo, hi = messages.LOOP_INDEX_RANGE
     static = tr.bound.loop_bound(value)
+    if static is None and isinstance(value, str):
+        static = tr.static_scalar(value)
     if static is not None:
-        return int(static)
-    const = tr.static_scalar(value) if isinstance(value, str) else None
-    if const is not None:
-        return int(const)
+        static = int(static)
+        if lo <= static < hi:
+            return static, ()
+        return 0, ((True, messages.loop_bound_out_of_range(value, static), 0, None),)  # a u64 constant
     _, v = tr.read(ir.VarRef(value, ir.NO_SPAN), env, frame)
     v = v.reshape(())
     if jnp.issubdtype(v.dtype, jnp.floating):
         v = v.astype(jnp.float64)
-        return jnp.trunc(jnp.where(jnp.isfinite(v), v, 0.0)).astype(jnp.int64), ~jnp.isfinite(v)
-    return v.astype(jnp.int64)
+        finite = jnp.isfinite(v)
+        t = jnp.trunc(jnp.where(finite, v, 0.0))
+        outside = finite & ((t < float(lo)) | (t >= float(hi)))
+        shown = lambda bits: messages.loop_bound_out_of_range(value, float(np.int64(bits).view(np.float64)))
+        return (jnp.where(outside, 0.0, t).astype(jnp.int64),
+                ((~finite, messages.loop_bound_not_finite(value), 0, None),
+                 (outside, None, jax.lax.bitcast_convert_type(v, jnp.int64), shown)))
+    if v.dtype == jnp.uint64:
+        outside = v >= jnp.uint64(hi)
+        shown = lambda bits: messages.loop_bound_out_of_range(value, int(bits) % 2**64)
+        return jnp.where(outside, jnp.uint64(0), v).astype(jnp.int64), ((outside, None, v.astype(jnp.int64), shown),)
+    return v.astype(jnp.int64), ()
 
 
 def _checked_bounds(node: ir.Loop, env, frame: Frame, tr: Tracer):
-    """(env, lo, hi): a non-finite bound (a float variable holding inf or NaN) is a runtime error
-    and the loop runs 0 times -- never forever, never silently."""
-    bounds = []
-    for value in (node.start, node.end):
-        b = _bound(value, env, frame, tr)
-        if isinstance(b, tuple):
-            b, bad = b
-            code = tr.lowering.site(messages.loop_bound_not_finite(value), node.span)
-            env = tr.fail_if(env, bad, code, 0)
-            b = jnp.where(bad, jnp.int64(0), b)
-            bounds.append((b, bad))
-        else:
-            bounds.append((b, None))
-    (lo, bad_lo), (hi, bad_hi) = bounds
-    bads = [b for b in (bad_lo, bad_hi) if b is not None]
-    if bads:
-        bad = bads[0] if len(bads) == 1 else bads[0] | bads[1]
+    """(env, lo, hi): a bound that is not finite or no i64 holds is a runtime error, and the loop
+    runs 0 times -- never forever, never silently wrapped."""
+    (lo, lo_guards), (hi, hi_guards) = (_bound(value, env, frame, tr) for value in (node.start, node.end))
+    bad = None
+    for cond, message, errval, render in lo_guards + hi_guards:
+        code = tr.lowering.site(message or render(0), node.span, render)
+        env = tr.fail_if(env, cond, code, errval)
+        bad = cond if bad is None else bad | cond
+    if bad is True:
+        hi = lo
+    elif bad is not None:
         hi = jnp.where(bad, jnp.asarray(lo, jnp.int64), hi)
     return env, lo, hi
 

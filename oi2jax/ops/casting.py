@@ -71,7 +71,7 @@ def _cast(inputs, attrs, ctx):
         if dst == "f64":
             return x.astype(jnp.float64)
         if s.bits == 64:
-            return N.store(x.astype(jnp.float64).astype(jnp.float32), dst)  # exact via f64, then rounded
+            return N.store(N.f64_to_f32(x.astype(jnp.float64)), dst)  # via f64, then rounded
         return N.store(x.astype(jnp.float32), dst)  # <= 32-bit ints: direct rounding == via f64
     return x.astype(d.np_dtype)  # widening int -> int: value preserved
 

@@ -77,6 +77,14 @@ def to_compute(x, d: str):
     return jnp.asarray(x).astype(compute_dtype(d))
 
 
+def f64_to_f32(y):
+    """An f64 value rounded to f32 once, as its own step. XLA:CPU fuses `convert(convert(i64 ->
+    f64) -> f32)` into one i64 -> f32 rounding (2^60 + 2^36 + 1 becomes 2^60 + 2^37, not the 2^60
+    rounded via f64), and drops an optimization barrier between the two; `reduce_precision` to
+    f32's bits first keeps the f64 rounding, after which the convert is exact."""
+    return lax.reduce_precision(y, exponent_bits=8, mantissa_bits=23).astype(jnp.float32)
+
+
 def store(y, d: str):
     """Round a compute-type float result to dtype `d` (once)."""
     if d == "f8":
