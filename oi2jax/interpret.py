@@ -224,7 +224,7 @@ class InterpretedProgram(CacheOps):
             b, shown = int(f), f  # truncates toward zero
         else:
             b = shown = int(v)
-        lo, hi = messages.LOOP_INDEX_RANGE
+        lo, hi = messages.I64_RANGE
         if not lo <= b < hi:
             raise self._err(messages.loop_bound_out_of_range(value, shown), node)
         return b

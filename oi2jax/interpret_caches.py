@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ import numpy as np
 from . import dtypes as dt
 from . import ir
 from .host_numerics import f8_encode, state_fill
+from .limits import limit_note, memory_limit
 from . import messages
 from .messages import CHECKED
 
@@ -101,7 +103,10 @@ class CacheOps:
                 raise self._err(f"{what} {value}: packed scalars are not supported", node)
             if d.family not in (dt.SIGNED, dt.UNSIGNED, dt.BOOL):
                 raise self._err(f"{what} must be integer: {value} is {decl.dtype}", node)
-            return int(np.asarray(st.values[value]).reshape(()))
+            v = int(np.asarray(st.values[value]).reshape(()))
+            if v >= messages.I64_RANGE[1]:  # a u64 at 2^63 or more
+                raise self._err(messages.index_out_of_range(what, value, v), node)
+            return v
         raise self._err(f"unknown {what} {value}", node)
 
     def _table_array(self, decl: ir.VarDecl, t: Table) -> np.ndarray:
@@ -124,7 +129,15 @@ class CacheOps:
         if fixed is not None and size > fixed:
             raise self._err(messages.exceeds_fixed(decl.name, d, fixed, what, size - 1 if what == "index" else size),
                             node)
-        t.sizes[d] = max(t.sizes[d], size)
+        if size > t.sizes[d]:  # refuse before allocating: a write at index 10**12 ...
+            sizes = [size if j == d else n for j, n in enumerate(t.sizes)]
+            nbytes = dt.get(decl.dtype).nbytes(math.prod(sizes) * math.prod(decl.shape(self._sizes)))
+            limit = memory_limit()
+            if nbytes > limit:
+                raise self._err(f"cache {decl.name} would need {nbytes} bytes to grow to size {sizes} ({what} "
+                                f"{size - 1 if what == 'index' else size} needs {size} entries): too large to allocate (the limit is {limit} bytes{limit_note(limit)})",
+                                node)
+            t.sizes[d] = size
 
     def _single(self, decl, sel: ir.Single, frames, st, node) -> int:
         k = self._index(sel.value, frames, st, node)

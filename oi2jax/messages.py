@@ -68,15 +68,18 @@ def loop_bound_not_finite(bound) -> str:
     return f"loop bound {bound} is not finite"
 
 
-LOOP_INDEX_RANGE = (-2**63, 2**63)  # a loop index is an i64: [lo, hi)
-
-
-OUTSIDE_LOOP_INDEX = "outside a loop index's range (i64: -2^63 to 2^63-1)"
+I64_RANGE = (-2**63, 2**63)  # a loop index, a cache or prefix index is an i64: [lo, hi)
+OUTSIDE_I64 = "outside an index's range (i64: -2^63 to 2^63-1)"
 
 
 def loop_bound_out_of_range(bound, value) -> str:
     """A bound read from a u64 or float variable (floats truncated) that no i64 holds."""
-    return f"loop bound {bound} is {value}, {OUTSIDE_LOOP_INDEX}"
+    return f"loop bound {bound} is {value}, {OUTSIDE_I64}"
+
+
+def index_out_of_range(what: str, name: str, value) -> str:
+    """A cache or prefix index (`what`) read from a u64 variable that no i64 holds."""
+    return f"{what} {name} is {value}, {OUTSIDE_I64}"
 
 
 def op_output_shape(op: str, out: str, declared, result) -> str:

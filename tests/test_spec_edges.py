@@ -68,7 +68,7 @@ def test_loop_bounds_outside_i64_are_errors(s, e, message):
     text = err.value.render()
     assert message in text and "(in step 1)" in text, text
     if "finite" not in message:
-        assert "outside a loop index's range (i64: -2^63 to 2^63-1)" in text
+        assert "outside an index's range (i64: -2^63 to 2^63-1)" in text
 
 
 def test_loop_literal_bound_outside_i64_is_a_check_error():
@@ -78,4 +78,69 @@ def test_loop_literal_bound_outside_i64_is_a_check_error():
         run_both(src, ways=("interpreted", "fused"))
     assert err.value.render().splitlines()[0] == (
         "<string>:3:19: error: loop end bound 9223372036854775808 is invalid: "
-        "outside a loop index's range (i64: -2^63 to 2^63-1)")
+        "outside an index's range (i64: -2^63 to 2^63-1)")
+
+
+TABLES = {  # a persistent u64 index p (set from input d) into a table K, fixed or growable
+    "fixed write": "K(t): f32 @table @fixed(t=4);", "growable write": "K(t): f32 @table;",
+}
+INDEXED = ("dynamic {{ d: u64; x: f32; }}\npersistent {{ p: u64; {table} }}\nvolatile {{ y: f32; }}\n"
+           "block entry {{\n  cache.write d >> p;\n  cache.write x >> K[p];\n  cache.read K[p] >> y;\n  return;\n}}\n")
+SLICED = ("dynamic {{ d: u64; }}\npersistent {{ p: u64; K(t): f32 @table @fixed(t=4); }}\nvolatile {{ y: f32[{n}]; }}\n"
+          "block entry {{\n  cache.write d >> p;\n  cache.read K[0..p] >> y;\n  return;\n}}\n")
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+@pytest.mark.parametrize("p", [2**64 - 1, 2**63])
+def test_u64_cache_index_outside_i64_is_an_error(table, p):
+    # compiled, 2^64 - 1 was "cache index cannot be negative: K index p is -1"; interpreted, a
+    # growable table failed inside NumPy
+    with pytest.raises(OiError) as err:
+        run_both(INDEXED.format(table=TABLES[table]), {"d": np.uint64(p), "x": np.float32(1)})
+    assert err.value.render().splitlines()[0] == (
+        f"<string>:6:20: error: cache index p is {p}, outside an index's range (i64: -2^63 to 2^63-1) (in step 1)")
+
+
+def test_u64_slice_end_outside_i64_is_an_error_not_counted_from_the_end():
+    # compiled, 2^64 - 1 became -1: a slice end counted from the end, K[0..3] read in silence
+    assert run_both(SLICED.format(n=3), {"d": np.uint64(3)})["y"].shape == (3,)
+    with pytest.raises(OiError) as err:
+        run_both(SLICED.format(n=3), {"d": np.uint64(2**64 - 1)})
+    assert "cache index p is 18446744073709551615, outside an index's range" in err.value.render()
+
+
+def test_u64_cache_index_in_range_reads_and_writes():
+    out = run_both(INDEXED.format(table=TABLES["growable write"]), {"d": np.uint64(6), "x": np.float32(2.5)})
+    assert out["y"] == np.float32(2.5) and out["K"].shape == (7,)
+    np.testing.assert_array_equal(out["K"], [0, 0, 0, 0, 0, 0, 2.5])
+
+
+def test_a_growth_too_large_to_allocate_names_its_step_and_keeps_the_run_so_far():
+    """A write at index 2^40 asks a growable table for 4 TiB: refused before allocating, in every
+    way, naming the step; the steps before it are returned (`partial`), the collected rows too."""
+    import oi2jax
+    from conftest import WAYS
+    src = INDEXED.format(table=TABLES["growable write"])
+    inputs = {"d": np.array([0, 1, 2**40, 1], np.uint64), "x": np.arange(1, 5, dtype=np.float32)}
+    for way, kw in WAYS.items():
+        prog = oi2jax.compile(src, **kw)
+        runs = [lambda: prog.run(inputs)]
+        if way != "interpreted":
+            runs += [lambda: prog.run(inputs, collect=["y"]), lambda: prog.run(inputs, trace=True, collect=["y"])]
+        for run in runs:
+            with pytest.raises(OiError) as err:
+                run()
+            text = err.value.render()
+            assert "cache K would need" in text and "too large to allocate" in text and text.splitlines()[0].endswith(
+                "(in step 3)"), (way, text)
+            partial = err.value.partial
+            assert int(partial["p"]) == 1 and partial["y"].reshape(-1)[-1] == np.float32(2), (way, partial)
+            np.testing.assert_array_equal(partial["K"], [1, 2])
+            if partial["y"].ndim:  # collected: the rows of steps 1 and 2
+                np.testing.assert_array_equal(partial["y"], [1, 2])
+        if way != "interpreted":
+            sess = prog.session()
+            sess.step(d=np.uint64(1), x=np.float32(1))
+            with pytest.raises(OiError) as err:
+                sess.step(d=np.uint64(2**40), x=np.float32(1))
+            assert err.value.render().splitlines()[0].endswith("(in step 2)")

@@ -38,13 +38,13 @@ class ControlRules:
                            self.word_span(node.span, target, after))
 
     def check_loop_bound(self, node: ir.Loop, which: str, bound, loops):
-        lo, hi = messages.LOOP_INDEX_RANGE
+        lo, hi = messages.I64_RANGE
         if isinstance(bound, int) and lo <= bound < hi or bound in self.sizes:
             return
         prefix = f"loop {which} bound {bound} is invalid: "
         span = self.word_span(node.span, str(bound), " in " if which == "start" else "..")  # where it is written
         if isinstance(bound, int):  # OpenInfer reads a literal bound as an i64
-            self.error(prefix + messages.OUTSIDE_LOOP_INDEX, span)
+            self.error(prefix + messages.OUTSIDE_I64, span)
             return
         if bound in loops:
             self.loop_index_error(bound, span, prefix, use="c as the bound")

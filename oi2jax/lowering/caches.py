@@ -197,7 +197,8 @@ class CacheRules:
     def _single(self, env, frame, layout: CacheLayout, j: int, raw, span, *, size):
         """Check single index `raw` at table dim j; returns (env, index, new size)."""
         tr = self.tr
-        v = _i64(tr.index_value(raw, frame, env))
+        env, v = tr.index_value(raw, frame, env, span)
+        v = _i64(v)
         neg = tr.lowering.site(messages.negative_index(layout.name, f"index {raw}", "{value}"), span)
         env = tr.fail_if(env, v < 0, neg, v)
         env = self._bound(env, layout, j, v + 1, span, what="index")
@@ -231,7 +232,10 @@ class CacheRules:
                 lengths.append(1)
                 squeeze.append(j)
             else:
-                start = np.int64(0) if s.start is None else _i64(tr.index_value(s.start, frame, env))
+                start = np.int64(0)
+                if s.start is not None:
+                    env, start = tr.index_value(s.start, frame, env, span)
+                    start = _i64(start)
                 assert not (isinstance(s.start, int) and s.start < 0), "the checker refuses a negative literal"
                 code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
                 env = tr.fail_if(env, start < 0, code, start)
@@ -242,7 +246,8 @@ class CacheRules:
                     env = tr.fail_if(env, size < -s.end, code, size)
                     end = size + s.end
                 else:
-                    end = _i64(tr.index_value(s.end, frame, env))
+                    env, end = tr.index_value(s.end, frame, env, span)
+                    end = _i64(end)
                 code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
                 env = tr.fail_if(env, end < start, code, end)
                 env = self._bound(env, layout, j, end, span, what="slice end")
@@ -279,7 +284,8 @@ class CacheRules:
             if j < len(access.indices):
                 s = access.indices[j]
                 assert isinstance(s, ir.Single), CHECKED
-                v = jnp.asarray(tr.index_value(s.value, frame, env), jnp.int64)
+                env, v = tr.index_value(s.value, frame, env, span)
+                v = jnp.asarray(v, jnp.int64)
                 neg = tr.lowering.site(messages.negative_index(layout.name, f"index {s.value}", "{value}"), span)
                 env = tr.fail_if(env, v < 0, neg, v)
                 fixed = layout.fixed[j]
@@ -431,8 +437,9 @@ class CacheRules:
                 starts.append(v)
                 lengths.append(1)
                 continue
-            a = _i64(tr.index_value(s.start, frame, env))
-            b = _i64(tr.index_value(s.end, frame, env))
+            env, a = tr.index_value(s.start, frame, env, span)
+            env, b = tr.index_value(s.end, frame, env, span)
+            a, b = _i64(a), _i64(b)
             if tr.first_check(("rows a..b of a fixed dim", rows, layout.fixed[j]),
                               tr.index_source(s.start, frame, env), tr.index_source(s.end, frame, env)):
                 code = tr.lowering.site(messages.negative_index(layout.name, "slice start", "{value}"), span)
@@ -521,7 +528,8 @@ class CacheRules:
         assert all(isinstance(s, ir.Single) for s in access.indices), CHECKED
         starts = []
         for j, s in enumerate(access.indices):
-            v = jnp.asarray(self.tr.index_value(s.value, frame, env), jnp.int64)
+            env, v = self.tr.index_value(s.value, frame, env, access.span)
+            v = jnp.asarray(v, jnp.int64)
             neg = self.tr.lowering.site(messages.negative_index(layout.name, f"index {s.value}", "{value}"), access.span)
             env = self.tr.fail_if(env, v < 0, neg, v)
             starts.append(v)

@@ -188,14 +188,23 @@ class Tracer:
         """A Python value for a constant scalar known at compile time, else None."""
         return self.bound.static_scalar(name)
 
-    def index_value(self, value: ir.IndexValue, frame: Frame, env: Env):
-        """A cache / prefix-table index: literal, loop index, sizevar or persistent scalar (a
-        variable's value as an int64 scalar)."""
+    def index_value(self, value: ir.IndexValue, frame: Frame, env: Env, span: ir.Span, what: str = "cache index"):
+        """(env, a cache / prefix-table index): literal, loop index, sizevar or persistent scalar
+        (a variable's value as an int64 scalar). An index is an i64: a u64 variable at 2^63 or
+        more is a runtime error (`what` names the index in it), never a wrap to a negative index
+        (which a slice end would read as counted from the end)."""
         source = self.index_source(value, frame, env)
         if not isinstance(value, int) and value in env.values and value not in frame.loop_vars \
                 and value not in self.bound.sizes:
-            return source.reshape(()).astype(jnp.int64)
-        return source
+            v = source.reshape(())
+            if v.dtype == jnp.uint64:
+                outside = v >= jnp.uint64(messages.I64_RANGE[1])
+                code = self.lowering.site(messages.index_out_of_range(what, value, "{value}"), span,
+                                          render=lambda bits: messages.index_out_of_range(what, value, int(bits) % 2**64))
+                env = self.fail_if(env, outside, code, v.astype(jnp.int64))
+                v = jnp.where(outside, jnp.uint64(0), v)  # the step is undone: no growth asked for it
+            return env, v.astype(jnp.int64)
+        return env, source
 
     def index_source(self, value: ir.IndexValue, frame: Frame, env: Env):
         """What `index_value` gives before a variable's value is made an int64 scalar (also the
@@ -265,7 +274,7 @@ class Tracer:
         counts = value.shape if value is not None else self.bound.family_counts(ref.name)
         indices = []
         for pos, raw in enumerate(ref.indices):
-            idx = self.index_value(raw, frame, env)
+            env, idx = self.index_value(raw, frame, env, ref.span, "prefix index")
             extent = counts[pos]
             if isinstance(idx, int):  # a literal, a size, or the index of an unrolled loop (the
                 static_bad = None if 0 <= idx < extent else idx  # first missing member, as interpreted)

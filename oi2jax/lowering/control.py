@@ -41,7 +41,7 @@ def _bound(value: ir.IndexValue, env, frame: Frame, tr: Tracer):
     """A loop bound and the runtime errors reading it can raise: a static int (literal, sizevar,
     metadata, constant) and none, or a traced int64 and `(cond, message, errval, render)` guards
     (a float that is not finite or truncates outside i64, a u64 past i64's range)."""
-    lo, hi = messages.LOOP_INDEX_RANGE
+    lo, hi = messages.I64_RANGE
     static = tr.bound.loop_bound(value)
     if static is None and isinstance(value, str):
         static = tr.static_scalar(value)

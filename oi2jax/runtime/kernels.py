@@ -196,7 +196,7 @@ class StepKernels:
                 return go & ~jnp.any(env.guards.grow > 0) if growable else go
 
             def body(carry, skip=None):
-                i, env, _, stacked, fb, hit = carry
+                i, env, last, stacked, fb, hit = carry
                 flat, outputs = one(env, fb, i, skip)
                 rows = outputs if skip is None else \
                     {k: jnp.where(skip, lax.dynamic_index_in_dim(v, i, keepdims=False), outputs[k]) for k, v in stacked.items()}
@@ -210,6 +210,8 @@ class StepKernels:
                     undone = jnp.any(flat.guards.grow > 0)
                     new_fb = {k: jnp.where(undone, fb[k], v) for k, v in new_fb.items()}  # nor fed back
                     new_hit = {k: jnp.where(undone, hit[k], v) for k, v in new_hit.items()}  # nor a stop
+                    # nor its values: a growth the host refuses leaves the last applied step's
+                    outputs = jax.tree.map(lambda value, old: jnp.where(undone, old, value), outputs, last)
                     return i + jnp.where(undone, 0, 1).astype(i.dtype), flat, outputs, stacked, new_fb, new_hit
                 return i + 1, flat, outputs, stacked, new_fb, new_hit
 
@@ -418,7 +420,7 @@ class FusedRun(NamedTuple):
     """What one call of the fused loop returns (`StepKernels.multi`)."""
 
     state: StepState  # after the last applied step
-    last: dict  # every variable's value at the last step run (of an undone one: never shown)
+    last: dict  # every variable's value at the last step applied
     stacked: dict  # collect name -> [total, ...] (rows 0 .. applied - 1 written: the call's steps)
     status: object  # int64 `status_vector`: read it with `StepOutcome.of_status`
     fed: dict  # input with feedback -> the value its next step takes when fed back

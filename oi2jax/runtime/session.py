@@ -508,6 +508,14 @@ class Session:
         if len(pending) > self.max_unchecked:
             self._confirm(len(pending) - self.max_unchecked - 1)
 
+    def _grown(self, outcome: StepOutcome, step: int):
+        """The state grown for undone step `step` (`Program.grow`); a growth refused before
+        allocating (too large) names that step, as its guard's error would."""
+        try:
+            return self.program.grow(self._state, outcome)
+        except OiError as exc:
+            raise exc.in_step(step) from None
+
     def _returned(self, outputs: dict) -> dict:
         return {k: outputs[k] for k in self._returns if k in outputs}
 
@@ -525,7 +533,7 @@ class Session:
                 self._state, outputs = run(self._state, full)
             outcome = StepOutcome.of_flags(exe.to_host(self._state.guards.flags))
             if outcome.undone:  # needs more capacity: grow and re-run
-                self._state = prog.grow(self._state, outcome)
+                self._state = self._grown(outcome, self.steps + 1)
                 continue
             break
         self.steps += 1
@@ -642,7 +650,13 @@ class Session:
                         chunk = steps_per_call(pace)
                     if outcome.undone:  # the undone step asks for capacity: grow
                         with held():
-                            self._state = prog.grow(self._state, outcome)
+                            try:
+                                self._state = self._grown(outcome, self.steps + 1)
+                            except OiError as error:  # refused: the run so far goes with it
+                                self._set_values(last)
+                                self.last_run = clock.stats(stopped=False)
+                                error.partial = self._result(pieces)
+                                raise
                     if on_chunk is not None and applied:
                         on_chunk({k: self._collected([pieces[k][-1]], k) for k in collect}, base)
                     if progress is not None:
@@ -728,6 +742,13 @@ class Session:
         per_host = {k: prog.convert(k, v, steps=np.shape(v)[0]) for k, v in per_step.items()}
         fixed_dev = self._inputs(fixed)
         stacks: dict = {k: [] for k in collect}
+
+        def stacked() -> dict:  # every variable, each collected one as its rows stacked
+            result = self.values()
+            for k in collect:
+                result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
+            return result
+
         counts_from = stop_from(stop_ids, pairs, lambda k: len(per_host[k]) if k in per_host else 1)
         for i in range(steps):
             dyn = dict(fixed_dev)
@@ -737,7 +758,11 @@ class Session:
                     given[name] = self.read(source)  # widened, and converted back exactly
             if given:
                 dyn.update(self._inputs(given))
-            self._step_checked(dyn, wrap=wrap, driver=driver)
+            try:
+                self._step_checked(dyn, wrap=wrap, driver=driver)
+            except OiError as error:  # what the steps before it produced goes with it, as from `run`
+                error.partial = stacked()
+                raise
             for k in collect:
                 stacks[k].append(self.read(k))
             if progress is not None:
@@ -747,10 +772,7 @@ class Session:
                     done[k] = done[k] | stop_hits(self.read(k), ids)
             if done and stopped(done):
                 break
-        result = self.values()
-        for k in collect:
-            result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
-        return result
+        return stacked()
 
 
 def compile_run(prog, inputs: dict, steps: int, collect=(), feedback: dict | None = None, stop: dict | None = None,
