@@ -209,8 +209,8 @@ def TI(dtype, shape):  # a model tensor as the checker reads it
 
 
 class MV:
-    def __init__(self, type_):
-        self.type = type_
+    def __init__(self, type_, value=None):
+        self.type, self.value = type_, value
 
 
 MODEL_HEAD = ('dynamic { x: f32[D]; }\nconstant { w: f32[D]; c2: f32 @ref("zz"); missing: f32; '
@@ -229,12 +229,16 @@ def test_model_rules():
 
 
 def test_model_constant_found_as_metadata_and_metadata_string_attr():
-    model = FakeModel({}, {"mode": MV("string"), "q": MV("i32")}, {})
+    model = FakeModel({}, {"mode": MV("string", "floor"), "q": MV("i32"), "bad": MV("string", "Floor")}, {})
     text = ("constant { q: i32; }\ndynamic { x: f32[2]; }\nvolatile { y: i32[2]; }\nblock entry {\n"
-            "  op cast(x, to=i32, rounding_mode=mode) >> y;\n  op cast(x, to=i32, rounding_mode=nomode) >> y;\n}\n")
+            "  op cast(x, to=i32, rounding_mode=mode) >> y;\n  op cast(x, to=i32, rounding_mode=nomode) >> y;\n"
+            "  op cast(x, to=i32, rounding_mode=bad) >> y;\n}\n")
     errs = [(d.span.line, d.span.col, d.message) for d in check(parse(text, "t.oi"), model=model)
             if d.severity == "error"]
-    assert errs == [(6, 22, "unknown attribute string: nomode")]
+    # a metadata string that is no rounding mode is refused before the run (it failed inside the kernel)
+    assert errs == [(6, 22, "unknown attribute string: nomode"),
+                    (7, 22, "unsupported cast rounding_mode 'Floor', the model's metadata string bad (expected trunc, "
+                            "floor, ceil or nearest); did you mean floor?")]
 
 
 def test_check_or_raise():

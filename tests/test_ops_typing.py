@@ -106,7 +106,9 @@ def test_cast_pairs():
     assert cast_allowed("i8", "i16") and not cast_allowed("i8", "i8") and not cast_allowed("i32", "i16")
     assert not cast_allowed("i8", "u8") and not cast_allowed("u8", "i16") and cast_allowed("u8", "f8")
     assert cast_allowed("i4", "i8") and cast_allowed("u2", "u8") and not cast_allowed("i4", "u8")
-    assert not cast_allowed("f32", "i4") and not cast_allowed("f32", "bool") and not cast_allowed("bool", "f32")
+    assert not cast_allowed("f32", "i4") and not cast_allowed("bool", "f32") and not cast_allowed("bool", "bool")
+    # SPEC-2026-03 D4: to=bool from every dtype cast takes
+    assert all(cast_allowed(d, "bool") for d in ("f8", "bf16", "f32", "f64", "i8", "u64", "i4", "u1"))
 
 
 # ------------------------------------------------------------------ one case per error message

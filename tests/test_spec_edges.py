@@ -144,3 +144,171 @@ def test_a_growth_too_large_to_allocate_names_its_step_and_keeps_the_run_so_far(
             with pytest.raises(OiError) as err:
                 sess.step(d=np.uint64(2**40), x=np.float32(1))
             assert err.value.render().splitlines()[0].endswith("(in step 2)")
+
+
+# ------------------------------------------------------------------ reductions and settings
+
+
+@pytest.mark.parametrize("op", ["max_axis", "min_axis", "argmax_axis", "argmin_axis"])
+def test_first_element_reductions_over_an_empty_axis_are_check_errors(op):
+    # SPEC §6.4 starts each group from its first element: an empty group has none (the run
+    # failed in NumPy/JAX with a traceback)
+    arg = op.startswith("arg")
+    src = (f"dynamic {{ x: f32[2, 0]; }}\nvolatile {{ y: {'i64' if arg else 'f32'}[2]; }}\n"
+           f"block entry {{\n  op {op}(x, {'axis=1' if arg else 'axes=[1]'}) >> y;\n  return;\n}}\n")
+    with pytest.raises(OiError) as err:
+        run_both(src, {"x": np.zeros((2, 0), np.float32)}, ways=("interpreted", "fused"))
+    assert err.value.render().splitlines()[0].endswith(
+        f"error: op {op} over an empty axis: axis 1 of the input [2, 0] has length 0, and an empty group has no "
+        "first element to start from (SPEC §6.4)")
+
+
+def test_sum_and_prod_over_an_empty_axis_are_their_identities():
+    src = ("dynamic { x: f32[2, 0]; }\nvolatile { s: f32[2]; p: f32[2]; e: f32[0]; }\nblock entry {\n"
+           "  op sum_axis(x, axes=[1]) >> s;\n  op prod_axis(x, axes=[1]) >> p;\n  op max_axis(x, axes=[0]) >> e;\n"
+           "  return;\n}\n")  # max over an axis of 2 groups of none: no group, no error
+    out = run_both(src, {"x": np.zeros((2, 0), np.float32)})
+    np.testing.assert_array_equal(out["s"], [0, 0])
+    np.testing.assert_array_equal(out["p"], [1, 1])
+    assert out["e"].shape == (0,)
+
+
+def test_a_table_read_of_another_rank_than_its_destination_is_a_check_error():
+    # K[0..n] gives [n, 3] whatever n: into y [3] it failed inside the compiler (an assertion)
+    src = ("dynamic { d: i64; }\npersistent { n: i64; K(t): f32[3] @table @fixed(t=4); }\nvolatile { y: f32[3]; }\n"
+           "block entry {\n  cache.write d >> n;\n  cache.read K[0..n] >> y;\n  return;\n}\n")
+    with pytest.raises(OiError) as err:
+        run_both(src, {"d": np.int64(0)}, ways=("interpreted", "fused"))
+    assert err.value.render().splitlines()[0] == (
+        "<string>:6:25: error: cache.read K -> y shape mismatch: the read gives [?, 3], y is [3] "
+        "(?: a length read at run time)")
+
+
+ARG = ("dynamic {{ x: f32[3, 3]; a: {dt}; }}\nvolatile {{ y: i64[3]; m: i64[3]; }}\nblock entry {{\n"
+       "  op argmax_axis(x, axis=a) >> y;\n  op argmin_axis(x, axis=a, select_first=false) >> m;\n  return;\n}}\n")
+X33 = np.array([[0, 1, 2], [5, 4, 3], [6, 8, 7]], np.float32)
+
+
+@pytest.mark.parametrize("dt, a", [("i32", 0), ("i32", 1), ("i32", -1), ("i32", -2), ("bool", True), ("u8", 1),
+                                   ("u64", 0), ("i64", 0)])
+def test_argmax_axis_from_a_variable(dt, a):
+    # SPEC §6.3: a variable's value, read when the op runs; compiled it failed ("must be a static value")
+    npd = {"i32": np.int32, "bool": np.bool_, "u8": np.uint8, "u64": np.uint64, "i64": np.int64}[dt]
+    out = run_both(ARG.format(dt=dt), {"x": X33, "a": np.array(a, npd)})
+    np.testing.assert_array_equal(out["y"], np.argmax(X33, axis=int(a)))
+    np.testing.assert_array_equal(out["m"], np.argmin(X33, axis=int(a)))
+
+
+@pytest.mark.parametrize("dt, a, message", [
+    ("i32", 2, "op argmax_axis axis 2 out of range for rank 2"),
+    ("i32", -3, "op argmax_axis axis -3 out of range for rank 2"),
+    ("u64", 2**64 - 1, "op argmax_axis axis 18446744073709551615 out of range for rank 2"),
+])
+def test_argmax_axis_variable_out_of_range(dt, a, message):
+    npd = {"i32": np.int32, "u64": np.uint64}[dt]
+    with pytest.raises(OiError) as err:
+        run_both(ARG.format(dt=dt), {"x": X33, "a": np.array(a, npd)})
+    assert err.value.render().splitlines()[0] == f"<string>:4:3: error: {message} (in step 1)"
+
+
+def test_keepdims_from_a_variable():
+    src = ("dynamic { x: f32[2, 3]; k: i32; }\nvolatile { y: f32[2, 1]; }\nblock entry {\n"
+           "  op max_axis(x, axes=[1], keepdims=k) >> y;\n  return;\n}\n")
+    x = X33[:2]
+    np.testing.assert_array_equal(run_both(src, {"x": x, "k": np.int32(1)})["y"], x.max(axis=1, keepdims=True))
+    with pytest.raises(OiError) as err:  # keepdims false gives [2]: the interpreter's error, compiled too
+        run_both(src, {"x": x, "k": np.int32(0)})
+    assert "op max_axis output shape mismatch for y: y is [2, 1], the result is [2] (in step 1)" in err.value.render()
+
+
+@pytest.mark.parametrize("decl, op, message", [
+    ("x: i32[2]; b: f32;", "shl(x, bits=b)", "op shl setting bits must be an integer, but b is f32"),
+    ("x: i8[2]; b: f32;", "relu(x, alpha=b)", "op relu setting alpha must be an integer for i8 inputs, but b is f32"),
+    ("x: i8[2]; b: f32;", "fill(x, value=b)", "op fill setting value must be an integer for i8 inputs, but b is f32"),
+    ("x: i8[2]; b: f64;", "clamp(x, min=b)", "op clamp setting min must be an integer for i8 inputs, but b is f64"),
+    ("x: f32[2, 3]; b: f16;", "argmax_axis(x, axis=b)", "op argmax_axis setting axis must be an integer, but b is f16"),
+])
+def test_a_float_variable_in_an_integer_setting_is_a_check_error(decl, op, message):
+    # SPEC §6.3: "integer" consumers reject a float; it was truncated in silence (1.5 -> 1)
+    out = "i64[2]" if "argmax" in op else decl.split(";")[0].split(": ")[1]
+    src = f"dynamic {{ {decl} }}\nvolatile {{ y: {out}; }}\nblock entry {{\n  op {op} >> y;\n  return;\n}}\n"
+    with pytest.raises(OiError) as err:
+        run_both(src, {}, ways=("interpreted", "fused"))
+    assert err.value.render().splitlines()[0].endswith("error: " + message)
+
+
+def test_a_float_variable_in_a_float_setting_is_fine():
+    src = "dynamic { x: f32[2]; b: f64; }\nvolatile { y: f32[2]; }\nblock entry {\n  op clamp(x, min=b) >> y;\n  return;\n}\n"
+    np.testing.assert_array_equal(run_both(src, {"x": np.array([0, 3], np.float32), "b": np.float64(1.5)})["y"],
+                                  [1.5, 3])
+
+
+@pytest.mark.parametrize("op, name", [("fill(x, value=b)", "value"), ("clamp(x, max=b)", "max"),
+                                      ("div(x, x, div_by_zero_mask=b)", "div_by_zero_mask")])
+def test_a_negative_variable_in_an_unsigned_setting_is_a_runtime_error(op, name):
+    # SPEC §6.3: unsigned consumers reject negative ints (fill wrapped -1 to 255; clamp ignored it)
+    src = f"dynamic {{ x: u8[2]; b: i32; }}\nvolatile {{ y: u8[2]; }}\nblock entry {{\n  op {op} >> y;\n  return;\n}}\n"
+    x = np.array([1, 2], np.uint8)
+    with pytest.raises(OiError) as err:
+        run_both(src, {"x": x, "b": np.int32(-1)})
+    assert err.value.render().splitlines()[0] == (
+        f"<string>:4:3: error: op {op.split('(')[0]} setting {name} must be non-negative for unsigned dtype u8, "
+        "got -1 (in step 1)")
+    assert run_both(src, {"x": x, "b": np.int32(7)})["y"].dtype == np.uint8  # a non-negative one runs
+
+
+@pytest.mark.parametrize("bits, shl, shr", [(2**63 + 1, [6, 0], [1, 64]), (2**64 - 1, [0, 0], [0, 0]),
+                                            (65, [6, 0], [1, 64]), (0, [3, 128], [3, 128])])
+def test_u64_shift_amounts_are_never_negative(bits, shl, shr):
+    # SPEC §6.4: shifted by bits mod 64; a u64 at 2^63 or more read as a negative shift (none)
+    src = ("dynamic { x: u8[2]; b: u64; }\nvolatile { l: u8[2]; r: u8[2]; }\nblock entry {\n"
+           "  op shl(x, bits=b) >> l;\n  op shr(x, bits=b) >> r;\n  return;\n}\n")
+    out = run_both(src, {"x": np.array([3, 128], np.uint8), "b": np.uint64(bits)})
+    np.testing.assert_array_equal(out["l"], shl)
+    np.testing.assert_array_equal(out["r"], shr)
+
+
+@pytest.mark.parametrize("dt, values", [
+    ("f32", [0.0, -0.0, np.nan, 1e-45, -2.5, np.inf]),  # 1e-45: a subnormal, not zero
+    ("f64", [0.0, -0.0, np.nan, 5e-324, -2.5, -np.inf]),
+    ("f16", [0.0, -0.0, np.nan, 6e-8, -2.5, np.inf]),
+    ("bf16", [0.0, -0.0, np.nan, 1e-40, -2.5, -np.inf]),
+    ("f8", [0.0, -0.0, np.nan, 2.0**-16, -2.5, np.inf]),
+    ("i8", [0, -1, 1, 127, -128, 0]),
+    ("u64", [0, 2**64 - 1, 1, 2, 0, 5]),
+    ("i4", [0, -8, 7, 1, 0, -1]),
+])
+def test_cast_to_bool(dt, values):
+    # SPEC-2026-03 D4: x != 0, NaN true, ±0 false (it was refused: "unsupported cast")
+    npd = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+           "f8": ml_dtypes.float8_e5m2, "i8": np.int8, "u64": np.uint64, "i4": np.int8}[dt]
+    x = np.array(values, np.float64 if dt[0] in "fb" else object).astype(npd)
+    src = f"dynamic {{ x: {dt}[6]; }}\nvolatile {{ y: bool[6]; }}\nblock entry {{\n  op cast(x, to=bool) >> y;\n  return;\n}}\n"
+    want = [not (v == 0) for v in values]  # NaN != 0
+    np.testing.assert_array_equal(run_both(src, {"x": x})["y"], want)
+
+
+@pytest.mark.parametrize("dt, value, taken", [("f32", 1e-45, 1), ("f32", -1e-40, 1), ("f64", 5e-324, 1),
+                                              ("bf16", 1e-40, 1), ("f32", -0.0, 0), ("f32", np.nan, 1)])
+def test_a_subnormal_branch_condition_is_true(dt, value, taken):
+    # SPEC §3.2: a float is true when != 0.0; compiled, XLA:CPU's compare read a subnormal as 0
+    src = (f"dynamic {{ c: {dt}; }}\nvolatile {{ y: i32; one: i32 @init(1); }}\nblock entry {{ branch c yes no; return; }}\n"
+           "block yes { op add(y, one) >> y; return; }\nblock no { return; }\n")
+    npd = {"f32": np.float32, "f64": np.float64, "bf16": ml_dtypes.bfloat16}[dt]
+    assert int(run_both(src, {"c": np.array(value).astype(npd)})["y"]) == taken
+
+
+@pytest.mark.parametrize("dt, text, value", [("f32", "3.4028235e38", float(np.finfo(np.float32).max)),
+                                             ("f16", "65519.0", 65504.0), ("f8", "61439.0", 57344.0)])
+def test_an_init_that_rounds_to_the_largest_finite_value_is_kept(dt, text, value):
+    # 3.4028235e38 is f32's largest as NumPy prints it; it was refused as beyond the largest
+    src = f"volatile {{ y: {dt} @init({text}); }}\nblock entry {{ return; }}\n"
+    assert float(run_both(src)["y"]) == value
+
+
+@pytest.mark.parametrize("dt, text", [("f32", "3.4028236e38"), ("f16", "65520.0"), ("f8", "61440.0"),
+                                      ("bf16", "3.4e38")])
+def test_an_init_that_rounds_past_the_largest_finite_value_is_an_error(dt, text):
+    with pytest.raises(OiError) as err:
+        run_both(f"volatile {{ y: {dt} @init({text}); }}\nblock entry {{ return; }}\n", ways=("interpreted", "fused"))
+    assert f"{dt} init {float(text)!r} is out of range" in err.value.render()

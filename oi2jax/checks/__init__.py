@@ -3,4 +3,4 @@ from __future__ import annotations
 
 
 def shape_text(shape) -> str:
-    return "[" + ", ".join(str(s) for s in shape) + "]"
+    return "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"  # ?: a length known at run time

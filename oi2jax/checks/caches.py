@@ -79,7 +79,9 @@ class CacheRules:
                 out.append(("slice", e.start is None, start, e.end is None, end))
         return out
 
-    def read_shape(self, d: ir.VarDecl, acc: ir.CacheAccess, info: list) -> tuple[int, ...] | None:
+    def read_shape(self, d: ir.VarDecl, acc: ir.CacheAccess, info: list) -> tuple[int | None, ...] | None:
+        """The shape a read gives (SPEC §4.3), None where its rank is not known before the run,
+        a dim None where only its length is (a slice bound read at run time)."""
         entry = self.resolve_dims(d.dims)
         if entry is None:
             return None
@@ -103,9 +105,7 @@ class CacheRules:
                 end = size
             elif end is not None and end < 0:
                 end = None if size is None else size + end
-            if start is None or end is None:
-                return None
-            lead.append(max(end - start, 0))
+            lead.append(None if start is None or end is None else max(end - start, 0))
         return tuple(lead) + entry
 
     def check_cache_read(self, node: ir.CacheRead, loops):
@@ -140,9 +140,11 @@ class CacheRules:
             return
         shape = self.read_shape(d, node.src, info)
         declared = self.shape(dst.name)
-        if shape is not None and declared is not None and shape != declared:
+        if shape is not None and declared is not None and (
+                len(shape) != len(declared) or any(a is not None and a != b for a, b in zip(shape, declared))):
+            known = "" if None not in shape else " (?: a length read at run time)"
             self.error(f"cache.read {d.name} -> {dst.name} shape mismatch: the read gives {shape_text(shape)}, "
-                       f"{dst.name} is {shape_text(declared)}", dst.span)
+                       f"{dst.name} is {shape_text(declared)}{known}", dst.span)
 
     def check_cache_write(self, node: ir.CacheWrite, loops):
         src_ok = self.check_source(node.src, loops, "unknown input variable")

@@ -1,6 +1,8 @@
 """Declaration rules: variable declarations, @init values, model binding, blocks and assign temporaries."""
 from __future__ import annotations
 
+import numpy as np
+
 from .. import dtypes, ir, messages
 from ..diagnostics import suggest
 from ..ir import MemKind
@@ -159,7 +161,14 @@ def init_error(dtype: str, lit: ir.Literal, what: str = "init") -> str | None:
             return f"float {what} requires f8/bf16/f16/f32/f64 dtype"
         v = lit.value
         if v == v and abs(v) != float("inf") and abs(v) > float(dt.max):  # e.g. 100000.0 on f16: not inf
-            return f"{dtype} {what} {v!r} is out of range (largest finite {dtype} is {dt.max:g})"
+            with np.errstate(over="ignore"):  # rounded as `init_scalar` stores it (via f32 but for f16 and
+                # f64), to nearest: 3.4028235e38 (FLT_MAX as printed) is f32's largest, 65519 rounds to
+                # f16's 65504; what rounds past the largest is an error (f8 61440: SPEC §5.4's encoder
+                # would make it 32768), as a model value's is (`writer.overflow`)
+                stored = np.asarray(float(v), np.float64 if dtype in ("f16", "f64") else np.float32)
+                stored = stored.astype(dt.np_dtype).astype(np.float64)
+            if not np.isfinite(stored):
+                return f"{dtype} {what} {v!r} is out of range (largest finite {dtype} is {dt.max:g})"
         return None
     if lit.kind == "bool":
         return None if dtype == "bool" else f"bool {what} requires bool dtype"

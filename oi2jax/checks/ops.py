@@ -119,6 +119,12 @@ class OpRules:
                     meta = (self.model.metadata or {}).get(var)
                     if meta is None or getattr(meta, "type", None) != "string":
                         self.error(f"unknown attribute string: {var}", attr.span)
+                    elif aname == "rounding_mode":
+                        try:
+                            ops.typing.check_rounding_mode(meta.value, f", the model's metadata string {var}")
+                        except ops.OpTypeError as exc:
+                            self.error(exc.message, attr.span)
+                            ok = False
             elif aspec.static:
                 self.error(f"op {node.op} setting {attr.name} must be a literal (it fixes the output's shape), "
                            f"not the variable {var}", attr.span)
@@ -152,6 +158,7 @@ class OpRules:
             self.error(exc.message, span)
             return
         self.op_sigs[node.index] = sig  # the CheckedGraph's signature: the backends do not re-infer it
+        self.check_integer_settings(node, spec, in_dtypes[0])
         for attr in node.attrs:  # SPEC-2026-03 D3: the 1fc5207 form 0/1 of a bool setting
             if ops.typing.bool_only(spec, attr.name) and attr.value.kind == "int":
                 self.warning(f"{attr.name}={attr.value.value}: current OpenInfer accepts only true/false here; "
@@ -167,6 +174,26 @@ class OpRules:
         if sig.out_shape is not None and out_shape is not None and tuple(sig.out_shape) != out_shape:
             self.error(messages.op_output_shape(node.op, out, out_shape, sig.out_shape), node.output_span)
 
+
+    def check_integer_settings(self, node: ir.Op, spec, first: str | None) -> None:
+        """SPEC §6.3: an "integer" consumer (shl/shr bits, an argmax axis, and for integer inputs
+        div's mask, relu's alpha and clamp_max, clamp's bounds, fill's value) rejects a float
+        value; given as a variable, its dtype says so before the run (the SPEC: SHOULD at compile
+        time), where OpenInfer fails at run time. A float truncated in silence would be a value
+        the user never wrote."""
+        for attr in node.attrs:
+            aspec = spec.attrs.get(spec.aliases.get(attr.name, attr.name))
+            if attr.value.kind != "var" or aspec is None or aspec.value_rule not in ("int", "dtype"):
+                continue
+            var = attr.value.value
+            if not self.known(var) or self.kind(var) is None or not D.get(self.dtype(var)).is_float:
+                continue
+            if aspec.value_rule == "int":
+                self.error(f"op {node.op} setting {attr.name} must be an integer, but {var} is {self.dtype(var)}",
+                           attr.span)
+            elif first is not None and not D.get(first).is_float:
+                self.error(f"op {node.op} setting {attr.name} must be an integer for {first} inputs, but {var} is "
+                           f"{self.dtype(var)}", attr.span)
 
     def input_dtype(self, node: ir.Op, pos: int) -> str | None:
         """The dtype of an op's input: its variable's, or a literal's as `type_literal_inputs` typed it."""

@@ -1,15 +1,18 @@
 """Straight-line nodes: op, assign, transfer (their rules register in `rules.RULES`)."""
 from __future__ import annotations
 
+import itertools
 import math
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import ir, messages, ops
 from ..messages import CHECKED
 from ..diagnostics import OiError
 from ..model.bind import AttrVar
-from ..ops.jax_numerics import any_true
+from ..ops.jax_numerics import any_true, np_dtype
 from . import op_calls
 from .context import Tracer
 from .state import Env
@@ -56,12 +59,20 @@ def _op(node: ir.Op, env, frame, tr):
             inputs.append(value)
             in_dtypes.append(_dtype_of(tr, ref.name))
     guards: list = []
+    attrs = attr_values(node, env, tr)
+
+    def call(attrs, guards=guards):
+        return op_calls.apply(tr.lowering.op_calls, sig.op, inputs, attrs, in_dtypes=in_dtypes,
+                              out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
+                              out_shape=None if node.output in tr.lowering.shaped else sig.out_shape,
+                              precision=tr.lowering.precision, platform=tr.lowering.loop_policy.platform,
+                              kernels=tr.lowering.kernels)
     try:
-        out = op_calls.apply(tr.lowering.op_calls, sig.op, inputs, attr_values(node, env, tr), in_dtypes=in_dtypes,
-                             out_dtype=sig.out_dtype, mode=sig.mode, guards=guards,
-                             out_shape=None if node.output in tr.lowering.shaped else sig.out_shape,
-                             precision=tr.lowering.precision, platform=tr.lowering.loop_policy.platform,
-                             kernels=tr.lowering.kernels)
+        read = {k: v for k, v in attrs.items() if k in SHAPE_SETTINGS and isinstance(v, jax.Array)}
+        if read and sig.op.shape is not None:
+            env, out = _over_settings(node, env, tr, sig, [tuple(np.shape(x)) for x in inputs], attrs, read, call)
+        else:
+            out = call(attrs)
     except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
         raise OiError(exc.message, node.span, source=tr.graph.source) from None
     for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
@@ -74,6 +85,52 @@ def _op(node: ir.Op, env, frame, tr):
         raise OiError(messages.op_output_shape(node.op, node.output, want, out.shape), node.span,
                       source=tr.graph.source)
     return env.set(node.output, out)
+
+
+SHAPE_SETTINGS = ("axis", "keepdims")  # the reductions' settings a result's shape depends on
+
+
+def _over_settings(node: ir.Op, env, tr: Tracer, sig, in_shapes, attrs: dict, read: dict, call):
+    """An op whose result's shape depends on a setting read from a variable at run time
+    (`argmax_axis(x, axis=a)`, `keepdims=k`: SPEC §6.3), which JAX needs static: the op computed
+    for each value giving the output's declared shape, the run's value selecting one. Any other
+    value is the runtime error the interpreter raises for it: an axis out of range, or a result
+    of another shape than the output's. (env, result)."""
+    rank = len(in_shapes[0])
+    want = tuple(tr.bound.shape(node.output))
+    axis = read.get("axis")
+    if axis is not None:  # as an int64; an unsigned value past the rank stays past it
+        shown = axis.astype(jnp.int64)
+        unsigned = jnp.issubdtype(axis.dtype, jnp.unsignedinteger)
+        axis = jnp.minimum(axis, rank).astype(jnp.int64) if unsigned else shown
+        message = f"op {node.op} axis {{value}} out of range for rank {rank}"
+        code = tr.lowering.site(message, node.span, render=(lambda bits: message.format(value=int(bits) % 2**64))
+                                if unsigned else None)
+        env = tr.fail_if(env, (axis < -rank) | (axis >= rank), code, shown)
+    choices = {"axis": range(-rank, rank), "keepdims": (False, True)}
+    names = sorted(read)
+    fits = []  # (picked, result)
+    for values in itertools.product(*(choices[k] for k in names)):
+        static = dict(attrs, **dict(zip(names, values)))
+        picked = jnp.bool_(True)
+        for name, value in zip(names, values):
+            picked = picked & ((axis == value) if name == "axis" else ((read[name] != 0) == value))
+        shape = tuple(sig.op.shape(in_shapes, static))
+        if shape != want:
+            code = tr.lowering.site(messages.op_output_shape(node.op, node.output, want, shape), node.span)
+            env = tr.fail_if(env, picked, code, 0)
+            continue
+        guards: list = []
+        result = call(static, guards)
+        for cond, message, value in guards:  # the kernel's checks, of the picked value only
+            env = tr.fail_if(env, picked & any_true(cond), tr.lowering.site(message, node.span), value)
+        fits.append((picked, result))
+    if not fits:  # every value is an error (recorded above): a value of the output's shape
+        return env, jnp.zeros(want, np_dtype(sig.out_dtype))
+    out = fits[-1][1]
+    for picked, result in reversed(fits[:-1]):
+        out = jnp.where(picked, result, out)
+    return env, out
 
 
 def _shaped_op_output(node: ir.Op, env, tr, out):

@@ -9,6 +9,7 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir
 from .. import messages
+from ..ops.jax_numerics import nonzero
 from ..messages import CHECKED
 from . import loops
 from .rules import lower_block, lower_nodes, rule
@@ -20,7 +21,7 @@ def truthy(value, dtype: str):
     """OpenInfer truthiness of a scalar: bool as is, numbers != 0 (NaN is true)."""
     assert not dt.get(dtype).packed, CHECKED  # checks/control.py: packed scalars are no conditions
     v = value.reshape(())
-    return v if v.dtype == jnp.bool_ else v != 0
+    return v if v.dtype == jnp.bool_ else nonzero(v)
 
 
 @rule(ir.Branch)

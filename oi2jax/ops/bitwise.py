@@ -6,6 +6,7 @@ from jax import lax
 
 from .builtin import Builtin
 from .. import dtypes as D
+from ..messages import CHECKED
 from . import jax_numerics as N
 
 
@@ -23,8 +24,9 @@ def _shift_amount(bits, modulus: int, dtype):
         b = int(bits)
         return jnp.asarray(0 if b < 0 else b % modulus, dtype)
     b = jnp.asarray(bits)
-    if jnp.issubdtype(b.dtype, jnp.floating):
-        b = b.astype(jnp.int32)  # checker rejects float literals; variables: truncate
+    assert not jnp.issubdtype(b.dtype, jnp.floating), CHECKED  # checks/ops: an integer setting
+    if jnp.issubdtype(b.dtype, jnp.unsignedinteger):  # never negative: 2^63 + 1 shifts by 1
+        return (b.astype(jnp.uint64) % jnp.uint64(modulus)).astype(dtype)
     b = b.astype(N.wide_int(True)) if b.dtype != jnp.bool_ else b.astype(jnp.int32)
     return jnp.where(b < 0, 0, b % modulus).astype(dtype)
 

@@ -112,6 +112,9 @@ def shape_matmul(shapes, attrs):
     return broadcast_shapes(a[:-2], b[:-2]) + (a[-2], b[-1])
 
 
+_FIRST_ELEMENT = frozenset({"max_axis", "min_axis", "argmax_axis", "argmin_axis"})  # no value for no element
+
+
 def shape_reduce(op: str, axis_attr: str):
     def rule(shapes, attrs):
         keep, value = attrs.get("keepdims", False), attrs[axis_attr]
@@ -120,6 +123,10 @@ def shape_reduce(op: str, axis_attr: str):
         shape = tuple(shapes[0])
         keepdims = bool(keep)
         axes = normalize_axes(op, [int(value)] if axis_attr == "axis" else value, len(shape))
+        empty = next((a for a in axes if shape[a] == 0), None)
+        if empty is not None and op in _FIRST_ELEMENT and all(d for i, d in enumerate(shape) if i not in axes):
+            raise OpTypeError(f"op {op} over an empty axis: axis {empty} of the input {list(shape)} has length 0, "
+                              f"and an empty group has no first element to start from (SPEC §6.4)", attr=axis_attr)
         if keepdims:
             return tuple(1 if i in axes else d for i, d in enumerate(shape))
         return tuple(d for i, d in enumerate(shape) if i not in axes)

@@ -54,6 +54,8 @@ def _cast(inputs, attrs, ctx):
     x = inputs[0]
     src, dst = ctx.dtype, ctx.out_dtype
     s, d = D.get(src), D.get(dst)
+    if dst == "bool":  # SPEC-2026-03 D4: x != 0 (NaN -> true, ±0.0 -> false)
+        return N.nonzero(x)
     if s.is_float and d.is_float:
         if dst == "f64":
             return x.astype(jnp.float64)
@@ -79,6 +81,8 @@ def _cast(inputs, attrs, ctx):
 def cast_allowed(src: str, dst: str) -> bool:
     """§6.4 cast pairs."""
     SI, UI = D.SIGNED_INTS, D.UNSIGNED_INTS
+    if dst == "bool":  # SPEC-2026-03 D4: from every dtype cast takes
+        return src in D.FLOATS + SI + UI + D.PACKED_SIGNED + D.PACKED_UNSIGNED
     if dst not in D.FLOATS + SI + UI:
         return False
     if src in D.FLOATS:
@@ -97,7 +101,8 @@ def cast_allowed(src: str, dst: str) -> bool:
 
 
 def _check_cast(in_dtypes, out_dtype, attrs, op_def) -> None:
-    if op_def.output_dtypes and out_dtype not in op_def.output_dtypes or not cast_allowed(in_dtypes[0], out_dtype):
+    listed = not op_def.output_dtypes or out_dtype in op_def.output_dtypes or out_dtype == "bool"  # D4 adds bool
+    if not listed or not cast_allowed(in_dtypes[0], out_dtype):
         raise OpTypeError(f"unsupported cast from {in_dtypes[0]} to {out_dtype}", attr="to")
 
 

@@ -56,6 +56,21 @@ def _full_attrs(spec: OpDef, attrs: dict, first: str) -> dict:
     return full
 
 
+def _unsigned_settings(spec: OpDef, full: dict, first: str, ctx: Ctx) -> None:
+    """SPEC §6.3: for unsigned inputs, a setting whose kind follows the input's dtype (div's mask,
+    clamp's bounds, fill's value) rejects a negative value. The checker refuses a literal one; a
+    signed variable's value is checked each time the op runs, as OpenInfer does, never wrapped
+    (-1 filling a u8 with 255) or ignored."""
+    if D.get(first).family not in (D.UNSIGNED, D.BITSET):
+        return
+    for name, value in full.items():
+        a = spec.attrs.get(name)
+        if a is not None and a.value_rule == "dtype" and np.issubdtype(getattr(value, "dtype", np.float64),
+                                                                        np.signedinteger):
+            ctx.fail_if(value < 0, f"op {spec.name} setting {name} must be non-negative for unsigned dtype {first}, "
+                        f"got {{value}}", value)
+
+
 def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guards: list | None = None,
           out_shape=None, precision: str = "highest", platform: str = "cpu", kernels: str = "jax"):
     """The op's result in `out_dtype`'s representation. Works eagerly and under jit.
@@ -79,6 +94,7 @@ def apply(op, inputs, attrs: dict, *, in_dtypes, out_dtype: str, mode: str, guar
         return accumulate.apply(spec, list(inputs), full, in_dtypes, out_dtype, precision)
     ctx = Ctx(spec.name, tuple(in_dtypes), out_dtype, mode, guards, precision, platform, kernels)
     if spec.builtin:
+        _unsigned_settings(spec, full, in_dtypes[0], ctx)
         return spec.kernel(list(inputs), full, ctx)
     try:
         out = spec.kernel(list(inputs), full, ctx)

@@ -77,6 +77,21 @@ def to_compute(x, d: str):
     return jnp.asarray(x).astype(compute_dtype(d))
 
 
+_BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def nonzero(x):
+    """OpenInfer's truthiness of each element (SPEC §3.2; cast to bool, SPEC-2026-03 D4): x != 0,
+    a float read from its bits: every bit but the sign's, so NaN is true, ±0.0 false, and a
+    subnormal true, which XLA:CPU's float compare (denormals read as zero) would call false."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x != 0
+    width = x.dtype.itemsize
+    bits = lax.bitcast_convert_type(x, _BITS[width])
+    return (bits & _BITS[width]((1 << (8 * width - 1)) - 1)) != 0
+
+
 def f64_to_f32(y):
     """An f64 value rounded to f32 once, as its own step. XLA:CPU fuses `convert(convert(i64 ->
     f64) -> f32)` into one i64 -> f32 rounding (2^60 + 2^36 + 1 becomes 2^60 + 2^37, not the 2^60

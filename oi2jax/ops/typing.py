@@ -146,6 +146,14 @@ def _check_attr_value(spec: OpDef, name: str, lit, dtype: str) -> None:
                           attr=name)
 
 
+def check_rounding_mode(rm, source: str = "") -> None:
+    """cast's rounding_mode (SPEC §6.4): a literal, or a model's metadata string (`source` names it)."""
+    if rm not in ROUNDING_MODES:
+        near = suggest(rm, ROUNDING_MODES) if isinstance(rm, str) else ""
+        raise OpTypeError(f"unsupported cast rounding_mode {rm!r}{source} (expected trunc, floor, ceil or nearest)"
+                          f"{near.replace(' (', '; ', 1).rstrip(')') if near else ''}", attr="rounding_mode")
+
+
 def resolve_int_list(op: str, name: str, values, sizes) -> tuple[int, ...] | None:
     """An int-list attribute's values with size names replaced by their values; None when a size is
     not known yet (checking without sizes)."""
@@ -235,10 +243,7 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
         if resolved is not None:
             int_lists[name] = resolved
     if "rounding_mode" in attrs and _lit_kind(attrs["rounding_mode"]) == "str":
-        rm = _lit_value(attrs["rounding_mode"])
-        if rm not in ROUNDING_MODES:
-            raise OpTypeError(f"unsupported cast rounding_mode {rm!r} (expected trunc, floor, ceil or nearest)",
-                              attr="rounding_mode")
+        check_rounding_mode(_lit_value(attrs["rounding_mode"]))
 
     # dtypes
     first = in_dtypes[0]
