@@ -251,12 +251,18 @@ class InterpretedProgram(CacheOps):
 
     # ------------------------------------------------------------------------------- running
 
-    def run(self, inputs: dict | None = None, steps: int | None = None, progress=None) -> dict[str, np.ndarray]:
+    def run(self, inputs: dict | None = None, steps: int | None = None, progress=None, *, collect=(),
+            feedback=None, stop=None) -> dict[str, np.ndarray]:
         """Run `steps` steps from a fresh state. An input of its declared shape is the same every
         step; one with a leading step axis `[N, ...]` gives step i the value `[i]` (`steps=None`:
         N, else at most N; 1 without such an input), as the compiled `Program.run`.
         `progress(n)` is called after each step (e.g. oi2jax.progress.ProgressBar). A runtime
-        error names its step and carries every variable after the step before it (`.partial`)."""
+        error names its step and carries every variable after the step before it (`.partial`).
+        `collect`, `feedback` and `stop` are the compiled run's (a session's): an OiError here."""
+        for name, value in (("collect", collect), ("feedback", feedback), ("stop", stop)):
+            if value:
+                raise OiError(f"{name} needs a compiled program (mode=\"compiled\"); the interpreter runs steps "
+                              f"with the inputs given and returns every variable after the last")
         try:
             return self._run(inputs, steps, progress)
         except MemoryError as exc:

@@ -152,6 +152,7 @@ def test_a_finished_slot_takes_a_new_prompt_without_recompiling_or_disturbing_th
     batch.run(2)
     evicted = batch.evict(2)  # slot 2 stops here: the others go on
     assert evicted.tokens == solo[2][:len(evicted.tokens)] and 2 not in batch.active
+    assert evicted.finish == "evicted"  # it was still generating (it said None: running)
     batch.run(20)
     assert (decode.compiles, prompt.compiles) == compiles
     assert batch.result(0).tokens == solo[4][:8]
@@ -250,6 +251,14 @@ def test_batch_errors(llama):
             decode.batch(2, chunk=chunk)
     with pytest.raises(OiError, match="axis='data' needs a mesh"):
         decode.batch(2, axis="data")
+    # a prompt bucket is a whole number of rows up to T = 40: 2.5 was taken as 2, a bucket of 64
+    # failed in every prompt step that took it, a string was read as its characters
+    for given, bad in (((16, 64), 64), ((2.5,), 2.5), ((0,), 0), ((True,), True)):
+        with pytest.raises(OiError, match=rf"a prompt bucket must be a whole number 1\.\.40, got {bad!r}"):
+            decode.batch(2, buckets=given)
+    for given in ("16", (), 16):
+        with pytest.raises(OiError, match="prompt buckets: expected a list of sizes"):
+            decode.batch(2, buckets=given)
     prompt = _prompt_program(llama)
     with pytest.raises(OiError, match="a batch runs a step graph at S=1"):
         prompt.batch(2)

@@ -32,6 +32,9 @@ def test_both_backends_implement_the_protocol():
         assert prog.model_path == str(EXAMPLES / "mlp_regression.oinf")
     with pytest.raises(OiError, match="run_batched needs a compiled program"):
         interpreted.run_batched({}, batch_var="B")
+    for kw in ({"collect": ["y"]}, {"feedback": {"x": "y"}}, {"stop": {"y": [1]}}):  # a TypeError before
+        with pytest.raises(OiError, match=f"{next(iter(kw))} needs a compiled program"):
+            interpreted.run({}, **kw)
 
 
 def test_compile_options_reach_the_constructor_frozen():

@@ -42,7 +42,8 @@ _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 @dataclass
 class SlotResult:
     """One slot's sequence: the prompt, the tokens generated (a stop id is not one of them), why
-    it ended (`"stop"`, `"length"`, `"error"`; None while running or free) and the error."""
+    it ended (`"stop"`, `"length"`, `"error"`, `"evicted"` while generating; None while running)
+    and the error."""
 
     prompt: np.ndarray
     tokens: list = field(default_factory=list)
@@ -68,15 +69,19 @@ class Batch:
         _check_step_graph(program, exe)
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
             raise OiError(f"batch size must be a positive integer, got {size!r}")
+        positions = capacity(program)
         buckets = program_buckets(program) if buckets is None else buckets
-        if not buckets or any(int(s) < 1 for s in buckets):
-            raise OiError(f"prompt buckets must be positive sizes, got {list(buckets)}")
+        if isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__iter__") or not list(buckets):
+            raise OiError(f"prompt buckets: expected a list of sizes, got {buckets!r}")
+        # a bucket is a prompt step's rows: a whole number, no more than the cache's positions (a
+        # float was truncated, a bucket past T failed in every prompt step that took it)
+        buckets = [check_whole("a prompt bucket", s, 1, positions) for s in buckets]
         chunk = check_whole("chunk", chunk, 1, np.iinfo(np.int32).max)  # the compiled loop counts in int32
-        self.size, self.buckets, self.chunk = int(size), tuple(sorted(int(s) for s in buckets)), chunk
+        self.size, self.buckets, self.chunk = int(size), tuple(sorted(set(buckets))), chunk
         # the per-slot sampling inputs (one `Program.specialized` fixed is none: it is the program's)
         self.settings = tuple(name for name in SETTINGS if name in exe.defaults and name not in program.bound.fixed)
         self.vocab = vocabulary(program)  # prompt and stop ids are checked against it (runtime/tokens.py)
-        self.capacity = capacity(program)  # and a prompt's length against the cache's positions
+        self.capacity = positions  # and a prompt's length against the cache's positions
         self._shared = {k: v for k, v in exe.defaults.items() if k not in ("tokens", "n") + self.settings}
         self.mesh, self._axis = _batch_mesh(program, mesh, axis, self.size)
         self._compiled = _COMPILED.setdefault(program, {})
@@ -256,11 +261,14 @@ class Batch:
         return state, first, steps
 
     def evict(self, slot: int) -> SlotResult | None:
-        """Stop `slot` and free it; its result (None for a slot never used)."""
+        """Stop `slot` and free it; its result (None for a slot never used), `finish` "evicted"
+        where it was still generating."""
         slot = self._slot(slot)
         self._slots["active"][slot] = False
         result = self._results[slot]
         self._results[slot] = None
+        if result is not None and result.finish is None:
+            result.finish = "evicted"
         return result
 
     @property
