@@ -210,6 +210,10 @@ class CacheOps:
             base = decl.shape(self._sizes)
             value = st.values[decl.name]
             target = tuple(b + c for b, c in zip(base, new))
+            nbytes, limit = dt.get(decl.dtype).nbytes(math.prod(target)), memory_limit()
+            if nbytes > limit:  # refused before allocating, as a table's growth
+                raise self._err(f"cache {decl.name} would need {nbytes} bytes to grow to shape {list(target)}: too large to "
+                                f"allocate (the limit is {limit} bytes{limit_note(limit)})", access)
             pad = [(0, t - s) for t, s in zip(target, value.shape)]
             st.values[decl.name] = np.pad(value, pad, constant_values=state_fill(decl))
             st.counts[decl.name] = new

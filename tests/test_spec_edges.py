@@ -312,3 +312,16 @@ def test_an_init_that_rounds_past_the_largest_finite_value_is_an_error(dt, text)
     with pytest.raises(OiError) as err:
         run_both(f"volatile {{ y: {dt} @init({text}); }}\nblock entry {{ return; }}\n", ways=("interpreted", "fused"))
     assert f"{dt} init {float(text)!r} is out of range" in err.value.render()
+
+
+@pytest.mark.parametrize("index", [2**40, 2**62])
+def test_an_auto_dim_growth_too_large_to_allocate_is_refused_before_allocating(index):
+    """Interpreted, NumPy was asked for the padded tensor (4 TiB; at 2^62 a ValueError traceback)."""
+    from conftest import outcome
+    src = ("dynamic { d: i64; }\npersistent { i: i64; M(r): f32[2] @auto_dim(r); }\nvolatile { m: f32[2]; }\n"
+           "block entry {\n  cache.write d >> i;\n  cache.read M[i] >> m;\n  return;\n}\n")
+    for way in ("interpreted", "fused"):
+        out, err = outcome(src, {"d": np.int64(index)}, way=way)
+        first = err.render().splitlines()[0]
+        assert f"cache M would need {4 * (index + 2)} bytes to grow" in first and "too large to allocate" in first \
+            and first.endswith("(in step 1)"), (way, first)
