@@ -26,7 +26,7 @@ from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
 from .model.inspect import render_model
-from .npz import refuse_inputs_as_outputs, writable_target, write_atomic, write_text_atomic
+from .npz import refuse_inputs_as_outputs, save_npz, writable_target, write_atomic, write_text_atomic
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .tables import explained, narrow_tables
 from .trace import Trace
@@ -295,7 +295,15 @@ def cmd_run(args) -> int:
         if program.bound.sizes.get(batch_var, 1) < 1:
             raise OiError(f"--batch-var {batch_var}: chunks of {batch_var}={program.bound.sizes[batch_var]} rows "
                           f"hold no row (give --size {batch_var}=N with N >= 1)")
-        outputs = program.run_batched(inputs, batch_var=batch_var, steps=steps)
+        try:
+            outputs = program.run_batched(inputs, batch_var=batch_var, steps=steps)
+        except OiError as exc:  # the rows of the chunks before the failing one are written, not lost
+            partial = getattr(exc, "partial", None)
+            if args.out and partial is not None:
+                save_npz(args.out, partial)
+                print(f"note: wrote {args.out}: the batched outputs' rows of the chunks before the failing chunk "
+                      f"{exc.chunk} ({', '.join(partial) or 'none'})", file=sys.stderr)
+            raise
         write_outputs(args, outputs, main_outputs(program, ()))
         return 0
     run_kwargs = {}

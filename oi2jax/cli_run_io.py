@@ -43,9 +43,11 @@ def load_inputs(pairs: list[str] | None) -> dict:
 def load_npz(path: str, what: str) -> dict:
     regular_input(path, what)
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if not hasattr(npz, "files"):
-                raise OiError(f"{what} {path}: expected an .npz file of named arrays")
+        loaded = np.load(path, allow_pickle=False)
+        if not hasattr(loaded, "files"):  # one .npy array: no name to give it to
+            raise OiError(f"{what} {path}: expected an .npz file of named arrays, got one .npy array (write "
+                          f"np.savez(FILE, NAME=array), or give it with --input NAME={path})")
+        with loaded as npz:
             return {k: npz[k] for k in npz.files}
     except FileNotFoundError:
         raise OiError(f"{what} file not found: {path}") from None

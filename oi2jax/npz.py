@@ -109,6 +109,8 @@ def writable_target(path) -> str:
 def check_directory(path: str, target: str) -> None:
     """FileNotFoundError `PATH: no such directory: DIR` where the directory of `target` (the file a
     write to `path` replaces: `writable_target`) does not exist (`write_atomic` never makes one)."""
+    if path.endswith(("/", os.sep)):  # abspath drops the slash: the rename failed naming the temporary
+        raise IsADirectoryError(21, "ends with '/', which names a directory; give a file name", path)
     directory = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(directory):
         raise FileNotFoundError(2, f"no such directory: {directory}", path)

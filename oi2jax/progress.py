@@ -63,12 +63,12 @@ class ProgressBar:
         self.stream.flush()
 
 
-def progress_for(total: int, quiet: bool = False, stream=None, min_steps: int = MIN_STEPS,
+def progress_for(total: int | None, quiet: bool = False, stream=None, min_steps: int = MIN_STEPS,
                  **bar_options) -> ProgressBar | None:
     """A bar for `total` steps on `stream` (stderr) when it is a terminal, not `quiet`, and total is large.
     `bar_options`: ProgressBar's label / unit (e.g. `label="MiB", unit="MiB"` for bytes written)."""
     stream = sys.stderr if stream is None else stream
-    if quiet or total < min_steps:
+    if quiet or total is None or total < min_steps:  # None: a count the run decides (no bar)
         return None
     try:
         if not stream.isatty():

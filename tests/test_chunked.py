@@ -192,3 +192,33 @@ def test_cli_run_chunks_a_long_input(tmp_path):
     assert "note: x holds 13 rows where B=4: running them in chunks of 4 rows" in proc.stderr, proc.stderr
     got = dict(np.load(out))
     same(got, manual(ACC, x, extra={"scale": np.ones(3, np.float32)}))
+
+
+FULL = """dynamic { x: f32[B, 2]; z: f32[2] @init(1.0); }
+volatile { y: f32[B, 2]; }
+persistent { t: i32 @init(0); K(i): f32[2] @table @fixed(i=2); }
+block entry { op add(x, x) >> y; cache.write z >> K[t]; cache.increment t; return; }
+"""
+
+
+@pytest.mark.parametrize("rows, failing", [(12, "rows 8..11"), (10, "rows 8..9")])
+def test_a_chunked_run_that_fails_names_its_chunk_and_keeps_the_chunks_before(tmp_path, rows, failing):
+    """The third chunk writes past K's 2 entries: the error named no step and nothing of the two
+    chunks before it reached the caller or --out (helper probe)."""
+    x = np.arange(2 * rows, dtype=np.float32).reshape(rows, 2)
+    prog = oi2jax.compile(FULL, sizes={"B": 4})
+    with pytest.raises(OiError) as err:
+        prog.run_batched({"x": x}, batch_var="B")
+    assert err.value.render().splitlines()[0].endswith(
+        f"error: dimension 0 of K: index 2 is past its fixed size 2 (in chunk 3 of 3: {failing})")
+    np.testing.assert_array_equal(err.value.partial["y"], 2 * x[:8])
+    graph, out = tmp_path / "full.oi", tmp_path / "out.npz"
+    graph.write_text(FULL)
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([sys.executable, "-m", "oi2jax", "run", str(graph), "--size", "B=4", "--input",
+                           f"x={tmp_path / 'x.npy'}", "--out", str(out), "--cache-dir", "none"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 1 and f"(in chunk 3 of 3: {failing})" in proc.stderr, proc.stderr
+    assert "note: wrote " in proc.stderr and "the batched outputs' rows of the chunks before the failing chunk 3" \
+        in proc.stderr
+    np.testing.assert_array_equal(np.load(out)["y"], 2 * x[:8])

@@ -72,9 +72,9 @@ def test_a_state_file_must_hold_every_persistent_variable_and_a_whole_step_count
         prog.session(state=kv / "no_t.npz")
     # a dict may leave some out: they start from their @init (as documented)
     assert int(prog.session(state={"K": whole["K"]}).read("t")) == 0
-    for bad in (np.int64(-5), np.float64(2.5), np.array([1, 2])):
+    for bad in (np.int64(-5), np.float64(2.5), np.array([1, 2]), np.int64(2**63 - 2)):  # 2^63-2 overflowed later
         np.savez(kv / "bad.npz", **{**whole, "#steps": bad})
-        with pytest.raises(OiError, match="#steps must be the step count, a whole number >= 0"):
+        with pytest.raises(OiError, match=r"#steps must be the step count, a whole number 0\.\.2\^62"):
             prog.session(state=kv / "bad.npz")
 
 
@@ -293,3 +293,44 @@ def test_minus_o_dev_stdout_on_a_pipe_is_named_as_a_pipe():
     assert proc.returncode == 1 and proc.stdout == "", proc
     assert "error: /dev/stdout: not a regular file (a FIFO); refusing to replace it (leave out -o to print on " \
            "standard output)" in proc.stderr, proc.stderr
+
+
+FED = "dynamic { token: i32 @init(10); }\nconstant { one: i32 @init(1); }\nvolatile { next: i32; }\n" \
+      "block entry { op add(token, one) >> next; return; }\n"
+
+
+def test_a_state_file_without_a_variables_last_value_is_refused(tmp_path, capsys):
+    """A run continued with feedback takes its first input from the state's `next`; a file
+    without it resumed from zeros in silence ([1 2] for [14 15]: helper probe)."""
+    (tmp_path / "fb.oi").write_text(FED)
+    code, _, err = run_cli(capsys, "run", tmp_path / "fb.oi", "--no-model", "--feedback", "token=next",
+                           "--steps", 3, "--collect", "next", "--state-out", tmp_path / "s.npz", "--quiet")
+    assert code == 0, err
+    whole = dict(np.load(tmp_path / "s.npz"))
+    np.savez(tmp_path / "nonext.npz", **{k: v for k, v in whole.items() if k != "next"})
+    code, _, err = run_cli(capsys, "run", tmp_path / "fb.oi", "--no-model", "--feedback", "token=next",
+                           "--steps", 2, "--collect", "next", "--state-in", tmp_path / "nonext.npz", "--out",
+                           tmp_path / "o.npz")
+    assert code == 1 and "no value for the variable next: a state file holds every variable's last value" in err, err
+    code, _, err = run_cli(capsys, "run", tmp_path / "fb.oi", "--no-model", "--feedback", "token=next",
+                           "--steps", 2, "--collect", "next", "--state-in", tmp_path / "s.npz", "--out",
+                           tmp_path / "o.npz", "--quiet")
+    assert code == 0 and np.load(tmp_path / "o.npz")["next"].tolist() == [14, 15], err
+
+
+def test_run_file_flags_name_the_users_mistake(kv, capsys):
+    """(helper probe) an .npy given as --inputs-per-step said the ndarray has no context manager;
+    an output path ending in '/' named an internal temporary file (after the whole run);
+    --interpret with --inputs-per-step and no --steps was an internal error."""
+    code, _, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--inputs-per-step", kv / "q.npy")
+    assert code == 1 and "--inputs-per-step " in err and "expected an .npz file of named arrays, got one .npy " \
+        "array" in err, err
+    for out in ("out.npz/", "newdir/"):
+        code, _, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--input", f"q={kv / 'q.npy'}",
+                               "--out", f"{kv}/{out}")
+        assert code == 1 and f"{out}: ends with '/', which names a directory; give a file name" in err, err
+        assert ".oi2jax-" not in err
+    np.savez(kv / "q3.npz", q=np.stack([Q, Q, Q]))
+    code, out, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--inputs-per-step", kv / "q3.npz",
+                             "--interpret", "--out", kv / "fi.npz", "--quiet")
+    assert code == 0 and int(np.load(kv / "fi.npz")["t"]) == 3, err

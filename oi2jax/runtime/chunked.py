@@ -19,6 +19,8 @@ between steps). Yield/await graphs run their fused step (bit-identical to the dr
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,6 +64,23 @@ def _tail_program(program, rows: int, batch_var: str):
     sizes = dict(program.bound.sizes)
     sizes[batch_var] = rows
     return program.rebound(sizes)
+
+
+def _failed_chunk(error: OiError, errs, n_full: int, rem: int, B: int, outs_full, out_batched) -> OiError:
+    """A chunked run's runtime error, naming its chunk and rows (the first chunk after which an
+    error is recorded: `errs`, one per full chunk; else the last, partial one), with the batched
+    outputs of the chunks before it as its `partial` (their rows in order: nothing they made is
+    lost). The chunks after it ran on in the one program; their values are not a result."""
+    failed = int(np.argmax(errs != 0)) if np.any(errs != 0) else n_full
+    chunks = n_full + (1 if rem else 0)
+    lo, hi = failed * B, failed * B + (B if failed < n_full else rem)
+    first, *rest = error.diagnostics
+    chunked = OiError([dataclasses.replace(first, message=f"{first.message} (in chunk {failed + 1} of {chunks}: "
+                                                          f"rows {lo}..{hi - 1})"), *rest], source=error.source)
+    chunked.partial = {name: np.asarray(outs_full[name]).reshape((-1,) + np.shape(outs_full[name])[2:])[:lo]
+                       for name in out_batched if name in outs_full} if outs_full is not None else {}
+    chunked.chunk = failed + 1
+    return chunked
 
 
 def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
@@ -142,8 +161,9 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                 def body(state, xs):
                     dyn = {**defaults, **other, **xs}
                     state, outs = run_steps(builder, consts, state, dyn)
-                    return state, outs
-                state, outs_full = lax.scan(body, state, full_in)
+                    return state, (outs, state.guards.err)  # the error recorded so far, per chunk
+                state, (outs_full, errs) = lax.scan(body, state, full_in)
+                outs_full = (outs_full, errs)
             if rem:
                 dyn = {**tdefaults, **other, **tail_in}
                 state, outs_tail = run_steps(tail_exe.builder, tconsts, state, dyn)
@@ -154,6 +174,15 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         fn = jax.jit(chunked, donate_argnums=(2,), **program.placer.jit_options())
         state, outs_full, outs_tail = fn(exe.consts, tail_consts, state, full_in, tail_in, other,
                                          defaults, tail_defaults)
+        errs = None
+        if outs_full is not None:
+            outs_full, errs = outs_full
+        state = exe.state_spec.from_env(state)
+        try:
+            program.check(state)
+        except OiError as error:  # the chunks before the failing one are the run's result
+            raise _failed_chunk(error, np.asarray(errs) if errs is not None else np.zeros(0), n_full, rem, B,
+                                outs_full, out_batched) from None
         outputs: dict = {}
         names = (outs_tail or outs_full).keys()
         for name in names:
@@ -167,8 +196,6 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
                 outputs[name] = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
             else:
                 outputs[name] = outs_tail[name] if outs_tail is not None else outs_full[name][-1]
-        state = exe.state_spec.from_env(state)
-        program.check(state)
         for name in builder.dynamic:  # inputs the graph never writes are reported as given
             outputs.setdefault(name, host[name] if name in host else exe.defaults[name])
         return exe.collect_result(state, outputs)

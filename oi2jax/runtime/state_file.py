@@ -54,8 +54,9 @@ def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[i
     steps = None
     if STEPS_KEY in values:
         count = np.asarray(values.pop(STEPS_KEY))
-        if count.shape != () or count.dtype.kind not in "iu" or int(count) < 0:
-            raise OiError(f"{source}: {STEPS_KEY} must be the step count, a whole number >= 0; got "
+        # at most 2^62: the count goes on in int64 arithmetic (2^63 - 2 overflowed a few steps on)
+        if count.shape != () or count.dtype.kind not in "iu" or not 0 <= int(count) <= 2**62:
+            raise OiError(f"{source}: {STEPS_KEY} must be the step count, a whole number 0..2^62; got "
                           f"{count.dtype}{list(count.shape)} {np.array2string(count, threshold=4)}")
         steps = int(count)
     persistent, others = {}, {}
@@ -72,6 +73,12 @@ def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[i
     if whole:
         missing = [v.name for v in prog.graph.vars if v.kind == ir.MemKind.PERSISTENT and not v.is_prefix_table
                    and v.name not in persistent]
+        lost = [d.name for d in prog.result_vars if d.kind != ir.MemKind.PERSISTENT and d.name not in others]
+        if lost and not missing:  # a step's last values: what a continued run feeds back, what `read` gives
+            raise OiError(f"{source}: no value for the variable{'s' if len(lost) > 1 else ''} "
+                          f"{', '.join(lost)}: a state file holds every variable's last value (Session.save, "
+                          f"--state-out, --out), which a run continued with feedback takes (it would start from "
+                          f"zeros); to leave some out, pass a dict: Program.session(state={{...}})")
         if missing:
             raise OiError(f"{source}: no value for the persistent variable{'s' if len(missing) > 1 else ''} "
                           f"{', '.join(missing)}: a state file holds every one (Session.save, --state-out, --out); "
