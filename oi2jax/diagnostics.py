@@ -88,11 +88,15 @@ class OiError(Exception):
     def in_step(self, step: int) -> "OiError":
         """The same error naming the 1-based step it happened in (`... (in step k)`, `.step`):
         the one form for a runtime error, compiled (a guard) or interpreted."""
-        first, *rest = self.diagnostics
-        error = OiError([dataclasses.replace(first, message=f"{first.message} (in step {step})"), *rest],
-                        source=self.source)
+        error = self.where(f"in step {step}")
         error.step = step
         return error
+
+    def where(self, place: str) -> "OiError":
+        """The same error saying where it happened: `... (PLACE)` (a step, a chunk of a chunked
+        run, an element of a vmapped state)."""
+        first, *rest = self.diagnostics
+        return OiError([dataclasses.replace(first, message=f"{first.message} ({place})"), *rest], source=self.source)
 
     @property
     def errors(self) -> list[Diagnostic]:

@@ -854,3 +854,23 @@ def test_a_failed_cli_run_shows_the_collected_rows_not_the_failing_steps_values(
     assert code == 1 and "every variable as it was before the failing step 1, the inputs given to it excepted (the interpreter " \
         "stops" in err, err
     assert "y: float32[2]\n[0. 0.]" in out, out
+
+
+def test_a_session_whose_state_is_handed_to_another_is_closed_saying_so(kv):
+    """`prog.session(state=sess.state)` (docs/decode.md's hand-over): the new session's step
+    donates the buffers; the old one's next use raised JAX's "Array has been deleted"."""
+    d = kv.bound.shape("q")[0]
+    q = np.ones(d, np.float32)
+    a = kv.session()
+    a.step(q=q)
+    b = kv.session(state=a.state)
+    b.step(q=q)
+    for use in (lambda: a.step(q=q), lambda: a.read("t"), lambda: a.values(), lambda: a.state):
+        with pytest.raises(OiError, match=r"this session is closed: its state was handed to another session "
+                                          r"\(Program.session\(state=sess.state\)\), which steps it now"):
+            use()
+    assert int(b.read("t")) == 2
+    c = kv.session(state=b.values())  # a copy: both go on
+    c.step(q=q)
+    b.step(q=q)
+    assert int(b.read("t")) == int(c.read("t")) == 3

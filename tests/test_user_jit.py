@@ -230,3 +230,22 @@ def test_apply_takes_the_weights_as_an_argument_of_the_users_jit(tmp_path):
         prog.apply({}, prog.init_state(), x=x)
     with pytest.raises(OiError, match=r"apply: consts\['W'\] is float32\[96, 95\], but the program's is float32\[96, 96\]"):
         prog.apply({"W": w[:, 1:]}, prog.init_state(), x=x)
+
+
+def test_check_of_a_vmapped_state_names_the_failing_element():
+    """`prog.check(state)` after the pure step under `jax.vmap` (docs/decode.md: callers of the pure
+    step must call it): a TypeError in the error table's lookup for any stacked state."""
+    from conftest import EXAMPLES
+    kv = oi2jax.compile(EXAMPLES / "kv_cache_decode.oi")
+    d = kv.bound.shape("q")[0]
+    states = jax.tree.map(lambda x: jnp.stack([x, x]), kv.init_state())
+    step = jax.vmap(lambda s, q: kv.step(s, q=q))
+    qs = np.ones((2, d), np.float32)
+    for _ in range(4):  # K holds 4 entries: four steps are fine
+        states, _ = step(states, qs)
+        kv.check(states)
+    states, _ = step(states, qs)
+    with pytest.raises(OiError) as err:
+        kv.check(states)
+    assert err.value.render().splitlines()[0].endswith(
+        "error: dimension 0 of K: index 4 is past its fixed size 4 (element 0 of the state's leading axes)")

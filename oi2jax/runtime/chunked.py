@@ -19,8 +19,6 @@ between steps). Yield/await graphs run their fused step (bit-identical to the dr
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,9 +72,7 @@ def _failed_chunk(error: OiError, errs, n_full: int, rem: int, B: int, outs_full
     failed = int(np.argmax(errs != 0)) if np.any(errs != 0) else n_full
     chunks = n_full + (1 if rem else 0)
     lo, hi = failed * B, failed * B + (B if failed < n_full else rem)
-    first, *rest = error.diagnostics
-    chunked = OiError([dataclasses.replace(first, message=f"{first.message} (in chunk {failed + 1} of {chunks}: "
-                                                          f"rows {lo}..{hi - 1})"), *rest], source=error.source)
+    chunked = error.where(f"in chunk {failed + 1} of {chunks}: rows {lo}..{hi - 1}")
     chunked.partial = {name: np.asarray(outs_full[name]).reshape((-1,) + np.shape(outs_full[name])[2:])[:lo]
                        for name in out_batched if name in outs_full} if outs_full is not None else {}
     chunked.chunk = failed + 1

@@ -418,7 +418,16 @@ class Program:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
         was undone because a growable cache needs more capacity (run it under a session)."""
         exe = self.executable
-        outcome = StepOutcome.of_flags(exe.to_host(state.guards.flags))
+        flags = np.asarray(exe.to_host(state.guards.flags))
+        if flags.ndim > 1:  # a state stacked or vmapped over leading axes: each element's own flags
+            for index in np.ndindex(flags.shape[:-1]):
+                try:
+                    self.check(replace(state, guards=Guards(flags[index])))
+                except OiError as error:
+                    raise error.where(f"element {index[0] if len(index) == 1 else index} of the state's "
+                                      f"leading axes") from None
+            return
+        outcome = StepOutcome.of_flags(flags)
         error = exe.status_error(outcome)
         if error is not None:
             raise error

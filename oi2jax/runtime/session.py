@@ -139,6 +139,14 @@ class Session:
             program.refuse_used(state, "start the session from host values instead "
                                         "(`prog.session(state=sess.values())`) or from a copy of the tree")
             self._state = state
+            # a session whose state this is hands it over (its next use would find the buffers
+            # donated away, a raw JAX error): closed, saying so
+            given = {id(a) for a in jax.tree.leaves((state.vars, state.caches))}
+            for other in list(_SESSIONS):
+                if not other._closed and any(id(a) in given for a in other._user_leaves()):
+                    other._let_go("its state was handed to another session (Program.session(state="
+                                  "sess.state)), which steps it now; to keep both, start the other from a copy "
+                                  "(state=sess.values())")
         # whether the state's guard flags are known to hold no error (every dispatched step's
         # outcome read): the next step needs no skip. A StepState handed in is not known clean.
         self._clean = not isinstance(state, StepState)
