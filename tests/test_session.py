@@ -874,3 +874,24 @@ def test_a_session_whose_state_is_handed_to_another_is_closed_saying_so(kv):
     c.step(q=q)
     b.step(q=q)
     assert int(b.read("t")) == int(c.read("t")) == 3
+
+
+def test_a_state_of_another_graph_or_other_sizes_is_named(kv):
+    """(helper probe) a StepState of the same graph at other sizes failed inside the step in JAX's
+    words ("slice_sizes must be less than or equal to operand shape"), one of another graph with
+    "'NoneType' object is not subscriptable"."""
+    src = GROW_SOURCE.replace("t: i32 @init(0);", "t: i32 @init(0);\n    acc: f32[D];")
+    p4, p8 = oi2jax.compile(src, sizes={"D": 4}), oi2jax.compile(src, sizes={"D": 8})
+    other_sizes = "state: not this program's: its acc is float32[4], where this program's is f32[8]"
+    with pytest.raises(OiError, match=re.escape(other_sizes)):
+        p8.step(p4.init_state(), x=np.ones(8, np.float32))
+    with pytest.raises(OiError, match=re.escape(other_sizes)):
+        p8.session(state=p4.init_state())
+    with pytest.raises(OiError, match=re.escape("state: not this program's: it has no acc, which this program's "
+                                                "state has (a state of another graph?)")):
+        p4.session(state=kv.init_state())
+    sess = p8.session(state=p8.init_state())  # its own: fine, growth too
+    for k in range(6):
+        sess.step(x=np.full(8, k, np.float32))
+    assert int(sess.read("t")) == 6
+    p8.session(state=sess.state).step(x=np.ones(8, np.float32))  # a grown state handed over

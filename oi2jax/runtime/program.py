@@ -401,9 +401,42 @@ class Program:
             full = exe.dynamic_args(checked)
             try:
                 return checked, full, exe.jit_step(consts, state, full)
-            except (RuntimeError, ValueError):
+            except (RuntimeError, ValueError, TypeError):
                 self.refuse_used(state)
+                self.refuse_foreign(state)
                 raise
+
+    def refuse_foreign(self, state) -> None:
+        """OiError naming the first entry of `state` that this program's state has not, or holds
+        at another dtype or shape (a variable; a table's entry, and its rows where all are
+        @fixed): a state of another graph, or of this one at other sizes, which failed deep in the
+        step in JAX's words. Leading axes of a stacked or vmapped state are allowed. From the
+        layouts: nothing is allocated."""
+        layouts = self.executable.lowering.caches
+        given = {**getattr(state, "vars", {}), **getattr(state, "caches", {})}
+        for name in [*layouts, *(n for n in given if n not in layouts)]:
+            if name not in given or name not in layouts:
+                where = "has no" if name not in given else "has a"
+                raise OiError(f"state: not this program's: it {where} {name}, which this program's state "
+                              f"{'has' if name in layouts else 'has not'} (a state of another graph?)")
+            layout, value = layouts[name], given[name]
+            data = value.data if layout.is_cache else value
+            if layout.packed or not hasattr(data, "shape"):
+                continue
+            full = layout.data_shape()
+            if not layout.growable:
+                want = full
+            elif layout.is_cache and len(layout.shape) + len(layout.capacity) == len(full):  # a table
+                want = tuple(layout.shape)  # its entry's shape; its rows grow
+            else:  # an @auto_dim tensor that grows: every dim may
+                want = None
+            rank = len(full) if want is None else len(want)
+            got = tuple(data.shape)[len(data.shape) - rank:] if len(data.shape) >= rank else None
+            if np.dtype(data.dtype) != np.dtype(dt.get(layout.dtype).np_dtype) or got is None or \
+                    (want is not None and got != want):
+                raise OiError(f"state: not this program's: its {name} is {np.dtype(data.dtype)}{list(data.shape)}, "
+                              f"where this program's is {layout.dtype}{list(layout.data_shape())} (a state made at "
+                              f"other sizes, or of another graph?)")
 
     @staticmethod
     def refuse_used(state, fix: str = "pass the state that step returned (`state, out = "

@@ -138,6 +138,7 @@ class Session:
         else:
             program.refuse_used(state, "start the session from host values instead "
                                         "(`prog.session(state=sess.values())`) or from a copy of the tree")
+            program.refuse_foreign(state)  # another graph's, or at other sizes: named, before any step
             self._state = state
             # a session whose state this is hands it over (its next use would find the buffers
             # donated away, a raw JAX error): closed, saying so
