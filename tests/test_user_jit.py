@@ -249,3 +249,20 @@ def test_check_of_a_vmapped_state_names_the_failing_element():
         kv.check(states)
     assert err.value.render().splitlines()[0].endswith(
         "error: dimension 0 of K: index 4 is past its fixed size 4 (element 0 of the state's leading axes)")
+
+
+def test_the_pure_step_exported_serializes_and_runs_back():
+    """docs/decode.md: the step composes with `jax.export`; `Exported.serialize()` refused "an
+    unregistered type CacheState" (helper probe): the state's pytrees register their serialization."""
+    import jax.export
+    from conftest import EXAMPLES
+    kv = oi2jax.compile(EXAMPLES / "kv_cache_decode.oi")
+    q = np.arange(kv.bound.shape("q")[0], dtype=np.float32)
+    with kv.scope():
+        exported = jax.export.export(jax.jit(lambda s, q: kv.step(s, q=q)))(kv.init_state(), q)
+        back = jax.export.deserialize(exported.serialize())
+        state, out = back.call(kv.init_state(), q)
+        want_state, want = kv.step(kv.init_state(), q=q)
+    np.testing.assert_array_equal(out["k_hist"], want["k_hist"])
+    assert int(state.vars["t"]) == int(want_state.vars["t"]) == 1
+    kv.check(state)

@@ -266,6 +266,19 @@ class PhaseIO:
         return path[:2] == (_ENV, GUARDS)
 
 
+def _serializable(*classes) -> None:
+    """Let `jax.export` serialize a function that takes or returns these pytrees (the pure step's
+    state and outputs: `Exported.serialize()` refused "an unregistered type CacheState"). Each is
+    a `register_dataclass` node without static fields: its auxiliary data is always `()`."""
+    import jax.export  # a submodule `import jax` does not load
+    for cls in classes:
+        jax.export.register_pytree_node_serialization(
+            cls, serialized_name=f"oi2jax.{cls.__name__}", serialize_auxdata=lambda aux: b"",
+            deserialize_auxdata=lambda data: ())
+
+
+_serializable(CacheState, Guards, StepState, Shaped)
+
 _ENV, _PENDING, _OLD = GetAttrKey("env"), GetAttrKey("pending"), GetAttrKey("old")
 GUARD_LEAVES = tuple((GetAttrKey(f.name),) for f in fields(TraceGuards))  # key paths in `TraceGuards`
 
