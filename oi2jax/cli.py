@@ -338,6 +338,10 @@ def cmd_run(args) -> int:
             session.save(args.state_out)  # the session's state, as --out's variables: resumable
             print(f"note: wrote {args.state_out}: the state after the failing step {exc.step} (its failing write "
                   f"skipped, its other writes applied); resume with --state-in", file=sys.stderr)
+        if args.stats and "session" in run_kwargs and session.last_run is not None:  # the steps before it
+            print(session.last_run.line(compile_before=compile_s), file=sys.stderr)
+        if tracing:  # the trace up to the failing step (node): what one debugs a failure with
+            report_trace(args, program, node_trace)
         raise
     finally:
         if bar is not None:

@@ -334,3 +334,15 @@ def test_run_file_flags_name_the_users_mistake(kv, capsys):
     code, out, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--inputs-per-step", kv / "q3.npz",
                              "--interpret", "--out", kv / "fi.npz", "--quiet")
     assert code == 0 and int(np.load(kv / "fi.npz")["t"]) == 3, err
+
+
+def test_a_failed_runs_trace_is_printed_and_written(kv, capsys):
+    """(helper probe) --trace and --trace-json gave nothing when the run failed: the steps before
+    the failing one are what one debugs the failure with."""
+    code, out, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--input", f"q={kv / 'q.npy'}", "--steps", 6,
+                             "--trace", "--trace-json", kv / "t.json", "--quiet")
+    assert code == 1 and "(in step 5)" in err
+    assert [line.split(" phase")[0] for line in out.splitlines() if line.startswith("step ")] == \
+        [f"step {k}" for k in range(5)]
+    import json
+    assert len(json.loads((kv / "t.json").read_text())["events"]) == 5
