@@ -110,6 +110,19 @@ def test_streaming_chunks_are_the_collected_rows(prog):
     assert sess.last_run.steps == 5 and sess.last_run.first_steps == 1
 
 
+def test_a_failing_runs_stream_gets_every_row_before_the_failing_step(prog):
+    """(helper probe) the rows of the call holding the failing step never reached `on_chunk`: a
+    streaming consumer lost them though `partial` had them."""
+    sess = prog.session()
+    chunks = []
+    with pytest.raises(OiError, match=r"\(in step 7\)") as info:
+        sess.run(steps=10, feedback={"token": "next"}, collect="next", every=4,
+                 on_chunk=lambda rows, done: chunks.append((rows["next"].ravel().tolist(), done)))
+    streamed = sum((rows for rows, _ in chunks), [])
+    assert streamed == info.value.partial["next"].ravel().tolist() == (CYCLE + CYCLE)[:T]
+    assert chunks[-1][1] == T
+
+
 def test_past_the_capacity_the_steps_before_the_failing_one_are_kept(prog):
     sess = prog.session()
     with pytest.raises(OiError, match=r"index 6 is past its fixed size 6 \(in step 7\)") as info:

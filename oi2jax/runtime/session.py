@@ -639,6 +639,9 @@ class Session:
                     self._clear_error()
                     self.last_run = clock.stats(stopped=False)
                     error.partial = self._result(pieces, drop=1)
+                    if on_chunk is not None and applied > 1:  # this call's rows before the failing
+                        # step reach a stream too, as they reach `partial` (streamed rows + partial's)
+                        on_chunk({k: self._collected([got[k][:applied - 1]], k) for k in collect}, base - 1)
                     raise error
                 return applied, outcome, running
 
@@ -665,6 +668,8 @@ class Session:
                                 self._set_values(last)
                                 self.last_run = clock.stats(stopped=False)
                                 error.partial = self._result(pieces)
+                                if on_chunk is not None and applied:
+                                    on_chunk({k: self._collected([pieces[k][-1]], k) for k in collect}, base)
                                 raise
                     if on_chunk is not None and applied:
                         on_chunk({k: self._collected([pieces[k][-1]], k) for k in collect}, base)
