@@ -346,3 +346,18 @@ def test_a_failed_runs_trace_is_printed_and_written(kv, capsys):
         [f"step {k}" for k in range(5)]
     import json
     assert len(json.loads((kv / "t.json").read_text())["events"]) == 5
+
+
+def test_a_state_file_at_other_sizes_is_named_as_the_state_files(tmp_path, capsys):
+    """(helper probe) it said `input q: expected shape [8], got [4]`, as if --input were wrong."""
+    graph = tmp_path / "g.oi"
+    graph.write_text("dynamic { q: f32[D]; }\nvolatile { s: f32[D]; }\npersistent { t: i32 @init(0); }\n"
+                     "block entry { op add(q, q) >> s; cache.increment t; return; }\n")
+    np.save(tmp_path / "q4.npy", np.ones(4, np.float32))
+    np.save(tmp_path / "q8.npy", np.ones(8, np.float32))
+    code, _, err = run_cli(capsys, "run", graph, "--size", "D=4", "--input", f"q={tmp_path / 'q4.npy'}",
+                           "--state-out", tmp_path / "s4.npz", "--quiet")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "run", graph, "--size", "D=8", "--input", f"q={tmp_path / 'q8.npy'}",
+                           "--state-in", tmp_path / "s4.npz", "--quiet")
+    assert code == 1 and f"error: {tmp_path / 's4.npz'}: the dynamic variable q: expected shape [8], got [4]" in err, err

@@ -87,6 +87,12 @@ def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[i
     for name, value in others.items():
         if name in prog.shaped:  # saved at its current shape: kept as such for `read`
             last[name] = convert_input(f"{source}: {name}", np.asarray(value), prog.bound.dtype(name), np.shape(value))
-        else:
+            continue
+        try:
             last[name] = prog.convert(name, value)
+        except OiError as exc:  # named as the state file's, not as an input given to the run
+            kind = prog.graph.var(name).kind.value
+            message = exc.diagnostics[0].message.removeprefix(f"input {name}: ")
+            raise OiError(f"{source}: the {kind} variable {name}: {message} (a state of this graph at other "
+                          f"sizes, or an --out file that collected it?)") from None
     return steps, persistent, last
