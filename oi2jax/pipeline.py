@@ -96,9 +96,16 @@ def load_graph(source_or_path):
     """A path to a `.oi` file or a `.json` graph (SPEC §8.1), a graph-JSON dict, or the program text."""
     if isinstance(source_or_path, dict):
         return load_graph_json(source_or_path)
+    if not isinstance(source_or_path, (str, os.PathLike)):  # bytes were parsed as "b'...'"
+        raise OiError(f"graph: expected program text, a path or a graph-JSON dict, got "
+                      f"{type(source_or_path).__name__}")
     path = graph_path(source_or_path)  # the one rule for "a path, not program text" (also the model's)
     if path is None:
-        return parse(str(source_or_path))
+        text = str(source_or_path)
+        if text.strip() and not any(c.isspace() or c in "{};" for c in text.strip()):  # one word: a path
+            near = f" (did you mean {text}.oi?)" if Path(text + ".oi").exists() else ""
+            raise OiError(f"graph file not found: {text}{near}; program text holds memory sections and blocks")
+        return parse(text)
     return load_graph_json(path) if path.endswith(".json") else parse_file(path)
 
 
@@ -108,6 +115,8 @@ def load_model(model):
         return None
     if isinstance(model, Model):
         return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise OiError(f"model: expected a path, a Model, None or False, got {model!r}")
     return open_model(os.fspath(model))
 
 

@@ -78,7 +78,7 @@ NOT_RUN = {
         "tests/test_new_user.py `oi2jax.ops.load` after `import oi2jax`)",
     "docs/ops.md: oi2jax run attn.oi --ops nn --ops my_ops.py ...      # repeatable, on "
     "check/run/compile/export/graph/fmt": "the reader's attn.oi, and ends in `...`",
-    "docs/scaling.md: import jax, oi2jax": "a mesh of 8 devices, in a process that already started JAX on 1; the "
+    "docs/scaling.md: import jax, numpy as np, oi2jax": "a mesh of 8 devices, in a process that already started JAX on 1; the "
                                            "same run from the command line is run below on 8 forced host devices",
     "docs/scaling.md: # two processes on one machine (what tests/test_sharding.py does), 2 CPU devices each":
         "two processes and a coordinator port: tests/test_sharding.py runs exactly this",

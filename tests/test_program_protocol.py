@@ -5,6 +5,7 @@ itself at other sizes without the front end."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -134,3 +135,16 @@ def test_constants_are_placed_one_at_a_time_and_a_shared_tensor_once(tmp_path, m
     assert not bound_model[0].held  # nothing left on the host
     x = np.ones(tuple(prog.bound.shape("x")), np.float32)
     np.testing.assert_array_equal(prog.run({"x": x})["y"], oi2jax.compile(MLP).run({"x": x})["y"])
+
+
+def test_compile_names_a_mistaken_graph_or_model_argument():
+    """(helper probe) a path without its `.oi` was parsed as program text (`expected memory section
+    or block, got name 'examples'`), bytes as "b'...'", and `model=True` raised a TypeError."""
+    stem = str(EXAMPLES / "mlp_regression")
+    with pytest.raises(OiError, match=rf"^error: graph file not found: {re.escape(stem)} \(did you mean "
+                                      rf"{re.escape(stem)}\.oi\?\); program text holds memory sections and blocks$"):
+        oi2jax.compile(stem)
+    with pytest.raises(OiError, match="graph: expected program text, a path or a graph-JSON dict, got bytes"):
+        oi2jax.compile(MLP.read_bytes())
+    with pytest.raises(OiError, match="model: expected a path, a Model, None or False, got True"):
+        oi2jax.compile(MLP, model=True)
