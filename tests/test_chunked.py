@@ -222,3 +222,15 @@ def test_a_chunked_run_that_fails_names_its_chunk_and_keeps_the_chunks_before(tm
     assert "note: wrote " in proc.stderr and "the batched outputs' rows of the chunks before the failing chunk 3" \
         in proc.stderr
     np.testing.assert_array_equal(np.load(out)["y"], 2 * x[:8])
+
+
+def test_a_feature_size_is_never_taken_for_a_batch(tmp_path):
+    """(helper probe) `q: f32[D]` given 32 values where D=16 (D also shapes the cache entry) ran as
+    two chunks of 16, exit 0, the cache written twice: it is a wrong shape."""
+    kv = REPO / "examples" / "kv_cache_decode.oi"
+    np.save(tmp_path / "q.npy", np.arange(32, dtype=np.float32))
+    proc = subprocess.run([sys.executable, "-m", "oi2jax", "run", str(kv), "--input", f"q={tmp_path / 'q.npy'}",
+                           "--cache-dir", "none"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 1 and "chunks" not in proc.stderr, proc.stderr
+    assert "error: input q: expected shape [16] (the same every step) or [N, 16] (one value per step), got [32]" \
+        in proc.stderr, proc.stderr

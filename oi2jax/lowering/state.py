@@ -273,8 +273,8 @@ def _serializable(*classes) -> None:
     import jax.export  # a submodule `import jax` does not load
     for cls in classes:
         jax.export.register_pytree_node_serialization(
-            cls, serialized_name=f"oi2jax.{cls.__name__}", serialize_auxdata=lambda aux: b"",
-            deserialize_auxdata=lambda data: ())
+            cls, serialized_name=f"oi2jax.{cls.__name__}", serialize_auxdata=lambda _: b"",
+            deserialize_auxdata=lambda _: ())
 
 
 _serializable(CacheState, Guards, StepState, Shaped)

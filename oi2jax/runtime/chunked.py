@@ -43,7 +43,11 @@ def batched_names(graph: ir.Graph, batch_var: str) -> list[str]:
 def over_long_input(program, inputs: dict) -> tuple[str, str, int] | None:
     """(size variable, input, its rows) of the first dynamic input whose leading dim is a single
     size variable and whose rows differ from it, the other dims matching; None if none is, or if
-    that size is 0 (no chunk of 0 rows: the run says what shape the input must have)."""
+    that size is 0 (no chunk of 0 rows: the run says what shape the input must have). A size a
+    persistent variable or a constant (a model tensor) is shaped by is a feature size, not a
+    batch: `q: f32[D]` of 32 values where D=16 is a wrong shape (an error), never two chunks."""
+    features = {atom for v in program.graph.vars if v.kind in (ir.MemKind.PERSISTENT, ir.MemKind.CONSTANT)
+                for d in v.dims for atom in d.atoms if isinstance(atom, str)}
     for name, value in inputs.items():
         decl = program.graph.var(name)
         if decl is None or decl.kind != ir.MemKind.DYNAMIC or not decl.dims:
@@ -51,8 +55,8 @@ def over_long_input(program, inputs: dict) -> tuple[str, str, int] | None:
         atoms = tuple(decl.dims[0].atoms)
         shape = program.bound.shape(name)
         a = np.asarray(value)
-        if len(atoms) == 1 and isinstance(atoms[0], str) and a.ndim == len(shape) and a.ndim \
-                and a.shape[0] != shape[0] and shape[0] > 0 and tuple(a.shape[1:]) == tuple(shape[1:]):
+        if len(atoms) == 1 and isinstance(atoms[0], str) and atoms[0] not in features and a.ndim == len(shape) \
+                and a.ndim and a.shape[0] != shape[0] and shape[0] > 0 and tuple(a.shape[1:]) == tuple(shape[1:]):
             return atoms[0], name, int(a.shape[0])
     return None
 
