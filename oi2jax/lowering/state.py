@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 import jax
+import jax.export  # a submodule `import jax` does not load
 import jax.numpy as jnp
 from jax import lax
 import numpy as np
@@ -270,7 +271,6 @@ def _serializable(*classes) -> None:
     """Let `jax.export` serialize a function that takes or returns these pytrees (the pure step's
     state and outputs: `Exported.serialize()` refused "an unregistered type CacheState"). Each is
     a `register_dataclass` node without static fields: its auxiliary data is always `()`."""
-    import jax.export  # a submodule `import jax` does not load
     for cls in classes:
         jax.export.register_pytree_node_serialization(
             cls, serialized_name=f"oi2jax.{cls.__name__}", serialize_auxdata=lambda _: b"",
