@@ -11,7 +11,7 @@ import numpy as np
 from . import dtypes as dt
 from . import ir
 from .host_numerics import f8_encode, state_fill
-from .limits import limit_note, memory_limit
+from .limits import growth_refused
 from . import messages
 from .messages import CHECKED
 
@@ -132,11 +132,10 @@ class CacheOps:
         if size > t.sizes[d]:  # refuse before allocating: a write at index 10**12 ...
             sizes = [size if j == d else n for j, n in enumerate(t.sizes)]
             nbytes = dt.get(decl.dtype).nbytes(math.prod(sizes) * math.prod(decl.shape(self._sizes)))
-            limit = memory_limit()
-            if nbytes > limit:
-                raise self._err(f"cache {decl.name} would need {nbytes} bytes to grow to size {sizes} ({what} "
-                                f"{size - 1 if what == 'index' else size} needs {size} entries): too large to allocate (the limit is {limit} bytes{limit_note(limit)})",
-                                node)
+            at = size - 1 if what == "index" else size
+            refused = growth_refused(decl.name, nbytes, f"size {sizes} ({what} {at} needs {size} entries)")
+            if refused is not None:
+                raise self._err(refused, node)
             t.sizes[d] = size
 
     def _single(self, decl, sel: ir.Single, frames, st, node) -> int:
@@ -210,10 +209,9 @@ class CacheOps:
             base = decl.shape(self._sizes)
             value = st.values[decl.name]
             target = tuple(b + c for b, c in zip(base, new))
-            nbytes, limit = dt.get(decl.dtype).nbytes(math.prod(target)), memory_limit()
-            if nbytes > limit:  # refused before allocating, as a table's growth
-                raise self._err(f"cache {decl.name} would need {nbytes} bytes to grow to shape {list(target)}: too large to "
-                                f"allocate (the limit is {limit} bytes{limit_note(limit)})", access)
+            refused = growth_refused(decl.name, dt.get(decl.dtype).nbytes(math.prod(target)), f"shape {list(target)}")
+            if refused is not None:  # refused before allocating, as a table's growth
+                raise self._err(refused, access)
             pad = [(0, t - s) for t, s in zip(target, value.shape)]
             st.values[decl.name] = np.pad(value, pad, constant_values=state_fill(decl))
             st.counts[decl.name] = new

@@ -97,6 +97,18 @@ def limit_note(limit: int, device=None) -> str:
     return ", this machine's memory" if limit < MAX_VALUE_BYTES else ""
 
 
+def growth_refused(name: str, nbytes: int, to: str, device=None) -> str | None:
+    """THE refusal of a cache growing past memory (a write at index 10**12: compiled
+    `Program.grow`, the interpreter's tables and @auto_dim tensors), said before anything is
+    allocated: the message when `nbytes` pass the limit (`to`: the size it would grow to, and
+    why), else None."""
+    limit = memory_limit(device)
+    if nbytes <= limit:
+        return None
+    return (f"cache {name} would need {nbytes} bytes to grow to {to}: too large to allocate (the limit is "
+            f"{limit} bytes{limit_note(limit, device)})")
+
+
 def allocation_error(exc: BaseException, what: str) -> "OiError | None":
     """A clear OiError for a host or device allocation failure, else None."""
     text = str(exc)

@@ -14,8 +14,9 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ir, quantized
 from ..diagnostics import OiError
-from ..limits import limit_note, allocation_error, check_sizes, memory_limit
+from ..limits import allocation_error, check_sizes, growth_refused
 from ..lowering import loops
+from ..lowering.caches import TABLE
 from ..lowering.loops import LoopPolicy
 from ..lowering.state import Guards, StepState
 from ..lowering.step import StepBuilder, build_lowering
@@ -426,7 +427,7 @@ class Program:
             full = layout.data_shape()
             if not layout.growable:
                 want = full
-            elif layout.is_cache and len(layout.shape) + len(layout.capacity) == len(full):  # a table
+            elif layout.kind is TABLE:
                 want = tuple(layout.shape)  # its entry's shape; its rows grow
             else:  # an @auto_dim tensor that grows: every dim may
                 want = None
@@ -646,15 +647,12 @@ class Program:
                                             {name: host.caches[name].size for name, _ in exe.lowering.growable})
         for name, cap in per_cache.items():  # refuse before allocating: a write at index 10**9 ...
             layout = layouts[name]
-            probe = replace(layout, capacity=tuple(cap))
-            nbytes = probe.data_nbytes()
-            limit = memory_limit(self.first_device())
-            if nbytes > limit:
+            nbytes = replace(layout, capacity=tuple(cap)).data_nbytes()
+            refused = growth_refused(name, nbytes, f"capacity {cap} (a write needs {int(max(need))} entries)",
+                                     self.first_device())
+            if refused is not None:
                 decl = self.graph.var(name)
-                raise OiError(f"cache {name} would need {nbytes} bytes to grow to capacity {cap} (a write needs "
-                              f"{int(max(need))} entries): too large to allocate (the limit is {limit} bytes"
-                              f"{limit_note(limit, self.first_device())})", decl.span if decl else None,
-                              source=self.graph.source)
+                raise OiError(refused, decl.span if decl else None, source=self.graph.source)
         reasons = []
         caches = dict(host.caches)
         for name, cap in per_cache.items():
