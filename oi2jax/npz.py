@@ -5,6 +5,7 @@ never leaves a half-written file nor destroys the previous one. The file gets th
 plain write gives (`output_mode`: the umask, or the mode of the file replaced)."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -46,8 +47,8 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
 
 
 class NotRegularFileError(OSError):
-    """The target of a write exists and is not a regular file (a device, a FIFO, a socket): it is
-    never replaced, as `cp` and editors refuse it. The CLI prints `error: PATH: not a regular file ...`."""
+    """The target of a write exists and is not a regular file (a device, a FIFO, a socket), or is a
+    symbolic link to a missing file: it is never replaced or written through, as `cp` refuses it. The CLI prints `error: PATH: not a regular file ...`."""
 
 
 def load_error(exc: Exception) -> str:
@@ -86,7 +87,12 @@ def writable_target(path) -> str:
     except OSError:  # absent (it will be created) or unreadable (the write itself reports it), or a
         try:  # link that only the kernel resolves (/dev/stdout -> /proc/self/fd/1 -> a pipe)
             mode = os.stat(path).st_mode
-        except OSError:
+        except OSError as exc:
+            if exc.errno == errno.ENOENT and target != path:
+                # a symbolic link to a missing file: writing through it would create a file the user
+                # never named, somewhere else (cp refuses too)
+                raise NotRegularFileError(2, f"a symbolic link to a missing file ({target}); refusing to "
+                                             f"write through it (remove the link or create the file)", path)
             return target
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "is a directory", path)

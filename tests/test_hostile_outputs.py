@@ -147,3 +147,19 @@ def test_the_writer_raises_a_typed_error(tmp_path):
         write_text_atomic(fifo, "x")
     assert info.value.filename == str(fifo)
     _untouched("fifo", fifo)
+
+
+@pytest.mark.parametrize("target", ["missing.txt", "nodir/missing.txt"])
+def test_a_link_to_a_missing_file_is_not_written_through(capsys, tmp_path, target):
+    """A dangling link names a file the user never named, elsewhere: `cp` refuses to write through
+    it, and so does every output here (before this, `compile -o` created the missing target)."""
+    graph = tmp_path / "g.oi"
+    graph.write_text(GRAPH)
+    link = tmp_path / "out.txt"
+    os.symlink(tmp_path / target, link)
+    code, out, err = run_cli(capsys, "compile", graph, "--emit", "jaxpr", "-o", link)
+    assert code == 1 and out == ""
+    assert err.strip() == (f"error: {link}: a symbolic link to a missing file ({tmp_path / target}); refusing "
+                           f"to write through it (remove the link or create the file)")
+    assert os.readlink(link) == str(tmp_path / target) and not os.path.lexists(tmp_path / target)
+    assert sorted(os.listdir(tmp_path)) == ["g.oi", "out.txt"]
