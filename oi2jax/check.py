@@ -147,7 +147,9 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
         self.diags.append(Diagnostic(message, span, "warning"))
 
     def top_span(self) -> ir.Span:
-        return ir.Span(self.g.path, 1, 1)
+        """The graph as a whole: its first line, or no line where it was read from JSON."""
+        read_from_json = any(b.span.line == 0 for b in self.g.blocks)
+        return ir.Span(self.g.path, 0 if read_from_json else 1, 0 if read_from_json else 1)
 
     def resolve_dims(self, dims) -> tuple[int, ...] | None:
         try:

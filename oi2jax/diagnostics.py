@@ -51,6 +51,8 @@ def source_lines(source: str) -> list[str]:
 def _render_one(severity: str, message: str, span: Span | None, source: str | None) -> str:
     if span is None:
         return f"{severity}: {message}"
+    if span.line == 0:  # no source line: a graph read from JSON (its pointer), or no place at all
+        return f"{span.path}{'#' + span.pointer if span.pointer else ''}: {severity}: {message}"
     head = f"{span.path}:{span.line}:{span.col}: {severity}: {message}"
     if source is None:
         return head

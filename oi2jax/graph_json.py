@@ -1,7 +1,8 @@
 """IR <-> OpenInfer graph JSON (SPEC §8.1).
 
 `to_json(graph)` gives the runtime graph's serde shape; node uuids are deterministic
-(uuid5 of the node index). `from_json(data, path)` rebuilds the IR (spans are `path:0:0`).
+(uuid5 of the node index). `from_json(data, path)` rebuilds the IR; its spans name JSON pointers
+(`path#/blocks/entry/nodes/1`), so a diagnostic says where in the file.
 Round trip .oi -> JSON -> IR equals the parsed IR up to spans, except where JSON has no
 room for the distinction: an `@init` written as an int on a bool variable comes back as a
 bool; f16/bf16/f8 `@init` values come back as the stored (rounded) value; `cache.increment 1 x`
@@ -331,8 +332,19 @@ _FROM_JSON = {  # serde variant (= the IR node type's name) -> (index, span, fie
     "Yield": lambda i, span, v: ir.Yield(index=i, span=span, vars=tuple(v["vars"])),
     "Await": lambda i, span, v: ir.Await(index=i, span=span, vars=tuple(v["vars"])),
     "Loop": lambda i, span, v: ir.Loop(index=i, span=span, name=v["name"], var=v["index"], start=_atom(v["start"]),
-                                       end=_atom(v["end"]), body=tuple(_node_back(b, span) for b in v["body"])),
+                                       end=_atom(v["end"]), body=tuple(_node_back(b, _at(span, f"/kind/Loop/body/{j}"))
+                                                                      for j, b in enumerate(v["body"]))),
 }
+
+
+def _at(span: ir.Span, *parts: str) -> ir.Span:
+    """`span` with its JSON pointer extended (each part a "/"-separated path of JSON keys; a
+    name's own "~" and "/" are escaped as RFC 6901 says, by `_key`)."""
+    return ir.Span(span.path, 0, 0, span.pointer + "".join(parts))
+
+
+def _key(name) -> str:
+    return "/" + str(name).replace("~", "~0").replace("/", "~1")
 
 
 def _node_back(d: dict, span) -> ir.Node:
@@ -348,9 +360,10 @@ def _node_back(d: dict, span) -> ir.Node:
 
 
 def from_json(data: dict, path: str = "<json>") -> ir.Graph:
-    span = ir.Span(path, 0, 0)
+    root = ir.Span(path, 0, 0)
     vars_ = []
-    for v in data["vars"].values():
+    for key, v in data["vars"].items():
+        span = _at(root, "/vars", _key(key))
         dtype = _dt_back(v["dtype"])
         vars_.append(ir.VarDecl(
             name=v["name"], kind=ir.MemKind(v["kind"].lower()), dtype=dtype, dims=tuple(_dim(x) for x in v["dims"]),
@@ -358,8 +371,9 @@ def from_json(data: dict, path: str = "<json>") -> ir.Graph:
             index_params=tuple(v.get("table_indices", ())), table=bool(v.get("table")),
             auto_dim=tuple(v.get("auto_dim", ())), fixed=tuple((k, _name(n, f"{v['name']}: @fixed({k})") if isinstance(n, str) else _whole(n, f"{v['name']}: @fixed({k})"))
                          for k, n in v.get("fixed", ()))))
-    blocks = [ir.Block(b["name"], tuple(_node_back(n, span) for n in b["nodes"]), span)
-              for b in data["blocks"].values()]
+    blocks = [ir.Block(b["name"], tuple(_node_back(n, _at(root, "/blocks", _key(key), f"/nodes/{j}"))
+                                        for j, n in enumerate(b["nodes"])), _at(root, "/blocks", _key(key)))
+              for key, b in data["blocks"].items()]
     seen: set[int] = set()
     for block in blocks:
         for node in block.walk():

@@ -22,11 +22,14 @@ MAX_RANK = 64  # dimensions of one value (NumPy's limit)
 
 @dataclass(frozen=True)
 class Span:
-    """Where something starts in the source (1-based line and column)."""
+    """Where something starts in the source (1-based line and column). A graph read from graph
+    JSON has no lines (line 0) and names the place by its JSON pointer (RFC 6901):
+    `g.json#/blocks/entry/nodes/1`."""
 
     path: str
     line: int
     col: int
+    pointer: str = ""
 
 
 NO_SPAN = Span("<unknown>", 0, 0)

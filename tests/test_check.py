@@ -347,3 +347,12 @@ def test_a_fixed_arity_error_names_the_inputs():
     helper probe read `Fixed(3)` as an internal name, with nothing saying which three)."""
     diags = check(parse("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry { op add(x) >> y; return; }\n"))
     assert [d.message for d in diags if d.severity == "error"] == ["op add expects Fixed(2) inputs, got 1 (a, b)"], diags
+
+
+def test_a_table_write_naming_fewer_indices_than_the_table_says_which():
+    """SPEC §4.4: a missing position is a slice ("does not support slice indices", OpenInfer's
+    words); the message goes on to say how many the table takes."""
+    head = HEAD.replace("T(i): f32[4] @table @fixed(i=3);", "T(i, j): f32[4] @table @fixed(i=3, j=2);")
+    assert errors("block entry {\n  cache.write x >> T[s];\n}", head=head) == [
+        (7, 20, "cache.write T does not support slice indices (T takes 2 indices (i, j), the write names 1: "
+                "a write replaces one entry)")]

@@ -262,3 +262,27 @@ def test_a_literal_input_with_a_dtype_no_suffix_writes_is_the_files_error(tmp_pa
         err = capsys.readouterr().err
         assert f"error: {bad}: not an OpenInfer graph JSON (SPEC §8.1): ValueError: literal op input" in err, err
         assert "cannot have dtype" in err and "oi2jax bug" not in err, err
+
+
+@pytest.mark.parametrize("mutate, where, message", [
+    (lambda d: d["blocks"]["entry"]["nodes"][0]["kind"]["Op"]["inputs"].__setitem__(1, "bias9"),
+     "#/blocks/entry/nodes/0", "unknown input variable bias9 (did you mean bias0?)"),
+    (lambda d: d["blocks"]["entry"]["nodes"][1]["kind"]["Loop"]["body"][2]["kind"]["Op"].__setitem__("op", "relux"),
+     "#/blocks/entry/nodes/1/kind/Loop/body/2", "unsupported op relux (did you mean relu?)"),
+    (lambda d: d["vars"]["W"].__setitem__("pattern", "res.mlp.w.{lay}"),
+     "#/vars/W", None),
+])
+def test_a_json_graphs_diagnostics_name_the_place_by_json_pointer(tmp_path, capsys, mutate, where, message):
+    """A graph read from JSON has no lines: its diagnostics name the node, block or variable by
+    its JSON pointer (RFC 6901), `g.json#/blocks/entry/nodes/1`, never `g.json:0:0`."""
+    data = json.loads(json.dumps(FIXTURE))
+    mutate(data)
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(data))
+    code = main(["check", str(path), "--model", str(EXAMPLES / "residual_mlp_stack.oinf")])
+    err = capsys.readouterr().err
+    assert code == 1 and ":0:0" not in err
+    first = err.splitlines()[0]
+    assert first.startswith(f"{path}{where}: error: "), err
+    if message is not None:
+        assert first == f"{path}{where}: error: {message}"

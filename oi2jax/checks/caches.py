@@ -157,7 +157,10 @@ class CacheRules:
         rows = False  # a slice write (docs/semantics.md, "Writes of several rows"): the value has a leading row axis
         if d.is_table:
             if len(info) < len(d.table_indices):
-                self.error(f"cache.write {d.name} does not support slice indices", node.dst.span)
+                # OpenInfer's words (SPEC §4.4: a missing position is a slice), then which are missing
+                self.error(f"cache.write {d.name} does not support slice indices ({d.name} takes "
+                           f"{len(d.table_indices)} indices ({', '.join(d.table_indices)}), the write names "
+                           f"{len(info)}: a write replaces one entry)", node.dst.span)
                 return
             rows = any(i[0] == "slice" for i in info)
             if rows and not self.check_slice_write(d, node, info):
