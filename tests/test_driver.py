@@ -368,7 +368,7 @@ def test_consumers_on_other_cpu_devices():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["n"] == 4 and result["same"]
     devices = {(e["step"], e["kernel"]): e["device"] for e in result["trace"]}
-    for step in (0, 1):
+    for step in (1, 2):
         assert devices[(step, "ma")] == "cpu:1"
         assert devices[(step, "mb")] == "cpu:2"
         assert devices[(step, "r_both")] == "cpu:3"

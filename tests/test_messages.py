@@ -135,9 +135,9 @@ def test_unknown_variables_suggest_and_trace_marks_compilation(capsys, tmp_path)
     code, out, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--zero-missing-inputs", "--trace",
                              "--quiet", "--steps", "2", "--cache-dir", "none")
     lines = out.splitlines()
-    assert code == 0 and lines[1].startswith("step 0 phase 0 step (whole graph, one kernel; includes XLA "
+    assert code == 0 and lines[1].startswith("step 1 phase 0 step (whole graph, one kernel; includes XLA "
                                               "compilation) on ")
-    assert lines[2].startswith("step 1 phase 0 step (whole graph, one kernel) on ")
+    assert lines[2].startswith("step 2 phase 0 step (whole graph, one kernel) on ")
 
 
 def test_auto_dim_shape_mismatch_says_the_actual_shape():

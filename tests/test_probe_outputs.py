@@ -342,8 +342,9 @@ def test_a_failed_runs_trace_is_printed_and_written(kv, capsys):
     code, out, err = run_cli(capsys, "run", kv / "kv.oi", "--no-model", "--input", f"q={kv / 'q.npy'}", "--steps", 6,
                              "--trace", "--trace-json", kv / "t.json", "--quiet")
     assert code == 1 and "(in step 5)" in err
+    # steps count from 1 in the trace as in the error: the failing step's call is `step 5`
     assert [line.split(" phase")[0] for line in out.splitlines() if line.startswith("step ")] == \
-        [f"step {k}" for k in range(5)]
+        [f"step {k}" for k in range(1, 6)]
     import json
     assert len(json.loads((kv / "t.json").read_text())["events"]) == 5
 

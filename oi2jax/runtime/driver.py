@@ -235,7 +235,7 @@ class Driver:
     executable and builds them again for the next one (after a growth).
 
     `placement={"block": device | "cpu:1"}` runs a consumer block on another device. `run(...,
-    trace=True)` returns one event per kernel call: {"step", "phase", "kernel", "device", "ms"}
+    trace=True)` returns one event per kernel call: {"step" (from 1), "phase", "kernel", "device", "ms"}
     (kernels are waited for only when tracing). `forget()` drops the built kernels (the next step
     builds them again); `kernels()` lists them, `lowered_kernels` lowers them for dumps."""
 
@@ -474,8 +474,8 @@ class Driver:
         the kernels' `PhaseIO` leaves by key path (`leaves`: entry's env; `snaps`: a window's
         snapshot); a kernel takes the leaves of its traced paths and returns those it writes."""
         phase_kernels, consumers = built.phases, built.windows
-        step = self._step_no
         self._step_no += 1
+        step = self._step_no  # 1-based, as a runtime error's `(in step k)` counts
         self.last_order = []
         main = self._main_device()
         state_pairs, state_def = tree_flatten_with_path(state)

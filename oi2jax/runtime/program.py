@@ -579,7 +579,7 @@ class Program:
                 jax.block_until_ready(result)
                 compiled = self.compiles > compiles  # this call traced and compiled the kernel first
                 kernel = "step (whole graph, one kernel" + ("; includes XLA compilation)" if compiled else ")")
-                events.append({"step": len(events), "phase": 0, "kernel": kernel, "device": device,
+                events.append({"step": len(events) + 1, "phase": 0, "kernel": kernel, "device": device,
                                "ms": (time.perf_counter() - start) * 1e3, "compile": compiled})
                 return result
             return one_step
@@ -589,7 +589,8 @@ class Program:
                                     stop=stop)
 
     def trace_text(self, events: list[dict] | None = None) -> str:
-        """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms`."""
+        """One line per kernel call: `step S phase P KERNEL on DEVICE: MS ms` (S from 1, as a runtime
+        error's `(in step k)` counts)."""
         events = self.last_trace if events is None else events
         return "\n".join(f"step {e['step']} phase {e['phase']} {e['kernel']} on {e['device']}: {e['ms']:.3f} ms"
                          for e in events)
