@@ -215,6 +215,10 @@ def test_a_slot_past_the_cache_ends_with_its_tokens_and_the_error(llama):
 def test_batch_errors(llama):
     decode = llama[1]
     batch = _batch(llama, 2)
+    with pytest.raises(OiError, match=r"Batch.step: no slot is generating \(every slot is free or finished\): "
+                                      r"insert a prompt first"):
+        batch.step()  # its rows would mean nothing
+    assert batch.run(3) == {0: [], 1: []}
     batch.insert(0, PROMPTS[2], max_tokens=5)
     with pytest.raises(OiError, match=r"slot 2 is not in 0\.\.1"):
         batch.insert(2, PROMPTS[0])

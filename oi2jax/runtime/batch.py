@@ -285,7 +285,10 @@ class Batch:
     def step(self) -> dict:
         """One decode step of every slot (one compiled call); the step's outputs, each with the
         slot axis first (device arrays; a free or finished slot's row means nothing). Ctrl-C
-        (`_signals.deferred`) is raised after the step, its tokens taken."""
+        (`_signals.deferred`) is raised after the step, its tokens taken. With no slot generating
+        it is an OiError: no row would mean anything (`run` returns at once there)."""
+        if not self._slots["active"].any():
+            raise OiError("Batch.step: no slot is generating (every slot is free or finished): insert a prompt first")
         with deferred(), held():  # the state and the host's copy of the slots change together
             _, self._state, slots, buf, outputs = self._run_compiled(self._chunk, self._state, self._slots, np.int32(1))
             self._take(slots, np.asarray(buf)[:1])
