@@ -25,7 +25,7 @@ from .diagnostics import source_lines, suggest, Diagnostic, OiError
 from .ir import MemKind
 from .naming import unknown_sizes
 from .ops.registry import builtin_registry
-from .phases import YieldPhases, block_writes, read_before_written
+from .phases import YieldPhases, read_before_written
 
 
 def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
@@ -82,7 +82,7 @@ def check_graph(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None
         raise OiError(errors, source=graph.source)
     plan = checker.yield_phases
     return CheckedGraph(graph, tuple(diags), MappingProxyType(dict(checker.op_sigs)), checker.registry,
-                        MappingProxyType(dict(checker.shaped)), plan, block_writes(graph),
+                        MappingProxyType(dict(checker.shaped)), plan, checker.block_writes,
                         read_before_written(graph, plan), MappingProxyType(dict(checker.literals)),
                         bool(widen_floats))
 

@@ -40,9 +40,6 @@ class Table:
             else:
                 self.sizes[d] = max((k[d] + 1 for k in self.entries), default=0)
 
-    def key(self):
-        return tuple(self.sizes), frozenset(self.entries)
-
 
 @dataclass
 class State:
@@ -149,7 +146,7 @@ class CacheOps:
         """The selection; each slice's length must be the destination's dimension (`out_lengths`).
         Errors are located at the access, as the compiled step locates them."""
         t = st.tables[decl.name]
-        before = t.key()
+        before = tuple(t.sizes)
         n = len(t.sizes)
         assert len(access.indices) <= n, CHECKED
         sels = list(access.indices) + [ir.Slice()] * (n - len(access.indices))
@@ -184,8 +181,8 @@ class CacheOps:
             if combo not in t.entries:
                 t.entries[combo] = fill  # reading materialises the entry
             values.append(t.entries[combo])
-        if t.key() != before:
-            ctx.wrote(decl.name)
+        if tuple(t.sizes) != before:  # grown (phases.read_grows); an entry it materialises holds the
+            ctx.wrote(decl.name)      # fill it read as before: no change to merge
         if not values:
             return np.zeros(tuple(out_dims) + entry, dtype=dt.get(decl.dtype).np_dtype)
         return np.stack(values).reshape(tuple(out_dims) + entry)

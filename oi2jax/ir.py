@@ -339,6 +339,14 @@ class Return(Node):
     vars: tuple[str, ...] = ()  # empty: bare `return;`
 
 
+def ends_frame(node: Node, block: str) -> bool:
+    """THE rule of what ends a frame (§3.3-§3.5): `return`, and `yield` outside entry (a consumer's
+    or a called block's terminator). In a loop body either ends just the loop (a `break`:
+    execution goes on after the loop node); elsewhere, the block. The lowering of blocks and loops
+    and the interpreter read it."""
+    return isinstance(node, Return) or (isinstance(node, Yield) and block != "entry")
+
+
 NODE_TYPES: tuple[type, ...] = (Assign, Op, CacheRead, CacheWrite, CacheIncrement, CacheDecrement, CacheReset,
                                 Branch, Barrier, Dep, Loop, Yield, Await, Transfer, Return)
 """Every node type (THE list: the visitors below and tests/test_node_tables.py read it)."""

@@ -158,10 +158,32 @@ def node_defines(node: ir.Node) -> set[str]:
     return _DEFINES.visit(node)
 
 
+def read_grows(decl: ir.VarDecl | None) -> bool:
+    """Whether a `cache.read` of `decl` may change it (§4.2, §4.5): an `@auto_dim` tensor (its
+    counts), or a table with an index not `@fixed` (its size grows to what is read; a fixed size
+    never changes, and an entry a read materialises holds the fill it read as before). A plain
+    persistent variable or an all-`@fixed` table is never changed by a read."""
+    if decl is None:
+        return False
+    if decl.is_auto_dim:
+        return True
+    fixed = {name for name, _ in decl.fixed}
+    return decl.is_table and any(i not in fixed for i in decl.table_indices)
+
+
+def node_changes(graph: ir.Graph, node: ir.Node) -> tuple[str, ...]:
+    """What one node may change, by name: its `node_writes`, and the source of a `cache.read`
+    that may grow it (`read_grows`). Not a loop's body or a branch's blocks (`block_writes`)."""
+    out = node_writes(node)
+    if isinstance(node, ir.CacheRead) and read_grows(graph.var(node.src.base)):
+        out += (node.src.base,)
+    return out
+
+
 def block_writes(graph: ir.Graph) -> Mapping[str, frozenset[str]]:
     """THE variables each block (and the blocks it calls) may write, by name (what
-    `CheckedGraph.writes` carries): its nodes' `node_writes` and the tables and `@auto_dim` tensors
-    it reads (a read may grow them), with those of the blocks it calls, computed once per block
+    `CheckedGraph.writes` carries): its nodes' `node_changes` (their writes, and the tables and
+    `@auto_dim` tensors a read may grow), with those of the blocks it calls, computed once per block
     after its callees (linear in the blocks: a chain of thousands is not walked once per block)."""
     own: dict[str, frozenset[str]] = {}
     calls: dict[str, list[str]] = {}
@@ -169,10 +191,8 @@ def block_writes(graph: ir.Graph) -> Mapping[str, frozenset[str]]:
         out: set[str] = set()
         calls[b.name] = []
         for node in b.walk():
-            out.update(node_writes(node))
-            if isinstance(node, ir.CacheRead):
-                out.add(node.src.base)  # a read may grow a table or an auto_dim tensor
-            elif isinstance(node, ir.Branch):
+            out.update(node_changes(graph, node))
+            if isinstance(node, ir.Branch):
                 calls[b.name] += [t for t in (node.then_block, node.else_block) if t and graph.block(t)]
         own[b.name] = frozenset(out)
     writes: dict[str, frozenset[str]] = {}
@@ -289,10 +309,20 @@ def _pair(entry: ir.Block, end: ir.Return | None, consumers) -> tuple[list[Windo
     diags: list[Diagnostic] = []
     pending: ir.Yield | None = None
     pending_live = live = True
+    loop_of: dict[int, ir.Loop | None] = {}  # id(node) -> the innermost loop whose body holds it
+
+    def inside(nodes, loop):
+        for n in nodes:
+            loop_of[id(n)] = loop
+            if isinstance(n, ir.Loop):
+                inside(n.body, n)
+    inside(entry.nodes, None)
 
     def close(await_node: ir.Await | None):
         if await_node is None or (pending_live and not live):
             diags.append(Diagnostic(f"yield {', '.join(pending.vars)} has no matching await", pending.span))
+        elif loop_of[id(pending)] is not loop_of[id(await_node)]:
+            diags.append(_loop_window(pending, await_node, loop_of[id(pending)], loop_of[id(await_node)]))
         windows.append(Window(len(windows), pending, await_node, consumers[frozenset(pending.vars)]))
 
     for node in entry.walk():
@@ -313,6 +343,21 @@ def _pair(entry: ir.Block, end: ir.Return | None, consumers) -> tuple[list[Windo
     if pending is not None:
         close(None)
     return windows, diags
+
+
+def _loop_window(y: ir.Yield, a: ir.Await, y_loop: ir.Loop | None, a_loop: ir.Loop | None) -> Diagnostic:
+    """A yield and its await in different loop bodies (or one in a loop, one not): refused. A yield
+    in a loop awaited after it would yield again before the await in the next iteration (§3.6 rule
+    7), and an await in a loop merges in its first iteration only (§3.5: later it does nothing) or
+    never where the loop runs none: what happens would depend on the trip count."""
+    if y_loop is not None and (a_loop is None or a_loop is not y_loop):
+        return Diagnostic(f"yield {', '.join(y.vars)} is inside loop {y_loop.name} and its await is not: the loop's "
+                          f"next iteration would yield again before the await (SPEC §3.6 rule 7); await in the "
+                          f"same loop body", y.span, "error", (("its await", a.span),))
+    return Diagnostic(f"await {', '.join(a.vars)} is inside loop {a_loop.name} and its yield is not: only the loop's "
+                      f"first iteration would merge the consumers (SPEC §3.5), and none where it runs no "
+                      f"iteration; await after the loop, or yield in the same loop body", a.span, "error",
+                      (("its yield", y.span),))
 
 
 def _deadlocks(graph: ir.Graph, windows: list[Window]) -> list[Diagnostic]:

@@ -167,10 +167,12 @@ def test_the_checked_graph_carries_the_yield_phases_and_the_backends_read_it(mon
         return fn
 
     from oi2jax import check
+    from oi2jax.checks import yield_await
     for name in ("_consumers", "_pair", "_deadlocks", "_phases", "block_writes", "read_before_written"):
         monkeypatch.setattr(phases, name, counted(name, getattr(phases, name)))
-        if hasattr(check, name):  # imported by name into the checker
-            monkeypatch.setattr(check, name, getattr(phases, name))
+        for module in (check, yield_await):
+            if hasattr(module, name):  # imported by name into the checker
+                monkeypatch.setattr(module, name, getattr(phases, name))
     inputs = {"x": np.ones(2, np.float32), "y": np.full(2, 2.0, np.float32)}
     for kw in ({"mode": "interpret"}, {"yield_mode": "driver"}, {"yield_mode": "fused"}):
         calls.clear()

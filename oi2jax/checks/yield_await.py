@@ -5,7 +5,7 @@ The pairing of entry's yields and awaits, its errors and the deadlock errors are
 from __future__ import annotations
 
 from .. import ir
-from ..phases import awaited, node_writes, yield_phases
+from ..phases import awaited, block_writes, node_changes, yield_phases
 
 
 class PhaseRules:
@@ -13,6 +13,7 @@ class PhaseRules:
 
     def check_yield_await(self):
         plan = self.yield_phases = yield_phases(self.g)  # computed once: the CheckedGraph carries it
+        self.block_writes = block_writes(self.g)  # so are the blocks' writes
         self.diags.extend(plan.diagnostics)  # pairing, and consumers waiting on a later yield
         targets = {t for brs in self.branch_targets().values() for br in brs
                    for t in (br.then_block, br.else_block) if t is not None}
@@ -55,24 +56,40 @@ class PhaseRules:
             inside = inside or node is w.yield_node
         return out
 
+    def changes(self, nodes):
+        """(node, variable) for what each of `nodes` may change (`phases.node_changes`), a branch
+        what the blocks it calls may (`phases.block_writes`), each variable once, in order."""
+        seen: set[str] = set()
+        for n in nodes:
+            names = node_changes(self.g, n)
+            if isinstance(n, ir.Branch):
+                names += tuple(v for t in (n.then_block, n.else_block) if t in self.block_writes
+                               for v in sorted(self.block_writes[t]))
+            for v in names:
+                if v not in seen:
+                    seen.add(v)
+                    yield n, v
+
     def check_window(self, y: ir.Yield, window: list[ir.Node], consumers: tuple[str, ...]):
-        writers: dict[str, tuple[str, ir.Span]] = {}
-        for node, var in ((n, v) for n in window for v in node_writes(n)):
+        def how(node, var) -> str:  # a change that is no write is told as what it is
+            if isinstance(node, ir.CacheRead) and node.src.base == var:
+                return f" (a cache.read of {var} grows it: §4.2)"
+            return f" (through branch: a block it calls writes {var})" if isinstance(node, ir.Branch) else ""
+
+        writers: dict[str, tuple[str, ir.Span, str]] = {}
+        for node, var in self.changes(window):
             if var in y.vars:
-                self.error(f"entry writes yielded variable {var} between yield and await", node.span,
+                self.error(f"entry writes yielded variable {var} between yield and await{how(node, var)}", node.span,
                            [("yielded here", y.span)])
                 continue
-            writers.setdefault(var, ("entry", node.span))
+            writers.setdefault(var, ("entry", node.span, how(node, var)))
         for name in consumers:
             b = self.g.block(name)
-            seen: set[str] = set()
-            for node, var in ((n, v) for n in b.walk() for v in node_writes(n)):
-                if var in seen:
-                    continue
-                seen.add(var)
+            for node, var in self.changes(b.walk()):
                 if var in writers:
-                    who, span = writers[var]
+                    who, span, way = writers[var]
                     self.error(f"multiple blocks mutated {var}: block {b.name} and {who} write it in the same "
-                               f"yield..await window", node.span, [(f"{var} also written here ({who})", span)])
+                               f"yield..await window{how(node, var)}", node.span,
+                               [(f"{var} also written here ({who}){way}", span)])
                 else:
-                    writers[var] = (f"block {b.name}", node.span)
+                    writers[var] = (f"block {b.name}", node.span, how(node, var))

@@ -85,9 +85,11 @@ def _checked_bounds(node: ir.Loop, env, frame: Frame, tr: Tracer):
     return env, lo, hi
 
 
-def _until_return(body: tuple[ir.Node, ...]) -> tuple[tuple[ir.Node, ...], bool]:
+def _until_return(body: tuple[ir.Node, ...], block: str) -> tuple[tuple[ir.Node, ...], bool]:
+    """A loop body up to the node that ends the loop (`ir.ends_frame`: a `return`, or outside entry
+    a `yield`), and whether there is one: then the loop runs its first iteration only."""
     for i, node in enumerate(body):
-        if isinstance(node, ir.Return):
+        if ir.ends_frame(node, block):
             return body[:i], True
     return body, False
 
@@ -96,7 +98,7 @@ def _until_return(body: tuple[ir.Node, ...]) -> tuple[tuple[ir.Node, ...], bool]
 def _loop(node: ir.Loop, env, frame: Frame, tr: Tracer):
     env, lo, hi = _checked_bounds(node, env, frame, tr)
     static_range = (lo, hi) if isinstance(lo, int) and isinstance(hi, int) else None
-    body, returns = _until_return(node.body)
+    body, returns = _until_return(node.body, frame.block)
 
     def body_fn(i, e, scope=f"loop_{node.name}"):
         inner = frame.enter_loop(node.var, i, static_range)
@@ -104,7 +106,7 @@ def _loop(node: ir.Loop, env, frame: Frame, tr: Tracer):
             e, _ = lower_nodes(body, e, inner, tr)
         return e
 
-    if returns:  # `return` in a loop body ends the loop after the first iteration (§3.3)
+    if returns:  # `return` (a consumer's `yield`) in a loop body ends the loop in its first iteration (§3.3)
         if static_range is not None:
             return body_fn(lo, env) if lo < hi else env
         return jax.lax.cond(lo < hi, lambda e: body_fn(jnp.asarray(lo, jnp.int64), e), lambda e: e, env)

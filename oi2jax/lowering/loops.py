@@ -246,15 +246,15 @@ def split_families(tr, policy: LoopPolicy) -> set[str]:
         decl = graph.var(raw)
         return decl is not None and decl.kind == ir.MemKind.CONSTANT and tr.static_scalar(raw) is not None
 
-    def walk(nodes, unrolled: dict):
+    def walk(nodes, unrolled: dict, block: str):
         for n in nodes:
             if isinstance(n, ir.Loop):
                 trips = static_trips(n, tr)
                 body = n.body
-                returns = any(isinstance(b, ir.Return) for b in body)  # control._until_return: index lo
+                returns = any(ir.ends_frame(b, block) for b in body)  # control._until_return: index lo
                 inner = dict(unrolled)
                 inner[n.var] = returns and trips is not None or unrolling(n, trips, tr, policy).unroll
-                walk(body, inner)
+                walk(body, inner, block)
                 continue
             for r in _refs(n):
                 if r.name in families:
@@ -266,7 +266,7 @@ def split_families(tr, policy: LoopPolicy) -> set[str]:
 
     whole: set[str] = set()
     for block in graph.blocks:
-        walk(block.nodes, {})
+        walk(block.nodes, {}, block.name)
     if policy.members:  # traced reads select their member with lax.switch (a bounded count of members)
         traced = {name for name in traced if math.prod(tr.bound.family_counts(name)) > MAX_SWITCH_MEMBERS}
     return set(families) - traced - whole

@@ -40,7 +40,7 @@ def lower_nodes(nodes, env: Env, frame: Frame, tr: Tracer) -> tuple[Env, bool]:
         callee_scope = None  # the named scopes of the call being lowered (None: the caller's own nodes)
         while True:
             node = next(todo, None)
-            if node is None or isinstance(node, ir.Return) or (isinstance(node, ir.Yield) and frame.block != "entry"):
+            if node is None or ir.ends_frame(node, frame.block):
                 stopped = node is not None
                 if isinstance(node, ir.Return) and node.vars and frame.block == "entry" and not frame.loop_vars:
                     tr.outputs = node.vars
