@@ -293,10 +293,15 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
     def _yield_await_rule(self, node, at: "_At"):
         word = "yield" if isinstance(node, ir.Yield) else "await"
         for v in node.vars:
+            span = self.word_span(node.span, v, word)  # the caret under the name
             if not self.known(v):
-                self.error(f"unknown variable: {v}{self.near(v)}", node.span)
+                if v in at.loops:
+                    self.loop_index_error(v, span, f"{word} {v}: ",
+                                          use="it (`cache.read c >> v;` gives its value to a volatile v)")
+                else:
+                    self.error(f"unknown variable: {v}{self.near(v)}", span)
             elif word == "await" and self.kind(v) == MemKind.CONSTANT:
-                self.error(f"await may not name constant {v}", node.span)
+                self.error(f"await may not name constant {v}", span)
         block = at.block
         if word == "yield" and at.top and block.name != "entry" and at.pos != len(at.nodes) - 1:
             self.error(f"yield in block {block.name} must be the final node", node.span)

@@ -895,3 +895,20 @@ def test_a_state_of_another_graph_or_other_sizes_is_named(kv):
         sess.step(x=np.full(8, k, np.float32))
     assert int(sess.read("t")) == 6
     p8.session(state=sess.state).step(x=np.ones(8, np.float32))  # a grown state handed over
+
+
+def test_a_run_of_zero_steps_reports_its_inputs_as_given():
+    """(helper probe) compiled, `run(steps=0)` showed a given input as zeros; the interpreter, as
+    docs/semantics.md item 4 says, shows it as given (a per-step input: its first value)."""
+    src = ("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry { op add(x, x) >> y; return; }\n")
+    yielding = ("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; h: f32[2]; }\n"
+                "block entry { op add(x, x) >> y; yield y; await y; return; }\n"
+                "block c { await y; op add(y, y) >> h; yield y; }\n")
+    x = np.array([1.0, 2.0], np.float32)
+    for text in (src, yielding):
+        for kw in ({}, {"mode": "interpret"}, {"yield_mode": "fused"} if text is yielding else {}):
+            prog = oi2jax.compile(text, **kw)
+            for given in (x, np.stack([x, 3 * x])):
+                out = prog.run({"x": given}, steps=0)
+                np.testing.assert_array_equal(out["x"], x)
+                np.testing.assert_array_equal(out["y"], [0.0, 0.0])

@@ -119,3 +119,27 @@ block cons { await x; cache.read K[3] >> r; yield x; }
 """)
     assert message == ("multiple blocks mutated K: block cons and entry write it in the same yield..await window "
                        "(a cache.read of K grows it: §4.2)")
+
+
+def test_a_yield_await_graph_stops_as_a_fused_one_does():
+    """--stop was refused for a graph run by the yield/await driver (its default); the driver reads
+    the stop on the host after each step, as `run_stepwise` does for traced runs."""
+    src = """dynamic { token: i32; }
+volatile { next: i32; h: i32; one: i32 @init(1); }
+block entry { op add(token, one) >> next; yield next; await next; return; }
+block c { await next; op add(next, next) >> h; yield next; }
+"""
+    for kw in MODES[:2]:
+        out = oi2jax.compile(src, **kw).run({"token": np.int32(0)}, steps=10, feedback={"token": "next"},
+                                            stop={"next": [4]}, collect=("next", "h"))
+        assert out["next"].tolist() == [1, 2, 3, 4] and out["h"].tolist() == [2, 4, 6, 8], (kw, out)
+
+
+def test_yield_and_await_name_their_variable_with_the_caret_under_it():
+    src = ("constant { k: f32; }\nvolatile { x: f32; }\nblock entry {\n    loop l (i in 0..2) { yield i; await i; }\n"
+           "    yield x;\n    await x, k;\n    return;\n}\nblock c { await x; yield x; }\n")
+    with pytest.raises(OiError) as info:
+        oi2jax.compile(src, mode="interpret", model=None)
+    got = [(d.span.line, d.span.col, d.message.split(":")[0]) for d in info.value.errors]
+    assert got == [(4, 32, "yield i"), (4, 41, "await i"), (6, 14, "await may not name constant k")], got
+    assert "loop index i is not a variable" in info.value.errors[0].message

@@ -552,16 +552,17 @@ class Driver:
     # ------------------------------------------------------------------ public API
 
     def run(self, session, inputs: dict, steps: int | None, trace: bool, progress, collect,
-            feedback: dict | None = None) -> tuple[dict, list]:
+            feedback: dict | None = None, stop: dict | None = None) -> tuple[dict, list]:
         """`Program.run` of a driven program: each step run by this driver (per-phase and
-        per-consumer kernels). `(result, events)`: with `trace=True` one event per kernel call,
-        each waited for and timed; else no events."""
+        per-consumer kernels), `feedback` and `stop` read on the host after each step (the same
+        rules as the fused loop's: `Session.run_stepwise`). `(result, events)`: with `trace=True`
+        one event per kernel call, each waited for and timed; else no events."""
         events: list = []
         self._events = events if trace else None
         self._step_no = 0
         try:
             return session.run_stepwise(inputs, steps=steps, collect=collect, progress=progress, driver=True,
-                                        feedback=feedback), events
+                                        feedback=feedback, stop=stop), events
         finally:
             self._events = None
 

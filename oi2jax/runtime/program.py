@@ -556,11 +556,9 @@ class Program:
         session = self.session() if session is None else session
         faults.reach(faults.RUN)
         inputs = session.continued(inputs or {}, feedback)
-        if self.driver is not None:
-            if stop:
-                raise OiError("stop: a graph run by the yield/await driver has no fused loop to stop; run it "
-                              "step by step (Session.step) and stop on the host")
-            result, events = self.driver.run(session, inputs or {}, steps, bool(trace), progress, collect, feedback)
+        if self.driver is not None:  # its steps one at a time from the host: a stop is read after each
+            result, events = self.driver.run(session, inputs or {}, steps, bool(trace), progress, collect, feedback,
+                                             stop)
             self.last_trace = events
             return result
         if trace:

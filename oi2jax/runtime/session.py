@@ -691,6 +691,25 @@ class Session:
                 raise
         self._clean = True  # the last status read said: no error, no growth pending
         self.last_run = clock.stats(stopped=over if steps else False)
+        return self._given_at_zero(result, inputs, steps)
+
+    def _given_at_zero(self, result: dict, inputs: dict, steps: int) -> dict:
+        """A run of zero steps reports each dynamic input it was given as given (a per-step input:
+        its first value), as the interpreter does: no step ran to take it in, and the session's
+        own value (zeros, or an earlier run's) is not what this run was given."""
+        if steps:
+            return result
+        prog = self.program
+        for name, value in inputs.items():
+            decl = prog.graph.var(name)
+            if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+                continue
+            value = np.asarray(value)
+            if value.shape != tuple(prog.bound.shape(name)):  # one value per step
+                if not len(value):
+                    continue
+                value = value[0]
+            result[name] = convert_output(prog.convert(name, value), decl.dtype)
         return result
 
     def continued(self, inputs: dict, feedback) -> dict:
@@ -786,7 +805,7 @@ class Session:
                     done[k] = done[k] | stop_hits(self.read(k), ids)
             if done and stopped(done):
                 break
-        return stacked()
+        return self._given_at_zero(stacked(), inputs, steps)
 
 
 def compile_run(prog, inputs: dict, steps: int, collect=(), feedback: dict | None = None, stop: dict | None = None,
