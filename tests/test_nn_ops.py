@@ -481,3 +481,82 @@ block entry {
                                                                            sizes)
     assert "op linear expects 2 to 3 (x, weight, bias) inputs, got 4" in check_errors(
         source.replace("op linear(x, W) >> z", "op linear(x, W, b, b) >> z"), sizes)
+
+
+# ------------------------------------------------------------------ a helper's probe of the nn ops
+
+def _one_op(decls: str, out: str, line: str):
+    src = f"dynamic {{ {decls} }}\nvolatile {{ {out} }}\nblock entry {{\n    {line}\n    return;\n}}\n"
+    return compile_both(src)
+
+
+def test_attention_never_reads_unfilled_slots_even_nan():
+    """p is 0 at an unread position, but 0 * NaN is NaN: compiled gave all-NaN rows for a table
+    whose unfilled slots held NaN (docs/ops.md: what lies there is never read into the result)."""
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(1, 1, 4)).astype(np.float32)
+    k = rng.normal(size=(16, 1, 4)).astype(np.float32)
+    v = rng.normal(size=(16, 1, 4)).astype(np.float32)
+    s = (k[:10, 0] @ q[0, 0]).astype(np.float64)
+    e = np.exp(s - s.max())
+    want = (e / e.sum()) @ v[:10, 0].astype(np.float64)
+    for garbage in (np.nan, np.inf):
+        k2, v2 = k.copy(), v.copy()
+        k2[10:], v2[10:] = garbage, garbage
+        for block in ("", ", block=4"):
+            for prog in _one_op("q: f32[1,1,4]; k: f32[16,1,4]; v: f32[16,1,4];", "y: f32[1,1,4];",
+                                f"op attention(q, k, v, valid=10{block}) >> y;"):
+                got = prog.run({"q": q, "k": k2, "v": v2})["y"].reshape(-1)
+                np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, start, n", [("u8", 0, 300), ("u64", 5, 3), ("u64", 2**63, 2),
+                                             ("u64", 2**64 - 3, 3), ("u64", 2**64 - 3, 4), ("i8", -128, 129)])
+def test_positions_are_exact_or_an_error_in_every_integer_dtype(dtype, start, n):
+    """Compiled, a u8 start with S=300 wrapped and every u64 start failed in the kernel; interpreted,
+    u64 starts past 2^63 went through float64."""
+    np_dtype = D.get(dtype).np_dtype
+    info = np.iinfo(np_dtype)
+    for prog in _one_op(f"s: {dtype};", f"p: {dtype}[{n}];", f"op positions(s, shape=[{n}]) >> p;"):
+        if start + n - 1 > info.max:
+            with pytest.raises(OiError, match=rf"positions: start {start} \+ {n - 1} is past the largest "
+                                              rf"{np.dtype(np_dtype).name} \(in step 1\)"):
+                prog.run({"s": np.array(start, np_dtype)})
+        else:
+            got = prog.run({"s": np.array(start, np_dtype)})["p"]
+            assert got.dtype == np_dtype and [int(x) for x in got] == [start + i for i in range(n)]
+
+
+def test_integer_settings_are_checked_before_any_32_bit_cut():
+    """softmax's window and attention's layer and valid were cast to i32 first: 2^32 + 1 ran as 1."""
+    x = np.random.default_rng(2).normal(size=(2, 6)).astype(np.float32)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    for prog in _one_op("x: f32[2,6]; w: i64;", "y: f32[2,6];", "op softmax(x, window=w) >> y;"):
+        got = prog.run({"x": x, "w": np.int64(2**32 + 1)})["y"]  # a window wider than the row: all of it
+        np.testing.assert_allclose(got, e / e.sum(axis=-1, keepdims=True), rtol=2e-6)
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(2, 1, 4)).astype(np.float32)
+    kv = rng.normal(size=(3, 16, 2, 4)).astype(np.float32)
+    for li, n, message in ((2**32 + 1, 8, "attention: layer 4294967297 is not in 0..2"),
+                           (1, 2**32 + 8, "attention: valid length 4294967304 is not in 1..16"),
+                           (2**64 - 1, 8, "attention: layer 18446744073709551615 is not in 0..2")):
+        dt = "u64" if li == 2**64 - 1 else "i64"
+        for prog in _one_op(f"q: f32[2,1,4]; k: f32[3,16,2,4]; v: f32[3,16,2,4]; li: {dt}; n: i64;", "y: f32[2,1,4];",
+                            "op attention(q, k, v, layer=li, valid=n) >> y;"):
+            with pytest.raises(OiError) as info:
+                prog.run({"q": q, "k": kv, "v": kv, "li": np.array(li, D.get(dt).np_dtype), "n": np.int64(n)})
+            assert info.value.diagnostics[0].message == message + " (in step 1)"
+
+
+def test_sample_seeds_and_positions_differing_above_bit_31_draw_independently():
+    logits = np.random.default_rng(5).normal(size=(64, 50)).astype(np.float32)
+    prog = oi2jax.compile("dynamic { l: f32[64,50]; sd: i64; pos: i64; }\nvolatile { y: i32[64]; }\n"
+                          "block entry {\n    op sample(l, seed=sd, position=pos) >> y;\n    return;\n}\n", ops=["nn"])
+
+    def draw(seed, pos):
+        return prog.run({"l": logits, "sd": np.int64(seed), "pos": np.int64(pos)})["y"]
+    # 64 draws over 50 tokens: two independent streams agree on all 64 with probability ~1e-100
+    assert not np.array_equal(draw(0, 0), draw(2**32, 0))
+    assert not np.array_equal(draw(0, 3), draw(0, 2**32 + 3))
+    assert not np.array_equal(draw(1, 0), draw(1 - 2**32, 0))
+    assert np.array_equal(draw(7, 9), draw(7, 9))

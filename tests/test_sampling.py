@@ -165,10 +165,14 @@ def test_nan_logits_or_temperature_are_a_runtime_error(tmp_path, mode):
     g.write_text(SAMPLE_GRAPH)
     prog = oi2jax.compile(str(g), sizes={"V": 4}, ops=["nn"], model=False, mode=mode)
     logits = np.array([0, 3, 1, 2], np.float32)
-    for bad in ({"logits": np.array([0, np.nan, 1, 2], np.float32)}, {"temperature": np.float32(np.nan)}):
-        with pytest.raises(oi2jax.OiError, match=r"sample: NaN logits or temperature, or top_p outside"):
+    # each names what is wrong (one message for all four said "(flag 1)": helper probe)
+    for bad, message in (({"logits": np.array([0, np.nan, 1, 2], np.float32)}, "sample: a logit is NaN: no token can "
+                                                                                 "be drawn (in step 1)"),
+                         ({"temperature": np.float32(np.nan)}, "sample: temperature is NaN (in step 1)")):
+        with pytest.raises(oi2jax.OiError) as info:
             prog.run({"logits": logits, "temperature": np.float32(1), "top_k": np.int32(0), "seed": np.int32(0),
                       **bad})
+        assert info.value.diagnostics[0].message == message
     assert int(np.asarray(prog.run({"logits": logits, "temperature": np.float32(-1), "top_k": np.int32(0),
                                     "seed": np.int32(0)})["next"])) == 1  # temperature <= 0: greedy
 

@@ -44,6 +44,14 @@ def attr_values(node: ir.Op, env: Env, tr: Tracer) -> dict:
     return values
 
 
+def _guard_site(tr: Tracer, message: str, span: ir.Span, value) -> int:
+    """A kernel guard's site. A u64 value travels as the int64 of its bits (`TraceGuards.errval`):
+    it is shown as the unsigned value it is (18446744073709551615, not -1), as the interpreter
+    shows it."""
+    unsigned = np.dtype(getattr(value, "dtype", np.int64)) == np.uint64
+    return tr.lowering.site(message, span, (lambda bits: message.format(value=int(bits) % 2**64)) if unsigned else None)
+
+
 @rule(ir.Op)
 def _op(node: ir.Op, env, frame, tr):
     sig = tr.bound.op_sig(node)  # typed by the checker (check.CheckedGraph)
@@ -76,7 +84,7 @@ def _op(node: ir.Op, env, frame, tr):
     except ops.OpTypeError as exc:  # an added op's kernel failed or broke its declaration
         raise OiError(exc.message, node.span, source=tr.graph.source) from None
     for cond, message, value in guards:  # the kernel's runtime checks (Ctx.fail_if)
-        env = tr.fail_if(env, any_true(cond), tr.lowering.site(message, node.span), value)
+        env = tr.fail_if(env, any_true(cond), _guard_site(tr, message, node.span, value), value)
     if node.output in tr.lowering.shaped:  # runtime-shaped (phases.runtime_shaped)
         return _shaped_op_output(node, env, tr, out)
     want = tr.bound.shape(node.output)
@@ -123,7 +131,7 @@ def _over_settings(node: ir.Op, env, tr: Tracer, sig, in_shapes, attrs: dict, re
         guards: list = []
         result = call(static, guards)
         for cond, message, value in guards:  # the kernel's checks, of the picked value only
-            env = tr.fail_if(env, picked & any_true(cond), tr.lowering.site(message, node.span), value)
+            env = tr.fail_if(env, picked & any_true(cond), _guard_site(tr, message, node.span, value), value)
         fits.append((picked, result))
     if not fits:  # every value is an error (recorded above): a value of the output's shape
         return env, jnp.zeros(want, np_dtype(sig.out_dtype))

@@ -187,6 +187,21 @@ def int_const(v, dtype, clip: bool = False):
     return v.astype(dtype)
 
 
+def saturate_i32(v):
+    """An integer setting (a Python int or an integer array) as i32 for index arithmetic, a value
+    past i32 held at i32's nearest end, never wrapped: a range check on the result (a length, a
+    layer, a window) sees it as out of range, or as the "more than any table" it means, not as
+    the small number a cast would make of 2^32 + 1."""
+    if isinstance(v, (bool, int, np.integer)):
+        return min(max(int(v), -2**31), 2**31 - 1)
+    v = jnp.asarray(v)
+    info = jnp.iinfo(v.dtype)
+    if info.min < -2**31 or info.max > 2**31 - 1:
+        v = jnp.clip(v, jnp.asarray(max(int(info.min), -2**31), v.dtype), jnp.asarray(min(int(info.max), 2**31 - 1),
+                                                                                      v.dtype))
+    return v.astype(jnp.int32)
+
+
 def wrap(x, d: str):
     """Integer values -> `d`'s representation keeping the low bits (packed: w bits)."""
     dt = D.get(d)

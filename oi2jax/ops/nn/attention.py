@@ -31,7 +31,8 @@ def _layer_message(n: int) -> str:
 
 
 def _int_scalar(value, attr: str):
-    """An integer attribute: a Python int (a literal) or a 0-d integer array (a variable)."""
+    """An integer attribute: a Python int (a literal) or a 0-d integer array (a variable), in its
+    own dtype (`N.saturate_i32` makes the index of it)."""
     if isinstance(value, (bool, int, np.integer)):
         return int(value)
     return _int_rows(value, attr, ()).reshape(())
@@ -39,7 +40,8 @@ def _int_scalar(value, attr: str):
 
 def _int_rows(value, attr: str, rows: tuple[int, ...]):
     """An integer variable holding one value ([] or [1]) or, with `rows` = (S,), one per query row
-    ([S]), as i32 of shape `rows` (or []: one value for all)."""
+    ([S]), of shape `rows` (or []: one value for all), in its own dtype: checked as given, never
+    cut to 32 bits first (`N.saturate_i32` makes the index of it)."""
     if isinstance(value, (float, np.floating)) or not jnp.issubdtype(value.dtype, jnp.integer):
         raise OpTypeError(f"op attention: {attr} must be an integer, got {getattr(value, 'dtype', type(value).__name__)}",
                           attr=attr)
@@ -47,7 +49,7 @@ def _int_rows(value, attr: str, rows: tuple[int, ...]):
     if shape not in ((), (1,), rows):
         raise OpTypeError(f"op attention: {attr} has shape {list(shape)}; it holds one value or one per query row "
                           f"{list(rows)}", attr=attr)
-    return jnp.asarray(value).astype(jnp.int32).reshape(shape if shape == rows else ())
+    return jnp.asarray(value).reshape(shape if shape == rows else ())
 
 def _attention_shape(shapes, attrs):
     q, k, v = shapes
@@ -175,23 +177,25 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
             ctx.fail_if(jnp.asarray(True), _valid_message(t), n)
         n = jnp.full(rows, min(max(n, 0), t), jnp.int32)
     else:
-        n = _int_rows(valid, "valid", rows if q.ndim == 4 else ())
+        given = _int_rows(valid, "valid", rows if q.ndim == 4 else ())
+        n = N.saturate_i32(given)
         bad = ((n < 1) | (n > t)).reshape(-1)
         anybad, first = N.first_true(bad)
-        ctx.fail_if(anybad, _valid_message(t), n.reshape(-1)[first])
+        ctx.fail_if(anybad, _valid_message(t), given.reshape(-1)[first])
         n = jnp.broadcast_to(jnp.clip(n, 0, t), rows)
     lo = jnp.zeros(rows, jnp.int32)
     if window is not None:
         w = _int_scalar(window, "window")
         ctx.fail_if(jnp.asarray(w < 1), _window_message(), w)
-        lo = jnp.clip(n - w, 0, n)
+        lo = jnp.clip(n - N.saturate_i32(w), 0, n)
     if (k.ndim == 4) != (layer is not None):
         raise OpTypeError("op attention: layer= picks the table of a stacked k/v [L, T, KVH, HD] and is given "
                           "exactly when k has rank 4", attr="layer")
     lead = []
     if k.ndim == 4:
-        li = jnp.asarray(_int_scalar(layer, "layer"), jnp.int32)
-        ctx.fail_if((li < 0) | (li >= k.shape[0]), _layer_message(k.shape[0]), li)
+        given = _int_scalar(layer, "layer")
+        li = jnp.asarray(N.saturate_i32(given), jnp.int32)
+        ctx.fail_if((li < 0) | (li >= k.shape[0]), _layer_message(k.shape[0]), given)
         lead = [N.unfolded_index(jnp.clip(li, 0, k.shape[0] - 1))]  # one kernel for every layer's reads
     qg = N.to_compute(qr, ctx.dtype)
     sc = float_attr(scale, ctx.dtype)
@@ -226,7 +230,10 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
         corr = jnp.exp(m - m_sub)
         p = jnp.where(keep, jnp.exp(s - m_sub[..., None]), jnp.zeros((), ct))
         total = total * corr + jnp.sum(p, axis=-1)
-        pv = jnp.einsum("kqt,ktd->kqd", p.reshape(kvh, rows_n * groups, b), read(v, start), precision=prec)
+        # a position no row reads is zero in v too: p is 0 there, and 0 * NaN (an unfilled slot's
+        # garbage) would be NaN in the product
+        vb = jnp.where(jnp.any(keep, axis=(0, 1, 2))[None, :, None], read(v, start), jnp.zeros((), ct))
+        pv = jnp.einsum("kqt,ktd->kqd", p.reshape(kvh, rows_n * groups, b), vb, precision=prec)
         acc = acc * corr[..., None] + pv.reshape(kvh, rows_n, groups, hd)
         return m_new, total, acc
 

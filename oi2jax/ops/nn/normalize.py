@@ -63,9 +63,9 @@ def _window_start(window, k, ctx):
                                                                                                      jnp.integer)):
         raise OpTypeError(f"op softmax: window must be an integer, got {getattr(window, 'dtype', type(window).__name__)}",
                           attr="window")
-    w = jnp.asarray(window).reshape(()).astype(jnp.int32) if hasattr(window, "dtype") else int(window)
-    ctx.fail_if(jnp.asarray(w < 1), _window_message(), w)
-    return jnp.maximum(jnp.asarray(k, jnp.int32) - w, 0)
+    w = jnp.asarray(window).reshape(()) if hasattr(window, "dtype") else int(window)
+    ctx.fail_if(jnp.asarray(w < 1), _window_message(), w)  # checked as given: never cut to 32 bits first
+    return jnp.maximum(jnp.asarray(k, jnp.int32) - N.saturate_i32(w), 0)
 
 
 def _softmax_shape(shapes, attrs):

@@ -172,10 +172,13 @@ def _positions_message(dtype: str, last: int) -> str:
 def _positions_ref(start, shape, ctx=None):
     start = np.asarray(start)
     n = int(shape[0])
-    top = int(np.iinfo(start.dtype).max)
-    if int(start) > top - (n - 1) and ctx is not None:
+    info = np.iinfo(start.dtype)
+    bound = int(info.max) - (n - 1)  # the largest start whose last position fits
+    if int(start) > bound and ctx is not None:
         ctx.fail_if(np.bool_(True), _positions_message(start.dtype.name, n - 1), int(start))
-    return (np.clip(int(start), None, top - (n - 1)) + np.arange(n)).astype(start.dtype)
+    first = max(min(int(start), bound), int(info.min))  # exact integers: no float64 on the way
+    wide = np.uint64 if info.min == 0 else np.int64
+    return (np.arange(n, dtype=wide) + wide(first)).astype(start.dtype)
 
 
 def _positions_samples(rng, d):
@@ -196,7 +199,12 @@ def positions(start, *, shape, ctx):
     a runtime error of the node, never a wrap."""
     start = jnp.asarray(start)
     n = int(shape[0])
-    top = int(np.iinfo(start.dtype).max)
-    ctx.fail_if(start > top - (n - 1), _positions_message(start.dtype.name, n - 1), start)
-    first = jnp.minimum(start, jnp.asarray(max(top - (n - 1), 0), start.dtype))
+    info = np.iinfo(start.dtype)
+    bound = int(info.max) - (n - 1)  # the largest start whose last position fits
+    if bound < int(info.min):  # S positions more than the dtype holds: every start fails
+        ctx.fail_if(jnp.asarray(True), _positions_message(start.dtype.name, n - 1), start)
+        first = jnp.asarray(info.min, start.dtype)
+    else:  # compared in start's own dtype (a Python int past i64 would not convert; one below 0 would wrap)
+        ctx.fail_if(start > jnp.asarray(bound, start.dtype), _positions_message(start.dtype.name, n - 1), start)
+        first = jnp.minimum(start, jnp.asarray(bound, start.dtype))
     return (first + jnp.arange(n, dtype=start.dtype)).astype(start.dtype)

@@ -47,6 +47,26 @@ def _threefry2x32(k0, k1, x0, x1):
     return x0, x1
 
 
+def _key_words(seed, position):
+    """The two key words of (seed, position): their low 32 bits; a 64-bit value's high word, where
+    either is not zero, mixed in by threefry keyed by the two high words, so that seeds (or
+    positions) that differ only above bit 31 draw independently (2^32 and 0 drew the same). Values
+    that fit 32 bits keep the plain key (seed, position)."""
+    seed, position = jnp.asarray(seed), jnp.asarray(position)
+    k0, k1 = seed.astype(jnp.uint32), position.astype(jnp.uint32)  # the low words (two's complement)
+
+    def high(v):
+        if v.dtype.itemsize < 8:
+            return jnp.zeros((), jnp.uint32)
+        return lax.shift_right_logical(v.astype(jnp.uint64), np.uint64(32)).astype(jnp.uint32)
+    h0, h1 = high(seed), high(position)
+    if seed.dtype.itemsize < 8 and position.dtype.itemsize < 8:
+        return k0, k1
+    m0, m1 = _threefry2x32(h0, h1, k0, k1)
+    wide = (h0 != 0) | (h1 != 0)
+    return jnp.where(wide, m0, k0), jnp.where(wide, m1, k1)
+
+
 def gumbel_noise(seed, position, n: int):
     """The Gumbel noise of one draw over `n` tokens: f32[n], exactly `jax.random.gumbel` of the
     threefry key whose two words are (seed, position) (a counter-based stream per pair; no
@@ -54,8 +74,7 @@ def gumbel_noise(seed, position, n: int):
     uniform = the top 23 bits as the mantissa of [1, 2) minus 1, at least the smallest normal;
     -log(-log u)). The one definition: the kernel traces it, the NumPy reference evaluates it on
     the host, so both draw the same token."""
-    k0 = jnp.asarray(seed).astype(jnp.uint32)
-    k1 = jnp.asarray(position).astype(jnp.uint32)
+    k0, k1 = _key_words(seed, position)
     counter = lax.iota(jnp.uint32, n)
     hi, lo = _threefry2x32(k0, k1, jnp.zeros_like(counter), counter)
     mantissa = lax.shift_right_logical(hi ^ lo, np.uint32(9)) | np.float32(1).view(np.uint32)
@@ -266,20 +285,23 @@ def _any_nan(logits, xp):
     return N.any_true(jnp.isnan(at))
 
 
-def _bad_settings(logits, temperature, top_p, min_p, xp):
-    """What makes a draw undefined: a NaN logit or temperature (it compared as no temperature > 0:
-    a silent greedy draw), top_p outside (0, 1], min_p outside [0, 1]."""
-    return (_any_nan(logits, xp) | xp.any(xp.isnan(xp.asarray(temperature, np.float32)))
-            | xp.any(~((xp.asarray(top_p) > 0) & (xp.asarray(top_p) <= 1)))
-            | xp.any(~((xp.asarray(min_p) >= 0) & (xp.asarray(min_p) <= 1))))
-
-
-_MESSAGE = "sample: NaN logits or temperature, or top_p outside (0, 1] or min_p outside [0, 1] (flag {value})"
+def _bad_settings(logits, temperature, top_p, min_p, xp) -> list:
+    """What makes a draw undefined, each with its message (the first that holds is the node's
+    error): a NaN logit or temperature (it compared as no temperature > 0: a silent greedy draw),
+    top_p outside (0, 1], min_p outside [0, 1]."""
+    return [(_any_nan(logits, xp), "sample: a logit is NaN: no token can be drawn"),
+            (xp.any(xp.isnan(xp.asarray(temperature, np.float32))), "sample: temperature is NaN"),
+            (xp.any(~((xp.asarray(top_p) > 0) & (xp.asarray(top_p) <= 1))),
+             "sample: top_p is outside (0, 1] (or NaN)"),
+            (xp.any(~((xp.asarray(min_p) >= 0) & (xp.asarray(min_p) <= 1))),
+             "sample: min_p is outside [0, 1] (or NaN)")]
 
 
 def _sample_ref(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, position=0, ctx=None):
-    if ctx is not None and _bad_settings(logits, temperature, top_p, min_p, np):
-        ctx.fail_if(np.bool_(True), _MESSAGE, 1)
+    if ctx is not None:
+        for bad, message in _bad_settings(logits, temperature, top_p, min_p, np):
+            if bad:
+                ctx.fail_if(np.bool_(True), message, 1)
     with np.errstate(all="ignore"):
         return np.asarray(_draw(logits, temperature, top_k, top_p, min_p, seed, position, np))
 
@@ -309,7 +331,8 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, po
     independent across seeds and positions; a scalar seed/position is shared by a batch, arrays
     of the batch shape give each sequence its own. A NaN logit or temperature, top_p outside (0, 1]
     or min_p outside [0, 1] is a runtime error of the node. All settings may be variables."""
-    ctx.fail_if(_bad_settings(logits, temperature, top_p, min_p, jnp), _MESSAGE, jnp.int32(1))
+    for bad, message in _bad_settings(logits, temperature, top_p, min_p, jnp):
+        ctx.fail_if(bad, message, jnp.int32(1))
     if _known_greedy(temperature):  # the greedy draw alone: no filters or noise traced or compiled
         return _argmax(_flushed(jnp.asarray(logits).astype(np.float32), jnp), jnp)
     return _draw_jax(logits, *(jnp.asarray(a) for a in (temperature, top_k, top_p, min_p, seed, position)))
