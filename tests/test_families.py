@@ -138,8 +138,9 @@ def test_rope_inv_freq_in_both_config_forms_is_transformers_formula(rope):
      "rope_scaling.rope_type is 'longrope': supported rope types are default, linear, llama3"),
     ("phi3", {"partial_rotary_factor": 0.75},
      "partial_rotary_factor is 0.75: only a rotary embedding over the whole head (1.0) is supported"),
-    ("qwen2", {"use_sliding_window": True},
-     "use_sliding_window is true: only full attention in every layer is supported for qwen2 (use_sliding_window false)"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+     "use_sliding_window is true with sliding_window 8 and max_window_layers 1: layers 1..1 attend through a window, "
+     "which is not supported for qwen2 (only full attention in every layer)"),
     ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]},
      "layer_types holds 'sliding_attention': only 'full_attention' layers are supported for qwen3"),
     ("qwen3", {"attention_bias": True}, "attention_bias is true: Qwen3 projections have no biases"),
@@ -166,6 +167,27 @@ def test_window_settings():
     assert wide.metadata["sliding_window"] == SIZES["max_positions"]
     qwen = read_config(dict(family_config("qwen2", **SIZES), sliding_window=4096))  # unused, as in transformers
     assert "sliding_window" not in qwen.metadata
+    assert qwen.notes == ()  # it said "key sliding_window is not read (did you mean use_sliding_window?)"
+    # transformers' rule: layer i slides iff use_sliding_window, a sliding_window and i >= max_window_layers:
+    # with max_window_layers >= the layers every layer is full attention (helper probe: this was refused)
+    for model_type in ("qwen2", "qwen3"):
+        every = read_config(dict(family_config(model_type, **SIZES), use_sliding_window=True, sliding_window=4,
+                                 max_window_layers=2))
+        assert every.sizevars == read_config(family_config(model_type, **SIZES)).sizevars and every.notes == ()
+
+
+def test_a_configs_missing_head_dim_and_kv_heads_take_the_families_defaults():
+    """As transformers' config classes read them: Gemma2Config head_dim 256 and 4 kv heads,
+    Qwen3Config head_dim 128, Llama's hidden / heads and one kv head per query head."""
+    from hf_ref import family_config
+    from oi2jax.model.convert import read_config
+    for model_type, hd, kvh in (("qwen3", 128, 2), ("llama", 8, 4), ("qwen2", 8, 2)):
+        config = family_config(model_type, **SIZES)
+        config.pop("head_dim", None)
+        if model_type == "llama":
+            config.pop("num_key_value_heads")
+        got = read_config(config).sizevars
+        assert (got["HD"], got["KVH"]) == (hd, kvh), (model_type, got)
 
 
 def test_convert_checkpoint_from_any_tensor_source(tmp_path):
@@ -195,3 +217,13 @@ def test_convert_checkpoint_from_any_tensor_source(tmp_path):
     np.testing.assert_array_equal(m.load("model.layers.1.self_attn.k_proj.weight"), qkv[32:48])
     np.testing.assert_array_equal(m.load("model.layers.1.mlp.up_proj.weight"),
                                   weights["model.layers.1.mlp.gate_up_proj.weight"][40:])
+
+
+def test_a_gemma_configs_missing_head_dim_and_kv_heads_take_gemmas_defaults():
+    from gemma_gpt2_checkpoints import gemma2_config
+    from oi2jax.model.convert import read_config
+    config = gemma2_config(vocab=48, hidden=32, layers=2, heads=8, kv_heads=4, head_dim=256, intermediate=40,
+                           max_positions=16, sliding_window=4)
+    del config["head_dim"], config["num_key_value_heads"]  # before: 32 / 8 = 4 and 8, a tensor's shape blamed
+    got = read_config(config).sizevars
+    assert (got["HD"], got["KVH"]) == (256, 4), got

@@ -124,10 +124,16 @@ def _half(sizes: dict, cfg: ConfigReader) -> int:
     return sizes["D"] // sizes["H"]
 
 
-DECODER_SIZES = (Size("V", "vocab_size"), Size("D", "hidden_size"), Size("F", "intermediate_size"),
-                 Size("L", "num_hidden_layers", limit=MAX_LAYERS), Size("H", "num_attention_heads"),
-                 Size("KVH", "num_key_value_heads", default=lambda s: s["H"]), Size("HD", "head_dim", default=lambda s: None),
-                 Size("T", "max_position_embeddings"))
+def decoder_sizes(head_dim: int | None = None, kv_heads: int | None = None) -> tuple[Size, ...]:
+    """A decoder's sizes, with the family's config class's defaults where a key is absent (as
+    transformers reads the config): `head_dim` D/H (None: `attention_sizes`) and
+    `num_key_value_heads` H (one kv head per query head), unless the family's class says other
+    (Gemma2Config: 256 and 4; Qwen3Config: head_dim 128)."""
+    return (Size("V", "vocab_size"), Size("D", "hidden_size"), Size("F", "intermediate_size"),
+            Size("L", "num_hidden_layers", limit=MAX_LAYERS), Size("H", "num_attention_heads"),
+            Size("KVH", "num_key_value_heads", default=lambda s: kv_heads or s["H"]),
+            Size("HD", "head_dim", default=lambda _: head_dim), Size("T", "max_position_embeddings"))
+
 
 
 def attention_sizes(cfg: ConfigReader, sizes: dict, metadata: dict, constants: dict) -> None:
@@ -157,12 +163,20 @@ def sliding_window(cfg: ConfigReader, sizes: dict, metadata: dict, constants: di
 
 
 def full_attention(cfg: ConfigReader, sizes: dict, metadata: dict, constants: dict) -> None:
-    """Qwen's `use_sliding_window` only false and `layer_types` only full_attention (its windows
-    on the layers past max_window_layers are not implemented); `sliding_window` is then unused, as
-    in transformers."""
-    if cfg.flag("use_sliding_window"):
-        cfg.fail("use_sliding_window is true: only full attention in every layer is supported for "
-                 f"{cfg.config.get('model_type')} (use_sliding_window false)")
+    """Qwen's layers all full attention: `use_sliding_window` false, or true with no
+    `sliding_window` or with `max_window_layers` >= the layers (transformers' rule for which layers
+    slide; their windows are not implemented), and `layer_types` only full_attention;
+    `sliding_window` is then unused, as in transformers."""
+    window = cfg.config.get("sliding_window")  # read: unused where every layer is full attention
+    if cfg.flag("use_sliding_window") and window is not None:
+        # transformers' Qwen2Config / Qwen3Config: layer i slides iff i >= max_window_layers (default 28)
+        first = cfg.config.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            cfg.fail(f"max_window_layers must be a whole number >= 0, got {first!r}"[:200])
+        if first < sizes["L"]:
+            cfg.fail(f"use_sliding_window is true with sliding_window {window!r} and max_window_layers {first}: "
+                     f"layers {first}..{sizes['L'] - 1} attend through a window, which is not supported for "
+                     f"{cfg.config.get('model_type')} (only full attention in every layer)"[:300])
     kinds = cfg.config.get("layer_types")
     if kinds is not None:
         if not isinstance(kinds, list) or len(kinds) != sizes["L"]:
@@ -193,7 +207,7 @@ MLP_NORM = Tensor(P + "post_attention_layernorm.weight", ("D",))
 SWIGLU = (Tensor(P + "mlp.gate_proj.weight", ("F", "D")), Tensor(P + "mlp.up_proj.weight", ("F", "D")))
 DOWN = Tensor(P + "mlp.down_proj.weight", ("D", "F"))
 LLAMA_TENSORS = (EMBED, ATTN_NORM, *QKV, O_PROJ, MLP_NORM, *SWIGLU, DOWN, *FINAL)
-DECODER = dict(sizes=DECODER_SIZES, metadata=(Meta("rms_norm_eps", "rms_norm_eps"),),
+DECODER = dict(sizes=decoder_sizes(), metadata=(Meta("rms_norm_eps", "rms_norm_eps"),),
                derive=(attention_sizes, rotary))
 
 LLAMA = Family("llama", ("LlamaForCausalLM",), "llama_decode.oi", LLAMA_TENSORS,
@@ -212,7 +226,7 @@ QWEN2 = Family("qwen2", ("Qwen2ForCausalLM",), "qwen2_decode.oi", LLAMA_TENSORS 
 QK_NORM = (Tensor(P + "self_attn.q_norm.weight", ("HD",)), Tensor(P + "self_attn.k_norm.weight", ("HD",)))
 QWEN3 = Family("qwen3", ("Qwen3ForCausalLM",), "qwen3_decode.oi", LLAMA_TENSORS + QK_NORM,
                settings=(NO_QUANT, SILU, no_bias("attention_bias", "Qwen3")),
-               **dict(DECODER, derive=DECODER["derive"] + (full_attention,)))
+               **dict(DECODER, sizes=decoder_sizes(head_dim=128), derive=DECODER["derive"] + (full_attention,)))
 
 # Phi-3's fused projections, written as the rows they are: q, k, v of qkv_proj; gate, up of gate_up_proj
 _QKV_ROWS, _GATE_UP_ROWS = ("QD", "KVD", "KVD"), ("F", "F")

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from .config import ConfigReader
-from .families import (ATTN_NORM, DECODER_SIZES, DOWN, EMBED, FINAL, MLP_NORM, NO_QUANT, O_PROJ, P, QKV, SWIGLU,
-                       Family, Meta, Setting, Tensor, attention_sizes, no_bias, register, rotary)
+from .families import (ATTN_NORM, DOWN, EMBED, FINAL, MLP_NORM, NO_QUANT, O_PROJ, P, QKV, SWIGLU,
+                       Family, Meta, Setting, Tensor, attention_sizes, decoder_sizes, no_bias, register, rotary)
 from .rope import rope_inv_freq
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -137,8 +137,9 @@ FOUR_NORMS = (ATTN_NORM, MLP_NORM, Tensor(P + "pre_feedforward_layernorm.weight"
               Tensor(P + "post_feedforward_layernorm.weight", ("D",)))
 QK_NORMS = (Tensor(P + "self_attn.q_norm.weight", ("HD",)), Tensor(P + "self_attn.k_norm.weight", ("HD",)))
 GEMMA_SETTINGS = (NO_QUANT, GELU_TANH, no_bias("attention_bias", "Gemma"))
-GEMMA = dict(sizes=DECODER_SIZES, metadata=(Meta("rms_norm_eps", "rms_norm_eps"),), tied_default=True,
-             settings=GEMMA_SETTINGS)
+# sizes with Gemma2Config's and Gemma3TextConfig's defaults (head_dim 256, 4 kv heads)
+GEMMA = dict(sizes=decoder_sizes(head_dim=256, kv_heads=4), metadata=(Meta("rms_norm_eps", "rms_norm_eps"),),
+             tied_default=True, settings=GEMMA_SETTINGS)
 
 GEMMA2 = Family("gemma2", ("Gemma2ForCausalLM",), "gemma2_decode.oi",
                 (EMBED, *FOUR_NORMS, *QKV, O_PROJ, *SWIGLU, DOWN, *FINAL),
