@@ -306,3 +306,37 @@ def test_runtime_check_of_an_op_is_a_located_error_both_ways(tmp_path):
         with pytest.raises(OiError) as e:
             prog.run({"ids": np.array([2, 9], np.int32), "tab": tab})
         assert "<string>:4:5: error: take_rows: id 9 is outside the rows (in step 1)" in e.value.render()
+
+
+def _op_file(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text("import jax.numpy as jnp\nfrom oi2jax.ops import Attr, op\n\n" + text)
+    return str(path)
+
+
+G1 = "dynamic { x: f32[4]; }\nvolatile { y: f32[4]; }\nblock entry {\n    op myop(x) >> y;\n    return;\n}\n"
+
+
+def test_out_dtype_rules_are_checked_at_declaration_and_guarded(tmp_path, capsys):
+    """Probe (ops) 5: `input:N` past the inputs (or not a number, or an optional input) is refused
+    where the op is declared; an `out_dtype` function that raises or returns a non-dtype is an
+    error naming the op and its definition at the node: never `error: internal error (...)`."""
+    for i, (rule, message) in enumerate((
+            ("input:3", "out_dtype 'input:3' names no input of the op (N is one of 0 (x), 1 (b))"),
+            ("input:z", "out_dtype 'input:z' names no input of the op (N is one of 0 (x), 1 (b))"),
+            ("input:1", "out_dtype 'input:1' names input 1 (b), which is optional: a node may leave it out"))):
+        f = _op_file(tmp_path, f"o{i}.py", f"@op(inputs={{'x': 'float', 'b?': 'same'}}, out_dtype={rule!r})\n"
+                                       f"def myop(x, b=None):\n    return x\n")
+        with pytest.raises(OiError) as e:
+            ops.load([f])
+        assert str(e.value).startswith(f"error: {f}:4: ") and message in str(e.value), str(e.value)
+    g = tmp_path / "g.oi"
+    g.write_text(G1)
+    for rule, message in (("lambda d, a: d[5]", "its output dtype rule raised IndexError: list index out of range "
+                                                "(at {f}:4, in <lambda>)"),
+                          ("lambda d, a: 3", "its output dtype rule returned 3, not a dtype name")):
+        f = _op_file(tmp_path, f"fn{len(rule)}.py", f"@op(inputs={{'x': 'float'}}, out_dtype={rule})\n"
+                                                    f"def myop(x):\n    return x\n")
+        code, _, err = run_cli(capsys, "check", str(g), "--no-model", "--ops", f)
+        assert code == 1 and f"{g}:4:8: error: op myop (defined in {f}:4): {message.format(f=f)}" in err, err
+        assert "internal error" not in err

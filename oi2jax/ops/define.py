@@ -26,6 +26,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .. import dtypes as D
+from .dispatch import raised
 from .errors import OpTypeError
 from .shapes import broadcast_shapes
 from .registry import ATTR_KINDS, DYNAMIC, AttrSpec, InputSpec, OpDef, dtype_set
@@ -94,23 +95,41 @@ def _inputs_from(inputs, where: str) -> tuple[InputSpec, ...]:
     return tuple(out)
 
 
-def _out_dtype_rule(rule, attrs: Mapping[str, AttrSpec], where: str) -> Callable:
+def _out_dtype_rule(rule, attrs: Mapping[str, AttrSpec], inputs: tuple[InputSpec, ...], name: str,
+                    where: str) -> Callable:
     if callable(rule):
-        return lambda in_dtypes, attr_lits: rule(list(in_dtypes), {k: getattr(v, "value", v)
-                                                                    for k, v in attr_lits.items()})
+        def user_rule(in_dtypes, attr_lits):
+            try:
+                out = rule(list(in_dtypes), {k: getattr(v, "value", v) for k, v in attr_lits.items()})
+            except OpTypeError:
+                raise
+            except Exception as exc:  # user code: a named error, never a traceback
+                raise raised(f"op {name} (defined in {where})", exc, "output dtype rule") from None
+            if not isinstance(out, str) or not D.is_dtype(out):
+                raise OpTypeError(f"op {name} (defined in {where}): its output dtype rule returned {out!r}, "
+                                  f"not a dtype name")
+            return out
+        return user_rule
     if rule in (None, "same"):
-        return lambda in_dtypes, attr_lits: in_dtypes[0]
+        return lambda in_dtypes, _: in_dtypes[0]
     if isinstance(rule, str) and rule.startswith("attr:"):
-        name = rule[5:]
-        if name not in attrs or attrs[name].kind != "dtype":
+        attr = rule[5:]
+        if attr not in attrs or attrs[attr].kind != "dtype":
             raise OpTypeError(f"{where}: out_dtype {rule!r} names no dtype attribute")
-        return lambda in_dtypes, attr_lits: str(getattr(attr_lits[name], "value", attr_lits[name])) \
-            if name in attr_lits else attrs[name].default_for(in_dtypes[0])
+        return lambda in_dtypes, attr_lits: str(getattr(attr_lits[attr], "value", attr_lits[attr])) \
+            if attr in attr_lits else attrs[attr].default_for(in_dtypes[0])
     if isinstance(rule, str) and rule.startswith("input:"):
-        index = int(rule[6:])
-        return lambda in_dtypes, attr_lits: in_dtypes[index]
+        text = rule[6:]
+        index = int(text) if text.isdigit() and text.isascii() else None
+        if index is None or index >= len(inputs):
+            listing = ", ".join(f"{i} ({x.name})" for i, x in enumerate(inputs))
+            raise OpTypeError(f"{where}: out_dtype {rule!r} names no input of the op (N is one of {listing})")
+        if inputs[index].optional:
+            raise OpTypeError(f"{where}: out_dtype {rule!r} names input {index} ({inputs[index].name}), which is "
+                              f"optional: a node may leave it out")
+        return lambda in_dtypes, _: in_dtypes[index]
     if isinstance(rule, str) and D.is_dtype(rule):
-        return lambda in_dtypes, attr_lits: rule
+        return lambda in_dtypes, _: rule
     raise OpTypeError(f"{where}: out_dtype must be 'same', a dtype, 'attr:NAME', 'input:N' or a function, not {rule!r}")
 
 
@@ -206,12 +225,13 @@ def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None,
         raise OpTypeError(f"{where}: op name {name!r} is not a DSL identifier (lower-case letters, digits, _)")
     attr_specs = {k: _attr_from(k, v, where) for k, v in (attrs or {}).items()}
     inputs_t = _inputs_from(inputs, where)
+    dtype_rule = _out_dtype_rule(out_dtype, attr_specs, inputs_t, name, where)
     unknown = sorted(set(quantized) - {i.name for i in inputs_t})
     if unknown:
         raise OpTypeError(f"{where}: quantized names {unknown[0]!r}, not one of the op's inputs")
     return OpDef(
         name=name, category=category, inputs=inputs_t, attrs=MappingProxyType(attr_specs),
-        kernel=_kernel_caller(fn), out_dtype=_out_dtype_rule(out_dtype, attr_specs, where),
+        kernel=_kernel_caller(fn), out_dtype=dtype_rule,
         shape=_shape_rule(shape, elementwise, name, where),
         type_rule=MappingProxyType({"kind": "oi2jax", "out_dtype": out_dtype if isinstance(out_dtype, str)
                                     else "function"}),

@@ -27,8 +27,13 @@ _LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m i
 
 
 def _raised(spec: OpDef, exc: Exception, what: str, during: str = "") -> OpTypeError:
+    return raised(spec.where(), exc, what, during)
+
+
+def raised(who: str, exc: Exception, what: str, during: str = "") -> OpTypeError:
     """An added op's code raised: its exception's type, the first line of its message (JAX adds a
-    page of where each traced value came from) and the line of the op's own code it came from."""
+    page of where each traced value came from) and the line of the op's own code it came from.
+    `who`: `op NAME (defined in FILE:LINE)`; `what`: kernel, reference, output dtype rule."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     at = ""
@@ -38,7 +43,7 @@ def _raised(spec: OpDef, exc: Exception, what: str, during: str = "") -> OpTypeE
         if not os.path.abspath(code.co_filename).startswith(_LIBRARIES):
             at = f" (at {code.co_filename}:{tb.tb_lineno}, in {code.co_name})"
         tb = tb.tb_next
-    return OpTypeError(f"{spec.where()}: its {what} raised {type(exc).__name__}{during}: {first}{at}")
+    return OpTypeError(f"{who}: its {what} raised {type(exc).__name__}{during}: {first}{at}")
 
 
 def _full_attrs(spec: OpDef, attrs: dict, first: str) -> dict:
