@@ -340,3 +340,86 @@ def test_out_dtype_rules_are_checked_at_declaration_and_guarded(tmp_path, capsys
         code, _, err = run_cli(capsys, "check", str(g), "--no-model", "--ops", f)
         assert code == 1 and f"{g}:4:8: error: op myop (defined in {f}:4): {message.format(f=f)}" in err, err
         assert "internal error" not in err
+
+
+def _schema(tmp_path, edit) -> str:
+    """schema_ops.json with its kernel named by absolute path, changed by `edit(data, entry)`."""
+    data = json.loads((HERE / "schema_ops.json").read_text())
+    entry = data["ops"][0]
+    entry["devices"]["jax"]["kernel"] = str(HERE / "schema_kernels.py") + ":leaky_softplus"
+    edit(data, entry)
+    path = tmp_path / f"s{abs(hash(json.dumps(data, sort_keys=True)))}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+E = "ops[0] (leaky_softplus): "
+
+
+@pytest.mark.parametrize("edit,message", [
+    # probe (ops) 5: were `error: internal error (AttributeError ...)`
+    (lambda d, e: e.update(outputs=[1]), E + '"outputs" must be an object {"arity": "fixed", "count": 1}, got [1] '
+                                              '(a list)'),
+    (lambda d, e: d.update(attr_defs=[1, 2]), "attr_defs: expected an object (attribute name -> definition), got "
+                                               "[1, 2] (a list)"),
+    (lambda d, e: d.update(dtype_sets={"SOFTPLUS_DTYPES": [1]}),
+     'dtype_sets.SOFTPLUS_DTYPES: expected an object with a "normal" list, got [1] (a list)'),
+    # probe (ops) 6: hostile or wrong-typed content, never allocated, coerced or ignored
+    (lambda d, e: e["inputs"].update(count=10 ** 11), E + "inputs.count must be a whole number in 1..256, got "
+                                                          "100000000000 (a number)"),
+    (lambda d, e: e["inputs"].update(count=True), E + "inputs.count must be a whole number in 1..256, got true "
+                                                      "(a boolean)"),
+    (lambda d, e: d["ops"].append(dict(e)), "ops[1]: op leaky_softplus is defined twice in the file: ops[0] and "
+                                            "ops[1]"),
+    (lambda d, e: d["attr_defs"]["slope"].update(required="false"),
+     'attr_defs.slope: "required" must be true or false, got "false" (a string)'),
+    (lambda d, e: d["attr_defs"]["slope"].update(scalar_kinds="int"),
+     'attr_defs.slope: "scalar_kinds" must be a list of float, int, uint, bool, got "int" (a string)'),
+    (lambda d, e: d["attr_defs"]["slope"].update(default="hello"),
+     'attr_defs.slope: "default" "hello" (a string) is not a float or int scalar value'),
+    (lambda d, e: d["attr_defs"]["slope"].update(default=True),
+     'attr_defs.slope: "default" true (a boolean) is not a float or int scalar value'),
+    (lambda d, e: e.update(broadcasts="allow"), E + 'unknown key "broadcasts" (did you mean broadcast?) (known keys: '),
+    (lambda d, e: d.update(attr_def={}), 'unknown key "attr_def" (did you mean attr_defs?)'),
+    (lambda d, e: d["attr_defs"]["slope"].update(defualt=1.0), 'attr_defs.slope: unknown key "defualt" (did you '
+                                                                'mean default?)'),
+    (lambda d, e: e["type_rule"].update(dtype="f32"), E + 'type_rule (same_as_input): unknown key "dtype"'),
+    (lambda d, e: e.update(type_rule={"kind": "fixed", "dtype": ["f32"]}),
+     E + 'type_rule fixed dtype ["f32"] (a list) is not a dtype'),
+    (lambda d, e: e.update(type_rule={"kind": "same_as_input", "index": True}),
+     E + "type_rule index true (a boolean) is not an input (0..0)"),
+    (lambda d, e: e.update(dtype_support_ref=["SOFTPLUS_DTYPES"]),
+     E + 'dtype_support_ref ["SOFTPLUS_DTYPES"] (a list) is not in dtype_sets'),
+    (lambda d, e: e.update(inplace=True), E + '"inplace" must be "allow" or "deny", got true (a boolean)'),
+    (lambda d, e: e.update(attrs=["slope", 3]), E + '"attrs" must list attribute names, got 3 (a number)'),
+    (lambda d, e: e.update(attrs=["slop"]), E + "attribute slop has no attr_defs entry (did you mean slope?)"),
+    (lambda d, e: e.update(devices=["jax"]), E + '"devices" must be an object of objects'),
+    (lambda d, e: e["devices"]["jax"].update(kernal="x"), E + 'devices.jax: unknown key "kernal" (did you mean '
+                                                              'kernel?)'),
+])
+def test_wrong_schema_content_is_an_error_naming_the_key(tmp_path, capsys, edit, message):
+    """Probe (ops) 5 and 6: every key of an ops.json-form file is checked with its type; the error
+    names the file and the key (`error: FILE: KEY: message`), exit 1, no internal error."""
+    path = _schema(tmp_path, edit)
+    with pytest.raises(OiError) as e:
+        ops.load([path])
+    assert str(e.value).startswith(f"error: {path}: {message}"), str(e.value)
+    code, _, err = run_cli(capsys, "check", str(HERE.parent.parent / "examples" / "mlp_regression.oi"),
+                           "--ops", path)
+    assert code == 1 and err.startswith(f"error: {path}: {message}") and "internal error" not in err, err
+
+
+def test_a_schema_default_and_required_flag_are_read_as_declared(tmp_path):
+    """`"required": true` with no default is required; false is optional; an int default of a
+    `["float", "int"]` scalar is accepted as written."""
+    def edit(d, e):
+        d["attr_defs"]["slope"] = {"kind": "scalar", "required": True}
+
+    reg = ops.load([_schema(tmp_path, edit)])
+    assert reg["leaky_softplus"].attrs["slope"].required
+
+    def edit2(d, e):
+        d["attr_defs"]["slope"].update(required=False, default=1)
+
+    reg = ops.load([_schema(tmp_path, edit2)])
+    assert not reg["leaky_softplus"].attrs["slope"].required and reg["leaky_softplus"].attrs["slope"].default == 1

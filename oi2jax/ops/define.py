@@ -26,6 +26,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .. import dtypes as D
+from ..diagnostics import suggest
 from .dispatch import raised
 from .errors import OpTypeError
 from .shapes import broadcast_shapes
@@ -274,25 +275,149 @@ def op(name: str | None = None, **declaration):
 
 # --------------------------------------------------------------------- OpenInfer ops.json form
 
+MAX_INPUTS = 256  # an op's inputs: a schema's "count" past this is refused before anything is built
+
+# the keys of OpenInfer's ops.json (and oi2jax's additions: an attr_def's default/required, an
+# entry's dtypes and devices.jax.kernel); any other key is an error, never ignored
+_FILE_KEYS = ("version", "attr_defs", "dtype_sets", "ops")
+_ENTRY_KEYS = ("name", "kind", "inputs", "outputs", "attrs", "broadcast", "inplace", "accumulate", "type_rule",
+               "dtype_support_ref", "dtypes", "devices", "category")
+_ARITY_KEYS = ("arity", "count")
+_ATTR_DEF_KEYS = ("kind", "default", "required", "scalar_kinds")
+_DTYPE_SET_KEYS = ("normal", "accumulate")
+_TYPE_RULE_KEYS = {"same_as_input": ("kind", "index"), "fixed": ("kind", "dtype"), "acc_from_attr": ("kind", "attr")}
+_SCALAR_KINDS = ("float", "int", "uint", "bool")
+_ATTACHED = ("_attr_defs", "_dtype_sets", "_path", "_index")  # what load_schema adds to an entry
+
+
+def _json_word(value) -> str:
+    """What a JSON value is, for a message: `"false" (a string)`, `[1] (a list)`."""
+    kind = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
+    return f"{text if len(text) <= 40 else text[:32] + '...'} ({kind})"
+
+
+def _known_keys(obj: dict, known, where: str) -> None:
+    for key in obj:
+        if key not in known:
+            raise OpTypeError(f"{where}: unknown key \"{key}\"{suggest(str(key), known)} (known keys: "
+                              f"{', '.join(known)})")
+
+
+def _whole(value, where: str, low: int, high: int) -> int:
+    """A JSON count or index: an integer (not true/false, not 1.0) in low..high."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise OpTypeError(f"{where} must be a whole number in {low}..{high}, got {_json_word(value)}")
+    return value
+
+
+def _default_ok(kind: str, value, scalar_kinds=()) -> bool:
+    """An attribute's default has its declared kind (a dtype-dependent default, a function, is not checked)."""
+    if callable(value):
+        return True
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "float":
+        return number
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "dtype":
+        return isinstance(value, str) and D.is_dtype(value)
+    if kind == "int_list":
+        return isinstance(value, (list, tuple)) and all(
+            isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value)
+    if kind == "scalar":
+        if not (number or isinstance(value, bool)):
+            return False
+        word = "bool" if isinstance(value, bool) else "float" if isinstance(value, float) else "int"
+        return not scalar_kinds or word in scalar_kinds or (word == "int" and value >= 0 and "uint" in scalar_kinds)
+    return True
+
+
+def _attr_def(name: str, d, where: str) -> AttrSpec:
+    """An `attr_defs` entry, every field checked (no coercion: `"required": "false"` is a string)."""
+    at = f"{where}: attr_defs.{name}"
+    if not isinstance(d, dict):
+        raise OpTypeError(f"{at}: expected an object with a \"kind\", got {_json_word(d)}")
+    _known_keys(d, _ATTR_DEF_KEYS, at)
+    kind = d.get("kind")
+    if kind not in _SCHEMA_KINDS:
+        raise OpTypeError(f"{at}: \"kind\" must be one of {', '.join(_SCHEMA_KINDS)}, got {_json_word(kind)}")
+    required = d.get("required", False)
+    if not isinstance(required, bool):
+        raise OpTypeError(f"{at}: \"required\" must be true or false, got {_json_word(required)}")
+    kinds = d.get("scalar_kinds", [])
+    if not isinstance(kinds, list) or any(k not in _SCALAR_KINDS for k in kinds):
+        raise OpTypeError(f"{at}: \"scalar_kinds\" must be a list of {', '.join(_SCALAR_KINDS)}, got "
+                          f"{_json_word(kinds)}")
+    if kinds and kind != "scalar":
+        raise OpTypeError(f"{at}: \"scalar_kinds\" is for a scalar attribute, not a {kind} one")
+    default = d.get("default")
+    if default is not None and not _default_ok(_SCHEMA_KINDS[kind], default, kinds):
+        want = f"{' or '.join(kinds)} " if kinds else ""
+        raise OpTypeError(f"{at}: \"default\" {_json_word(default)} is not a {want}{kind} value")
+    if isinstance(default, list):
+        default = tuple(default)
+    return AttrSpec(name, _SCHEMA_KINDS[kind], default, required and default is None, None, tuple(kinds))
+
+
 def load_schema(path) -> dict[str, dict]:
     """The op entries of an OpenInfer `ops.json`-format file, by name, each with its file's
-    `attr_defs` and `dtype_sets` attached (`_attr_defs`, `_dtype_sets`, `_path`)."""
+    `attr_defs` and `dtype_sets` attached (`_attr_defs`, `_dtype_sets`, `_path`). The file's
+    shape is checked here: its keys, `attr_defs` and `dtype_sets`, one entry per name."""
     path = os.fspath(path)
     try:
         data = json.loads(open(path, encoding="utf-8").read())
     except FileNotFoundError:
         raise OpTypeError(f"op schema file not found: {path}") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise OpTypeError(f"{path}: cannot read the op schema: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
         raise OpTypeError(f"{path}: not an OpenInfer ops.json schema (expected an object with an \"ops\" list)")
-    out = {}
+    _known_keys(data, _FILE_KEYS, path)
+    attr_defs = data.get("attr_defs", {})
+    if not isinstance(attr_defs, dict):
+        raise OpTypeError(f"{path}: attr_defs: expected an object (attribute name -> definition), got "
+                          f"{_json_word(attr_defs)}")
+    for name, d in attr_defs.items():
+        _attr_def(name, d, path)
+    sets = data.get("dtype_sets", {})
+    if not isinstance(sets, dict):
+        raise OpTypeError(f"{path}: dtype_sets: expected an object (set name -> {{\"normal\": [...]}}), got "
+                          f"{_json_word(sets)}")
+    for name, d in sets.items():
+        _dtype_set_normal(name, d, path)
+    out: dict[str, dict] = {}
     for i, entry in enumerate(data["ops"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise OpTypeError(f"{path}: ops[{i}]: an op entry needs a \"name\"")
-        out[entry["name"]] = dict(entry, _attr_defs=data.get("attr_defs", {}), _dtype_sets=data.get("dtype_sets", {}),
-                                  _path=path, _index=i)
+        first = out.get(entry["name"])
+        if first is not None:
+            raise OpTypeError(f"{path}: ops[{i}]: op {entry['name']} is defined twice in the file: ops[{first['_index']}] "
+                              f"and ops[{i}]")
+        out[entry["name"]] = dict(entry, _attr_defs=attr_defs, _dtype_sets=sets, _path=path, _index=i)
     return out
+
+
+def _dtype_set_normal(name: str, d, where: str) -> list:
+    """A `dtype_sets` entry's `normal` list (the first input's dtypes), checked."""
+    at = f"{where}: dtype_sets.{name}"
+    if not isinstance(d, dict):
+        raise OpTypeError(f"{at}: expected an object with a \"normal\" list, got {_json_word(d)}")
+    _known_keys(d, _DTYPE_SET_KEYS, at)
+    normal = d.get("normal")
+    if not isinstance(normal, list) or not normal or not all(isinstance(x, str) for x in normal):
+        raise OpTypeError(f"{at}: \"normal\" must be a non-empty list of dtypes, got {_json_word(normal)}")
+    if not isinstance(d.get("accumulate", []), list):
+        raise OpTypeError(f"{at}: \"accumulate\" must be a list, got {_json_word(d['accumulate'])}")
+    return normal
 
 
 _SCHEMA_KINDS = {"dtype": "dtype", "scalar": "scalar", "int_list": "int_list", "string": "string"}
@@ -303,70 +428,121 @@ def from_schema(entry: dict, kernel: Callable, *, reference=None, samples=None, 
     """An op from an OpenInfer ops.json-format entry (SPEC §6: arity, attrs by `attr_defs` kind,
     broadcast/inplace allow|deny, `type_rule` same_as_input|fixed|acc_from_attr, the `normal`
     dtypes of the first input from `dtype_support_ref`) and its JAX kernel `fn(*inputs, **attrs)`."""
+    fields = schema_fields(entry, source)
+    rule, broadcast = fields.pop("type_rule"), fields.pop("broadcast")
+    op_def = make_op(kernel, reference=reference, samples=samples, op_set=op_set, **fields)
+    return dataclasses.replace(op_def, broadcast=broadcast, type_rule=MappingProxyType(dict(rule)))
+
+
+def schema_fields(entry: dict, source: str | None = None) -> dict:
+    """An ops.json-form entry, every key checked with its type (a wrong one is an error naming the
+    entry and the key; an unknown key is an error with a suggestion), as `make_op`'s keywords
+    (and `broadcast`, `type_rule`): what `from_schema` declares, checked before any kernel is loaded."""
     path = entry.get("_path", "<schema>")
     where = source or f"{path}: ops[{entry.get('_index', '?')}] ({entry.get('name', '?')})"
+    _known_keys({k: v for k, v in entry.items() if k not in _ATTACHED}, _ENTRY_KEYS, where)
 
-    def need(key, kinds):
+    def need(key, kinds, word):
         if key not in entry:
             raise OpTypeError(f"{where}: missing \"{key}\"")
         if not isinstance(entry[key], kinds):
-            raise OpTypeError(f"{where}: \"{key}\" must be {getattr(kinds, '__name__', kinds)}")
+            raise OpTypeError(f"{where}: \"{key}\" must be {word}, got {_json_word(entry[key])}")
         return entry[key]
 
-    name = need("name", str)
-    ins = need("inputs", dict)
-    if ins.get("arity") != "fixed" or not isinstance(ins.get("count"), int) or ins["count"] < 1:
-        raise OpTypeError(f"{where}: inputs must be {{\"arity\": \"fixed\", \"count\": N >= 1}}, got {ins}")
+    def choice(key, default, allowed):
+        value = entry.get(key, default)
+        if value not in allowed or not isinstance(value, str):
+            raise OpTypeError(f"{where}: \"{key}\" must be {' or '.join(json.dumps(a) for a in allowed)}, got "
+                              f"{_json_word(value)}")
+        return value
+
+    name = need("name", str, "a string")
+    for key in ("kind", "category"):
+        if key in entry and not isinstance(entry[key], str):
+            raise OpTypeError(f"{where}: \"{key}\" must be a string, got {_json_word(entry[key])}")
+    ins = need("inputs", dict, "an object {\"arity\": \"fixed\", \"count\": N}")
+    _known_keys(ins, _ARITY_KEYS, f"{where}: inputs")
+    if ins.get("arity") != "fixed":
+        raise OpTypeError(f"{where}: inputs.arity must be \"fixed\", got {_json_word(ins.get('arity'))}")
+    count = _whole(ins.get("count"), f"{where}: inputs.count", 1, MAX_INPUTS)
     outs = entry.get("outputs", {"arity": "fixed", "count": 1})
-    if outs != {"arity": "fixed", "count": 1} and outs.get("count") != 1:
-        raise OpTypeError(f"{where}: an op has exactly one output (outputs count {outs.get('count')})")
+    if not isinstance(outs, dict):
+        raise OpTypeError(f"{where}: \"outputs\" must be an object {{\"arity\": \"fixed\", \"count\": 1}}, "
+                          f"got {_json_word(outs)}")
+    _known_keys(outs, _ARITY_KEYS, f"{where}: outputs")
+    if outs.get("arity", "fixed") != "fixed" or outs.get("count", 1) != 1 or isinstance(outs.get("count"), bool):
+        raise OpTypeError(f"{where}: an op has exactly one output (outputs must be {{\"arity\": \"fixed\", "
+                          f"\"count\": 1}}, got arity {_json_word(outs.get('arity'))}, count "
+                          f"{_json_word(outs.get('count'))})")
     attr_defs = entry.get("_attr_defs", {})
+    if not isinstance(attr_defs, dict):
+        raise OpTypeError(f"{path}: attr_defs: expected an object, got {_json_word(attr_defs)}")
     attrs = {}
-    for a in need("attrs", list) if "attrs" in entry else []:
-        d = attr_defs.get(a)
-        if not isinstance(d, dict) or d.get("kind") not in _SCHEMA_KINDS:
-            raise OpTypeError(f"{where}: attribute {a} has no attr_defs entry with a kind "
-                              f"(dtype, scalar, int_list, string)")
-        attrs[a] = AttrSpec(a, _SCHEMA_KINDS[d["kind"]], d.get("default"), bool(d.get("required", False)),
-                            None, tuple(d.get("scalar_kinds", ())))
-    for flag in ("broadcast", "inplace"):
-        if entry.get(flag, "deny") not in ("allow", "deny"):
-            raise OpTypeError(f"{where}: \"{flag}\" must be \"allow\" or \"deny\"")
+    names = need("attrs", list, "a list of attribute names") if "attrs" in entry else []
+    for a in names:
+        if not isinstance(a, str):
+            raise OpTypeError(f"{where}: \"attrs\" must list attribute names, got {_json_word(a)}")
+        if a in attrs:
+            raise OpTypeError(f"{where}: \"attrs\" lists {a} twice")
+        if a not in attr_defs:
+            raise OpTypeError(f"{where}: attribute {a} has no attr_defs entry{suggest(a, attr_defs)} (add "
+                              f"\"attr_defs\": {{\"{a}\": {{\"kind\": ...}}}} with a kind: dtype, scalar, int_list, string)")
+        attrs[a] = _attr_def(a, attr_defs[a], path)
+    broadcast = choice("broadcast", "deny", ("allow", "deny"))
+    inplace = choice("inplace", "deny", ("allow", "deny"))
     if entry.get("accumulate", "deny") != "deny":
         raise OpTypeError(f"{where}: accumulate is not supported for added ops (use acc in the kernel)")
-    rule = need("type_rule", dict)
+    rule = need("type_rule", dict, "an object")
     kind = rule.get("kind")
+    if kind not in _TYPE_RULE_KEYS:
+        raise OpTypeError(f"{where}: type_rule kind {kind!r} (expected same_as_input, fixed or acc_from_attr)")
+    _known_keys(rule, _TYPE_RULE_KEYS[kind], f"{where}: type_rule ({kind})")
     if kind == "same_as_input":
         index = rule.get("index", 0)
-        if not isinstance(index, int) or not 0 <= index < ins["count"]:
-            raise OpTypeError(f"{where}: type_rule index {index!r} is not an input")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise OpTypeError(f"{where}: type_rule index {_json_word(index)} is not an input (0..{count - 1})")
         out_dtype = f"input:{index}"
     elif kind == "fixed":
-        if not D.is_dtype(str(rule.get("dtype"))):
-            raise OpTypeError(f"{where}: type_rule fixed dtype {rule.get('dtype')!r} is not a dtype")
-        out_dtype = rule["dtype"]
-    elif kind == "acc_from_attr":
-        if rule.get("attr") not in attrs:
-            raise OpTypeError(f"{where}: type_rule attr {rule.get('attr')!r} is not one of its attrs")
-        out_dtype = f"attr:{rule['attr']}"
+        dtype = rule.get("dtype")
+        if not isinstance(dtype, str) or not D.is_dtype(dtype):
+            raise OpTypeError(f"{where}: type_rule fixed dtype {_json_word(dtype)} is not a dtype"
+                              f"{suggest(dtype, D.DTYPES) if isinstance(dtype, str) else ''}")
+        out_dtype = dtype
     else:
-        raise OpTypeError(f"{where}: type_rule kind {kind!r} (expected same_as_input, fixed or acc_from_attr)")
+        if not isinstance(rule.get("attr"), str) or rule["attr"] not in attrs:
+            raise OpTypeError(f"{where}: type_rule attr {_json_word(rule.get('attr'))} is not one of its attrs")
+        if attrs[rule["attr"]].kind != "dtype":
+            raise OpTypeError(f"{where}: type_rule attr {rule['attr']} is not a dtype attribute")
+        out_dtype = f"attr:{rule['attr']}"
     ref = entry.get("dtype_support_ref")
     sets = entry.get("_dtype_sets", {})
+    if not isinstance(sets, dict):
+        raise OpTypeError(f"{path}: dtype_sets: expected an object, got {_json_word(sets)}")
     if ref is not None:
-        if ref not in sets or not isinstance(sets[ref].get("normal"), list):
-            raise OpTypeError(f"{where}: dtype_support_ref {ref!r} is not in dtype_sets (with a \"normal\" list)")
-        normal = sets[ref]["normal"]
+        if not isinstance(ref, str) or ref not in sets:
+            raise OpTypeError(f"{where}: dtype_support_ref {_json_word(ref)} is not in dtype_sets"
+                              f"{suggest(ref, sets) if isinstance(ref, str) else ''}")
+        if "dtypes" in entry:
+            raise OpTypeError(f"{where}: give \"dtype_support_ref\" or \"dtypes\", not both")
+        normal = _dtype_set_normal(ref, sets[ref], path)
     else:
         normal = entry.get("dtypes", "float")
-    input_names = [f"x{i}" for i in range(ins["count"])]
+        if not isinstance(normal, str) and not (isinstance(normal, list) and normal
+                                                and all(isinstance(x, str) for x in normal)):
+            raise OpTypeError(f"{where}: \"dtypes\" must be a dtype group or a list of dtypes, got "
+                              f"{_json_word(normal)}")
+    devices = entry.get("devices", {})
+    if not isinstance(devices, dict) or not all(isinstance(v, dict) for v in devices.values()):
+        raise OpTypeError(f"{where}: \"devices\" must be an object of objects (device -> its settings), got "
+                          f"{_json_word(devices)}")
+    if "jax" in devices:
+        _known_keys(devices["jax"], ("kernel",), f"{where}: devices.jax")
+    input_names = [f"x{i}" for i in range(count)]
     inputs = {input_names[0]: normal, **{n: "same" for n in input_names[1:]}}
-    elementwise = entry.get("broadcast", "deny") == "allow"
-    op_def = make_op(kernel, name, inputs=inputs, attrs=attrs, out_dtype=out_dtype,
-                     shape="broadcast" if elementwise else None, elementwise=False,
-                     inplace=entry.get("inplace", "deny") == "allow", reference=reference,
-                     samples=samples, category=str(entry.get("category", "user")), op_set=op_set, source=where)
-    return dataclasses.replace(op_def, broadcast=elementwise, type_rule=MappingProxyType(dict(rule)))
+    elementwise = broadcast == "allow"
+    return dict(name=name, inputs=inputs, attrs=attrs, out_dtype=out_dtype,
+                shape="broadcast" if elementwise else None, elementwise=False, inplace=inplace == "allow",
+                category=entry.get("category", "user"), source=where, broadcast=elementwise, type_rule=rule)
 
 
 del np

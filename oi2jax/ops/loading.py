@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..diagnostics import OiError, suggest
-from .define import from_schema, load_schema
+from .define import from_schema, load_schema, schema_fields
 from .errors import OpTypeError
 from .registry import OpDef, Registry, builtin_registry
 
@@ -172,7 +172,8 @@ def _schema_file_ops(path: str) -> list[OpDef]:
         out = []
         for name, entry in entries.items():
             where = f"{path}: ops[{entry['_index']}] ({name})"
-            jax_dev = (entry.get("devices") or {}).get("jax") if isinstance(entry.get("devices"), dict) else None
+            schema_fields(entry, where)  # the whole entry checked before its kernel's module is imported
+            jax_dev = entry.get("devices", {}).get("jax")
             if not isinstance(jax_dev, dict) or "kernel" not in jax_dev:
                 raise OpTypeError(f"{where}: no JAX kernel (add \"devices\": {{\"jax\": {{\"kernel\": "
                                   f"\"FILE.py:function\"}}}})")
