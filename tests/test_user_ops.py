@@ -423,3 +423,21 @@ def test_a_schema_default_and_required_flag_are_read_as_declared(tmp_path):
 
     reg = ops.load([_schema(tmp_path, edit2)])
     assert not reg["leaky_softplus"].attrs["slope"].required and reg["leaky_softplus"].attrs["slope"].default == 1
+
+
+@pytest.mark.parametrize("text,message", [
+    ("OPS = 5\n", "error: --ops {f}: OPS must be a list of ops (OpDefs or @oi2jax.ops.op functions), got int 5"),
+    ("OPS = [len]\n", "error: --ops {f}: OPS[0] is not an op (an OpDef or an @oi2jax.ops.op function), got "
+                      "builtin_function_or_method <built-in function len>"),
+    ("import sys\nsys.exit(3)\n", "error: {f}: the op file called sys.exit(3) while being imported (at {f}:2)"),
+    ("import sys\nsys.exit('bye')\n", "error: {f}: the op file called sys.exit('bye') while being imported "
+                                      "(at {f}:2)"),
+])
+def test_a_bad_op_file_is_an_error_never_an_exit(tmp_path, capsys, text, message):
+    """Probe (ops) 5 and 9: `OPS = 5` was an internal error; a file calling sys.exit() while being
+    imported ended the command silently with its code (3), or printed `bye` and exited 1."""
+    f = tmp_path / f"m{len(text)}.py"
+    f.write_text(text)
+    code, out, err = run_cli(capsys, "check", str(HERE.parent.parent / "examples" / "mlp_regression.oi"),
+                             "--ops", str(f))
+    assert code == 1 and err.strip() == message.format(f=f) and not out, (code, out, err)

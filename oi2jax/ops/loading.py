@@ -71,6 +71,8 @@ def _defs_of(spec) -> tuple[list[OpDef], str]:
     if ep is not None:
         try:
             target = ep.load()
+        except SystemExit as exc:
+            raise _exited(f"--ops {text}: entry point {ep.value}", exc) from None
         except Exception as exc:
             raise OiError(f"--ops {text}: loading entry point {ep.value} raised {type(exc).__name__}: {exc}") from None
         defs, _ = _defs_of(target) if not isinstance(target, (list, tuple)) else (
@@ -87,6 +89,8 @@ def _defs_of(spec) -> tuple[list[OpDef], str]:
         known = list(BUNDLED) + list(_entry_points())
         raise OiError(f"unknown op set {text}{suggest(text, known)} (expected a bundled set ({', '.join(BUNDLED)}), "
                       f"a .py or .json file, an installed {ENTRY_POINT_GROUP} entry point or a module name)") from None
+    except SystemExit as exc:
+        raise _exited(f"--ops {text}", exc) from None
     except Exception as exc:
         raise OiError(f"--ops {text}: importing it raised {type(exc).__name__}: {exc}") from None
     return module_ops(module), text
@@ -95,14 +99,27 @@ def _defs_of(spec) -> tuple[list[OpDef], str]:
 def module_ops(module: ModuleType) -> list[OpDef]:
     """The ops a module declares: its decorated functions (in definition order) and its `OPS` list."""
     out: list[OpDef] = []
-    for value in list(vars(module).values()) + list(getattr(module, "OPS", ()) or ()):
+    where = getattr(module, "__file__", None) or module.__name__
+    listed = getattr(module, "OPS", None)
+    if listed is not None and not isinstance(listed, (list, tuple)):
+        raise OiError(f"--ops {where}: OPS must be a list of ops (OpDefs or @oi2jax.ops.op functions), got "
+                      f"{type(listed).__name__} {_shown(listed)}")
+    for i, value in enumerate(listed or ()):
+        if not isinstance(value, OpDef) and not isinstance(getattr(value, "oi2jax_op", None), OpDef):
+            raise OiError(f"--ops {where}: OPS[{i}] is not an op (an OpDef or an @oi2jax.ops.op function), got "
+                          f"{type(value).__name__} {_shown(value)}")
+    for value in list(vars(module).values()) + list(listed or ()):
         d = value if isinstance(value, OpDef) else getattr(value, "oi2jax_op", None)
         if isinstance(d, OpDef) and not any(d is s for s in out):  # each declaration once
             out.append(d)
     if not out:
-        raise OiError(f"--ops {getattr(module, '__file__', None) or module.__name__}: declares no op "
-                      f"(decorate kernels with @oi2jax.ops.op)")
+        raise OiError(f"--ops {where}: declares no op (decorate kernels with @oi2jax.ops.op)")
     return out
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:32] + "..."
 
 
 @functools.lru_cache(maxsize=64)
@@ -122,19 +139,31 @@ def _import_cached(path: str, stamp: tuple) -> ModuleType:
     except OpTypeError as exc:
         sys.modules.pop(name, None)
         raise OiError(exc.message) from None
+    except SystemExit as exc:  # a script's exit: an error of the file, never the command's silent end
+        sys.modules.pop(name, None)
+        raise OiError(f"{path}: the op file called sys.exit({exc.code!r}) while being imported (at "
+                      f"{_raised_at(exc, path)})") from None
     except BaseException as exc:
         sys.modules.pop(name, None)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if isinstance(exc, KeyboardInterrupt):
             raise
-        tb = exc.__traceback__
-        line = None
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == path:
-                line = tb.tb_lineno
-            tb = tb.tb_next
-        at = f"{path}:{line}" if line else path
-        raise OiError(f"--ops {path}: importing it raised {type(exc).__name__}: {exc} (at {at})") from None
+        raise OiError(f"--ops {path}: importing it raised {type(exc).__name__}: {exc} (at "
+                      f"{_raised_at(exc, path)})") from None
     return module
+
+
+def _raised_at(exc: BaseException, path: str) -> str:
+    """`path:LINE` of the innermost frame of `path` the exception passed through (else `path`)."""
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == path:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"{path}:{line}" if line else path
+
+
+def _exited(what: str, exc: SystemExit) -> OiError:
+    return OiError(f"{what}: the op module called sys.exit({exc.code!r}) while being imported")
 
 
 def _import_file(path: str) -> ModuleType:
@@ -158,6 +187,8 @@ def _resolve_kernel(ref: str, schema_path: str, where: str):
     else:
         try:
             module = importlib.import_module(target)
+        except SystemExit as exc:
+            raise _exited(f"{where}: kernel module {target}", exc) from None
         except Exception as exc:
             raise OpTypeError(f"{where}: kernel module {target}: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, fn_name, None)
