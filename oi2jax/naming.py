@@ -1,12 +1,21 @@
 """The graph's names that the checker and the binder both match, defined once below both: the
 size names a graph may use (`unknown_sizes`: a typo such as `b=8` for `B`) and the model names of
-a prefix table's members (`pattern_regex`: the checker's canonical-index rule and `bind`'s lookup)."""
+a prefix table's members (`pattern_regex`: the checker's canonical-index rule and `bind`'s lookup),
+and the words that are never names (`RUST_KEYWORDS`: the parser's and the op registry's rule)."""
 from __future__ import annotations
 
 import re
 
 from . import ir
 from .diagnostics import suggest
+
+# Rust keywords (strict + reserved): never identifiers (SPEC §1.2); `_` is not one either. One
+# definition: the parser refuses them as names (grammar/build.py), the op registry as op names.
+RUST_KEYWORDS = frozenset("""
+as break const continue crate else enum extern false fn for if impl in let loop match mod move mut pub
+ref return self Self static struct super trait true type unsafe use where while async await dyn
+abstract become box do final macro override priv typeof unsized virtual yield try _
+""".split())
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")  # `{l}` in a prefix table's @pattern
 

@@ -441,3 +441,32 @@ def test_a_bad_op_file_is_an_error_never_an_exit(tmp_path, capsys, text, message
     code, out, err = run_cli(capsys, "check", str(HERE.parent.parent / "examples" / "mlp_regression.oi"),
                              "--ops", str(f))
     assert code == 1 and err.strip() == message.format(f=f) and not out, (code, out, err)
+
+
+@pytest.mark.parametrize("decl,message", [
+    ("@op(inputs={'x': 'float'}, attrs={'k': Attr('int', default=1.5)})\ndef myop(x, *, k):\n    return x\n",
+     "attribute k: default 1.5 is not an int value"),
+    ("@op(inputs={'x': 'float'}, attrs={'k': Attr('bool', default=0)})\ndef myop(x, *, k):\n    return x\n",
+     "attribute k: default 0 is not a bool value"),
+    ("@op(inputs={'x': 'float'}, attrs={'k': Attr('dtype', default='f33')})\ndef myop(x, *, k):\n    return x\n",
+     "attribute k: default 'f33' is not a dtype value"),
+    ("@op(name='match', inputs={'x': 'float'})\ndef myop(x):\n    return x\n",
+     "op name 'match' is a reserved word and cannot be used as a name"),
+    ("@op(name='_', inputs={'x': 'float'})\ndef myop(x):\n    return x\n",
+     "op name '_' is a reserved word and cannot be used as a name"),
+])
+def test_declarations_that_cannot_be_right_are_refused(tmp_path, decl, message):
+    """Probe (ops) 10: a default of another kind than its attribute's reached the kernel (1.5 as an
+    "int"); an op named by a Rust keyword or `_` loaded, though no graph may use the word as a name."""
+    f = _op_file(tmp_path, f"d{abs(hash(decl))}.py", decl)
+    with pytest.raises(OiError) as e:
+        ops.load([f])
+    assert str(e.value).startswith(f"error: {f}:4: {message}"), str(e.value)
+
+
+def test_an_op_name_that_is_a_keyword_is_refused_by_the_parser():
+    """The graph side of probe (ops) 10: `op match(x)` is refused as `volatile { match: ... }` is."""
+    with pytest.raises(OiError) as e:
+        parse("dynamic { x: f32[4]; }\nvolatile { y: f32[4]; }\nblock entry {\n    op match(x) >> y;\n"
+              "    return;\n}\n")
+    assert "<string>:4:8: error: 'match' is a reserved word and cannot be used as a name" in e.value.render()

@@ -11,6 +11,7 @@ import numpy as np
 from lark import Token, Transformer, v_args
 
 from .. import dtypes, ir
+from ..naming import RUST_KEYWORDS
 from ..diagnostics import OiError
 
 # Rust integer suffixes and the range of each type (SPEC-2026-03 §1.3; f32/f64 after decimal
@@ -24,12 +25,6 @@ INT_SUFFIX_RANGES = {
 SUFFIX_DTYPES = tuple(s for s in INT_SUFFIX_RANGES if dtypes.is_dtype(s))
 _FLOAT_RE = re.compile(r"([0-9][0-9_]*(?:\.(?:[0-9][0-9_]*)?)?(?:[eE][+-]?_*[0-9][0-9_]*)?)")
 
-# Rust keywords (strict + reserved): never identifiers (SPEC §1.2); `_` is not one either.
-RUST_KEYWORDS = frozenset("""
-as break const continue crate else enum extern false fn for if impl in let loop match mod move mut pub
-ref return self Self static struct super trait true type unsafe use where while async await dyn
-abstract become box do final macro override priv typeof unsized virtual yield try _
-""".split())
 
 
 def _is(x, *types) -> bool:
@@ -414,7 +409,7 @@ class Builder(Transformer):
                     raise self.err(f"duplicate setting: {arg.name}", arg.span)
                 seen[arg.name] = arg
                 attrs.append(arg)
-        return ir.Op(index=self.next_index(), span=self.span(meta), op=str(op_tok), inputs=tuple(inputs),
+        return ir.Op(index=self.next_index(), span=self.span(meta), op=self.name(op_tok), inputs=tuple(inputs),
                      attrs=tuple(attrs), output=self.name(out_tok), output_span=self.tspan(out_tok))
 
     def cache_read(self, meta, children):

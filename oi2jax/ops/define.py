@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import dtypes as D
 from ..diagnostics import suggest
+from ..naming import RUST_KEYWORDS
 from .dispatch import raised
 from .errors import OpTypeError
 from .shapes import broadcast_shapes
@@ -70,6 +71,11 @@ def _attr_from(name: str, value, where: str) -> AttrSpec:
     if a.kind not in ATTR_KINDS:
         raise OpTypeError(f"{where}: attribute {name}: unknown kind {a.kind!r} (expected one of "
                           f"{', '.join(ATTR_KINDS)})")
+    if a.default is not None and not _default_ok(a.kind, a.default):
+        raise OpTypeError(f"{where}: attribute {name}: default {a.default!r} is not a{'n' if a.kind[0] in 'aeiou' else ''} "
+                          f"{a.kind} value")
+    if a.kind == "int_list" and isinstance(a.default, list):
+        a = dataclasses.replace(a, default=tuple(a.default))
     return AttrSpec(name, a.kind, a.default, a.required and a.default is None, None, (), a.doc, a.static,
                     a.rows)
 
@@ -222,8 +228,11 @@ def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None,
             doc: str | None = None, op_set: str = "user", source: str | None = None, quantized=()) -> OpDef:
     name = name or fn.__name__
     where = source or _source_of(fn)
-    if not name or name[0].isdigit() or any(c not in _NAME_OK for c in name):
+    if not isinstance(name, str) or not name or name[0].isdigit() or any(c not in _NAME_OK for c in name):
         raise OpTypeError(f"{where}: op name {name!r} is not a DSL identifier (lower-case letters, digits, _)")
+    if name in RUST_KEYWORDS:
+        raise OpTypeError(f"{where}: op name {name!r} is a reserved word and cannot be used as a name (SPEC §1: "
+                          f"Rust keywords and a lone _ are not names)")
     attr_specs = {k: _attr_from(k, v, where) for k, v in (attrs or {}).items()}
     inputs_t = _inputs_from(inputs, where)
     dtype_rule = _out_dtype_rule(out_dtype, attr_specs, inputs_t, name, where)
