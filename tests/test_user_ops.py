@@ -470,3 +470,31 @@ def test_an_op_name_that_is_a_keyword_is_refused_by_the_parser():
         parse("dynamic { x: f32[4]; }\nvolatile { y: f32[4]; }\nblock entry {\n    op match(x) >> y;\n"
               "    return;\n}\n")
     assert "<string>:4:8: error: 'match' is a reserved word and cannot be used as a name" in e.value.render()
+
+
+def test_the_interpreter_jits_a_reference_less_kernel(tmp_path):
+    """Probe (ops) 7: the interpreter ran a kernel without a NumPy reference eagerly, op by op: a
+    kernel branching in Python on its input ran (the compiled program refuses it), and a pure
+    kernel's values differed from the compiled op's (1171 of 16448 elements for this one). Now it
+    is jitted, one function per declaration and static settings: the same error, the same bits."""
+    f = _op_file(tmp_path, "k.py", "@op(inputs={'x': 'float'}, shape='same')\ndef branchy(x):\n"
+                                   "    if x[0, 0] > 0:\n        return x\n    return -x\n\n"
+                                   "@op(inputs={'x': 'float'}, shape='same')\ndef pure(x):\n"
+                                   "    return jnp.log1p(jnp.exp(x)) * 0.1 + x / 3.0\n")
+    src = "dynamic {{ x: f32[64, 257]; }}\nvolatile {{ y: f32[64, 257]; }}\nblock entry {{\n    op {}(x) >> y;\n" \
+          "    return;\n}}\n"
+    x = np.random.default_rng(0).normal(size=(64, 257)).astype(np.float32) * 5
+    errors, values = {}, {}
+    for mode in ("compiled", "interpret"):
+        with pytest.raises(OiError) as e:
+            oi2jax.compile(src.format("branchy"), ops=[f], mode=mode).run({"x": x})
+        errors[mode] = e.value.diagnostics[0].message.replace(" (in step 1)", "")
+        values[mode] = oi2jax.compile(src.format("pure"), ops=[f], mode=mode).run({"x": x})["y"]
+    assert errors["compiled"] == errors["interpret"], errors
+    assert errors["compiled"].startswith(f"op branchy (defined in {f}:4): its kernel raised "
+                                         f"TracerBoolConversionError: ") and f"(at {f}:6, in branchy)" in errors["compiled"]
+    np.testing.assert_array_equal(values["compiled"], values["interpret"])
+    from oi2jax import interpret
+    fns = {id(v[1]) for k, v in interpret._KERNELS.items() if v[0].name == "pure"}
+    oi2jax.compile(src.format("pure"), ops=[f], mode="interpret").run({"x": x + 1})
+    assert {id(v[1]) for k, v in interpret._KERNELS.items() if v[0].name == "pure"} == fns  # cached
