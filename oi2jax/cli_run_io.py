@@ -119,7 +119,7 @@ def write_outputs(args, outputs, main, partial: int | None = None, collected=(),
             print(f"note: wrote {args.out}: {failed_run_contents(partial, collected, interpreted)}", file=sys.stderr)
     if args.quiet:
         return
-    failed = partial is not None and not interpreted
+    failed = partial is not None  # compiled or interpreted: the failing step's values are not results
     show = [n.strip() for item in args.show or [] for n in item.split(",") if n.strip()]
     if show and show != ["all"]:
         unknown = [n for n in show if n not in outputs]
@@ -139,12 +139,13 @@ def write_outputs(args, outputs, main, partial: int | None = None, collected=(),
         print(np.array2string(value, threshold=64, edgeitems=3, precision=5))
     hidden = [n for n in outputs if n not in names]
     own = [n for n in outputs if n not in collected]  # the failing step's values
+    # compiled: as the failing step left them (it ran on); interpreted: as before it (stopped at the node)
+    held = f"as they were before the failing step {partial} (the interpreter stops at the failing node)" \
+        if interpreted else f"as the failing step {partial} left them ({RAN_ON})"
     if failed and show and any(n in own for n in names):
-        print(f"note: shown as the failing step {partial} left them ({RAN_ON}): "
-              f"{', '.join(n for n in names if n in own)}", file=sys.stderr)
+        print(f"note: shown {held}: {', '.join(n for n in names if n in own)}", file=sys.stderr)
     elif failed and hidden:
-        print(f"note: not shown: {', '.join(hidden)}, as the failing step {partial} left them ({RAN_ON}; "
-              f"--show NAME,... to see them)", file=sys.stderr)
+        print(f"note: not shown: {', '.join(hidden)}, {held}; --show NAME,... to see them", file=sys.stderr)
     elif hidden:
         print(f"(not shown: {', '.join(hidden)}; --show all or --show NAME,...)")
 

@@ -498,3 +498,19 @@ def test_the_interpreter_jits_a_reference_less_kernel(tmp_path):
     fns = {id(v[1]) for k, v in interpret._KERNELS.items() if v[0].name == "pure"}
     oi2jax.compile(src.format("pure"), ops=[f], mode="interpret").run({"x": x + 1})
     assert {id(v[1]) for k, v in interpret._KERNELS.items() if v[0].name == "pure"} == fns  # cached
+
+
+@pytest.mark.parametrize("interpret", [[], ["--interpret"]])
+def test_a_failing_step_prints_no_uncomputed_values_in_either_mode(tmp_path, capsys, interpret):
+    """Probe (ops) 8: `--interpret` printed `e: [[0. 0.] [0. 0.]]` (never computed) before the
+    failing step's error; a compiled run prints no value of the failing step, and neither does
+    the interpreter now."""
+    g = tmp_path / "emb.oi"
+    g.write_text("dynamic { t: f32[4, 2]; ids: i32[2]; }\nvolatile { e: f32[2, 2]; }\nblock entry {\n"
+                 "    op embedding(t, ids) >> e;\n    return;\n}\n")
+    np.save(tmp_path / "t.npy", np.ones((4, 2), np.float32))
+    np.save(tmp_path / "ids.npy", np.array([1, 9], np.int32))
+    code, out, err = run_cli(capsys, "run", str(g), "--no-model", "--ops", "nn", "--input", f"t={tmp_path / 't.npy'}",
+                             "--input", f"ids={tmp_path / 'ids.npy'}", *interpret)
+    assert code == 1 and out == "", out
+    assert f"{g}:4:5: error: embedding: id 9 is outside 0..3 (in step 1)" in err and "note: not shown: t, ids, e, " in err
