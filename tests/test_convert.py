@@ -215,6 +215,50 @@ def test_rope_config_variants_that_mean_the_default():
     assert (cfg.sizevars["KVH"], cfg.sizevars["HD"], cfg.tied) == (4, 8, False)
 
 
+@pytest.mark.parametrize("params,scaling,factor", [
+    (None, {"type": "linear", "factor": 4.0}, 4.0),  # the older form alone
+    ({"rope_theta": 1e4, "rope_type": "linear", "factor": 4.0}, {"type": "linear", "factor": 4.0}, 4.0),
+    ({"rope_theta": 1e4, "rope_type": "linear"}, {"type": "linear", "factor": 2.0}, 2.0),  # its factor joins
+    ({"rope_theta": 1e4, "type": "linear", "factor": 8.0}, None, 8.0),
+])
+def test_a_legacy_rope_scaling_type_is_read_as_rope_type(params, scaling, factor):
+    """`rope_scaling: {"type": ...}` (older transformers; LlamaFactory still writes it) is the
+    rope type, beside rope_parameters too: a linear scaling divides the default frequencies by
+    its factor (it was converted as the default rope, without a word, beside rope_parameters)."""
+    config = ex.llama_config(**SIZES)
+    del config["rope_parameters"]
+    if params is None:
+        config["rope_theta"] = 1e4
+    else:
+        config["rope_parameters"] = params
+    if scaling is not None:
+        config["rope_scaling"] = scaling
+    got = read_config(config).constants["rope.inv_freq"]
+    np.testing.assert_array_equal(got, INV_FREQ / np.float32(factor))
+
+
+@pytest.mark.parametrize("scaling", [{"type": "linear", "factor": 4.0}, {"type": "yarn", "factor": 2.0},
+                                     {"rope_type": "linear", "factor": 4.0}, {"factor": 4.0, "type": "default",
+                                                                                "rope_theta": 5e5}])
+def test_a_rope_scaling_that_disagrees_with_rope_parameters_is_refused(tmp_path, scaling):
+    """rope_parameters says the default rope; a rope_scaling of another type (either spelling),
+    or of another value of a key both hold, is two answers: refused, never converted as one."""
+    params = {"rope_theta": 10000.0, "rope_type": "default"}
+    d = _custom(tmp_path, _set(rope_parameters=params, rope_scaling=scaling))
+    with pytest.raises(OiError) as e:
+        convert_hf(d, tmp_path / "m.oinf")
+    assert _msg(e) == (f"{d / 'config.json'}: rope_scaling {scaling!r} disagrees with rope_parameters {params!r}: "
+                       f"which one?")
+
+
+def test_a_rope_scaling_naming_type_and_rope_type_differently_is_refused():
+    config = dict(ex.llama_config(**SIZES), rope_parameters=None, rope_theta=1e4,
+                  rope_scaling={"type": "linear", "rope_type": "llama3", "factor": 2.0})
+    with pytest.raises(OiError) as e:
+        read_config(config)
+    assert _msg(e) == "config.json: rope_scaling.rope_type is 'llama3' but rope_scaling.type is 'linear': which one?"
+
+
 def _set(**changes):
     def edit(config):
         for key, value in changes.items():

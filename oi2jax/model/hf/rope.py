@@ -19,27 +19,41 @@ DEFAULT_ROPE_THETA = 10000.0  # transformers' default when a config names none
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
+def _rope_type(cfg: ConfigReader, params: dict, key: str) -> dict:
+    """`params` with an older file's `type` read as `rope_type` (transformers' standardization); a
+    dict that names both, differently, is an error (no way to tell which one is meant)."""
+    out = dict(params)
+    if "type" in out:
+        legacy = out.pop("type")
+        if "rope_type" in out and out["rope_type"] != legacy:
+            cfg.fail(f"{key}.rope_type is {out['rope_type']!r} but {key}.type is {legacy!r}: which one?")
+        out.setdefault("rope_type", legacy)
+    return out
+
+
 def _params(cfg: ConfigReader) -> tuple[dict, str]:
     """The rope settings as one dict ({rope_type, rope_theta, factor, ...}) and the key they came
-    from, whichever form the config uses."""
+    from, whichever form the config uses. `rope_scaling` beside `rope_parameters` must agree with
+    it: the same rope type (`type` or `rope_type`; `default` where one names none) and the same
+    value of every key both hold; its keys that rope_parameters lacks (a `factor` of the same
+    type) join them."""
     c = cfg.config
     params = c.get("rope_parameters")
     if params is not None:
         if not isinstance(params, dict):
             cfg.fail(f"rope_parameters must be an object, got {params!r}")
-        out, key = dict(params), "rope_parameters"
+        out, key = _rope_type(cfg, params, "rope_parameters"), "rope_parameters"
     else:
         out, key = {}, "rope_scaling"
     scaling = c.get("rope_scaling")
     if scaling is not None:
         if not isinstance(scaling, dict):
             cfg.fail(f"rope_scaling must be an object or null, got {scaling!r}")
-        if params is not None and any(out.get(k, v) != v for k, v in scaling.items() if k != "type"):
+        scaled = _rope_type(cfg, scaling, "rope_scaling")
+        if params is not None and (scaled.get("rope_type", "default") != out.get("rope_type", "default") or
+                                   any(out.get(k, v) != v for k, v in scaled.items())):
             cfg.fail(f"rope_scaling {scaling!r} disagrees with rope_parameters {params!r}: which one?")
-        out = {**scaling, **out}
-        key = "rope_parameters" if params is not None else "rope_scaling"
-    if "type" in out and "rope_type" not in out:  # older files name it `type`
-        out["rope_type"] = out.pop("type")
+        out = {**scaled, **out}
     top = c.get("rope_theta")
     if top is not None:
         top = number(cfg.where, top, "rope_theta")
