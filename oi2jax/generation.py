@@ -269,7 +269,8 @@ class Generator:
         return PromptResult(sess, int(np.asarray(out["next"])[0]), np.asarray(out["logits"]))
 
     def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
-        """The token ids of a text prompt (`chat`: rendered with the model's chat template first)."""
+        """The token ids of a text prompt (`chat`: rendered with the model's chat template, then encoded
+        with no special tokens added, as transformers' apply_chat_template: the template decides BOS/EOS)."""
         if self.tokenizer is None:
             raise OiError(f"{self.model_path}: the model file holds no tokenizer: give a tokenizer.json "
                           f"(--tokenizer) or the prompt's token ids (--prompt-ids)")
@@ -283,7 +284,7 @@ class Generator:
                                  bos_token=self._token_text(self.bos_id), eos_token=self._token_text(self.eos_id))
         elif system is not None:
             raise OiError("--system needs --chat (a system message is part of a chat template)")
-        return encode_prompt(self.tokenizer, prompt, self.bos_id)
+        return encode_prompt(self.tokenizer, prompt, self.bos_id, chat=chat)
 
     def _token_text(self, token_id) -> str:
         if token_id is None or self.tokenizer is None:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from oi2jax.diagnostics import OiError
 from oi2jax.generation import Generator
@@ -182,6 +182,20 @@ def test_chat_renders_the_template_and_sampling_is_reproducible(model, gen):
     b = gen.generate("hi", chat=True, max_tokens=12, temperature=1.0, top_k=20, seed=1, ignore_eos=True)
     c = gen.generate("hi", chat=True, max_tokens=12, temperature=1.0, top_k=20, seed=2, ignore_eos=True)
     assert a.ids == b.ids and a.ids != c.ids
+
+
+def test_a_chat_prompt_gets_no_special_tokens_the_template_did_not_write(model, gen, monkeypatch):
+    """The model's tokenizer adds a BOS and an EOS around a text (a post-processor; a GGUF with
+    add_bos_token / add_eos_token builds one): a chat prompt is the template's text alone (no EOS
+    after `assistant\\n`, no BOS the template never wrote), a plain prompt keeps them."""
+    tok = Tokenizer.from_str(model["tok"].to_str())
+    bos, eos = model["vocab"]["<|endoftext|>"], model["vocab"]["<|im_end|>"]
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A <|im_end|>",
+                                                       special_tokens=[("<|endoftext|>", bos), ("<|im_end|>", eos)])
+    monkeypatch.setattr(gen, "tokenizer", tok)
+    text = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
+    assert gen.prompt_ids("hi there", chat=True) == model["tok"].encode(text).ids
+    assert gen.prompt_ids("hi there") == [bos, *model["tok"].encode("hi there").ids, eos]
 
 
 def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):

@@ -186,6 +186,23 @@ def test_never_a_second_bos(bpe):
     assert encode_prompt(tok, "hi", bos) == tok.encode("hi").ids  # a text without one gets the tokenizer's
 
 
+def test_a_rendered_chat_is_encoded_without_the_post_processors_tokens(bpe):
+    """A chat is encoded as transformers' apply_chat_template(tokenize=True) does: with
+    add_special_tokens=False, the template alone deciding BOS and EOS. A post-processor that adds
+    an EOS (a GGUF's add_eos_token) put one after the generation prompt, before the model wrote
+    anything; one that adds a BOS put one before a template that writes none."""
+    tok = Tokenizer.from_str(bpe.to_str())
+    bos, eos = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A <|im_end|>",
+                                                       special_tokens=[("<|endoftext|>", bos), ("<|im_end|>", eos)])
+    text = render_chat(CHATML, [{"role": "user", "content": "hi"}], add_generation_prompt=True)  # no bos_token
+    assert text == "<|im_start|>user\nhi<|im_end|>\n  <|im_start|>assistant\n"
+    plain = Tokenizer.from_str(bpe.to_str())  # the same model without a post-processor
+    ids = encode_prompt(tok, text, bos, chat=True)
+    assert ids == plain.encode(text).ids and ids[0] == tok.token_to_id("<|im_start|>") and ids[-1] != eos
+    assert encode_prompt(tok, "hi", bos) == [bos, *plain.encode("hi").ids, eos]  # a plain prompt: as before
+
+
 GPT2 = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"}
 
 

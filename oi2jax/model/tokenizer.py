@@ -14,7 +14,7 @@ Both converters store, as metadata entries (keys `META`):
 Every entry is optional: a model file without them runs with `oi2jax run` all the same.
 
 The chat template is rendered by `chat_template.render_chat`; `encode_prompt` never adds a second
-BOS.
+BOS, and adds no special token to a rendered chat (the template decides them).
 """
 from __future__ import annotations
 
@@ -298,10 +298,13 @@ def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
                     eos if isinstance(eos, int) else None, list(dict.fromkeys(stop))), notes
 
 
-def encode_prompt(tokenizer, text: str, bos_id: int | None) -> list[int]:
-    """Token ids of a rendered prompt (`tokenizer`: a `tokenizers.Tokenizer`): the tokenizer's own
-    special tokens as its post-processor adds them, but never a second BOS when the text (a chat
-    template's output) already begins with one."""
+def encode_prompt(tokenizer, text: str, bos_id: int | None, *, chat: bool = False) -> list[int]:
+    """Token ids of a prompt (`tokenizer`: a `tokenizers.Tokenizer`). A plain text: the tokenizer's
+    own special tokens as its post-processor adds them, but never a second BOS when the text already
+    begins with one. A rendered chat (`chat`): the text alone, no special tokens added (the template
+    decides BOS and EOS), as transformers' `apply_chat_template(tokenize=True)` encodes it."""
+    if chat:
+        return tokenizer.encode(text, add_special_tokens=False).ids
     ids = tokenizer.encode(text).ids
     if bos_id is not None and len(ids) >= 2 and ids[0] == bos_id and ids[1] == bos_id:
         ids = ids[1:]
