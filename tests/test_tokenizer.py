@@ -230,6 +230,48 @@ def test_unsupported_gguf_tokenizers_are_named(fields, message):
             gguf_tokenizer_metadata(fields, "f.gguf")
 
 
+@pytest.mark.parametrize("key,value,message", [
+    ("tokenizer.ggml.eos_token_id", "2", "expected a token id (a whole number >= 0), got '2' (a string)"),
+    ("tokenizer.ggml.eos_token_id", 2.0, "expected a token id (a whole number >= 0), got 2.0 (a number with a "
+                                         "fraction)"),
+    ("tokenizer.ggml.bos_token_id", True, "expected a token id (a whole number >= 0), got True (a boolean)"),
+    ("tokenizer.ggml.eot_token_id", -1, "expected a token id (a whole number >= 0), got -1"),
+    ("tokenizer.ggml.add_bos_token", "false", "expected true or false, got 'false' (a string)"),
+    ("tokenizer.ggml.add_eos_token", 1, "expected true or false, got 1 (int)"),
+    ("tokenizer.ggml.add_space_prefix", "no", "expected true or false, got 'no' (a string)"),
+    ("tokenizer.chat_template", 7, "expected the template's text (a string), got 7 (int)"),
+])
+def test_wrong_typed_gguf_tokenizer_entries_are_errors_naming_the_key(key, value, message):
+    """An EOS id stored as a string or a float was dropped (no stop id: generate ran to its token
+    budget), `add_bos_token: "false"` read as true (a BOS added), a chat template of another type
+    stored as it was (`generate --chat`: 'no chat template'): each now an error naming file and key."""
+    fields = {**GPT2, "tokenizer.ggml.tokens": ["a", "b", "c"], "tokenizer.ggml.merges": [],
+              "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2, key: value}
+    for read in (gguf_tokenizer_metadata, gguf_tokenizer_json):
+        with pytest.raises(OiError) as e:
+            read(fields, "f.gguf")
+        assert str(e.value) == f"error: f.gguf: metadata {key}: {message}"
+    valid = {"tokenizer.chat_template": "x"}.get(key, False if ".add_" in key else 1)  # the same entry, well typed
+    entries = gguf_tokenizer_metadata({**fields, key: valid}, "f.gguf")[0]
+    assert int(entries[META["eos"]]) == (1 if key.endswith("eos_token_id") else 2)
+    assert entries[META["stop"]].tolist() == [int(entries[META["eos"]])] + ([1] if key.endswith("eot_token_id") else [])
+    assert Tokenizer.from_str(entries[META["tokenizer"]]).encode("ab").ids == [0, 1]  # no BOS added
+
+
+def test_a_gguf_with_a_string_eos_id_is_refused_by_convert_gguf(tmp_path, capsys):
+    def kv(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt2")
+        w.add_token_list(["a", "b", "c"])
+        w.add_token_merges([])
+        w.add_string("tokenizer.ggml.eos_token_id", "2")
+    _, path, _ = _twin(tmp_path, "F32", SMALL, kv=kv)
+    code, out, err = run_cli(capsys, "convert-gguf", path, "-o", tmp_path / "m.oinf")
+    assert (code, out, err) == (1, "", f"error: {path}: metadata tokenizer.ggml.eos_token_id: expected a token id "
+                                       f"(a whole number >= 0), got '2' (a string)\n")
+    assert not (tmp_path / "m.oinf").exists()
+
+
 def test_add_bos_and_eos_token_become_the_post_processor(bpe):
     vocab = bpe.get_vocab(with_added_tokens=True)
     tokens = sorted(vocab, key=vocab.get)

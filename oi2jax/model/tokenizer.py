@@ -27,7 +27,7 @@ import numpy as np
 from ..diagnostics import OiError
 
 __all__ = ["META", "config_token_ids", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
-           "gguf_tokenizer_unsupported", "encode_prompt", "describe"]
+           "gguf_tokenizer_unsupported", "check_gguf_tokenizer_fields", "encode_prompt", "describe"]
 
 META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template", "bos": "tokenizer.bos_id",
         "eos": "tokenizer.eos_id", "stop": "tokenizer.stop_ids", "graph": "example_graph"}
@@ -169,6 +169,33 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     return {**_entries(text, template, None, None, []), **ids}
 
 
+def _kind(value) -> str:
+    return {str: "a string", bool: "a boolean", float: "a number with a fraction", list: "an array"}.get(
+        type(value), type(value).__name__)
+
+
+def check_gguf_tokenizer_fields(fields: dict, where: str) -> None:
+    """The types of a GGUF's tokenizer entries, as llama.cpp writes them: every
+    `tokenizer.ggml.*_token_id` a whole number >= 0 (a u32), every `tokenizer.ggml.add_*` a
+    boolean, `tokenizer.chat_template` (and its named `tokenizer.chat_template.NAME`) a string.
+    Another type -- an id stored as a string or a float, a flag as the string "false" -- is an
+    error naming the file and key, never dropped or misread."""
+    for key, value in fields.items():
+        if value is None:  # (a dict built by hand: absent)
+            continue
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            whole = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            if not whole or not 0 <= value < 2**31:
+                raise OiError(f"{where}: metadata {key}: expected a token id (a whole number >= 0), got {value!r}"
+                              + ("" if whole else f" ({_kind(value)})"))
+        elif key.startswith("tokenizer.ggml.add_") and not isinstance(value, (bool, np.bool_)):
+            raise OiError(f"{where}: metadata {key}: expected true or false, got {value!r} ({_kind(value)})")
+        elif (key == "tokenizer.chat_template" or key.startswith("tokenizer.chat_template.")) and \
+                not isinstance(value, str):
+            raise OiError(f"{where}: metadata {key}: expected the template's text (a string), got {value!r:.60} "
+                          f"({_kind(value)})")
+
+
 def gguf_tokenizer_unsupported(fields: dict) -> str | None:
     """Why a GGUF's tokenizer cannot be rebuilt (its model or pre-tokenizer), or None."""
     model = fields.get("tokenizer.ggml.model")
@@ -231,8 +258,11 @@ def _sentencepiece_bpe(fields: dict, where: str, tokens: list[str]):
         merges += sorted(local, key=lambda m: (score[m[0]], score[m[1]]), reverse=True)
     merges.sort(key=lambda m: m[2], reverse=True)
     unk = fields.get("tokenizer.ggml.unknown_token_id")
+    if unk is not None and not 0 <= unk < len(tokens):
+        raise OiError(f"{where}: metadata tokenizer.ggml.unknown_token_id {unk} is not a token of the vocabulary "
+                      f"(0..{len(tokens) - 1})")
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[(a, b) for a, b, _ in merges],
-                               unk_token=tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None,
+                               unk_token=None if unk is None else tokens[unk],
                                fuse_unk=True, byte_fallback=True))
     prefix = fields.get("tokenizer.ggml.add_space_prefix", True)
     replace = normalizers.Replace(" ", "\u2581")
@@ -249,6 +279,7 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
     """tokenizer.json text from a GGUF's `tokenizer.ggml.*` entries (`GGUF_TOKENIZER_MODELS`)."""
     from tokenizers import AddedToken, processors  # optional
 
+    check_gguf_tokenizer_fields(fields, where)
     why = gguf_tokenizer_unsupported(fields)
     if why is not None:
         raise OiError(f"{where}: {why}")
@@ -266,7 +297,7 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
     tok.add_special_tokens(special)
     added = {}  # llama.cpp's add_bos_token / add_eos_token: the tokenizer adds them (a post-processor)
     for which, key in (("bos", "tokenizer.ggml.add_bos_token"), ("eos", "tokenizer.ggml.add_eos_token")):
-        if fields.get(key):
+        if fields.get(key, False):
             token_id = fields.get(f"tokenizer.ggml.{which}_token_id")
             if not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
                 raise OiError(f"{where}: metadata {key} is set but tokenizer.ggml.{which}_token_id is {token_id!r}")
@@ -283,6 +314,7 @@ def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
     """(the tokenizer entries of a GGUF file, notes). A tokenizer of a model or pre-tokenizer that
     cannot be rebuilt is left out with a note (the model's weights do not depend on it); a
     damaged one is an error."""
+    check_gguf_tokenizer_fields(fields, where)
     text, notes = None, []
     if "tokenizer.ggml.model" in fields:
         why = gguf_tokenizer_unsupported(fields)
@@ -290,12 +322,10 @@ def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
             text = gguf_tokenizer_json(fields, where)
         else:
             notes.append(f"{where}: no tokenizer.json stored: {why} (tokenize prompts with the model's own tokenizer)")
-    bos = fields.get("tokenizer.ggml.bos_token_id")
-    eos = fields.get("tokenizer.ggml.eos_token_id")
-    eot = fields.get("tokenizer.ggml.eot_token_id")
-    stop = [i for i in (eos, eot) if isinstance(i, int)]
-    return _entries(text, fields.get("tokenizer.chat_template"), bos if isinstance(bos, int) else None,
-                    eos if isinstance(eos, int) else None, list(dict.fromkeys(stop))), notes
+    bos, eos, eot = (fields.get(f"tokenizer.ggml.{which}_token_id") for which in ("bos", "eos", "eot"))
+    stop = [int(i) for i in (eos, eot) if i is not None]  # (their types: check_gguf_tokenizer_fields)
+    return _entries(text, fields.get("tokenizer.chat_template"), None if bos is None else int(bos),
+                    None if eos is None else int(eos), list(dict.fromkeys(stop))), notes
 
 
 def encode_prompt(tokenizer, text: str, bos_id: int | None, *, chat: bool = False) -> list[int]:
