@@ -15,7 +15,8 @@ from oi2jax.model import open_model
 from oi2jax.model.convert import convert_hf
 from oi2jax.model.gguf import convert_gguf
 from oi2jax.model.chat_template import render_chat
-from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, gguf_tokenizer_metadata
+from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, gguf_tokenizer_metadata, \
+    hf_tokenizer_metadata
 
 from conftest import run_cli
 from test_gguf import SMALL, _twin
@@ -173,6 +174,28 @@ def test_a_long_chat_stays_within_the_render_limits():
     want = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHATML).render(
         messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
     assert render_chat(CHATML, messages, add_generation_prompt=True) == want
+
+
+@pytest.mark.parametrize("config_template,jinja,want", [
+    ("FROM_CONFIG", "FROM_JINJA", "FROM_JINJA"),  # both: the file wins (the config's was stored)
+    ([{"name": "default", "template": "FROM_CONFIG"}], "FROM_JINJA", "FROM_JINJA"),
+    ("FROM_CONFIG", None, "FROM_CONFIG"),
+    (None, "FROM_JINJA", "FROM_JINJA"),
+])
+def test_a_standalone_chat_template_file_takes_priority(tmp_path, config_template, jinja, want):
+    """transformers' rule (PreTrainedTokenizerBase._from_pretrained): a chat_template.jinja overrides
+    tokenizer_config.json's chat_template; fine-tunes often edit the .jinja alone."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {} if config_template is None else {"chat_template": config_template}))
+    if jinja is not None:
+        (tmp_path / "chat_template.jinja").write_text(jinja)
+    assert hf_tokenizer_metadata(tmp_path, {})[META["chat_template"]] == want
+
+
+def test_an_unreadable_chat_template_file_is_named(tmp_path):
+    (tmp_path / "chat_template.jinja").write_bytes(b"{{ bos_token }}\xff")
+    with pytest.raises(OiError, match=r"chat_template.jinja: cannot read the chat template: 'utf-8' codec"):
+        hf_tokenizer_metadata(tmp_path, {})
 
 
 def test_never_a_second_bos(bpe):

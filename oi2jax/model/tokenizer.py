@@ -6,8 +6,8 @@ Both converters store, as metadata entries (keys `META`):
   `tokenizers` package (convert-gguf; GGUF tokenizer models `gpt2`, byte-level BPE with the
   pre-tokenizers of `GGUF_PRE_TOKENIZERS`, and `llama`, SentencePiece; for anything else no
   tokenizer.json is stored, with a note naming the key);
-- `tokenizer.chat_template`: tokenizer_config.json's `chat_template` (or chat_template.jinja), or
-  the GGUF's `tokenizer.chat_template`;
+- `tokenizer.chat_template`: chat_template.jinja, else tokenizer_config.json's `chat_template`
+  (transformers' priority), or the GGUF's `tokenizer.chat_template`;
 - `tokenizer.bos_id`, `tokenizer.eos_id` (i32) and `tokenizer.stop_ids` (i32[]: generation_config.json's
   `eos_token_id` list, else the config's or the tokenizer's EOS);
 - `example_graph` (written by `convert.convert_checkpoint`): the family's example decode graph.
@@ -143,11 +143,14 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     if isinstance(template, list):  # [{"name": ..., "template": ...}]: the default one
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
                         None)
-    jinja_path = directory / "chat_template.jinja"
-    if template is None and jinja_path.is_file():
-        template = jinja_path.read_text(encoding="utf-8")
     if template is not None and not isinstance(template, str):
         raise OiError(f"{directory / 'tokenizer_config.json'}: chat_template must be a string, got {template!r}")
+    jinja_path = directory / "chat_template.jinja"
+    if jinja_path.is_file():  # transformers: a standalone template file takes priority over tokenizer_config's
+        try:
+            template = jinja_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OiError(f"{jinja_path}: cannot read the chat template: {exc}") from None
     # special ids, later layers first: generation_config.json, config.json, the tokenizer's tokens
     tok_bos = _ids(_token_id(tokenizer, tok_config.get("bos_token")))
     tok_eos = _ids(_token_id(tokenizer, tok_config.get("eos_token")))
