@@ -99,14 +99,30 @@ def cmd_generate(args) -> int:
         printed.append(piece)
         sys.stdout.write(piece)
         sys.stdout.flush()
-    result = gen.generate(args.prompt, prompt_ids=prompt_ids, chat=args.chat, system=args.system,
-                          max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop_ids=args.stop_id,
-                          ignore_eos=args.ignore_eos, on_text=show)
+    try:
+        result = gen.generate(args.prompt, prompt_ids=prompt_ids, chat=args.chat, system=args.system,
+                              max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop_ids=args.stop_id,
+                              ignore_eos=args.ignore_eos, on_text=show)
+    except KeyboardInterrupt as exc:  # Ctrl-C: what was generated is shown and written, then `error: interrupted`
+        partial = getattr(exc, "partial", None)
+        if partial is not None:
+            _report(args, gen, partial, show, printed)
+        raise
+    return _report(args, gen, result, show, printed)
+
+
+def _report(args, gen, result, show, printed: list) -> int:
+    """The end of a generation (or of one cut off by Ctrl-C: its `partial`): the rest of its text
+    (the ids, without a tokenizer), --ids-out, --stats, a step's error."""
+    shown = "".join(printed)
     if result.text is None:  # no tokenizer: the ids
         print(" ".join(str(i) for i in result.ids))
-    elif printed:
-        print()
+    else:
+        if result.text.startswith(shown) and len(result.text) > len(shown):  # the tokens since the last piece
+            show(result.text[len(shown):])
+        if printed:
+            print()
     if args.ids_out is not None:
         write_atomic(args.ids_out, lambda f: np.save(f, np.asarray(result.ids, np.int32), allow_pickle=False))
     if args.stats:

@@ -320,6 +320,36 @@ def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys, shared
     assert [graph for _, graph, _ in shared_cli] == [None]  # the model's default graph
 
 
+def test_cli_ctrl_c_prints_writes_and_reports_what_was_generated(model, gen, tmp_path, capsys, shared_cli,
+                                                                  monkeypatch):
+    """Ctrl-C during `generate` (raised as the third streamed piece is due, before it is shown,
+    where the CLI's handler raises it: in oi2jax's code, after a fused call): the text of every
+    token drawn so far (those of the piece not shown too), --ids-out with them, the --stats lines,
+    then `error: interrupted`, exit 130. It printed only the streamed pieces and wrote no --ids-out."""
+    original = gen.generate
+    pieces = []
+
+    def interrupted(*a, on_text, **k):
+        def piece(text):
+            if len(pieces) == 2:
+                raise KeyboardInterrupt
+            on_text(text)
+            pieces.append(text)
+        return original(*a, on_text=piece, **k)
+    monkeypatch.setattr(gen, "generate", interrupted)
+    ids_out = tmp_path / "ids.npy"
+    code, out, err = run_cli(capsys, "generate", model["path"], "--prompt", "hello world", "--max-tokens", "30",
+                             "--ignore-eos", "--stats", "--ids-out", ids_out)
+    assert code == 130 and err.endswith("error: interrupted\n"), err
+    ids = np.load(ids_out).tolist()
+    prompt = model["tok"].encode("hello world").ids
+    assert 2 < len(ids) < 30 and ids == greedy_reference(model, prompt, len(ids)), (pieces, ids, out)
+    text = model["tok"].decode(ids, skip_special_tokens=True)
+    assert out == text + "\n" and out.startswith("".join(pieces)) and len(out) > len("".join(pieces)) + 1
+    assert re.search(rf"^generated {len(ids)} tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
+    assert re.search(rf"^prompt {len(prompt)} tokens in ", err, re.M), err
+
+
 def _extra_constant_bytes(path) -> int:
     """What llama_prefill.oi's constants hold beyond the checkpoint's tensors: the converter's
     rope.inv_freq and two f32 scalars from the metadata (rms_norm_eps, attn_scale)."""
