@@ -125,6 +125,23 @@ def test_chat_template_renders_as_jinja2_does():
     assert render_chat(CHATML, messages, add_generation_prompt=True).endswith("<|im_start|>assistant\n")
 
 
+def test_the_generation_tag_renders_its_body_as_transformers_does():
+    """transformers' AssistantTracker extension defines `{% generation %}...{% endgeneration %}`
+    (templates mark the assistant's part with it); rendering a prompt, its body is output as it is.
+    It was an error: "Encountered unknown tag 'generation'"."""
+    tagged = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
+              "{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}{% else %}{{ m['content'] }}"
+              "<|im_end|>{% endif %}\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": "bye"}]
+    plain = tagged.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    want = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(plain).render(
+        messages=messages, add_generation_prompt=True)
+    assert "hello<|im_end|>" in want and want.endswith("<|im_start|>assistant\n")
+    assert render_chat(tagged, messages, add_generation_prompt=True) == want
+    assert render_chat("{% generation %}{% for i in range(3) %}{{ i }}{% endfor %}{% endgeneration %}", []) == "012"
+
+
 def test_chat_template_globals_are_transformers():
     # tojson: json.dumps (no HTML escaping, key order kept); raise_exception; strftime_now; a sandbox
     assert render_chat("{{ messages | tojson }}", [{"b": "<&>", "a": 1}]) == '[{"b": "<&>", "a": 1}]'

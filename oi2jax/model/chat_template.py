@@ -1,7 +1,8 @@
 """A model file's chat template rendered as transformers renders it, within bounds (docs/models.md).
 
 `render_chat` renders as transformers' `apply_chat_template(..., tokenize=False)` does: jinja2's
-ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, the loopcontrols extension,
+ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, the loopcontrols extension and
+transformers' `{% generation %}` tag (its AssistantTracker: the body rendered as it is),
 `raise_exception`, `strftime_now` and transformers' `tojson`. A template comes with a model file,
 so one rendering may spend no more than `RENDER_LIMITS`: one that runs away is an error, not a
 hang or a process out of memory.
@@ -42,8 +43,23 @@ def _bounded_environment():
     lookup, `*`, `+`, `%` or `**` gives, every call's arguments and every joined block are sized
     (strings and lists by their length, integers by their bits), the operators before they compute
     where the size is known first; a format string's field widths are read before it is used."""
-    from jinja2.ext import loopcontrols  # optional: only chat needs jinja2
+    from jinja2 import nodes  # optional: only chat needs jinja2
+    from jinja2.ext import Extension, loopcontrols  # optional
     from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range  # optional
+
+    class Generation(Extension):
+        """transformers' AssistantTracker: `{% generation %}...{% endgeneration %}` renders its body
+        as it is (transformers also records where it lies, for `return_assistant_tokens_mask`, which
+        a prompt does not ask for)."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
 
     def short(v) -> str:  # a number as a message can show it
         return str(v) if not isinstance(v, int) or abs(v) < 10 ** 20 else f"(an integer of {v.bit_length()} bits)"
@@ -72,7 +88,7 @@ def _bounded_environment():
         intercepted_binops = frozenset({"*", "**", "+", "%"})
 
         def __init__(self):
-            super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+            super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
             self.left = dict(RENDER_LIMITS)
             self.globals["range"] = self._range
             self.globals.pop("lipsum", None)  # text of any length on demand; transformers' templates never use it
