@@ -43,7 +43,7 @@ from .diagnostics import OiError
 from .model.reader import open_model
 from .npz import regular_input
 from .model.chat_template import render_chat
-from .model.tokenizer import META, encode_prompt
+from .model.tokenizer import META, encode_prompt, read_special_tokens
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
 from .runtime.runargs import call_limit, check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds
@@ -173,6 +173,8 @@ class Generator:
             meta = _metadata(m)
         self.tokenizer = _tokenizer(meta, self.model_path, tokenizer)
         self.chat_template = meta.get(META["chat_template"])
+        # the special tokens a chat template receives (transformers' special_tokens_map), by name
+        self.special_tokens = read_special_tokens(meta.get(META["special"]), self.model_path)
         self.bos_id = int(meta[META["bos"]]) if META["bos"] in meta else None
         self.eos_id = int(meta[META["eos"]]) if META["eos"] in meta else None
         stops = meta.get(META["stop"])
@@ -280,8 +282,11 @@ class Generator:
                               f"{META['chat_template']}): leave out --chat")
             messages = ([{"role": "system", "content": system}] if system is not None else []) + [
                 {"role": "user", "content": prompt}]
-            prompt = render_chat(self.chat_template, messages, add_generation_prompt=True,
-                                 bos_token=self._token_text(self.bos_id), eos_token=self._token_text(self.eos_id))
+            # transformers passes its special_tokens_map: tokenizer_config.json's texts where the
+            # model file holds them, else the texts of the BOS and EOS ids
+            special = {"bos_token": self._token_text(self.bos_id), "eos_token": self._token_text(self.eos_id),
+                       **self.special_tokens}
+            prompt = render_chat(self.chat_template, messages, add_generation_prompt=True, **special)
         elif system is not None:
             raise OiError("--system needs --chat (a system message is part of a chat template)")
         return encode_prompt(self.tokenizer, prompt, self.bos_id, chat=chat)

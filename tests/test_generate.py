@@ -47,7 +47,9 @@ def model(tmp_path_factory):
     ck = llama_checkpoint.write_random_llama(tmp / "ck", vocab=len(vocab), hidden=32, layers=2, heads=4, kv_heads=2,
                                              intermediate=64, max_positions=40, seed=3, std=0.3)
     (ck / "tokenizer.json").write_text(tok.to_str())
-    (ck / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    (ck / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": CHATML, "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": None,
+        "sep_token": {"content": "<|im_start|>", "special": True}, "additional_special_tokens": ["<|im_start|>"]}))
     (ck / "generation_config.json").write_text(json.dumps({"eos_token_id": [vocab["<|im_end|>"]]}))
     path = tmp / "m.oinf"
     convert_hf(ck, path)
@@ -196,6 +198,20 @@ def test_a_chat_prompt_gets_no_special_tokens_the_template_did_not_write(model, 
     text = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
     assert gen.prompt_ids("hi there", chat=True) == model["tok"].encode(text).ids
     assert gen.prompt_ids("hi there") == [bos, *model["tok"].encode("hi there").ids, eos]
+
+
+def test_a_chat_template_receives_every_special_token(model, gen, monkeypatch):
+    """transformers renders a template with its special_tokens_map (tokenizer_config.json's bos,
+    eos, unk, sep, pad, ... tokens and additional_special_tokens): they rendered as empty strings."""
+    monkeypatch.setattr(gen, "chat_template", "{{ bos_token }}o{{ eos_token }}o{{ unk_token }}o{{ sep_token }}o"
+                                              "{{ pad_token }}o{{ additional_special_tokens | join('e') }}o"
+                                              "{{ messages[0]['content'] }}")  # (letters of the small vocabulary)
+    ids = gen.prompt_ids("hi", chat=True)
+    bos = model["tok"].id_to_token(model["config"]["bos_token_id"])  # config.json's bos: no bos_token in the config
+    assert model["tok"].decode(ids, skip_special_tokens=False) == \
+        f"{bos}o<|im_end|>o<|endoftext|>o<|im_start|>oo<|im_start|>ohi"
+    assert gen.special_tokens == {"eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "sep_token": "<|im_start|>",
+                                  "additional_special_tokens": ["<|im_start|>"]}
 
 
 def test_past_the_cache_capacity_what_was_generated_is_kept(model, gen):

@@ -215,6 +215,32 @@ def test_an_unreadable_chat_template_file_is_named(tmp_path):
         hf_tokenizer_metadata(tmp_path, {})
 
 
+def test_the_special_tokens_map_is_stored_as_tokenizer_config_names_them(tmp_path):
+    """transformers passes `special_tokens_map` to a template: tokenizer_config.json's bos, eos,
+    unk, sep, pad, cls, mask tokens (a string or an AddedToken's content) and its
+    additional_special_tokens; only bos_token and eos_token reached it, by their ids' texts."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": {"content": "</s>", "special": True}, "unk_token": "<unk>",
+        "pad_token": None, "mask_token": {"content": "<mask>"}, "additional_special_tokens": ["<a>", {"content": "<b>"}]}))
+    entries = hf_tokenizer_metadata(tmp_path, {})
+    assert json.loads(entries[META["special"]]) == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                                    "mask_token": "<mask>", "additional_special_tokens": ["<a>", "<b>"]}
+    for bad, key in (({"unk_token": 3}, "unk_token"), ({"additional_special_tokens": "<a>"}, "additional_special_tokens"),
+                     ({"additional_special_tokens": ["<a>", 5]}, r"additional_special_tokens\[1\]")):
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(bad))
+        with pytest.raises(OiError, match=f"tokenizer_config.json: {key}: expected "):
+            hf_tokenizer_metadata(tmp_path, {})
+    fields = {**GPT2, "tokenizer.ggml.tokens": ["<s>", "</s>", "<unk>", "x"], "tokenizer.ggml.merges": [],
+              "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
+              "tokenizer.ggml.unknown_token_id": 2, "tokenizer.ggml.padding_token_id": 1}
+    entries, _ = gguf_tokenizer_metadata(fields, "f.gguf")  # a GGUF: the tokens of its special ids
+    assert json.loads(entries[META["special"]]) == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                                    "pad_token": "</s>"}
+    with pytest.raises(OiError, match=r"f.gguf: metadata tokenizer.ggml.padding_token_id 9 is not a token of the "
+                                      r"vocabulary \(0..3\)"):
+        gguf_tokenizer_metadata({**fields, "tokenizer.ggml.padding_token_id": 9}, "f.gguf")
+
+
 def test_never_a_second_bos(bpe):
     tok = Tokenizer.from_str(bpe.to_str())
     bos = tok.token_to_id("<|endoftext|>")

@@ -8,6 +8,9 @@ Both converters store, as metadata entries (keys `META`):
   tokenizer.json is stored, with a note naming the key);
 - `tokenizer.chat_template`: chat_template.jinja, else tokenizer_config.json's `chat_template`
   (transformers' priority), or the GGUF's `tokenizer.chat_template`;
+- `tokenizer.special_tokens`: JSON text of the special tokens a chat template receives (transformers'
+  `special_tokens_map`: tokenizer_config.json's bos/eos/unk/sep/pad/cls/mask_token and
+  additional_special_tokens; a GGUF's tokens of its special ids);
 - `tokenizer.bos_id`, `tokenizer.eos_id` (i32) and `tokenizer.stop_ids` (i32[]: generation_config.json's
   `eos_token_id` list, else the config's or the tokenizer's EOS);
 - `example_graph` (written by `convert.convert_checkpoint`): the family's example decode graph.
@@ -30,7 +33,14 @@ __all__ = ["META", "config_token_ids", "hf_tokenizer_metadata", "gguf_tokenizer_
            "gguf_tokenizer_unsupported", "check_gguf_tokenizer_fields", "encode_prompt", "describe"]
 
 META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template", "bos": "tokenizer.bos_id",
-        "eos": "tokenizer.eos_id", "stop": "tokenizer.stop_ids", "graph": "example_graph"}
+        "eos": "tokenizer.eos_id", "stop": "tokenizer.stop_ids", "special": "tokenizer.special_tokens",
+        "graph": "example_graph"}
+# transformers' SPECIAL_TOKENS_ATTRIBUTES: what `special_tokens_map` holds, and a chat template receives
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+ADDITIONAL = "additional_special_tokens"
+# the GGUF id of each (transformers' GGUF loader names them from these)
+_GGUF_SPECIAL = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "sep_token": "seperator",
+                 "pad_token": "padding", "cls_token": "cls", "mask_token": "mask"}
 GGUF_TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE; SentencePiece (BPE by piece scores, byte fallback)
 # tokenizer.ggml.pre -> (split regex before the byte-level step or None for GPT-2's own, digits one
 # by one first, ignore_merges): llama.cpp's llm_tokenizer_bpe regexes, in tokenizers' terms
@@ -105,6 +115,38 @@ def _token_id(tokenizer: dict | None, token) -> int | None:
     return vocab.get(token) if isinstance(vocab, dict) else None
 
 
+def _token_text(value, where: str):
+    """A special token of tokenizer_config.json as its text: a string, or the {"content": ...} of an
+    AddedToken (transformers' `str(token)`)."""
+    text = value.get("content") if isinstance(value, dict) else value
+    if not isinstance(text, str):
+        raise OiError(f"{where}: expected a token (a string or {{\"content\": STRING}}), got {value!r:.80}")
+    return text
+
+
+def special_tokens_entry(tokens: dict) -> dict:
+    """The `tokenizer.special_tokens` entry (JSON text: {name: text, additional_special_tokens: [text]}),
+    what a chat template receives as transformers' `special_tokens_map`; none for an empty map."""
+    return {META["special"]: json.dumps(tokens, ensure_ascii=False)} if tokens else {}
+
+
+def read_special_tokens(text, where: str) -> dict:
+    """The stored `tokenizer.special_tokens` entry as a dict (None: {}); OiError naming `where` for a
+    damaged one."""
+    if text is None:
+        return {}
+    try:
+        tokens = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        tokens = None
+    if not isinstance(tokens, dict) or not all(
+            isinstance(v, str) if k in SPECIAL_TOKENS else k == ADDITIONAL and isinstance(v, list)
+            and all(isinstance(t, str) for t in v) for k, v in tokens.items()):
+        raise OiError(f"{where}: metadata {META['special']}: expected JSON text of {{name: token}} "
+                      f"({', '.join(SPECIAL_TOKENS)}, {ADDITIONAL}: [token, ...]), got {text!r:.80}")
+    return tokens
+
+
 def config_token_ids(config: dict) -> dict:
     """The special-id entries a `config.json` alone gives (its bos_token_id, eos_token_id: one id or
     a list): what `convert.convert_checkpoint` stores for any source; the checkpoint's other files
@@ -169,7 +211,15 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:  # each id blamed on the file it came from
         for key, value in ids.items():
             check_token_ids({key: value}, vocab, str(origin[key]))
-    return {**_entries(text, template, None, None, []), **ids}
+    where = directory / "tokenizer_config.json"
+    special = {name: _token_text(tok_config[name], f"{where}: {name}") for name in SPECIAL_TOKENS
+               if tok_config.get(name) is not None}
+    extra = tok_config.get(ADDITIONAL)
+    if extra is not None:
+        if not isinstance(extra, list):
+            raise OiError(f"{where}: {ADDITIONAL}: expected a list of tokens, got {extra!r:.80}")
+        special[ADDITIONAL] = [_token_text(t, f"{where}: {ADDITIONAL}[{i}]") for i, t in enumerate(extra)]
+    return {**_entries(text, template, None, None, []), **ids, **special_tokens_entry(special)}
 
 
 def _kind(value) -> str:
@@ -327,8 +377,19 @@ def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
             notes.append(f"{where}: no tokenizer.json stored: {why} (tokenize prompts with the model's own tokenizer)")
     bos, eos, eot = (fields.get(f"tokenizer.ggml.{which}_token_id") for which in ("bos", "eos", "eot"))
     stop = [int(i) for i in (eos, eot) if i is not None]  # (their types: check_gguf_tokenizer_fields)
-    return _entries(text, fields.get("tokenizer.chat_template"), None if bos is None else int(bos),
-                    None if eos is None else int(eos), list(dict.fromkeys(stop))), notes
+    special = {}  # the texts of the special ids, as transformers' GGUF loader names them
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
+        for name, which in _GGUF_SPECIAL.items():
+            key = f"tokenizer.ggml.{which}_token_id"
+            if fields.get(key) is not None:
+                if not fields[key] < len(tokens):
+                    raise OiError(f"{where}: metadata {key} {fields[key]} is not a token of the vocabulary "
+                                  f"(0..{len(tokens) - 1})")
+                special[name] = tokens[fields[key]]
+    return {**_entries(text, fields.get("tokenizer.chat_template"), None if bos is None else int(bos),
+                       None if eos is None else int(eos), list(dict.fromkeys(stop))),
+            **special_tokens_entry(special)}, notes
 
 
 def encode_prompt(tokenizer, text: str, bos_id: int | None, *, chat: bool = False) -> list[int]:
