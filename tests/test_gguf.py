@@ -494,3 +494,27 @@ def test_another_architectures_keys_are_named_not_dropped_unseen(tmp_path):
     assert [n for n in summary.notes if "another architecture" in n] == [
         f"{path}: 1 metadata key(s) of another architecture than this file's llama are not read: "
         "gemma2.attn_logit_softcapping"]
+
+
+@pytest.mark.parametrize("name,hint", [("Llama", " (did you mean llama?)"), ("qwen-2", " (did you mean qwen2?)"),
+                                       ("llama4", ""), ("gemma", ""), ("mamba", ""), ("bert", "")])
+def test_a_near_miss_architecture_gets_a_suggestion(name, hint):
+    """`general.architecture` close to a supported one gets "did you mean" (as convert-hf's
+    model_type does); another of llama.cpp's own architectures (llama4, gemma, mamba: other
+    models) does not."""
+    with pytest.raises(OiError) as e:
+        gguf_config({"general.architecture": name}, {}, "f.gguf")
+    assert str(e.value) == (f"error: f.gguf: metadata general.architecture is {name!r}{hint}: supported GGUF "
+                            f"architectures are {', '.join(ARCHITECTURES)}")
+
+
+def test_a_near_miss_tokenizer_model_gets_a_suggestion(tmp_path, capsys):
+    from oi2jax.model.tokenizer import gguf_tokenizer_unsupported
+    assert gguf_tokenizer_unsupported({"tokenizer.ggml.model": "GPT2"}) == (
+        "metadata tokenizer.ggml.model is 'GPT2' (did you mean gpt2?): supported GGUF tokenizer models are gpt2, llama")
+    assert gguf_tokenizer_unsupported({"tokenizer.ggml.model": "t5"}) == (
+        "metadata tokenizer.ggml.model is 't5': supported GGUF tokenizer models are gpt2, llama")
+    _, path, _ = _twin(tmp_path, "F32", SMALL, kv=lambda w: w.add_tokenizer_model("Llama"))
+    code, _, err = run_cli(capsys, "convert-gguf", path, "-o", tmp_path / "m.oinf", "--quiet")
+    assert code == 0 and f"note: {path}: no tokenizer.json stored: metadata tokenizer.ggml.model is 'Llama' (did you " \
+                          f"mean llama?): supported GGUF tokenizer models are gpt2, llama" in err, err

@@ -31,9 +31,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 from gguf import GGUFReader
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES, MODEL_ARCH_NAMES, GGMLQuantizationType
 
-from ..diagnostics import OiError
+from ..diagnostics import OiError, suggest
 from . import ggml
 from .convert import ConvertSummary, SourceEntry, TensorSource, convert_checkpoint, DTYPES
 from .tokenizer import gguf_tokenizer_metadata
@@ -362,7 +362,10 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
         raise OiError(f"{where}: missing required metadata general.architecture")
     arch = ARCHITECTURES.get(name)
     if arch is None:
-        raise OiError(f"{where}: metadata general.architecture is {name!r}: supported GGUF architectures are "
+        # a near miss of a supported name (`Llama`) gets a suggestion; another of llama.cpp's own
+        # architectures (`llama4`, `gemma`: another model) does not
+        hint = "" if name in MODEL_ARCH_NAMES.values() else suggest(str(name), ARCHITECTURES)
+        raise OiError(f"{where}: metadata general.architecture is {name!r}{hint}: supported GGUF architectures are "
                       f"{', '.join(ARCHITECTURES)}")
     config: dict = {"model_type": arch.model_type, "architectures": [arch.architecture], **arch.config}
     checked = {}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..diagnostics import OiError
+from ..diagnostics import OiError, suggest
 
 __all__ = ["META", "config_token_ids", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
            "gguf_tokenizer_unsupported", "check_gguf_tokenizer_fields", "encode_prompt", "describe"]
@@ -253,8 +253,8 @@ def gguf_tokenizer_unsupported(fields: dict) -> str | None:
     """Why a GGUF's tokenizer cannot be rebuilt (its model or pre-tokenizer), or None."""
     model = fields.get("tokenizer.ggml.model")
     if model not in GGUF_TOKENIZER_MODELS:
-        return (f"metadata tokenizer.ggml.model is {model!r}: supported GGUF tokenizer models are "
-                f"{', '.join(GGUF_TOKENIZER_MODELS)}")
+        return (f"metadata tokenizer.ggml.model is {model!r}{suggest(str(model), GGUF_TOKENIZER_MODELS)}: supported "
+                f"GGUF tokenizer models are {', '.join(GGUF_TOKENIZER_MODELS)}")
     if model == "llama":  # SentencePiece: no pre-tokenizer
         return None
     pre = fields.get("tokenizer.ggml.pre")
