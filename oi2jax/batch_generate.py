@@ -91,8 +91,8 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     `settings`: sampling settings; one the graph has no input for is an error unless it has its
     default value."""
     known = {k: v for k, v in settings.items() if k in DEFAULT_SETTINGS}  # another name: Batch.insert says which
-    check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **known})  # as a single generation's
     vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none lost to another's error
+    check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **known}, vocab=vocab)  # as a single generation's
     positions = capacity(program)
     prompts = [prompt_ids(p, vocab, f"prompt {k}", positions) for k, p in enumerate(prompts)]
     if not prompts:

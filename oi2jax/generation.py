@@ -328,7 +328,7 @@ class Generator:
                                 "the prompt's token ids (from the tokenizer)").tolist()
         tokens.fits(len(ids), self.capacity)
         check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                        seed=seed)
+                        seed=seed, vocab=self.vocab)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
         stops = sorted(set(() if ignore_eos else self.stop_ids) |
                        set(tokens.stop_ids(() if stop_ids is None else stop_ids, self.vocab)))

@@ -285,6 +285,24 @@ def test_a_batch_checks_the_settings_as_a_generation_does(gen):
             generate_batch(gen.programs[1], [np.array([1, 2])], programs=gen.programs, **bad)
 
 
+def test_a_top_k_above_the_vocabulary_is_refused(model, gen):
+    """top_k > V keeps every token: top-k off, which was accepted in silence (the same text as no
+    top_k). Refused by generate, generate_batch and Batch.insert; top_k = V is taken."""
+    from oi2jax.batch_generate import generate_batch
+    v = gen.vocab
+    assert v == len(model["vocab"])
+    message = (f"top_k {v + 1} is more than the vocabulary's {v} tokens: it keeps every token, which turns top-k off "
+               f"(top_k 0); give 1..{v}, or 0 for off")
+    for run in (lambda: gen.generate(prompt_ids=[1, 2], temperature=1.0, top_k=v + 1),
+                lambda: generate_batch(gen.programs[1], [np.array([1, 2])], programs=gen.programs, temperature=1.0,
+                                       top_k=v + 1),
+                lambda: gen.programs[1].batch(2).insert(0, [1, 2], temperature=1.0, top_k=v + 1)):
+        with pytest.raises(OiError) as e:
+            run()
+        assert str(e.value) == f"error: {message}"
+    assert len(gen.generate(prompt_ids=[1, 2], max_tokens=3, temperature=1.0, top_k=v, ignore_eos=True).ids) == 3
+
+
 def test_ids_outside_the_vocabulary_and_a_prompt_past_the_cache_are_refused_before_anything_compiles(model, gen):
     """A prompt id or stop id outside 0..V-1 (V: the graph's logits: f32[V]), an id past int32
     (an OverflowError in NumPy's cast before), a prompt that is not a 1-D integer vector (it was

@@ -208,7 +208,7 @@ class Batch:
                               f"(its sampling inputs: {known})")
         fixed = {k: v for k, v in self.program.bound.fixed.items() if k in SETTINGS}
         check_settings(max_tokens=None, **{**OFF, **{k: v.item() for k, v in self._defaults.items()}, **fixed,
-                                           **settings})
+                                           **settings}, vocab=self.vocab)
         values = {name: self.program.convert(name, as_input(name, value)) for name, value in settings.items()}
         result = SlotResult(ids)
         if max_tokens == 0:  # a budget of no token: no prompt step to run

@@ -15,10 +15,11 @@ SETTINGS = {"temperature": (np.float32, 0.0), "top_k": (np.int32, 0), "top_p": (
 OFF = {name: off for name, (_, off) in SETTINGS.items()}
 
 
-def check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> None:
+def check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed, vocab: int | None = None) -> None:
     """Every setting in its range, as the graph's dtype keeps it (`max_tokens` None: run to a stop
     or the cache's end); sampling settings with temperature 0 (greedy) are an error, as they would
-    be ignored."""
+    be ignored; a `top_k` above the vocabulary's `vocab` tokens keeps every token (top-k off):
+    an error too."""
     def number(name, value, ok, what):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
                 or not np.isfinite(value) or not ok(float(value)):
@@ -33,6 +34,9 @@ def check_settings(*, max_tokens, temperature, top_k, top_p, min_p, seed) -> Non
     if max_tokens is not None:
         check_whole("max_tokens", max_tokens, 0)
     check_whole("top_k", top_k, 0, 2**31 - 1)
+    if vocab is not None and top_k > vocab:
+        raise OiError(f"top_k {top_k} is more than the vocabulary's {vocab} tokens: it keeps every token, which "
+                      f"turns top-k off (top_k 0); give 1..{vocab}, or 0 for off")
     check_whole("seed", seed, 0, 2**31 - 1)  # the graph's `seed: i32`
     number("temperature", temperature, lambda v: v >= 0, "a number >= 0 (0: greedy)")
     number("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1] (1: off)")
