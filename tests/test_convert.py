@@ -700,3 +700,24 @@ def test_cli_progress_bar_wiring(tmp_path, capsys, monkeypatch):
     assert calls == [(1, False, 64, {"label": "MiB", "unit": "MiB"}), (1, True, 64, {"label": "MiB", "unit": "MiB"})]
     text = tty.getvalue()  # the fake ignores quiet: two bars, each closed at 1/1
     assert text.count("\n") == 2 and text.count("MiB 1/1 [" + "#" * 30 + "] 100.0%") >= 2
+
+
+def test_rope_parameters_keyed_by_layer_type_on_a_one_rope_family():
+    """(helper probe) the nested settings were dropped: plain rope at theta 10000 was written, with
+    a note only. Entries that agree are the one rope; entries that differ are refused by key."""
+    from hf_ref import family_config
+    from oi2jax.model.convert import read_config
+    sizes = dict(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=40, max_positions=16)
+    linear = {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}
+    flat = read_config(family_config("llama", rope=linear, **sizes)).constants["rope.inv_freq"]
+    keyed = dict(family_config("llama", **sizes), rope_parameters={"full_attention": linear,
+                                                                   "sliding_attention": dict(linear)})
+    np.testing.assert_array_equal(read_config(keyed).constants["rope.inv_freq"], flat)
+    assert flat[0] == np.float32(0.25)
+    keyed["rope_parameters"]["sliding_attention"] = {"rope_type": "default", "rope_theta": 1e4}
+    with pytest.raises(OiError) as info:
+        read_config(keyed)
+    assert info.value.diagnostics[0].message == (
+        "config.json: rope_parameters.full_attention is an object: rope_parameters keyed by layer type "
+        "(full_attention, sliding_attention) with different settings, where llama has one rotary embedding "
+        "for every layer")

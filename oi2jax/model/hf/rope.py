@@ -42,6 +42,13 @@ def _params(cfg: ConfigReader) -> tuple[dict, str]:
     if params is not None:
         if not isinstance(params, dict):
             cfg.fail(f"rope_parameters must be an object, got {params!r}")
+        nested = [k for k, v in params.items() if isinstance(v, dict)]
+        if nested:  # keyed by layer type (transformers 5): one rope for every layer only where all agree
+            if len(nested) != len(params) or any(params[k] != params[nested[0]] for k in nested):
+                cfg.fail(f"rope_parameters.{nested[0]} is an object: rope_parameters keyed by layer type "
+                         f"({', '.join(map(str, params))}) with different settings, where "
+                         f"{cfg.config.get('model_type')} has one rotary embedding for every layer")
+            params = params[nested[0]]
         out, key = _rope_type(cfg, params, "rope_parameters"), "rope_parameters"
     else:
         out, key = {}, "rope_scaling"
