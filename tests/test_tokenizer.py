@@ -445,3 +445,15 @@ def test_sentencepiece_tokenizer_through_convert_gguf(tmp_path):
     tok = Tokenizer.from_str(m.metadata[META["tokenizer"]].value)
     text = "the quick fox merged"
     assert tok.encode(text).ids == [1, *_llama_cpp_spm(text, tokens, scores)]  # add_bos_token: BOS first
+
+
+def test_a_range_of_few_items_with_large_bounds_renders():
+    """(helper probe) `range(0, 3000000, 1000000)` makes 3 items, counted as made: its bounds are
+    no width, so the limit on wide arguments does not refuse it; a range of too many items still is."""
+    messages = [{"role": "user", "content": "x"}]
+    assert render_chat("{% for i in range(0, 3000000, 1000000) %}{{ i }},{% endfor %}", messages) == \
+        "0,1000000,2000000,"
+    assert render_chat("{{ range(10 ** 12, 10 ** 12 + 2) | list }}", messages) == "[1000000000000, 1000000000001]"
+    with pytest.raises(OiError, match=r"chat template: OverflowError: Range too big. The sandbox blocks ranges larger "
+                                      r"than MAX_RANGE \(100000\)"):
+        render_chat("{% for i in range(0, 3000000) %}{% endfor %}", messages)  # jinja2's own bound

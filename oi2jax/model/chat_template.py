@@ -74,10 +74,12 @@ def _bounded_environment():
             runaway(f"an integer of more than {RENDER_LIMITS['integer bits']:,} bits")
         return value
 
-    def arguments(args, kwargs):
+    def arguments(args, kwargs, widths: bool = True):
+        """Each argument sized; an integer past _WIDEST refused where it may be a width or a count
+        (`widths`; not `range`'s bounds: its items are counted as made, `Bounded._range`)."""
         for value in (*args, *kwargs.values()):
             sized(value)
-            if isinstance(value, int) and not isinstance(value, bool) and value > _WIDEST:
+            if widths and isinstance(value, int) and not isinstance(value, bool) and value > _WIDEST:
                 runaway(f"an argument of {short(value)} (a width or a count past {_WIDEST:,})")
 
     def no_wide_fields(value):
@@ -127,7 +129,7 @@ def _bounded_environment():
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
             __self.spend("calls", 1)
-            arguments(args, kwargs)
+            arguments(args, kwargs, widths=getattr(__obj, "__func__", None) is not Bounded._range)
             return sized(super().call(__context, __obj, *args, **kwargs))
 
         def getattr(self, obj, attribute):
