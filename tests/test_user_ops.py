@@ -514,3 +514,28 @@ def test_a_failing_step_prints_no_uncomputed_values_in_either_mode(tmp_path, cap
                              "--input", f"ids={tmp_path / 'ids.npy'}", *interpret)
     assert code == 1 and out == "", out
     assert f"{g}:4:5: error: embedding: id 9 is outside 0..3 (in step 1)" in err and "note: not shown: t, ids, e, " in err
+
+
+def test_openinfers_own_ops_json_form_reads_with_its_output_dtype_sets(tmp_path, capsys, shared):
+    """OpenInfer's ops.json has `output_dtype_sets` (file) and `output_dtypes_ref` (entry): the
+    checked schema refused them as unknown keys (this session), before them they were ignored. Both
+    are read: an op's output dtype must be in its set."""
+    from oi2jax.ops.define import load_schema
+    assert len(load_schema(shared / "ops.json")) == 47
+
+    def limited(data, entry):
+        data["output_dtype_sets"] = {"HALF_OUT": ["f16", "bf16"]}
+        entry["output_dtypes_ref"] = "HALF_OUT"
+    path = _schema(tmp_path, limited)
+    graph = tmp_path / "g.oi"
+    for dtype, ok in (("f16", True), ("f32", False)):
+        graph.write_text(f"dynamic {{ x: {dtype}[2]; }}\nvolatile {{ y: {dtype}[2]; }}\n"
+                         "block entry {\n    op leaky_softplus(x) >> y;\n    return;\n}\n")
+        code, _, err = run_cli(capsys, "check", str(graph), "--no-model", "--ops", path)
+        if ok:
+            assert code == 0, err
+        else:
+            assert code == 1 and "output dtype f32 is not in its output_dtypes_ref set HALF_OUT (f16, bf16)" in err, err
+    path = _schema(tmp_path, lambda d, e: e.update(output_dtypes_ref="HALF"))
+    with pytest.raises(OiError, match=r'output_dtypes_ref "HALF" \(a string\) is not in output_dtype_sets'):
+        ops.load([path])

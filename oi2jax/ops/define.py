@@ -288,15 +288,15 @@ MAX_INPUTS = 256  # an op's inputs: a schema's "count" past this is refused befo
 
 # the keys of OpenInfer's ops.json (and oi2jax's additions: an attr_def's default/required, an
 # entry's dtypes and devices.jax.kernel); any other key is an error, never ignored
-_FILE_KEYS = ("version", "attr_defs", "dtype_sets", "ops")
+_FILE_KEYS = ("version", "attr_defs", "dtype_sets", "output_dtype_sets", "ops")
 _ENTRY_KEYS = ("name", "kind", "inputs", "outputs", "attrs", "broadcast", "inplace", "accumulate", "type_rule",
-               "dtype_support_ref", "dtypes", "devices", "category")
+               "dtype_support_ref", "output_dtypes_ref", "dtypes", "devices", "category")
 _ARITY_KEYS = ("arity", "count")
 _ATTR_DEF_KEYS = ("kind", "default", "required", "scalar_kinds")
 _DTYPE_SET_KEYS = ("normal", "accumulate")
 _TYPE_RULE_KEYS = {"same_as_input": ("kind", "index"), "fixed": ("kind", "dtype"), "acc_from_attr": ("kind", "attr")}
 _SCALAR_KINDS = ("float", "int", "uint", "bool")
-_ATTACHED = ("_attr_defs", "_dtype_sets", "_path", "_index")  # what load_schema adds to an entry
+_ATTACHED = ("_attr_defs", "_dtype_sets", "_output_dtype_sets", "_path", "_index")  # what load_schema adds
 
 
 def _json_word(value) -> str:
@@ -403,6 +403,11 @@ def load_schema(path) -> dict[str, dict]:
                           f"{_json_word(sets)}")
     for name, d in sets.items():
         _dtype_set_normal(name, d, path)
+    outputs = data.get("output_dtype_sets", {})  # name -> the output dtypes an op may give (cast's `to`)
+    if not isinstance(outputs, dict) or not all(isinstance(v, list) and v and all(isinstance(x, str) and D.is_dtype(x)
+                                                                                  for x in v) for v in outputs.values()):
+        raise OpTypeError(f"{path}: output_dtype_sets: expected an object (set name -> a non-empty list of dtypes), "
+                          f"got {_json_word(outputs)}")
     out: dict[str, dict] = {}
     for i, entry in enumerate(data["ops"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -411,7 +416,8 @@ def load_schema(path) -> dict[str, dict]:
         if first is not None:
             raise OpTypeError(f"{path}: ops[{i}]: op {entry['name']} is defined twice in the file: ops[{first['_index']}] "
                               f"and ops[{i}]")
-        out[entry["name"]] = dict(entry, _attr_defs=attr_defs, _dtype_sets=sets, _path=path, _index=i)
+        out[entry["name"]] = dict(entry, _attr_defs=attr_defs, _dtype_sets=sets, _output_dtype_sets=outputs,
+                                  _path=path, _index=i)
     return out
 
 
@@ -438,9 +444,15 @@ def from_schema(entry: dict, kernel: Callable, *, reference=None, samples=None, 
     broadcast/inplace allow|deny, `type_rule` same_as_input|fixed|acc_from_attr, the `normal`
     dtypes of the first input from `dtype_support_ref`) and its JAX kernel `fn(*inputs, **attrs)`."""
     fields = schema_fields(entry, source)
-    rule, broadcast = fields.pop("type_rule"), fields.pop("broadcast")
+    rule, broadcast, allowed = fields.pop("type_rule"), fields.pop("broadcast"), fields.pop("output_dtypes")
     op_def = make_op(kernel, reference=reference, samples=samples, op_set=op_set, **fields)
-    return dataclasses.replace(op_def, broadcast=broadcast, type_rule=MappingProxyType(dict(rule)))
+
+    def check(_in_dtypes, out_dtype, _attrs, spec):  # `output_dtypes_ref`: the dtypes its output may have
+        if out_dtype not in allowed:
+            raise OpTypeError(f"{spec.where()}: output dtype {out_dtype} is not in its output_dtypes_ref set "
+                              f"{entry['output_dtypes_ref']} ({', '.join(allowed)})")
+    return dataclasses.replace(op_def, broadcast=broadcast, type_rule=MappingProxyType(dict(rule)),
+                               check=check if allowed is not None else None)
 
 
 def schema_fields(entry: dict, source: str | None = None) -> dict:
@@ -546,12 +558,17 @@ def schema_fields(entry: dict, source: str | None = None) -> dict:
                           f"{_json_word(devices)}")
     if "jax" in devices:
         _known_keys(devices["jax"], ("kernel",), f"{where}: devices.jax")
+    oref, outputs = entry.get("output_dtypes_ref"), entry.get("_output_dtype_sets", {})
+    if oref is not None and (not isinstance(oref, str) or oref not in outputs):
+        raise OpTypeError(f"{where}: output_dtypes_ref {_json_word(oref)} is not in output_dtype_sets"
+                          f"{suggest(oref, outputs) if isinstance(oref, str) else ''}")
     input_names = [f"x{i}" for i in range(count)]
     inputs = {input_names[0]: normal, **{n: "same" for n in input_names[1:]}}
     elementwise = broadcast == "allow"
     return dict(name=name, inputs=inputs, attrs=attrs, out_dtype=out_dtype,
                 shape="broadcast" if elementwise else None, elementwise=False, inplace=inplace == "allow",
-                category=entry.get("category", "user"), source=where, broadcast=elementwise, type_rule=rule)
+                category=entry.get("category", "user"), source=where, broadcast=elementwise, type_rule=rule,
+                output_dtypes=None if oref is None else tuple(outputs[oref]))
 
 
 del np
