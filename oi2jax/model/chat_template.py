@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from datetime import datetime
 
 from ..diagnostics import OiError
@@ -45,7 +46,7 @@ def _bounded_environment():
     where the size is known first; a format string's field widths are read before it is used."""
     from jinja2 import nodes  # optional: only chat needs jinja2
     from jinja2.ext import Extension, loopcontrols  # optional
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range  # optional
+    from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range  # optional
 
     class Generation(Extension):
         """transformers' AssistantTracker: `{% generation %}...{% endgeneration %}` renders its body
@@ -123,9 +124,16 @@ def _bounded_environment():
                         + (" (of ranges and repeated strings or lists)" if what == "items" else ""))
 
         def _range(self, *args):
-            r = safe_range(*args)
-            self.spend("items", len(r))
-            return r
+            try:
+                n = len(range(*args))  # lazy: its length without making it
+            except OverflowError:
+                runaway(f"a range of more than {sys.maxsize:,} items")
+            except (TypeError, ValueError):
+                return safe_range(*args)  # its own error
+            if n > MAX_RANGE:  # jinja2's sandbox bound on one range
+                runaway(f"a range of {n:,} items (one range holds at most {MAX_RANGE:,})")
+            self.spend("items", n)
+            return safe_range(*args)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
             __self.spend("calls", 1)
