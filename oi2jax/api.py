@@ -139,6 +139,8 @@ def compile(source_or_path, model=None, sizes=None, device=None, mode: str = "co
         if kernels != "jax":
             raise OiError(f"kernels={kernels!r} applies to compiled programs; the interpreter computes "
                           f"quantized weights exactly (gguf's dequantized values)")
+        if mesh is not None or shard:  # as the CLI refuses --mesh/--shard with --interpret
+            raise OiError("mesh=/shard= apply to compiled programs; the interpreter runs on one device")
         return InterpretedProgram(bound, options, trace=trace)
     if kernels == "ggml" and (mesh is not None or shard):
         raise OiError("kernels='ggml' runs on one CPU device; it cannot be combined with mesh=/shard=")

@@ -349,3 +349,24 @@ def test_two_processes_each_read_only_their_shards():
         b1 = 32 * 4
         assert rep["bytes"] == (rep["w1"] + b1 + rep["w2"]) // 2 + rep["rest"]
         np.testing.assert_allclose(rep["y"], want, rtol=1e-5, atol=1e-6)  # a split contraction (EXACT)
+
+
+def test_mesh_and_shard_text_is_checked_before_xla_sees_it():
+    """(helper probe) `--mesh 'é=4'` aborted the process inside XLA (exit 134, a native stack);
+    a stray space in `--shard ' B=data'` made an unknown size variable ' B'; close names had no
+    suggestion; the interpreter took mesh= and ignored it."""
+    from oi2jax.runtime.sharding import make_mesh, parse_mesh_spec, parse_shard_specs, validate_shard
+    with pytest.raises(OiError, match=r"--mesh: axis name 'é' must be ASCII letters, digits and _"):
+        parse_mesh_spec("é=4")
+    with pytest.raises(OiError, match=r"mesh axis name 'é' must be ASCII"):
+        make_mesh({"é": 1})
+    assert parse_mesh_spec(" data = 1 ") == {"data": 1} and parse_shard_specs([" B = data "]) == {"B": "data"}
+    prog = oi2jax.compile(str(EXAMPLES / "mlp_regression.oi"), model=str(MODELS / "mlp_regression.oinf"))
+    mesh = make_mesh({"data": 1})
+    with pytest.raises(OiError, match=r"unknown size variable b \(did you mean B\?\)"):
+        validate_shard(prog.bound, mesh, {"b": "data"})
+    with pytest.raises(OiError, match=r"unknown mesh axis dat \(did you mean data\?\)"):
+        validate_shard(prog.bound, mesh, {"B": "dat"})
+    with pytest.raises(OiError, match=r"mesh=/shard= apply to compiled programs; the interpreter runs on one device"):
+        oi2jax.compile(str(EXAMPLES / "mlp_regression.oi"), model=str(MODELS / "mlp_regression.oinf"),
+                       mode="interpret", mesh=mesh, shard={"B": "data"})

@@ -26,7 +26,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .. import dtypes as dt
 from .. import ir, quantized
-from ..diagnostics import OiError
+from ..diagnostics import OiError, suggest
 from ..lowering.state import CacheState, Guards, StepState
 from ..protocol import CompileOptions
 from .placement import Placer
@@ -41,9 +41,11 @@ def parse_mesh_spec(text: str) -> dict[str, int]:
     """'data=4,model=2' -> {'data': 4, 'model': 2} (OiError on malformed text)."""
     axes: dict[str, int] = {}
     for part in text.split(","):
-        name, sep, value = part.strip().partition("=")
+        name, sep, value = (x.strip() for x in part.strip().partition("="))
         if not sep or not name.isidentifier():
             raise OiError(f"--mesh expects AXIS=INT[,AXIS=INT...], got '{text}'")
+        if not name.isascii():  # XLA aborts the process on a non-ASCII axis name
+            raise OiError(f"--mesh: axis name {name!r} must be ASCII letters, digits and _")
         try:
             size = int(value)
         except ValueError:
@@ -60,7 +62,7 @@ def parse_shard_specs(pairs) -> dict[str, str]:
     """['B=data', 'H=model'] -> {'B': 'data', 'H': 'model'}."""
     shard: dict[str, str] = {}
     for pair in pairs or []:
-        name, sep, axis = pair.partition("=")
+        name, sep, axis = (x.strip() for x in pair.partition("="))
         if not sep or not name or not axis:
             raise OiError(f"--shard expects SIZEVAR=AXIS, got '{pair}'")
         if name in shard:
@@ -73,6 +75,9 @@ def make_mesh(axes: dict[str, int] | str, devices=None) -> Mesh:
     """A mesh over all (global) devices with Auto axis types; the sizes must multiply to the count."""
     if isinstance(axes, str):
         axes = parse_mesh_spec(axes)
+    bad = next((k for k in axes if not (isinstance(k, str) and k.isascii() and k.isidentifier())), None)
+    if bad is not None:  # XLA aborts the process on a non-ASCII axis name
+        raise OiError(f"mesh axis name {bad!r} must be ASCII letters, digits and _")
     devices = list(jax.devices() if devices is None else devices)
     need = math.prod(axes.values())
     if need != len(devices):
@@ -102,11 +107,11 @@ def validate_shard(bound, mesh: Mesh, shard: dict[str, str]) -> dict[str, str]:
     for name, axis in shard.items():
         if name not in bound.sizes:
             known = ", ".join(sorted(bound.sizes)) or "(none)"
-            raise OiError(f"shard {name}={axis}: unknown size variable {name} (the graph's size variables "
-                          f"are {known})")
+            raise OiError(f"shard {name}={axis}: unknown size variable {name}{suggest(str(name), bound.sizes)} "
+                          f"(the graph's size variables are {known})")
         if axis not in axis_sizes:
-            raise OiError(f"shard {name}={axis}: unknown mesh axis {axis} (the mesh's axes are "
-                          f"{', '.join(map(str, mesh.axis_names))})")
+            raise OiError(f"shard {name}={axis}: unknown mesh axis {axis}{suggest(str(axis), map(str, axis_sizes))} "
+                          f"(the mesh's axes are {', '.join(map(str, mesh.axis_names))})")
         n, k = int(bound.sizes[name]), axis_sizes[axis]
         if n % k:
             raise OiError(f"shard {name}={axis}: size variable {name} = {n} is not divisible by mesh "
