@@ -49,6 +49,7 @@ from .diagnostics import OiError
 from .interpret_caches import CacheOps, State, Table
 from .limits import check_sizes
 from .messages import CHECKED
+from .ops import calls as op_calls
 from .model.bind import AttrVar
 from .host_numerics import state_fill
 from .protocol import CompileOptions
@@ -117,6 +118,7 @@ class InterpretedProgram(CacheOps):
         check_sizes(bound)  # the one size guard (oi2jax/limits.py), as the compiled program
         self._families: dict[str, np.ndarray] = {}
         self._constants: dict[str, np.ndarray] = {}
+        self._op_calls: dict = {}  # added ops' jitted kernels, one per call signature (ops/calls.py)
         self.state = self._initial_state()
 
     @property
@@ -448,10 +450,12 @@ class InterpretedProgram(CacheOps):
                                        out_shape=None if node.output in self._shaped else sig.out_shape)
             elif not sig.op.builtin:  # an added op without one: its JAX kernel, jitted as the compiled step runs it
                 _note_no_reference(sig.op)
-                known = {pos for pos, ref in enumerate(node.inputs) if isinstance(ref, ir.LiteralInput)}
-                result = _jitted_apply(sig.op, [jnp.asarray(a) for a in inputs], known, attrs, guards,
-                                       in_dtypes=tuple(in_dtypes), out_dtype=sig.out_dtype, mode=sig.mode,
-                                       out_shape=None if node.output in self._shaped else sig.out_shape)
+                result = op_calls.apply(
+                    self._op_calls, sig.op, [jnp.asarray(a) for a in inputs], attrs, guards=guards,
+                    traced_inputs={pos for pos, ref in enumerate(node.inputs) if not isinstance(ref, ir.LiteralInput)},
+                    traced_attrs={k for k, v in attrs.items() if isinstance(v, jax.Array)},
+                    in_dtypes=tuple(in_dtypes), out_dtype=sig.out_dtype, mode=sig.mode,
+                    out_shape=None if node.output in self._shaped else sig.out_shape)
             else:
                 result = ops.apply(sig.op, [jnp.asarray(a) for a in inputs], attrs, in_dtypes=in_dtypes,
                                    out_dtype=sig.out_dtype, mode=sig.mode, guards=guards, out_shape=None if node.output in self._shaped else sig.out_shape)
@@ -521,65 +525,6 @@ _RULES = {
 
 
 _NOTED: set = set()
-
-# an added op's jitted kernel, per declaration and static settings: key -> (op, jitted function,
-# its guards' messages as recorded when traced); the oldest dropped past _KERNELS_KEPT
-_KERNELS: dict = {}
-_KERNELS_KEPT = 256
-
-
-def _frozen(value):
-    """A hashable key for a value known while tracing (a literal input, a static setting)."""
-    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
-        a = np.asarray(value)
-        return ("array", a.dtype.str, a.shape, a.tobytes())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(_frozen(v) for v in value)
-    if isinstance(value, float):  # by its bits: -0.0 is not 0.0, a NaN equals itself
-        return ("float", value.hex())
-    if value is None or isinstance(value, (bool, int, str)):
-        return (type(value).__name__, value)
-    return ("object", id(value), repr(value))
-
-
-def _jitted_apply(op_def, inputs: list, known: set, attrs: dict, guards: list, *, in_dtypes: tuple,
-                  out_dtype: str, mode: str, out_shape):
-    """An added op's JAX kernel run as the compiled step runs it: traced under `jax.jit` (a kernel
-    that branches in Python on a traced value fails as it does compiled, with the same error; a
-    pure one computes what the compiled op computes, not op by op eagerly). One jitted function
-    per declaration and static settings (literal inputs and literal settings are known while
-    tracing, by value; the other inputs and a setting read from a variable are traced), cached.
-    The kernel's runtime checks (`Ctx.fail_if`) come back as outputs, appended to `guards`."""
-    dynamic = {k: v for k, v in attrs.items() if isinstance(v, jax.Array)}
-    static = {k: v for k, v in attrs.items() if k not in dynamic}
-    traced = {i: x for i, x in enumerate(inputs) if i not in known}
-    key = (id(op_def), in_dtypes, out_dtype, mode, out_shape,
-           tuple((i, _frozen(inputs[i])) for i in sorted(known)),
-           tuple(sorted((k, _frozen(v)) for k, v in static.items())),
-           tuple((i, x.shape, str(x.dtype)) for i, x in traced.items()),
-           tuple(sorted((k, v.shape, str(v.dtype)) for k, v in dynamic.items())))
-    entry = _KERNELS.get(key)
-    if entry is None or entry[0] is not op_def:  # (an id is only reused once its op is gone)
-        known_values = {i: inputs[i] for i in known}
-        recorded: list = []
-
-        def kernel(traced_in, traced_attrs):
-            merged = {**known_values, **traced_in}
-            own: list = []
-            out = ops.apply(op_def, [merged[i] for i in range(len(merged))], {**static, **traced_attrs},
-                            in_dtypes=in_dtypes, out_dtype=out_dtype, mode=mode, guards=own, out_shape=out_shape)
-            recorded[:] = [message for _, message, _ in own]
-            return out, [jnp.asarray(c) for c, _, _ in own], [jnp.asarray(v) for _, _, v in own]
-
-        kernel.__name__ = kernel.__qualname__ = op_def.name
-        entry = _KERNELS[key] = (op_def, jax.jit(kernel), recorded)
-        while len(_KERNELS) > _KERNELS_KEPT:
-            del _KERNELS[next(iter(_KERNELS))]
-    _, fn, recorded = entry
-    out, conds, values = fn(traced, dynamic)
-    guards.extend(zip(conds, recorded, values))
-    return out
-
 
 def _note_no_reference(op_def) -> None:
     """Said once per op and process: an added op without a NumPy reference is interpreted by

@@ -1,4 +1,4 @@
-"""An op's kernel is traced once per call signature in a step's trace (lowering/op_calls.py): an
+"""An op's kernel is traced once per call signature in a step's trace (ops/calls.py): an
 unrolled loop's layers reuse the first layer's trace, the step is the inline form (same jaxpr,
 same values, each call site's own named scope), and each call's runtime checks report that
 call's own values."""

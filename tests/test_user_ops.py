@@ -494,10 +494,15 @@ def test_the_interpreter_jits_a_reference_less_kernel(tmp_path):
     assert errors["compiled"].startswith(f"op branchy (defined in {f}:4): its kernel raised "
                                          f"TracerBoolConversionError: ") and f"(at {f}:6, in branchy)" in errors["compiled"]
     np.testing.assert_array_equal(values["compiled"], values["interpret"])
-    from oi2jax import interpret
-    fns = {id(v[1]) for k, v in interpret._KERNELS.items() if v[0].name == "pure"}
-    oi2jax.compile(src.format("pure"), ops=[f], mode="interpret").run({"x": x + 1})
-    assert {id(v[1]) for k, v in interpret._KERNELS.items() if v[0].name == "pure"} == fns  # cached
+    prog = oi2jax.compile(src.format("pure"), ops=[f], mode="interpret")
+    first = prog.run({"x": x})["y"]
+    fns = {id(v[0]) for v in prog._op_calls.values() if v[2].name == "pure"}
+    assert len(fns) == 1
+    second = prog.run({"x": x + 1})["y"]
+    assert {id(v[0]) for v in prog._op_calls.values() if v[2].name == "pure"} == fns  # traced once
+    np.testing.assert_array_equal(first, values["compiled"])
+    np.testing.assert_array_equal(
+        second, oi2jax.compile(src.format("pure"), ops=[f]).run({"x": x + 1})["y"])
 
 
 @pytest.mark.parametrize("interpret", [[], ["--interpret"]])

@@ -12,8 +12,8 @@ from .. import ir, messages, ops
 from ..messages import CHECKED
 from ..diagnostics import OiError
 from ..model.bind import AttrVar
+from ..ops import calls as op_calls
 from ..ops.jax_numerics import any_true, np_dtype
-from . import op_calls
 from .context import Tracer
 from .state import Env
 from .rules import rule

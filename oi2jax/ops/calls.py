@@ -13,13 +13,19 @@ form's; only the kernel's Python runs once (the 30-layer step: 1.2-2.0 s).
 The kernel's runtime checks (`Ctx.fail_if`) leave the jitted function as outputs; their messages,
 and any condition or value known while tracing, are recorded when it is traced and returned with
 every call. A call whose operands are all known while tracing, or whose known operands are not
-small scalars and tuples of them, runs inline as before."""
+small scalars and tuples of them, runs inline as before.
+
+The interpreter runs an added op without a NumPy reference through the same function, naming
+what is traced (`traced_inputs`, `traced_attrs`: every input but a literal, every setting read
+from a variable): its kernel is then traced as the compiled step traces it (a kernel that branches
+in Python on a traced value fails with the same error) and computes what the compiled op
+computes."""
 from __future__ import annotations
 
 import jax
 import numpy as np
 
-from .. import ops
+from . import dispatch
 
 # inlined while tracing: `jax.Inline.JAX_EARLY` (jax >= 0.11), where jax 0.11.2 reads `inline=True`
 # as JAX_LATE (the call kept in the jaxpr, a `jit(kernel)` scope in the HLO's names); before 0.11, True
@@ -58,27 +64,31 @@ def _traced_key(value):
                            for leaf in leaves)
 
 
-def apply(cache: dict, op, inputs: list, attrs: dict, *, guards: list, **settings):
+def apply(cache: dict, op, inputs: list, attrs: dict, *, guards: list, traced_inputs=None,
+          traced_attrs=None, **settings):
     """`ops.apply(op, inputs, attrs, guards=guards, **settings)`, through the cached jitted
-    kernel of `cache` (`Lowering.op_calls`: one per program, shared by its traces)."""
-    traced_in = {i: v for i, v in enumerate(inputs) if _traced(v)}
-    traced_attrs = {k: v for k, v in attrs.items() if _traced(v)}
-    if not traced_in and not traced_attrs:
-        return ops.apply(op, inputs, attrs, guards=guards, **settings)
+    kernel of `cache` (`Lowering.op_calls`: one per program, shared by its traces; the
+    interpreter's, one per interpreter). `traced_inputs` (positions) and `traced_attrs` (names):
+    what the kernel takes as traced arguments, by default the operands that are tracers."""
+    traced_in = {i: v for i, v in enumerate(inputs)
+                 if (i in traced_inputs if traced_inputs is not None else _traced(v))}
+    traced_at = {k: v for k, v in attrs.items() if (k in traced_attrs if traced_attrs is not None else _traced(v))}
+    if not traced_in and not traced_at:
+        return dispatch.apply(op, inputs, attrs, guards=guards, **settings)
     try:
-        key = (id(op), tuple(sorted((k, _traced_key(v)) for k, v in traced_attrs.items())),
+        key = (id(op), tuple(sorted((k, _traced_key(v)) for k, v in traced_at.items())),
                tuple((i, _traced_key(v)) for i, v in traced_in.items()),
                tuple(("known", i, _known_key(v)) for i, v in enumerate(inputs) if i not in traced_in),
-               tuple(sorted((k, _known_key(v)) for k, v in attrs.items() if k not in traced_attrs)),
+               tuple(sorted((k, _known_key(v)) for k, v in attrs.items() if k not in traced_at)),
                tuple(sorted((k, _known_key(v)) for k, v in settings.items())))
         hash(key)
     except (_Inline, TypeError):  # TypeError: a pytree whose static part does not hash
-        return ops.apply(op, inputs, attrs, guards=guards, **settings)
+        return dispatch.apply(op, inputs, attrs, guards=guards, **settings)
     entry = cache.get(key)
     if entry is None or entry[2] is not op:  # (an id is only reused once its op is gone)
-        entry = cache[key] = _staged(op, inputs, attrs, traced_in, traced_attrs, settings) + (op,)
+        entry = cache[key] = _staged(op, inputs, attrs, traced_in, traced_at, settings) + (op,)
     fn, record, _ = entry
-    out, conds, values = fn(traced_in, traced_attrs)
+    out, conds, values = fn(traced_in, traced_at)
     conds, values = iter(conds), iter(values)
     for message, cond, value in record[0]:  # None: the traced output in the guard's order
         guards.append((next(conds) if cond is None else cond, message, next(values) if value is None else value))
@@ -94,8 +104,8 @@ def _staged(op, inputs, attrs, traced_in, traced_attrs, settings):
     def kernel(traced_in, traced_attrs):
         merged = {**known_in, **traced_in}
         guards: list = []
-        out = ops.apply(op, [merged[i] for i in range(len(merged))], {**known_attrs, **traced_attrs},
-                        guards=guards, **settings)
+        out = dispatch.apply(op, [merged[i] for i in range(len(merged))], {**known_attrs, **traced_attrs},
+                             guards=guards, **settings)
         conds, values = [], []
         for cond, message, value in guards:
             if _traced(cond):
