@@ -427,7 +427,7 @@ def cmd_compile(args) -> int:
                           unroll=args.unroll, widen_floats=args.widen_floats, kernels=args.kernels,
                           table_dtype=args.table_dtype, **_sharding_kwargs(args))
     if args.dump_dir:
-        for path in program.dump(args.dump_dir):
+        for path in program.dump(args.dump_dir, not_over=[args.output] if args.output else []):
             print(f"wrote {path}", file=sys.stderr)
     return _write_output(args.output, program.emit(args.emit))
 

@@ -127,7 +127,9 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict, makes_dirs: bool = Fal
     is an error: writing it would destroy the input; so are an empty path, two outputs naming one
     file (the later write would replace the earlier), and one that is not a regular file
     (`npz.writable_target`) and one whose directory does not exist (`check_directory`; not where
-    the writer makes it: `makes_dirs`, export's -o). All are told before any work is done."""
+    the writer makes it: `makes_dirs`, export's -o), and a `--dump-dir` that exists and is not a
+    directory. All are told before any work is done (which files a dump writes is known once the
+    program is: `runtime/emit.dump` refuses an output among them before writing any)."""
     def same(a, b) -> bool:
         try:
             if os.path.exists(a) and os.path.exists(b):
@@ -142,11 +144,15 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict, makes_dirs: bool = Fal
             raise OiError(f"{flag}: the path is empty")
     for i, (flag, out) in enumerate(given):
         for other, path in given[i + 1:]:
-            if "--dump-dir" not in (flag, other) and same(out, path):
-                raise OiError(f"{flag} and {other} name the same file ({out}): one would overwrite the other; "
+            if same(out, path):
+                what = "path" if "--dump-dir" in (flag, other) else "file"
+                raise OiError(f"{flag} and {other} name the same {what} ({out}): one would overwrite the other; "
                               f"choose two paths")
     for flag, out in given:
-        if flag != "--dump-dir":
+        if flag == "--dump-dir":
+            if os.path.exists(out) and not os.path.isdir(out):
+                raise NotADirectoryError(20, "not a directory (--dump-dir writes files into a directory)", os.fspath(out))
+        else:
             target = writable_target(out)
             if not makes_dirs:
                 check_directory(os.fspath(out), target)

@@ -136,6 +136,44 @@ def test_compile_dump_dir_names_blocks(capsys, tmp_path):
     assert "conditional" in out
 
 
+def test_compile_dump_dir_refuses_clashes_before_writing(capsys, tmp_path):
+    """Probe (sharding) 3-5: `-o` naming a dump file overwrote it with another form (exit 0);
+    `-o DIR --dump-dir DIR` wrote the dump and then failed; a dump failing partway left its
+    first files; `--dump-dir FILE` said "File exists". Each is refused before any file is
+    written now, and a failed dump removes the files it created."""
+    model = ["--model", MODELS / "mlp_regression.oinf"]
+    d = tmp_path / "d"
+    d.mkdir()
+    code, _, err = run_cli(capsys, "compile", "examples/mlp_regression.oi", *model, "--dump-dir", d,
+                           "--emit", "jaxpr", "-o", d / "step.hlo.txt")
+    assert code == 1 and f"error: -o {d / 'step.hlo.txt'} is the file step.hlo.txt of the --dump-dir {d}: " in err
+    assert list(d.iterdir()) == []
+    new = tmp_path / "new"
+    code, _, err = run_cli(capsys, "compile", "examples/mlp_regression.oi", *model, "--dump-dir", new, "-o", new)
+    assert code == 1 and f"-o and --dump-dir name the same path ({new})" in err and not new.exists()
+    (tmp_path / "afile").write_text("keep")
+    code, _, err = run_cli(capsys, "compile", "examples/mlp_regression.oi", *model, "--dump-dir", tmp_path / "afile")
+    assert code == 1 and f"error: {tmp_path / 'afile'}: not a directory" in err
+    assert (tmp_path / "afile").read_text() == "keep"
+    bad = tmp_path / "bad"
+    (bad / "step.hlo.txt").mkdir(parents=True)  # the third file cannot be written
+    (bad / "step.jaxpr.txt").write_text("an earlier dump")
+    code, _, err = run_cli(capsys, "compile", "examples/mlp_regression.oi", *model, "--dump-dir", bad / "x" / "..",
+                           "-o", tmp_path / "o.txt")
+    assert code == 1 and "step.hlo.txt: is a directory" in err
+    # the file it created is removed; the one it replaced is replaced (atomically), the directory kept
+    assert sorted(p.name for p in bad.iterdir()) == ["step.hlo.txt", "step.jaxpr.txt"]
+    assert (bad / "step.jaxpr.txt").read_text().startswith("{ lambda") and not (tmp_path / "o.txt").exists()
+    deep = tmp_path / "p" / "q"
+    (tmp_path / "o.txt").mkdir()
+    code, _, err = run_cli(capsys, "compile", "examples/mlp_regression.oi", *model, "--dump-dir", deep)
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "compile", "examples/mlp_regression.oi", *model, "--dump-dir", deep,
+                           "-o", deep / "other.txt")  # a file of its own inside the dump is fine
+    assert code == 0, err
+    assert "module @" in (deep / "other.txt").read_text()
+
+
 def test_compile_shows_loop_and_barrier(capsys, tmp_path):
     path = tmp_path / "l.oi"
     path.write_text("""

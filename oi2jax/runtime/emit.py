@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -33,23 +34,48 @@ def emit(program, kind: str = "stablehlo") -> str:
     raise OiError(f"unknown --emit kind {kind}")
 
 
-def dump(program, directory) -> list[str]:
+def dump(program, directory, *, not_over=()) -> list[str]:
     """Write into `directory` the step program in every --emit form, each block's kernel and
     every kernel a run executes (the session step, the fused multi-step loop; the driver adds
-    its per-phase and per-consumer kernels), StableHLO with `.oi` locations. Files are written
-    atomically; returns their paths."""
+    its per-phase and per-consumer kernels), StableHLO with `.oi` locations; returns their paths.
+    Every text is computed before a file is written, and a path of `not_over` (the CLI's `-o`)
+    among the files is refused then. Each file is written atomically; a write that fails removes
+    the files this dump had created, so no partial dump is left of files that were not there."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(20, "not a directory (--dump-dir writes files into a directory)", str(directory))
+    texts = dict(_dump_texts(program))
+    for name in texts:
+        for path in not_over:
+            if os.path.realpath(out / name) == os.path.realpath(path):
+                raise OiError(f"-o {path} is the file {name} of the --dump-dir {directory}: one would overwrite "
+                              f"the other; choose another path")
+    made = [d for d in reversed([out, *out.parents]) if not d.exists()]  # the directories it makes, outermost first
+    written: list[str] = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            path = out / name
+            existed = path.exists() or path.is_symlink()
+            write_text_atomic(path, text)
+            written.append(str(path))
+            if not existed:
+                made.append(path)
+    except BaseException:
+        for path in reversed(made):  # what this dump created (the directory last, when it made it)
+            try:
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+            except OSError:
+                pass
+        raise
+    return written
 
-    def write(name: str, text: str):
-        path = out / name
-        write_text_atomic(path, text)
-        written.append(str(path))
 
+def _dump_texts(program):
+    """(file name, text) of everything `dump` writes."""
     for kind, suffix in (("jaxpr", "jaxpr.txt"), ("stablehlo", "stablehlo.mlir"), ("hlo", "hlo.txt"),
                          ("optimized-hlo", "optimized-hlo.txt")):
-        write(f"step.{suffix}", emit(program, kind))
+        yield f"step.{suffix}", emit(program, kind)
     exe = program.executable
     with program.scope():
         state = exe.init_state()
@@ -57,10 +83,9 @@ def dump(program, directory) -> list[str]:
         env = exe.builder.start_env(exe.consts, exe.state_spec.to_env(state), dynamic)
         for block in program.graph.blocks:
             kernel = jax.jit(exe.builder.block_kernel(block.name), **program.placer.jit_options())
-            write(f"block.{block.name}.stablehlo.mlir", _located(program, kernel.lower(exe.consts, env)))
+            yield f"block.{block.name}.stablehlo.mlir", _located(program, kernel.lower(exe.consts, env))
         for name, lowered in run_kernels(program, state, dynamic):
-            write(f"{name}.stablehlo.mlir", _located(program, lowered))
-    return written
+            yield f"{name}.stablehlo.mlir", _located(program, lowered)
 
 
 def run_kernels(program, state, dynamic):

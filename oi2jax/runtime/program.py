@@ -721,10 +721,11 @@ class Program:
         """jaxpr | stablehlo | hlo | optimized-hlo | graph-json text of the step."""
         return emit_text(self, kind)
 
-    def dump(self, directory) -> list[str]:
+    def dump(self, directory, *, not_over=()) -> list[str]:
         """Write into `directory` the step in every --emit form and every kernel a run executes
-        (runtime/emit.py); returns the paths written."""
-        return dump_kernels(self, directory)
+        (runtime/emit.py: all or none of the files it creates); returns the paths written.
+        `not_over`: paths it must not write (an error before any file is)."""
+        return dump_kernels(self, directory, not_over=not_over)
 
 
 @dataclass(eq=False)
