@@ -15,11 +15,12 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from . import __version__
 from .cfg import format_for, render, to_dot
-from .diagnostics import OiError, suggest
+from .diagnostics import OiError, OiNote, suggest
 from .grammar.fmt import format_graph, scan_comments
 from .grammar.parse import parse, parse_file
 from .graph_json import to_json
@@ -644,7 +645,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", OiNote)
+            shown = warnings.showwarning
+
+            def show(message, category, *rest, **kw):
+                if issubclass(category, OiNote):
+                    print(f"note: {message}", file=sys.stderr)
+                else:
+                    shown(message, category, *rest, **kw)
+            warnings.showwarning = show
+            return args.func(args)
     except OiError as exc:
         print(exc.render(), file=sys.stderr)
         return 1

@@ -72,6 +72,11 @@ def _render_one(severity: str, message: str, span: Span | None, source: str | No
     return f"{head}\n    {text}\n    {caret}"
 
 
+class OiNote(UserWarning):
+    """Something the user asked for that changes nothing (a shard spec that shards no dim): a
+    Python warning of this category, which the CLI prints as `note: MESSAGE`."""
+
+
 class OiError(Exception):
     """A user error: one or more diagnostics. Never a crash: the CLI prints it and exits 1."""
 

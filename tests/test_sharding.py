@@ -370,3 +370,23 @@ def test_mesh_and_shard_text_is_checked_before_xla_sees_it():
     with pytest.raises(OiError, match=r"mesh=/shard= apply to compiled programs; the interpreter runs on one device"):
         oi2jax.compile(str(EXAMPLES / "mlp_regression.oi"), model=str(MODELS / "mlp_regression.oinf"),
                        mode="interpret", mesh=mesh, shard={"B": "data"})
+
+
+def test_a_shard_spec_that_splits_nothing_is_noted(capsys):
+    """Probe (sharding) 7: `shard={"num_heads": "data"}` on linear_attention (num_heads sizes a
+    loop and the prefix tables' leading dims) placed every value replicated, without a word."""
+    import warnings
+    from oi2jax.diagnostics import OiNote
+    from oi2jax.runtime.sharding import make_mesh
+    graph, model = str(EXAMPLES / "linear_attention.oi"), str(MODELS / "linear_attention.oinf")
+    with pytest.warns(OiNote, match=r"shard num_heads=data shards nothing: no value has a dim it splits"):
+        prog = oi2jax.compile(graph, model=model, mesh=make_mesh({"data": 1}), shard={"num_heads": "data"})
+    from jax.sharding import PartitionSpec
+    assert prog.consts and all(v.sharding.spec == PartitionSpec() for v in prog.consts.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OiNote)  # B splits x: no note
+        oi2jax.compile(graph, model=model, mesh=make_mesh({"data": 1}), shard={"B": "data"})
+    from conftest import run_cli
+    code, _, err = run_cli(capsys, "compile", graph, "--model", model, "--emit", "jaxpr", "--mesh", "data=1",
+                           "--shard", "num_heads=data")
+    assert code == 0 and err.startswith("note: shard num_heads=data shards nothing: "), err

@@ -17,6 +17,7 @@ masks, guards).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import replace
 
 import jax
@@ -26,7 +27,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .. import dtypes as dt
 from .. import ir, quantized
-from ..diagnostics import OiError, suggest
+from ..diagnostics import OiError, OiNote, suggest
 from ..lowering.state import CacheState, Guards, StepState
 from ..protocol import CompileOptions
 from .placement import Placer
@@ -156,6 +157,14 @@ class ShardingPlacer(Placer):
         self.mesh = auto_mesh(mesh)
         self.shard = validate_shard(bound, self.mesh, shard or {})
         self.axis_sizes = dict(zip(self.mesh.axis_names, self.mesh.devices.shape))
+        for name, axis in self.shard.items():
+            shapes = bound.shapes
+            if not any(axis in tuple(self.spec_for(v.name, tuple(shapes[v.name]))) for v in self.graph.vars
+                       if v.name in shapes):
+                warnings.warn(f"shard {name}={axis} shards nothing: no value has a dim it splits (only a declared "
+                              f"dim that is exactly {name} is split; product dims such as {name}*D, loop bounds, "
+                              f"table indices and packed constants are not: docs/scaling.md); every value stays "
+                              f"replicated over {axis}", OiNote, stacklevel=4)
         self.placed: dict[str, dict[str, NamedSharding]] = {}  # role -> name -> sharding
 
     def platform(self) -> str:
