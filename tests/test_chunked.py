@@ -210,7 +210,7 @@ def test_a_chunked_run_that_fails_names_its_chunk_and_keeps_the_chunks_before(tm
     with pytest.raises(OiError) as err:
         prog.run_batched({"x": x}, batch_var="B")
     assert err.value.render().splitlines()[0].endswith(
-        f"error: dimension 0 of K: index 2 is past its fixed size 2 (in chunk 3 of 3: {failing})")
+        f"error: dimension 0 of K: index 2 is past its fixed size 2 (in step 1 of chunk 3 of 3: {failing})")
     np.testing.assert_array_equal(err.value.partial["y"], 2 * x[:8])
     graph, out = tmp_path / "full.oi", tmp_path / "out.npz"
     graph.write_text(FULL)
@@ -218,7 +218,7 @@ def test_a_chunked_run_that_fails_names_its_chunk_and_keeps_the_chunks_before(tm
     proc = subprocess.run([sys.executable, "-m", "oi2jax", "run", str(graph), "--size", "B=4", "--input",
                            f"x={tmp_path / 'x.npy'}", "--out", str(out), "--cache-dir", "none"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 1 and f"(in chunk 3 of 3: {failing})" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and f"(in step 1 of chunk 3 of 3: {failing})" in proc.stderr, proc.stderr
     assert "note: wrote " in proc.stderr and "the batched outputs' rows of the chunks before the failing chunk 3" \
         in proc.stderr
     np.testing.assert_array_equal(np.load(out)["y"], 2 * x[:8])
@@ -234,3 +234,19 @@ def test_a_feature_size_is_never_taken_for_a_batch(tmp_path):
     assert proc.returncode == 1 and "chunks" not in proc.stderr, proc.stderr
     assert "error: input q: expected shape [16] (the same every step) or [N, 16] (one value per step), got [32]" \
         in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("rows, failing", [(12, "rows 0..3"), (3, "rows 0..2")])
+def test_a_chunked_run_names_the_step_of_the_chunk_that_failed(rows, failing):
+    """Probe (sharding) 9: a run of 2 steps per chunk that fails at step 2 of chunk 1 named the
+    chunk and rows, not the step (an unchunked run says `(in step N)`). With only a partial chunk
+    (3 rows, B=4) the error was read through the full-size program's error sites, not the ones of
+    the step lowered with B=3 that recorded it: an IndexError (an internal error)."""
+    x = np.arange(2 * rows, dtype=np.float32).reshape(rows, 2)
+    prog = oi2jax.compile(FULL.replace("@fixed(i=2)", "@fixed(i=1)"), sizes={"B": 4})
+    with pytest.raises(OiError) as err:
+        prog.run_batched({"x": x}, batch_var="B", steps=2)
+    chunks = -(-rows // 4)
+    assert err.value.render().splitlines()[0].endswith(
+        f"error: dimension 0 of K: index 1 is past its fixed size 1 (in step 2 of chunk 1 of {chunks}: {failing})")
+    assert all(len(v) == 0 for v in err.value.partial.values())  # no chunk before it

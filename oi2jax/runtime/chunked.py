@@ -68,15 +68,18 @@ def _tail_program(program, rows: int, batch_var: str):
     return program.rebound(sizes)
 
 
-def _failed_chunk(error: OiError, errs, n_full: int, rem: int, B: int, outs_full, out_batched) -> OiError:
-    """A chunked run's runtime error, naming its chunk and rows (the first chunk after which an
-    error is recorded: `errs`, one per full chunk; else the last, partial one), with the batched
+def _failed_chunk(error: OiError, errs, ats, n_full: int, rem: int, B: int, outs_full, out_batched) -> OiError:
+    """A chunked run's runtime error, naming its step, chunk and rows (the first chunk after which
+    an error is recorded: `errs`, one per full chunk; else the last, partial one; the step of that
+    chunk whose guard failed: `ats`, one per chunk, the partial one last), with the batched
     outputs of the chunks before it as its `partial` (their rows in order: nothing they made is
     lost). The chunks after it ran on in the one program; their values are not a result."""
     failed = int(np.argmax(errs != 0)) if np.any(errs != 0) else n_full
     chunks = n_full + (1 if rem else 0)
     lo, hi = failed * B, failed * B + (B if failed < n_full else rem)
-    chunked = error.where(f"in chunk {failed + 1} of {chunks}: rows {lo}..{hi - 1}")
+    step = int(ats[failed]) if failed < len(ats) else 0
+    chunked = error.where(f"in step {step} of chunk {failed + 1} of {chunks}: rows {lo}..{hi - 1}" if step else
+                          f"in chunk {failed + 1} of {chunks}: rows {lo}..{hi - 1}")
     chunked.partial = {name: np.asarray(outs_full[name]).reshape((-1,) + np.shape(outs_full[name])[2:])[:lo]
                        for name in out_batched if name in outs_full} if outs_full is not None else {}
     chunked.chunk = failed + 1
@@ -150,38 +153,48 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
         state = exe.state_spec.to_env(exe.init_state())  # the flat state the builder steps
 
         def run_steps(step_fn, consts, state, dyn):
-            state, outs = step_fn(consts, state, dyn)
+            """The chunk's steps, and the 1-based step whose guard failed first (0: none)."""
+            def one(k, state, at):
+                before = state.guards.err
+                state, outs = step_fn(consts, state, dyn)
+                return state, outs, jnp.where((at == 0) & (before == 0) & (state.guards.err != 0), k, at)
+            state, outs, at = one(1, state, jnp.int32(0))
             if steps > 1:
-                state, outs = lax.fori_loop(1, steps, lambda _, c: step_fn(consts, c[0], dyn), (state, outs))
-            return state, outs
+                state, outs, at = lax.fori_loop(1, steps, lambda i, c: one(i + 1, c[0], c[2]), (state, outs, at))
+            return state, outs, at
 
         def chunked(consts, tconsts, state, full_in, tail_in, other, defaults, tdefaults):
             outs_full = outs_tail = None
             if n_full:
                 def body(state, xs):
                     dyn = {**defaults, **other, **xs}
-                    state, outs = run_steps(builder, consts, state, dyn)
-                    return state, (outs, state.guards.err)  # the error recorded so far, per chunk
-                state, (outs_full, errs) = lax.scan(body, state, full_in)
-                outs_full = (outs_full, errs)
+                    state, outs, at = run_steps(builder, consts, state, dyn)
+                    return state, (outs, state.guards.err, at)  # the error recorded so far, per chunk
+                state, (outs_full, errs, ats) = lax.scan(body, state, full_in)
+                outs_full = (outs_full, errs, ats)
+            tail_at = jnp.int32(0)
             if rem:
                 dyn = {**tdefaults, **other, **tail_in}
-                state, outs_tail = run_steps(tail_exe.builder, tconsts, state, dyn)
-            return state, outs_full, outs_tail
+                state, outs_tail, tail_at = run_steps(tail_exe.builder, tconsts, state, dyn)
+            return state, outs_full, outs_tail, tail_at
 
         program.note(f"run_batched: {N} rows over {batch_var}={B}: {n_full} full chunk(s)"
                                    + (f" + a last chunk of {rem} row(s)" if rem else "") + ", one program")
         fn = jax.jit(chunked, donate_argnums=(2,), **program.placer.jit_options())
-        state, outs_full, outs_tail = fn(exe.consts, tail_consts, state, full_in, tail_in, other,
-                                         defaults, tail_defaults)
-        errs = None
+        state, outs_full, outs_tail, tail_at = fn(exe.consts, tail_consts, state, full_in, tail_in, other,
+                                                  defaults, tail_defaults)
+        errs, ats = None, None
         if outs_full is not None:
-            outs_full, errs = outs_full
+            outs_full, errs, ats = outs_full
         state = exe.state_spec.from_env(state)
+        # the tail's step was lowered on its own (B = R): an error it recorded is told by its error
+        # sites, not by the full chunks' (which may have fewer: an IndexError)
+        in_tail = bool(rem) and (errs is None or not np.any(np.asarray(errs) != 0))
         try:
-            program.check(state)
+            (tail if in_tail else program).check(state)
         except OiError as error:  # the chunks before the failing one are the run's result
-            raise _failed_chunk(error, np.asarray(errs) if errs is not None else np.zeros(0), n_full, rem, B,
+            ats = np.append(np.asarray(ats) if ats is not None else np.zeros(0, np.int32), np.asarray(tail_at))
+            raise _failed_chunk(error, np.asarray(errs) if errs is not None else np.zeros(0), ats, n_full, rem, B,
                                 outs_full, out_batched) from None
         outputs: dict = {}
         names = (outs_tail or outs_full).keys()
