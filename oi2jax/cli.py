@@ -28,6 +28,7 @@ from .ir import MemKind
 from .model import open_model
 from .model.inspect import render_model
 from .npz import refuse_inputs_as_outputs, save_npz, writable_target, write_atomic, write_text_atomic
+from .run_rules import feedback_pairs, split_inputs
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
 from .tables import explained, narrow_tables
 from .trace import Trace
@@ -247,7 +248,8 @@ def cmd_run(args) -> int:
                 raise UsageError(f"--feedback {name}: given twice ({name}={feedback[name]}, {pair})")
             feedback[name] = source
     stop = stop_ids(args.stop)
-    compiled_only = [f for f in session_flags if f != "--inputs-per-step"]  # the interpreter takes per-step inputs
+    # the interpreter takes per-step inputs, --collect, --feedback and --stop (run_rules.py)
+    compiled_only = [f for f in session_flags if f not in ("--inputs-per-step", "--collect", "--feedback", "--stop")]
     if args.interpret and compiled_only:
         raise UsageError(f"{compiled_only[0]} needs a compiled run (not --interpret)")
     sharding = _sharding_kwargs(args)
@@ -311,17 +313,16 @@ def cmd_run(args) -> int:
     if not args.interpret:
         session = program.session(state=args.state_in)
         run_kwargs["session"] = session
-        if args.collect:
-            run_kwargs["collect"] = tuple(n.strip() for item in args.collect for n in item.split(",") if n.strip())
-            if not run_kwargs["collect"]:
-                raise UsageError("--collect needs one or more variable names (--collect A,B)")
-        if feedback:
-            run_kwargs["feedback"] = feedback
-        if stop:
-            run_kwargs["stop"] = stop
-        if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
-            from .runtime.runargs import feedback_pairs, split_inputs  # deferred: JAX
-            steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
+    if args.collect:
+        run_kwargs["collect"] = tuple(n.strip() for item in args.collect for n in item.split(",") if n.strip())
+        if not run_kwargs["collect"]:
+            raise UsageError("--collect needs one or more variable names (--collect A,B)")
+    if feedback:
+        run_kwargs["feedback"] = feedback
+    if stop:
+        run_kwargs["stop"] = stop
+    if steps is None:  # --inputs-per-step without --steps: its length (as the run counts it)
+        steps = split_inputs(program, inputs, None, feedback_pairs(program, feedback))[2]
     bar = progress.progress_for(steps, quiet=args.quiet)
     if bar is not None:
         run_kwargs["progress"] = bar

@@ -13,6 +13,7 @@ from .cli_models import UsageError
 from .diagnostics import OiError, suggest
 from .ir import MemKind
 from .npz import load_error, regular_input, save_npz, write_text_atomic
+from .run_rules import check_per_step
 
 
 def load_inputs(pairs: list[str] | None) -> dict:
@@ -59,7 +60,6 @@ def load_npz(path: str, what: str) -> dict:
 
 def per_step_inputs(args, program, inputs: dict) -> dict:
     """--inputs-per-step FILE.npz: arrays with a leading step axis, one value per step."""
-    from .runtime.runargs import check_per_step  # deferred: JAX
     per_step = load_npz(args.inputs_per_step, "--inputs-per-step")
     for name, value in per_step.items():
         if name in inputs:

@@ -454,7 +454,7 @@ STOP_SLOTS = 8  # the decode loop takes its stop ids in slots of 8 (one compiled
 
 def _stop_slots(stops: list[int]) -> list[int]:
     """The stop ids filling a multiple of STOP_SLOTS (repeated; -1, never a token id, for none): the
-    same set for `runargs.stop_hits`, one shape, so the decode loop compiles once."""
+    same set for `run_rules.stop_hits`, one shape, so the decode loop compiles once."""
     ids = list(stops) or [-1]
     return ids + [ids[0]] * (-len(ids) % STOP_SLOTS)
 

@@ -53,9 +53,10 @@ from .ops import calls as op_calls
 from .model.bind import AttrVar
 from .host_numerics import state_fill
 from .protocol import CompileOptions
+from .run_rules import collect_names, fed_back, feedback_pairs, split_inputs, stop_from, stop_hits, stop_set, stopped
 from .trace import Trace
 # one rule and message each, compiled or interpreted:
-from .values import check_given_inputs, convert_inputs, convert_output, step_axis, step_count
+from .values import check_given_inputs, convert_inputs, convert_output
 
 MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
@@ -258,50 +259,69 @@ class InterpretedProgram(CacheOps):
         """Run `steps` steps from a fresh state. An input of its declared shape is the same every
         step; one with a leading step axis `[N, ...]` gives step i the value `[i]` (`steps=None`:
         N, else at most N; 1 without such an input), as the compiled `Program.run`.
+        `collect`, `feedback={IN: OUT}` and `stop={OUT: ids}` mean what they mean in a compiled
+        session's `run` (run_rules.py, the one definition): each collected variable holds every
+        step's value stacked `[steps, ...]`; past IN's given values, step i takes IN from OUT after
+        step i-1; the run ends after the step that leaves every element of OUT at a stop id.
         `progress(n)` is called after each step (e.g. oi2jax.progress.ProgressBar). A runtime
-        error names its step and carries every variable after the step before it (`.partial`).
-        `collect`, `feedback` and `stop` are the compiled run's (a session's): an OiError here."""
-        for name, value in (("collect", collect), ("feedback", feedback), ("stop", stop)):
-            if value:
-                raise OiError(f"{name} needs a compiled program (mode=\"compiled\"); the interpreter runs steps "
-                              f"with the inputs given and returns every variable after the last")
+        error names its step and carries every variable after the step before it (`.partial`,
+        with the collected rows of the steps before it)."""
+        pairs = feedback_pairs(self, feedback)
+        stop_ids = stop_set(self, stop)
+        collect = collect_names(self, collect)
         try:
-            return self._run(inputs, steps, progress)
+            return self._run(inputs, steps, progress, collect, pairs, stop_ids)
         except MemoryError as exc:
             raise OiError(f"out of memory while interpreting: {exc}") from None
 
-    def _run(self, inputs, steps, progress=None):
+    def _run(self, inputs, steps, progress, collect, pairs, stop_ids):
         with jax.enable_x64(True):
             inputs = dict(inputs or {})
-            per_step = {}  # name -> its values, one per step (`step_axis`: THE per-step input rule)
-            for name, value in inputs.items():
-                decl = self.graph.var(name)
-                if decl is not None and decl.kind == ir.MemKind.DYNAMIC and \
-                        step_axis(name, value, tuple(self._decl_shape(name))) is not None:
-                    per_step[name] = [convert_inputs({name: row}, self.graph, self._decl_shape)[name]
-                                      for row in np.asarray(value)]
-            converted = convert_inputs({k: v for k, v in inputs.items() if k not in per_step}, self.graph,
-                                       self._decl_shape)
+            per_step_given, fixed, steps = split_inputs(self, inputs, steps, pairs)
+            per_step = {name: [convert_inputs({name: row}, self.graph, self._decl_shape)[name]
+                               for row in np.asarray(value)] for name, value in per_step_given.items()}
+            converted = convert_inputs(fixed, self.graph, self._decl_shape)
             check_given_inputs(self.bound, inputs.keys(), self.zero_missing_inputs)
-            steps = step_count({k: len(v) for k, v in per_step.items()}, steps, 1)
             self.state = self._initial_state()
             first = {**converted, **{k: v[0] for k, v in per_step.items() if v}}
             self._reset_step(self.state, first)  # so that steps=0 returns the initial values
             if self.trace is not None and not self.trace.echo:
                 self.trace.clear()
+            stacks: dict = {k: [] for k in collect}
+
+            def result() -> dict:  # every variable, each collected one as its rows stacked
+                out = self.outputs()
+                for k in collect:
+                    out[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + out[k].shape, out[k].dtype)
+                return out
+
+            counts_from = stop_from(stop_ids, pairs, lambda k: len(per_step[k]) if k in per_step else 1)
+            done = {k: np.zeros(tuple(self._decl_shape(k)), bool) for k in stop_ids}
             for i in range(steps):
+                given = {**converted, **{k: v[i] for k, v in per_step.items() if i < len(v)}}
+                for name, source in pairs:  # past its given values: what its source held after the last step
+                    if fed_back(i, len(per_step[name]) if name in per_step else 1):
+                        given[name] = self.state.values[source]
                 before = self.state.copy()  # shallow: arrays are never mutated in place
                 try:
-                    self.step({**converted, **{k: v[i] for k, v in per_step.items()}})
+                    self.step(given)
                 except OiError as exc:  # a runtime error names its step, as a compiled guard does;
                     # what the steps before it produced goes with it (`partial`), as a compiled run's
                     error = exc.in_step(i + 1)
                     self.state = before
-                    error.partial = self.outputs()
+                    error.partial = result()
                     raise error from None
+                now = self.outputs() if collect else {}
+                for k in collect:
+                    stacks[k].append(now[k])
                 if progress is not None:
                     progress(i + 1)
-            return self.outputs()
+                for k, ids in stop_ids.items():
+                    if i >= counts_from[k]:
+                        done[k] = done[k] | stop_hits(self.state.values[k], ids)
+                if done and stopped(done):
+                    break
+            return result()
 
     def step(self, inputs: dict[str, np.ndarray]) -> None:
         """One step on self.state (inputs already converted)."""

@@ -339,11 +339,12 @@ def test_inputs_are_never_reshaped_or_broadcast(capsys, tmp_path):
 def test_interpret_refuses_the_session_flags_and_says_so(capsys, tmp_path, graph):
     """Issue 34 item 5: `--interpret` with a flag only a compiled run has is refused, as
     docs/cli.md says (--inputs-per-step is not one since 2026-11-28: the interpreter takes per-step
-    inputs, tests/test_interpret.py)."""
+    inputs, tests/test_interpret.py; nor are --collect, --feedback and --stop since 2026-11-28
+    (later): tests/test_stops.py)."""
     from conftest import REPO
     np.savez(tmp_path / "per.npz", x=np.ones((2, 2), np.float32))
-    for flag, value in (("--collect", "y"), ("--state-in", tmp_path / "per.npz"), ("--state-out", tmp_path / "s.npz")):
-        code, _, err = run_cli(capsys, "run", graph, "--interpret", flag, value, "--quiet")
+    for flag, value in (("--state-in", tmp_path / "per.npz"), ("--state-out", tmp_path / "s.npz"), ("--stats", None)):
+        code, _, err = run_cli(capsys, "run", graph, "--interpret", flag, *([value] if value else []), "--quiet")
         assert code == 2 and err.strip() == f"error: {flag} needs a compiled run (not --interpret)"
-    assert ("`--collect`, `--feedback`, `--stop`, `--state-in`, `--state-out` and `--stats` need a compiled run and "
-            "are refused with it") in " ".join((REPO / "docs" / "cli.md").read_text().split())
+    assert ("`--state-in`, `--state-out` and `--stats` need a compiled run and are refused with it"
+            ) in " ".join((REPO / "docs" / "cli.md").read_text().split())

@@ -7,7 +7,7 @@ Layers, lowest first (a module may import its own layer and every lower one):
 
     0 ir           ir.py: the frozen IR, imports nothing of oi2jax
     1 foundation   diagnostics, dtypes, host_numerics, messages, naming, phases (IR analyses), limits,
-                   values, npz, progress, protocol (CompileOptions, the Program protocol),
+                   values, run_rules, npz, progress, protocol (CompileOptions, the Program protocol),
                    xla_cache, _signals
     2 text         grammar/ (text <-> IR), graph_json, trace, cfg
     3 ops          ops/: the op registry every stage shares (typing, kernels, references); quantized/:
@@ -31,7 +31,7 @@ PKG = REPO / "oi2jax"
 
 LAYERS = [
     ("ir", {"ir"}),
-    ("foundation", {"diagnostics", "dtypes", "host_numerics", "messages", "naming", "phases", "limits", "values", "npz",
+    ("foundation", {"diagnostics", "dtypes", "host_numerics", "messages", "naming", "phases", "limits", "values", "run_rules", "npz",
                     "progress", "protocol", "xla_cache", "_signals"}),
     ("text", {"grammar/", "graph_json", "trace", "cfg", "tables"}),
     ("ops", {"ops/", "quantized/"}),

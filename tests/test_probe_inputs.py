@@ -228,7 +228,7 @@ def test_a_per_step_file_of_the_wrong_shape_says_what_each_step_would_get():
     """`--inputs-per-step` with a scalar input given as [2, 1]: the message showed `[N, ]` and
     spoke of a missing step axis, where the array has one and each step's value is [1]."""
     from oi2jax.diagnostics import OiError
-    from oi2jax.runtime.runargs import check_per_step
+    from oi2jax.run_rules import check_per_step
     with pytest.raises(OiError) as info:
         check_per_step("token", np.zeros((2, 1), np.int32), (), "--inputs-per-step")
     assert info.value.diagnostics[0].message == (

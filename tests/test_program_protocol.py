@@ -33,9 +33,15 @@ def test_both_backends_implement_the_protocol():
         assert prog.model_path == str(EXAMPLES / "mlp_regression.oinf")
     with pytest.raises(OiError, match="run_batched needs a compiled program"):
         interpreted.run_batched({}, batch_var="B")
-    for kw in ({"collect": ["y"]}, {"feedback": {"x": "y"}}, {"stop": {"y": [1]}}):  # a TypeError before
-        with pytest.raises(OiError, match=f"{next(iter(kw))} needs a compiled program"):
-            interpreted.run({}, **kw)
+    # collect, feedback and stop: one set of rules (run_rules.py), the same refusals word for word
+    x = np.ones((4, 16), np.float32)
+    for kw in ({"collect": ["yy"]}, {"feedback": {"x": "y"}}, {"stop": {"y": [1]}}, {"feedback": {"y": "x"}}):
+        messages = []
+        for run in (compiled.session().run, interpreted.run):
+            with pytest.raises(OiError) as err:
+                run({"x": x}, **kw)
+            messages.append(str(err.value))
+        assert messages[0] == messages[1] and messages[0].startswith(f"error: {next(iter(kw))}"), messages
 
 
 def test_compile_options_reach_the_constructor_frozen():

@@ -13,7 +13,7 @@ import pytest
 
 import oi2jax
 from oi2jax.diagnostics import OiError
-from oi2jax.runtime.runargs import stop_hits, stopped
+from oi2jax.run_rules import stop_hits, stopped
 
 from conftest import run_cli
 
@@ -72,7 +72,7 @@ def test_a_stop_id_ends_the_fused_loop_where_a_host_loop_does(prog, calls, stop,
         assert want[-1] in stop["next"] and not set(want[:-1]) & set(stop["next"])  # the stop id is kept, last
 
 
-@pytest.mark.parametrize("way", ["fused", "a call per step", "host loop"])
+@pytest.mark.parametrize("way", ["fused", "a call per step", "host loop", "interpreted"])
 def test_a_stop_id_predicted_inside_a_teacher_forced_prompt_ends_nothing(prog, way):
     """A prompt given per step (token = 1, 8, 3) with feedback: the `next` of its first two steps
     is replaced by the next prompt token, so it is not generated and a stop id there ends nothing
@@ -85,10 +85,12 @@ def test_a_stop_id_predicted_inside_a_teacher_forced_prompt_ends_nothing(prog, w
         if way == "a call per step":
             sess.call_seconds = 1e-9
         run = sess.run_stepwise if way == "host loop" else sess.run
+        if way == "interpreted":  # the oracle follows the same rules (run_rules.py)
+            run = oi2jax.compile(SOURCE, model=False, sizes={"T": T}, mode="interpret").run
         out = run({"token": prompt}, steps=6, feedback={"token": "next"}, stop=stop, collect="next")
         assert int(out["t"]) == steps_run, (stop, way)  # 8 and 10 are the prompt's predictions: ignored
         assert out["next"].ravel().tolist() == [8, 10, 7, 5, 6, 0][:steps_run]
-        if way != "host loop":
+        if way not in ("host loop", "interpreted"):
             assert sess.last_run.stopped == (steps_run < 6)
 
 
@@ -123,10 +125,12 @@ def test_a_failing_runs_stream_gets_every_row_before_the_failing_step(prog):
     assert chunks[-1][1] == T
 
 
-def test_past_the_capacity_the_steps_before_the_failing_one_are_kept(prog):
-    sess = prog.session()
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_past_the_capacity_the_steps_before_the_failing_one_are_kept(prog, mode):
+    run = prog.session().run if mode == "compiled" else \
+        oi2jax.compile(SOURCE, model=False, sizes={"T": T}, mode="interpret").run
     with pytest.raises(OiError, match=r"index 6 is past its fixed size 6 \(in step 7\)") as info:
-        sess.run(steps=10, feedback={"token": "next"}, collect="next")
+        run(steps=10, feedback={"token": "next"}, collect="next")
     err = info.value
     assert err.step == 7 and err.partial["next"].ravel().tolist() == (CYCLE + CYCLE)[:T]
     assert err.partial["H"].ravel().tolist() == [1] + (CYCLE + CYCLE)[:T - 1]  # every token fed before

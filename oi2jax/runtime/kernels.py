@@ -15,7 +15,7 @@
   its source had after the step before: carried in the loop, no host round trip).
   The loop stops early after a step that recorded an error (that step is applied, its failing
   write skipped), that needs more cache capacity (that step is undone), or whose output is a stop
-  id (`stop`: that step is applied; `runargs.stop_hits`, `runargs.stopped`); `status` is
+  id (`stop`: that step is applied; `run_rules.stop_hits`, `run_rules.stopped`); `status` is
   a `StepOutcome` vector (`status_vector`). So N fused steps equal N `after_unchecked` calls bit for bit, and
   growth resumes exactly at the undone step.
 """
@@ -35,7 +35,7 @@ from .._signals import raise_pending
 from ..lowering.caches import LayoutKind
 from ..lowering.state import Guards, StepState
 from .placement import TRIM_AFTER_SECONDS, return_freed_memory
-from .runargs import fed_back, stop_from, stop_hits, stopped
+from ..run_rules import fed_back, stop_from, stop_hits, stopped
 
 
 SELECT_SKIP_BYTES = 1 << 16
@@ -298,7 +298,7 @@ class StepKernels:
         `stop`: {output: device array of stop ids}; `done`: {output: bool array of the output's
         shape}, the elements already stopped (all False at a run's start, then `FusedRun.done` of
         the call before): the loop ends after the step that leaves every element of one output
-        stopped (`runargs.stopped`).
+        stopped (`run_rules.stopped`).
         `exes`: the loops compiled ahead of time for one validated signature of arguments (a
         `ValidatedRun`), by index type (`AheadOfTime`): called without the jit's dispatch (a hot
         path) where it takes the arguments as they are; else (placed unlike them) the jit, from

@@ -36,8 +36,9 @@ from . import state_file
 from .kernels import StepOutcome, compiled
 from .placement import Placer
 from .runstats import RunClock
-from .runargs import (call_limit, collect_names, collected_rows, device_inputs, fed_back, feedback_pairs, split_inputs, stop_arrays,
-                      stop_from, stop_hits, stop_set, stopped, validate_run)
+from ..run_rules import (collect_names, fed_back, feedback_pairs, split_inputs, stop_from, stop_hits, stop_set,
+                         stopped)
+from .runargs import call_limit, collected_rows, device_inputs, stop_arrays, validate_run
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
 
@@ -568,7 +569,7 @@ class Session:
         per-step values only of inputs with feedback. IN not given: its default in the session's
         first step, else the session's last OUT (`continued`).
         `stop={OUT: [ID, ...]}`: the loop ends after the step whose OUT is one of the ids (every
-        element of OUT, each of a batch's sequences at its own step: `runargs.stopped`), on the
+        element of OUT, each of a batch's sequences at its own step: `run_rules.stopped`), on the
         device, no host read per step; that step is the run's last and is kept (its OUT, the stop
         id, is in the result), no later step runs; `steps` is then a budget.
         `on_chunk(rows, done)`: streaming; called after each fused call with the collected rows
