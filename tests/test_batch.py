@@ -200,6 +200,23 @@ def test_stops_per_slot(llama):
     assert batch.active == [] and batch.run(5) == {0: [], 1: [], 2: [], 3: []}
 
 
+def test_a_run_refusing_its_stop_ids_leaves_every_slots_own_stop_ids(llama):
+    # run(stop=) merges its ids into each slot's own; a slot with too many raised only after the
+    # slots before it had taken them, and they kept them: slot 0 then stopped at a run's id in
+    # every later run
+    solo = [_solo(llama, k, 12)[0] for k in range(2)]
+    unused = [t for t in range(SIZES["vocab"]) if t not in solo[1]][:7]
+    batch = _batch(llama)
+    batch.insert(0, PROMPTS[0], max_tokens=12)
+    batch.insert(1, PROMPTS[1], max_tokens=12, stop=unused)
+    extra = next(t for t in range(SIZES["vocab"]) if t not in unused and t != solo[0][3])
+    with pytest.raises(OiError, match="slot 1: 9 stop ids, at most 8"):
+        batch.run(30, stop=[solo[0][3], extra])  # slot 0 would stop at its 4th token
+    batch.run(30)
+    assert batch.result(0).tokens == solo[0] and batch.result(0).finish == "length"
+    assert batch.result(1).tokens == solo[1] and batch.result(1).finish == "length"
+
+
 def test_a_slot_past_the_cache_ends_with_its_tokens_and_the_error(llama):
     batch = _batch(llama)
     batch.insert(3, PROMPTS[3])  # 20 prompt tokens, no budget: T = 40 fills after 21 tokens

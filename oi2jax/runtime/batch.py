@@ -304,12 +304,16 @@ class Batch:
         extra = _stop_ids(stop, self.vocab)
         saved = self._slots["stops"].copy()
         if extra:
+            # every slot's merged ids built and checked before any is set: a slot with too many
+            # left the slots before it holding this run's ids after the error, for every later run
+            merged_stops = saved.copy()
             for slot in range(self.size):
                 own = [int(t) for t in saved[slot] if t != _NO_TOKEN]
                 merged = own + [t for t in extra if t not in own]
                 if len(merged) > MAX_STOPS:
                     raise OiError(f"slot {slot}: {len(merged)} stop ids, at most {MAX_STOPS}")
-                self._slots["stops"][slot, :len(merged)] = merged
+                merged_stops[slot, :len(merged)] = merged
+            self._slots["stops"] = merged_stops
         before = [len(r.tokens) if r is not None else 0 for r in self._results]
 
         def result():
