@@ -899,6 +899,30 @@ def test_a_state_of_another_graph_or_other_sizes_is_named(kv):
     p8.session(state=sess.state).step(x=np.ones(8, np.float32))  # a grown state handed over
 
 
+def test_the_pure_step_check_and_export_state_name_a_foreign_or_used_state(kv):
+    """(runtime probe) `prog.step` of another graph's StepState raised a bare KeyError from the
+    state's flattening (only JAX's RuntimeError/ValueError/TypeError were explained), as did
+    `export_state`; `check` and `export_state` of a state a step took over raised JAX's "Array has
+    been deleted" (checking the old state instead of the one the step returned)."""
+    other = oi2jax.compile(EXAMPLES / "cache_window_slice.oi", model=EXAMPLES / "cache_window_slice.oinf")
+    q = np.ones(kv.bound.shape("q"), np.float32)
+    foreign = "state: not this program's: it has no "
+    with pytest.raises(OiError, match=re.escape(foreign)):
+        kv.step(other.init_state(), q=q)
+    with pytest.raises(OiError, match=re.escape(foreign)):
+        kv.export_state(other.init_state())
+    state = kv.init_state()
+    new, _ = kv.step(state, q=q)
+    used = r"this state was already used by a step, which took over \(donated\) its buffers: check \(or read\) the " \
+           r"state that step returned"
+    with pytest.raises(OiError, match=used):
+        kv.check(state)
+    with pytest.raises(OiError, match=used):
+        kv.export_state(state)
+    kv.check(new)
+    assert int(kv.export_state(new)["t"]) == 1
+
+
 def test_a_run_of_zero_steps_reports_its_inputs_as_given():
     """(helper probe) compiled, `run(steps=0)` showed a given input as zeros; the interpreter, as
     docs/semantics.md item 4 says, shows it as given (a per-step input: its first value)."""

@@ -402,7 +402,7 @@ class Program:
             full = exe.dynamic_args(checked)
             try:
                 return checked, full, exe.jit_step(consts, state, full)
-            except (RuntimeError, ValueError, TypeError):
+            except (RuntimeError, ValueError, TypeError, KeyError):  # KeyError: a state of another graph
                 self.refuse_used(state)
                 self.refuse_foreign(state)
                 raise
@@ -419,7 +419,7 @@ class Program:
             if name not in given or name not in layouts:
                 where = "has no" if name not in given else "has a"
                 raise OiError(f"state: not this program's: it {where} {name}, which this program's state "
-                              f"{'has' if name in layouts else 'has not'} (a state of another graph?)")
+                              f"{'has' if name in layouts else 'has not'} (a state of another graph?)") from None
             layout, value = layouts[name], given[name]
             data = value.data if layout.is_cache else value
             if layout.packed or not hasattr(data, "shape"):
@@ -437,7 +437,10 @@ class Program:
                     (want is not None and got != want):
                 raise OiError(f"state: not this program's: its {name} is {np.dtype(data.dtype)}{list(data.shape)}, "
                               f"where this program's is {layout.dtype}{list(layout.data_shape())} (a state made at "
-                              f"other sizes, or of another graph?)")
+                              f"other sizes, or of another graph?)") from None
+
+    # what to do about a used state handed to `check` or `export_state`
+    _used_fix = "check (or read) the state that step returned (`state, out = prog.step(state, ...)`)"
 
     @staticmethod
     def refuse_used(state, fix: str = "pass the state that step returned (`state, out = "
@@ -452,7 +455,11 @@ class Program:
         """Raise the runtime error recorded in `state` (OiError), if any; also raise when a step
         was undone because a growable cache needs more capacity (run it under a session)."""
         exe = self.executable
-        flags = np.asarray(exe.to_host(state.guards.flags))
+        try:
+            flags = np.asarray(exe.to_host(state.guards.flags))
+        except RuntimeError:  # its buffers donated to a step: check the state that step returned
+            self.refuse_used(state, self._used_fix)
+            raise
         if flags.ndim > 1:  # a state stacked or vmapped over leading axes: each element's own flags
             for index in np.ndindex(flags.shape[:-1]):
                 try:
@@ -692,8 +699,14 @@ class Program:
         return self.executable.trim(value)
 
     def export_state(self, state: StepState) -> dict:
-        """Every persistent variable's user-visible value (widened like `--out`)."""
-        return self.executable.export_state(state)
+        """Every persistent variable's user-visible value (widened like `--out`). A state a step
+        took over, or one of another graph, is an OiError that says so."""
+        try:
+            return self.executable.export_state(state)
+        except (RuntimeError, KeyError, AttributeError):  # a donated buffer; another graph's state
+            self.refuse_used(state, self._used_fix)
+            self.refuse_foreign(state)
+            raise
 
     def import_state(self, values: dict, source: str = "state") -> StepState:
         """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);
