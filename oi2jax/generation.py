@@ -39,7 +39,7 @@ import numpy as np
 
 from . import api, ir
 from ._signals import deferred, raise_pending
-from .diagnostics import OiError
+from .diagnostics import OiError, check_whole
 from .model.reader import open_model
 from .npz import regular_input
 from .model.chat_template import render_chat
@@ -327,6 +327,8 @@ class Generator:
         ids = tokens.prompt_ids(ids, self.vocab, "prompt_ids" if prompt is None else
                                 "the prompt's token ids (from the tokenizer)").tolist()
         tokens.fits(len(ids), self.capacity)
+        # a number: None (Batch.insert's "no budget") failed as a TypeError at `max_tokens - 1`
+        check_whole("max_tokens", max_tokens, 0)
         check_settings(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         seed=seed, vocab=self.vocab)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}

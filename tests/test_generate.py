@@ -275,6 +275,13 @@ def test_bad_settings_are_named(gen, bad):
         gen.generate(prompt_ids=[1, 2], **bad)
 
 
+def test_generate_refuses_max_tokens_none_naming_it(gen):
+    """(runtime probe) max_tokens=None (generate_batch's and Batch.insert's "no budget") passed the
+    settings check and failed as a TypeError at `max_tokens - 1`, after the prompt's programs were built."""
+    with pytest.raises(OiError, match=r"max_tokens must be a whole number >= 0, got None"):
+        gen.generate(prompt_ids=[1, 2], max_tokens=None)
+
+
 def test_a_batch_checks_the_settings_as_a_generation_does(gen):
     """generate_batch (`generate --batch`) took a NaN or negative temperature as greedy and a
     negative seed, and failed each prompt at run time on a top_p of 0: now the one check of
