@@ -56,7 +56,7 @@ from .protocol import CompileOptions
 from .run_rules import collect_names, fed_back, feedback_pairs, split_inputs, stop_from, stop_hits, stop_set, stopped
 from .trace import Trace
 # one rule and message each, compiled or interpreted:
-from .values import check_given_inputs, convert_inputs, convert_output
+from .values import check_given_inputs, convert_inputs, convert_output, unknown_input
 
 MAX_DEPTH = 2_000  # frame stack depth beyond what the graph can need (a backstop: the checker refuses recursion)
 MAX_NODES = 5_000_000  # executed nodes per step (runaway loops with huge variable bounds)
@@ -304,7 +304,7 @@ class InterpretedProgram(CacheOps):
                         given[name] = self.state.values[source]
                 before = self.state.copy()  # shallow: arrays are never mutated in place
                 try:
-                    self.step(given)
+                    self._step(given)
                 except OiError as exc:  # a runtime error names its step, as a compiled guard does;
                     # what the steps before it produced goes with it (`partial`), as a compiled run's
                     error = exc.in_step(i + 1)
@@ -323,7 +323,28 @@ class InterpretedProgram(CacheOps):
                     break
             return result()
 
-    def step(self, inputs: dict[str, np.ndarray]) -> None:
+    def step(self, inputs: dict) -> None:
+        """One step on `self.state` (after a `run`, or from the initial state), with `inputs` as
+        `run` takes them for one step (checked and converted: an unknown name or a wrong shape is
+        an OiError, never dropped). A runtime error leaves the state as the failing node found it.
+        Not `Program.step` (the pure step of a compiled program)."""
+        with jax.enable_x64(True):
+            inputs = dict(inputs or {})
+            for name in inputs:
+                decl = self.graph.var(name)
+                if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+                    raise unknown_input(name, self.graph)
+            self._step(convert_inputs(inputs, self.graph, self._decl_shape))
+
+    def __getattr__(self, name: str):
+        """A compiled program's attribute asked of the interpreter: an OiError that says so (also an
+        AttributeError, so that `getattr(program, name, default)` still gives the default)."""
+        if name in _COMPILED_ONLY:
+            raise _CompiledOnly(f"{name} needs a compiled program (mode=\"compiled\"); the interpreter runs whole runs: "
+                                f"run(inputs, steps, collect=, feedback=, stop=), then step(inputs) to go on")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _step(self, inputs: dict[str, np.ndarray]) -> None:
         """One step on self.state (inputs already converted)."""
         with jax.enable_x64(True):
             st = self.state
@@ -545,6 +566,16 @@ _RULES = {
 
 
 _NOTED: set = set()
+
+# what a compiled `runtime.Program` has and the interpreter has not (a session, the pure step's
+# state, batches, the compiled forms): asked of the interpreter, an OiError naming it
+_COMPILED_ONLY = frozenset({"apply", "batch", "check", "consts", "defaults", "dump", "emit", "export_state",
+                            "import_state", "init_state", "lower", "memory", "mesh", "session", "specialized"})
+
+
+class _CompiledOnly(OiError, AttributeError):
+    """`InterpretedProgram.__getattr__`'s error."""
+
 
 def _note_no_reference(op_def) -> None:
     """Said once per op and process: an added op without a NumPy reference is interpreted by

@@ -12,7 +12,7 @@ import pytest
 import oi2jax
 from oi2jax.diagnostics import OiError
 
-from conftest import REPO
+from conftest import EXAMPLES, MODELS, REPO
 
 BATCH = 4
 SIZES = {"B": BATCH, "D": 3}
@@ -250,3 +250,14 @@ def test_a_chunked_run_names_the_step_of_the_chunk_that_failed(rows, failing):
     assert err.value.render().splitlines()[0].endswith(
         f"error: dimension 0 of K: index 1 is past its fixed size 1 (in step 2 of chunk 1 of {chunks}: {failing})")
     assert all(len(v) == 0 for v in err.value.partial.values())  # no chunk before it
+
+
+def test_run_batched_names_an_unknown_input_and_a_wrong_row_shape():
+    """Probe (runtime) 5: a misspelled input said "no input is batched over B"; an input of
+    [1, 10, 16] where x is [B=4, 16] was told the shape of the B=1 program it was rebound to."""
+    prog = oi2jax.compile(str(EXAMPLES / "mlp_regression.oi"), model=str(MODELS / "mlp_regression.oinf"))
+    with pytest.raises(OiError, match=r"^error: unknown input xx \(did you mean x\?\)"):
+        prog.run_batched({"xx": np.ones((10, 16), np.float32)})
+    with pytest.raises(OiError, match=r"run_batched: input x: expected shape \[N, 16\] \(N rows over B=4, each "
+                                      r"\[16\]\), got \[1, 10, 16\]"):
+        prog.run_batched({"x": np.ones((1, 10, 16), np.float32)})

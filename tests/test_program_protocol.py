@@ -154,3 +154,24 @@ def test_compile_names_a_mistaken_graph_or_model_argument():
         oi2jax.compile(MLP.read_bytes())
     with pytest.raises(OiError, match="model: expected a path, a Model, None or False, got True"):
         oi2jax.compile(MLP, model=True)
+
+
+def test_the_interpreter_names_what_only_a_compiled_program_has():
+    """Probe (runtime) 4: `session()`, `init_state()`, `check`, `batch` of an interpreted program
+    were AttributeErrors; its `step({...})` dropped an unknown input name (the step ran with the
+    default) and took a wrong shape to a TypeError inside an op."""
+    interpreted = oi2jax.compile(MLP, mode="interpret")
+    for name in ("session", "init_state", "check", "batch", "apply", "export_state", "emit"):
+        with pytest.raises(OiError, match=rf'^error: {name} needs a compiled program \(mode="compiled"\); the '
+                                          r"interpreter runs whole runs: run\(inputs, steps, collect=, feedback=, "
+                                          r"stop=\), then step\(inputs\) to go on"):
+            getattr(interpreted, name)
+    assert getattr(interpreted, "mesh", None) is None and not hasattr(interpreted, "session")
+    x = np.ones((4, 16), np.float32)
+    first = interpreted.run({"x": x})["y"]
+    with pytest.raises(OiError, match=r"^error: unknown input xx \(did you mean x\?\)"):
+        interpreted.step({"xx": x})
+    with pytest.raises(OiError, match=r"^error: input x: expected shape \[4, 16\], got \[3\]"):
+        interpreted.step({"x": np.ones(3, np.float32)})
+    interpreted.step({"x": x})
+    np.testing.assert_array_equal(interpreted.outputs()["y"], first)

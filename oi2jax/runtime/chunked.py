@@ -98,6 +98,14 @@ def run_batched(program, inputs: dict | None = None, batch_var: str = "B", steps
     B = int(bound.sizes[batch_var])
     batched = batched_names(graph, batch_var)
     inputs = dict(inputs or {})
+    for name, value in inputs.items():  # named before the rows are counted (a typo is not "no input batched")
+        decl = graph.var(name)
+        if decl is None or decl.kind != ir.MemKind.DYNAMIC:
+            raise unknown_input(name, graph)
+        per_row = tuple(bound.shape(name))[1:]
+        if name in batched and (np.ndim(value) != len(per_row) + 1 or tuple(np.shape(value)[1:]) != per_row):
+            raise OiError(f"run_batched: input {name}: expected shape [{', '.join(['N', *map(str, per_row)])}] (N rows "
+                          f"over {batch_var}={B}, each {list(per_row)}), got {list(np.shape(value))}")
     rows = {name: np.asarray(v).shape[0] for name, v in inputs.items()
             if name in batched and np.asarray(v).ndim > 0}
     if not rows:

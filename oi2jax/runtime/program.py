@@ -398,6 +398,7 @@ class Program:
         if not isinstance(state, StepState):  # an AttributeError deep in the step before
             raise OiError(f"step: state must be a StepState (prog.init_state(), or the state a step returned), "
                           f"got {type(state).__name__}")
+        self.refuse_used(state)  # before the call: XLA would print its own error line first
         with self.scope():
             full = exe.dynamic_args(checked)
             try:
