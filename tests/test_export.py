@@ -294,6 +294,38 @@ def test_an_nn_op_exports_with_a_symbolic_rows_dimension(tmp_path):
                                        rtol=1e-5, atol=1e-6)
 
 
+def test_softmax_with_a_valid_length_exports_with_a_symbolic_rows_dimension(tmp_path):
+    """nn `softmax(x, valid=n)` over x [B, D] with B symbolic, `n` one value or one per row [B]:
+    its row-shape check used NumPy's broadcast, which cannot compare a symbolic dimension, so the
+    export failed with `its kernel raised TypeError: '_DimExpr' object cannot be interpreted as an
+    integer`. Run at B = 2 and B = 5 against the masked softmax."""
+    from oi2jax.model import save
+    save(tmp_path / "sm.oinf", sizevars={"B": 3, "D": 6}, tensors={})
+    for valid, decl in (("n", "n: i32;"), ("nv", "nv: i32[B];")):
+        g = tmp_path / f"sm_{valid}.oi"
+        g.write_text(f"dynamic {{ x: f32[B, D]; {decl} }}\nvolatile {{ y: f32[B, D]; }}\n"
+                     f"block entry {{\n    op softmax(x, valid={valid}) >> y;\n    return;\n}}\n")
+        art = tmp_path / f"sm_{valid}.jaxexport"
+        write_export(g, art, model=tmp_path / "sm.oinf", ops=["nn"], symbolic=("B",))
+        with jax.enable_x64(True):
+            exp, state = _load_cacheless(art)
+            for b in (2, 5):
+                x = np.random.default_rng(b).standard_normal((b, 6)).astype(np.float32)
+                k = np.array(4, np.int32) if valid == "n" else (np.arange(b, dtype=np.int32) % 6) + 1
+                _, out = exp.call(state, {"x": x, valid: k})
+                rows = np.broadcast_to(k, (b,))
+                want = np.zeros((b, 6))
+                for r in range(b):
+                    e = np.exp(x[r, :rows[r]].astype(np.float64) - x[r, :rows[r]].max())
+                    want[r, :rows[r]] = e / e.sum()
+                np.testing.assert_allclose(np.asarray(out["y"]), want, rtol=1e-5, atol=1e-7)
+    bad = tmp_path / "sm_bad.oi"  # a per-row valid that does not broadcast to the rows is still refused
+    bad.write_text("dynamic { x: f32[B, D]; nv: i32[D]; }\nvolatile { y: f32[B, D]; }\n"
+                   "block entry {\n    op softmax(x, valid=nv) >> y;\n    return;\n}\n")
+    with pytest.raises(OiError, match="valid has shape \\[6\\], which does not broadcast to the rows"):
+        write_export(bad, tmp_path / "bad.jaxexport", model=tmp_path / "sm.oinf", ops=["nn"], symbolic=("B",))
+
+
 def test_an_artifact_for_a_cpu_and_a_gpu_adds_in_order_on_the_cpu(tmp_path):
     """A float sum_axis adds in row-major order on a CPU (SPEC §6.4); an artifact exported for
     cpu and cuda chose the accelerator's reduce for both (the review of 2026-11-28), so run on a

@@ -19,10 +19,12 @@ def _valid_message(n: int) -> str:
 
 
 def _valid_rows(valid, rows: tuple[int, ...]) -> None:
-    """A per-row `valid` broadcasts to x's shape without the axis (right-aligned, as NumPy)."""
+    """A per-row `valid` broadcasts to x's shape without the axis (right-aligned, as NumPy). The
+    rows may hold a symbolic dimension (`export --symbolic`): JAX's broadcast rule compares them,
+    where NumPy's cannot."""
     shape = tuple(np.shape(valid))
     try:
-        ok = np.broadcast_shapes(shape, rows) == rows
+        ok = tuple(jnp.broadcast_shapes(shape, tuple(rows))) == tuple(rows)
     except ValueError:
         ok = False
     if not ok:
