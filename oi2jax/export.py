@@ -55,7 +55,7 @@ import jax
 import numpy as np
 
 from . import ir, pipeline
-from .diagnostics import OiError, suggest
+from .diagnostics import Diagnostic, OiError, suggest
 from .graph_json import to_json
 from .lowering import loops
 from .lowering.caches import TABLE
@@ -91,6 +91,26 @@ def _check_symbolic(graph: ir.Graph, symbolic: tuple[str, ...]) -> None:
     if problems:
         raise OiError(f"cannot export with symbolic {', '.join(symbolic)}: " + "; ".join(problems)
                       + " (only dynamic/volatile shapes may be symbolic)")
+    # a symbolic size used as a value: a table's @fixed capacity (the artifact would keep the bound
+    # value's capacity while the manifest calls the size symbolic) or a loop bound
+    located = []
+    head = f"cannot export with symbolic {', '.join(symbolic)}"
+    for decl in graph.vars:
+        for index, size in decl.fixed:
+            if isinstance(size, str) and size in wanted:
+                located.append(Diagnostic(f"{head}: @fixed({index}={size}) of {decl.name} uses {size} as a table "
+                                          f"capacity, a value; export without --symbolic {size} or use --size",
+                                          decl.span))
+    for block in graph.blocks:
+        for node in block.walk():
+            if isinstance(node, ir.Loop):
+                for bound in (node.start, node.end):
+                    if isinstance(bound, str) and bound in wanted and graph.var(bound) is None:
+                        located.append(Diagnostic(f"{head}: loop {node.name} uses {bound} as a loop bound, a "
+                                                  f"value; export without --symbolic {bound} or use --size",
+                                                  node.span))
+    if located:
+        raise OiError(located, source=graph.source or None)
 
 
 def _symbolic_bound(bound, symbolic: tuple[str, ...]):

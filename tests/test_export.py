@@ -190,6 +190,33 @@ def test_symbolic_limits_are_clear_errors(tmp_path, capsys):
                      model=EXAMPLES / "kv_cache_decode.oinf", symbolic=("B",))
 
 
+def test_a_symbolic_size_used_as_a_capacity_or_a_loop_bound_is_refused_at_its_place(tmp_path, capsys):
+    """`@fixed(i=B)` with B symbolic was exported at exit 0 with the bound B's capacity baked in
+    while the manifest called B symbolic: at B = 5 the artifact's 4th write failed with `index 3 is
+    past its fixed size 3` where `oi2jax run --size B=5` wrote it. A loop bound B failed with an
+    unlocated `the lowering needs a concrete value there`. Both are located errors now, and
+    nothing is written."""
+    from oi2jax.model import save
+    save(tmp_path / "m.oinf", sizevars={"B": 3, "D": 4}, tensors={})
+    cap = tmp_path / "cap.oi"
+    cap.write_text("dynamic { x: f32[B, D]; r: f32[D]; }\nvolatile { y: f32[B, D]; }\n"
+                   "persistent { t: i32 @init(0); K(i): f32[D] @table @fixed(i=B); }\n"
+                   "block entry {\n    op add(x, x) >> y;\n    cache.write r >> K[t];\n    cache.increment t;\n"
+                   "    return;\n}\n")
+    loop = tmp_path / "loop.oi"
+    loop.write_text("dynamic { x: f32[B, D]; }\nvolatile { y: f32[B, D]; }\nblock entry {\n"
+                    "    loop l (i in 0..B) {\n        op add(x, x) >> y;\n    }\n    return;\n}\n")
+    for g, where, what in ((cap, "3:31", "@fixed(i=B) of K uses B as a table capacity"),
+                           (loop, "4:5", "loop l uses B as a loop bound")):
+        out = tmp_path / (g.stem + ".jaxexport")
+        rc = main(["export", str(g), "--model", str(tmp_path / "m.oinf"), "-o", str(out), "--symbolic", "B"])
+        err = capsys.readouterr().err
+        assert rc == 1 and f"{g}:{where}: error: cannot export with symbolic B: {what}" in err, err
+        assert "Traceback" not in err and not out.exists()
+    # without --symbolic the same graph exports (B is the model's 3)
+    assert main(["export", str(cap), "--model", str(tmp_path / "m.oinf"), "-o", str(tmp_path / "c.jaxexport")]) == 0
+
+
 def test_export_cli_usage(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["export", str(EXAMPLES / "mlp_regression.oi")])  # -o is required
