@@ -93,6 +93,10 @@ def writable_target(path) -> str:
                 # never named, somewhere else (cp refuses too)
                 raise NotRegularFileError(2, f"a symbolic link to a missing file ({target}); refusing to "
                                              f"write through it (remove the link or create the file)", path)
+            if exc.errno == errno.ELOOP:
+                # a loop of symbolic links names no file: replacing the link would destroy it (cp refuses too)
+                raise NotRegularFileError(errno.ELOOP, "a loop of symbolic links (too many levels of symbolic "
+                                                       "links); refusing to replace it", path) from None
             return target
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "is a directory", path)

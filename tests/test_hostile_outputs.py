@@ -163,3 +163,26 @@ def test_a_link_to_a_missing_file_is_not_written_through(capsys, tmp_path, targe
                            f"to write through it (remove the link or create the file)")
     assert os.readlink(link) == str(tmp_path / target) and not os.path.lexists(tmp_path / target)
     assert sorted(os.listdir(tmp_path)) == ["g.oi", "out.txt"]
+
+
+@pytest.mark.parametrize("loop", ["self", "pair"])
+def test_a_loop_of_symbolic_links_is_not_replaced(capsys, tmp_path, loop):
+    """A link that names itself (or a pair naming each other) resolves to no file: `cp` refuses it
+    (`Too many levels of symbolic links`); `compile -o` replaced the link with a regular file at
+    exit 0, and so did every other output (the same writer)."""
+    graph = tmp_path / "g.oi"
+    graph.write_text(GRAPH)
+    link = tmp_path / "out.txt"
+    if loop == "self":
+        os.symlink(link, link)
+    else:
+        os.symlink(tmp_path / "other.txt", link)
+        os.symlink(link, tmp_path / "other.txt")
+    code, out, err = run_cli(capsys, "compile", graph, "--emit", "jaxpr", "-o", link)
+    assert code == 1 and out == ""
+    assert err.strip() == (f"error: {link}: a loop of symbolic links (too many levels of symbolic links); "
+                           f"refusing to replace it")
+    assert link.is_symlink() and not [p for p in os.listdir(tmp_path) if p.startswith(".oi2jax-")]
+    with pytest.raises(NotRegularFileError):
+        write_text_atomic(link, "x")
+    assert link.is_symlink()
