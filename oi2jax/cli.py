@@ -20,13 +20,14 @@ from pathlib import Path
 
 from . import __version__
 from .cfg import format_for, render, to_dot
-from .diagnostics import OiError, OiNote, suggest
+from .diagnostics import Diagnostic, OiError, OiNote, suggest
 from .grammar.fmt import format_graph, scan_comments
 from .grammar.parse import parse, parse_file
 from .graph_json import to_json
 from .ir import MemKind
 from .model import open_model
 from .model.inspect import render_model
+from .naming import unknown_sizes
 from .npz import refuse_inputs_as_outputs, save_npz, writable_target, write_atomic, write_text_atomic
 from .run_rules import feedback_pairs, split_inputs
 from . import progress  # progress.progress_for, looked up per call (tests stand in a bar)
@@ -386,9 +387,14 @@ def cmd_graph(args) -> int:
     graph = _load_graph(args.graph)
     sizes = {}
     model = _model(args).model
-    if model:
-        sizes.update(open_model(model).sizevars)
-    sizes.update(_sizes(args.size))
+    opened = open_model(model) if model else None
+    if opened is not None:
+        sizes.update(opened.sizevars)
+    given = _sizes(args.size)
+    unknown = unknown_sizes(graph, opened, given)  # a typo (b=8 for B) is an error, as for check/run/compile
+    if unknown:
+        raise OiError(unknown[0] if len(unknown) == 1 else [Diagnostic(m) for m in unknown])
+    sizes.update(given)
     fmt = format_for(args.output)
     text = to_dot(graph, sizes)
     if fmt == "dot":

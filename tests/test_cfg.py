@@ -110,3 +110,15 @@ def test_missing_graphviz_message(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err
     note = f"note: using model {EXAMPLES / 'mlp_regression.oinf'} (beside the graph)\n"
     assert rc == 1 and err.startswith(note + "error: ") and "apt-get install graphviz" in err and "Traceback" not in err
+
+
+def test_cli_an_unknown_size_is_an_error_as_for_check(tmp_path, capsys):
+    """`graph --size Q=3` (a name neither the graph nor its model knows: a typo) was drawn at exit 0
+    with the size dropped, where check, run and compile refuse it; a known one labels the loop."""
+    g = EXAMPLES / "residual_mlp_stack.oi"
+    assert main(["graph", str(g), "--size", "num_layer=5", "-o", str(tmp_path / "g.dot")]) == 1
+    err = capsys.readouterr().err
+    assert "error: unknown size num_layer (did you mean num_layers?)" in err and "Traceback" not in err
+    assert not (tmp_path / "g.dot").exists()
+    assert main(["graph", str(g), "--no-model", "--size", "num_layers=5"]) == 0
+    assert "loop layers (l in 0..num_layers=5)" in capsys.readouterr().out
