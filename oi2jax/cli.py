@@ -47,14 +47,33 @@ from .cli_run_io import (load_inputs, main_outputs, per_step_inputs, report_trac
 EMIT_KINDS = ("jaxpr", "stablehlo", "hlo", "optimized-hlo", "graph-json")
 
 
+class _Once(argparse.Action):
+    """A flag that takes one value, given twice, is a usage error (argparse kept the last value
+    without a word: `--steps 1 --steps 2` ran 2 steps, `-o a -o b` wrote only b)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given_once", {})  # per parse: the namespace is new
+        if self.dest in given:
+            first, value = given[self.dest]
+            parser.error(f"{option_string} given twice ({first} {value}, {option_string} {values}); give it once")
+        given[self.dest] = (option_string, values)
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
     """No abbreviated flags (argparse takes `--mode` for `--model`, `--step` for `--steps`): a
-    script's flags keep their meaning when a flag is added. An unknown flag gets a suggestion."""
+    script's flags keep their meaning when a flag is added. An unknown flag gets a suggestion. A
+    flag of one value given twice is an error (`_Once`)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._argv: list[str] = []
+
+    def add_argument(self, *args, **kwargs):
+        if args and str(args[0]).startswith("-") and "action" not in kwargs and kwargs.get("nargs") is None:
+            kwargs["action"] = _Once
+        return super().add_argument(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
         self._argv = list(sys.argv[1:] if args is None else args)

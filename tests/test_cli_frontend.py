@@ -160,3 +160,18 @@ def test_a_closed_standard_output_is_an_error_for_a_command_that_prints(tmp_path
     for args in (["--version"], ["fmt", "--help"]):  # argparse's own printing dropped the failed write: exit 0
         p = closed(*args)
         assert p.returncode == 1 and p.stderr == "error: standard output is closed: nowhere to print\n", args
+
+
+@pytest.mark.parametrize("argv, flag, first, second", [
+    (["compile", "G", "--emit", "jaxpr", "--emit", "hlo"], "--emit", "--emit jaxpr", "--emit hlo"),
+    (["run", "G", "--steps", "1", "--steps=2"], "--steps", "--steps 1", "--steps 2"),
+    (["compile", "G", "-o", "a", "-o", "b"], "-o", "-o a", "-o b"),
+])
+def test_a_flag_of_one_value_given_twice_is_a_usage_error(capsys, argv, flag, first, second):
+    """Emit probe 7: argparse kept the last value without a word (`--emit jaxpr --emit hlo`
+    printed HLO, `-o a -o b` wrote only b, `--steps 1 --steps 2` ran 2 steps)."""
+    from oi2jax.cli import main
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {flag} given twice ({first}, {second}); give it once"
