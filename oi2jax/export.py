@@ -272,6 +272,10 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         "constants": "baked",
         "yield_mode": "fused" if fused else "none",
         "unroll": unroll,
+        # the options that rewrite the graph's dtypes before it is compiled: a cache's `dsl_dtype`
+        # below is the dtype the artifact stores (an f32 table exported with table_dtype f16: f16)
+        "table_dtype": table_dtype,
+        "widen_floats": bool(widen_floats),
         "sizes": {k: ("symbolic" if k in symbolic else int(v)) for k, v in sorted(bound.sizes.items())},
         "symbolic": list(symbolic),
         "init_npz": None,  # filled in by write_export

@@ -158,6 +158,7 @@ def test_manifest_contents(exported):
     assert [d["name"] for d in man["inputs"]] == ["x"]
     assert {o["name"] for o in man["outputs"]} == {"x", "h", "h2"}
     assert set(man["state"]["guards"]) >= {"err", "errval", "grow"}
+    assert man["table_dtype"] is None and man["widen_floats"] is False
     (name, *_), job, _ = exported[0]
     assert json.load(open(job["artifact"] + ".json"))["yield_mode"] == "none"
     (name, *_), job, _ = exported[1]
@@ -377,3 +378,13 @@ def _load_cacheless(artifact):
     st = man["state"]
     return exp, {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]}, "caches": {},
                  "guards": {k: npz[st["guards"][k]["npz_key"]] for k in ("err", "errval", "grow")}}
+
+
+def test_the_manifest_records_the_table_dtype_it_was_exported_with(tmp_path):
+    """Emit probe 8: with --table-dtype f16 the manifest gave K's dsl_dtype as f16 (the graph
+    declares f32) and no key said why."""
+    art = tmp_path / "k.jaxexport"
+    write_export(str(EXAMPLES / "kv_cache_decode.oi"), str(art), table_dtype="f16")
+    man = json.loads((tmp_path / "k.jaxexport.json").read_text())
+    assert man["table_dtype"] == "f16"
+    assert {c["name"]: c["dsl_dtype"] for c in man["state"]["caches"]}["K"] == "f16"
