@@ -165,7 +165,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     graph = bound.graph
     unknown = [s for s in symbolic if s not in bound.sizes]
     if unknown:
-        raise OiError(f"--symbolic {unknown[0]}: not a size variable of the graph/model "
+        raise OiError(f"--symbolic {unknown[0]}: not a size variable of the graph/model{suggest(unknown[0], bound.sizes)} "
                       f"(known: {', '.join(sorted(bound.sizes)) or '(none)'})")
     if symbolic:
         _check_symbolic(graph, symbolic)

@@ -123,6 +123,11 @@ def check_directory(path: str, target: str) -> None:
         raise IsADirectoryError(21, "ends with '/', which names a directory; give a file name", path)
     directory = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(directory):
+        above = directory
+        while above and not os.path.lexists(above):
+            above = os.path.dirname(above) if os.path.dirname(above) != above else ""
+        if above and not os.path.isdir(above):  # a component is a file: no directory can be made there
+            raise NotADirectoryError(20, f"not a directory: {above} (a file, where the path needs a directory)", path)
         raise FileNotFoundError(2, f"no such directory: {directory}", path)
 
 

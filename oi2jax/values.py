@@ -33,7 +33,10 @@ def _convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.n
     kind = a.dtype.kind
     if d.family == dt.FLOAT:
         if kind not in "fiub" and a.dtype.name not in ("bfloat16", "float8_e5m2"):
-            raise OiError(f"input {name}: expected {dtype} values, got a {a.dtype} array")
+            raw = " (raw 2-byte records: NumPy's .npy stores an ml_dtypes bfloat16 array as |V2 and reads it back "\
+                  "as bytes; save it as float32, which converts exactly)" if a.dtype.kind == "V" and a.dtype.itemsize == 2 \
+                else ""
+            raise OiError(f"input {name}: expected {dtype} values, got a {a.dtype} array{raw}")
         if a.dtype == d.np_dtype:
             return a
         if d.name in ("bf16", "f8"):

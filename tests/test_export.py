@@ -388,3 +388,9 @@ def test_the_manifest_records_the_table_dtype_it_was_exported_with(tmp_path):
     man = json.loads((tmp_path / "k.jaxexport.json").read_text())
     assert man["table_dtype"] == "f16"
     assert {c["name"]: c["dsl_dtype"] for c in man["state"]["caches"]}["K"] == "f16"
+
+
+def test_an_unknown_symbolic_size_gets_a_suggestion():
+    """Emit probe 9: `--symbolic b` listed the sizes without the close one."""
+    with pytest.raises(OiError, match=r"--symbolic b: not a size variable of the graph/model \(did you mean B\?\)"):
+        write_export(str(EXAMPLES / "mlp_regression.oi"), "/nonexistent/never-written", symbolic=["b"])

@@ -186,3 +186,14 @@ def test_a_loop_of_symbolic_links_is_not_replaced(capsys, tmp_path, loop):
     with pytest.raises(NotRegularFileError):
         write_text_atomic(link, "x")
     assert link.is_symlink()
+
+
+def test_an_output_below_a_regular_file_says_not_a_directory(tmp_path):
+    """Emit probe 9: `-o afile/x/out.txt` (afile a regular file) said "no such directory"."""
+    (tmp_path / "afile").write_text("keep")
+    with pytest.raises(NotADirectoryError, match=rf"not a directory: {tmp_path / 'afile'} \(a file, where the "
+                                                 r"path needs a directory\)"):
+        write_text_atomic(tmp_path / "afile" / "x" / "out.txt", "text")
+    assert (tmp_path / "afile").read_text() == "keep"
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        write_text_atomic(tmp_path / "missing" / "out.txt", "text")

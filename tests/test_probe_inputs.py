@@ -254,3 +254,16 @@ def test_run_input_files_must_be_regular_files_and_numpys_advice_is_not_repeated
     code, _, err = run_cli(capsys, "run", graph, "--inputs-per-step", tmp_path / "p.npz", "--quiet")
     assert code == 1 and err.strip().endswith(f"error: cannot read --inputs-per-step {tmp_path / 'p.npz'}: "
                                               "not a NumPy file"), err
+
+
+def test_a_bfloat16_npy_read_back_as_raw_bytes_is_explained(tmp_path, capsys):
+    """Emit probe 9: NumPy saves an ml_dtypes bfloat16 array as |V2 and reads back raw records:
+    `expected bf16 values, got a |V2 array` gave no way out."""
+    import ml_dtypes
+    np.save(tmp_path / "bf.npy", np.ones((4, 16), ml_dtypes.bfloat16))
+    g = tmp_path / "bf.oi"
+    g.write_text("dynamic { x: bf16[4, 16]; }\nvolatile { y: bf16[4, 16]; }\nblock entry { op add(x, x) >> y; return; }\n")
+    code, _, err = run_cli(capsys, "run", g, "--no-model", "--input", f"x={tmp_path / 'bf.npy'}")
+    assert code == 1 and err.strip() == (
+        "error: input x: expected bf16 values, got a |V2 array (raw 2-byte records: NumPy's .npy stores an "
+        "ml_dtypes bfloat16 array as |V2 and reads it back as bytes; save it as float32, which converts exactly)")
