@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import oi2jax
-from conftest import tolerance
+from conftest import run_cli, tolerance
 from oi2jax import dtypes as D
 from oi2jax import ops
 from oi2jax.diagnostics import OiError
@@ -560,3 +560,27 @@ def test_sample_seeds_and_positions_differing_above_bit_31_draw_independently():
     assert not np.array_equal(draw(0, 3), draw(0, 2**32 + 3))
     assert not np.array_equal(draw(1, 0), draw(1 - 2**32, 0))
     assert np.array_equal(draw(7, 9), draw(7, 9))
+
+
+@pytest.mark.parametrize("graph, message", [
+    ("dynamic { x: f32[B, D]; nv: i32[D]; }\nvolatile { y: f32[B, D]; }\nblock entry {\n"
+     "    op softmax(x, valid=nv) >> y;\n    return;\n}\n",
+     "4:19: error: op softmax: valid has shape [8], which does not broadcast to the rows [3] (x's shape without "
+     "the axis)"),
+    ("dynamic { q: f32[3, 2, 1, 4]; k: f32[6, 2, 4]; n: i32[2]; }\nvolatile { o: f32[3, 2, 1, 4]; }\n"
+     "block entry {\n    op attention(q, k, k, valid=n) >> o;\n    return;\n}\n",
+     "4:27: error: op attention: valid has shape [2], which does not broadcast to the rows [3] (one per query row "
+     "of q [S, KVH, G, HD])"),
+])
+def test_check_refuses_a_per_row_setting_of_the_wrong_shape(tmp_path, capsys, graph, message):
+    """Emit probe 6: `check` passed a per-row `valid=` variable of the wrong shape (exit 0) that
+    compile then refused; the shape rule of a per-row setting is the checker's too now."""
+    g = tmp_path / "v.oi"
+    g.write_text(graph)
+    sizes = ["--size", "B=3", "--size", "D=8"] if "[B, D]" in graph else []
+    code, _, err = run_cli(capsys, "check", g, "--no-model", "--ops", "nn", *sizes)
+    assert code == 1 and err.splitlines()[0] == f"{g}:{message}", err
+    ok = graph.replace("nv: i32[D]", "nv: i32[B]").replace("n: i32[2]", "n: i32[3]")
+    g.write_text(ok)
+    code, _, err = run_cli(capsys, "check", g, "--no-model", "--ops", "nn", *sizes)
+    assert code == 0, err

@@ -145,8 +145,10 @@ class OpRules:
         in_shapes = [() if isinstance(r, ir.LiteralInput) else self.shape(r.name) for r in node.inputs]
         in_names = [format_ref(r) for r in node.inputs]
         try:
+            attr_shapes = {spec.aliases.get(a.name, a.name): self.shape(a.value.value) for a in node.attrs
+                           if a.value.kind == "var" and self.known(a.value.value)}
             sig = ops.infer(node.op, in_dtypes, in_shapes, node.attr_map, out_name=out, in_names=in_names,
-                            registry=self.registry, sizes=self.size_scope())
+                            registry=self.registry, sizes=self.size_scope(), attr_shapes=attr_shapes)
         except ops.OpTypeError as exc:
             span = name_span
             if exc.attr is not None:

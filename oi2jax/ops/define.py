@@ -47,7 +47,7 @@ class Attr:
     required: bool = False
     doc: str = ""
     static: bool = False  # a literal only (it fixes the output's shape): a variable is a check error
-    rows: bool = False  # a variable may hold one value per row, not only a scalar (softmax's valid=)
+    rows: object = False  # a variable may hold one value per row, not only a scalar (softmax's valid=): AttrSpec.rows
 
 
 def _attr_from(name: str, value, where: str) -> AttrSpec:

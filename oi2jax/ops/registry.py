@@ -62,7 +62,9 @@ class AttrSpec:
     scalar_kinds: tuple[str, ...] = ()
     doc: str = ""
     static: bool = False  # a literal only: the value fixes a shape (an axis), a variable is an error
-    rows: bool = False  # a variable may hold one value per row (any shape; the kernel checks it against its inputs)
+    # a variable may hold one value per row: True (any shape; the kernel checks it against its inputs), or a
+    # rule `(input shapes, static settings) -> (the rows' shape, what they are)` the checker applies too
+    rows: object = False
 
     def default_for(self, dtype: str | None):
         return self.default(dtype) if callable(self.default) else self.default

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+import numpy as np
+
 from .. import dtypes as D
 from .. import messages
 from ..diagnostics import suggest
@@ -192,9 +194,12 @@ def _static_attrs(spec: OpDef, attrs: dict, int_lists: dict, first: str) -> dict
 
 
 def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name: str | None = None,
-          in_names: list[str] | None = None, registry: Registry | None = None, sizes=None) -> OpSig:
+          in_names: list[str] | None = None, registry: Registry | None = None, sizes=None,
+          attr_shapes: dict | None = None) -> OpSig:
     """Type one op node against `registry` (default: the built-in ops). `attrs` maps names to
-    ir.Literal (plain Python values also accepted); `sizes` resolves size names in int lists."""
+    ir.Literal (plain Python values also accepted); `sizes` resolves size names in int lists;
+    `attr_shapes`: the shape of each setting given as a variable (a setting of one value per
+    row is checked against its rows: `AttrSpec.rows`)."""
     reg = registry if registry is not None else builtin_registry()
     spec = reg.get(op)
     if spec is None:
@@ -279,11 +284,31 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
 
     shapes = list(in_shapes) if in_shapes is not None else [None] * len(in_dtypes)
     static = _static_attrs(spec, attrs, int_lists, first)
+    for name, shape in (attr_shapes or {}).items():
+        _check_rows(op, spec.attrs.get(name), name, shape, shapes, static)
     if spec.shape is not None:
         out_shape = spec.shape(shapes, static)
     else:
         out_shape = _kernel_shape(spec, list(in_dtypes), shapes, static, out_dtype, mode)
     return OpSig(mode, out_dtype, None if out_shape is None else tuple(out_shape), spec, MappingProxyType(int_lists))
+
+
+def _check_rows(op: str, a, name: str, shape, shapes: list, static: dict) -> None:
+    """A setting of one value per row (`AttrSpec.rows`: a rule giving the rows' shape and what they
+    are) given as a variable of `shape`: it must broadcast to the rows (right-aligned, as NumPy),
+    which the kernel checks again when traced (a symbolic rows dimension included)."""
+    if a is None or not callable(a.rows) or shape is None or any(s is None for s in shapes):
+        return
+    rows, what = a.rows(shapes, static)
+    try:
+        ok = tuple(np.broadcast_shapes(tuple(shape), tuple(rows))) == tuple(rows)
+    except ValueError:
+        ok = False
+    except TypeError:  # a symbolic dimension: the kernel checks it
+        ok = True
+    if not ok:
+        raise OpTypeError(f"op {op}: {name} has shape {list(shape)}, which does not broadcast to the rows "
+                          f"{list(rows)} ({what})", attr=name)
 
 
 def _dtype_list(dtypes) -> str:

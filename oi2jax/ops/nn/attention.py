@@ -128,8 +128,14 @@ def _attention_samples(rng, d):
             ((f(1, 2, 4), f(2, 3, 1, 4), f(2, 3, 1, 4)), {"layer": i32(2), "valid": i32(0)})]  # runtime errors
 
 
+def _valid_rows(shapes, attrs):
+    """`valid`'s rows (AttrSpec.rows): one length per query row of q [S, KVH, G, HD], else one."""
+    q = shapes[0]
+    return ((q[0],), "one per query row of q [S, KVH, G, HD]") if len(q) == 4 else ((1,), "one query row")
+
+
 @op(inputs={"q": "float", "k": "float", "v": "float"},
-    attrs={"layer": Attr("int"), "valid": Attr("int", rows=True), "window": Attr("int"), "scale": 1.0,
+    attrs={"layer": Attr("int"), "valid": Attr("int", rows=_valid_rows), "window": Attr("int"), "scale": 1.0,
            "softcap": Attr("float"), "block": Attr("int", static=True)},
     shape=_attention_shape, category="nn", op_set="nn", reference=_attention_ref, samples=_attention_samples)
 def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softcap=None, block=None, ctx):

@@ -129,7 +129,15 @@ def _softmax_samples(rng, d):
             ((float_samples(rng, d, (2, 4), 2.0),), {"valid": np.array(0, np.int64)})]  # a runtime error
 
 
-@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int", rows=True), "window": Attr("int")},
+def _softmax_rows(shapes, attrs):
+    """`valid`'s rows (AttrSpec.rows): x's shape without the axis."""
+    x = shapes[0]
+    ax = norm_axis("softmax", attrs.get("axis", -1), len(x))
+    return tuple(x[:ax]) + tuple(x[ax + 1:]), "x's shape without the axis"
+
+
+@op(inputs={"x": "float"}, attrs={"axis": Attr("int", -1, static=True), "valid": Attr("int", rows=_softmax_rows),
+                                  "window": Attr("int")},
     shape=_softmax_shape, category="nn", op_set="nn", reference=_softmax_ref, samples=_softmax_samples)
 def softmax(x, *, axis=-1, valid=None, window=None, ctx):
     """Softmax over `axis`; with `valid=n` only the first n positions take part, the others are exactly 0.
