@@ -73,7 +73,9 @@ def _q(text: str) -> str:
 
 
 def _id(*parts) -> str:
-    return _q("_".join(str(p) for p in parts))
+    """A node's DOT id: its parts joined by ':', which no block name holds (joined by '_', a block
+    `block_x` and a block `x_5` both gave `block_x_5`, one node in the picture)."""
+    return _q(":".join(str(p) for p in parts))
 
 
 class _Dot(ir.NodeVisitor):

@@ -28,39 +28,39 @@ def _edges(text):
 def test_blocks_are_clusters_and_branches_are_labelled():
     text = _dot("stability_guard")
     for block in ("entry", "ok", "bad"):
-        assert f'subgraph "cluster_{block}"' in text
+        assert f'subgraph "cluster:{block}"' in text
     edges = _edges(text)
-    branch_edges = {(a, b): attrs for a, b, attrs in edges if b in ('"block_ok"', '"block_bad"')}
-    assert 'label="cond"' in branch_edges[('"entry_1"', '"block_ok"')]
-    assert 'label="not cond"' in branch_edges[('"entry_1"', '"block_bad"')]
+    branch_edges = {(a, b): attrs for a, b, attrs in edges if b in ('"block:ok"', '"block:bad"')}
+    assert 'label="cond"' in branch_edges[('"entry:1"', '"block:ok"')]
+    assert 'label="not cond"' in branch_edges[('"entry:1"', '"block:bad"')]
     assert '[shape="diamond", label="1: branch cond ok bad"]' in text
     # call semantics: each target returns to the node after the branch
     returns = [(a, b) for a, b, attrs in edges if 'label="return"' in (attrs or "")]
-    assert sorted(returns) == [('"bad_6"', '"entry_2"'), ('"ok_4"', '"entry_2"')]
+    assert sorted(returns) == [('"bad:6"', '"entry:2"'), ('"ok:4"', '"entry:2"')]
 
 
 def test_loops_show_bounds_and_back_edges():
     text = _dot("residual_mlp_stack", {"num_layers": 3})
     assert "loop layers (l in 0..num_layers=3)" in text
-    assert 'subgraph "cluster_entry_loop_5"' in text
+    assert 'subgraph "cluster:entry:loop:5"' in text
     edges = _edges(text)
-    assert ('"entry_5"', '"entry_1"', 'label="iterate"') in edges
-    assert any(a == '"entry_4"' and b == '"entry_5"' and "next l" in attrs for a, b, attrs in edges)
+    assert ('"entry:5"', '"entry:1"', 'label="iterate"') in edges
+    assert any(a == '"entry:4"' and b == '"entry:5"' and "next l" in attrs for a, b, attrs in edges)
     assert "loop layers (l in 0..num_layers)" in _dot("residual_mlp_stack")  # without sizes: as written
 
 
 def test_yield_await_edges_between_entry_and_consumers():
     text = _dot("streaming_pipeline")
     edges = _edges(text)
-    yields = {b for a, b, attrs in edges if a == '"entry_1"' and 'label="yield x"' in (attrs or "")}
-    assert yields == {'"block_writer"', '"block_reader"'}
-    awaits = {a for a, b, attrs in edges if b == '"entry_3"' and 'label="await x"' in (attrs or "")}
-    assert awaits == {'"writer_7"', '"reader_10"'}
+    yields = {b for a, b, attrs in edges if a == '"entry:1"' and 'label="yield x"' in (attrs or "")}
+    assert yields == {'"block:writer"', '"block:reader"'}
+    awaits = {a for a, b, attrs in edges if b == '"entry:3"' and 'label="await x"' in (attrs or "")}
+    assert awaits == {'"writer:7"', '"reader:10"'}
 
 
 def test_cache_reads_and_writes_are_marked():
     text = _dot("kv_cache_decode")
-    assert '"entry_1" [style="filled", fillcolor="orange", label="[W] 1: cache.write q >> K[t]"]' in text
+    assert '"entry:1" [style="filled", fillcolor="orange", label="[W] 1: cache.write q >> K[t]"]' in text
     assert 'fillcolor="lightblue", label="[R] 3: cache.read K[] >> k_hist"' in text
     assert '[cache] 2: cache.increment t' in text
 
@@ -122,3 +122,15 @@ def test_cli_an_unknown_size_is_an_error_as_for_check(tmp_path, capsys):
     assert not (tmp_path / "g.dot").exists()
     assert main(["graph", str(g), "--no-model", "--size", "num_layers=5"]) == 0
     assert "loop layers (l in 0..num_layers=5)" in capsys.readouterr().out
+
+
+def test_node_ids_of_two_blocks_never_meet():
+    """Emit probe 9: ids joined by '_' made block x_5's box and node 5 of block block_x one DOT
+    node, `block_x_5`; joined by ':' (no block name holds one) they stay two."""
+    g = parse("dynamic { x: f32[2]; }\nblock entry { branch x_5; branch block_x; return; }\n"
+              "block x_5 { return; }\n"
+              "block block_x { op abs(x) >> x; op abs(x) >> x; op abs(x) >> x; op abs(x) >> x; op abs(x) >> x;\n"
+              "    op abs(x) >> x; return; }\n")
+    text = cfg.to_dot(g, {})
+    declared = re.findall(r'^\s*("[^"]+") \[', text, re.M)
+    assert len(declared) == len(set(declared)) and '"block:x_5"' in declared and '"block_x:5"' in declared
