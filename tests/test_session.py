@@ -938,3 +938,18 @@ def test_a_run_of_zero_steps_reports_its_inputs_as_given():
                 out = prog.run({"x": given}, steps=0)
                 np.testing.assert_array_equal(out["x"], x)
                 np.testing.assert_array_equal(out["y"], [0.0, 0.0])
+
+
+def test_a_state_with_fewer_entries_of_an_all_fixed_table_is_refused():
+    """Runtime probe 7: `{"H": 2 rows}` for a table `@fixed(i=6)` was taken, the 4 rows not given
+    silently the fill; an all-@fixed table holds its fixed sizes (a saved state gives them all)."""
+    prog = oi2jax.compile("dynamic { x: i32[1]; }\npersistent { t: i32 @init(0); H(i): i32[1] @table @fixed(i=6); }\n"
+                          "block entry { cache.write x >> H[t]; cache.increment t; return; }\n", model=False)
+    sess = prog.session()
+    sess.step(x=np.array([3], np.int32))
+    whole = sess.values()
+    assert whole["H"].shape == (6, 1)
+    np.testing.assert_array_equal(prog.session(state=whole).values()["H"], whole["H"])  # round trip
+    with pytest.raises(OiError, match=r"state: H: every index of this table is @fixed, so it holds \[6\] entries "
+                                      r"\(as a state exported or saved gives it\), got \[2\]; give every entry"):
+        prog.session(state={**whole, "H": whole["H"][:2]})

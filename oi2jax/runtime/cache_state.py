@@ -110,6 +110,11 @@ def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state"):
             raise OiError(f"{source}: {name}: size {n} of dim {j} exceeds its fixed size {layout.fixed[j]}")
         while n > caps[j]:
             caps[j] *= 2
+    if layout.kind is TABLE and layout.static_size and tuple(sizes) != tuple(layout.fixed):
+        # its sizes are its fixed sizes: the entries not given would silently be its fill
+        raise OiError(f"{source}: {name}: every index of this table is @fixed, so it holds {list(layout.fixed)} "
+                      f"entries (as a state exported or saved gives it), got {list(sizes)}; give every entry "
+                      f"(an entry never written holds the fill {layout.fill})")
     new = replace(layout, capacity=tuple(caps)) if tuple(caps) != layout.capacity else layout
     arr = convert_input(f"{source}: {name}", value, layout.dtype, shape)
     np_dtype = dt.get(layout.dtype).np_dtype
