@@ -51,7 +51,7 @@ def _convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.n
             back = converted.astype(np.float64)
             orig = a.astype(np.float64) if kind == "f" else None
             same = (back == orig) | (np.isnan(back) & np.isnan(orig)) if orig is not None \
-                else _ints_exact(a, converted.astype(np.float64)) & (back == a.astype(np.float64))
+                else ints_exact(a, converted.astype(np.float64)) & (back == a.astype(np.float64))
             if not np.all(same):
                 idx = tuple(np.argwhere(~same)[0])
                 raise OiError(f"input {name}: value {a[idx]} ({a.dtype}) is not exactly representable in {dtype} "
@@ -63,7 +63,7 @@ def _convert_input(name: str, array, dtype: str, shape: tuple[int, ...]) -> np.n
             back, orig = converted.astype(a.dtype), a
             same = (back == orig) | (np.isnan(back) & np.isnan(orig))
         else:  # integers: compare exactly, never after rounding both sides through float64
-            same = _ints_exact(a, converted)
+            same = ints_exact(a, converted)
         if not np.all(same):
             idx = tuple(np.argwhere(~same)[0])
             raise OiError(f"input {name}: value {a[idx]} ({a.dtype}) is not exactly representable in {dtype}; "
@@ -104,13 +104,13 @@ def convert_inputs(inputs: dict, graph, shape_of) -> dict[str, np.ndarray]:
     return out
 
 
-def _ints_exact(a: np.ndarray, converted: np.ndarray) -> np.ndarray:
+def ints_exact(a: np.ndarray, converted: np.ndarray) -> np.ndarray:
     """Elementwise: does the float `converted` hold exactly the integer `a`? (int64 2**53 + 1 does
     not survive float64, though both sides rounded through float64 would compare equal.)"""
     mant = np.finfo(converted.dtype).nmant + 1
     small = (a >= -(1 << mant)) & (a <= (1 << mant)) if a.dtype.kind == "i" else (a <= (1 << mant))
-    same = small.copy()
-    for idx in zip(*np.nonzero(~small)):
+    same = np.array(small, dtype=bool)  # (an array even for a 0-d `a`, whose comparisons give scalars)
+    for idx in map(tuple, np.argwhere(~small)):  # (np.nonzero refuses a 0-d array: a scalar input)
         f = float(converted[idx])
         same[idx] = np.isfinite(f) and int(f) == int(a[idx])
     return same

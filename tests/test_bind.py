@@ -197,6 +197,21 @@ def test_metadata_string_read_as_tensor(tmp_path):
         b.initial("act")
 
 
+def test_integer_metadata_read_as_a_float_is_exact_or_refused(tmp_path):
+    """An integer metadata entry read by a float constant converts only when exact, compared as
+    integers: i64 2**53 + 1 read as f64, and u64 2**64 - 1 as f32, were rounded silently (both sides
+    compared after rounding through float64), while i64 2**24 + 1 as f32 was refused."""
+    m = model(tmp_path, metadata={"a": Meta("i64", np.int64(2**53 + 1)), "b": Meta("u64", np.uint64(2**64 - 1)),
+                                  "c": Meta("i64", np.int64(2**24 + 1)), "d": Meta("i64", np.int64(2**53)),
+                                  "e": Meta("u64", np.uint64(2**63)), "f": Meta("i64", np.int64(70000))})
+    for name, dtype in (("a", "f64"), ("b", "f32"), ("c", "f32"), ("f", "f16")):
+        with pytest.raises(OiError, match=rf"model dtype mismatch for {name}: model [iu]64 \(metadata\), graph {dtype}"):
+            bind(graph(var(name, K.CONSTANT, dtype)), m)
+    for name, dtype, value in (("d", "f64", 2.0**53), ("e", "f32", 2.0**63), ("c", "f64", 2.0**24 + 1)):
+        got = bind(graph(var(name, K.CONSTANT, dtype)), m).initial(name)
+        assert got.dtype == dt.get(dtype).np_dtype and float(got) == value, name
+
+
 # ---------------------------------------------------------------- prefix tables
 
 def test_family_from_residual_mlp_stack():

@@ -344,6 +344,18 @@ def test_integer_inputs_to_float_variables_are_checked_exactly():
     np.testing.assert_array_equal(convert_input("x", np.array([-3, 2**11], np.int32), "f16", (2,)), [-3, 2048])
 
 
+def test_scalar_integer_inputs_to_float_variables_are_checked_exactly():
+    """A scalar (0-d) integer input to a float variable past the float's exact integers (2**24 for
+    f32) was an internal error (ValueError: np.nonzero of a 0-d array), 20000000 (an f32) included."""
+    from oi2jax.values import convert_input
+    assert convert_input("x", np.int64(20000000), "f32", ()) == np.float32(20000000)
+    assert convert_input("x", np.uint64(2**63), "f32", ()) == np.float32(2**63)
+    with pytest.raises(OiError, match=r"input x: value 16777217 \(int64\) is not exactly representable in f32"):
+        convert_input("x", np.int64(2**24 + 1), "f32", ())
+    with pytest.raises(OiError, match="not exactly representable in f64"):
+        convert_input("x", np.int64(2**53 + 1), "f64", ())
+
+
 def test_huge_comment_and_string_parse_in_bounded_memory():
     """Issue 19 item 5: the old lexer regexes kept ~150 bytes of backtracking state per character
     (a 50 MB comment needed 7.5 GB); under a 2 GiB address-space limit 16 MB of each now parse."""

@@ -20,7 +20,7 @@ from ..diagnostics import Diagnostic, OiError, check_sizes, suggest
 from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
 from ..naming import PLACEHOLDER, family_members, int_list_names, member_name, pattern_regex, resolve_alias
-from ..values import convert_input
+from ..values import convert_input, ints_exact
 from .ggml import AFFINE, HALF_KINDS, KeptBlocks
 from .quant import affine_parts, dequantize as quant_dequantize
 from .reader import MetaValue, Model
@@ -546,13 +546,17 @@ def _convert_exact(value: np.ndarray, src: str, dst: str) -> np.ndarray | None:
     s, d = dt.get(src), dt.get(dst)
     if d.is_float:
         wide = value.astype(np.float64)
-        if d.name == "f8":
-            out = f8_encode(wide.astype(np.float32))
-        elif d.name == "bf16":
-            out = bf16_encode(wide.astype(np.float32))
-        else:
-            out = wide.astype(d.np_dtype)
-        back = out.astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):  # a value out of range is refused below, not warned
+            if d.name == "f8":
+                out = f8_encode(wide.astype(np.float32))
+            elif d.name == "bf16":
+                out = bf16_encode(wide.astype(np.float32))
+            else:
+                out = wide.astype(d.np_dtype)
+        back = out.astype(np.float64)  # exact: every float dtype's values are f64 values
+        if not s.is_float:  # integers compared exactly, never after rounding both sides through f64
+            ints = value.astype(np.int64) if value.dtype != np.uint64 else value  # (i64 2^53 + 1: no f64)
+            return out if np.all(ints_exact(ints, back) & (back == ints.astype(np.float64))) else None
         same = (back == wide) | (np.isnan(back) & np.isnan(wide))
         return out if np.all(same) else None
     if s.is_float:
