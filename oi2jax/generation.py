@@ -43,7 +43,7 @@ from .diagnostics import OiError, check_whole
 from .model.reader import open_model
 from .npz import regular_input
 from .model.chat_template import render_chat
-from .model.tokenizer import META, encode_prompt, read_special_tokens
+from .model.tokenizer import META, encode_prompt, read_special_tokens, stored_special_ids
 from .runtime.buckets import bucket_program, program_buckets, prompt_steps
 from .runtime.runargs import call_limit, check_collected, collected_rows
 from .runtime.runstats import apart, compile_seconds
@@ -175,11 +175,9 @@ class Generator:
         self.chat_template = meta.get(META["chat_template"])
         # the special tokens a chat template receives (transformers' special_tokens_map), by name
         self.special_tokens = read_special_tokens(meta.get(META["special"]), self.model_path)
-        self.bos_id = int(meta[META["bos"]]) if META["bos"] in meta else None
-        self.eos_id = int(meta[META["eos"]]) if META["eos"] in meta else None
-        stops = meta.get(META["stop"])
-        self.stop_ids = [int(i) for i in np.ravel(stops)] if stops is not None else (
-            [self.eos_id] if self.eos_id is not None else [])
+        # (a damaged entry -- a string, a float, an array for one id -- is an error naming the key)
+        self.bos_id, self.eos_id, stops = stored_special_ids(meta, self.model_path)
+        self.stop_ids = stops if stops is not None else ([self.eos_id] if self.eos_id is not None else [])
         self.graph_path = _graph_path(meta, self.model_path, graph)
         if graph is None:  # the family's step graph beside the decode graph the model names, if it has one
             prefill = Path(self.graph_path).with_name(Path(self.graph_path).name.replace("_decode.oi", "_prefill.oi"))

@@ -518,3 +518,51 @@ def test_a_near_miss_tokenizer_model_gets_a_suggestion(tmp_path, capsys):
     code, _, err = run_cli(capsys, "convert-gguf", path, "-o", tmp_path / "m.oinf", "--quiet")
     assert code == 0 and f"note: {path}: no tokenizer.json stored: metadata tokenizer.ggml.model is 'Llama' (did you " \
                           f"mean llama?): supported GGUF tokenizer models are gpt2, llama" in err, err
+
+
+@pytest.mark.parametrize("value", [["llama"], 5])
+def test_an_architecture_of_another_type_is_an_error_naming_the_key(value):
+    """`general.architecture` stored as an array of strings was an internal error (TypeError:
+    unhashable type: 'list')."""
+    with pytest.raises(OiError) as e:
+        gguf_config({"general.architecture": value}, {}, "f.gguf")
+    assert str(e.value) == f"error: f.gguf: metadata general.architecture must be a string, got {value!r}"
+
+
+def test_a_gguf_that_is_not_a_regular_file_is_refused(tmp_path):
+    """A FIFO given as the GGUF file blocked convert-gguf forever (its open() waits for a writer);
+    the .oinf reader already refused one."""
+    import os
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(OiError, match=r"pipe.gguf: the GGUF file: not a regular file \(a FIFO\)"):
+        convert_gguf(fifo, tmp_path / "m.oinf")
+    assert not (tmp_path / "m.oinf").exists()
+
+
+def test_missing_layers_name_the_gguf_file(tmp_path):
+    """A block_count larger than the file's layers named the directory holding the file
+    (`error: .: missing tensor ...`), and a shape the metadata contradicts said `from config.json`."""
+    _, path, _ = _twin(tmp_path, "F32", SMALL, kv=lambda w: w.add_uint32("llama.vocab_size", 100))
+    with pytest.raises(OiError, match=rf"^error: {path}: tensor model.embed_tokens.weight has shape \[64, 32\], "
+                                      r"expected \[100, 32\] \(vocab_size, hidden_size\) from its metadata$"):
+        convert_gguf(path, tmp_path / "m.oinf")
+    _, path, _ = _twin(tmp_path, "F32", SMALL, seed=1, edit=lambda w: [w.pop(k) for k in list(w) if k.startswith("blk.1.")])
+    with pytest.raises(OiError, match=rf"^error: {path}: missing tensor model.layers.1.input_layernorm.weight and "
+                                      r"8 more$"):
+        convert_gguf(path, tmp_path / "m.oinf")
+
+
+def test_a_big_endian_gguf_says_so(tmp_path):
+    """A big-endian GGUF (llama.cpp's converter writes one with --bigendian) was reported as
+    `GGUF version 50331648 is not supported`."""
+    path = tmp_path / "be.gguf"
+    w = gguf.GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(OiError, match=rf"^error: {path}: a big-endian GGUF file \(version 3, its bytes swapped\): "
+                                      r"only little-endian GGUF files are supported$"):
+        convert_gguf(path, tmp_path / "m.oinf")

@@ -538,3 +538,25 @@ def test_inspect_metadata(tmp_path):
     for word in ("N", "2", "k", "i32", "7", "s", "string", "'hi'", "arr", "ndarray", "f32[2, 2]", "bits",
                  "bitset", "101", "v", "f32", "[2]", "8", "nd", "u4", "no data"):
         assert word in text, word
+
+
+def test_inspect_shows_damaged_special_ids_as_they_are(tmp_path):
+    """A tokenizer.bos_id of another type than an integer (a string, a float) made `oi2jax inspect` an
+    internal error (int('abc')); it is shown as stored, marked."""
+    p = tmp_path / "m.oinf"
+    save(p, metadata={"tokenizer.bos_id": "abc", "tokenizer.eos_id": Meta("f32", np.float32(1.5)),
+                      "tokenizer.stop_ids": np.array([3, 4], np.int32)}, tensors={"w": np.zeros(1, np.float32)})
+    assert "special ids: bos 'abc' (not a token id); eos 1.5 (not a token id); stop 3, 4" in render_model(open_model(p))
+
+
+def test_empty_ggml_blocks_load_as_empty_values(tmp_path):
+    """Kept GGML blocks of a tensor with a dim of 0 were a ValueError of gguf.quants (it cannot reshape
+    an empty array) on `Model.load`, so `run --interpret` failed with an internal error."""
+    p = tmp_path / "m.oinf"
+    save(p, metadata={"ggml_type.a": "Q8_0", "ggml_type.b": "Q4_K", "ggml_type.c": "Q8_0"},
+         tensors={"a": Tensor("u8", np.zeros((3, 0), np.uint8)), "b": Tensor("u8", np.zeros((0,), np.uint8)),
+                  "c": Tensor("u8", np.zeros((0, 34), np.uint8))})
+    m = open_model(p)
+    for name, shape in (("a", (3, 0)), ("b", (0,)), ("c", (0, 32))):
+        value = m.load(name)
+        assert value.shape == shape and value.dtype == np.float32, name

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import jinja2
+import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -16,7 +17,7 @@ from oi2jax.model.convert import convert_hf
 from oi2jax.model.gguf import convert_gguf
 from oi2jax.model.chat_template import render_chat
 from oi2jax.model.tokenizer import META, encode_prompt, gguf_tokenizer_json, gguf_tokenizer_metadata, \
-    hf_tokenizer_metadata
+    hf_tokenizer_metadata, stored_special_ids
 
 from conftest import run_cli
 from test_gguf import SMALL, _twin
@@ -322,6 +323,41 @@ def test_wrong_typed_gguf_tokenizer_entries_are_errors_naming_the_key(key, value
     assert int(entries[META["eos"]]) == (1 if key.endswith("eos_token_id") else 2)
     assert entries[META["stop"]].tolist() == [int(entries[META["eos"]])] + ([1] if key.endswith("eot_token_id") else [])
     assert Tokenizer.from_str(entries[META["tokenizer"]]).encode("ab").ids == [0, 1]  # no BOS added
+
+
+@pytest.mark.parametrize("key", ["tokenizer.ggml.model", "tokenizer.ggml.pre"])
+def test_a_gguf_tokenizer_name_of_another_type_is_an_error_naming_the_key(key):
+    """`tokenizer.ggml.pre` stored as an array of strings was an internal error (TypeError:
+    unhashable type: 'list') of convert-gguf; `tokenizer.ggml.model` as one was taken for another
+    tokenizer model and dropped with a note."""
+    fields = {**GPT2, "tokenizer.ggml.tokens": ["a", "b", "c"], "tokenizer.ggml.merges": [], key: [GPT2[key]]}
+    for read in (gguf_tokenizer_metadata, gguf_tokenizer_json):
+        with pytest.raises(OiError) as e:
+            read(fields, "f.gguf")
+        assert str(e.value) == f"error: f.gguf: metadata {key}: expected a name (a string), got ['gpt2'] (an array)"
+
+
+def test_stored_special_ids_are_token_ids_or_errors_naming_the_key(tmp_path):
+    """A model file's tokenizer.bos_id / eos_id / stop_ids of another type (a string, a float, an array
+    for one id) were an internal error of `generate` and `inspect` (int('abc')), or truncated
+    (1.5 -> 1) and used; a negative id was used as it was."""
+    meta = {META["bos"]: np.int32(1), META["eos"]: np.uint32(2), META["stop"]: np.array([2, 7], np.int32)}
+    assert stored_special_ids(meta, "m.oinf") == (1, 2, [2, 7])
+    assert stored_special_ids({}, "m.oinf") == (None, None, None)
+    assert stored_special_ids({META["stop"]: np.int32(5)}, "m.oinf") == (None, None, [5])
+    for key, value, shown in ((META["bos"], "abc", "'abc'"), (META["bos"], np.float32(1.5), "1.5"),
+                              (META["eos"], np.int32(-3), "-3"), (META["eos"], np.array([1, 2], np.int32), "array"),
+                              (META["bos"], np.bool_(True), "True"), (META["stop"], np.array([1.0, 2.0]), "array"),
+                              (META["stop"], np.array([-1, 5], np.int32), "array"), (META["stop"], "x", "'x'")):
+        with pytest.raises(OiError, match=rf"^error: m.oinf: metadata {key}: expected .* got {shown}"):
+            stored_special_ids({key: value}, "m.oinf")
+    from oi2jax.generation import Generator
+    from oi2jax.model import Meta, save
+    path = tmp_path / "m.oinf"
+    save(path, metadata={META["bos"]: Meta("f32", np.float32(1.5))}, tensors={"w": np.zeros(1, np.float32)})
+    with pytest.raises(OiError, match=r"m.oinf: metadata tokenizer.bos_id: expected a token id \(a whole number "
+                                      r">= 0\), got 1.5$"):
+        Generator(path)  # refused before anything compiles
 
 
 def test_a_gguf_with_a_string_eos_id_is_refused_by_convert_gguf(tmp_path, capsys):

@@ -166,6 +166,8 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
     notes = list(cfg.notes)
     out_s = os.fspath(out_path)
     directory = source.directory
+    whole = source.where or str(directory)  # (a GGUF source: its file, not the directory holding it)
+    config_name = source.config_name
     if cfg.family.adapt is not None:
         source = cfg.family.adapt(source)
     notes += source.notes
@@ -196,7 +198,7 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         missing = list(dict.fromkeys(missing))
         why = " (tie_word_embeddings is false)" if missing[0] == "lm_head.weight" else ""
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        _fail(str(directory), f"missing tensor {missing[0]}{why}{more}")
+        _fail(whole, f"missing tensor {missing[0]}{why}{more}")
     stored, total, blocks = {}, 0, {}  # blocks: out name -> the GGML type --quantize stores it as
     for out_name, p in plan.items():
         entry = source.entries[p.source]
@@ -205,9 +207,9 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         if entry.shape != shape:
             fused = f" (fused: {out_name} is rows {p.rows[0]}:{p.rows[1]})" if p.rows else ""
             _fail(where, f"tensor {p.source} has shape {list(entry.shape)}, expected {list(shape)} ({p.made_of})"
-                         f"{fused} from config.json")
+                         f"{fused} from {config_name}")
         if not NAME_RE.match(out_name):  # every Hugging Face name of the table does; never rename silently
-            _fail(str(directory), f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
+            _fail(whole, f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
         if entry.ggml is not None:  # kept GGML blocks: their raw rows, stored as u8 (model/ggml.py)
             if dtype is not None:
                 raise OiError(f"tensor {p.source}: {entry.ggml} blocks cannot be kept when dtype {dtype} is asked for")

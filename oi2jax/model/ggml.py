@@ -88,6 +88,8 @@ def dequantize(kind: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray
     with logical `shape`: exactly `gguf.quants.dequantize`."""
     stored = ggml_stored_shape(kind, tuple(shape))
     rows = np.asarray(raw, dtype=np.uint8).reshape(stored)
+    if rows.size == 0:  # no blocks (a dim of 0): gguf.quants cannot reshape an empty array
+        return np.zeros(tuple(shape), np.float32)
     from gguf import quants  # deferred: gguf (30 ms with YAML), for kept blocks only
     from gguf.constants import GGMLQuantizationType  # deferred: as above
     out = quants.dequantize(rows, GGMLQuantizationType[kind])

@@ -34,6 +34,7 @@ from gguf import GGUFReader
 from gguf.constants import GGML_QUANT_SIZES, MODEL_ARCH_NAMES, GGMLQuantizationType
 
 from ..diagnostics import OiError, suggest
+from ..npz import regular_input
 from . import ggml
 from .convert import ConvertSummary, SourceEntry, TensorSource, convert_checkpoint, DTYPES
 from .tokenizer import gguf_tokenizer_metadata
@@ -118,6 +119,7 @@ def scan(path) -> GGUFHeader:
     """Validate a GGUF file's header, metadata and tensor table against its size; OiError naming
     the file and the key or tensor on anything wrong (the data itself is not read)."""
     path_s = os.fspath(path)
+    regular_input(path_s, "the GGUF file")  # a FIFO would block open() forever, a device read without end
     try:
         f = open(path_s, "rb")
     except FileNotFoundError:
@@ -131,7 +133,9 @@ def scan(path) -> GGUFHeader:
             s.fail("not a GGUF file (wrong magic; expected 'GGUF')")
         version = s.num("<I", "the version")
         if version not in (2, 3):
-            s.fail(f"GGUF version {version} is not supported (2 or 3)")
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            s.fail(f"a big-endian GGUF file (version {swapped}, its bytes swapped): only little-endian GGUF files "
+                   f"are supported" if swapped in (2, 3) else f"GGUF version {version} is not supported (2 or 3)")
         n_tensors = s.num("<Q", "the tensor count")
         n_keys = s.num("<Q", "the metadata count")
         if n_keys * 13 > size or n_tensors * 28 > size:
@@ -360,6 +364,8 @@ def gguf_config(fields: dict, tensors: dict[str, GGUFTensor], where: str) -> dic
     name = fields.get("general.architecture")
     if name is None:
         raise OiError(f"{where}: missing required metadata general.architecture")
+    if not isinstance(name, str):  # (an array or a number: a damaged file, not another model)
+        raise OiError(f"{where}: metadata general.architecture must be a string, got {name!r:.60}")
     arch = ARCHITECTURES.get(name)
     if arch is None:
         # a near miss of a supported name (`Llama`) gets a suggestion; another of llama.cpp's own
@@ -425,6 +431,7 @@ class GGUFSource(TensorSource):
                  keep: bool):
         self.directory = path.parent
         self.files = [path.name]
+        self.where, self.config_name = str(path), "its metadata"
         self.notes: list[str] = []
         self.entries: dict[str, SourceEntry] = {}
         self._path, self._config = str(path), config

@@ -30,7 +30,8 @@ import numpy as np
 from ..diagnostics import OiError, suggest
 
 __all__ = ["META", "config_token_ids", "hf_tokenizer_metadata", "gguf_tokenizer_metadata", "gguf_tokenizer_json",
-           "gguf_tokenizer_unsupported", "check_gguf_tokenizer_fields", "encode_prompt", "describe"]
+           "gguf_tokenizer_unsupported", "check_gguf_tokenizer_fields", "encode_prompt", "describe",
+           "stored_special_ids"]
 
 META = {"tokenizer": "tokenizer.json", "chat_template": "tokenizer.chat_template", "bos": "tokenizer.bos_id",
         "eos": "tokenizer.eos_id", "stop": "tokenizer.stop_ids", "special": "tokenizer.special_tokens",
@@ -230,7 +231,8 @@ def _kind(value) -> str:
 def check_gguf_tokenizer_fields(fields: dict, where: str) -> None:
     """The types of a GGUF's tokenizer entries, as llama.cpp writes them: every
     `tokenizer.ggml.*_token_id` a whole number >= 0 (a u32), every `tokenizer.ggml.add_*` a
-    boolean, `tokenizer.chat_template` (and its named `tokenizer.chat_template.NAME`) a string.
+    boolean, `tokenizer.ggml.model` and `tokenizer.ggml.pre` strings, `tokenizer.chat_template` (and
+    its named `tokenizer.chat_template.NAME`) a string.
     Another type -- an id stored as a string or a float, a flag as the string "false" -- is an
     error naming the file and key, never dropped or misread."""
     for key, value in fields.items():
@@ -243,6 +245,8 @@ def check_gguf_tokenizer_fields(fields: dict, where: str) -> None:
                               + ("" if whole else f" ({_kind(value)})"))
         elif key.startswith("tokenizer.ggml.add_") and not isinstance(value, (bool, np.bool_)):
             raise OiError(f"{where}: metadata {key}: expected true or false, got {value!r} ({_kind(value)})")
+        elif key in ("tokenizer.ggml.model", "tokenizer.ggml.pre") and not isinstance(value, str):
+            raise OiError(f"{where}: metadata {key}: expected a name (a string), got {value!r:.60} ({_kind(value)})")
         elif (key == "tokenizer.chat_template" or key.startswith("tokenizer.chat_template.")) and \
                 not isinstance(value, str):
             raise OiError(f"{where}: metadata {key}: expected the template's text (a string), got {value!r:.60} "
@@ -261,7 +265,7 @@ def gguf_tokenizer_unsupported(fields: dict) -> str | None:
     if pre is None:  # llama.cpp then splits with its own 'default' pre-tokenizer (with a warning)
         return (f"metadata tokenizer.ggml.pre is missing (llama.cpp then uses its 'default' pre-tokenizer): "
                 f"supported pre-tokenizers are {', '.join(GGUF_PRE_TOKENIZERS)}")
-    if pre not in _GGUF_PRE:
+    if not isinstance(pre, str) or pre not in _GGUF_PRE:
         return f"metadata tokenizer.ggml.pre is {pre!r}: supported pre-tokenizers are {', '.join(GGUF_PRE_TOKENIZERS)}"
     return None
 
@@ -405,6 +409,36 @@ def encode_prompt(tokenizer, text: str, bos_id: int | None, *, chat: bool = Fals
     return ids
 
 
+def _stored_ids(value, many: bool) -> list[int] | None:
+    """The token ids of a stored special-id entry (a reader MetaValue's `.value`): an integer scalar
+    (or, `many`, a 0-D or 1-D integer array), each in 0..2^31-1; None for anything else."""
+    arr = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, int)) else None
+    if arr is None or arr.dtype.kind not in "iu" or arr.ndim > (1 if many else 0):
+        return None  # a string, a float, a bool or bitset, an array where one id is stored
+    ids = [int(v) for v in arr.reshape(-1)]
+    return ids if all(0 <= v < 2**31 for v in ids) else None
+
+
+def stored_special_ids(metadata: dict, where: str) -> tuple[int | None, int | None, list[int] | None]:
+    """(bos, eos, stop ids) a model file stores (`tokenizer.bos_id`, `eos_id`: one id each;
+    `tokenizer.stop_ids`: ids), None where absent. An entry of another type (a string, a float, an
+    array for one id) or an id outside 0..2^31-1 is an OiError naming the file and key, never
+    truncated (1.5 -> 1) or dropped. `metadata`: key -> a reader MetaValue's `.value`."""
+    out = []
+    for key, many in (("bos", False), ("eos", False), ("stop", True)):
+        if META[key] not in metadata:
+            out.append(None)
+            continue
+        value = metadata[META[key]]
+        ids = _stored_ids(value, many)
+        if ids is None:
+            want = "token ids (whole numbers >= 0)" if many else "a token id (a whole number >= 0)"
+            shown = value.item() if isinstance(value, np.generic) else value
+            raise OiError(f"{where}: metadata {META[key]}: expected {want}, got {shown!r:.60}")
+        out.append(ids if many else ids[0])
+    return out[0], out[1], out[2]
+
+
 def describe(metadata: dict) -> list[str]:
     """`oi2jax inspect`'s summary of the tokenizer entries (values: reader MetaValues' `.value`)."""
     lines = []
@@ -421,9 +455,14 @@ def describe(metadata: dict) -> list[str]:
     template = metadata.get(META["chat_template"])
     if isinstance(template, str):
         lines.append(f"chat template: {len(template)} characters")
-    ids = [f"{k} {int(metadata[META[k]])}" for k in ("bos", "eos") if META[k] in metadata]
-    if META["stop"] in metadata:
-        ids.append("stop " + ", ".join(str(int(i)) for i in np.ravel(metadata[META["stop"]])))
+    ids = []  # an entry that holds no token id (a damaged file) is shown as it is, never truncated
+    for key in ("bos", "eos", "stop"):
+        if META[key] in metadata:
+            value = metadata[META[key]]
+            read = _stored_ids(value, key == "stop")
+            ids.append(f"{key} " + (", ".join(map(str, read)) if read is not None
+                                    else f"{(value.item() if isinstance(value, np.generic) else value)!r:.40} "
+                                         f"(not a token id)"))
     if ids:
         lines.append("special ids: " + "; ".join(ids))
     if isinstance(metadata.get(META["graph"]), str):

@@ -49,6 +49,8 @@ class TensorSource:
     files: list[str]
     entries: dict[str, SourceEntry]
     notes: list[str]
+    where: str | None = None  # what a message about the whole checkpoint names (None: `directory`)
+    config_name: str = "config.json"  # where the settings come from, in messages
 
     def read(self, name: str) -> np.ndarray:
         raise NotImplementedError
