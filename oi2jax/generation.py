@@ -114,12 +114,14 @@ def _graph_path(meta: dict, model_path: str, graph) -> str:
         raise OiError(f"{model_path}: the model file names no example graph (metadata {META['graph']}): "
                       f"give the graph to run (--graph G.oi)")
     # a converter names its family's graph as `examples/<name>`: the copy shipped in the package
-    # (examples/ links to it); another name is a path
+    # (examples/ links to it). Only such a name: a model file (downloaded, say) never chooses which
+    # local file is read (`/etc/passwd` was parsed and its first line shown in the error)
     shipped = GRAPHS / Path(name).name
-    candidate = shipped if name.startswith("examples/") and shipped.is_file() else Path(name)
-    if candidate.is_file():
-        return str(candidate)
-    raise OiError(f"{model_path}: its example graph {name} is not found: give the graph to run (--graph G.oi)")
+    if name == f"examples/{shipped.name}" and shipped.suffix == ".oi" and shipped.is_file():
+        return str(shipped)
+    known = ", ".join(sorted(f"examples/{p.name}" for p in GRAPHS.glob("*_decode.oi")))
+    raise OiError(f"{model_path}: its example graph {name!r} is not a graph shipped with oi2jax ({known}): "
+                  f"give the graph to run (--graph G.oi)")
 
 
 def _tokenizer(meta: dict, model_path: str, tokenizer):

@@ -573,8 +573,14 @@ def test_the_family_graphs_ship_in_the_package(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no examples/ here
     assert Path(generation._graph_path({"example_graph": "examples/llama_decode.oi"}, "m.oinf", None)) == \
         generation.GRAPHS / "llama_decode.oi"
-    with pytest.raises(OiError, match="its example graph examples/nope.oi is not found: give the graph"):
+    with pytest.raises(OiError, match="its example graph 'examples/nope.oi' is not a graph shipped with oi2jax "
+                                      r"\(examples/gemma2_decode.oi, .*\): give the graph to run \(--graph G.oi\)"):
         generation._graph_path({"example_graph": "examples/nope.oi"}, "m.oinf", None)
+    # a model file never chooses a local file to read (models probe: /etc/passwd was parsed)
+    (tmp_path / "g.oi").write_text((EXAMPLES / "llama_decode.oi").read_text())
+    for name in ("/etc/passwd", str(tmp_path / "g.oi"), "g.oi", "examples/../g.oi", "examples/llama_decode.oinf"):
+        with pytest.raises(OiError, match="is not a graph shipped with oi2jax"):
+            generation._graph_path({"example_graph": name}, "m.oinf", None)
 
 
 def test_a_greedy_generation_runs_programs_with_the_temperature_fixed(model):
