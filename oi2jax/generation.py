@@ -202,6 +202,11 @@ class Generator:
             if specialize_greedy and "temperature" in self.settings else {}
         self.buckets = program_buckets(decode) if self.mode == PROMPT_STEPS else (1,)
         self.vocab = tokens.vocabulary(decode)  # prompt and stop ids are checked against it
+        outside = [i for i in self.stop_ids if self.vocab is not None and i >= self.vocab]
+        if outside:  # a stop id the model can never draw: the generation would silently never stop on it
+            key = META["stop"] if stops is not None else META["eos"]
+            raise OiError(f"{self.model_path}: metadata {key}: id {outside[0]} is outside the vocabulary of "
+                          f"{self.graph_path} (0..{self.vocab - 1}): it can never be generated")
         self.capacity = tokens.capacity(decode)  # the cache's positions (the step-graph contract's T)
         # compiling is counted apart: what compiles during a generation (a bucket's first use, the
         # fused decode loop's first run) is measured there and left out of its rates

@@ -639,3 +639,14 @@ def test_the_stats_decode_rate_counts_the_tokens_the_decode_steps_drew():
         "generated 0 tokens in 0.000 s (n/a tok/s)"
     assert Stats(prompt_tokens=9, prompt_s=1.0, generated_tokens=10, generate_s=2.0, from_prompt=2).lines()[1] == \
         "generated 10 tokens in 2.000 s (4.0 tok/s)"  # a batch of two prompts
+
+
+def test_a_stored_stop_id_outside_the_vocabulary_is_an_error(model, monkeypatch):
+    """Models probe: a model file's stop id past the logits' V was taken and never matched (the
+    generation ran to --max-tokens); it is an error naming the key, as a --stop-id past V is."""
+    from oi2jax import generation
+    V = len(model["vocab"])
+    monkeypatch.setattr(generation, "stored_special_ids", lambda meta, where: (None, None, [3, V + 2]))
+    with pytest.raises(OiError, match=rf"m.oinf: metadata tokenizer.stop_ids: id {V + 2} is outside the vocabulary "
+                                      rf"of .*llama_prefill.oi \(0..{V - 1}\): it can never be generated"):
+        Generator(model["path"])
