@@ -488,3 +488,12 @@ def test_one_prefix_member_matcher(tmp_path, capsys):
     assert code == 1 and 'constant W not found in model: no tensor matches @pattern("w.{l}")' in err, err
     save(m, tensors={"w.0": np.ones(2, np.float32), "w.01": np.ones(2, np.float32)})
     assert run_cli(capsys, "check", g, "--model", m)[0] == 0
+
+
+def test_a_scale_past_float32_is_refused_not_kept_as_inf():
+    """Models probe: `QuantParams(scales=[1e40])` narrowed the scale to f32 inf without a word (the
+    format stores f32 scales); a scale in range narrows as the format says."""
+    with pytest.raises(OiError, match=r"invalid quantization parameters: scale 1e\+40 is past float32's range"):
+        QuantParams(scheme="symmetric", scale_mode="per_tensor", scales=[1e40], zp_mode="none", zero_points=[])
+    q = QuantParams(scheme="symmetric", scale_mode="per_tensor", scales=[0.1], zp_mode="none", zero_points=[])
+    assert q.scales.dtype == np.float32 and q.scales[0] == np.float32(0.1)

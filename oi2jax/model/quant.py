@@ -51,7 +51,12 @@ class QuantParams:
     zp_axis: int = 0
 
     def __post_init__(self):
-        scales = np.array(self.scales, dtype=np.float32).reshape(-1)
+        with np.errstate(over="ignore"):  # a scale past f32's range is refused below, not warned and kept as inf
+            scales = np.array(self.scales, dtype=np.float32).reshape(-1)
+        given = np.asarray(self.scales)
+        if given.dtype.kind in "fiu" and np.any(np.isinf(scales) & np.isfinite(given.astype(np.float64).reshape(-1))):
+            raise _error(f"scale {float(given.reshape(-1)[np.argmax(np.isinf(scales))])!r} is past float32's range (the "
+                         f"format stores float32 scales)")
         zps = np.asarray(self.zero_points)
         if zps.size and (zps.dtype.kind not in "iu" or zps.min() < -(1 << 31) or zps.max() >= 1 << 31):
             raise _error("zero points must be int32 values")
