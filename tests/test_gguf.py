@@ -459,7 +459,7 @@ def test_wrong_shapes_and_cli_errors(tmp_path, capsys):
     out = tmp_path / "m.oinf"
     code, stdout, stderr = run_cli(capsys, "convert-gguf", path, "-o", out)
     assert code == 1 and stdout == "" and not out.exists()
-    assert stderr.startswith("error: ") and "model.layers.0.mlp.up_proj.weight" in stderr \
+    assert stderr.startswith("error: ") and "model.layers.0.mlp.up_proj.weight (GGUF blk.0.ffn_up.weight)" in stderr \
         and "has shape [32, 64], expected [64, 32]" in stderr and "Traceback" not in stderr
     code, _, stderr = run_cli(capsys, "convert-gguf", tmp_path / "nope.gguf", "-o", out)
     assert code == 1 and stderr == f"error: {tmp_path / 'nope.gguf'}: file not found\n"
@@ -544,7 +544,8 @@ def test_missing_layers_name_the_gguf_file(tmp_path):
     """A block_count larger than the file's layers named the directory holding the file
     (`error: .: missing tensor ...`), and a shape the metadata contradicts said `from config.json`."""
     _, path, _ = _twin(tmp_path, "F32", SMALL, kv=lambda w: w.add_uint32("llama.vocab_size", 100))
-    with pytest.raises(OiError, match=rf"^error: {path}: tensor model.embed_tokens.weight has shape \[64, 32\], "
+    with pytest.raises(OiError, match=rf"^error: {path}: tensor model.embed_tokens.weight \(GGUF token_embd.weight\) "
+                                      r"has shape \[64, 32\], "
                                       r"expected \[100, 32\] \(vocab_size, hidden_size\) from its metadata$"):
         convert_gguf(path, tmp_path / "m.oinf")
     _, path, _ = _twin(tmp_path, "F32", SMALL, seed=1, edit=lambda w: [w.pop(k) for k in list(w) if k.startswith("blk.1.")])

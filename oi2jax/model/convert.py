@@ -188,7 +188,7 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
             derived.append(name)
         else:
             _fail(str(directory / source.entries[name].file),
-                  f"unexpected tensor {name}: not part of a {cfg.architecture} with this config (a bias? "
+                  f"unexpected tensor {name}{source.origin(name)}: not part of a {cfg.architecture} with this config (a bias? "
                   f"another architecture?)")
     if derived:
         notes.append(f"skipped {len(derived)} derived tensor(s) ({derived[0]}...): the rotary "
@@ -206,18 +206,18 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         shape = p.source_shape or p.shape
         if entry.shape != shape:
             fused = f" (fused: {out_name} is rows {p.rows[0]}:{p.rows[1]})" if p.rows else ""
-            _fail(where, f"tensor {p.source} has shape {list(entry.shape)}, expected {list(shape)} ({p.made_of})"
+            _fail(where, f"tensor {p.source}{source.origin(p.source)} has shape {list(entry.shape)}, expected {list(shape)} ({p.made_of})"
                          f"{fused} from {config_name}")
         if not NAME_RE.match(out_name):  # every Hugging Face name of the table does; never rename silently
             _fail(whole, f"tensor name {out_name!r} is not a valid .oinf name ([A-Za-z0-9._-]+)")
         if entry.ggml is not None:  # kept GGML blocks: their raw rows, stored as u8 (model/ggml.py)
             if dtype is not None:
-                raise OiError(f"tensor {p.source}: {entry.ggml} blocks cannot be kept when dtype {dtype} is asked for")
+                raise OiError(f"tensor {p.source}{source.origin(p.source)}: {entry.ggml} blocks cannot be kept when dtype {dtype} is asked for")
             stored[out_name] = "u8"
             total += math.prod(ggml_stored_shape(entry.ggml, p.shape))
             continue
         if entry.dtype not in SOURCE_DTYPES:
-            _fail(where, f"tensor {p.source} has dtype {entry.dtype}: only floating-point checkpoints (F32, BF16, "
+            _fail(where, f"tensor {p.source}{source.origin(p.source)} has dtype {entry.dtype}: only floating-point checkpoints (F32, BF16, "
                          f"F16, F64) are supported")
         target = dtype or SOURCE_DTYPES[entry.dtype]
         if quantize is not None and len(p.shape) == 2:
@@ -253,7 +253,7 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
             values = source.read(p.source)
             if p.rows is not None:
                 values = values[p.rows[0]:p.rows[1]]
-            _count_nonfinite(values, out_name, where, nonfinite, nonfinite_found)
+            _count_nonfinite(values, out_name + source.origin(p.source), where, nonfinite, nonfinite_found)
             if out_name in blocks:  # --quantize: the f32 values' blocks
                 return ggml_quantize(blocks[out_name], convert_values(p.source, values, "f32", where))
             return convert_values(p.source, values, target, where)

@@ -463,6 +463,9 @@ class GGUFSource(TensorSource):
             if transform is not None:
                 self._transform[target] = transform
 
+    def origin(self, name: str) -> str:
+        return f" (GGUF {self._source[name]})" if name in self._source else ""
+
     def read(self, name: str) -> np.ndarray:
         entry = self.entries[name]
         t = self._data[self._source[name]]

@@ -55,6 +55,11 @@ class TensorSource:
     def read(self, name: str) -> np.ndarray:
         raise NotImplementedError
 
+    def origin(self, name: str) -> str:
+        """How a message names entry `name` in the file it came from, after its Hugging Face name
+        (' (GGUF output_norm.weight)'; '' where the two are one)."""
+        return ""
+
 
 class SafetensorsSource(TensorSource):
     """The checkpoint's safetensors files, open for the conversion: names, dtypes, shapes from the
