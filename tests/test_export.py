@@ -394,3 +394,17 @@ def test_an_unknown_symbolic_size_gets_a_suggestion():
     """Emit probe 9: `--symbolic b` listed the sizes without the close one."""
     with pytest.raises(OiError, match=r"--symbolic b: not a size variable of the graph/model \(did you mean B\?\)"):
         write_export(str(EXAMPLES / "mlp_regression.oi"), "/nonexistent/never-written", symbolic=["b"])
+
+
+def test_a_symbolic_size_in_a_list_setting_is_refused_at_its_node(tmp_path, capsys):
+    """Emit probe 5 (what was left): `positions(s, shape=[B])` with B symbolic said "the lowering
+    needs a concrete value there" without saying where; the node is named now."""
+    g = tmp_path / "pos.oi"
+    g.write_text("dynamic { s: i32; }\nvolatile { p: i32[B]; }\nblock entry {\n    op positions(s, shape=[B]) >> p;\n"
+                 "    return;\n}\n")
+    out = tmp_path / "pos.jaxexport"
+    rc = main(["export", str(g), "--no-model", "--size", "B=4", "--ops", "nn", "--symbolic", "B", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith(f"{g}:4:5: error: cannot lower this node with a symbolic size: it needs a "
+                                      f"concrete value there ("), err
+    assert "export without --symbolic or use --size" in err and not out.exists()

@@ -14,6 +14,7 @@ from contextlib import ExitStack
 import jax
 
 from .. import ir
+from ..diagnostics import OiError
 from .context import Frame, Tracer
 from .state import Env
 
@@ -25,6 +26,11 @@ def rule(node_type):
         RULES[node_type] = fn
         return fn
     return register
+
+
+# a symbolic dimension (jax.export) used where a value is needed; jax.errors' name where JAX has it
+_INCONCLUSIVE = getattr(jax.errors, "InconclusiveDimensionOperation", None) or \
+    jax.core.InconclusiveDimensionOperation
 
 
 def lower_nodes(nodes, env: Env, frame: Frame, tr: Tracer) -> tuple[Env, bool]:
@@ -59,7 +65,13 @@ def lower_nodes(nodes, env: Env, frame: Frame, tr: Tracer) -> tuple[Env, bool]:
                 continue
             fn = RULES[type(node)]
             with jax.named_scope(f"{node.index}:{_label(node)}"):
-                env = fn(node, env, frame, tr)
+                try:
+                    env = fn(node, env, frame, tr)
+                except _INCONCLUSIVE as exc:  # only `export --symbolic` lowers with a symbolic size
+                    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    raise OiError(f"cannot lower this node with a symbolic size: it needs a concrete value there "
+                                  f"({first}); export without --symbolic or use --size", node.span,
+                                  source=tr.graph.source or None) from None
 
 
 def _enter_call(scopes, branch: ir.Branch, block: str):
