@@ -64,8 +64,10 @@ class Program(Protocol):
     def supports_batched(self) -> bool:
         """Whether `run_batched` runs (a compiled program) or raises OiError (the interpreter)."""
 
-    def run(self, inputs: dict | None = None, steps=1, progress=None) -> dict:
-        """`steps` steps from the initial state; every variable after the last (widened like `--out`)."""
+    def run(self, inputs: dict | None = None, steps=1, progress=None, *, collect=(), feedback=None,
+            stop=None) -> dict:
+        """`steps` steps from the initial state; every variable after the last (widened like `--out`),
+        each `collect`ed one stacked per step; `feedback` and `stop` as run_rules.py defines them."""
 
     def run_batched(self, inputs: dict | None = None, batch_var: str = "B", steps: int = 1) -> dict:
         """Inputs with more rows than the size variable `batch_var`, run in chunks of it."""
