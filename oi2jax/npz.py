@@ -151,6 +151,9 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict, makes_dirs: bool = Fal
     for flag, out in given:
         if not os.fspath(out):
             raise OiError(f"{flag}: the path is empty")
+        if os.fspath(out) == "-" and flag.startswith("-"):  # a command line's "-" means standard output elsewhere
+            raise OiError(f"{flag} -: this would write a file named '-', not standard output; leave out {flag} to "
+                          f"print (where the command prints), or give ./- for a file of that name")
     for i, (flag, out) in enumerate(given):
         for other, path in given[i + 1:]:
             if same(out, path):

@@ -197,3 +197,17 @@ def test_an_output_below_a_regular_file_says_not_a_directory(tmp_path):
     assert (tmp_path / "afile").read_text() == "keep"
     with pytest.raises(FileNotFoundError, match="no such directory"):
         write_text_atomic(tmp_path / "missing" / "out.txt", "text")
+
+
+@pytest.mark.parametrize("argv", [["compile", str(EXAMPLES / "mlp_regression.oi"), "-o", "-"],
+                                  ["run", str(EXAMPLES / "mlp_regression.oi"), "--out", "-"]])
+def test_a_dash_output_is_not_a_file_named_dash(tmp_path, capsys, monkeypatch, argv):
+    """Emit probe 9: `-o -` wrote a file named '-' in the working directory (exit 0), where '-'
+    means standard output to most tools."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    flag = argv[-2]
+    assert code == 1 and err.strip().endswith(
+        f"error: {flag} -: this would write a file named '-', not standard output; leave out {flag} to print "
+        f"(where the command prints), or give ./- for a file of that name"), err
+    assert not (tmp_path / "-").exists()
