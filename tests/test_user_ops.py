@@ -544,3 +544,18 @@ def test_openinfers_own_ops_json_form_reads_with_its_output_dtype_sets(tmp_path,
     path = _schema(tmp_path, lambda d, e: e.update(output_dtypes_ref="HALF"))
     with pytest.raises(OiError, match=r'output_dtypes_ref "HALF" \(a string\) is not in output_dtype_sets'):
         ops.load([path])
+
+
+def test_an_added_op_name_may_hold_upper_case_letters(tmp_path):
+    """Ops probe leftover: `Foo`, a SPEC §1.2 identifier (names are case-sensitive), was refused as
+    "not a DSL identifier (lower-case letters, digits, _)"; `1foo` and `foo-bar` still are."""
+    f = _op_file(tmp_path, "k.py", "@op(inputs={'x': 'float'}, shape='same', reference=lambda x: x * 2)\n"
+                                   "def TwiceX(x):\n    return x * 2\n")
+    src = "dynamic { x: f32[4]; }\nvolatile { y: f32[4]; }\nblock entry {\n    op TwiceX(x) >> y;\n    return;\n}\n"
+    x = np.arange(4, dtype=np.float32)
+    for mode in ("compiled", "interpret"):
+        np.testing.assert_array_equal(oi2jax.compile(src, ops=[f], mode=mode).run({"x": x})["y"], 2 * x)
+    from oi2jax.ops.define import make_op
+    for bad in ("1foo", "foo-bar", "fé"):
+        with pytest.raises(ops.OpTypeError, match=f"op name '{bad}' is not a DSL identifier"):
+            make_op(lambda x: x, bad)

@@ -33,7 +33,7 @@ from .errors import OpTypeError
 from .shapes import broadcast_shapes
 from .registry import ATTR_KINDS, DYNAMIC, AttrSpec, InputSpec, OpDef, dtype_set
 
-_NAME_OK = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_NAME_OK = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"  # SPEC §1.2 NAME (case-sensitive)
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,8 @@ def make_op(fn: Callable, name: str | None = None, *, inputs=("x",), attrs=None,
     name = name or fn.__name__
     where = source or _source_of(fn)
     if not isinstance(name, str) or not name or name[0].isdigit() or any(c not in _NAME_OK for c in name):
-        raise OpTypeError(f"{where}: op name {name!r} is not a DSL identifier (lower-case letters, digits, _)")
+        raise OpTypeError(f"{where}: op name {name!r} is not a DSL identifier (ASCII letters, digits and _, not "
+                          f"starting with a digit: SPEC §1.2)")
     if name in RUST_KEYWORDS:
         raise OpTypeError(f"{where}: op name {name!r} is a reserved word and cannot be used as a name (SPEC §1: "
                           f"Rust keywords and a lone _ are not names)")
