@@ -53,7 +53,8 @@ from .ops import calls as op_calls
 from .model.bind import AttrVar
 from .host_numerics import state_fill
 from .protocol import CompileOptions
-from .run_rules import collect_names, fed_back, feedback_pairs, split_inputs, stop_from, stop_hits, stop_set, stopped
+from .run_rules import collect_names, fed_back, feedback_pairs, split_inputs, stop_from, stop_hits, stop_set, stopped, \
+    with_collected
 from .trace import Trace
 # one rule and message each, compiled or interpreted:
 from .values import check_given_inputs, convert_inputs, convert_output, unknown_input
@@ -290,10 +291,7 @@ class InterpretedProgram(CacheOps):
             stacks: dict = {k: [] for k in collect}
 
             def result() -> dict:  # every variable, each collected one as its rows stacked
-                out = self.outputs()
-                for k in collect:
-                    out[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + out[k].shape, out[k].dtype)
-                return out
+                return with_collected(self.outputs(), stacks)
 
             counts_from = stop_from(stop_ids, pairs, lambda k: len(per_step[k]) if k in per_step else 1)
             done = {k: np.zeros(tuple(self._decl_shape(k)), bool) for k in stop_ids}

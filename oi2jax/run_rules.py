@@ -221,3 +221,12 @@ def collect_names(prog, collect) -> tuple:
             raise OiError(f"collect: {_cache_state(decl)}; cache.read it into a volatile and collect that")
         names.append(name)
     return tuple(dict.fromkeys(names))
+
+
+def with_collected(values: dict, stacks: dict) -> dict:
+    """A run's result: `values` (every variable after its last step) with each collected variable
+    (`stacks`: name -> its rows, one per step) as its rows stacked `[steps, ...]` (`[0, ...]` where
+    no step ran). The host loop and the interpreter both return it."""
+    for k, rows in stacks.items():
+        values[k] = np.stack(rows) if rows else np.zeros((0,) + values[k].shape, values[k].dtype)
+    return values

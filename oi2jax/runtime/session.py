@@ -37,7 +37,7 @@ from .kernels import StepOutcome, compiled
 from .placement import Placer
 from .runstats import RunClock
 from ..run_rules import (collect_names, fed_back, feedback_pairs, split_inputs, stop_from, stop_hits, stop_set,
-                         stopped)
+                         stopped, with_collected)
 from .runargs import call_limit, collected_rows, device_inputs, stop_arrays, validate_run
 
 CALL_SECONDS = 0.5  # a fused run's steps go in calls of about this long (Ctrl-C stays responsive)
@@ -778,10 +778,7 @@ class Session:
         stacks: dict = {k: [] for k in collect}
 
         def stacked() -> dict:  # every variable, each collected one as its rows stacked
-            result = self.values()
-            for k in collect:
-                result[k] = np.stack(stacks[k]) if stacks[k] else np.zeros((0,) + result[k].shape, result[k].dtype)
-            return result
+            return with_collected(self.values(), stacks)
 
         counts_from = stop_from(stop_ids, pairs, lambda k: len(per_host[k]) if k in per_host else 1)
         for i in range(steps):
