@@ -510,6 +510,33 @@ def test_attention_never_reads_unfilled_slots_even_nan():
                 np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
 
 
+def test_attention_rows_never_read_another_rows_positions_even_nan():
+    """S query rows, each with its own valid length: a row weights a position it does not read by
+    exactly 0, but 0 * NaN is NaN, so compiled, a NaN or inf in v at a position only a later row
+    reads reached the earlier rows (the interpreter, the reference, computes each row alone)."""
+    rng = np.random.default_rng(4)
+    q = rng.normal(size=(3, 1, 2, 4)).astype(np.float32)
+    k = rng.normal(size=(16, 1, 4)).astype(np.float32)
+    v = rng.normal(size=(16, 1, 4)).astype(np.float32)
+    valid = np.array([3, 6, 9], np.int32)
+    for bad in ({4: (np.nan, 1)}, {4: (np.inf, 0), 7: (-np.inf, 0), 11: (np.nan, 2)}, {2: (np.inf, 3)}):
+        v2 = v.copy()
+        for pos, (value, col) in bad.items():
+            v2[pos, 0, col] = value
+        want = np.zeros((3, 1, 2, 4))
+        for i, n in enumerate(valid):
+            s = np.einsum("gd,td->gt", q[i, 0].astype(np.float64), k[:n, 0].astype(np.float64))
+            e = np.exp(s - s.max(axis=-1, keepdims=True))
+            with np.errstate(invalid="ignore"):
+                want[i, 0] = (e / e.sum(axis=-1, keepdims=True)) @ v2[:n, 0].astype(np.float64)
+        for block in ("", ", block=4"):
+            for prog in _one_op("q: f32[3,1,2,4]; k: f32[16,1,4]; v: f32[16,1,4]; n: i32[3];", "y: f32[3,1,2,4];",
+                                f"op attention(q, k, v, valid=n{block}) >> y;"):
+                got = prog.run({"q": q, "k": k, "v": v2, "n": valid})["y"]
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{bad} {block}")
+                np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=f"{bad} {block}")
+
+
 @pytest.mark.parametrize("dtype, start, n", [("u8", 0, 300), ("u64", 5, 3), ("u64", 2**63, 2),
                                              ("u64", 2**64 - 3, 3), ("u64", 2**64 - 3, 4), ("i8", -128, 129)])
 def test_positions_are_exact_or_an_error_in_every_integer_dtype(dtype, start, n):

@@ -221,8 +221,7 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
         block_ = lax.dynamic_slice(table, lead + [start, jnp.int32(0), jnp.int32(0)], [1] * len(lead) + [b, kvh, hd])
         return jnp.transpose(N.to_compute(block_.reshape(b, kvh, hd), ctx.dtype), (1, 0, 2))
 
-    def body(i, carry):
-        m, total, acc = carry  # [KVH, S, G], [KVH, S, G], [KVH, S, G, HD]
+    def scores(i):  # block i: where it starts, its scores [KVH, S, G, b], which of them each row reads
         a = (i * b).astype(jnp.int32)
         start = jnp.minimum(a, jnp.int32(t - b))
         s = (jnp.einsum("kqd,ktd->kqt", qh, read(k, start), precision=prec) * sc).reshape(kvh, rows_n, groups, b)
@@ -230,6 +229,11 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
             s = jnp.tanh(s / cap) * cap
         pos = start + lax.broadcasted_iota(jnp.int32, (b,), 0)
         keep = ((pos >= jnp.maximum(a, lo)[:, None]) & (pos < n[:, None]))[None, :, None, :]
+        return start, s, keep
+
+    def body(i, carry):
+        m, total, acc, odd = carry  # [KVH, S, G], [KVH, S, G], [KVH, S, G, HD], a non-finite v read
+        start, s, keep = scores(i)
         s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         m_sub = jnp.where(m_new == -jnp.inf, jnp.zeros((), ct), m_new)  # a row none of whose positions is read yet
@@ -239,15 +243,41 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
         # a position no row reads is zero in v too: p is 0 there, and 0 * NaN (an unfilled slot's
         # garbage) would be NaN in the product
         vb = jnp.where(jnp.any(keep, axis=(0, 1, 2))[None, :, None], read(v, start), jnp.zeros((), ct))
+        if rows_n > 1:  # rows of their own lengths: another row's position is weighted 0, and 0 * NaN is
+            finite = jnp.isfinite(vb)  # NaN; its non-finite values are added after the loop, to the rows
+            odd = odd | ~jnp.all(finite)  # that read them (non_finite_read)
+            vb = jnp.where(finite, vb, jnp.zeros((), ct))
         pv = jnp.einsum("kqt,ktd->kqd", p.reshape(kvh, rows_n * groups, b), vb, precision=prec)
         acc = acc * corr[..., None] + pv.reshape(kvh, rows_n, groups, hd)
-        return m_new, total, acc
+        return m_new, total, acc, odd
+
+    def non_finite_read(out, odd):
+        """Each row's result where it read a non-finite v, as its own weighted sum gives it (the
+        reference's, in float64, where no weight of a read position is 0): NaN where it read a NaN
+        or both infinities, else the inf's sign. No iteration where no block held one."""
+        def flags(i, seen):  # per row and column: how many NaN, +inf and -inf it reads (exact counts)
+            a = (i * b).astype(jnp.int32)
+            start = jnp.minimum(a, jnp.int32(t - b))
+            pos = start + lax.broadcasted_iota(jnp.int32, (b,), 0)
+            keep = (pos >= jnp.maximum(a, lo)[:, None]) & (pos < n[:, None])  # [S, b]
+            vb = read(v, start)  # [KVH, b, HD]
+            kinds = jnp.stack([jnp.isnan(vb), vb == jnp.inf, vb == -jnp.inf]).astype(ct)
+            return seen + jnp.einsum("st,xktd->xksd", keep.astype(ct), kinds, precision=lax.Precision.HIGHEST)
+
+        first = jnp.min(lo) // b
+        nan, plus, minus = (lax.fori_loop(first, jnp.where(odd, (jnp.max(n) + b - 1) // b, first), flags,
+                                          jnp.zeros((3, kvh, rows_n, hd), ct)) > 0)[:, :, :, None]  # [KVH, S, 1, HD]
+        value = jnp.where(nan | (plus & minus), jnp.nan, jnp.where(plus, jnp.inf, -jnp.inf)).astype(ct)
+        return jnp.where(jnp.isnan(out) | ~(nan | plus | minus), out, value)
 
     heads = (kvh, rows_n, groups)
-    init = (jnp.full(heads, -jnp.inf, ct), jnp.zeros(heads, ct), jnp.zeros(heads + (hd,), ct))
+    init = (jnp.full(heads, -jnp.inf, ct), jnp.zeros(heads, ct), jnp.zeros(heads + (hd,), ct), jnp.bool_(False))
     if b == t:  # the table is one block, which every valid row reads: the loop's one pass, without the loop
-        _, total, acc = body(jnp.int32(0), init)
+        _, total, acc, odd = body(jnp.int32(0), init)
     else:
-        _, total, acc = lax.fori_loop(jnp.min(lo) // b, (jnp.max(n) + b - 1) // b, body, init)
-    out = jnp.transpose(acc / total[..., None], (1, 0, 2, 3))  # [S, KVH, G, HD]
+        _, total, acc, odd = lax.fori_loop(jnp.min(lo) // b, (jnp.max(n) + b - 1) // b, body, init)
+    out = acc / total[..., None]
+    if rows_n > 1:
+        out = non_finite_read(out, odd)
+    out = jnp.transpose(out, (1, 0, 2, 3))  # [S, KVH, G, HD]
     return N.store(out if q.ndim == 4 else out[0] if q.ndim == 3 else out[0, :, 0, :], ctx.out_dtype)
