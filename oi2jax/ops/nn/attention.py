@@ -251,10 +251,11 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
         acc = acc * corr[..., None] + pv.reshape(kvh, rows_n, groups, hd)
         return m_new, total, acc, odd
 
-    def non_finite_read(out, odd):
+    def non_finite_read(out, odd, vb):
         """Each row's result where it read a non-finite v, as its own weighted sum gives it (the
         reference's, in float64, where no weight of a read position is 0): NaN where it read a NaN
-        or both infinities, else the inf's sign. No iteration where no block held one."""
+        or both infinities, else the inf's sign. Over blocks: no iteration where no block held one;
+        `vb`: the one block's v [KVH, T, HD] where the table is one block."""
         def flags(i, seen):  # per row and column: how many NaN, +inf and -inf it reads (exact counts)
             a = (i * b).astype(jnp.int32)
             start = jnp.minimum(a, jnp.int32(t - b))
@@ -264,9 +265,15 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
             kinds = jnp.stack([jnp.isnan(vb), vb == jnp.inf, vb == -jnp.inf]).astype(ct)
             return seen + jnp.einsum("st,xktd->xksd", keep.astype(ct), kinds, precision=lax.Precision.HIGHEST)
 
-        first = jnp.min(lo) // b
-        nan, plus, minus = (lax.fori_loop(first, jnp.where(odd, (jnp.max(n) + b - 1) // b, first), flags,
-                                          jnp.zeros((3, kvh, rows_n, hd), ct)) > 0)[:, :, :, None]  # [KVH, S, 1, HD]
+        if b == t:  # one pass (an accelerator's: no loop, no branch): prefix counts along the table
+            kinds = jnp.stack([jnp.isnan(vb), vb == jnp.inf, vb == -jnp.inf]).astype(jnp.int32)  # [3, KVH, T, HD]
+            before = jnp.concatenate([jnp.zeros((3, kvh, 1, hd), jnp.int32), jnp.cumsum(kinds, axis=2)], axis=2)
+            counts = jnp.take(before, n, axis=2) - jnp.take(before, lo, axis=2)  # [3, KVH, S, HD]
+        else:
+            first = jnp.min(lo) // b
+            counts = lax.fori_loop(first, jnp.where(odd, (jnp.max(n) + b - 1) // b, first), flags,
+                                   jnp.zeros((3, kvh, rows_n, hd), ct))
+        nan, plus, minus = (counts > 0)[:, :, :, None]  # [KVH, S, 1, HD] each
         value = jnp.where(nan | (plus & minus), jnp.nan, jnp.where(plus, jnp.inf, -jnp.inf)).astype(ct)
         return jnp.where(jnp.isnan(out) | ~(nan | plus | minus), out, value)
 
@@ -278,6 +285,6 @@ def attention(q, k, v, *, layer=None, valid=None, window=None, scale=1.0, softca
         _, total, acc, odd = lax.fori_loop(jnp.min(lo) // b, (jnp.max(n) + b - 1) // b, body, init)
     out = acc / total[..., None]
     if rows_n > 1:
-        out = non_finite_read(out, odd)
+        out = non_finite_read(out, odd, read(v, jnp.int32(0)) if b == t else None)
     out = jnp.transpose(out, (1, 0, 2, 3))  # [S, KVH, G, HD]
     return N.store(out if q.ndim == 4 else out[0] if q.ndim == 3 else out[0, :, 0, :], ctx.out_dtype)
