@@ -325,3 +325,16 @@ def test_an_auto_dim_growth_too_large_to_allocate_is_refused_before_allocating(i
         first = err.render().splitlines()[0]
         assert f"cache M would need {4 * (index + 2)} bytes to grow" in first and "too large to allocate" in first \
             and first.endswith("(in step 1)"), (way, first)
+
+
+@pytest.mark.parametrize("dt, tiny", [("f32", 1e-40), ("bf16", 1e-40), ("f64", 1e-310), ("f16", 2.0**-24)])
+def test_filter_condition_reads_a_subnormal_as_true(dt, tiny):
+    """SPEC §6.4: out = a where cond != 0. A subnormal cond is not 0; XLA:CPU's float compare
+    flushes it, so filter chose b (bf16: interpreted b, compiled a)."""
+    npd = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[dt]
+    c = np.array([tiny, -tiny, 0.0, -0.0, np.nan, 1.0]).astype(npd)
+    assert c[0] != 0 and c[1] != 0  # representable subnormals, not rounded to zero
+    out = run_both(f"dynamic {{ a: {dt}[6]; b: {dt}[6]; c: {dt}[6]; }}\nvolatile {{ y: {dt}[6]; }}\n"
+                   "block entry {\n  op filter(a, b, c) >> y;\n  return;\n}\n",
+                   {"a": np.full(6, 1.0, npd), "b": np.full(6, 2.0, npd), "c": c})
+    np.testing.assert_array_equal(np.asarray(out["y"], np.float64), [1.0, 1.0, 2.0, 2.0, 1.0, 1.0])

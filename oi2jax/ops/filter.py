@@ -14,7 +14,9 @@ def _filter(inputs, attrs, ctx):
     if ctx.dtype == "bool":
         c = cond
     elif is_float(ctx.dtype):
-        c = N.to_compute(cond, ctx.dtype) != 0  # NaN != 0 -> true
+        # cond != 0 read from the bits (NaN true, ±0.0 false, a subnormal true): a float compare
+        # on XLA:CPU reads a subnormal as zero, and fused or not changed which one it did
+        c = N.nonzero(cond)
     else:
         c = cond != 0
     return jnp.where(c, a, b)
