@@ -338,3 +338,25 @@ def test_filter_condition_reads_a_subnormal_as_true(dt, tiny):
                    "block entry {\n  op filter(a, b, c) >> y;\n  return;\n}\n",
                    {"a": np.full(6, 1.0, npd), "b": np.full(6, 2.0, npd), "c": c})
     np.testing.assert_array_equal(np.asarray(out["y"], np.float64), [1.0, 1.0, 2.0, 2.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("access", ["cache.write v >> K[i];", "cache.read K[i] >> r;"])
+def test_a_table_index_at_the_largest_i64_is_past_a_fixed_size(access):
+    """SPEC §4.2: an index k with k + 1 > the fixed size is an error. Compiled, k + 1 wrapped to
+    -2^63 at k = 2^63 - 1 and passed the bound: the write was dropped (the read gave zeros) with
+    no error, where the interpreter refused it."""
+    src = ("dynamic { v: f32[2]; }\npersistent { i: i64 @init(9223372036854775807); K(t): f32[2] @table @fixed(t=4); }\n"
+           f"volatile {{ r: f32[2]; }}\nblock entry {{\n  {access}\n  return;\n}}\n")
+    with pytest.raises(OiError) as err:
+        run_both(src, {"v": np.array([1, 2], np.float32)})
+    assert "dimension 0 of K: index 9223372036854775807 is past its fixed size 4" in err.value.render()
+
+
+def test_a_growable_table_index_at_the_largest_i64_is_refused():
+    from conftest import outcome
+    src = ("dynamic { v: f32[2]; }\npersistent { i: i64 @init(9223372036854775807); K(t): f32[2] @table; }\n"
+           "volatile { r: f32[2]; }\nblock entry {\n  cache.write v >> K[i];\n  cache.read K[i] >> r;\n  return;\n}\n")
+    for way in ("interpreted", "driver", "fused"):
+        out, err = outcome(src, {"v": np.array([1, 2], np.float32)}, way=way)
+        assert err is not None, (way, out)  # compiled: no error, K left empty and r read as zeros
+        assert "too large to allocate" in err.render(), (way, err.render())

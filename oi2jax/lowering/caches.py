@@ -201,16 +201,20 @@ class CacheRules:
         v = _i64(v)
         neg = tr.lowering.site(messages.negative_index(layout.name, f"index {raw}", "{value}"), span)
         env = tr.fail_if(env, v < 0, neg, v)
-        env = self._bound(env, layout, j, v + 1, span, what="index")
-        return env, v, _maximum(size, v + 1)
+        # v + 1 wraps at i64's largest index, to a negative end that passed every bound (the
+        # access was then dropped in silence): saturated, it is past any fixed size and memory
+        end = jnp.where(v == np.iinfo(np.int64).max, v, v + 1)
+        env = self._bound(env, layout, j, end, span, what="index", value=v)
+        return env, v, _maximum(size, end)
 
-    def _bound(self, env, layout: CacheLayout, j: int, end, span, what: str):
-        """`end` (exclusive) must fit the fixed size, or the capacity (else ask to grow)."""
+    def _bound(self, env, layout: CacheLayout, j: int, end, span, what: str, value=None):
+        """`end` (exclusive) must fit the fixed size, or the capacity (else ask to grow); `value`:
+        what an error names (the index, for a single index; default `end`)."""
         tr = self.tr
         fixed = layout.fixed[j]
         if fixed is not None:
             code = tr.lowering.site(messages.exceeds_fixed(layout.name, j, fixed, what, "{value}"), span)
-            return tr.fail_if(env, end > fixed, code, end - 1 if what == "index" else end)
+            return tr.fail_if(env, end > fixed, code, end if value is None else value)
         slot = layout.grow_slots[j]
         return tr.need_capacity(env, slot, jnp.where(end > layout.capacity[j], end, 0))
 
