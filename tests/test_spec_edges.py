@@ -173,6 +173,22 @@ def test_sum_and_prod_over_an_empty_axis_are_their_identities():
     assert out["e"].shape == (0,)
 
 
+def test_an_integer_mean_over_an_empty_axis_is_a_runtime_error():
+    """SPEC §6.4: an integer mean is the sum divided by the count, which OpenInfer's kernel does
+    for each group: over an empty axis, a division by 0 (it gave 0 in silence). A float mean is
+    0/0 = NaN, as IEEE; no group (an empty output) divides nothing."""
+    src = ("dynamic { x: DT[2, 0]; }\nvolatile { y: DT[2]; e: DT[0]; }\nblock entry {\n"
+           "  op mean_axis(x, axes=[0]) >> e;\n  op mean_axis(x, axes=[1]) >> y;\n  return;\n}\n")
+    for dt, np_dt in (("i32", np.int32), ("u8", np.uint8), ("i64", np.int64)):
+        with pytest.raises(OiError) as err:
+            run_both(src.replace("DT", dt), {"x": np.zeros((2, 0), np_dt)})
+        assert err.value.render().splitlines()[0].endswith(
+            "5:3: error: mean_axis: an integer mean over an empty axis (input [2, 0]) divides its sum by a count "
+            "of 0 (SPEC §6.4) (in step 1)")
+    out = run_both(src.replace("DT", "f32"), {"x": np.zeros((2, 0), np.float32)})
+    assert np.isnan(out["y"]).all() and out["e"].shape == (0,)
+
+
 def test_a_table_read_of_another_rank_than_its_destination_is_a_check_error():
     # K[0..n] gives [n, 3] whatever n: into y [3] it failed inside the compiler (an assertion)
     src = ("dynamic { d: i64; }\npersistent { n: i64; K(t): f32[3] @table @fixed(t=4); }\nvolatile { y: f32[3]; }\n"

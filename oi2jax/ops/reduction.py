@@ -93,7 +93,10 @@ def _sum_like(kind):
         else:
             y = jnp.sum(xw, axis=axes, dtype=wide)
             if kind == "mean":
-                y = lax.div(y, jnp.asarray(max(count, 1), wide)) if count else jnp.zeros_like(y)
+                if not count and y.size:  # OpenInfer's kernel divides by the count: an error, not a value
+                    ctx.fail_if(jnp.bool_(True), f"mean_axis: an integer mean over an empty axis (input "
+                                f"{list(x.shape)}) divides its sum by a count of 0 (SPEC §6.4)")
+                y = lax.div(y, jnp.asarray(max(count, 1), wide))
         return _finish(N.wrap(y, out), x.shape, axes, keepdims)
     return impl
 
