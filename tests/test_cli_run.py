@@ -348,3 +348,26 @@ def test_interpret_refuses_the_session_flags_and_says_so(capsys, tmp_path, graph
         assert code == 2 and err.strip() == f"error: {flag} needs a compiled run (not --interpret)"
     assert ("`--state-in`, `--state-out` and `--stats` need a compiled run and are refused with it"
             ) in " ".join((REPO / "docs" / "cli.md").read_text().split())
+
+
+@pytest.mark.parametrize("argv", [["examples/streaming_pipeline.oi", "--model", MODELS / "streaming_pipeline.oinf"],
+                                  ["examples/kv_cache_decode.oi", "--trace"]])
+def test_stats_line_from_stepwise_runs(capsys, tmp_path, argv):
+    """`--stats` prints its line for the runs that go one step at a time from the host (the
+    yield/await driver, a traced run), failing or not; it printed nothing there (docs/cli.md)."""
+    rows = 4 if "streaming" in str(argv[0]) else 16
+    shape = (rows, 16) if rows == 4 else (16,)
+    np.save(tmp_path / "x.npy", np.ones(shape, np.float32))
+    name = "x" if rows == 4 else "q"
+    stats = r"compile [0-9.]+ s, first step [0-9.]+ s, steady [0-9.]+ steps/s \((\d) steps in [0-9.]+ s\)"
+    code, _, err = run_cli(capsys, "run", *argv, "--input", f"{name}={tmp_path / 'x.npy'}", "--steps", "3",
+                           "--stats", "--quiet")
+    assert code == 0, err
+    import re
+    found = re.findall(stats, err)
+    assert found == ["3"], err
+    if name == "q":  # K holds 4 rows: step 5 fails, the line counts the 4 before it
+        code, _, err = run_cli(capsys, "run", *argv, "--input", f"{name}={tmp_path / 'x.npy'}", "--steps", "6",
+                               "--stats", "--quiet")
+        assert code == 1 and "(in step 5)" in err, err
+        assert re.findall(stats, err) == ["4"], err

@@ -781,6 +781,8 @@ class Session:
             return with_collected(self.values(), stacks)
 
         counts_from = stop_from(stop_ids, pairs, lambda k: len(per_host[k]) if k in per_host else 1)
+        clock = RunClock()  # `last_run` (--stats) as the fused loop keeps it: each step one call
+        over = False
         for i in range(steps):
             dyn = dict(fixed_dev)
             given = {k: v[i] for k, v in per_host.items() if i < len(v)}
@@ -789,11 +791,14 @@ class Session:
                     given[name] = self.read(source)  # widened, and converted back exactly
             if given:
                 dyn.update(self._inputs(given))
+            clock.start()
             try:
                 self._step_checked(dyn, wrap=wrap, driver=driver)
             except OiError as error:  # what the steps before it produced goes with it, as from `run`
                 error.partial = stacked()
+                self.last_run = clock.stats(stopped=False)
                 raise
+            clock.stop(1)
             for k in collect:
                 stacks[k].append(self.read(k))
             if progress is not None:
@@ -802,7 +807,9 @@ class Session:
                 if i >= counts_from[k]:
                     done[k] = done[k] | stop_hits(self.read(k), ids)
             if done and stopped(done):
+                over = True
                 break
+        self.last_run = clock.stats(stopped=over)
         return self._given_at_zero(stacked(), inputs, steps)
 
 
