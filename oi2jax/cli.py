@@ -436,8 +436,10 @@ def cmd_compile(args) -> int:
         # graph JSON keeps dims symbolic (OpenInfer serializes graphs without a model): check the
         # graph (against the model when there is one) and write it; nothing to compile, so a flag
         # that only shapes what is compiled is refused, not dropped
-        unused = [flag for flag, given in (("--precision", args.precision != "highest"), ("--unroll", args.unroll != "auto"),
-                                           ("--kernels", args.kernels != "jax"), ("--device", args.device is not None),
+        # given at all, its default value too (`--precision highest` shapes nothing here either)
+        given_once = getattr(args, "_given_once", {})
+        unused = [flag for flag, given in (("--precision", "precision" in given_once), ("--unroll", "unroll" in given_once),
+                                           ("--kernels", "kernels" in given_once), ("--device", "device" in given_once),
                                            ("--zero-missing-inputs", args.zero_missing_inputs)) if given]
         if unused:
             raise UsageError(f"{unused[0]} has no effect on --emit graph-json: nothing is compiled (the JSON is the graph "

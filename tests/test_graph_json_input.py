@@ -240,6 +240,12 @@ def test_compile_graph_json_refuses_flags_that_only_shape_a_compile(tmp_path, ca
         err = capsys.readouterr().err
         assert f"error: {flag[0]} has no effect on --emit graph-json: nothing is compiled" in err, err
         assert not (tmp_path / "g.json").exists()
+    # given at its default value too: `--precision highest` shapes no JSON either (it was taken without a word)
+    for flag in (["--precision", "highest"], ["--unroll", "auto"], ["--kernels", "jax"]):
+        assert main(["compile", graph, "--emit", "graph-json", *flag, "-o", out]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {flag[0]} has no effect on --emit graph-json: nothing is compiled" in err, err
+        assert not (tmp_path / "g.json").exists()
     assert main(["compile", graph, "--emit", "graph-json", "--size", "B=9", "-o", out]) == 0
     assert "note: --size checks the graph at those sizes; graph JSON keeps the size names" in capsys.readouterr().err
     assert '"B"' in (tmp_path / "g.json").read_text()
