@@ -294,6 +294,8 @@ def cmd_run(args) -> int:
         decl = program.graph.var(name)
         if decl is not None and decl.kind == MemKind.DYNAMIC:  # others: the run names them
             check_every_step_input(name, value, program.bound.shape(name))
+    every_step = [name for name in inputs if (decl := program.graph.var(name)) is not None
+                  and decl.kind == MemKind.DYNAMIC]
     if args.inputs_per_step:
         inputs.update(per_step_inputs(args, program, inputs))
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
@@ -329,6 +331,8 @@ def cmd_run(args) -> int:
             raise
         write_outputs(args, outputs, main_outputs(program, ()))
         return 0
+    for name in every_step:  # not chunked: the declared shape exactly, said as --input's rule
+        check_every_step_input(name, inputs[name], program.bound.shape(name), dims=True)
     run_kwargs = {}
     if not args.interpret:
         session = program.session(state=args.state_in)

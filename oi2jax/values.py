@@ -116,13 +116,14 @@ def ints_exact(a: np.ndarray, converted: np.ndarray) -> np.ndarray:
     return same
 
 
-def check_every_step_input(name: str, value, shape) -> None:
+def check_every_step_input(name: str, value, shape, dims: bool = False) -> None:
     """An input given once for every step (`--input NAME=FILE.npy`) has its declared rank: never
     read as one value per step (an extra leading axis: that is `--inputs-per-step`) nor broadcast
     (a missing axis). Its dims are checked with its values (`convert_input`; a batch-chunked run
-    takes more rows than the batch size)."""
+    takes more rows than the batch size), or here with `dims=True` (a run that is not chunked),
+    so that the message is --input's, not the per-step rule's `[N, ...]`."""
     got = tuple(np.shape(value))
-    if len(got) != len(shape):
+    if len(got) != len(shape) or (dims and got != tuple(shape)):
         raise OiError(f"input {name}: expected shape {list(shape)}, got {list(got)} (--input gives the value of "
                       f"every step; one value per step goes in --inputs-per-step FILE.npz)")
 

@@ -232,8 +232,8 @@ def test_a_feature_size_is_never_taken_for_a_batch(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "oi2jax", "run", str(kv), "--input", f"q={tmp_path / 'q.npy'}",
                            "--cache-dir", "none"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 1 and "chunks" not in proc.stderr, proc.stderr
-    assert "error: input q: expected shape [16] (the same every step) or [N, 16] (one value per step), got [32]" \
-        in proc.stderr, proc.stderr
+    assert "error: input q: expected shape [16], got [32] (--input gives the value of every step; one value per " \
+        "step goes in --inputs-per-step FILE.npz)" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("rows, failing", [(12, "rows 0..3"), (3, "rows 0..2")])

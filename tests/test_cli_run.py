@@ -310,6 +310,14 @@ def test_inputs_are_never_reshaped_or_broadcast(capsys, tmp_path):
                                              "every step; one value per step goes in --inputs-per-step FILE.npz)")
         code, _, err = run_cli(capsys, "run", g, "--input", f"s={s}", "--input", f"x={x0}", "--quiet", *extra)
         assert code == 1 and err.strip().startswith("error: input x: expected shape [4, 16], got []")
+    # the right rank, other dims: --input's own rule is said, not the per-step one's `[N, 4, 16]`
+    # (which --input refuses: that offer was a dead end)
+    x8 = _npy(tmp_path, np.ones((4, 8), np.float32))
+    for extra in ([], ["--interpret"]):
+        code, _, err = run_cli(capsys, "run", g, "--input", f"s={s}", "--input", f"x={x8}", "--quiet", *extra)
+        assert code == 1 and err.strip() == ("error: input x: expected shape [4, 16], got [4, 8] (--input gives the "
+                                             "value of every step; one value per step goes in --inputs-per-step "
+                                             "FILE.npz)"), err
     code, _, err = run_cli(capsys, "run", g, "--input", f"s={s}", "--input", f"x={x}", "--quiet")
     assert code == 0, err
     # the Python ways in: a step's value is exactly the declared shape

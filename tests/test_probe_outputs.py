@@ -138,8 +138,8 @@ def test_a_batch_size_of_zero_cannot_chunk_rows(capsys, tmp_path):
     np.save(tmp_path / "x.npy", np.ones((4, 2), np.float32))
     argv = ["run", tmp_path / "g.oi", "--no-model", "--size", "B=0", "--input", f"x={tmp_path / 'x.npy'}"]
     code, _, err = run_cli(capsys, *argv)  # no chunking chosen for 0 rows: the input's shape is wrong
-    assert code == 1 and err == ("error: input x: expected shape [0, 2] (the same every step) or [N, 0, 2] "
-                                 "(one value per step), got [4, 2]\n"), err
+    assert code == 1 and err == ("error: input x: expected shape [0, 2], got [4, 2] (--input gives the value of "
+                                 "every step; one value per step goes in --inputs-per-step FILE.npz)\n"), err
     code, _, err = run_cli(capsys, *argv, "--batch-var", "B")  # asked for: said in the CLI's words
     assert code == 1 and err == "error: --batch-var B: chunks of B=0 rows hold no row (give --size B=N with N >= 1)\n"
     with pytest.raises(OiError, match="run_batched: B=0: inputs of 4 rows cannot run in chunks of 0 rows"):
