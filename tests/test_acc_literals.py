@@ -327,3 +327,22 @@ def test_u64_values_above_i64s_range(capsys, tmp_path):
     (tmp_path / "u.oi").write_text(src)
     code, out, err = run_cli(capsys, "run", tmp_path / "u.oi")
     assert code == 0 and "s: uint64[]\n18446744073709551614\n" in out, err
+
+
+@pytest.mark.parametrize("setting", ["min=9223372036854775808", "max=18446744073709551615u64", "max=0x8000000000000000"])
+def test_a_setting_literal_past_i64_is_a_located_error(tmp_path, capsys, setting):
+    """D1 (c): a setting is an i64 as upstream reads it ("number too large to fit in target
+    type"); 2^63 and more was taken (a u64 clamp bound of 2^64 - 1 clamped nothing). An i64's
+    largest value still is one; a u64 input literal past it (above) is a value, not a setting."""
+    g = tmp_path / "g.oi"
+    g.write_text(f"dynamic {{ x: u64[2]; }}\nvolatile {{ y: u64[2]; }}\nblock entry {{\n    op clamp(x, {setting}) >> y;\n"
+                 "    return;\n}\n")
+    code, _, err = run_cli(capsys, "check", g)
+    name, value = setting.split("=")
+    assert code == 1 and f"{g}:4:17: error: op clamp setting {name}: {value} is past " \
+                         "i64's largest value, 9223372036854775807 (a setting is an i64, as upstream reads it: " \
+                         "SPEC-2026-03 D1(c))" in err, err
+    g.write_text("dynamic { x: u64[2]; }\nvolatile { y: u64[2]; }\nblock entry {\n"
+                 "    op clamp(x, min=9223372036854775807) >> y;\n    return;\n}\n")
+    out = oi2jax.compile(str(g)).run({"x": np.array([0, 2 ** 64 - 1], np.uint64)})
+    assert [int(v) for v in out["y"]] == [2 ** 63 - 1, 2 ** 64 - 1]

@@ -130,6 +130,9 @@ def _check_attr_value(spec: OpDef, name: str, lit, dtype: str) -> None:
     if kind == "var":
         return
     op = spec.name
+    if kind == "int" and value > (1 << 63) - 1:  # upstream reads a setting as an i64 (SPEC-2026-03 D1(c))
+        raise OpTypeError(f"op {op} setting {name}: {value} is past i64's largest value, 9223372036854775807 "
+                          f"(a setting is an i64, as upstream reads it: SPEC-2026-03 D1(c))", attr=name)
     rule = spec.attrs[name].value_rule
     if rule == "int":
         if kind == "float":
