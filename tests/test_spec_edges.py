@@ -343,48 +343,6 @@ def test_an_auto_dim_growth_too_large_to_allocate_is_refused_before_allocating(i
             and first.endswith("(in step 1)"), (way, first)
 
 
-def _matmul_in_spec_order(a, b, ct):
-    """SPEC §6.5 with §6.1's "no fused multiply-add": per output element acc = 0, then for k in
-    order acc = acc + a[m, k] * b[k, n], each product and each sum rounded to `ct`."""
-    out = np.zeros((a.shape[0], b.shape[1]), ct)
-    for m in range(a.shape[0]):
-        for n in range(b.shape[1]):
-            acc = ct(0)
-            for k in range(a.shape[1]):
-                acc = ct(acc + ct(ct(a[m, k]) * ct(b[k, n])))
-            out[m, n] = acc
-    return out
-
-
-@pytest.mark.parametrize("dt, shape", [("f32", (2, 3, 2)), ("f32", (8, 32, 8)), ("f32", (1, 100, 3)),
-                                       ("f64", (2, 3, 2)), ("f64", (16, 16, 16)), ("f16", (8, 40, 4)),
-                                       ("bf16", (4, 33, 4))])
-def test_float_matmul_rounds_every_product_and_sum_in_order(dt, shape):
-    """XLA:CPU's dot fused the products into the sums (FMA) for most shapes (a 2x3 @ 3x2 f32
-    product already differed in the last bit), interpreted and compiled alike."""
-    m, k, n = shape
-    rng = np.random.RandomState(5)
-    npd = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[dt]
-    a, b = rng.randn(m, k).astype(npd), rng.randn(k, n).astype(npd)
-    out = run_both(f"dynamic {{ a: {dt}[{m}, {k}]; b: {dt}[{k}, {n}]; }}\nvolatile {{ y: {dt}[{m}, {n}]; }}\n"
-                   "block entry {\n  op matmul(a, b) >> y;\n  return;\n}\n", {"a": a, "b": b})
-    ct = np.float64 if dt == "f64" else np.float32  # f16/bf16: f32 products and sums, rounded once
-    want = _matmul_in_spec_order(a.astype(ct), b.astype(ct), ct).astype(npd)
-    np.testing.assert_array_equal(np.asarray(out["y"]).astype(ct).view(f"u{np.dtype(ct).itemsize}"),
-                                  want.astype(ct).view(f"u{np.dtype(ct).itemsize}"))
-
-
-def test_float_matmul_batch_broadcast_and_acc_in_order():
-    rng = np.random.RandomState(0)
-    a, b = rng.randn(2, 1, 2, 3).astype(np.float32), rng.randn(3, 3, 2).astype(np.float32)
-    out = run_both("dynamic { a: f32[2, 1, 2, 3]; b: f32[3, 3, 2]; }\nvolatile { y: f32[2, 3, 2, 2]; z: f64[2, 3, 2, 2]; }\n"
-                   "block entry {\n  op matmul(a, b) >> y;\n  op matmul(a, b, acc=[f32, f64]) >> z;\n  return;\n}\n",
-                   {"a": a, "b": b})
-    want = np.stack([np.stack([_matmul_in_spec_order(a[i, 0], b[j], np.float32) for j in range(3)]) for i in range(2)])
-    np.testing.assert_array_equal(out["y"].view(np.uint32), want.view(np.uint32))
-    np.testing.assert_array_equal(out["z"], want.astype(np.float64))
-
-
 @pytest.mark.parametrize("dt, tiny", [("f32", 1e-40), ("bf16", 1e-40), ("f64", 1e-310), ("f16", 2.0**-24)])
 def test_filter_condition_reads_a_subnormal_as_true(dt, tiny):
     """SPEC §6.4: out = a where cond != 0. A subnormal cond is not 0; XLA:CPU's float compare

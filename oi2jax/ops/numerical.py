@@ -44,47 +44,12 @@ def _relu(inputs, attrs, ctx):
 PRECISIONS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.Precision.DEFAULT}
 
 
-IN_ORDER_CHAIN = 16  # a float matmul with K up to this: a chain of K product adds; longer: a scan (K = 32 as a
-# chain compiled 1.0 s in examples/linear_attention.oi, as two scan iterations 0.7 s; no slower)
-IN_ORDER_UNROLL = 16  # the scan's products per iteration (still one after another)
-
-
-def in_order_matmul(a, b):
-    """A float matmul as SPEC §6.5's loop: per output element acc = 0, then acc = acc + a[m,k]·b[k,n]
-    for k in order, every product and partial sum rounded (SPEC §6.1: no fused multiply-add).
-    XLA:CPU's dot does neither: for most shapes it accumulates with FMA (2x3 @ 3x2 f32 already
-    differs in the last bit), for others in another order. Batch dims broadcast (numpy)."""
-    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a = jnp.broadcast_to(a, batch + a.shape[-2:])
-    b = jnp.broadcast_to(b, batch + b.shape[-2:])
-    acc = jnp.broadcast_to(N.opaque(jnp.zeros((), a.dtype)), batch + (a.shape[-2], b.shape[-1]))
-
-    def add(acc, col, row):  # col [..., M], row [..., N]
-        return acc + N.no_contract(col[..., :, None] * row[..., None, :])
-
-    k = a.shape[-1]
-    if k <= IN_ORDER_CHAIN:
-        for i in range(k):
-            acc = add(acc, a[..., i], b[..., i, :])
-        return acc
-    acc, _ = lax.scan(lambda s, cr: (add(s, *cr), None), acc,
-                      (jnp.moveaxis(a, -1, 0), jnp.moveaxis(b, -2, 0)), unroll=IN_ORDER_UNROLL)
-    return acc
-
-
 def _matmul(inputs, attrs, ctx):
     a, b = inputs
     d = ctx.dtype
     if is_float(d):
         ct = N.compute_dtype(d)
-        a, b = a.astype(ct), b.astype(ct)
-        precision = PRECISIONS[ctx.precision]
-        if ctx.precision != "highest":  # asked for XLA's faster paths: no claim of exactness
-            return N.store(jnp.matmul(a, b, precision=precision), d)
-        # a CPU multiplies and adds in SPEC order; an accelerator uses its own dot (docs/semantics.md:
-        # within the table's bound), chosen per platform at lowering, as the float reductions do
-        y = lax.platform_dependent(a, b, cpu=in_order_matmul,
-                                   default=lambda x, w: jnp.matmul(x, w, precision=precision))
+        y = jnp.matmul(a.astype(ct), b.astype(ct), precision=PRECISIONS[ctx.precision])
         return N.store(y, d)
     if d == "bool":
         y = jnp.matmul(a.astype(jnp.int32), b.astype(jnp.int32), preferred_element_type=jnp.int32)
