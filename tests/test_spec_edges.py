@@ -376,3 +376,20 @@ def test_a_growable_table_index_at_the_largest_i64_is_refused():
         out, err = outcome(src, {"v": np.array([1, 2], np.float32)}, way=way)
         assert err is not None, (way, out)  # compiled: no error, K left empty and r read as zeros
         assert "too large to allocate" in err.render(), (way, err.render())
+
+
+def test_float_matmul_is_xlas_dot_within_its_bound_of_the_spec_loop():
+    """docs/semantics.md, "Float matmul on a CPU": XLA's dot (FMA, its own order), the same in
+    every way a program runs, within K x eps x sum |a||b| of SPEC §6.5's loop of rounded
+    products and sums (written here)."""
+    rng = np.random.RandomState(5)
+    for m, k, n in ((2, 3, 2), (4, 16, 4), (3, 64, 2), (8, 100, 8)):
+        a, b = rng.randn(m, k).astype(np.float32), rng.randn(k, n).astype(np.float32)
+        src = (f"dynamic {{ a: f32[{m}, {k}]; b: f32[{k}, {n}]; }}\nvolatile {{ y: f32[{m}, {n}]; }}\n"
+               "block entry {\n  op matmul(a, b) >> y;\n  return;\n}\n")
+        got = run_both(src, {"a": a, "b": b})["y"]  # every way bit for bit (run_both)
+        loop = np.zeros((m, n), np.float32)
+        for i in range(k):
+            loop = loop + a[:, i:i + 1] * b[i:i + 1, :]  # f32: each product and sum rounded
+        bound = k * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b))
+        assert np.all(np.abs(got.astype(np.float64) - loop) <= bound), (m, k, n)
