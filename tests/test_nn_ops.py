@@ -623,3 +623,23 @@ def test_check_refuses_a_per_row_setting_of_the_wrong_shape(tmp_path, capsys, gr
     g.write_text(ok)
     code, _, err = run_cli(capsys, "check", g, "--no-model", "--ops", "nn", *sizes)
     assert code == 0, err
+
+
+def test_softmax_nan_or_inf_read_makes_the_whole_row_nan_in_both_modes():
+    """A NaN or +inf among the read positions (or only -inf read) makes the whole row NaN, the
+    masked positions included, compiled and interpreted alike (as torch: NaN - max is NaN
+    everywhere). The interpreter's reference left the masked positions at 0 while the compiled
+    kernel (0 / NaN) made them NaN. A NaN or inf only in masked positions has no effect."""
+    source = ("dynamic { x: f32[4]; n: i32; }\nvolatile { y: f32[4]; }\n"
+              "block entry {\n    op softmax(x, valid=n) >> y;\n    return;\n}\n")
+    compiled, interpreted = compile_both(source)
+    for x, n, nan in (([1.0, np.nan, 3.0, 4.0], 2, True), ([1.0, np.inf, 3.0, 4.0], 2, True),
+                      ([-np.inf, -np.inf, 3.0, 4.0], 2, True), ([1.0, 2.0, np.nan, np.inf], 2, False)):
+        inputs = {"x": np.array(x, np.float32), "n": np.int32(n)}
+        got = np.asarray(compiled.run(inputs, steps=1)["y"])
+        ref = np.asarray(interpreted.run(inputs, steps=1)["y"])
+        if nan:
+            assert np.isnan(got).all() and np.isnan(ref).all(), (x, got, ref)
+        else:
+            assert got[2:].tolist() == ref[2:].tolist() == [0.0, 0.0]
+            np.testing.assert_array_equal(got, ref)

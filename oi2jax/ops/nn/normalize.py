@@ -114,6 +114,8 @@ def _softmax_ref(x, axis=-1, valid=None, window=None, ctx=None):
             with np.errstate(all="ignore"):
                 e = np.exp(xm[r][a:b] - np.max(xm[r][a:b]))
                 om[r][a:b] = e / np.sum(e)
+            if np.isnan(om[r][a:b]).any():  # a NaN, +inf or an all -inf read: the whole row, as the kernel and torch
+                om[r][:] = np.nan
     return out
 
 
