@@ -172,6 +172,7 @@ def test_every_nn_op_is_declared_documented_and_sampled():
     docs = DOCS.read_text(encoding="utf-8")
     assert "## The bundled nn set" in docs
     assert len(NN_OPS) >= 22
+    assert f"`oi2jax.check`: {len(NN_OPS)} ops for a" in docs  # the count the page gives (it said 22 of 25)
     for name, op_def in NN_OPS.items():
         assert op_def.category == "nn" and op_def.op_set == "nn" and not op_def.builtin, name
         assert op_def.reference is not None, f"{name}: no NumPy reference"
