@@ -68,6 +68,23 @@ def test_special_ids_are_whole_ids_of_the_vocabulary(capsys, tmp_path, chat, val
     assert not (tmp_path / "m.oinf").exists()
 
 
+@pytest.mark.parametrize("key", ["bos_token_id", "eos_token_id"])
+def test_a_bad_special_id_in_config_json_names_the_checkpoint_file(capsys, tmp_path, chat, key):
+    """config.json's bad bos/eos id was `error: config.json bos_token_id: ...`, naming no
+    directory; now `DIR/config.json: KEY: ...`, as generation_config.json's and every config key's."""
+    def edit(copy):
+        config = json.loads((copy / "config.json").read_text())
+        config[key] = -1
+        (copy / "config.json").unlink()
+        (copy / "config.json").write_text(json.dumps(config))
+    copy = _variant(tmp_path, chat, edit)
+    code, _, err = run_cli(capsys, "convert-hf", copy, "-o", tmp_path / "m.oinf")
+    assert code == 1, err
+    assert err == (f"error: {copy / 'config.json'}: {key}: expected a token id (a whole number >= 0) "
+                   "or a list of them, got -1\n"), err
+    assert not (tmp_path / "m.oinf").exists()
+
+
 def test_a_tokenizer_file_that_is_a_directory_is_an_error_not_left_out(capsys, tmp_path, chat):
     def edit(copy):
         (copy / "tokenizer.json").unlink()

@@ -266,7 +266,7 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
         tensors[name] = value
         stored[name] = "i32" if value.dtype == np.int32 else "f32"
         total += value.nbytes
-    metadata = {**cfg.metadata, META["graph"]: f"examples/{cfg.family.graph}", **config_token_ids(raw_config),
+    metadata = {**cfg.metadata, META["graph"]: f"examples/{cfg.family.graph}", **config_token_ids(raw_config, config_where),
                 **(extra_metadata or {}),
                 **{meta_key(out): source.entries[p.source].ggml for out, p in plan.items()
                    if source.entries[p.source].ggml is not None},

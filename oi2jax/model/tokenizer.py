@@ -148,12 +148,13 @@ def read_special_tokens(text, where: str) -> dict:
     return tokens
 
 
-def config_token_ids(config: dict) -> dict:
+def config_token_ids(config: dict, where="config.json") -> dict:
     """The special-id entries a `config.json` alone gives (its bos_token_id, eos_token_id: one id or
     a list): what `convert.convert_checkpoint` stores for any source; the checkpoint's other files
-    (`hf_tokenizer_metadata`) and a GGUF's tokenizer entries take precedence."""
-    bos, eos = _ids(config.get("bos_token_id"), "config.json bos_token_id"), \
-        _ids(config.get("eos_token_id"), "config.json eos_token_id")
+    (`hf_tokenizer_metadata`) and a GGUF's tokenizer entries take precedence. `where`: the file
+    (DIR/config.json) an error names, as every other key's error does."""
+    bos, eos = _ids(config.get("bos_token_id"), f"{where}: bos_token_id"), \
+        _ids(config.get("eos_token_id"), f"{where}: eos_token_id")
     return _entries(None, None, bos[0] if bos else None, eos[0] if eos else None, eos)
 
 
@@ -200,7 +201,7 @@ def hf_tokenizer_metadata(directory: Path, config: dict) -> dict:
     gen_bos = _ids(gen.get("bos_token_id"), f"{directory / 'generation_config.json'}: bos_token_id")
     layers = ((_entries(None, None, tok_bos[0] if tok_bos else None, tok_eos[0] if tok_eos else None, tok_eos),
                directory / "tokenizer_config.json"),
-              (config_token_ids(config), directory / "config.json"),
+              (config_token_ids(config, directory / "config.json"), directory / "config.json"),
               (_entries(None, None, gen_bos[0] if gen_bos else None, None,
                         _ids(gen.get("eos_token_id"), f"{directory / 'generation_config.json'}: eos_token_id")),
                directory / "generation_config.json"))
