@@ -13,6 +13,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 import re
+import sys
+import types
 
 from . import ir
 from .checks.caches import CacheRules
@@ -33,6 +35,9 @@ def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=
     """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`);
     `no_model`: why there is no model, for the messages that need it (pipeline.ModelChoice);
     `widen_floats`: as `check_graph`."""
+    if not isinstance(graph, ir.Graph):  # program text or a path: an AttributeError deep inside otherwise
+        raise OiError(f"check: expected a parsed graph (oi2jax.parse(text) or "
+                      f"oi2jax.pipeline.load_graph(path)), got {type(graph).__name__}")
     checker = _Checker(graph, model, sizes, ops, no_model, widen_floats)
     checker.run()
     return sorted(checker.diags, key=_sort_key)
@@ -340,3 +345,15 @@ _SIZED_RULES = {**_NODE_RULES, **{t: _Checker._no_rule for t in (ir.Return, ir.Y
 """The node rules that read a size (`resize`): ops, cache reads, writes, resets, increments and
 decrements (a scalar is `[]` or of one element), transfers, branch conditions and loop bounds;
 return, yield and await name variables only."""
+
+
+class _CallableModule(types.ModuleType):
+    """`oi2jax.check` is the function `check` (oi2jax.__all__), but Python binds this submodule over
+    the package's attribute once anything imports it (the CLI, `compile`, the first `oi2jax.check`):
+    so the module calls `check` too, and `oi2jax.check(graph)` works whichever of the two it is."""
+
+    def __call__(self, *args, **kwargs):
+        return check(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -356,3 +356,23 @@ def test_a_table_write_naming_fewer_indices_than_the_table_says_which():
     assert errors("block entry {\n  cache.write x >> T[s];\n}", head=head) == [
         (7, 20, "cache.write T does not support slice indices (T takes 2 indices (i, j), the write names 1: "
                 "a write replaces one entry)")]
+
+
+def test_oi2jax_check_is_callable_once_its_module_is_imported():
+    """`oi2jax.check` is the function (oi2jax.__all__); Python binds the submodule `oi2jax.check`
+    over it once anything imports it (this file, the CLI, `oi2jax.compile`), and `oi2jax.check(g)`
+    was then `TypeError: 'module' object is not callable` (frontend probe)."""
+    import oi2jax
+    g = parse("dynamic { x: f32; }\ndynamic { x: f32; }\nblock entry { return; }\n", "t.oi")
+    for _ in range(2):  # the first access (the package's __getattr__) and every later one
+        assert [d.message for d in oi2jax.check(g) if d.severity == "error"] == ["duplicate variable declaration x"]
+    assert oi2jax.check.check_graph is not None  # still the module for its other names
+
+
+@pytest.mark.parametrize("given", ["dynamic { x: f32; }\nblock entry { return; }\n", None, {"blocks": {}}])
+def test_check_of_something_not_a_graph_is_an_oierror(given):
+    """Program text given to `check` was `AttributeError: 'str' object has no attribute 'vars'`."""
+    with pytest.raises(OiError) as info:
+        check(given)
+    assert str(info.value).startswith("error: check: expected a parsed graph (oi2jax.parse(text) or "
+                                      "oi2jax.pipeline.load_graph(path)), got ")
