@@ -117,9 +117,10 @@ class OiError(Exception):
 def suggest(name: str, candidates) -> str:
     """' (did you mean X?)' when a known name is close to `name`, else ''."""
     pool = sorted({str(c) for c in candidates})
-    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
-    if not close:  # case slips: `b` for `B`
-        close = [c for c in pool if c.lower() == name.lower()][:1]
+    close = [c for c in pool if c.lower() == name.lower()][:1]  # case slips first: `b` for `B`, `F32`
+    # for `f32` (difflib rates `u32` as close as `f32`, and took the last of the ties)
+    if not close:
+        close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
 

@@ -282,6 +282,26 @@ def test_syntax_errors(text, line, col, message):
         assert token_name not in got
 
 
+@pytest.mark.parametrize("text,line,col,message", [
+    ("volatile { x: f33; }", 1, 15, "unsupported dtype f33 (did you mean f32?)"),
+    ("volatile { x: F32; }", 1, 15, "unsupported dtype F32 (did you mean f32?)"),
+    ("dynamc { x: f32; }", 1, 1, "expected memory section or block, got name 'dynamc' (did you mean dynamic?)"),
+    ("blok entry { }", 1, 1, "expected memory section or block, got name 'blok' (did you mean block?)"),
+    ("zzzzz entry { }", 1, 1, "expected memory section or block, got name 'zzzzz'"),
+    ("volatile { x: f32 @inti(0.0); }", 1, 20, "unsupported attribute @inti (did you mean @init?)"),
+    ("block entry { assgn t: f32; }", 1, 15, "unsupported node assgn (did you mean assign?)"),
+    ("block entry { retrun; }", 1, 15, "unsupported node retrun (did you mean return?)"),
+    ("block entry { cache.incremnt n; }", 1, 21, "unsupported cache operation cache.incremnt "
+                                                 "(did you mean cache.increment?)"),
+    ("block entry { op cast(x, to=f3) >> y; }", 1, 26, "unsupported dtype f3 for setting to (did you mean f32?)"),
+])
+def test_misspelt_keywords_suggest_the_word(text, line, col, message):
+    """The contract's "did you mean" for dtypes, section names, attributes, node keywords and cache
+    operations, as for variables and ops (frontend probe: these named the word and nothing more)."""
+    got_line, got_col, got = loc(err(text))
+    assert (got_line, got_col, got) == (line, col, message)
+
+
 def test_error_words_are_dsl_words():
     e = err("volatile { x f32; }")
     msg = e.diagnostics[0].message

@@ -12,7 +12,7 @@ from lark import Token, Transformer, v_args
 
 from .. import dtypes, ir
 from ..naming import RUST_KEYWORDS
-from ..diagnostics import OiError
+from ..diagnostics import OiError, suggest
 
 # Rust integer suffixes and the range of each type (SPEC-2026-03 §1.3; f32/f64 after decimal
 # digits keep the token an integer, D1 (b)); the range matters for `@init` only (D1 (d))
@@ -310,7 +310,9 @@ class Builder(Transformer):
             if value.kind == "var" and dtypes.is_dtype(value.value):
                 value = ir.Literal("dtype", value.value)  # acc=i32: the 1fc5207 dialect (D12)
             elif value.kind == "var":
-                raise self.err(f"unsupported dtype {value.value} for setting {name}", meta)
+                raise self.err(f"unsupported dtype {value.value} for setting {name}"
+                               f"{suggest(str(value.value), dtypes.ACC_DTYPES if name == 'acc' else dtypes.DTYPES)}",
+                               meta)
             elif name == "acc":
                 raise self.err("acc must be a dtype list (e.g. acc=[i32, i64]) or, in the 1fc5207 dialect, a "
                                "dtype name (acc=i32)", meta)

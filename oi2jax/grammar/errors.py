@@ -4,13 +4,19 @@ from __future__ import annotations
 from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
-from .. import ir, messages
-from ..diagnostics import OiError
+from .. import dtypes, ir, messages
+from ..diagnostics import OiError, suggest
 
 _WORDS = {
     "NAME": "a name", "INT": "an integer", "FLOAT": "a float", "STRING": "a string", "DTYPE": "a dtype",
     "MEMKIND": "a memory section", "$END": "end of input",
 }
+
+# the words a misspelt keyword is compared with, for "did you mean ...?" (SPEC §1.3)
+_SECTIONS = ("dynamic", "volatile", "constant", "persistent", "block")
+_ATTRIBUTES = ("init", "ref", "pattern", "table", "auto_dim", "fixed")
+_NODES = ("assign", "op", "cache", "branch", "barrier", "dep", "loop", "yield", "await", "transfer", "return")
+_CACHE_OPS = ("read", "write", "increment", "decrement", "reset")
 
 
 def _word(term: str) -> str:
@@ -75,15 +81,17 @@ def translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
     if msg is not None:
         pass
     elif expected == {"DTYPE"} and tok.type == "NAME":
-        msg = f"unsupported dtype {tok}"
+        msg = f"unsupported dtype {tok}{suggest(str(tok), dtypes.DTYPES)}"
     elif prev == "AT" and tok.type == "NAME":
-        msg = f"unsupported attribute @{tok}"
+        msg = f"unsupported attribute @{tok}{suggest(str(tok), _ATTRIBUTES).replace('mean ', 'mean @')}"
     elif "OP" in expected and "ASSIGN" in expected and tok.type == "NAME":
-        msg = f"unsupported node {tok}"
+        msg = f"unsupported node {tok}{suggest(str(tok), _NODES)}"
     elif "READ" in expected and "WRITE" in expected and tok.type == "NAME":
-        msg = f"unsupported cache operation cache.{tok}"
+        msg = f"unsupported cache operation cache.{tok}{suggest(str(tok), _CACHE_OPS).replace('mean ', 'mean cache.')}"
     elif expected and expected <= {"MEMKIND", "BLOCK", "$END"} and tok.type != "$END":
         msg = f"expected memory section or block, got {_describe_token(tok)}"
+        if tok.type == "NAME":
+            msg += suggest(str(tok), _SECTIONS)
     elif expected == {"INT", "NAME"} and prev in ("IN", "DOTDOT"):
         msg = f"expected identifier or integer for loop range, got {_describe_token(tok)}"
     elif expected == {"INT", "NAME"} and prev == "STAR":
