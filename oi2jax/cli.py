@@ -178,9 +178,16 @@ def cmd_check(args) -> int:
     model = open_model(choice.model) if choice.model else None
     diagnostics = explained(check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason(),
                                   widen_floats=args.widen_floats), declared, args.table_dtype)
-    for d in diagnostics:
-        print(d.render(graph.source), file=sys.stderr)
-    return 1 if any(d.severity == "error" for d in diagnostics) else 0
+    code = 1 if any(d.severity == "error" for d in diagnostics) else 0
+    try:
+        for d in diagnostics:
+            print(d.render(graph.source), file=sys.stderr)
+    except BrokenPipeError:  # `oi2jax check g.oi 2>&1 | head -1`: the reader left, the verdict stands
+        try:                 # (it was 0, `_dispatch`'s answer for a closed standard output)
+            sys.stderr = open(os.devnull, "w")  # no second error while flushing at exit
+        except OSError:
+            pass
+    return code
 
 
 def cmd_fmt(args) -> int:

@@ -175,3 +175,14 @@ def test_a_flag_of_one_value_given_twice_is_a_usage_error(capsys, argv, flag, fi
         main(argv)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"error: {flag} given twice ({first}, {second}); give it once"
+
+
+def test_check_keeps_its_exit_status_when_stderr_is_a_closed_pipe(tmp_path):
+    """`oi2jax check bad.oi 2>&1 | head -1` under `set -o pipefail` took an invalid graph for a
+    valid one: the diagnostics' write failed with a broken pipe, answered with exit 0 (frontend probe)."""
+    bad = tmp_path / "bad.oi"
+    bad.write_text("dynamic { x: f32; }\ndynamic { x: f32; }\nblock entry { return; }\n")
+    p = subprocess.Popen([sys.executable, "-m", "oi2jax", "check", str(bad), "--no-model"], cwd=REPO,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p.stderr.close()  # the reader is gone before the first diagnostic is written
+    assert p.wait(timeout=60) == 1
