@@ -365,3 +365,18 @@ def test_a_text_parsed_again_is_the_same_graph_and_errors_are_raised_each_time()
     for _ in range(2):
         with pytest.raises(OiError, match="bad.oi:1"):
             parse("dynamic { x: f32[; }", "bad.oi")
+
+
+@pytest.mark.parametrize("text,line,col,message", [
+    ("block entry { return; }\n/* never closed\n", 2, 1, "unterminated block comment (no closing */)"),
+    ("constant { w: f32 @ref(\"w.0); }\nblock entry { return; }\n", 1, 24, "unterminated string (no closing \")"),
+])
+def test_unterminated_comment_and_string_are_named(text, line, col, message):
+    """Was `unexpected character '/'; expected one of 'block', a memory section` and `unexpected
+    character '"'; expected one of a name, a string` (frontend probe)."""
+    assert loc(err(text)) == (line, col, message)
+
+
+def test_a_terminated_string_out_of_place_is_not_called_unterminated():
+    assert loc(err('block entry { op f("x") >> y; }'))[2].startswith("unexpected '\"x\"'; expected one of")
+

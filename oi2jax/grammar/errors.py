@@ -1,11 +1,15 @@
 """Lark's syntax errors -> located `OiError`s worded in DSL terms ("expected one of ';', a name")."""
 from __future__ import annotations
 
+import re
+
 from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from .. import dtypes, ir, messages
 from ..diagnostics import OiError, suggest
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # openinfer.lark's STRING
 
 _WORDS = {
     "NAME": "a name", "INT": "an integer", "FLOAT": "a float", "STRING": "a string", "DTYPE": "a dtype",
@@ -56,6 +60,11 @@ def translate(exc: UnexpectedInput, text: str, path: str) -> OiError:
         char = exc.char
         shown = f"'{char}'" if char.isprintable() else f"U+{ord(char):04X}"  # a NUL or control byte, named
         msg = f"unexpected character {shown}"
+        rest = text[exc.pos_in_stream:exc.pos_in_stream + 2] if exc.pos_in_stream is not None else ""
+        if rest == "/*":  # the comment's `*/` never came: the lexer saw a lone '/'
+            return OiError("unterminated block comment (no closing */)", ir.Span(path, line, col), source=text)
+        if char == '"' and not _STRING.match(text, exc.pos_in_stream):  # its closing quote never came
+            return OiError("unterminated string (no closing \")", ir.Span(path, line, col), source=text)
         if exc.allowed:
             msg += "; " + _expected(exc.allowed)
         return OiError(msg, ir.Span(path, line, col), source=text)
