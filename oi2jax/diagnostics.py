@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import numbers
+import unicodedata
 from dataclasses import dataclass
 
 from .ir import Span
@@ -68,8 +69,18 @@ def _render_one(severity: str, message: str, span: Span | None, source: str | No
         col += (3 if start else 0) - start
     # control characters (a NUL, an escape) shown as one visible character each: the caret stays put
     text = "".join("\ufffd" if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text)
-    caret = " " * col + "^"
+    caret = "".join(_blank(c) for c in text[:col]) + "^"
     return f"{head}\n    {text}\n    {caret}"
+
+
+def _blank(char: str) -> str:
+    """What goes under `char` in the caret line: a terminal shows a wide (CJK) character in two
+    columns and a combining mark or zero-width character in none, so the caret stays under the column."""
+    if char.isascii():
+        return " "
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return ""
+    return "  " if unicodedata.east_asian_width(char) in ("W", "F") else " "
 
 
 class OiNote(UserWarning):

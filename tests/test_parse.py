@@ -380,3 +380,12 @@ def test_unterminated_comment_and_string_are_named(text, line, col, message):
 def test_a_terminated_string_out_of_place_is_not_called_unterminated():
     assert loc(err('block entry { op f("x") >> y; }'))[2].startswith("unexpected '\"x\"'; expected one of")
 
+
+@pytest.mark.parametrize("before,pad", [("日本語", 6), ("e\u0301e\u0301", 2), ("héllo→", 6), ("\t", 1)])
+def test_the_caret_stays_under_the_column_after_wide_or_combining_characters(before, pad):
+    """A CJK character takes two terminal columns and a combining accent none: the caret was
+    padded one space per character, off by one column per such character (frontend probe)."""
+    e = err(f"block entry {{ /*{before}*/ frob x; }}")
+    shown, caret = e.render().splitlines()[1:3]
+    assert shown == f"    block entry {{ /*{before.expandtabs(1)}*/ frob x; }}"
+    assert caret == "    " + " " * (len("block entry { /*") + pad + len("*/ ")) + "^"
