@@ -411,12 +411,14 @@ def cmd_export(args) -> int:
 
 
 def cmd_graph(args) -> int:
-    _ops(args)  # an op file that does not load is reported
+    from .check import check  # deferred: JAX
+    ops = _ops(args)  # an op file that does not load is reported
     if args.output is not None:
         refuse_inputs_as_outputs({"-o": args.output}, {"graph": args.graph, "model": _model(args).path})
     graph = _load_graph(args.graph)
     sizes = {}
-    model = _model(args).model
+    choice = _model(args)
+    model = choice.model
     opened = open_model(model) if model else None
     if opened is not None:
         sizes.update(opened.sizevars)
@@ -424,6 +426,16 @@ def cmd_graph(args) -> int:
     unknown = unknown_sizes(graph, opened, given)  # a typo (b=8 for B) is an error, as for check/run/compile
     if unknown:
         raise OiError(unknown[0] if len(unknown) == 1 else [Diagnostic(m) for m in unknown])
+    # the graph is checked as `check` checks it: an invalid one (a branch to a missing block, a
+    # duplicate declaration) is its errors and exit 1, not a picture of a program that cannot run.
+    # Without a model, sizes stay names there (a `--size` that only labels a loop is not asked to
+    # complete every shape, as `check --size` asks)
+    diagnostics = check(graph, model=opened, sizes=given if opened is not None else None, ops=ops,
+                        no_model=choice.no_model_reason())
+    for d in diagnostics:
+        print(d.render(graph.source), file=sys.stderr)
+    if any(d.severity == "error" for d in diagnostics):
+        return 1
     sizes.update(given)
     fmt = format_for(args.output)
     text = to_dot(graph, sizes)

@@ -134,3 +134,21 @@ def test_node_ids_of_two_blocks_never_meet():
     text = cfg.to_dot(g, {})
     declared = re.findall(r'^\s*("[^"]+") \[', text, re.M)
     assert len(declared) == len(set(declared)) and '"block:x_5"' in declared and '"block_x:5"' in declared
+
+
+def test_cli_an_invalid_graph_is_its_errors_not_a_picture(tmp_path, capsys):
+    """`graph` drew a graph `check` refuses (a branch to a missing block, a duplicate declaration)
+    at exit 0 with nothing said (frontend probe); now its errors, as `check` prints them, exit 1,
+    nothing written. A warning (a block never run) is printed and the picture drawn."""
+    bad = tmp_path / "bad.oi"
+    bad.write_text("dynamic { c: bool; }\nblock entry {\n    branch c a b;\n    return;\n}\nblock a { return; }\n")
+    assert main(["graph", str(bad), "--no-model", "-o", str(tmp_path / "g.dot")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"{bad}:3:16: error: branch target block not found: b\n"
+                                 "        branch c a b;\n                   ^\n")
+    assert not (tmp_path / "g.dot").exists()
+    dead = tmp_path / "dead.oi"
+    dead.write_text("block entry { return; }\nblock unused { return; }\n")
+    assert main(["graph", str(dead), "--no-model"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: block unused is never run" in err and '"block:unused"' in out
