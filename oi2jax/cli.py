@@ -132,6 +132,9 @@ def _sizes(pairs: list[str] | None) -> dict[str, int]:
             raise UsageError(f"--size {name}: '{value}' is not an integer") from None
         if sizes[name] < 0:
             raise UsageError(f"--size {name}: size must be non-negative, got {value}")
+        if sizes[name] > (1 << 64) - 1:  # a model's size variable is a u64 (SPEC §7): check passed 10**23
+            raise UsageError(f"--size {name}: {value.strip()} is past u64's largest value, "
+                             f"18446744073709551615 (a size variable is a u64)")
     return sizes
 
 

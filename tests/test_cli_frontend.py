@@ -186,3 +186,15 @@ def test_check_keeps_its_exit_status_when_stderr_is_a_closed_pipe(tmp_path):
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     p.stderr.close()  # the reader is gone before the first diagnostic is written
     assert p.wait(timeout=60) == 1
+
+
+def test_a_size_past_u64_is_a_usage_error(cli, tmp_path):
+    """`check --size B=10**23` said the graph was valid at a size no model can hold (a size
+    variable is a u64, SPEC §7) (frontend probe)."""
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32[B]; }\nvolatile { y: f32[B]; }\nblock entry { op relu(x) >> y; return; }\n")
+    p = cli("check", g, "--no-model", "--size", "B=99999999999999999999999")
+    assert p.returncode == 2 and p.stderr.strip().endswith(
+        "error: --size B: 99999999999999999999999 is past u64's largest value, 18446744073709551615 "
+        "(a size variable is a u64)")
+    assert cli("check", g, "--no-model", "--size", "B=18446744073709551615").returncode == 0
