@@ -8,6 +8,7 @@ import pytest
 
 import oi2jax
 from oi2jax import ops
+from oi2jax.grammar import parse
 from oi2jax.ops.accumulate import RULES
 
 from conftest import run_cli
@@ -260,6 +261,22 @@ def test_fmt_keeps_literals_as_written(tmp_path, capsys):
     g.write_text(LITERALS)
     code, out, err = run_cli(capsys, "fmt", g)
     assert code == 0 and out == LITERALS, err
+
+
+def test_fmt_keeps_plain_float_spellings_as_written(tmp_path, capsys):
+    """docs/semantics.md: fmt writes every literal back as the user wrote it; a float without `_`
+    or a suffix was printed from its value instead (`1E3` -> `1000.0`, `2.` -> `2.0`,
+    `0.000001` -> `1e-6`, `-1e30` -> `-1e+30`) (frontend probe)."""
+    text = ("dynamic {\n    x: f32[4];\n    a: f32 @init(2.);\n    b: f32 @init(1E3);\n"
+            "    c: f64 @init(0.000001);\n}\n\nvolatile {\n    y: f32[4];\n}\n\nblock entry {\n"
+            "    op clamp(x, min=-1e30, max=1E3) >> y;\n    op mul(x, 2.) >> y;\n    op mul(y, 0.5) >> y;\n"
+            "    return;\n}\n")
+    g = tmp_path / "g.oi"
+    g.write_text(text)
+    code, out, err = run_cli(capsys, "fmt", g)
+    assert code == 0 and out == text, err
+    graph = parse(text, "g.oi")
+    assert [d.init.value for d in graph.vars if d.init is not None] == [2.0, 1000.0, 1e-6]
 
 
 @pytest.mark.parametrize("text, message", [

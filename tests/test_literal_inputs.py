@@ -60,7 +60,7 @@ def test_literal_inputs_parse_with_their_span_value_and_suffix_dtype():
     ops = [n for n in parse(GRAPH).blocks[0].nodes if isinstance(n, ir.Op)]
     lits = [(str(r.value.value), r.value.kind, r.dtype, r.span.line, r.span.col)
             for n in ops for r in n.inputs if isinstance(r, ir.LiteralInput)]
-    assert lits == [("0.125", "float", None, 7, 15), ("-0.25", "float", None, 8, 15), ("-1", "int", None, 9, 15),
+    assert lits == [("0.125", "float", None, 7, 15), ("-2.5e-1", "float", None, 8, 15), ("-1", "int", None, 9, 15),
                     ("0x10", "int", None, 10, 15), ("0.1", "float", None, 11, 15), ("255", "int", None, 12, 15),
                     ("True", "bool", None, 13, 15), ("0.1", "float", None, 14, 15),
                     ("2.0f32", "float", "f32", 15, 12), ("0.5", "float", None, 15, 20),
@@ -108,7 +108,7 @@ def _errors(body: str, decls: str = "dynamic { x: f32[2]; i: i32; b: i8; u: u8; 
                              "f8/bf16/f16/f32/f64 dtype", 11),
     ("op mul(x, 2) >> y;", "op mul input 1: the literal 2 takes f32 (the dtype of x): int literal requires an "
                            "integer, bool or bitset dtype, got f32 (write 2.0)", 11),
-    ("op add(x, 1e39) >> y;", "op add input 1: the literal 1e+39 takes f32 (the dtype of x): f32 literal 1e+39 is out "
+    ("op add(x, 1e39) >> y;", "op add input 1: the literal 1e39 takes f32 (the dtype of x): f32 literal 1e+39 is out "
                               "of range (largest finite f32 is 3.40282e+38)", 11),
     ("op add(300u8, b) >> k;", "op add input 0: the literal 300u8 takes u8 (its suffix): u8 literal out of range", 8),
     ("op add(i, true) >> j;", "op add input 1: the literal true takes i32 (the dtype of i): bool literal requires "
@@ -150,7 +150,7 @@ def test_literal_input_syntax_errors_are_located(body, message):
 
 def test_fmt_writes_literal_inputs_back_as_written():
     text = format_graph(parse(GRAPH))
-    for written in ("op mul(x, 0.125) >> y1;", "op sub(x, -0.25) >> y2;", "op add(i, -1) >> j1;",
+    for written in ("op mul(x, 0.125) >> y1;", "op sub(x, -2.5e-1) >> y2;", "op add(i, -1) >> j1;",
                     "op mul(i, 0x10) >> j2;", "op add(b, true) >> b1;", "op add(2.0f32, 0.5) >> s;",
                     "op mul(3i8, -4i8) >> t;", "op max(k, 1_0.0) >> m;"):
         assert written in text

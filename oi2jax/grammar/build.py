@@ -13,6 +13,7 @@ from lark import Token, Transformer, v_args
 from .. import dtypes, ir
 from ..naming import RUST_KEYWORDS
 from ..diagnostics import OiError, suggest
+from .fmt import plain_float
 
 # Rust integer suffixes and the range of each type (SPEC-2026-03 §1.3; f32/f64 after decimal
 # digits keep the token an integer, D1 (b)); the range matters for `@init` only (D1 (d))
@@ -242,7 +243,7 @@ class Builder(Transformer):
                     raise self.err(f"float literal {tok} does not fit its suffix type f32", tok)
                 value = rounded
             text = ("-" if minus is not None else "") + str(tok)
-            plain = suffix == "" and "_" not in text
+            plain = text == plain_float(value)  # else fmt keeps it as written: `1E3`, `2.`, `0.000001`, `1_0.5`
             return ir.Literal("float", value if plain else ir.FloatLit(value, text))
         if tok.type == "INT":
             value = self.int_of(tok, negative=minus is not None)

@@ -290,6 +290,12 @@ def _float(v: float) -> str:
         return "inf"
     if math.isnan(v):
         raise ValueError("NaN cannot be written in the DSL")
+    return plain_float(v)
+
+
+def plain_float(v: float) -> str:
+    """A finite float's canonical text, for a value that kept no text of its own (graph JSON, or
+    a literal written this way: `0.5`, `1e-6`; build.py keeps any other spelling, `1E3`, `2.`)."""
     return re.sub(r"e([+-]?)0+(?=\d)", r"e\1", repr(float(v)))  # 1e-05 -> 1e-5, as one writes it
 
 
