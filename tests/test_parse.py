@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -391,3 +392,15 @@ def test_the_caret_stays_under_the_column_after_wide_or_combining_characters(bef
     assert shown == f"    block entry {{ /*{before.expandtabs(1)}*/ frob x; }}"
     assert caret == "    " + " " * (len("block entry { /*") + pad + len("*/ ")) + "^"
 
+
+@pytest.mark.parametrize("given,message", [
+    (None, "error: parse: expected program text (a str), got NoneType"),
+    (b"block entry { return; }", "error: parse: expected program text (a str), got bytes"),
+    (Path("g.oi"), "error: parse: expected program text (a str), got PosixPath; for a file, use "
+                   "oi2jax.grammar.parse.parse_file(path)"),
+])
+def test_parse_of_something_not_text_is_an_oierror(given, message):
+    """`oi2jax.parse(Path(...))` was `TypeError: object of type 'PosixPath' has no len()` (frontend probe)."""
+    with pytest.raises(OiError) as info:
+        parse(given)
+    assert str(info.value) == message

@@ -37,6 +37,10 @@ def parse(text: str, path: str = "<string>") -> ir.Graph:
     The graph of a recent (text, path) is kept and returned again: the IR is immutable, and a
     program compiled again from the same file (a prompt bucket, a test, an interpreter beside the
     compiled run) parses once (about 40 us per token in Lark's LALR parser and the builder)."""
+    if not isinstance(text, str):  # a Path, bytes or None: a TypeError from len() or startswith() otherwise
+        raise OiError(f"parse: expected program text (a str), got {type(text).__name__}"
+                      + ("; for a file, use oi2jax.grammar.parse.parse_file(path)" if isinstance(text, os.PathLike)
+                         else ""))
     if len(text) > CACHED_TEXT_CHARS:
         return _parse(text, path)
     return _parse_cached(text, path)
