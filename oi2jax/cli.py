@@ -181,10 +181,15 @@ def cmd_check(args) -> int:
     model = open_model(choice.model) if choice.model else None
     diagnostics = explained(check(graph, model=model, sizes=sizes, ops=ops, no_model=choice.no_model_reason(),
                                   widen_floats=args.widen_floats), declared, args.table_dtype)
+    return _reported(diagnostics, graph.source)
+
+
+def _reported(diagnostics, source: str) -> int:
+    """Print `diagnostics` on stderr; 1 when one is an error, else 0 (check's and graph's verdict)."""
     code = 1 if any(d.severity == "error" for d in diagnostics) else 0
     try:
         for d in diagnostics:
-            print(d.render(graph.source), file=sys.stderr)
+            print(d.render(source), file=sys.stderr)
     except BrokenPipeError:  # `oi2jax check g.oi 2>&1 | head -1`: the reader left, the verdict stands
         try:                 # (it was 0, `_dispatch`'s answer for a closed standard output)
             sys.stderr = open(os.devnull, "w")  # no second error while flushing at exit
@@ -300,12 +305,10 @@ def cmd_run(args) -> int:
                           **sharding)
     compile_s = time.perf_counter() - t0
     inputs = load_inputs(args.input)
-    for name, value in inputs.items():
-        decl = program.graph.var(name)
-        if decl is not None and decl.kind == MemKind.DYNAMIC:  # others: the run names them
-            check_every_step_input(name, value, program.bound.shape(name))
     every_step = [name for name in inputs if (decl := program.graph.var(name)) is not None
-                  and decl.kind == MemKind.DYNAMIC]
+                  and decl.kind == MemKind.DYNAMIC]  # others: the run names them
+    for name in every_step:
+        check_every_step_input(name, inputs[name], program.bound.shape(name))
     if args.inputs_per_step:
         inputs.update(per_step_inputs(args, program, inputs))
     steps = args.steps if args.steps is not None else (None if args.inputs_per_step else 1)
@@ -433,11 +436,8 @@ def cmd_graph(args) -> int:
     # duplicate declaration) is its errors and exit 1, not a picture of a program that cannot run.
     # Without a model, sizes stay names there (a `--size` that only labels a loop is not asked to
     # complete every shape, as `check --size` asks)
-    diagnostics = check(graph, model=opened, sizes=given if opened is not None else None, ops=ops,
-                        no_model=choice.no_model_reason())
-    for d in diagnostics:
-        print(d.render(graph.source), file=sys.stderr)
-    if any(d.severity == "error" for d in diagnostics):
+    if _reported(check(graph, model=opened, sizes=given if opened is not None else None, ops=ops,
+                       no_model=choice.no_model_reason()), graph.source):
         return 1
     sizes.update(given)
     fmt = format_for(args.output)

@@ -17,7 +17,7 @@ _WORDS = {
 }
 
 # the words a misspelt keyword is compared with, for "did you mean ...?" (SPEC §1.3)
-_SECTIONS = ("dynamic", "volatile", "constant", "persistent", "block")
+_SECTIONS = (*(kind.value for kind in ir.MemKind), "block")
 _ATTRIBUTES = ("init", "ref", "pattern", "table", "auto_dim", "fixed")
 _NODES = ("assign", "op", "cache", "branch", "barrier", "dep", "loop", "yield", "await", "transfer", "return")
 _CACHE_OPS = ("read", "write", "increment", "decrement", "reset")
