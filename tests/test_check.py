@@ -163,6 +163,30 @@ def test_dead_block_is_a_warning():
     assert "block lost is never run" in ds[0].message
 
 
+def test_entry_await_list_that_differs_from_its_yield_is_a_warning():
+    """Entry's await merges every yielded variable and waits for every consumer, whatever it names
+    (§3.5): a name the yield did not list, or a yielded name left out, is told, not an error."""
+    body = ("block entry {\n  yield x, v;\n  await x, w;\n  return;\n}\n"
+            "block b1 {\n  await x, v;\n  op add(x, k) >> x;\n  yield x, v;\n}\n")
+    ds = diags(body)
+    assert [(d.severity, d.span.line, d.span.col) for d in ds] == [("warning", 8, 3)] * 2
+    assert ds[0].message.startswith("entry awaits w, which its yield at line 7 does not yield: naming it selects nothing")
+    assert ds[1].message.startswith("entry's await does not name v, which its yield at line 7 yields: merged")
+    same = "block entry {\n  yield x;\n  await x;\n  return;\n}\nblock b1 {\n  await x;\n  yield x;\n}\n"
+    assert diags(same) == []
+
+
+@pytest.mark.parametrize("word", ["yield", "await"])
+def test_a_name_listed_twice_is_a_warning(word):
+    lists = {"yield": "x, x, x", "await": "x"} if word == "yield" else {"yield": "x", "await": "x, x"}
+    body = (f"block entry {{\n  yield {lists['yield']};\n  await {lists['await']};\n  return;\n}}\n"
+            "block b1 {\n  await x;\n  yield x;\n}\n")
+    ds = diags(body)
+    n = 3 if word == "yield" else 2
+    assert [(d.severity, d.span.line, d.message) for d in ds] == [
+        ("warning", 7 if word == "yield" else 8, f"{word} lists x {n} times: the same as once")]
+
+
 def test_all_errors_reported_sorted():
     errs = errors("block entry {\n  op add(x, q1) >> v;\n  op add(x, q2) >> v;\n  branch nope;\n}")
     assert [(l, c) for l, c, _ in errs] == [(7, 13), (8, 13), (9, 10)]

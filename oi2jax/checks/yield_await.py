@@ -35,6 +35,13 @@ class PhaseRules:
         for w in plan.windows:
             if w.await_node is not None:
                 self.check_window(w.yield_node, self.window_nodes(w), w.consumers)
+                self.check_await_list(w.yield_node, w.await_node)
+        for b in self.g.blocks:  # a name listed twice: the same as once (§3.5), most likely a slip
+            for n in b.walk():
+                if isinstance(n, (ir.Yield, ir.Await)):
+                    word = "yield" if isinstance(n, ir.Yield) else "await"
+                    for v in sorted({v for v in n.vars if n.vars.count(v) > 1}):
+                        self.warning(f"{word} lists {v} {n.vars.count(v)} times: the same as once", n.span)
         # dead blocks: neither a branch target nor started by a yield of entry
         entry = self.g.entry
         started = {name for n in (entry.walk() if entry is not None else ()) if isinstance(n, ir.Yield)
@@ -43,6 +50,20 @@ class PhaseRules:
             if b.name != "entry" and b.name not in targets and b.name not in started:
                 self.warning(f"block {b.name} is never run: no branch targets it and it awaits no variable "
                              f"that entry yields", b.span)
+
+    def check_await_list(self, y: ir.Yield, a: ir.Await):
+        """Entry's `await` waits for every consumer its yield started and merges what they wrote,
+        whatever it names (§3.5, §0 item 3): a name its yield did not list selects nothing, and a
+        yielded name it leaves out is merged all the same. Both are warnings."""
+        at = f"its yield at line {y.span.line}" if y.span is not None else "its yield"
+        for v in dict.fromkeys(a.vars):
+            if v not in y.vars:
+                self.warning(f"entry awaits {v}, which {at} does not yield: naming it selects nothing (await "
+                             f"waits for every consumer and takes what they wrote, whatever it names)", a.span)
+        left = [v for v in y.vars if v not in a.vars]
+        if left:
+            self.warning(f"entry's await does not name {', '.join(dict.fromkeys(left))}, which {at} yields: "
+                         f"merged from the consumers all the same", a.span)
 
     def window_nodes(self, w) -> list[ir.Node]:
         """Entry's nodes strictly between a window's yield and its await (walk order)."""
