@@ -130,8 +130,12 @@ def suggest(name: str, candidates) -> str:
     pool = sorted({str(c) for c in candidates})
     close = [c for c in pool if c.lower() == name.lower()][:1]  # case slips first: `b` for `B`, `F32`
     # for `f32` (difflib rates `u32` as close as `f32`, and took the last of the ties)
-    if not close:
-        close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
+    if not close:  # difflib's score; of the ties, one that `name` begins (`ad`: add, not and), then
+        # the first in order (get_close_matches took the last)
+        scored = [(difflib.SequenceMatcher(None, c, name).ratio(), c) for c in pool]  # as difflib scores
+        best = max((r for r, _ in scored if r >= 0.6), default=None)
+        ties = [c for r, c in scored if r == best]
+        close = sorted(ties, key=lambda c: not c.startswith(name))[:1]
     return f" (did you mean {close[0]}?)" if close else ""
 
 

@@ -27,6 +27,16 @@ def test_unknown_op_and_setting_suggest_the_closest(capsys, tmp_path):
     assert "unsupported relu setting: alppha (did you mean alpha?)" in err
 
 
+def test_a_suggestion_tie_goes_to_the_name_typed_as_a_prefix(capsys, tmp_path):
+    """`ad` is as close to `and` as to `add` by difflib's score; the one it begins wins (difflib
+    took the last of the ties: `and`)."""
+    g = tmp_path / "g.oi"
+    g.write_text("dynamic { x: f32[2]; }\nvolatile { y: f32[2]; }\nblock entry {\n"
+                 "    op ad(x, x) >> y;\n    return;\n}\n")
+    code, _, err = run_cli(capsys, "check", g)
+    assert code == 1 and f"{g}:4:8: error: unsupported op ad (did you mean add?)" in err
+
+
 def test_unknown_input_suggests(capsys, tmp_path):
     np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
     code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input", f"xx={tmp_path / 'x.npy'}")
