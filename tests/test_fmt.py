@@ -419,6 +419,10 @@ def test_fmt_check_reads_the_files_bytes_and_json_is_refused(tmp_path, capsys):
         assert main(["fmt", "--check", str(path)]) == (0 if name == "lf" else 1), name
         assert main(["fmt", "-i", str(path)]) == 0 and path.read_bytes() == text.encode()
         assert main(["fmt", "--check", str(path)]) == 0
+    both = tmp_path / "both.oi"  # -i with --check: --check decides, nothing is written (cli.md)
+    both.write_bytes(text.replace("\n", "\r\n").encode())
+    assert main(["fmt", "-i", "--check", str(both)]) == 1
+    assert both.read_bytes() == text.replace("\n", "\r\n").encode()
     js = tmp_path / "g.json"
     js.write_text(json.dumps(to_json(parse(SPEC_15))))
     for flag in ("--check", "-i"):
