@@ -4,6 +4,7 @@ generate (text in, text out: oi2jax/generation.py); `add_model_commands` adds th
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import numpy as np
@@ -97,8 +98,13 @@ def cmd_generate(args) -> int:
 
     def show(piece: str) -> None:
         printed.append(piece)
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `generate ... | head -c 100`: the reader left
+            if args.ids_out is None and not args.stats:
+                raise  # nothing else to deliver: stop here (exit 0)
+            sys.stdout = open(os.devnull, "w")  # --ids-out and --stats still get the whole generation
     try:
         result = gen.generate(args.prompt, prompt_ids=prompt_ids, chat=args.chat, system=args.system,
                               max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,

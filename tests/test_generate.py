@@ -361,6 +361,26 @@ def test_cli_prints_the_text_and_the_stats_lines(model, tmp_path, capsys, shared
     assert [graph for _, graph, _ in shared_cli] == [None]  # the model's default graph
 
 
+def test_cli_reader_gone_still_writes_the_ids_and_the_stats(model, tmp_path, capsys, shared_cli, monkeypatch):
+    """`generate ... --ids-out ids.npy --stats | head -c 10`: the reader of standard output leaves at
+    the first streamed piece; the generation goes on, --ids-out holds every token and --stats is
+    printed, exit 0. It ended at the broken pipe: no --ids-out, no --stats, still exit 0."""
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(sys, "stdout", Gone())
+    ids_out = tmp_path / "ids.npy"
+    code, _, err = run_cli(capsys, "generate", model["path"], "--prompt", "hello world", "--max-tokens", "20",
+                           "--ignore-eos", "--stats", "--ids-out", ids_out)
+    assert code == 0, err
+    prompt = model["tok"].encode("hello world").ids
+    assert np.load(ids_out).tolist() == greedy_reference(model, prompt, 20)
+    assert re.search(r"^generated 20 tokens in [0-9.]+ s \([0-9.]+ tok/s\)$", err, re.M), err
+
+
 def test_cli_ctrl_c_prints_writes_and_reports_what_was_generated(model, gen, tmp_path, capsys, shared_cli,
                                                                   monkeypatch):
     """Ctrl-C during `generate` (raised as the third streamed piece is due, before it is shown,
