@@ -390,3 +390,21 @@ def test_a_shard_spec_that_splits_nothing_is_noted(capsys):
     code, _, err = run_cli(capsys, "compile", graph, "--model", model, "--emit", "jaxpr", "--mesh", "data=1",
                            "--shard", "num_heads=data")
     assert code == 0 and err.startswith("note: shard num_heads=data shards nothing: "), err
+
+
+@pytest.mark.parametrize("coordinator, n, i, message", [
+    ("xx", 1, 0, "--coordinator xx: expects HOST:PORT (PORT a number 1..65535)"),
+    ("localhost:notaport", 1, 0, "--coordinator localhost:notaport: expects HOST:PORT (PORT a number 1..65535)"),
+    (":1234", 1, 0, "--coordinator :1234: expects HOST:PORT (PORT a number 1..65535)"),
+    ("localhost:70000", 1, 0, "--coordinator localhost:70000: expects HOST:PORT (PORT a number 1..65535)"),
+    ("localhost:1234", 0, 0, "--num-processes must be >= 1, got 0"),
+    ("localhost:1234", -3, 0, "--num-processes must be >= 1, got -3"),
+])
+def test_bad_distributed_flags_are_named_before_jax_distributed_starts(coordinator, n, i, message):
+    """`--coordinator xx` was an internal error (IndexError inside jax.distributed), a port that is
+    not a number an internal error after a glog line, `--num-processes 0` "--process-id 0 is not in 0..-1"."""
+    from oi2jax.diagnostics import OiError
+    from oi2jax.runtime.sharding import init_distributed
+    with pytest.raises(OiError) as info:
+        init_distributed(coordinator, n, i)
+    assert str(info.value) == f"error: {message}"

@@ -300,8 +300,13 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
     """`jax.distributed.initialize` for a multi-process run (CPU: gloo collectives)."""
     if num_processes is None or process_id is None:
         raise OiError("--coordinator needs --num-processes and --process-id")
+    if num_processes < 1:
+        raise OiError(f"--num-processes must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
         raise OiError(f"--process-id {process_id} is not in 0..{num_processes - 1}")
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise OiError(f"--coordinator {coordinator}: expects HOST:PORT (PORT a number 1..65535)")
     try:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     except Exception:  # option absent in this JAX build: keep its default
