@@ -50,6 +50,8 @@ def enable_compilation_cache(cache_dir="default") -> str | None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise PermissionError(13, "not writable", str(path))
     except (OSError, RuntimeError) as exc:
+        if isinstance(exc, FileExistsError):  # mkdir's `[Errno 17] File exists` of a file in the way
+            exc = f"{exc.filename} is a file, not a directory"
         if explicit:  # a directory the user named: an error
             raise OiError(f"cannot use cache directory {cache_dir}: {exc}") from None
         # the default cache is only an optimisation: run without it, and say so

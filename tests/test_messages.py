@@ -627,6 +627,9 @@ def test_packed_reserved_pattern_rank_huge_dims_and_unusable_home(capsys, tmp_pa
     code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input", f"x={tmp_path / 'x.npy'}",
                            "--quiet", "--cache-dir", str(home / "sub"))
     assert code == 1 and err.startswith(f"error: cannot use cache directory {home / 'sub'}: "), err
+    code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--input", f"x={tmp_path / 'x.npy'}",
+                           "--quiet", "--cache-dir", str(home))  # the directory named is a file
+    assert code == 1 and err == f"error: cannot use cache directory {home}: {home} is a file, not a directory\n", err
 
 
 def test_bf16_and_f8_inputs_are_converted_only_when_exact():
