@@ -53,6 +53,10 @@ def test_valid_head_program_is_clean():
     ("block entry {\n  op add(m, m) >> v;\n}", 7, 19, "op add output shape mismatch for v"),
     ("block entry {\n  op add(x, k, acc=i32) >> v;\n}", 7, 16, "op add does not support f32 -> i32 for mode accumulate"),
     ("block entry {\n  op add(W[0, 1], k) >> v;\n}", 7, 10, "prefix table W expects 1 indices, got 2"),
+    # a family named without its index: the checker typed the member, the backends read the family
+    ("block entry {\n  op add(W, k) >> v;\n}", 7, 10, "prefix table W expects 1 index, got none: name one member (W[l])"),
+    ("block entry {\n  transfer W >> v;\n}", 7, 12, "prefix table W expects 1 index, got none"),
+    ("block entry {\n  cache.write W >> P;\n}", 7, 15, "prefix table W expects 1 index, got none"),
     ("block entry {\n  op add(v[0], k) >> v;\n}", 7, 10, "v is not a prefix table and cannot be indexed"),
     ("block entry {\n  loop L (i in 0..2) {\n    op add(i, k) >> v;\n  }\n}", 8, 12, "loop index i is not a variable"),
     # transfer

@@ -39,6 +39,14 @@ class OpRules:
         if not self.known(ref.name):
             self.error(f"{unknown_msg} {ref.name}{self.near(ref.name)}", ref.span)
             return False
+        if ref.indices is None:
+            d = self.decls.get(ref.name)
+            if d is not None and d.is_prefix_table:  # the member's shape is typed, the family is read: refuse it
+                params = ", ".join(d.index_params)
+                n = len(d.index_params)
+                self.error(f"prefix table {ref.name} expects {n} ind{'ex' if n == 1 else 'ices'}, got none: "
+                           f"name one member ({ref.name}[{params}])", ref.span)
+                return False
         if ref.indices is not None:
             d = self.decls.get(ref.name)
             if d is None or not d.is_prefix_table:
