@@ -38,6 +38,9 @@ def test_valid_head_program_is_clean():
     # ops (messages from oi2jax.ops)
     ("block entry {\n  op frob(x) >> v;\n}", 7, 6, "unsupported op frob"),
     ("block entry {\n  op add(x) >> v;\n}", 7, 6, "op add expects Fixed(2) inputs, got 1"),
+    # a surplus literal input is the arity's error, not the literal's dtype (`write 2.0`, then the arity)
+    ("block entry {\n  op neg(x, 2) >> v;\n}", 7, 6, "op neg expects Fixed(1) inputs, got 2"),
+    ("block entry {\n  op add(x, 1.0, 2) >> v;\n}", 7, 6, "op add expects Fixed(2) inputs, got 3"),
     ("block entry {\n  op add(x, q) >> v;\n}", 7, 13, "unknown input variable q"),
     ("block entry {\n  op add(x, k) >> zz;\n}", 7, 19, "unknown output variable zz"),
     ("block entry {\n  op add(x, k) >> k;\n}", 7, 19, "cannot write to constant memory: k"),

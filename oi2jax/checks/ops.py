@@ -93,6 +93,10 @@ class OpRules:
         for ref in node.refs:
             if not self.check_source(ref, loops, "unknown input variable"):
                 ok = False
+        arity = ops.typing.arity_error(spec, len(node.inputs), node.op)
+        if arity is not None:  # before the literals are typed: `silu(g, 2)` is one input too many
+            self.error(arity, name_span)
+            ok = False
         if ok and not self.type_literal_inputs(node):
             ok = False
         out = node.output

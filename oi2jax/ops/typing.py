@@ -196,6 +196,17 @@ def _static_attrs(spec: OpDef, attrs: dict, int_lists: dict, first: str) -> dict
     return out
 
 
+def arity_error(spec, n: int, op: str | None = None) -> str | None:
+    """`op N expects Fixed(k) inputs, got m (x, y)` when `n` inputs do not fit `spec`, else None
+    (the checker asks before typing literal inputs, so a surplus literal is reported as such)."""
+    if spec.min_arity <= n <= spec.arity:
+        return None
+    names = ", ".join(i.name for i in spec.inputs)  # the SPEC's wording, then the inputs by name
+    count = f"Fixed({spec.arity}) inputs, got {n} ({names})" if spec.min_arity == spec.arity else \
+        f"{spec.min_arity} to {spec.arity} ({names}) inputs, got {n}"
+    return f"op {op or spec.name} expects {count}"
+
+
 def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name: str | None = None,
           in_names: list[str] | None = None, registry: Registry | None = None, sizes=None,
           attr_shapes: dict | None = None) -> OpSig:
@@ -207,11 +218,9 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     spec = reg.get(op)
     if spec is None:
         raise OpTypeError(f"unsupported op {op}{suggest(op, reg)}")
-    if not spec.min_arity <= len(in_dtypes) <= spec.arity:
-        names = ", ".join(i.name for i in spec.inputs)  # the SPEC's wording, then the inputs by name
-        count = f"Fixed({spec.arity}) inputs, got {len(in_dtypes)} ({names})" if spec.min_arity == spec.arity else \
-            f"{spec.min_arity} to {spec.arity} ({names}) inputs, got {len(in_dtypes)}"
-        raise OpTypeError(f"op {op} expects {count}")
+    problem = arity_error(spec, len(in_dtypes), op)
+    if problem is not None:
+        raise OpTypeError(problem)
     attrs = canonical_attrs(spec, attrs)
     rule = None
     if "acc" in attrs and _lit_kind(attrs["acc"]) == "dtype_list":  # acc=[A, O]
