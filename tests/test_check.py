@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import oi2jax
+
 from oi2jax import ir
 from oi2jax.check import check, check_or_raise
 from oi2jax.diagnostics import OiError
@@ -370,7 +372,14 @@ def test_messages_for_a_model_that_lacks_a_name(tmp_path):
     assert any(m.startswith("invalid dims for x: unknown size: Dd (did you mean D?) (not a size variable of model")
                for m in messages), messages
     assert "constant one not found in model (no tensor or metadata entry) (its @init is its value only when no " \
-           "model is given: add the tensor to the model, or make it a persistent variable)" in messages, messages
+           "model is given: add the tensor to the model, or declare it volatile, whose @init is its value at every " \
+           "step and which ops read as they read a constant)" in messages, messages
+    # the advice works: declared volatile, the @init is read by an op (a persistent one needs cache.read: an error)
+    text = ("dynamic { x: f32[D]; }\nvolatile { one: f32 @init(1.0); y: f32[D]; }\n"
+            "block entry { op add(x, one) >> y; return; }\n")
+    assert [d.message for d in check(parse(text), model=model) if d.severity == "error"] == []
+    out = oi2jax.compile(text, model=str(tmp_path / "m.oinf")).run({"x": np.float32([1, 2, 3, 4])})
+    assert out["y"].tolist() == [2.0, 3.0, 4.0, 5.0]
 
 
 def test_a_fixed_arity_error_names_the_inputs():

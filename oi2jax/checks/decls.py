@@ -92,8 +92,9 @@ class DeclRules:
                     self.check_bound(d, tname)
             elif d.kind == MemKind.CONSTANT and d.name not in (m.metadata or {}):
                 known = list(self.model.tensors) + list(self.model.metadata or {})
-                init = (" (its @init is its value only when no model is given: add the tensor to the model, or make it "
-                        "a persistent variable)") if d.init is not None else ""
+                init = (" (its @init is its value only when no model is given: add the tensor to the model, or declare it "
+                        "volatile, whose @init is its value at every step and which ops read as they read a constant)"
+                        ) if d.init is not None else ""
                 self.error(f"constant {d.name} not found in model (no tensor or metadata entry)"
                            f"{suggest(d.ref or d.name, known)}{init}", d.span)
 
