@@ -416,3 +416,21 @@ def test_check_of_something_not_a_graph_is_an_oierror(given):
         check(given)
     assert str(info.value).startswith("error: check: expected a parsed graph (oi2jax.parse(text) or "
                                       "oi2jax.pipeline.load_graph(path)), got ")
+
+
+@pytest.mark.parametrize("consumer", [
+    "block c {\n  await x, y;\n  op add(x, y) >> z;\n}",
+    "block c {\n  await x, y;\n  op add(x, y) >> z;\n  yield x;\n}",
+    "block c {\n  await x, y;\n  yield x, y;\n  op add(x, y) >> z;\n}",
+])
+def test_consumer_yield_rules_are_in_the_yield_await_docs(consumer):
+    """docs/yield_await.md's table of compile-time rules names each consumer rule with its message
+    (the user probe wrote a consumer that awaited x and yielded only its own result: the message
+    was not in the table)."""
+    text = ("dynamic { x: f32[2]; y: f32[2]; }\nvolatile { z: f32[2]; }\n"
+            "block entry {\n  yield x, y;\n  await x, y;\n  return;\n}\n" + consumer + "\n")
+    errs = [d.message for d in check(parse(text, "t.oi")) if d.severity == "error"]
+    assert errs, text
+    doc = (REPO / "docs" / "yield_await.md").read_text()
+    for message in errs:
+        assert f"`{message}`" in doc, (message, errs)
