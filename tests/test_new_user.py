@@ -39,13 +39,29 @@ def test_a_loop_index_as_an_op_input_says_how_to_get_its_value(capsys, tmp_path)
     code, _, err = run_cli(capsys, "check", g)
     assert code == 1
     assert (f"{g}:6:19: error: loop index s is not a variable: it is an integer for cache and prefix-table indices "
-            f"only (K[s], W[s]); to use its value, count the iterations in a persistent scalar (declare "
-            f"`c: i32 @init(0);`, write `cache.increment c;` in the loop body) and use it (`cache.read c >> v;` "
-            f"gives its value to a volatile v)") in err
-    # the way forward, as the message words it, runs: x = 0.5 + 1 + 2 + 3
-    g.write_text(COUNTER.replace("OP", "cache.increment c;\n        cache.read c >> v;\n"
-                                       "        op cast(v, to=f32) >> f;\n        op add(x, f) >> x;"))
-    assert oi2jax.compile(str(g)).run({})["x"] == np.float32(6.5)
+            f"only (K[s], W[s]); to use its value, count the iterations in a volatile scalar (declare `c: i32;` "
+            f"among the volatiles, 0 at the start of every step; write `op add(c, 1) >> c;` as the loop body's last "
+            f"node) and use c (`op embedding(xs, c) >> x;` picks row c of xs)") in err
+
+
+def test_the_loop_index_counter_the_message_gives_is_the_index_at_every_step():
+    """The way forward, as the message words it, gives the loop index in every step (the user probe
+    followed the former advice, a persistent counter with cache.increment: it went on counting
+    from the previous step, so step 2 read row 3 of a 3-row input: `id 3 is outside 0..2`)."""
+    graph = """dynamic { xs: f32[3]; }
+volatile { c: i32; x: f32; y: f32 @init(0.5); }
+block entry {
+    loop l (s in 0..3) {
+        op embedding(xs, c) >> x;
+        op add(y, x) >> y;
+        op add(c, 1) >> c;
+    }
+    return;
+}
+"""
+    out = oi2jax.compile(graph, ops=["nn"]).run({"xs": np.float32([[1, 2, 4], [8, 16, 32]])}, steps=2,
+                                                 collect=("y", "c"))
+    assert out["y"].tolist() == [7.5, 56.5] and out["c"].tolist() == [3, 3]
 
 
 def test_a_loop_index_as_a_bound_says_how_to_get_its_value(capsys, tmp_path):
@@ -54,8 +70,9 @@ def test_a_loop_index_as_a_bound_says_how_to_get_its_value(capsys, tmp_path):
     code, _, err = run_cli(capsys, "check", g)
     assert code == 1
     assert ("error: loop end bound s is invalid: loop index s is not a variable: it is an integer for cache and "
-            "prefix-table indices only (K[s], W[s]); to use its value, count the iterations in a persistent scalar "
-            "(declare `c: i32 @init(0);`, write `cache.increment c;` in the loop body) and use c as the bound") in err
+            "prefix-table indices only (K[s], W[s]); to use its value, count the iterations in a volatile scalar "
+            "(declare `c: i32;` among the volatiles, 0 at the start of every step; write `op add(c, 1) >> c;` as "
+            "the loop body's last node) and use c as the bound") in err
 
 
 FIXED_TABLE = """dynamic { x: f32[2] @init(1.0); }

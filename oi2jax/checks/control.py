@@ -12,8 +12,9 @@ class ControlRules:
     def loop_index_error(self, name: str, span: ir.Span, prefix: str = "", use: str = "v") -> None:
         """A loop index where a variable is wanted (SPEC §3: it is not one), with the way forward."""
         self.error(prefix + f"loop index {name} is not a variable: it is an integer for cache and prefix-table "
-                   f"indices only (K[{name}], W[{name}]); to use its value, count the iterations in a persistent "
-                   f"scalar (declare `c: i32 @init(0);`, write `cache.increment c;` in the loop body) and use {use}",
+                   f"indices only (K[{name}], W[{name}]); to use its value, count the iterations in a volatile scalar "
+                   f"(declare `c: i32;` among the volatiles, 0 at the start of every step; write `op add(c, 1) >> c;` "
+                   f"as the loop body's last node) and use {use}",
                    span)
 
     def check_scalar_var(self, name: str, span: ir.Span, prefix: str = "") -> bool:

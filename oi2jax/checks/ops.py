@@ -34,7 +34,7 @@ class OpRules:
     def check_ref(self, ref: ir.VarRef, loops, unknown_msg: str) -> bool:
         """A variable use (op input, transfer source); False when it cannot be typed."""
         if ref.name in loops and ref.indices is None:
-            self.loop_index_error(ref.name, ref.span, use="it (`cache.read c >> v;` gives its value to a volatile v)")
+            self.loop_index_error(ref.name, ref.span, use="c (`op embedding(xs, c) >> x;` picks row c of xs)")
             return False
         if not self.known(ref.name):
             self.error(f"{unknown_msg} {ref.name}{self.near(ref.name)}", ref.span)
