@@ -1,0 +1,157 @@
+"""Models no example covers, written from the docs by the user probe (2026-11-28): a diagonal
+state-space stack whose state lives in a per-layer table, run over a prompt by a loop with a
+run-time trip count (the token of iteration t picked by `embedding` at a counter), and a top-2 of
+4 experts chosen by `branch` inside a loop. Compiled and interpreted, against NumPy in float64."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import oi2jax
+
+SSM = """
+dynamic { tokens: i32[T]; n: i32 @init(1); }
+constant {
+    E: f32[V, D];
+    Win(l): f32[N, D] @pattern("layers.{l}.in");
+    Wg(l): f32[N, D] @pattern("layers.{l}.gate");
+    A(l): f32[N] @pattern("layers.{l}.a");
+    Wout(l): f32[D, N] @pattern("layers.{l}.out");
+    head: f32[V, D];
+}
+persistent { S(l): f32[N] @table @fixed(l=L); pos: i32 @init(0); }
+volatile {
+    x: f32[D]; u: f32[N]; g: f32[N]; decay: f32[N]; s: f32[N]; y: f32[D];
+    logits: f32[V]; tok: i32; ti: i32;
+}
+block entry {
+    loop toks (t in 0..n) {
+        op embedding(tokens, ti) >> tok;
+        op embedding(E, tok) >> x;
+        loop layers (l in 0..L) {
+            op linear(x, Win[l]) >> u;
+            op linear(x, Wg[l]) >> g;
+            op silu(g) >> g;
+            op sigmoid(A[l]) >> decay;
+            cache.read S[l] >> s;
+            op mul(s, decay) >> s;
+            op add(s, u) >> s;
+            cache.write s >> S[l];
+            op mul(s, g) >> u;
+            op linear(u, Wout[l]) >> y;
+            op add(x, y) >> x;
+        }
+        op add(ti, 1) >> ti;
+        cache.increment pos;
+    }
+    op linear(x, head) >> logits;
+    return;
+}
+"""
+
+MOE = """
+dynamic { x: f32[D]; }
+constant { Wg: f32[E, D]; W1(e): f32[F, D] @pattern("experts.{e}.w1"); W2(e): f32[D, F] @pattern("experts.{e}.w2"); }
+volatile {
+    logits: f32[E]; iota: i32[E]; d: i32[E]; df: f32[E]; d2f: f32[E]; neg: f32[E] @init(-1e30);
+    masked: f32[E]; gl: f32[E]; gates: f32[E]; i1: i32; i2: i32; zero: i32; ei: i32; ge: f32; zf: f32;
+    sel: bool; h: f32[F]; ye: f32[D]; y: f32[D]; used: i32; w1: f32[F, D]; w2: f32[D, F];
+}
+block entry {
+    op linear(x, Wg) >> logits;
+    op argmax(logits) >> i1;
+    op positions(zero, shape=[E]) >> iota;
+    op sub(iota, i1) >> d;
+    op cast(d, to=f32) >> df;
+    op filter(logits, neg, df) >> masked;
+    op argmax(masked) >> i2;
+    op sub(iota, i2) >> d;
+    op cast(d, to=f32) >> d2f;
+    op mul(df, d2f) >> d2f;
+    op filter(neg, logits, d2f) >> gl;
+    op softmax(gl) >> gates;
+    transfer x >> y;
+    loop experts (e in 0..E) {
+        op embedding(gates, ei) >> ge;
+        op gt(ge, zf) >> sel;
+        transfer W1[e] >> w1;
+        transfer W2[e] >> w2;
+        branch sel run skip;
+        op add(ei, 1) >> ei;
+    }
+    return;
+}
+block run {
+    op linear(x, w1) >> h;
+    op gelu(h) >> h;
+    op linear(h, w2) >> ye;
+    op mul(ye, ge) >> ye;
+    op add(y, ye) >> y;
+    op add(used, 1) >> used;
+    return;
+}
+block skip { return; }
+"""
+
+
+def _sig(v):
+    return 1 / (1 + np.exp(-v))
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_state_space_prompt_loop(tmp_path, mode):
+    rng = np.random.default_rng(0)
+    V, D, N, L, T = 11, 8, 6, 3, 8
+    t = {"E": rng.standard_normal((V, D)), "head": rng.standard_normal((V, D))}
+    for l in range(L):
+        t[f"layers.{l}.in"] = 0.5 * rng.standard_normal((N, D))
+        t[f"layers.{l}.gate"] = 0.5 * rng.standard_normal((N, D))
+        t[f"layers.{l}.a"] = rng.standard_normal(N)
+        t[f"layers.{l}.out"] = 0.5 * rng.standard_normal((D, N))
+    t = {k: v.astype(np.float32) for k, v in t.items()}
+    oi2jax.model.save(tmp_path / "m.oinf", sizevars={"V": V, "D": D, "N": N, "L": L, "T": T}, tensors=t)
+    W = {k: v.astype(np.float64) for k, v in t.items()}
+    tokens = np.array([1, 5, 9, 2, 7, 0, 0, 0], np.int32)
+    prog = oi2jax.compile(SSM, model=str(tmp_path / "m.oinf"), ops=["nn"], mode=mode)
+    for n in (5, 8, 0):
+        S = np.zeros((L, N))
+        x = np.zeros(D)
+        for tok in tokens[:n]:
+            x = W["E"][tok].copy()
+            for l in range(L):
+                g = W[f"layers.{l}.gate"] @ x
+                S[l] = S[l] * _sig(W[f"layers.{l}.a"]) + W[f"layers.{l}.in"] @ x
+                x = x + W[f"layers.{l}.out"] @ (S[l] * g * _sig(g))
+        out = prog.run({"tokens": tokens, "n": np.int32(n)}, steps=1)
+        assert int(out["pos"]) == n
+        np.testing.assert_allclose(out["S"], S, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out["logits"], W["head"] @ x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_top2_of_4_experts_by_branch_in_a_loop(tmp_path, mode):
+    from scipy.special import erf
+    rng = np.random.default_rng(1)
+    D, F, E = 8, 16, 4
+    t = {"Wg": rng.standard_normal((E, D))}
+    for e in range(E):
+        t[f"experts.{e}.w1"] = 0.4 * rng.standard_normal((F, D))
+        t[f"experts.{e}.w2"] = 0.4 * rng.standard_normal((D, F))
+    t = {k: v.astype(np.float32) for k, v in t.items()}
+    oi2jax.model.save(tmp_path / "m.oinf", sizevars={"D": D, "F": F, "E": E}, tensors=t)
+    W = {k: v.astype(np.float64) for k, v in t.items()}
+    xs = rng.standard_normal((6, D)).astype(np.float32)
+    prog = oi2jax.compile(MOE, model=str(tmp_path / "m.oinf"), ops=["nn"], mode=mode)
+    res = prog.run({"x": xs}, collect=("y", "used", "i1", "i2"))
+    for k, x in enumerate(xs.astype(np.float64)):
+        lg = W["Wg"] @ x
+        top = np.argsort(-lg, kind="stable")[:2]
+        g = np.exp(lg[top] - lg[top].max())
+        g /= g.sum()
+        y = x.copy()
+        for gi, e in zip(g, top):
+            h = W[f"experts.{e}.w1"] @ x
+            y += gi * (W[f"experts.{e}.w2"] @ (0.5 * h * (1 + erf(h / np.sqrt(2)))))
+        assert [int(res["i1"][k]), int(res["i2"][k])] == top.tolist()
+        assert int(res["used"][k]) == 2
+        np.testing.assert_allclose(res["y"][k], y, rtol=1e-5, atol=1e-5)
