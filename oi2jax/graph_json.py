@@ -83,6 +83,8 @@ def scalar_to_json(dtype: str, lit: ir.Literal | None):
             enc = host_numerics.bf16_encode(np.float32(v)) if dtype == "bf16" else host_numerics.f8_encode_bits(np.float32(v))
         return {name: {"bits": int(np.asarray(enc).reshape(-1).view(np.uint16 if dtype == "bf16" else np.uint8)[0])}}
     dt = dtypes.get(dtype)
+    if dtype == "t1":  # its storage pattern (SPEC §5): -1 is bit 0, +1 is bit 1 (not two's complement)
+        return {name: {"bits": int(int(v) > 0)}}
     if dt.packed or dtype == "bitset":
         return {name: {"bits": int(v) & ((1 << dt.bits) - 1)}}
     if dtype == "bool":
@@ -282,6 +284,8 @@ def scalar_from_json(dtype: str, v) -> ir.Literal | None:
         if dtype in ("bf16", "f8"):
             arr = np.array([bits], np.uint16 if dtype == "bf16" else np.uint8).view(dt.np_dtype)
             return ir.Literal("float", float(arr[0]))
+        if dtype == "t1":
+            return ir.Literal("int", 1 if bits else -1)
         if dt.is_signed and bits >= 1 << (dt.bits - 1):
             bits -= 1 << dt.bits
         return ir.Literal("int", bits)

@@ -292,3 +292,16 @@ def test_a_json_graphs_diagnostics_name_the_place_by_json_pointer(tmp_path, caps
     assert first.startswith(f"{path}{where}: error: "), err
     if message is not None:
         assert first == f"{path}{where}: error: {message}"
+
+
+def test_t1_init_bits_are_its_storage_pattern():
+    """A t1 value is -1 or +1, stored as bit 0 / bit 1 (SPEC §5). Graph JSON wrote `value & 1`, so
+    `t1 @init(1)` and `t1 @init(-1)` both became {"bits": 1}, read back as -1: a round trip
+    through graph JSON turned +1 into -1 (upstream probe)."""
+    g = parse("persistent { a: t1 @init(1); b: t1 @init(-1); c: t2 @init(-1); }\nblock entry { return; }\n")
+    inits = {name: v["init"] for name, v in to_json(g)["vars"].items()}
+    assert inits == {"a": {"T1": {"bits": 1}}, "b": {"T1": {"bits": 0}}, "c": {"T2": {"bits": 3}}}
+    back = api.load_graph(to_json(g))
+    assert [back.var(n).init for n in "abc"] == [ir.Literal("int", 1), ir.Literal("int", -1), ir.Literal("int", -1)]
+    out = api.compile(to_json(g)).run({})
+    assert (int(out["a"]), int(out["b"]), int(out["c"])) == (1, -1, -1)
