@@ -252,8 +252,12 @@ def _attr_back(v: dict) -> ir.Literal:
         x = tuple(_name(i, "an IntList item") if isinstance(i, str) else _whole(i, "an IntList item")
                   for i in x)  # an integer or a size's name
     elif kind == "dtype_list":
+        if not isinstance(x, list) or not all(isinstance(d, str) for d in x):
+            raise ValueError(f"a DTypeList setting must be a list of dtype names, got {x!r}")
         x = tuple(_dt_back(d) for d in x)
     elif kind == "dtype":
+        if not isinstance(x, str):
+            raise ValueError(f"a DType setting must be a dtype name, got {x!r}")
         x = _dt_back(x)
     elif kind == "float":
         if isinstance(x, bool) or not isinstance(x, (int, float)):

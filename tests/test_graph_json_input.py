@@ -212,6 +212,12 @@ def test_a_member_reference_without_its_closing_bracket_is_refused():
      "an IntList item must be an integer, got 1.5"),
     (lambda op: op["attrs"]["items"].append({"name": "keepdims", "value": {"Bool": 1}}),
      "a Bool value must be true or false, got 1"),
+    (lambda op: op["attrs"]["items"].append({"name": "acc", "value": {"DTypeList": ["I32", 5]}}),
+     "a DTypeList setting must be a list of dtype names, got ['I32', 5]"),  # was AttributeError: 'int' ... 'lower'
+    (lambda op: op["attrs"]["items"].append({"name": "acc", "value": {"DTypeList": "I64"}}),
+     "a DTypeList setting must be a list of dtype names, got 'I64'"),  # was read as acc=[i, 6, 4]
+    (lambda op: op["attrs"]["items"].append({"name": "acc", "value": {"DType": 3}}),
+     "a DType setting must be a dtype name, got 3"),
 ])
 def test_an_ops_fields_of_the_wrong_type_are_refused_with_the_file(tmp_path, capsys, mutate, message):
     """An op's name or setting name of null or true, or a literal `{"Int": "7"}`, went on to the
