@@ -256,7 +256,8 @@ def test_empty_graph_and_sections_interleaved():
     ("volatile { x: foo; }", 1, 15, "unsupported dtype foo"),
     ("block entry { op f(W[]) >> y; }", 1, 21, "prefix access must include at least one index"),
     ("block entry { op f(x, acc=foo) >> y; }", 1, 23, "unsupported dtype foo for setting acc"),
-    ("block entry { op f(x, to=3) >> y; }", 1, 23, "setting to must be a dtype name"),
+    ("block entry { op f(x, to=3) >> y; }", 1, 23, "to must be a dtype identifier"),  # SPEC-2026-03 §1.4
+    ('block entry { op f(x, to="f32") >> y; }', 1, 23, "to must be a dtype identifier"),
     ("block entry { frob x; }", 1, 15, "unsupported node frob"),
     ("block entry { cache.foo x; }", 1, 21, "unsupported cache operation cache.foo"),
     ("blok entry { }", 1, 1, "expected memory section or block"),

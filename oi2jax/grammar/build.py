@@ -317,8 +317,8 @@ class Builder(Transformer):
             elif name == "acc":
                 raise self.err("acc must be a dtype list (e.g. acc=[i32, i64]) or, in the 1fc5207 dialect, a "
                                "dtype name (acc=i32)", meta)
-            else:
-                raise self.err(f"setting {name} must be a dtype name", meta)
+            else:  # `to="f32"`, `to=3`: SPEC-2026-03 §1.4's text, as for `to=[f32]`
+                raise self.err("to must be a dtype identifier", meta)
         return ir.Attr(name, value, self.tspan(name_tok))
 
     # ---- references
