@@ -246,6 +246,22 @@ def test_quant_params_are_honoured_by_a_float_constant_only(tmp_path, mode):
                        .replace("x: f32", "x: bf16"), model=tmp_path / "m.oinf", ops=["nn"])
 
 
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_a_quantized_scalar_reads_as_an_f32_scalar(tmp_path, mode):
+    """A 0-d u8 tensor with per-tensor QuantParams bound to an f32 scalar: its affine value
+    0.125 * (200 - 3), a scalar. dequantize gave shape [1] (np.ascontiguousarray makes a 0-d array
+    1-d), so every op on it failed at run time with 'z is [], the result is [1]' (upstream probe)."""
+    from oi2jax.model.quant import QuantParams, dequantize
+    from oi2jax.model.writer import Tensor
+    q = QuantParams("asymmetric", "per_tensor", [0.125], "per_tensor", [3])
+    assert dequantize(q, np.array(200, np.uint8)).shape == ()
+    save(tmp_path / "m.oinf", tensors={"s": Tensor("u8", np.array(200, np.uint8), quant=q)})
+    out = oi2jax.compile("constant { s: f32; }\nvolatile { z: f32; }\nblock entry { op add(s, 1.0) >> z; return; }",
+                         model=tmp_path / "m.oinf", mode=mode).run({})
+    assert out["z"].shape == () and float(out["z"]) == 0.125 * 197 + 1.0
+
+
 AFFINE_GRAPH = """dynamic {
     x: f32[I];
     xs: f32[3, I];

@@ -162,8 +162,8 @@ def dequantize(q: QuantParams, values: np.ndarray) -> np.ndarray:
 def affine_values(values: np.ndarray, scales: np.ndarray, zps: np.ndarray) -> np.ndarray:
     """scale * (q - zp) with the scales and zero points broadcast against the integers: the one
     rule of `dequantize` (also for a packed tensor a program reads as f32: runtime/program)."""
-    return (np.asarray(scales, np.float64) * (np.asarray(values).astype(np.int64) - np.asarray(zps, np.int64))
-            ).astype(np.float32)
+    return np.asarray((np.asarray(scales, np.float64) * (np.asarray(values).astype(np.int64)  # 0-d stays an array
+                                                         - np.asarray(zps, np.int64))).astype(np.float32))
 
 
 # |q - zp| at most this: the difference is exact in f32, so the step's f32 product equals `dequantize`
@@ -197,7 +197,7 @@ def _broadcast(q: QuantParams, shape: tuple[int, ...]) -> tuple[np.ndarray, np.n
         out = [1] * len(shape)
         if per_channel:
             out[axis] = shape[axis]
-        return np.ascontiguousarray(arr.reshape(out))
+        return np.array(arr.reshape(out), order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
     zps = q.zero_points if q.zp_mode != "none" else np.zeros(1, np.int32)
     return (along(q.scales.astype(np.float32), q.scale_mode == "per_channel", q.scale_axis),
             along(zps.astype(np.int32), q.zp_mode == "per_channel", q.zp_axis))
