@@ -166,6 +166,8 @@ def test_acc_list_errors(tmp_path, capsys, body, message):
     ("acc=[]", "acc must be a dtype list (e.g. acc=[i32, i64])"),
     ("acc=[i2, i32]", "expected dtype (e.g. i32, f32), got i2"),
     ("acc=[I32]", "expected dtype (e.g. i32, f32), got I32"),
+    ("acc=[i32, 1]", "expected dtype identifier (e.g. i32, f32)"),  # a non-name later in the list (§1.4)
+    ("acc=[i32, -i64]", "expected dtype identifier (e.g. i32, f32)"),
     ("acc=1", "acc must be a dtype list"),
     ("axes=[a]", "op sum_axis setting axes: a is a variable; a list takes integers and size names"),
     ("axes=[i32]", "DTypeList only supported for acc attribute"),

@@ -274,7 +274,9 @@ class Builder(Transformer):
         if items and items[0][1].type == "DTYPE":
             names = []
             for minus, tok in items:
-                if minus is not None or str(tok) not in dtypes.ACC_DTYPES:
+                if minus is not None or tok.type not in ("DTYPE", "NAME"):  # SPEC-2026-03 §1.4: a non-name
+                    raise self.err("expected dtype identifier (e.g. i32, f32)", minus if minus is not None else tok)
+                if str(tok) not in dtypes.ACC_DTYPES:
                     raise self.err(f"expected dtype (e.g. i32, f32), got {'-' if minus else ''}{tok}", tok)
                 names.append(str(tok))
             return ir.Literal("dtype_list", tuple(names))
