@@ -953,3 +953,64 @@ def test_a_state_with_fewer_entries_of_an_all_fixed_table_is_refused():
     with pytest.raises(OiError, match=r"state: H: every index of this table is @fixed, so it holds \[6\] entries "
                                       r"\(as a state exported or saved gives it\), got \[2\]; give every entry"):
         prog.session(state={**whole, "H": whole["H"][:2]})
+
+
+# a table written sparsely in step 1 (T[0, 3], T[2, 0]: sizes (3, 4), two entries) and reset by
+# prefix in step 2 (T[2]: SPEC §4.5 recomputes the sizes from the entries left, (1, 4))
+SPARSE_RESET_SOURCE = """\
+dynamic { x: f32; ph: i32; }
+volatile { w: f32[1, 4]; }
+persistent { T(i, j): f32 @table @init(3.0); }
+block entry {
+    branch ph second first;
+    return;
+}
+block first { cache.write x >> T[0, 3]; cache.write x >> T[2, 0]; return; }
+block second { cache.reset T[2]; cache.read T[] >> w; return; }
+"""
+
+
+def test_state_file_keeps_which_table_entries_exist(tmp_path):
+    """A saved state keeps which entries of a growable table exist (`T#present`): resumed, a
+    prefix `cache.reset` shrinks the table as the unbroken run does. Before, every entry within
+    the sizes came back as written: the table stayed (2, 4) and the read of [1, 4] failed."""
+    path = tmp_path / "sparse.oi"
+    path.write_text(SPARSE_RESET_SOURCE)
+    expected = np.array([[3.0, 3.0, 3.0, 1.0]], np.float32)
+    prog = oi2jax.compile(path)
+    straight = prog.session()
+    straight.step(x=np.float32(1), ph=np.int32(0))
+    straight.step(x=np.float32(1), ph=np.int32(1))
+    np.testing.assert_array_equal(straight.read("T"), expected)
+    first = prog.session()
+    first.step(x=np.float32(1), ph=np.int32(0))
+    first.save(tmp_path / "s.npz")
+    saved = np.load(tmp_path / "s.npz")
+    np.testing.assert_array_equal(saved["T#present"], [[False, False, False, True], [False] * 4,
+                                                       [True, False, False, False]])
+    resumed = prog.session(state=tmp_path / "s.npz")
+    out = resumed.step(x=np.float32(1), ph=np.int32(1))
+    np.testing.assert_array_equal(resumed.read("T"), expected)
+    np.testing.assert_array_equal(out["w"], expected)
+    # the interpreter, run straight through, agrees
+    interp = oi2jax.compile(path, mode="interpret").run({"x": np.float32(1), "ph": np.int32(0)})
+    np.testing.assert_array_equal(interp["T"], [[3.0, 3.0, 3.0, 1.0], [3.0] * 4, [1.0, 3.0, 3.0, 3.0]])
+    # the CLI's --state-out / --state-in: the same
+    x = tmp_path / "x.npy"
+    np.save(x, np.float32(1))
+    for ph, extra in ((0, ["--state-out", tmp_path / "c.npz"]), (1, ["--state-in", tmp_path / "c.npz",
+                                                                     "--out", tmp_path / "o.npz"])):
+        np.save(tmp_path / "ph.npy", np.int32(ph))
+        code = subprocess.run([sys.executable, "-m", "oi2jax", "run", path, "--no-model", "--input", f"x={x}",
+                               "--input", f"ph={tmp_path / 'ph.npy'}", "--quiet", *extra],
+                              capture_output=True, text=True)
+        assert code.returncode == 0, code.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["T"], expected)
+    # a mask that does not fit its table is refused, naming it
+    bad = dict(np.load(tmp_path / "s.npz"))
+    bad["T#present"] = bad["T#present"][:2]
+    with pytest.raises(OiError, match=r"T#present: expected bool\[3, 4\]"):
+        prog.session(state=bad)
+    del bad["T"]
+    with pytest.raises(OiError, match="T#present is given without the table T"):
+        prog.session(state=bad)

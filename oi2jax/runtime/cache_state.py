@@ -81,7 +81,7 @@ def grow(layout: CacheLayout, cache: CacheState, new_capacity: tuple[int, ...]) 
     return new, CacheState(data, cache.size, present)
 
 
-def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state"):
+def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state", present=None):
     """The inverse of `export`: the host value of a persistent variable from its user-visible
     value (tables: `[sizes..., *entry]`, auto_dim: its current shape), converted exactly to the
     dtype. Returns `(layout, host value)`, the layout with a larger capacity if the value needs it."""
@@ -120,10 +120,20 @@ def import_value(layout: CacheLayout, value: np.ndarray, source: str = "state"):
     np_dtype = dt.get(layout.dtype).np_dtype
     data = np.full(new.data_shape(), layout.fill, dtype=np_dtype)
     data[tuple(slice(0, n) for n in shape)] = arr
-    present = None
+    given, present = present, None
+    if given is not None and not layout.has_present:
+        raise OiError(f"{source}: {name}#present: {name} is not a growable table (only those record which "
+                      f"entries exist)")
     if layout.has_present:
         present = np.zeros(new.capacity, dtype=bool)
-        present[tuple(slice(0, n) for n in sizes)] = True
+        if given is None:  # every entry within the sizes exists (an --out file, a dict of values)
+            present[tuple(slice(0, n) for n in sizes)] = True
+        else:
+            given = np.asarray(given)
+            if given.dtype != np.bool_ or tuple(given.shape) != tuple(sizes):
+                raise OiError(f"{source}: {name}#present: expected bool{list(sizes)} (which entries of {name} "
+                              f"exist, one per entry), got {given.dtype}{list(given.shape)}")
+            present[tuple(slice(0, n) for n in sizes)] = given
     # an all-@fixed table's sizes are its fixed sizes, whatever the array held
     size = None if layout.static_size else np.asarray(sizes, dtype=np.int64).reshape(k)
     return new, CacheState(data, size, present)

@@ -193,6 +193,19 @@ class Executable:
             out[name] = convert_output(cache_state.export(layout, host), layout.dtype)
         return out
 
+    def export_present(self, state: StepState) -> dict:
+        """Each growable table's `present` mask over its current sizes (bool[sizes...]): which
+        entries exist, what a `cache.reset` of a prefix recomputes the sizes from (SPEC §4.5);
+        a state file keeps it beside the table's value (state_file.PRESENT)."""
+        out = {}
+        for name, layout in self.lowering.caches.items():
+            if layout.has_present:
+                cache = state.caches[name]
+                sizes = layout.fixed_sizes() if cache.size is None else self.to_host(cache.size)
+                present = np.asarray(self.to_host(cache.present))
+                out[name] = present[tuple(slice(0, int(s)) for s in sizes)]
+        return out
+
     # ------------------------------------------------------------------ outputs
 
     def trim(self, value):

@@ -25,7 +25,7 @@ from ..model.quant import affine_values
 from ..model.packing import pack
 from ..protocol import CompileOptions
 from ..values import check_given_inputs, convert_input, convert_inputs, unknown_input
-from . import cache_state, chunked, faults
+from . import cache_state, chunked, faults, state_file
 from .batch import Batch
 from .driver import Driver
 from .emit import dump as dump_kernels, emit as emit_text
@@ -709,9 +709,12 @@ class Program:
             self.refuse_foreign(state)
             raise
 
-    def import_state(self, values: dict, source: str = "state") -> StepState:
+    def import_state(self, values: dict, source: str = "state", present: dict | None = None) -> StepState:
         """A `StepState` from user-visible persistent values (`export_state` / `--out` layout);
-        a variable not given keeps its initial value. Tables take their sizes from the array."""
+        a variable not given keeps its initial value. Tables take their sizes from the array;
+        a growable table's existing entries from `present` (bool[sizes...], a saved state's
+        `T#present`), else every entry within its sizes."""
+        present = dict(present or {})
         exe = self.executable
         host = exe.initial_values()
         layouts = dict(exe.lowering.caches)
@@ -722,8 +725,12 @@ class Program:
         grew = False
         for name, value in values.items():
             layout = layouts[name]
-            layouts[name], host[name] = cache_state.import_value(layout, np.asarray(value), source)
+            layouts[name], host[name] = cache_state.import_value(layout, np.asarray(value), source,
+                                                                 present.pop(name, None))
             grew = grew or layouts[name] is not layout
+        if present:
+            name = sorted(present)[0]
+            raise OiError(f"{source}: {name}{state_file.PRESENT} is given without the table {name} it belongs to")
         if grew:
             self._next_reason = f"{source}: caches restored at a larger capacity"
             self.executable = exe = exe.grown(layouts)

@@ -237,11 +237,11 @@ class Session:
     def _from_values(self, values: dict, source: str, whole: bool = False):
         """The state of saved `values` (state_file.py); their step count and last values taken.
         `whole`: a state file, which must hold every persistent variable."""
-        steps, persistent, last = state_file.split_saved(self.program, values, source, whole)
+        steps, persistent, last, present = state_file.split_saved(self.program, values, source, whole)
         if steps is not None:
             self.steps = steps
         self._last_values.update(last)
-        return self.program.import_state(persistent, source)
+        return self.program.import_state(persistent, source, present=present)
 
     @property
     def state(self):
@@ -388,8 +388,10 @@ class Session:
         `Program.session(state=path)` resumes from it (the state file it started from may be
         replaced: a checkpoint kept up to date). An OiError, with nothing written, for the
         program's graph or model file, a directory, a device, an empty path or a missing folder."""
-        state_file.save(path, self.values(), self.steps, {"graph": self.program.graph.path,
-                                                         "model": self.program.model_path})
+        values = self.values()  # checks first: a pending error is raised before anything is read
+        present = self.program.executable.export_present(self._state)
+        state_file.save(path, values, self.steps, {"graph": self.program.graph.path,
+                                                   "model": self.program.model_path}, present=present)
 
     # ------------------------------------------------------------------ errors
 

@@ -12,15 +12,21 @@ from ..npz import load_error, refuse_inputs_as_outputs, regular_input, save_npz
 from ..values import convert_input
 
 STEPS_KEY = "#steps"  # in saved state files: steps the session had run (no identifier has '#')
+# `T#present` in a saved state file: which entries of the growable table T exist (bool[sizes...]);
+# without it every entry within T's sizes does (an `--out` file)
+PRESENT = "#present"
 
 
-def save(path, arrays: dict, steps: int, inputs: dict | None = None, what: str = "Session.save") -> None:
-    """Write `arrays` (every variable) and the step count, atomically. `inputs` ({label: path}: the
-    graph and model files the session's program was made from) are never overwritten; a path that
-    cannot be written is an OiError naming it (npz.refuse_inputs_as_outputs, npz.write_atomic)."""
+def save(path, arrays: dict, steps: int, inputs: dict | None = None, what: str = "Session.save",
+         present: dict | None = None) -> None:
+    """Write `arrays` (every variable), the step count and `present` (each growable table's
+    existing entries, as `T#present`), atomically. `inputs` ({label: path}: the graph and model
+    files the session's program was made from) are never overwritten; a path that cannot be
+    written is an OiError naming it (npz.refuse_inputs_as_outputs, npz.write_atomic)."""
     try:
         refuse_inputs_as_outputs({what: path}, {k: v for k, v in (inputs or {}).items() if v and os.path.isfile(v)})
-        save_npz(path, {**arrays, STEPS_KEY: np.int64(steps)})
+        masks = {f"{name}{PRESENT}": np.asarray(mask, dtype=bool) for name, mask in (present or {}).items()}
+        save_npz(path, {**arrays, **masks, STEPS_KEY: np.int64(steps)})
     except OSError as exc:  # a directory, a device, no such directory, no permission: the user's path
         raise OiError(f"{what}: cannot write {os.fspath(path)}: {exc.strerror or exc}") from None
 
@@ -44,14 +50,18 @@ def load(path: str) -> dict:
         raise OiError(f"{path}: not a state file (.npz): {load_error(exc)}") from None
 
 
-def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[int | None, dict, dict]:
-    """`(steps or None, persistent values, last values)` of saved `values`: the persistent ones as
-    given (`Program.import_state` converts them), the dynamic and volatile ones converted exactly
-    (a runtime-shaped one at the shape it was saved at), for `read`; any other name an OiError.
-    `whole` (a state file): every persistent variable must be there (a file that lacks one is of
-    another graph, or damaged: it is not silently started from its @init)."""
+def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[int | None, dict, dict, dict]:
+    """`(steps or None, persistent values, last values, present masks)` of saved `values`: the
+    persistent ones as given (`Program.import_state` converts them, with the growable tables'
+    `T#present` masks), the dynamic and volatile ones converted exactly (a runtime-shaped one at
+    the shape it was saved at), for `read`; any other name an OiError. `whole` (a state file):
+    every persistent variable must be there (a file that lacks one is of another graph, or
+    damaged: it is not silently started from its @init)."""
     values = dict(values)
     steps = None
+    present = {}
+    for key in [k for k in values if isinstance(k, str) and k.endswith(PRESENT)]:
+        present[key[:-len(PRESENT)]] = values.pop(key)
     if STEPS_KEY in values:
         count = np.asarray(values.pop(STEPS_KEY))
         # at most 2^62: the count goes on in int64 arithmetic (2^63 - 2 overflowed a few steps on)
@@ -95,4 +105,7 @@ def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[i
             message = exc.diagnostics[0].message.removeprefix(f"input {name}: ")
             raise OiError(f"{source}: the {kind} variable {name}: {message} (a state of this graph at other "
                           f"sizes, or an --out file that collected it?)") from None
-    return steps, persistent, last
+    for name in present:
+        if name not in persistent:
+            raise OiError(f"{source}: {name}{PRESENT} is given without the table {name} it belongs to")
+    return steps, persistent, last, present
