@@ -393,3 +393,29 @@ def test_float_matmul_is_xlas_dot_within_its_bound_of_the_spec_loop():
             loop = loop + a[:, i:i + 1] * b[i:i + 1, :]  # f32: each product and sum rounded
         bound = k * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b))
         assert np.all(np.abs(got.astype(np.float64) - loop) <= bound), (m, k, n)
+
+
+NEGATIVE_END = """
+dynamic {{ x: f32; }}
+volatile {{ w: f32[{n}]; }}
+persistent {{ e: i32 @init({e}); K(a): f32 @table @init(5.0); }}
+block entry {{
+    cache.write x >> K[2];
+    cache.read K[0..e] >> w;
+    return;
+}}
+"""
+
+
+def test_a_variables_negative_slice_end_counts_from_the_end():
+    """SPEC §4.2: a negative slice end e means size - |e|, whatever names it: `K[0..e]` with a
+    persistent e = -1 over a table of 3 entries reads entries 0..2, in every way. Compiled, a
+    variable's negative end was taken as it is (`slice end -1 before start in K`) while the
+    interpreter counted it from the end."""
+    out = run_both(NEGATIVE_END.format(n=2, e=-1), {"x": np.float32(2)})
+    np.testing.assert_array_equal(out["w"], np.array([5.0, 5.0], np.float32))
+    np.testing.assert_array_equal(out["K"], np.array([5.0, 5.0, 2.0], np.float32))
+    out = run_both(NEGATIVE_END.format(n=0, e=-3), {"x": np.float32(2)})
+    assert out["w"].shape == (0,)
+    with pytest.raises(OiError, match=r"slice end underflow for size 3 .*\(in step 1\)"):
+        run_both(NEGATIVE_END.format(n=0, e=-4), {"x": np.float32(2)})

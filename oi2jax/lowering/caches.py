@@ -252,6 +252,12 @@ class CacheRules:
                 else:
                     env, end = tr.index_value(s.end, frame, env, span)
                     end = _i64(end)
+                    # a variable's negative value counts from the end, as a negative literal does
+                    # (SPEC §4.2: the bound's value decides, whatever names it; the interpreter's rule)
+                    negative = end < 0
+                    code = tr.lowering.site(messages.slice_end_underflow(layout.name, "{value}"), span)
+                    env = tr.fail_if(env, negative & (size < -end), code, size)
+                    end = _where(negative, size + end, end)
                 code = tr.lowering.site(messages.slice_end_before_start(layout.name, "{value}"), span)
                 env = tr.fail_if(env, end < start, code, end)
                 env = self._bound(env, layout, j, end, span, what="slice end")
