@@ -419,3 +419,35 @@ def test_a_variables_negative_slice_end_counts_from_the_end():
     assert out["w"].shape == (0,)
     with pytest.raises(OiError, match=r"slice end underflow for size 3 .*\(in step 1\)"):
         run_both(NEGATIVE_END.format(n=0, e=-4), {"x": np.float32(2)})
+
+
+BIG_AMOUNTS = """
+volatile { a: u8; b: i8; c: u64; d: i64; e: u32; }
+persistent { pa: u8 @init(0); pb: i8 @init(0); pc: u64 @init(0); pd: i64 @init(0); pe: u32 @init(5); }
+block entry {
+    cache.increment 300 pa;
+    cache.decrement 9223372036854775807 pb;
+    cache.decrement 18446744073709551615 pc;
+    cache.increment 9223372036854775808 pd;
+    cache.increment 9223372036854775808 pe;
+    cache.read pa >> a; cache.read pb >> b; cache.read pc >> c; cache.read pd >> d; cache.read pe >> e;
+    return;
+}
+"""
+
+
+def test_increment_by_an_amount_past_int64_wraps_in_every_way():
+    """SPEC §4.6: increment/decrement wrap in the variable's width, for any amount a literal holds
+    (up to 2^64 - 1). Compiled, an amount no int64 holds was a Python OverflowError traceback
+    (`Python int -18446744073709551615 too large to convert to int64`); the interpreter wrapped."""
+    for steps in (1, 2):
+        out = run_both(BIG_AMOUNTS, steps=steps)
+        expected = {"a": (300 * steps) % 256, "b": (-(2**63 - 1) * steps) % 256, "c": (-(2**64 - 1) * steps) % 2**64,
+                    "d": (2**63 * steps) % 2**64, "e": (5 + 2**63 * steps) % 2**32}
+        for name, value in expected.items():
+            dtype = out[name].dtype
+            bits = dtype.itemsize * 8
+            if dtype.kind == "i" and value >= 2 ** (bits - 1):
+                value -= 2**bits
+            assert int(out[name]) == value, (name, steps, out[name])
+

@@ -580,8 +580,13 @@ class CacheRules:
             else:
                 new = store(value.astype(jnp.float32) + jnp.float32(n), d.name)
         elif d.is_int and not d.packed:
-            new = (value.astype(jnp.int64) + jnp.int64(n)).astype(d.np_dtype) if d.bits < 64 else \
-                value + jnp.asarray(n).astype(d.np_dtype)
+            # wrap-around in the variable's width (SPEC §4.6) for any amount a literal holds (up to
+            # 2^64 - 1, which no int64 holds): the amount taken modulo 2^bits first, as the interpreter
+            n %= 1 << d.bits
+            if d.bits < 64:
+                new = (value.astype(jnp.int64) + jnp.int64(n)).astype(d.np_dtype)
+            else:
+                new = value + d.np_dtype.type(n - (1 << 64) if d.is_signed and n >= 1 << 63 else n)
         else:
             raise AssertionError(f"cache.increment of {d.name}: {CHECKED}")
         return env.set(layout.name, new.astype(value.dtype))
