@@ -95,7 +95,27 @@ def size_names(graph: ir.Graph) -> set[str]:
                 names.update(v for v in (node.start, node.end) if isinstance(v, str))
             elif isinstance(node, ir.Op):
                 names.update(int_list_names(node))
+            for ref in _refs(node):  # prefix-table indices (`W[L]`) and cache indices (`K[T]`, `K[0..T]`)
+                for pos in ref.indices or ():
+                    parts = (pos.start, pos.end) if isinstance(pos, ir.Slice) else \
+                        (pos.value,) if isinstance(pos, ir.Single) else (pos,)
+                    names.update(v for v in parts if isinstance(v, str))
     return names
+
+
+def _refs(node):
+    """The indexed references of a node: op inputs, transfer ends, cache accesses."""
+    if isinstance(node, ir.Op):
+        return [i for i in node.inputs if isinstance(i, ir.VarRef)]
+    if isinstance(node, ir.Transfer):
+        return [node.src, node.dst]
+    if isinstance(node, ir.CacheRead):
+        return [node.src]
+    if isinstance(node, ir.CacheWrite):
+        return [node.dst]
+    if isinstance(node, ir.CacheReset):
+        return [node.target]
+    return []
 
 
 def int_list_names(where: "ir.Op | ir.Attr"):

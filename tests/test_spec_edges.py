@@ -451,3 +451,25 @@ def test_increment_by_an_amount_past_int64_wraps_in_every_way():
                 value -= 2**bits
             assert int(out[name]) == value, (name, steps, out[name])
 
+
+SIZE_AS_INDEX = """
+dynamic { x: f32; }
+volatile { w: f32[N]; }
+persistent { K(t): f32 @table @fixed(t=N); }
+block entry {
+    cache.write x >> K[M];
+    cache.read K[0..N] >> w;
+    return;
+}
+"""
+
+
+def test_a_size_used_only_as_a_cache_index_can_be_given():
+    """SPEC §4.1: a cache index may name a size variable. One the graph uses only there (`K[M]`)
+    is a size of the graph, given with sizes= / --size like any other; it was refused as
+    `unknown size M: the graph and model sizes are N` (naming.size_names saw dims, @fixed, loop
+    bounds and int lists only, though its docstring listed cache indices)."""
+    out = run_both(SIZE_AS_INDEX, {"x": np.float32(5)}, sizes={"N": 4, "M": 2})
+    np.testing.assert_array_equal(out["w"], np.array([0.0, 0.0, 5.0, 0.0], np.float32))
+    with pytest.raises(OiError, match="unknown size Q"):  # a name the graph does not use is still refused
+        run_both(SIZE_AS_INDEX, {"x": np.float32(5)}, sizes={"N": 4, "M": 2, "Q": 1})
