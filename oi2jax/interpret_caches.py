@@ -311,11 +311,12 @@ class CacheOps:
         cur = np.asarray(st.values[decl.name])
         amount = node.amount if up else -node.amount
         if d.is_float:
-            if d.name in ("f16", "bf16", "f8"):
-                v = np.float32(cur.astype(np.float32)) + np.float32(amount)
-                new = f8_encode(np.asarray(v, dtype=np.float32)) if d.name == "f8" else np.asarray(v).astype(d.np_dtype)
-            else:
-                new = np.asarray(cur.astype(d.np_dtype) + d.np_dtype.type(amount))
+            with np.errstate(over="ignore"):  # rounding past the dtype's range gives inf: IEEE, no warning
+                if d.name in ("f16", "bf16", "f8"):
+                    v = np.float32(cur.astype(np.float32)) + np.float32(amount)
+                    new = f8_encode(np.asarray(v, dtype=np.float32)) if d.name == "f8" else np.asarray(v).astype(d.np_dtype)
+                else:
+                    new = np.asarray(cur.astype(d.np_dtype) + d.np_dtype.type(amount))
         else:
             v = (int(cur.reshape(())) + amount) % (1 << d.bits)
             if d.is_signed and v >= 1 << (d.bits - 1):

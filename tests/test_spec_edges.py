@@ -473,3 +473,17 @@ def test_a_size_used_only_as_a_cache_index_can_be_given():
     np.testing.assert_array_equal(out["w"], np.array([0.0, 0.0, 5.0, 0.0], np.float32))
     with pytest.raises(OiError, match="unknown size Q"):  # a name the graph does not use is still refused
         run_both(SIZE_AS_INDEX, {"x": np.float32(5)}, sizes={"N": 4, "M": 2, "Q": 1})
+
+
+def test_a_float_increment_past_the_range_is_inf_without_a_warning():
+    """SPEC §4.6: f16/bf16/f8 increments add in f32 and round back: 65504 + 16 is 65520, a tie
+    that rounds to even, inf, in every way. The interpreter said so with NumPy's `RuntimeWarning:
+    overflow encountered in cast` on stderr as well."""
+    import warnings
+    src = ("volatile { a: f16; c: f8; }\npersistent { pa: f16 @init(65504.0); pc: f8 @init(57344.0); }\n"
+           "block entry {\n    cache.increment 16 pa;\n    cache.increment 8192 pc;\n"
+           "    cache.read pa >> a;\n    cache.read pc >> c;\n    return;\n}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = run_both(src)
+    assert np.isposinf(out["a"].astype(np.float32)) and np.isposinf(out["c"].astype(np.float32))
