@@ -360,17 +360,17 @@ EX = SPEC_EXAMPLE
 
 
 @pytest.mark.parametrize("data, message", [
-    (b"", "file too short"),
-    (EX[:60], "file too short"),
-    (EX[:100], "does not match the file length"),
-    (b"XINF\x00" + EX[5:], "bad magic"),
+    (b"", "file too small for OINF header: 0 bytes, need 69"),  # Rust texts first (D10)
+    (EX[:60], "file too small for OINF header: 60 bytes"),
+    (EX[:100], "file size mismatch: header file_size"),
+    (b"XINF\x00" + EX[5:], "invalid OINF magic: not an .oinf file \\(bad magic 58"),
     (_set(EX, 5, "<I", 3), "unsupported OINF version 3"),
     (_set(EX, 5, "<I", 0), "unsupported OINF version 0"),
     (_set(EX, 0x88, "<I", 3), "tensor flags contain unsupported bits for v"),  # v1 has no HAS_QUANT
     (_set(EX, 61, "<Q", 999), "does not match the file length"),
     (_set(EX, 53, "<Q", 1000), "offset_data 1000 is after file_size"),
-    (_set(EX, 37, "<Q", 200), "offset_metadata 200 is after offset_tensors"),
-    (_set(EX, 45, "<Q", 124), "not a multiple of 8"),
+    (_set(EX, 37, "<Q", 200), "OINF offsets are not ascending: offset_metadata 200 is after offset_tensors"),
+    (_set(EX, 45, "<Q", 124), "OINF section offset not aligned: offset_tensors 124 is not a multiple of 8"),
     (_set(EX, 29, "<Q", 0), "points into the header"),
     (_set(EX, 13, "<I", 0xFFFFFFFF), "sizevar table: 4294967295 entries cannot fit"),
     (_set(EX, 21, "<I", 1000), "tensor table: 1000 entries cannot fit"),
@@ -383,8 +383,8 @@ EX = SPEC_EXAMPLE
     (_set(EX, 0x70, "<Q", 0xa9), "not a multiple of 8"),
     (_set(EX, 0x70, "<Q", 0x50), "outside the data section"),
     (_set(EX, 0x70, "<Q", 0xb8), "outside the data section"),
-    (_set(EX, 0x80, "<I", 14), "unknown tensor dtype code 14"),
-    (_set(EX, 0x80, "<I", 26), "unknown tensor dtype code 26"),
+    (_set(EX, 0x80, "<I", 14), "unknown tensor dtype 14"),
+    (_set(EX, 0x80, "<I", 26), "unknown tensor dtype 26"),
     (_set(EX, 0x84, "<I", 0x40000000), "dims run past the end"),
     (_set(EX, 0x8c, "<Q", 3), "byte length mismatch"),
     (_set(EX, 0x8c, "<Q", 1 << 62), "absurdly large|byte length mismatch"),

@@ -370,7 +370,7 @@ def open_model(path) -> Model:
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_SIZE:
-                raise ModelError(path_s, f"file too short for an .oinf header ({size} bytes, need {HEADER_SIZE})")
+                raise ModelError(path_s, f"file too small for OINF header: {size} bytes, need {HEADER_SIZE}")
             buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except BaseException:
             os.close(fd)
@@ -433,21 +433,21 @@ def _parse(path: str, buf, size: int) -> Model:
     if magic != MAGIC:
         hint = "; a GGUF file: convert it first (oi2jax convert-gguf FILE.gguf -o MODEL.oinf)" \
             if magic[:4] == b"GGUF" else ""
-        raise ModelError(path, f"not an .oinf file (bad magic {magic.hex(' ')}){hint}")
+        raise ModelError(path, f"invalid OINF magic: not an .oinf file (bad magic {magic.hex(' ')}){hint}")
     if version not in VERSIONS:
         raise ModelError(path, f"unsupported OINF version {version} (oi2jax reads versions 1 and 2)")
     if file_size != size:
-        raise ModelError(path, f"header file_size {file_size} does not match the file length {size}")
+        raise ModelError(path, f"file size mismatch: header file_size {file_size} does not match the file length {size}")
     offsets = [("offset_sizevars", off_sv), ("offset_metadata", off_meta), ("offset_tensors", off_t),
                ("offset_data", off_data), ("file_size", file_size)]
     if off_sv < HEADER_SIZE:
         raise ModelError(path, f"offset_sizevars {off_sv} points into the header")
     for (na, a), (nb, b) in zip(offsets, offsets[1:]):
         if a > b:
-            raise ModelError(path, f"{na} {a} is after {nb} {b} (offsets must be non-decreasing)")
+            raise ModelError(path, f"OINF offsets are not ascending: {na} {a} is after {nb} {b}")
     for name, off in offsets[:4]:
         if off % ALIGN:
-            raise ModelError(path, f"{name} {off} is not a multiple of 8")
+            raise ModelError(path, f"OINF section offset not aligned: {name} {off} is not a multiple of 8")
     for what, n, off, end, least in (("sizevar table", n_sv, off_sv, off_meta, _MIN_SIZEVAR),
                                      ("metadata table", n_meta, off_meta, off_t, _MIN_META),
                                      ("tensor table", n_t, off_t, off_data, _MIN_TENSOR[version])):
@@ -505,7 +505,7 @@ def _parse(path: str, buf, size: int) -> Model:
             raise ModelError(path, f"duplicate tensor {name}")
         d = dt.BY_CODE.get(code)
         if d is None:
-            raise ModelError(path, f"tensor {name}: unknown tensor dtype code {code}")
+            raise ModelError(path, f"tensor {name}: unknown tensor dtype {code}")
         # flags: bit 0 HAS_DATA, bit 1 HAS_QUANT (v2); any other bit is an error (D7, both versions)
         if flags & ~(1 if version == 1 else 3):
             raise ModelError(path, f"tensor flags contain unsupported bits for {name} (flags {flags:#x})")
