@@ -106,7 +106,7 @@ def size_names(graph: ir.Graph) -> set[str]:
 def _refs(node):
     """The indexed references of a node: op inputs, transfer ends, cache accesses."""
     if isinstance(node, ir.Op):
-        return [i for i in node.inputs if isinstance(i, ir.VarRef)]
+        return node.refs
     if isinstance(node, ir.Transfer):
         return [node.src, node.dst]
     if isinstance(node, ir.CacheRead):

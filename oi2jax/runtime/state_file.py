@@ -105,7 +105,4 @@ def split_saved(prog, values: dict, source: str, whole: bool = False) -> tuple[i
             message = exc.diagnostics[0].message.removeprefix(f"input {name}: ")
             raise OiError(f"{source}: the {kind} variable {name}: {message} (a state of this graph at other "
                           f"sizes, or an --out file that collected it?)") from None
-    for name in present:
-        if name not in persistent:
-            raise OiError(f"{source}: {name}{PRESENT} is given without the table {name} it belongs to")
-    return steps, persistent, last, present
+    return steps, persistent, last, present  # a mask without its table: Program.import_state says so
