@@ -26,13 +26,15 @@ from .checks.yield_await import PhaseRules
 from .diagnostics import source_lines, suggest, Diagnostic, OiError
 from .ir import MemKind
 from .naming import unknown_sizes
-from .ops.registry import builtin_registry
+from .ops.loading import load as load_ops
+from .ops.registry import Registry
 from .phases import YieldPhases, read_before_written
 
 
 def check(graph: ir.Graph, model=None, sizes: dict[str, int] | None = None, ops=None,
           no_model: str | None = None, widen_floats: bool = False) -> list[Diagnostic]:
-    """Every diagnostic; `ops`: the op registry (default: the built-in ops; `oi2jax.ops.load`);
+    """Every diagnostic; `ops`: the op registry (default: the built-in ops), or the op sets
+    `oi2jax.compile` takes (`ops=["nn"]`: `oi2jax.ops.load`);
     `no_model`: why there is no model, for the messages that need it (pipeline.ModelChoice);
     `widen_floats`: as `check_graph`."""
     if not isinstance(graph, ir.Graph):  # program text or a path: an AttributeError deep inside otherwise
@@ -129,7 +131,8 @@ class _Checker(DeclRules, OpRules, CacheRules, ControlRules, PhaseRules, Runtime
                  widen_floats: bool = False):
         self.g = graph
         self.widen_floats = widen_floats  # checks/decls.check_bound
-        self.registry = registry if registry is not None else builtin_registry()
+        # a Registry as it is; else what `oi2jax.compile`'s ops= takes (["nn"], paths, modules)
+        self.registry = registry if isinstance(registry, Registry) else load_ops(registry)
         self.shaped: dict[str, str] = {}
         self.model = model
         self.no_model = no_model  # why there is no model (messages.unknown_size)

@@ -19,6 +19,7 @@ errors with the caret on the attribute.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jax
@@ -644,3 +645,21 @@ def test_softmax_nan_or_inf_read_makes_the_whole_row_nan_in_both_modes():
         else:
             assert got[2:].tolist() == ref[2:].tolist() == [0.0, 0.0]
             np.testing.assert_array_equal(got, ref)
+
+
+def test_a_static_int_setting_may_name_a_size():
+    """`top_k(x, k=K)`: a shape-fixing int setting takes a size name, as an int list does; a
+    variable there, an unknown size, or a k past the row is a located check error."""
+    src = ("dynamic { x: f32[E]; }\nvolatile { i: i32[K]; v: f32[K]; }\n"
+           "block entry { op top_k(x, k=K) >> i; op take_along(x, i) >> v; return; }\n")
+    x = np.array([1, 5, 3, 5, -1, np.nan], np.float32)
+    for mode in ("compiled", "interpret"):
+        out = oi2jax.compile(src, sizes={"E": 6, "K": 3}, ops=["nn"], mode=mode).run({"x": x})
+        assert out["i"].tolist() == [5, 1, 3] and out["v"][1:].tolist() == [5.0, 5.0] and np.isnan(out["v"][0])
+    assert oi2jax.check(oi2jax.parse(src), ops=["nn"]) == []  # without sizes: K stays a name
+    for bad, message in ((src.replace("k=K", "k=Q"), "3:27: error: op top_k setting k: unknown size Q"),
+                         (src.replace("k=K", "k=x"), "op top_k setting k must be a literal (it fixes the "
+                                                     "output's shape), not the variable x"),
+                         (src.replace("k=K", "k=7"), "op top_k: k must be 1..6 (the last axis' length), got 7")):
+        with pytest.raises(oi2jax.OiError, match=re.escape(message)):
+            oi2jax.compile(bad, sizes={"E": 6, "K": 3}, ops=["nn"])

@@ -93,6 +93,31 @@ block run {
 block skip { return; }
 """
 
+# the same layer with the router ops: the top K experts' indices, their logits, their weights
+# gathered from [E, ...] tables by `embedding`, all K experts in one einsum each
+MOE_TOP_K = """
+dynamic { x: f32[D]; }
+constant { Wg: f32[E, D]; W1: f32[E, F, D]; W2: f32[E, D, F]; }
+volatile {
+    logits: f32[E]; top: i32[K]; top_logits: f32[K]; gates: f32[K];
+    w1: f32[K, F, D]; w2: f32[K, D, F]; h: f32[K, F]; ye: f32[K, D]; y: f32[D];
+}
+block entry {
+    op linear(x, Wg) >> logits;
+    op top_k(logits, k=K) >> top;
+    op take_along(logits, top) >> top_logits;
+    op softmax(top_logits) >> gates;
+    op embedding(W1, top) >> w1;
+    op embedding(W2, top) >> w2;
+    op einsum(w1, x, spec="kfd,d->kf") >> h;
+    op gelu(h) >> h;
+    op einsum(w2, h, spec="kdf,kf->kd") >> ye;
+    op einsum(gates, ye, spec="k,kd->d") >> y;
+    op add(y, x) >> y;
+    return;
+}
+"""
+
 
 def _sig(v):
     return 1 / (1 + np.exp(-v))
@@ -154,4 +179,33 @@ def test_top2_of_4_experts_by_branch_in_a_loop(tmp_path, mode):
             y += gi * (W[f"experts.{e}.w2"] @ (0.5 * h * (1 + erf(h / np.sqrt(2)))))
         assert [int(res["i1"][k]), int(res["i2"][k])] == top.tolist()
         assert int(res["used"][k]) == 2
+        np.testing.assert_allclose(res["y"][k], y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interpret"])
+def test_top2_of_4_experts_with_the_router_ops(tmp_path, mode):
+    """top_k, take_along and embedding over stacked expert weights: the loop-and-branch layer above
+    in 11 nodes, the same values (a tie between two logits goes to the lower expert)."""
+    from scipy.special import erf
+    rng = np.random.default_rng(1)
+    D, F, E = 8, 16, 4
+    t = {"Wg": rng.standard_normal((E, D)), "W1": 0.4 * rng.standard_normal((E, F, D)),
+         "W2": 0.4 * rng.standard_normal((E, D, F))}
+    t = {k: v.astype(np.float32) for k, v in t.items()}
+    oi2jax.model.save(tmp_path / "m.oinf", sizevars={"D": D, "F": F, "E": E, "K": 2}, tensors=t)
+    W = {k: v.astype(np.float64) for k, v in t.items()}
+    xs = rng.standard_normal((6, D)).astype(np.float32)
+    xs[5] = 0.0  # every logit 0: experts 0 and 1
+    prog = oi2jax.compile(MOE_TOP_K, model=str(tmp_path / "m.oinf"), ops=["nn"], mode=mode)
+    res = prog.run({"x": xs}, collect=("y", "top"))
+    for k, x in enumerate(xs.astype(np.float64)):
+        lg = W["Wg"] @ x
+        top = np.argsort(-lg, kind="stable")[:2]
+        g = np.exp(lg[top] - lg[top].max())
+        g /= g.sum()
+        y = x.copy()
+        for gi, e in zip(g, top):
+            h = W["W1"][e] @ x
+            y += gi * (W["W2"][e] @ (0.5 * h * (1 + erf(h / np.sqrt(2)))))
+        assert res["top"][k].tolist() == top.tolist()
         np.testing.assert_allclose(res["y"][k], y, rtol=1e-5, atol=1e-5)

@@ -137,6 +137,8 @@ class OpRules:
                         except ops.OpTypeError as exc:
                             self.error(exc.message, attr.span)
                             ok = False
+            elif aspec.static and aspec.kind == "int" and not self.known(var):
+                continue  # a size name (`top_k(x, k=K)`): ops.infer resolves it, or says it is unknown
             elif aspec.static:
                 self.error(f"op {node.op} setting {attr.name} must be a literal (it fixes the output's shape), "
                            f"not the variable {var}", attr.span)

@@ -89,13 +89,15 @@ class BoundGraph:
     def op_attrs(self, node: ir.Op) -> dict:
         """THE values of an op node's attributes, for `ops.apply` (the lowering and the interpreter
         both start from these): a literal's value; an int list with its size names resolved (by
-        the checker); a variable naming a model metadata string: that string; any other variable:
+        the checker), and so a static int naming a size (`top_k(x, k=K)`); a variable naming a model metadata string: that string; any other variable:
         an `AttrVar`, read when the op runs (its `static` value when it is a constant scalar)."""
         values = {}
         int_lists = self.op_sig(node).int_lists
         for attr in node.attrs:
             lit = attr.value
-            if lit.kind == "var":
+            if lit.kind == "var" and attr.name in int_lists:  # a static int naming a size: its value
+                values[attr.name] = int_lists[attr.name]
+            elif lit.kind == "var":
                 text = self.metadata_string(lit.value)
                 values[attr.name] = text if text is not None else AttrVar(lit.value, self.static_scalar(lit.value))
             elif lit.kind == "int_list":

@@ -32,8 +32,9 @@ class OpSig:
     out_dtype: str
     out_shape: tuple[int, ...] | None
     op: OpDef | None = field(default=None, compare=False, repr=False)  # the declaration it was typed against
-    # int-list attributes with their size names resolved (`reshape(x, shape=[H, HD])`)
-    int_lists: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}), compare=False,
+    # the attributes that may name sizes, resolved: an int list (`reshape(x, shape=[H, HD])`) to its
+    # tuple, a static int given as a size name (`top_k(x, k=K)`) to its int
+    int_lists: Mapping[str, tuple[int, ...] | int] = field(default_factory=lambda: MappingProxyType({}), compare=False,
                                                      repr=False)
 
 
@@ -183,7 +184,7 @@ def _static_attrs(spec: OpDef, attrs: dict, int_lists: dict, first: str) -> dict
     for name, a in spec.attrs.items():
         if name in attrs:
             lit = attrs[name]
-            if a.kind == "int_list":
+            if a.kind == "int_list" or (a.static and a.kind == "int" and _lit_kind(lit) == "var"):
                 out[name] = int_lists.get(name, DYNAMIC)
             elif _lit_kind(lit) == "var" and a.kind not in ("dtype", "string"):
                 out[name] = DYNAMIC
@@ -252,7 +253,13 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
             raise OpTypeError(f"{op} requires {name} attribute", attr=name)
     int_lists = {}
     for name, lit in attrs.items():
-        if spec.attrs[name].kind != "int_list":
+        a = spec.attrs[name]
+        if a.static and a.kind == "int" and _lit_kind(lit) == "var":  # a size name (the checker: not a variable)
+            resolved = resolve_int_list(op, name, (_lit_value(lit),), sizes)
+            if resolved is not None:
+                int_lists[name] = resolved[0]
+            continue
+        if a.kind != "int_list":
             continue
         if name == "axes" and len(_lit_value(lit)) == 0:
             raise OpTypeError(f"{op} requires a non-empty axes list", attr="axes")

@@ -17,8 +17,9 @@ from .position import rope, positions, embedding
 from .layout import transpose, reshape, concat
 from .matmul import linear, matmul_t, einsum
 from .argmax import argmax
+from .routing import top_k, take_along
 from .sampling import sample
 
 OPS = (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, sin, cos, softmax, attention, rms_norm, layer_norm, rope,
        positions, embedding,
-       transpose, reshape, concat, linear, matmul_t, einsum, argmax, sample)
+       transpose, reshape, concat, linear, matmul_t, einsum, argmax, top_k, take_along, sample)
