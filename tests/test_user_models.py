@@ -153,31 +153,39 @@ def test_state_space_prompt_loop(tmp_path, mode):
         np.testing.assert_allclose(out["logits"], W["head"] @ x, rtol=1e-5, atol=1e-5)
 
 
+def _experts(D=8, F=16, E=4):
+    """A router [E, D] and E experts' GELU MLPs (w1 [F, D], w2 [D, F]), f32."""
+    rng = np.random.default_rng(1)
+    return (rng.standard_normal((E, D)).astype(np.float32), (0.4 * rng.standard_normal((E, F, D))).astype(np.float32),
+            (0.4 * rng.standard_normal((E, D, F))).astype(np.float32), rng.standard_normal((6, D)).astype(np.float32))
+
+
+def _top2_layer(wg, w1, w2, x):
+    """NumPy, float64: the two experts of the largest router logits (ties: the lower expert), their
+    softmax weights, x + the weighted experts' outputs -> (experts, y)."""
+    from scipy.special import erf
+    wg, w1, w2, x = (a.astype(np.float64) for a in (wg, w1, w2, x))
+    lg = wg @ x
+    top = np.argsort(-lg, kind="stable")[:2]
+    g = np.exp(lg[top] - lg[top].max())
+    g /= g.sum()
+    y = x.copy()
+    for gi, e in zip(g, top):
+        h = w1[e] @ x
+        y += gi * (w2[e] @ (0.5 * h * (1 + erf(h / np.sqrt(2)))))
+    return top.tolist(), y
+
+
 @pytest.mark.parametrize("mode", ["compiled", "interpret"])
 def test_top2_of_4_experts_by_branch_in_a_loop(tmp_path, mode):
-    from scipy.special import erf
-    rng = np.random.default_rng(1)
-    D, F, E = 8, 16, 4
-    t = {"Wg": rng.standard_normal((E, D))}
-    for e in range(E):
-        t[f"experts.{e}.w1"] = 0.4 * rng.standard_normal((F, D))
-        t[f"experts.{e}.w2"] = 0.4 * rng.standard_normal((D, F))
-    t = {k: v.astype(np.float32) for k, v in t.items()}
-    oi2jax.model.save(tmp_path / "m.oinf", sizevars={"D": D, "F": F, "E": E}, tensors=t)
-    W = {k: v.astype(np.float64) for k, v in t.items()}
-    xs = rng.standard_normal((6, D)).astype(np.float32)
+    wg, w1, w2, xs = _experts()
+    t = {"Wg": wg, **{f"experts.{e}.w1": w1[e] for e in range(4)}, **{f"experts.{e}.w2": w2[e] for e in range(4)}}
+    oi2jax.model.save(tmp_path / "m.oinf", sizevars={"D": 8, "F": 16, "E": 4}, tensors=t)
     prog = oi2jax.compile(MOE, model=str(tmp_path / "m.oinf"), ops=["nn"], mode=mode)
     res = prog.run({"x": xs}, collect=("y", "used", "i1", "i2"))
-    for k, x in enumerate(xs.astype(np.float64)):
-        lg = W["Wg"] @ x
-        top = np.argsort(-lg, kind="stable")[:2]
-        g = np.exp(lg[top] - lg[top].max())
-        g /= g.sum()
-        y = x.copy()
-        for gi, e in zip(g, top):
-            h = W[f"experts.{e}.w1"] @ x
-            y += gi * (W[f"experts.{e}.w2"] @ (0.5 * h * (1 + erf(h / np.sqrt(2)))))
-        assert [int(res["i1"][k]), int(res["i2"][k])] == top.tolist()
+    for k, x in enumerate(xs):
+        top, y = _top2_layer(wg, w1, w2, x)
+        assert [int(res["i1"][k]), int(res["i2"][k])] == top
         assert int(res["used"][k]) == 2
         np.testing.assert_allclose(res["y"][k], y, rtol=1e-5, atol=1e-5)
 
@@ -186,26 +194,13 @@ def test_top2_of_4_experts_by_branch_in_a_loop(tmp_path, mode):
 def test_top2_of_4_experts_with_the_router_ops(tmp_path, mode):
     """top_k, take_along and embedding over stacked expert weights: the loop-and-branch layer above
     in 11 nodes, the same values (a tie between two logits goes to the lower expert)."""
-    from scipy.special import erf
-    rng = np.random.default_rng(1)
-    D, F, E = 8, 16, 4
-    t = {"Wg": rng.standard_normal((E, D)), "W1": 0.4 * rng.standard_normal((E, F, D)),
-         "W2": 0.4 * rng.standard_normal((E, D, F))}
-    t = {k: v.astype(np.float32) for k, v in t.items()}
-    oi2jax.model.save(tmp_path / "m.oinf", sizevars={"D": D, "F": F, "E": E, "K": 2}, tensors=t)
-    W = {k: v.astype(np.float64) for k, v in t.items()}
-    xs = rng.standard_normal((6, D)).astype(np.float32)
+    wg, w1, w2, xs = _experts()
     xs[5] = 0.0  # every logit 0: experts 0 and 1
+    oi2jax.model.save(tmp_path / "m.oinf", sizevars={"D": 8, "F": 16, "E": 4, "K": 2},
+                      tensors={"Wg": wg, "W1": w1, "W2": w2})
     prog = oi2jax.compile(MOE_TOP_K, model=str(tmp_path / "m.oinf"), ops=["nn"], mode=mode)
     res = prog.run({"x": xs}, collect=("y", "top"))
-    for k, x in enumerate(xs.astype(np.float64)):
-        lg = W["Wg"] @ x
-        top = np.argsort(-lg, kind="stable")[:2]
-        g = np.exp(lg[top] - lg[top].max())
-        g /= g.sum()
-        y = x.copy()
-        for gi, e in zip(g, top):
-            h = W["W1"][e] @ x
-            y += gi * (W["W2"][e] @ (0.5 * h * (1 + erf(h / np.sqrt(2)))))
-        assert res["top"][k].tolist() == top.tolist()
+    for k, x in enumerate(xs):
+        top, y = _top2_layer(wg, w1, w2, x)
+        assert res["top"][k].tolist() == top
         np.testing.assert_allclose(res["y"][k], y, rtol=1e-5, atol=1e-5)

@@ -58,6 +58,14 @@ def float_attr(value, d: str):
     return N.float_const(value, d).astype(N.compute_dtype(d))
 
 
+def dtype_name(np_dtype) -> str:
+    """The DSL dtype of a NumPy dtype (bf16 and the f8s included, which NumPy's kinds do not tell)."""
+    for name, dt in D.DTYPES.items():
+        if np.dtype(dt.np_dtype) == np.dtype(np_dtype):
+            return name
+    raise KeyError(np_dtype)
+
+
 def rep_values(values, d: str):
     """float64 values -> the representation of float dtype `d` (rounded once)."""
     with np.errstate(over="ignore", invalid="ignore"):

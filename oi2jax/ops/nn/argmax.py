@@ -7,7 +7,7 @@ from jax import lax
 
 from ... import dtypes as D
 from ..define import Attr, op
-from ._common import norm_axis, rep_values, sample_values
+from ._common import dtype_name, norm_axis, rep_values, sample_values
 
 
 def _argmax_shape(shapes, attrs):
@@ -18,16 +18,9 @@ def _argmax_shape(shapes, attrs):
 
 def _argmax_ref(x, axis=-1):
     x = np.asarray(x)
-    if D.get(_dtype_name(x.dtype)).is_float:
+    if D.get(dtype_name(x.dtype)).is_float:
         x = x.astype(np.float64)
     return np.argmax(x, axis=axis)
-
-
-def _dtype_name(np_dtype) -> str:
-    for name, dt in D.DTYPES.items():
-        if np.dtype(dt.np_dtype) == np.dtype(np_dtype):
-            return name
-    raise KeyError(np_dtype)
 
 
 def _argmax_samples(rng, d):

@@ -14,7 +14,7 @@ from ... import dtypes as D
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
-from ._common import rep_values, sample_values, static_int
+from ._common import dtype_name, rep_values, sample_values, static_int
 
 
 # ====================================================================== top_k
@@ -36,20 +36,13 @@ def _top_k_ref(x, k):
     integers as ~x (decreasing in x, exact for every integer dtype)."""
     x = np.asarray(x)
     idx = np.broadcast_to(np.arange(x.shape[-1]), x.shape)
-    if x.dtype.kind == "f" or D.get(_dtype_name(x.dtype)).is_float:
+    if D.get(dtype_name(x.dtype)).is_float:
         v = x.astype(np.float64)
         nan = np.isnan(v)
         order = np.lexsort((idx, np.where(nan, 0.0, -v), ~nan), axis=-1)
     else:
         order = np.lexsort((idx, ~x), axis=-1)
     return order[..., :int(k)].astype(np.int32)
-
-
-def _dtype_name(np_dtype) -> str:
-    for name, dt in D.DTYPES.items():
-        if np.dtype(dt.np_dtype) == np.dtype(np_dtype):
-            return name
-    raise KeyError(np_dtype)
 
 
 def _top_k_samples(rng, d):
