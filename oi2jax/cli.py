@@ -255,8 +255,12 @@ def _sharding_kwargs(args) -> dict:
         raise UsageError("--shard needs --mesh AXIS=INT[,AXIS=INT...]")
     if args.device is not None:
         raise UsageError("--mesh and --device are exclusive")
-    from .runtime.sharding import make_mesh, parse_shard_specs  # deferred: JAX
-    return {"mesh": make_mesh(args.mesh), "shard": parse_shard_specs(args.shard)}
+    from .runtime.sharding import make_mesh, parse_mesh_spec, parse_shard_specs  # deferred: JAX
+    try:  # the flags' text is a usage error, as --shard without --mesh is; too few devices is not
+        axes, shard = parse_mesh_spec(args.mesh), parse_shard_specs(args.shard)
+    except OiError as exc:
+        raise UsageError(exc.diagnostics[0].message) from None
+    return {"mesh": make_mesh(axes), "shard": shard}
 
 
 def cmd_run(args) -> int:

@@ -408,3 +408,16 @@ def test_bad_distributed_flags_are_named_before_jax_distributed_starts(coordinat
     with pytest.raises(OiError) as info:
         init_distributed(coordinator, n, i)
     assert str(info.value) == f"error: {message}"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mesh", "data=x"], "--mesh data: 'x' is not an integer"),
+    (["--mesh", "data"], "--mesh expects AXIS=INT[,AXIS=INT...], got 'data'"),
+    (["--mesh", "data=1", "--shard", "B"], "--shard expects SIZEVAR=AXIS, got 'B'"),
+])
+def test_malformed_mesh_and_shard_flags_are_usage_errors(capsys, flags, message):
+    """A flag's text is a usage error (exit 2), as `--shard` without `--mesh` is (it exited 1)."""
+    from conftest import run_cli
+    code, _, err = run_cli(capsys, "run", EXAMPLES / "mlp_regression.oi", "--model", MODELS / "mlp_regression.oinf",
+                           *flags)
+    assert code == 2 and err.strip() == f"error: {message}"
