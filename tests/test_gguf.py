@@ -273,6 +273,22 @@ def test_config_mapping_per_architecture():
         gguf_config({"general.architecture": "mamba"}, tensors, "f.gguf")
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("sub, value", [("attention.sliding_window", 4), ("attn_logit_softcapping", 50.0),
+                                        ("final_logit_softcapping", 30.0)])
+def test_a_window_or_softcap_the_family_does_not_read_is_an_error(arch, sub, value):
+    """A sliding window or soft-capping in a llama / qwen2 / qwen3 file: the family's graph has none,
+    so the key is refused by name (it was mapped into the config and never read: a silent full
+    attention, uncapped logits)."""
+    fields = {"general.architecture": arch, f"{arch}.block_count": 1, f"{arch}.embedding_length": 32,
+              f"{arch}.attention.head_count": 4, f"{arch}.vocab_size": 9, f"{arch}.{sub}": value}
+    with pytest.raises(OiError, match=rf"f.gguf: metadata {arch}\.{sub} is not supported: its setting would be lost"):
+        gguf_config(fields, {}, "f.gguf")
+    if sub == "attention.sliding_window":  # phi3 reads it
+        phi3 = {k.replace(arch, "phi3", 1): v for k, v in fields.items()} | {"general.architecture": "phi3"}
+        assert gguf_config(phi3, {}, "f.gguf")["sliding_window"] == 4
+
+
 @pytest.mark.parametrize("arch, layers, scalar", [("gemma2", 2, 16), ("gemma3", 2, 16), ("gemma2", 46, 12),
                                                   ("gemma3", 62, 12), ("gemma3", 46, 16)])
 def test_gemma_query_scale_is_llama_cpps(arch, layers, scalar):

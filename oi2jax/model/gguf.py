@@ -249,9 +249,12 @@ _COMMON_KEYS = {  # GGUF `{arch}.` key -> Hugging Face config key
     "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
     "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
     "attention.key_length": "head_dim", "vocab_size": "vocab_size",
-    "attention.sliding_window": "sliding_window",
-    "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
 }
+# keys only the families that read them map (phi3's and gemma's sliding window, gemma's soft-capping):
+# in a llama, qwen2 or qwen3 file they are an error, as any other key whose setting would be lost
+_WINDOW_KEYS = {"attention.sliding_window": "sliding_window"}
+_SOFTCAP_KEYS = {"attn_logit_softcapping": "attn_logit_softcapping",
+                 "final_logit_softcapping": "final_logit_softcapping"}
 # the GGUF value type each mapped key must have (the others: an integer)
 _FLOAT_KEYS = {"attention.layer_norm_rms_epsilon", "rope.freq_base", "attn_logit_softcapping",
                "final_logit_softcapping", "rope.scaling.factor"}
@@ -322,13 +325,14 @@ ARCHITECTURES: dict[str, GGUFArch] = {
                       "blk.{i}.attn_qkv.weight": "model.layers.{i}.self_attn.qkv_proj.weight",
                       "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.gate_up_proj.weight"},
                      {"hidden_act": "silu"},
-                     keys={"rope.scaling.original_context_length": "original_max_position_embeddings"}),
+                     keys={"rope.scaling.original_context_length": "original_max_position_embeddings",
+                           **_WINDOW_KEYS}),
     "gemma2": GGUFArch("gemma2", "Gemma2ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS},
                        {"hidden_activation": "gelu_pytorch_tanh"}, derive=_gemma_attn_scalar,
-                       metadata=_GEMMA_METADATA),
+                       keys={**_WINDOW_KEYS, **_SOFTCAP_KEYS}, metadata=_GEMMA_METADATA),
     "gemma3": GGUFArch("gemma3_text", "Gemma3ForCausalLM", {**_COMMON_TENSORS, **_GEMMA_NORMS, **_QK_NORMS},
                        {"hidden_activation": "gelu_pytorch_tanh"}, derive=_gemma_attn_scalar,
-                       metadata=_GEMMA_METADATA),
+                       keys={**_WINDOW_KEYS, **_SOFTCAP_KEYS}, metadata=_GEMMA_METADATA),
 }
 
 
