@@ -325,6 +325,17 @@ def test_wrong_typed_gguf_tokenizer_entries_are_errors_naming_the_key(key, value
     assert Tokenizer.from_str(entries[META["tokenizer"]]).encode("ab").ids == [0, 1]  # no BOS added
 
 
+def test_gguf_eom_id_is_a_stop_id():
+    """llama.cpp ends a generation at EOS, EOT and EOM (`tokenizer.ggml.eom_token_id`, Llama 3.1's
+    <|eom_id|> after a tool call); the EOM id was read by no one, and generate ran past it."""
+    fields = {**GPT2, "tokenizer.ggml.tokens": ["a", "b", "c", "d"], "tokenizer.ggml.merges": [],
+              "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.eot_token_id": 2, "tokenizer.ggml.eom_token_id": 3}
+    entries = gguf_tokenizer_metadata(fields, "f.gguf")[0]
+    assert entries[META["stop"]].tolist() == [1, 2, 3]
+    entries = gguf_tokenizer_metadata({**fields, "tokenizer.ggml.eom_token_id": 1}, "f.gguf")[0]
+    assert entries[META["stop"]].tolist() == [1, 2]  # once each
+
+
 @pytest.mark.parametrize("key", ["tokenizer.ggml.model", "tokenizer.ggml.pre"])
 def test_a_gguf_tokenizer_name_of_another_type_is_an_error_naming_the_key(key):
     """`tokenizer.ggml.pre` stored as an array of strings was an internal error (TypeError:

@@ -380,8 +380,9 @@ def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
             text = gguf_tokenizer_json(fields, where)
         else:
             notes.append(f"{where}: no tokenizer.json stored: {why} (tokenize prompts with the model's own tokenizer)")
-    bos, eos, eot = (fields.get(f"tokenizer.ggml.{which}_token_id") for which in ("bos", "eos", "eot"))
-    stop = [int(i) for i in (eos, eot) if i is not None]  # (their types: check_gguf_tokenizer_fields)
+    bos, eos, eot, eom = (fields.get(f"tokenizer.ggml.{which}_token_id") for which in ("bos", "eos", "eot", "eom"))
+    # llama.cpp ends a generation at each of EOS, EOT and EOM (Llama 3.1's <|eom_id|> after a tool call)
+    stop = [int(i) for i in (eos, eot, eom) if i is not None]  # (their types: check_gguf_tokenizer_fields)
     special = {}  # the texts of the special ids, as transformers' GGUF loader names them
     tokens = fields.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
