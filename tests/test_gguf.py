@@ -583,3 +583,27 @@ def test_a_big_endian_gguf_says_so(tmp_path):
     with pytest.raises(OiError, match=rf"^error: {path}: a big-endian GGUF file \(version 3, its bytes swapped\): "
                                       r"only little-endian GGUF files are supported$"):
         convert_gguf(path, tmp_path / "m.oinf")
+
+
+@pytest.mark.parametrize("kind", ["Q2_K", "Q3_K"])
+def test_kept_types_without_kernels_run_compiled_as_their_values(tmp_path, kind):
+    """Q2_K and Q3_K are kept as blocks by convert-gguf (a Q3_K_M file's bulk), but no packed kernel
+    reads them: a compiled program failed at load ('ggml type 'Q2_K' has no quantized kernels').
+    It now places their exact f32 values (gguf.quants.dequantize): the f32 conversion's logits."""
+    _, path, _ = _twin(tmp_path, kind, {**WIDE, "layers": 2}, tied=True)  # (layers stacked or one by one)
+    convert_gguf(path, tmp_path / "kept.oinf")
+    convert_gguf(path, tmp_path / "f32.oinf", dtype="f32")
+    assert open_model(tmp_path / "kept.oinf").tensors["model.layers.0.mlp.up_proj.weight"].ggml == kind
+    tokens = np.array([3, 1, 4, 1, 5], np.int32) % WIDE["vocab"]
+    logits = []
+    for model, unroll in (("kept.oinf", "none"), ("kept.oinf", "full"), ("f32.oinf", "none")):
+        sess = oi2jax.compile(EXAMPLES / "llama_decode.oi", model=tmp_path / model, ops=["nn"],
+                              unroll=unroll).session()
+        steps = []
+        for tok in tokens:
+            sess.step(token=np.int32(tok))
+            steps.append(np.asarray(sess.read("logits")))
+        logits.append(np.stack(steps))
+    assert np.abs(logits[2]).max() > 0
+    np.testing.assert_array_equal(logits[0], logits[2])
+    np.testing.assert_array_equal(logits[1], logits[2])

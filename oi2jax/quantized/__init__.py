@@ -4,9 +4,9 @@ and stored i8/u8 integers with OpenInfer's v2 QuantParams (AFFINE), and the pure
 docs/performance.md says how the kernels were chosen."""
 from __future__ import annotations
 
-from .blocks import AFFINE, KINDS, QuantTensor, affine_tensor, block_size, dequantize, dequantize_prepared, \
+from .blocks import AFFINE, KINDS, QuantTensor, affine_tensor, block_size, dequantize, dequantize_prepared, has_kernels, \
     is_raw, member, prepare, raw_nbytes, raw_tensor
 from .kernels import embedding, linear
 
 __all__ = ["AFFINE", "KINDS", "QuantTensor", "affine_tensor", "block_size", "dequantize", "dequantize_prepared",
-           "embedding", "is_raw", "linear", "member", "prepare", "raw_nbytes", "raw_tensor"]
+           "embedding", "has_kernels", "is_raw", "linear", "member", "prepare", "raw_nbytes", "raw_tensor"]

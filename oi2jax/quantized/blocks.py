@@ -200,6 +200,12 @@ def affine_tensor(q, scale, zp, shape) -> QuantTensor:
                         "zp": jnp.asarray(zp, jnp.int32)}, AFFINE, tuple(int(n) for n in shape))
 
 
+def has_kernels(kind: str) -> bool:
+    """Whether a ggml type (a name) has packed kernels here (`prepare`, `raw_tensor`); Q2_K and Q3_K,
+    which an .oinf keeps too (model/ggml.BLOCK_TYPES), have none."""
+    return kind in FORMATS or kind == AFFINE
+
+
 def kind_name(kind) -> str:
     """A ggml type given as a name ("Q4_K") or a `gguf.GGMLQuantizationType` -> its name, checked."""
     name = kind.name if isinstance(kind, GGMLQuantizationType) else str(kind).upper()

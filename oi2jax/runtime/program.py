@@ -20,7 +20,7 @@ from ..lowering.caches import TABLE
 from ..lowering.loops import LoopPolicy
 from ..lowering.state import Guards, StepState
 from ..lowering.step import StepBuilder, build_lowering
-from ..model.ggml import KeptBlocks
+from ..model.ggml import KeptBlocks, dequantize as ggml_dequantize
 from ..model.quant import affine_values
 from ..model.packing import pack
 from ..protocol import CompileOptions
@@ -205,6 +205,10 @@ class Program:
             if isinstance(value, KeptBlocks) and value.affine:  # a mesh shards values: their f32 reading
                 value = quantized.affine_tensor(value.raw, *value.affine, value.shape) if stream else \
                     affine_values(value.raw, *value.affine)
+            elif isinstance(value, KeptBlocks) and not quantized.has_kernels(value.kind):
+                # a type kept in the file that no kernel reads (Q2_K, Q3_K): its exact f32 values
+                # (gguf.quants.dequantize), as every use of them would read
+                value = ggml_dequantize(value.kind, value.raw, value.shape)
             elif isinstance(value, KeptBlocks):
                 value = pack_blocks(value.kind, value.raw, value.shape)
             if stream:
