@@ -461,7 +461,8 @@ def test_sentencepiece_gguf_tokenizer_encodes_as_llama_cpp():
     tokens, types, scores = _spm_vocab()
     fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
               "tokenizer.ggml.scores": scores, "tokenizer.ggml.unknown_token_id": 0,
-              "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+              "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+              "tokenizer.ggml.add_bos_token": False}  # (the split alone; absent, a BOS is added: below)
     tok = Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf"))
     texts = [*SPM_CORPUS, "the brown dog merged  twice", "a théâtre ✓ 😀 fox", "<s>hello world</s>",
              "  leading spaces and the end ", "hello<s>the fox"]
@@ -473,6 +474,24 @@ def test_sentencepiece_gguf_tokenizer_encodes_as_llama_cpp():
     assert len(tok.encode("a théâtre ✓").ids) > len("a théâtre ✓")  # â and ✓: byte pieces
     with pytest.raises(OiError, match=r"f.gguf: metadata tokenizer.ggml.scores must hold one finite number per token"):
         gguf_tokenizer_json({**fields, "tokenizer.ggml.scores": scores[:-1]}, "f.gguf")
+
+
+@pytest.mark.parametrize("add_bos, bos_id, first", [(None, 1, [1]), (True, 1, [1]), (False, 1, []), (None, None, [])])
+def test_sentencepiece_gguf_adds_a_bos_unless_it_says_not_to(add_bos, bos_id, first):
+    """llama.cpp (and transformers' LlamaTokenizerFast) add a BOS to a SentencePiece vocabulary's
+    text when tokenizer.ggml.add_bos_token is absent, as GGUF files written before the key existed
+    (Llama 2, TinyLlama) are; the rebuilt tokenizer added none, so their prompts ran without one."""
+    tokens, types, scores = _spm_vocab()
+    fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+              "tokenizer.ggml.scores": scores, "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.eos_token_id": 2}
+    if bos_id is not None:
+        fields["tokenizer.ggml.bos_token_id"] = bos_id
+    if add_bos is not None:
+        fields["tokenizer.ggml.add_bos_token"] = add_bos
+    tok = Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf"))
+    text = "the quick fox merged"
+    assert tok.encode(text).ids == [*first, *_llama_cpp_spm(text, tokens, scores)]
+    assert 2 not in tok.encode(text).ids  # never an EOS by default
 
 
 def test_sentencepiece_tokenizer_through_convert_gguf(tmp_path):

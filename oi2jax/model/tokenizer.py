@@ -354,8 +354,12 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
                if kind in (_CONTROL, _USER_DEFINED)]
     tok.add_special_tokens(special)
     added = {}  # llama.cpp's add_bos_token / add_eos_token: the tokenizer adds them (a post-processor)
-    for which, key in (("bos", "tokenizer.ggml.add_bos_token"), ("eos", "tokenizer.ggml.add_eos_token")):
-        if fields.get(key, False):
+    # absent: llama.cpp's default, a BOS for a SentencePiece vocabulary that names one (as transformers'
+    # LlamaTokenizerFast), none for a byte-level BPE, never an EOS
+    spm_bos = fields["tokenizer.ggml.model"] == "llama" and fields.get("tokenizer.ggml.bos_token_id") is not None
+    for which, key, default in (("bos", "tokenizer.ggml.add_bos_token", spm_bos),
+                                ("eos", "tokenizer.ggml.add_eos_token", False)):
+        if fields.get(key, default):
             token_id = fields.get(f"tokenizer.ggml.{which}_token_id")
             if not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
                 raise OiError(f"{where}: metadata {key} is set but tokenizer.ggml.{which}_token_id is {token_id!r}")
