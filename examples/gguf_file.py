@@ -14,7 +14,7 @@ name map):
   `LlamaModel.permute`); no `output.weight` when the embeddings are tied;
 * the tokenizer, when the directory has one: a byte-level BPE tokenizer.json (as
   llama_checkpoint.py's `--tokenizer` writes, or GPT-2's) as `tokenizer.ggml.model` `gpt2`,
-  pre-tokenizer `gpt2`, its tokens, merges and token types (special added tokens: 3, control),
+  pre-tokenizer `gpt-2`, its tokens, merges and token types (special added tokens: 3, control),
   the BOS id of config.json, the EOS id of generation_config.json (a second stop id as the EOT id),
   and tokenizer_config.json's `chat_template`. Another kind of tokenizer is an error.
 
@@ -121,7 +121,7 @@ def _tokenizer(w: gguf.GGUFWriter, directory: Path, config: dict) -> None:
     if [ids[t] for t in tokens] != list(range(len(tokens))) or len(tokens) != config["vocab_size"]:
         raise ValueError(f"{path}: the token ids must be exactly 0..{config['vocab_size'] - 1} (vocab_size)")
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name of GPT-2's split
     w.add_token_list(tokens)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or ()])
     w.add_token_types([_CONTROL if t in special else _NORMAL for t in tokens])

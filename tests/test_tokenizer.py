@@ -44,6 +44,8 @@ PRE = {
     "qwen2": lambda: pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), behavior="isolated"),
                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
 }
+# llama.cpp's own names of these splits (`gpt-2` is the one its converter writes; `gpt2` it refuses)
+PRE.update({"gpt-2": PRE["gpt2"], "deepseek-r1-qwen": PRE["qwen2"], "llama3": PRE["llama-bpe"]})
 
 
 @pytest.fixture(scope="module", params=list(PRE))
@@ -55,7 +57,7 @@ def bpe(request):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog"] * 50
                             + ["héllo wörld 12345 tokens merge merge I'LL it's 2024\r\n\n  x"], trainer)
-    if request.param == "llama-bpe":  # Llama 3's tokenizer.json
+    if request.param in ("llama-bpe", "llama3"):  # Llama 3's tokenizer.json
         data = json.loads(tok.to_str())
         data["model"]["ignore_merges"] = True
         tok = Tokenizer.from_str(json.dumps(data))
@@ -277,10 +279,10 @@ GPT2 = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"}
     ({"tokenizer.ggml.model": "bert"}, r"tokenizer.ggml.model is 'bert': supported GGUF tokenizer models are gpt2, "
                                        r"llama"),
     ({"tokenizer.ggml.model": "gpt2"}, r"tokenizer.ggml.pre is missing \(llama.cpp then uses its 'default' "
-                                       r"pre-tokenizer\): supported pre-tokenizers are gpt2, smollm, "
+                                       r"pre-tokenizer\): supported pre-tokenizers are gpt-2, smollm, "
                                        r"starcoder, refact, codeshell, llama-bpe, qwen2"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default"},
-     r"tokenizer.ggml.pre is 'default': supported pre-tokenizers are gpt2"),
+     r"tokenizer.ggml.pre is 'default': supported pre-tokenizers are gpt-2"),
     ({**GPT2, "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": ["ab"]},
      r"tokenizer.ggml.merges: 'ab' is not two tokens"),
     ({**GPT2, "tokenizer.ggml.tokens": ["a", "a"]}, r"tokenizer.ggml.tokens holds a token twice"),

@@ -48,13 +48,18 @@ GGUF_TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE; SentencePiece (BPE 
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _GGUF_PRE = {
-    "gpt2": (None, False, False),
+    "gpt-2": (None, False, False),
     "smollm": (None, True, False), "starcoder": (None, True, False), "refact": (None, True, False),
     "codeshell": (None, True, False),
     "llama-bpe": (_LLAMA3_SPLIT, False, True),
     "qwen2": (_LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"), False, False),
 }
 GGUF_PRE_TOKENIZERS = tuple(_GGUF_PRE)
+# llama.cpp's other names of the same splits (llama-vocab.cpp); `gpt2` is no llama.cpp name (it refuses
+# it) but the one oi2jax's own gguf_file.py wrote before, read as `gpt-2`
+_GGUF_PRE_ALIASES = {"gpt2": "gpt-2", "phi-2": "gpt-2", "llama3": "llama-bpe", "llama-v3": "llama-bpe",
+                     "falcon3": "llama-bpe", "deepseek-r1-qwen": "qwen2"}
+_GGUF_PRE.update({alias: _GGUF_PRE[name] for alias, name in _GGUF_PRE_ALIASES.items()})
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types of special tokens
 
 
