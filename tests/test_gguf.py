@@ -607,3 +607,17 @@ def test_kept_types_without_kernels_run_compiled_as_their_values(tmp_path, kind)
     assert np.abs(logits[2]).max() > 0
     np.testing.assert_array_equal(logits[0], logits[2])
     np.testing.assert_array_equal(logits[1], logits[2])
+
+
+def test_a_part_of_a_split_gguf_says_so(tmp_path, capsys):
+    """The first part of a llama-gguf-split model (split.count 2) was converted as if whole: its
+    missing layers were an error naming tensors (`missing tensor model.layers.1...`), never the
+    split; a split.count of 1 is a whole model."""
+    _, path, _ = _twin(tmp_path, "F32", SMALL, kv=lambda w: (w.add_uint16("split.no", 0), w.add_uint16("split.count", 2)))
+    out = tmp_path / "m.oinf"
+    code, _, err = run_cli(capsys, "convert-gguf", path, "-o", out)
+    assert code == 1 and not out.exists()
+    assert err == (f"error: {path}: metadata split.count is 2: this file is part 1 of 2 of a split GGUF model; merge "
+                   f"the parts into one file first (llama-gguf-split --merge FIRST_PART.gguf OUT.gguf)\n")
+    _, whole, _ = _twin(tmp_path, "F32", SMALL, seed=1, kv=lambda w: (w.add_uint16("split.no", 0), w.add_uint16("split.count", 1)))
+    assert convert_gguf(whole, out).path == str(out) and out.exists()

@@ -556,6 +556,7 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
     header = scan(path)
     reader = _open_reader(str(path))
     fields = _fields(reader)
+    _whole_file(fields, str(path))
     config = gguf_config(fields, header.tensors, str(path))
     arch = ARCHITECTURES[fields["general.architecture"]]
     freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
@@ -573,6 +574,21 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
                                   progress=progress, config_where=where, extra_metadata=extra, nonfinite=nonfinite)
     except OiError as exc:  # the config read from the GGUF's keys: its messages name those keys
         raise _in_gguf_keys(exc, where, fields["general.architecture"], arch) from None
+
+
+def _whole_file(fields: dict, where: str) -> None:
+    """A part of a split GGUF (llama-gguf-split: `split.count` parts, each with some of the tensors)
+    is an error saying so, not a list of missing tensors; `split.count` 1 is a whole model."""
+    count, no = fields.get("split.count"), fields.get("split.no")
+    if count is None:
+        return
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise OiError(f"{where}: metadata split.count must be a positive integer, got {count!r:.60}")
+    if count > 1:
+        part = f"part {no + 1} of {count}" if isinstance(no, (int, np.integer)) and not isinstance(no, bool) \
+            else f"one of {count} parts"
+        raise OiError(f"{where}: metadata split.count is {count}: this file is {part} of a split GGUF model; "
+                      f"merge the parts into one file first (llama-gguf-split --merge FIRST_PART.gguf OUT.gguf)")
 
 
 def foreign_keys(fields: dict, where: str) -> list[str]:
