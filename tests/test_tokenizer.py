@@ -81,6 +81,7 @@ def converted(bpe, tmp_path_factory):
         w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
         w.add_bos_token_id(vocab["<|endoftext|>"])
         w.add_eos_token_id(vocab["<|im_end|>"])
+        w.add_add_bos_token(False)  # (as the trained tokenizer: absent, llama.cpp adds one for Llama 3's split)
         w.add_chat_template(CHATML)
     hf_dir, path, _ = _twin(tmp, "F32", SMALL, kv=kv)
     config = json.loads((hf_dir / "config.json").read_text())  # the model's ids, as the tokenizer's
@@ -494,6 +495,18 @@ def test_sentencepiece_gguf_adds_a_bos_unless_it_says_not_to(add_bos, bos_id, fi
     text = "the quick fox merged"
     assert tok.encode(text).ids == [*first, *_llama_cpp_spm(text, tokens, scores)]
     assert 2 not in tok.encode(text).ids  # never an EOS by default
+
+
+@pytest.mark.parametrize("pre, first", [("llama-bpe", [3]), ("llama3", [3]), ("gpt-2", []), ("qwen2", [])])
+def test_llama3_split_adds_a_bos_unless_it_says_not_to(pre, first):
+    """llama.cpp adds a BOS for Llama 3's split (its LLAMA3 pre-tokenizer type) when
+    tokenizer.ggml.add_bos_token is absent, none for the other byte-level BPE splits."""
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+              "tokenizer.ggml.tokens": ["a", "b", "ab", "<|begin_of_text|>"], "tokenizer.ggml.merges": ["a b"],
+              "tokenizer.ggml.token_type": [1, 1, 1, 3], "tokenizer.ggml.bos_token_id": 3}
+    assert Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf")).encode("ab").ids == [*first, 2]
+    fields["tokenizer.ggml.add_bos_token"] = False
+    assert Tokenizer.from_str(gguf_tokenizer_json(fields, "f.gguf")).encode("ab").ids == [2]
 
 
 def test_sentencepiece_tokenizer_through_convert_gguf(tmp_path):

@@ -359,10 +359,11 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
                if kind in (_CONTROL, _USER_DEFINED)]
     tok.add_special_tokens(special)
     added = {}  # llama.cpp's add_bos_token / add_eos_token: the tokenizer adds them (a post-processor)
-    # absent: llama.cpp's default, a BOS for a SentencePiece vocabulary that names one (as transformers'
-    # LlamaTokenizerFast), none for a byte-level BPE, never an EOS
-    spm_bos = fields["tokenizer.ggml.model"] == "llama" and fields.get("tokenizer.ggml.bos_token_id") is not None
-    for which, key, default in (("bos", "tokenizer.ggml.add_bos_token", spm_bos),
+    # absent: llama.cpp's default, a BOS for a SentencePiece vocabulary (as transformers'
+    # LlamaTokenizerFast) or Llama 3's split that names one, none for another byte-level BPE, never an EOS
+    bos_first = fields.get("tokenizer.ggml.bos_token_id") is not None and (
+        fields["tokenizer.ggml.model"] == "llama" or _GGUF_PRE[fields["tokenizer.ggml.pre"]] == _GGUF_PRE["llama-bpe"])
+    for which, key, default in (("bos", "tokenizer.ggml.add_bos_token", bos_first),
                                 ("eos", "tokenizer.ggml.add_eos_token", False)):
         if fields.get(key, default):
             token_id = fields.get(f"tokenizer.ggml.{which}_token_id")
