@@ -621,3 +621,19 @@ def test_a_part_of_a_split_gguf_says_so(tmp_path, capsys):
                    f"the parts into one file first (llama-gguf-split --merge FIRST_PART.gguf OUT.gguf)\n")
     _, whole, _ = _twin(tmp_path, "F32", SMALL, seed=1, kv=lambda w: (w.add_uint16("split.no", 0), w.add_uint16("split.count", 1)))
     assert convert_gguf(whole, out).path == str(out) and out.exists()
+
+
+def test_a_nonfinite_block_scale_is_noted_without_numpy_warnings(tmp_path, capsys):
+    """A Q8_0 block whose f16 scale is inf, dequantized (--dtype f32): the converter's note names the
+    tensor; gguf.quants' NumPy 'RuntimeWarning: invalid value encountered in multiply' (inf * 0)
+    went to stderr as well."""
+    def poison(written):
+        written["output.weight"][0, 0:2] = np.array([np.inf], np.float16).view(np.uint8)
+        written["output.weight"][0, 2] = 0  # inf * 0: a NaN
+    import warnings
+    _, path, _ = _twin(tmp_path, "Q8_0", SMALL, edit=poison)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (as printed on stderr outside pytest)
+        code, _, err = run_cli(capsys, "convert-gguf", path, "-o", tmp_path / "m.oinf", "--dtype", "f32")
+    assert code == 0 and "RuntimeWarning" not in err
+    assert f"note: {path}: tensor lm_head.weight (GGUF output.weight) holds 1 NaN and 31 infinite value(s)" in err

@@ -92,7 +92,8 @@ def dequantize(kind: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray
         return np.zeros(tuple(shape), np.float32)
     from gguf import quants  # deferred: gguf (30 ms with YAML), for kept blocks only
     from gguf.constants import GGMLQuantizationType  # deferred: as above
-    out = quants.dequantize(rows, GGMLQuantizationType[kind])
+    with np.errstate(all="ignore"):  # an inf/NaN scale gives inf/NaN values (the converter's --nonfinite
+        out = quants.dequantize(rows, GGMLQuantizationType[kind])  # says so), not NumPy's RuntimeWarning
     assert out.shape == tuple(shape), (out.shape, shape)
     return np.asarray(out, dtype=np.float32)
 
