@@ -594,6 +594,12 @@ def test_kept_types_without_kernels_run_compiled_as_their_values(tmp_path, kind)
     convert_gguf(path, tmp_path / "kept.oinf")
     convert_gguf(path, tmp_path / "f32.oinf", dtype="f32")
     assert open_model(tmp_path / "kept.oinf").tensors["model.layers.0.mlp.up_proj.weight"].ggml == kind
+    from oi2jax import quantized
+    from oi2jax.model.ggml import BLOCK_TYPES, UNPACKED_TYPES
+    assert set(BLOCK_TYPES) - set(UNPACKED_TYPES) == set(quantized.KINDS) and not quantized.has_kernels(kind)
+    from oi2jax.model.inspect import render_model
+    assert (f"ggml {kind} blocks of f32[256, 256] (placed as f32 values when compiled: no packed kernel)"
+            in render_model(open_model(tmp_path / "kept.oinf")))
     tokens = np.array([3, 1, 4, 1, 5], np.int32) % WIDE["vocab"]
     logits = []
     for model, unroll in (("kept.oinf", "none"), ("kept.oinf", "full"), ("f32.oinf", "none")):

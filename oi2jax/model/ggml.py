@@ -18,11 +18,13 @@ import numpy as np
 
 from ..diagnostics import OiError
 
-__all__ = ["BLOCK_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "AFFINE", "meta_key",
+__all__ = ["BLOCK_TYPES", "UNPACKED_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "AFFINE", "meta_key",
            "block_layout", "ggml_stored_shape", "ggml_logical_shape", "dequantize", "quantize"]
 
 # the block-quantized types gguf.quants dequantizes, which an .oinf keeps as raw blocks
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# of those, the types no packed kernel reads (oi2jax/quantized): a compiled program places their f32 values
+UNPACKED_TYPES = ("Q2_K", "Q3_K")
 META_PREFIX = "ggml_type."
 # the types `quantize` writes (convert-hf --quantize): gguf.quants' quantizers, and Q4_K / Q6_K here
 QUANTIZE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")

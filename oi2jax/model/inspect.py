@@ -94,8 +94,9 @@ def render_model(model: Model) -> str:
             if t.quant is not None:  # the upstream verifier's wording (SPEC-2026-03 D9)
                 notes[len(rows) - 1] = f"    - quant: {t.quant.describe()}"
             if t.ggml is not None:
-                notes[len(rows) - 1] = (f"    - ggml {t.ggml} blocks of f32{_shape(t.value_shape)} (kept packed "
-                                        f"when compiled)")
+                notes[len(rows) - 1] = (f"    - ggml {t.ggml} blocks of f32{_shape(t.value_shape)} "
+                                        + ("(placed as f32 values when compiled: no packed kernel)"
+                                           if t.ggml in ggml.UNPACKED_TYPES else "(kept packed when compiled)"))
         width = max(len(r) for r in rows)
         rows = [r + [""] * (width - len(r)) for r in rows]
         lines = _table(["name", "dtype", "shape", "bytes", "note"][:width], rows, right={3})
