@@ -265,7 +265,7 @@ def test_cli_flag_errors(tmp_path):
     graph, model = str(EXAMPLES / "mlp_regression.oi"), str(MODELS / "mlp_regression.oinf")
     assert main(["compile", graph, "--model", model, "--shard", "B=data"]) == 2  # --shard without --mesh
     assert main(["compile", graph, "--model", model, "--mesh", "data=4", "--shard", "B=data"]) == 1  # 1 device
-    assert main(["compile", graph, "--model", model, "--mesh", "data=x"]) == 1
+    assert main(["compile", graph, "--model", model, "--mesh", "data=x"]) == 2  # the flag's text: a usage error
     assert main(["run", graph, "--model", model, "--num-processes", "2"]) == 2  # without --coordinator
     out = tmp_path / "hlo.txt"
     assert main(["compile", graph, "--model", model, "--mesh", "data=1", "--shard", "B=data",
