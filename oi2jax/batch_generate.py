@@ -24,7 +24,8 @@ from .runtime.tokens import capacity, prompt_ids, stop_ids as checked_stops, voc
 
 
 def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.ndarray]:
-    """The prompts of `path` as 1-D int32 id arrays; `encode(text) -> ids` for a text file.
+    """The prompts of `path` as 1-D integer id arrays (an .npy / .npz's as stored; `prompt_ids` checks
+    them against the vocabulary); `encode(text) -> ids` for a text file.
     `text_only`: a flag that applies to text prompts only (refused with a file of ids)."""
     path = Path(path)
     regular_input(path, "the prompts")
@@ -47,10 +48,13 @@ def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.nda
             arrays = [(str(path), data)]
         prompts = []
         for where, ids in arrays:
+            if not isinstance(ids, np.ndarray):  # an .npz member that is no .npy: NumPy hands its bytes
+                raise OiError(f"{where}: a prompt is a non-empty 1-D array of integer token ids, got a file that "
+                              f"is not an .npy array")
             if ids.dtype.kind not in "iu" or ids.ndim != 1 or ids.size == 0:
                 raise OiError(f"{where}: a prompt is a non-empty 1-D array of integer token ids, got "
                               f"{ids.dtype}{list(ids.shape)}")
-            prompts.append(ids.astype(np.int64))
+            prompts.append(ids)  # as stored: a uint64 id past int64 is named as it is, not wrapped negative
     else:
         try:
             lines = path.read_text(encoding="utf-8").splitlines()

@@ -533,3 +533,24 @@ def test_generate_batch_cli_samples_with_any_temperature_and_checks_every_prompt
     assert code == 1 and "=== 0 (error) ===" in printed and "=== 1 (length) ===" in printed, (printed, err)
     assert "slice end 41 is past its fixed size 40 (in step 22)" in err and err.endswith(  # 1 prompt step (S=32) + 21
         "note: prompt 0: 21 tokens were generated before the failing step (shown under === 0 (error) ===)\n"), err
+
+
+def test_read_prompts_names_what_an_npz_or_npy_holds(tmp_path):
+    """An .npz member that is no .npy array was an internal error (NumPy hands such a member's
+    bytes); a uint64 id past int64 was named wrapped negative (the ids were cast to int64)."""
+    import zipfile
+
+    from oi2jax.batch_generate import read_prompts
+    from oi2jax.runtime.tokens import prompt_ids
+    path = tmp_path / "notes.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("readme.txt", "hello")
+    with pytest.raises(OiError, match=r"notes.npz: member readme.txt: a prompt is a non-empty 1-D array of integer "
+                                      r"token ids, got a file that is not an .npy array"):
+        read_prompts(path)
+    path = tmp_path / "u64.npy"
+    np.save(path, np.array([[1, 2**63 + 5]], np.uint64))
+    prompts = read_prompts(path)
+    assert prompts[0].tolist() == [1, 2**63 + 5]
+    with pytest.raises(OiError, match=rf"prompt 0: token id {2**63 + 5} \(index 1\) is outside the vocabulary"):
+        prompt_ids(prompts[0], SIZES["vocab"], "prompt 0")  # generate_batch's check of every prompt
