@@ -342,8 +342,14 @@ WORKER = textwrap.dedent('''
 
     compile = lambda **kw: oi2jax.compile(graph, model=model, ops=["nn"], sizes={"S": 1}, **kw)
     data = tokens(compile(), mesh=make_mesh({"data": 4}))
-    both = tokens(compile(mesh=make_mesh({"data": 2, "model": 2}), shard={"KVH": "model"}), axis="data")
-    print("REPORT " + json.dumps({"data": data, "both": both}))
+    sharded = compile(mesh=make_mesh({"data": 2, "model": 2}), shard={"KVH": "model"})
+    both = tokens(sharded, axis="data")
+    try:  # a sharded program's slots go on its own mesh: another mesh was silently ignored
+        sharded.batch(4, mesh=make_mesh({"x": 4}))
+        other = "no error"
+    except oi2jax.OiError as exc:
+        other = str(exc)
+    print("REPORT " + json.dumps({"data": data, "both": both, "other": other}))
 ''')
 
 
@@ -360,6 +366,8 @@ def test_a_four_device_mesh_gives_the_tokens_of_one_device(llama):
     assert report["data"][0] == one and report["both"][0] == one
     assert report["data"][1] == "P('data',)"  # the slots over the mesh
     assert report["both"][1] == "P('data', None, None, 'model')"  # and the KV heads over the model axis
+    assert report["other"] == ("error: this program is compiled sharded on its own mesh (data=2, model=2): the slots "
+                               "go on a free axis of it (axis=); leave out mesh= (given x=4)")
 
 
 def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, tmp_path, capsys, monkeypatch):

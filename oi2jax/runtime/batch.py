@@ -421,6 +421,10 @@ def _check_step_graph(program, exe) -> None:
 
 def _batch_mesh(program, mesh, axis, size: int):
     """(mesh, the slot axis's mesh axis) of a batch, or (None, None) on one device."""
+    if program.mesh is not None and mesh is not None and mesh != program.mesh:
+        # the program's tensors are placed on its own mesh: another was silently ignored
+        raise OiError(f"this program is compiled sharded on its own mesh ({_axes(program.mesh)}): the slots go on "
+                      f"a free axis of it (axis=); leave out mesh= (given {_axes(mesh)})")
     mesh = program.mesh if program.mesh is not None else mesh
     if mesh is None:
         if axis is not None:
@@ -435,6 +439,10 @@ def _batch_mesh(program, mesh, axis, size: int):
     if size % mesh.shape[axis]:
         raise OiError(f"batch size {size} is not divisible by mesh axis {axis} of size {mesh.shape[axis]}")
     return mesh, axis
+
+
+def _axes(mesh) -> str:
+    return ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
 
 
 def _check_batch_bytes(program, size: int, chunk: int, fresh, settings: int) -> None:
