@@ -93,7 +93,8 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
     (`BatchResults`, with the batch's `stats`); a prompt whose prompt step fails gets its error
     (finish "error") and the others go on. `on_done(k, result)` is called as prompt k finishes.
     `settings`: sampling settings; one the graph has no input for is an error unless it has its
-    default value."""
+    default value. Ctrl-C: KeyboardInterrupt, its `partial` the BatchResults so far (a prompt in
+    flight finish "interrupted", with its tokens; one not started None)."""
     known = {k: v for k, v in settings.items() if k in DEFAULT_SETTINGS}  # another name: Batch.insert says which
     vocab = vocabulary(program)  # every prompt and stop id checked before any prompt runs: none lost to another's error
     check_settings(max_tokens=max_tokens, **{**DEFAULT_SETTINGS, **known}, vocab=vocab)  # as a single generation's
@@ -123,6 +124,24 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
         if on_done is not None:
             on_done(k, result)
 
+    def partial() -> BatchResults:
+        return _results(results, clock, compiled_before, batch)
+
+    try:
+        _fill_and_run(batch, prompts, queue, running, results, clock, timed, finish, max_tokens, stop_ids, given)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: the prompts finished so far, and those in flight as
+        for slot, k in running.items():  # they stand (the tokens of the compiled call in flight taken)
+            result = batch.result(slot)
+            if result is not None and result.finish is None:
+                result.finish = "interrupted"
+            results[k] = result
+        interrupt.partial = partial()
+        raise
+    return partial()
+
+
+def _fill_and_run(batch, prompts, queue, running, results, clock, timed, finish, max_tokens, stop_ids, given) -> None:
+    """generate_batch's loop: a free slot takes the next prompt, the batch runs a chunk."""
     while queue or running:
         for slot in range(batch.size):
             while slot not in running and queue:
@@ -144,11 +163,16 @@ def generate_batch(program, prompts, *, size: int = 8, max_tokens: int | None = 
                 finish(k, result)
         if batch.active:
             timed("decode", batch.run, batch.chunk)
+
+
+def _results(results: list, clock: dict, compiled_before: float, batch) -> BatchResults:
+    """The BatchResults of `results` (None: a prompt not started, after Ctrl-C)."""
     out = BatchResults(results)
+    done = [r for r in results if r is not None]
     out.stats = Stats(prompt_tokens=clock["prompt_tokens"], prompt_s=clock["prompt"],
-                      generated_tokens=sum(len(r.tokens) for r in results), generate_s=clock["decode"],
+                      generated_tokens=sum(len(r.tokens) for r in done), generate_s=clock["decode"],
                       compile_s=runstats.compile_seconds() - compiled_before,
-                      from_prompt=sum(1 for r in results if r.tokens))  # each prompt step's drawn token
+                      from_prompt=sum(1 for r in done if r.tokens))  # each prompt step's drawn token
     out.slots, out.memory = batch.size, batch.memory()
     return out
 
@@ -183,11 +207,31 @@ def cmd_generate_batch(args, generator) -> int:
                   f"before the failing step (shown under === {k} (error) ===)", file=sys.stderr)
 
     programs = generator.programs_for({"temperature": args.temperature})  # greedy: the temperature fixed at 0
-    results = generate_batch(programs[1], prompts, programs=programs, size=args.batch_size,
-                             max_tokens=args.max_tokens, stop_ids=stops, on_done=show, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             min_p=args.min_p, seed=args.seed)
+    shown = set()
+
+    def done(k: int, result: SlotResult) -> None:
+        shown.add(k)
+        show(k, result)
+    try:
+        results = generate_batch(programs[1], prompts, programs=programs, size=args.batch_size,
+                                 max_tokens=args.max_tokens, stop_ids=stops, on_done=done, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    except KeyboardInterrupt as exc:  # Ctrl-C: the prompts in flight shown, --ids-out and --stats, then `error: interrupted`
+        partial = getattr(exc, "partial", None)
+        if partial is not None:
+            for k, result in enumerate(partial):
+                if result is not None and k not in shown:
+                    show(k, result)
+            _report_batch(args, generator, partial)
+        raise
+    return _report_batch(args, generator, results)
+
+
+def _report_batch(args, generator, results: BatchResults) -> int:
+    """--ids-out and --stats of a batch (or of one cut off by Ctrl-C: a prompt not started has no
+    array); exit 1 where a prompt failed."""
     if args.ids_out is not None:
-        arrays = {f"prompt_{k}": np.asarray(r.tokens, np.int32) for k, r in enumerate(results)}
+        arrays = {f"prompt_{k}": np.asarray(r.tokens, np.int32) for k, r in enumerate(results) if r is not None}
         write_atomic(args.ids_out, lambda f: np.savez(f, **arrays))
     if args.stats:  # the lines of a single generation's --stats, over the whole batch
         print(f"compile {generator.compile_s + results.stats.compile_s:.3f} s ({generator.graph_path}: "
@@ -195,4 +239,4 @@ def cmd_generate_batch(args, generator) -> int:
         for line in results.stats.lines():
             print(line, file=sys.stderr)
         print(runstats.memory_line(results.memory), file=sys.stderr)
-    return 1 if any(r.error is not None for r in results) else 0
+    return 1 if any(r is not None and r.error is not None for r in results) else 0

@@ -562,3 +562,36 @@ def test_read_prompts_names_what_an_npz_or_npy_holds(tmp_path):
     assert prompts[0].tolist() == [1, 2**63 + 5]
     with pytest.raises(OiError, match=rf"prompt 0: token id {2**63 + 5} \(index 1\) is outside the vocabulary"):
         prompt_ids(prompts[0], SIZES["vocab"], "prompt 0")  # generate_batch's check of every prompt
+
+
+def test_ctrl_c_in_generate_batch_cli_shows_and_writes_what_was_generated(llama, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during `generate --batch` (raised after a compiled call whose tokens were taken, as
+    the CLI's handler does): the prompts in flight are shown as they stand (`interrupted`),
+    --ids-out holds every prompt started (not those never started), --stats is printed, then
+    `error: interrupted`, exit 130. It printed the finished prompts only and wrote no --ids-out."""
+    from oi2jax import generation
+    from oi2jax.runtime.batch import Batch
+    model, _, _, gen = llama
+    monkeypatch.setattr(generation, "Generator", lambda path, graph=None, **options: gen)
+    run, calls = Batch.run, []
+
+    def two_steps(self, steps, stop=()):  # runs of 2 steps: prompts are in flight between them
+        out = run(self, min(steps, 2), stop)
+        calls.append(steps)
+        if len(calls) == 4:  # the first two prompts finished in the third run (6 tokens)
+            raise KeyboardInterrupt
+        return out
+    monkeypatch.setattr(Batch, "run", two_steps)
+    prompts, ids_out = tmp_path / "p.npz", tmp_path / "ids.npz"
+    np.savez(prompts, **{f"p{k}": PROMPTS[k] for k in range(5)})
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--batch-size", "2",
+                                 "--max-tokens", "6", "--ignore-eos", "--ids-out", ids_out, "--stats")
+    assert code == 130 and err.endswith("error: interrupted\n"), err
+    ids = np.load(ids_out)
+    assert sorted(ids.files) == ["prompt_0", "prompt_1", "prompt_2", "prompt_3"]
+    for k, n in ((0, 6), (1, 6), (2, 3), (3, 3)):
+        assert ids[f"prompt_{k}"].tolist() == _solo(llama, k, 6)[0][:n], k
+    for k, finish in ((0, "length"), (1, "length"), (2, "interrupted"), (3, "interrupted")):
+        assert f"=== {k} ({finish}) ===\n{' '.join(map(str, _solo(llama, k, 6)[0][:6 if k < 2 else 3]))}\n" in printed
+    assert "=== 4" not in printed
+    assert re.search(r"^generated 18 tokens in [0-9.]+ s", err, re.M), err

@@ -42,7 +42,8 @@ _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 @dataclass
 class SlotResult:
     """One slot's sequence: the prompt, the tokens generated (a stop id is not one of them), why
-    it ended (`"stop"`, `"length"`, `"error"`, `"evicted"` while generating; None while running)
+    it ended (`"stop"`, `"length"`, `"error"`, `"evicted"` while generating, `"interrupted"` in
+    `generate_batch`'s partial after Ctrl-C; None while running)
     and the error."""
 
     prompt: np.ndarray
