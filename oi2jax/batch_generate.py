@@ -18,7 +18,7 @@ from .diagnostics import OiError, check_whole
 from .generation import PROMPT_STEPS, Stats
 from .npz import load_error, regular_input, write_atomic
 from .runtime import runstats
-from .runtime.batch import SlotResult
+from .runtime.batch import MAX_STOPS, SlotResult
 from .runtime.settings import OFF as DEFAULT_SETTINGS, check_settings
 from .runtime.tokens import capacity, prompt_ids, stop_ids as checked_stops, vocabulary
 
@@ -195,7 +195,11 @@ def cmd_generate_batch(args, generator) -> int:
                       f"and `n: i32`: examples/llama_prefill.oi), not the token-by-token one")
     prompts = read_prompts(args.batch, encode if generator.tokenizer is not None else None,
                            text_only="--chat" if args.chat else "--system" if args.system is not None else None)
-    stops = sorted(set(() if args.ignore_eos else generator.stop_ids) | set(args.stop_id or ()))
+    model_stops = set(() if args.ignore_eos else generator.stop_ids)
+    stops = sorted(model_stops | set(args.stop_id or ()))
+    if len(stops) > MAX_STOPS:  # a slot's stop ids are a row of MAX_STOPS on the device
+        raise OiError(f"--batch: {len(stops)} stop ids (the model's {len(model_stops)} and --stop-id's), at most "
+                      f"{MAX_STOPS} a slot: give fewer --stop-id" + (" (or --ignore-eos)" if model_stops else ""))
 
     def show(k: int, result: SlotResult) -> None:
         text = generator.decode(result.tokens)

@@ -429,6 +429,11 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     assert (code, printed) == (1, "") and err == (f"error: prompt 1: token id 1099511627776 (index 1) is outside the "
                                                   f"vocabulary 0..{v - 1} (the graph's logits: f32[{v}])\n"), err
     np.savez(prompts, a=PROMPTS[0])
+    # a slot's 8 stop ids: the model's and --stop-id's counted together, named as such ("10 stop ids, at most 8")
+    many = [x for t in range(3, 12) for x in ("--stop-id", str(t))]
+    code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, *many)
+    assert (code, printed) == (1, "") and err == ("error: --batch: 10 stop ids (the model's 1 and --stop-id's), at most 8 "
+                                                  "a slot: give fewer --stop-id (or --ignore-eos)\n"), err
     code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--stop-id", str(v + 1))
     assert (code, printed) == (1, "") and f"error: stop ids: {v + 1} is outside the vocabulary" in err, err
     # the chat template renders text: with a file of ids, --chat / --system are refused, not ignored
