@@ -57,7 +57,8 @@ def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.nda
             prompts.append(ids)  # as stored: a uint64 id past int64 is named as it is, not wrapped negative
     else:
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            # utf-8-sig: a byte-order mark (an editor's UTF-8 file) is no part of the first prompt
+            lines = path.read_text(encoding="utf-8-sig").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise OiError(f"{path}: cannot read the prompts: {exc}") from None
         if encode is None:

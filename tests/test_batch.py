@@ -600,3 +600,13 @@ def test_ctrl_c_in_generate_batch_cli_shows_and_writes_what_was_generated(llama,
         assert f"=== {k} ({finish}) ===\n{' '.join(map(str, _solo(llama, k, 6)[0][:6 if k < 2 else 3]))}\n" in printed
     assert "=== 4" not in printed
     assert re.search(r"^generated 18 tokens in [0-9.]+ s", err, re.M), err
+
+
+def test_a_text_prompt_files_byte_order_mark_is_not_part_of_its_first_prompt(tmp_path):
+    """A UTF-8 file with a byte-order mark (as editors write them): the mark was encoded into the
+    first prompt's ids (3 more tokens with a byte-level tokenizer)."""
+    from oi2jax.batch_generate import read_prompts
+    path = tmp_path / "p.txt"
+    path.write_bytes("\ufeffhello\nthere\n".encode("utf-8"))
+    prompts = read_prompts(path, encode=lambda text: list(text.encode("utf-8")))
+    assert [p.tolist() for p in prompts] == [list(b"hello"), list(b"there")]
