@@ -29,15 +29,16 @@ def read_prompts(path, encode=None, text_only: str | None = None) -> list[np.nda
     `text_only`: a flag that applies to text prompts only (refused with a file of ids)."""
     path = Path(path)
     regular_input(path, "the prompts")
-    if path.suffix in (".npy", ".npz") and text_only is not None:
+    suffix = path.suffix.lower()  # `P.NPY` is ids as `p.npy` is (it was read as text: a UTF-8 error)
+    if suffix in (".npy", ".npz") and text_only is not None:
         raise OiError(f"{path}: {text_only} renders text prompts with the chat template; a file of token ids is "
                       f"the model's input as it is (leave out {text_only}, or give a text file)")
-    if path.suffix in (".npy", ".npz"):
+    if suffix in (".npy", ".npz"):
         try:
             data = np.load(path, allow_pickle=False)
         except Exception as exc:  # missing, not an array, a damaged zip: numpy and zipfile raise several kinds
             raise OiError(f"{path}: cannot read the prompts: {load_error(exc)}") from None
-        if path.suffix == ".npz":
+        if suffix == ".npz":
             try:
                 arrays = [(f"{path}: member {name}", data[name]) for name in data.files]
             except Exception as exc:  # a damaged member: zip, zlib and numpy raise several kinds

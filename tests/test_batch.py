@@ -567,6 +567,10 @@ def test_read_prompts_names_what_an_npz_or_npy_holds(tmp_path):
     assert prompts[0].tolist() == [1, 2**63 + 5]
     with pytest.raises(OiError, match=rf"prompt 0: token id {2**63 + 5} \(index 1\) is outside the vocabulary"):
         prompt_ids(prompts[0], SIZES["vocab"], "prompt 0")  # generate_batch's check of every prompt
+    upper = tmp_path / "P.NPY"  # (batch probe) read as a text file: a UTF-8 decoding error
+    with open(upper, "wb") as f:  # (np.save to a path would add ".npy")
+        np.save(f, np.array([[3, 4]], np.int32))
+    assert [p.tolist() for p in read_prompts(upper)] == [[3, 4]]
 
 
 def test_ctrl_c_in_generate_batch_cli_shows_and_writes_what_was_generated(llama, tmp_path, capsys, monkeypatch):
