@@ -63,8 +63,11 @@ def test_f32_file_is_the_checkpoint(ck):
     assert dict(a.sizevars) == dict(b.sizevars) and sorted(a.tensors) == sorted(b.tensors)
     for name in a.tensors:
         assert a.load(name).tobytes() == b.load(name).tobytes(), name
-    assert _tokenizer_meta(tmp / "hf.oinf") == _tokenizer_meta(tmp / "gguf.oinf")
-    assert _tokenizer_meta(tmp / "hf.oinf")["stop"] == [2]
+    hf, gg = _tokenizer_meta(tmp / "hf.oinf"), _tokenizer_meta(tmp / "gguf.oinf")
+    assert {k: v for k, v in hf.items() if k != "stop"} == {k: v for k, v in gg.items() if k != "stop"}
+    # generation_config.json's EOS; the GGUF's as llama.cpp's end-of-generation set: its EOS, and id 0,
+    # whose text <|endoftext|> is one of llama.cpp's end-of-generation texts (llama_vocab_is_eog: 0, 2)
+    assert hf["stop"] == [2] and gg["stop"] == [2, 0]
     text = "<|im_start|>user\nWhat is the capital of France? Numbers: 12345, ünïcode.<|im_end|>\n"
     ids = [Tokenizer.from_str(m.metadata[META["tokenizer"]].value).encode(text).ids for m in (a, b)]
     assert ids[0] == ids[1] and ids[0][0] == 1 and max(ids[0]) >= 259  # specials and merges, as trained

@@ -107,7 +107,8 @@ def test_stored_tokenizer_encodes_as_the_trained_one(bpe, converted, which):
     vocab = converted["vocab"]
     assert int(m.metadata[META["bos"]].value) == vocab["<|endoftext|>"]
     assert int(m.metadata[META["eos"]].value) == vocab["<|im_end|>"]
-    stop = {"hf": [vocab["<|im_end|>"], 0], "gguf": [vocab["<|im_end|>"]]}[which]  # generation_config's list
+    # generation_config's list; the GGUF's llama.cpp's end-of-generation set: its EOS, and <|endoftext|> by its text
+    stop = [vocab["<|im_end|>"], 0]
     assert m.metadata[META["stop"]].value.tolist() == stop
     assert m.metadata[META["graph"]].value == "examples/llama_decode.oi"
 
@@ -540,3 +541,24 @@ def test_a_range_of_few_items_with_large_bounds_renders():
         render_chat("{% for i in range(0, 3000000) %}{% endfor %}", messages)  # jinja2's sandbox's bound
     with pytest.raises(OiError, match=r"chat template: it runs away: a range of more than"):
         render_chat("{{ range(10 ** 30) | length }}", messages)
+
+
+@pytest.mark.parametrize("extra, keys, want", [
+    # the sets llama.cpp's llama_vocab_is_eog gives for these vocabularies (llama-cpp-python 0.3.36;
+    # the vocabulary: <unk> <s> <x> a..t, then `extra` from id 23; EOS 2)
+    (["<start_of_turn>", "<end_of_turn>", "<eos>"], {}, [2, 24, 25]),  # Gemma: the end of a turn
+    (["<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"], {},
+     [2, 24, 26, 27, 28]),  # Qwen 2.5: ChatML's end, and the FIM pad/repo/separator found by text
+    (["<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"],
+     {"tokenizer.ggml.fim_pad_token_id": 25}, [2, 25, 24, 27, 28]),  # a key's id, not its texts
+    (["<|return|>", "<|call|>", "<|end|>"], {}, [2, 23, 24]),  # gpt-oss: <|end|> is no end there
+    (["<|calls|>", "<|flush|>", "<|end|>"], {}, [2, 23, 24]),
+    (["<|tool_response>", "</s>"], {}, [2, 23]),
+])
+def test_gguf_stop_ids_are_llama_cpps_end_of_generation_tokens(extra, keys, want):
+    """(gguf probe) A GGUF stored EOS, EOT and EOM only: a Gemma or Phi-3 file, which names no EOT,
+    ran past <end_of_turn> / <|end|> where llama.cpp stops (it ends at every token of its list of
+    end-of-generation texts)."""
+    from oi2jax.model.tokenizer import gguf_stop_ids
+    tokens = ["<unk>", "<s>", "<x>"] + [chr(97 + i) for i in range(20)] + extra
+    assert gguf_stop_ids({"tokenizer.ggml.eos_token_id": 2, **keys}, tokens) == want

@@ -378,6 +378,41 @@ def gguf_tokenizer_json(fields: dict, where: str) -> str:
     return tok.to_str()
 
 
+# llama.cpp's end-of-generation tokens (llama-vocab.cpp, `special_eog_ids`; the lists of the
+# llama.cpp in llama-cpp-python 0.3.36, checked token by token with `llama_vocab_is_eog`): the ids
+# of EOS, EOT, EOM and the FIM pad/repo/separator keys; where a key of these is absent, a token with
+# one of its texts; and every token with one of the end-of-generation texts (Gemma's
+# <end_of_turn>, ChatML's <|im_end|>, Phi-3's <|end|>, Llama 3's <|eot_id|>, ...), key or no key
+_GGUF_STOP_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+_GGUF_KEY_TEXTS = {  # a FIM key's texts, read when the key is absent (llama.cpp's auto-detection)
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",)}
+_GGUF_STOP_TEXTS = frozenset((
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>"))
+
+
+def gguf_stop_ids(fields: dict, tokens: list) -> list[int]:
+    """The ids a GGUF model's generation ends at, as llama.cpp's (above): the keys' ids, then the
+    tokens found by text, in id order. As there, `<|end|>` is not one beside `<|return|>` and
+    `<|call|>` (gpt-oss's harmony format) or `<|calls|>` and `<|flush|>`, and `</s>` is not one beside
+    `<|tool_response>`."""
+    texts = set(_GGUF_STOP_TEXTS)
+    for which, alternatives in _GGUF_KEY_TEXTS.items():
+        if fields.get(f"tokenizer.ggml.{which}_token_id") is None:
+            texts.update(alternatives)
+    ids = [int(fields[k]) for k in (f"tokenizer.ggml.{w}_token_id" for w in _GGUF_STOP_KEYS)
+           if fields.get(k) is not None]  # (their types: check_gguf_tokenizer_fields)
+    ids = list(dict.fromkeys(ids + [i for i, t in enumerate(tokens) if isinstance(t, str) and t in texts]))
+    named = {tokens[i] for i in ids if i < len(tokens) and isinstance(tokens[i], str)}
+    calls = bool(named & {"<|call|>", "<|calls|>"})
+    drop = ({"<|end|>"} if calls and ("<|return|>" in named or "<|flush|>" in named) else set()) | \
+        ({"</s>"} if "<|tool_response>" in named else set())
+    return [i for i in ids if not (i < len(tokens) and tokens[i] in drop)]
+
+
 def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
     """(the tokenizer entries of a GGUF file, notes). A tokenizer of a model or pre-tokenizer that
     cannot be rebuilt is left out with a note (the model's weights do not depend on it); a
@@ -390,11 +425,10 @@ def gguf_tokenizer_metadata(fields: dict, where: str) -> tuple[dict, list[str]]:
             text = gguf_tokenizer_json(fields, where)
         else:
             notes.append(f"{where}: no tokenizer.json stored: {why} (tokenize prompts with the model's own tokenizer)")
-    bos, eos, eot, eom = (fields.get(f"tokenizer.ggml.{which}_token_id") for which in ("bos", "eos", "eot", "eom"))
-    # llama.cpp ends a generation at each of EOS, EOT and EOM (Llama 3.1's <|eom_id|> after a tool call)
-    stop = [int(i) for i in (eos, eot, eom) if i is not None]  # (their types: check_gguf_tokenizer_fields)
-    special = {}  # the texts of the special ids, as transformers' GGUF loader names them
+    bos, eos = fields.get("tokenizer.ggml.bos_token_id"), fields.get("tokenizer.ggml.eos_token_id")
     tokens = fields.get("tokenizer.ggml.tokens")
+    stop = gguf_stop_ids(fields, tokens if isinstance(tokens, list) else [])
+    special = {}  # the texts of the special ids, as transformers' GGUF loader names them
     if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
         for name, which in _GGUF_SPECIAL.items():
             key = f"tokenizer.ggml.{which}_token_id"
