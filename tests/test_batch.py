@@ -567,6 +567,9 @@ def test_read_prompts_names_what_an_npz_or_npy_holds(tmp_path):
     assert prompts[0].tolist() == [1, 2**63 + 5]
     with pytest.raises(OiError, match=rf"prompt 0: token id {2**63 + 5} \(index 1\) is outside the vocabulary"):
         prompt_ids(prompts[0], SIZES["vocab"], "prompt 0")  # generate_batch's check of every prompt
+    with pytest.raises(OiError, match=r"prompt 0: a prompt is a non-empty vector of token ids, got text 'hello': "
+                                      r"encode it first"):  # (batch probe) it said "got shape \[\]"
+        prompt_ids("hello", SIZES["vocab"], "prompt 0")
     upper = tmp_path / "P.NPY"  # (batch probe) read as a text file: a UTF-8 decoding error
     with open(upper, "wb") as f:  # (np.save to a path would add ".npy")
         np.save(f, np.array([[3, 4]], np.int32))

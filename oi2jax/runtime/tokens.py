@@ -41,6 +41,9 @@ def prompt_ids(ids, vocab: int | None, what: str = "the prompt", positions: int 
     """A prompt's token ids as int32: a non-empty 1-D integer array, every id in 0..vocab-1 (the
     first one outside named with its index), no more of them than the cache's `positions` (its T:
     `capacity`) where given."""
+    if isinstance(ids, (str, bytes)):  # (np.asarray makes a 0-d string: "got shape []" said nothing)
+        raise OiError(f"{what}: a prompt is a non-empty vector of token ids, got text {ids[:40]!r}: encode it "
+                      f"first (the model's tokenizer; oi2jax.Generator and `oi2jax generate` take text)")
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.size == 0:
         raise OiError(f"{what}: a prompt is a non-empty vector of token ids, got shape {list(ids.shape)}")
