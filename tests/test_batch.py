@@ -617,3 +617,18 @@ def test_a_text_prompt_files_byte_order_mark_is_not_part_of_its_first_prompt(tmp
     path.write_bytes("\ufeffhello\nthere\n".encode("utf-8"))
     prompts = read_prompts(path, encode=lambda text: list(text.encode("utf-8")))
     assert [p.tolist() for p in prompts] == [list(b"hello"), list(b"there")]
+
+
+def test_a_prompt_step_error_in_insert_leaves_the_slot_free(llama, monkeypatch):
+    """(batch probe) An insert whose prompt step raised left the slot's earlier, finished result in
+    `result(slot)`, where the docs say the slot stays free (None)."""
+    batch = _batch(llama, 2)
+    done = batch.insert(0, PROMPTS[0], max_tokens=1)
+    assert batch.result(0) is done and done.finish == "length"
+
+    def failing(ids, values):
+        raise OiError("attention: valid length 0 is not in 1..16 (in step 1)")
+    monkeypatch.setattr(batch, "_prefill", failing)
+    with pytest.raises(OiError, match="in step 1"):
+        batch.insert(0, PROMPTS[1])
+    assert batch.result(0) is None and batch.active == []

@@ -217,6 +217,7 @@ class Batch:
             self._results[slot] = result
             self._slots["why"][slot] = LENGTH
             return result
+        self._results[slot] = None  # free while the prompt runs: a prompt step's error leaves no old result
         state, first, self._prompt_steps[slot] = self._prefill(ids, values)
         slots = self._slots
         slots["stops"][slot] = _NO_TOKEN
