@@ -643,3 +643,41 @@ def test_a_nonfinite_block_scale_is_noted_without_numpy_warnings(tmp_path, capsy
         code, _, err = run_cli(capsys, "convert-gguf", path, "-o", tmp_path / "m.oinf", "--dtype", "f32")
     assert code == 0 and "RuntimeWarning" not in err
     assert f"note: {path}: tensor lm_head.weight (GGUF output.weight) holds 1 NaN and 31 infinite value(s)" in err
+
+
+@pytest.mark.parametrize("kind, offset", [("Q8_0", 0), ("Q4_1", 2), ("Q4_K", 2), ("Q6_K", 208)])
+def test_kept_blocks_with_a_nonfinite_scale_are_noted_or_refused(tmp_path, capsys, kind, offset):
+    """(gguf probe) Kept blocks (no --dtype) were stored unread: a block scale of inf gave NaN/Inf
+    weights with no note, and `--nonfinite error` did not refuse them. The counts are those of
+    gguf.quants.dequantize over the whole tensor."""
+    def poison(written):
+        written["output.weight"][1, offset:offset + 2] = np.array([np.inf], np.float16).view(np.uint8)
+    _, path, written = _twin(tmp_path, kind, WIDE if kind in KQUANTS else SMALL, edit=poison)
+    with np.errstate(all="ignore"):
+        values = quants.dequantize(written["output.weight"], T[kind])
+    nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+    assert nan + inf > 0
+    code, _, err = run_cli(capsys, "convert-gguf", path, "-o", tmp_path / "m.oinf")
+    assert code == 0
+    assert f"note: {path}: tensor lm_head.weight (GGUF output.weight) holds {nan} NaN and {inf} infinite value(s)" in err
+    code, _, err = run_cli(capsys, "convert-gguf", path, "-o", tmp_path / "n.oinf", "--nonfinite", "error")
+    assert code == 1 and "(refused: --nonfinite error)" in err and not (tmp_path / "n.oinf").exists()
+
+
+@pytest.mark.parametrize("kind", LEGACY + KQUANTS)
+def test_nonfinite_counts_read_the_scales_as_gguf_quants_dequantizes(kind):
+    """ggml.nonfinite_counts: the NaN and Inf counts of a full gguf.quants.dequantize, for blocks
+    whose scales are finite, inf or NaN (one of each field, one block each)."""
+    from oi2jax.model.ggml import nonfinite_counts
+    rng = np.random.default_rng(4)
+    block, size = gguf.GGML_QUANT_SIZES[T[kind]]
+    offsets = _K_SCALES.get(kind, (0, 2) if kind in ("Q4_1", "Q5_1") else (0,))
+    raw = rng.integers(0, 256, (6, size), dtype=np.uint8)
+    for at in offsets:
+        raw[:, at:at + 2] = np.full(6, 1e-3, np.float16).view(np.uint8).reshape(6, 2)
+    assert nonfinite_counts(kind, raw) == (0, 0)
+    for row, (at, bad) in enumerate(zip(offsets * 2, (np.inf, np.nan, -np.inf, np.nan))):
+        raw[row + 1, at:at + 2] = np.array([bad], np.float16).view(np.uint8)
+    with np.errstate(all="ignore"):
+        values = quants.dequantize(raw, T[kind])
+    assert nonfinite_counts(kind, raw) == (int(np.isnan(values).sum()), int(np.isinf(values).sum())) != (0, 0)

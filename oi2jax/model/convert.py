@@ -32,7 +32,8 @@ from ..diagnostics import OiError
 from ..naming import ALIAS_PREFIX
 from .hf.config import fail as _fail, read_json
 from .hf.families import FAMILIES, ModelConfig, read_config
-from .ggml import QUANTIZE_TYPES, block_layout, ggml_stored_shape, meta_key, quantize as ggml_quantize
+from .ggml import QUANTIZE_TYPES, block_layout, ggml_stored_shape, meta_key, nonfinite_counts as ggml_nonfinite, \
+    quantize as ggml_quantize
 from .hf.source import SOURCE_DTYPES, SafetensorsSource, SourceEntry, TensorSource, np_dtype
 from .reader import NAME_RE
 from .tokenizer import HF_TOKENIZER_FILES, META, check_token_ids, config_token_ids, hf_tokenizer_metadata
@@ -244,7 +245,10 @@ def convert_checkpoint(raw_config: dict, source: TensorSource, out_path, *, dtyp
             def raw():
                 bar.tick(math.prod(shape))
                 values = source.read(p.source)
-                return values[p.rows[0]:p.rows[1]] if p.rows is not None else values
+                values = values[p.rows[0]:p.rows[1]] if p.rows is not None else values
+                _report_nonfinite(*ggml_nonfinite(kept, values), out_name + source.origin(p.source), where, nonfinite,
+                                  nonfinite_found)  # stored as they are, their scales read
+                return values
             return LazyTensor("u8", shape, raw)
 
         def load():
@@ -296,6 +300,10 @@ def _count_nonfinite(values: np.ndarray, name: str, where: str, mode: str, found
         part = part.astype(np.float32) if part.dtype.itemsize < 4 else part
         nan += int(np.count_nonzero(np.isnan(part)))
         inf += int(np.count_nonzero(np.isinf(part)))
+    _report_nonfinite(nan, inf, name, where, mode, found)
+
+
+def _report_nonfinite(nan: int, inf: int, name: str, where: str, mode: str, found: list[str]) -> None:
     if not nan and not inf:
         return
     text = f"tensor {name} holds {nan} NaN and {inf} infinite value(s)"

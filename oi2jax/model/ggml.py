@@ -19,7 +19,7 @@ import numpy as np
 from ..diagnostics import OiError
 
 __all__ = ["BLOCK_TYPES", "UNPACKED_TYPES", "HALF_KINDS", "META_PREFIX", "QUANTIZE_TYPES", "KeptBlocks", "AFFINE", "meta_key",
-           "block_layout", "ggml_stored_shape", "ggml_logical_shape", "dequantize", "quantize"]
+           "block_layout", "ggml_stored_shape", "ggml_logical_shape", "dequantize", "nonfinite_counts", "quantize"]
 
 # the block-quantized types gguf.quants dequantizes, which an .oinf keeps as raw blocks
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -83,6 +83,30 @@ def ggml_logical_shape(kind: str, stored: tuple[int, ...]) -> tuple[int, ...] | 
     if not stored or stored[-1] % size:
         return None
     return (*stored[:-1], stored[-1] // size * block)
+
+
+# the byte offsets of each kept type's f16 block scales (d; and m / dmin where it has one), in
+# gguf.quants' block layouts: a block's values are finite exactly when these are (the rest are
+# small integers), so a file's NaN/Inf weights are found without dequantizing every block
+_SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+                  "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def nonfinite_counts(kind: str, raw: np.ndarray) -> tuple[int, int]:
+    """(NaN count, infinite count) of the values of `kind` blocks `raw` (uint8, whole blocks): the
+    blocks whose f16 scales are not finite, and only those, dequantized (`gguf.quants`)."""
+    _, size = block_layout(kind)
+    rows = np.asarray(raw, dtype=np.uint8).reshape(-1, size)
+    bad = np.zeros(len(rows), bool)
+    for offset in _SCALE_OFFSETS[kind]:
+        bad |= ~np.isfinite(np.ascontiguousarray(rows[:, offset:offset + 2]).view(np.float16)[:, 0])
+    if not bad.any():
+        return 0, 0
+    from gguf import quants  # deferred: as in dequantize
+    from gguf.constants import GGMLQuantizationType  # deferred: as above
+    with np.errstate(all="ignore"):
+        values = quants.dequantize(rows[bad], GGMLQuantizationType[kind])  # (a row of blocks each)
+    return int(np.count_nonzero(np.isnan(values))), int(np.count_nonzero(np.isinf(values)))
 
 
 def dequantize(kind: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

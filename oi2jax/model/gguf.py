@@ -546,7 +546,8 @@ def convert_gguf(src, out_path, dtype: str | None = None, max_positions: int | N
     """Convert the GGUF file `src` to the `.oinf` file `out_path` (atomically; nothing is written on
     an error). `dtype`: None keeps F32/F16/BF16 and the block types' raw blocks; f32/bf16/f16
     dequantizes and converts every tensor. `max_positions`: T (default: the file's context length).
-    `nonfinite`: as convert_hf's (kept blocks are stored unread). The tokenizer, chat template and
+    `nonfinite`: as convert_hf's (kept blocks are stored as they are; their f16 scales say
+    which blocks hold NaN/Inf: ggml.nonfinite_counts). The tokenizer, chat template and
     special ids are stored in the metadata (model/tokenizer.py)."""
     if dtype is not None and dtype not in DTYPES:
         raise OiError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
