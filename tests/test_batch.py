@@ -205,12 +205,12 @@ def test_a_run_refusing_its_stop_ids_leaves_every_slots_own_stop_ids(llama):
     # slots before it had taken them, and they kept them: slot 0 then stopped at a run's id in
     # every later run
     solo = [_solo(llama, k, 12)[0] for k in range(2)]
-    unused = [t for t in range(SIZES["vocab"]) if t not in solo[1]][:7]
+    unused = [t for t in range(SIZES["vocab"]) if t not in solo[1]][:15]
     batch = _batch(llama)
     batch.insert(0, PROMPTS[0], max_tokens=12)
     batch.insert(1, PROMPTS[1], max_tokens=12, stop=unused)
     extra = next(t for t in range(SIZES["vocab"]) if t not in unused and t != solo[0][3])
-    with pytest.raises(OiError, match="slot 1: 9 stop ids, at most 8"):
+    with pytest.raises(OiError, match="slot 1: 17 stop ids, at most 16"):
         batch.run(30, stop=[solo[0][3], extra])  # slot 0 would stop at its 4th token
     batch.run(30)
     assert batch.result(0).tokens == solo[0] and batch.result(0).finish == "length"
@@ -429,10 +429,10 @@ def test_generate_batch_cli_keeps_the_prompts_order_and_equals_solo_runs(llama, 
     assert (code, printed) == (1, "") and err == (f"error: prompt 1: token id 1099511627776 (index 1) is outside the "
                                                   f"vocabulary 0..{v - 1} (the graph's logits: f32[{v}])\n"), err
     np.savez(prompts, a=PROMPTS[0])
-    # a slot's 8 stop ids: the model's and --stop-id's counted together, named as such ("10 stop ids, at most 8")
-    many = [x for t in range(3, 12) for x in ("--stop-id", str(t))]
+    # a slot's 16 stop ids: the model's and --stop-id's counted together, named as such ("18 stop ids, at most 16")
+    many = [x for t in range(3, 20) for x in ("--stop-id", str(t))]
     code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, *many)
-    assert (code, printed) == (1, "") and err == ("error: --batch: 10 stop ids (the model's 1 and --stop-id's), at most 8 "
+    assert (code, printed) == (1, "") and err == ("error: --batch: 18 stop ids (the model's 1 and --stop-id's), at most 16 "
                                                   "a slot: give fewer --stop-id (or --ignore-eos)\n"), err
     code, printed, err = run_cli(capsys, "generate", model, "--batch", prompts, "--stop-id", str(v + 1))
     assert (code, printed) == (1, "") and f"error: stop ids: {v + 1} is outside the vocabulary" in err, err

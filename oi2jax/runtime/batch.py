@@ -28,7 +28,7 @@ from .buckets import bucket_program, program_buckets, prompt_steps
 from .kernels import StepOutcome
 from .settings import OFF, SETTINGS, as_input, check_settings
 from .tokens import capacity, prompt_ids, stop_ids, vocabulary
-MAX_STOPS = 8  # stop ids per slot (insert's and run's together)
+MAX_STOPS = 16  # stop ids per slot (insert's and run's together; a GGUF's end-of-generation set is often 3-6)
 CHUNK = 32  # steps per compiled call of `run`: tokens reach the host once per chunk
 _NO_TOKEN = -1  # an unused stop-id entry; a step that produced no token for a slot
 RUNNING, STOPPED, LENGTH, FAILED = 0, 1, 2, 3
