@@ -18,16 +18,17 @@ What is written (for `-o step.jaxexport`):
 
 Loading it back (oi2jax not needed)::
 
-    import json, numpy as np, jax
+    import json, numpy as np, jax, jax.numpy as jnp
     jax.config.update("jax_enable_x64", True)          # the artifact is 64-bit (manifest: "x64")
     exp = jax.export.deserialize(open("step.jaxexport", "rb").read())
     man = json.load(open("step.jaxexport.json")); npz = np.load("step.jaxexport.init.npz")
+    buf = lambda key, dtype: npz[key].view(jnp.dtype(dtype))  # bf16/f8 are stored as their bits (uint16/8)
     st = man["state"]
-    state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]},
-             "caches": {c["name"]: {part: npz[c[part]["npz_key"]] for part in ("data", "size", "present")
-                                    if part in c} for c in st["caches"]},
-             "guards": {g: npz[st["guards"][g]["npz_key"]] for g in ("err", "errval", "grow")}}
-    dynamic = {d["name"]: npz[d["default_npz_key"]] for d in man["inputs"]}
+    state = {"vars": {v["name"]: buf(v["npz_key"], v["dtype"]) for v in st["vars"]},
+             "caches": {c["name"]: {part: buf(c[part]["npz_key"], c[part]["dtype"])
+                                    for part in ("data", "size", "present") if part in c} for c in st["caches"]},
+             "guards": {g: buf(st["guards"][g]["npz_key"], st["guards"][g]["dtype"]) for g in ("err", "errval", "grow")}}
+    dynamic = {d["name"]: buf(d["default_npz_key"], d["dtype"]) for d in man["inputs"]}
     state, outputs = exp.call(state, dynamic)
 
 Graphs with yield/await are exported in their fused form (one function, snapshot semantics).
@@ -74,6 +75,15 @@ COMPATIBILITY = ("jax.export guarantees: an artifact serialized by this JAX runs
 
 def _dtype_name(dtype) -> str:
     return np.dtype(dtype).name
+
+
+def _npz_bits(value: np.ndarray) -> np.ndarray:
+    """`value` as the init `.npz` holds it: NumPy's `.npy` has no bfloat16 / float8 (a bf16 array
+    reads back as raw `|V2` records, an f8 one not at all: its `<f1` header is refused), so those
+    are stored as their bits, uint16 / uint8; the loader views them as the manifest's dtype."""
+    if value.dtype.name in ("bfloat16", "float8_e5m2"):
+        return value.view(np.dtype(f"uint{8 * value.dtype.itemsize}"))
+    return value
 
 
 def _shape_json(shape) -> list:
@@ -219,7 +229,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
 
     def buffer(value) -> dict:
         key = f"state_{len(npz)}"
-        npz[key] = value
+        npz[key] = _npz_bits(value)
         return {"shape": list(value.shape), "dtype": _dtype_name(value.dtype), "npz_key": key}
 
     layouts = exe.lowering.caches
@@ -243,7 +253,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     inputs = []
     for i, name in enumerate(builder.dynamic):
         key = f"input_{i}"
-        npz[key] = defaults[name]
+        npz[key] = _npz_bits(defaults[name])
         inputs.append({"name": name, "dsl_dtype": bound.dtype(name), "shape": _shape_json(dyn_shapes[name]),
                        "dtype": _dtype_name(defaults[name].dtype), "default_npz_key": key})
     outputs = []
@@ -284,7 +294,9 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         "outputs": outputs,
         "errors": [site.message for site in lowering.error_sites],
         "dtype_notes": "values are in oi2jax's representation: bf16 as bfloat16, f8 as float8_e5m2, "
-                       "i1/i2/i4/t1/t2 as int8, u1/u2/u4/bitset as uint8 (docs/architecture.md)",
+                       "i1/i2/i4/t1/t2 as int8, u1/u2/u4/bitset as uint8 (docs/architecture.md); NumPy's .npy has "
+                       "no bfloat16/float8, so init_npz holds those buffers as their bits (uint16, uint8): view "
+                       "each as its dtype here, npz[key].view(jax.numpy.dtype(dtype))",
     }
     return exported, manifest, npz
 

@@ -23,27 +23,32 @@ LOADER = textwrap.dedent("""
     sys.modules["oi2jax"] = None  # any `import oi2jax` now fails
     import json
     import numpy as np
-    import jax
+    import jax, jax.numpy as jnp
     jax.config.update("jax_enable_x64", True)
     for job in json.loads(sys.argv[1]):
         art = job["artifact"]
         exp = jax.export.deserialize(bytearray(open(art, "rb").read()))
         man = json.load(open(art + ".json"))
         npz = np.load(art.rsplit("/", 1)[0] + "/" + man["init_npz"])
+        def buf(key, dtype):  # bf16/f8 are stored as their bits (uint16, uint8)
+            return npz[key].view(jnp.dtype(dtype))
         st = man["state"]
-        state = {"vars": {v["name"]: npz[v["npz_key"]] for v in st["vars"]},
-                 "caches": {c["name"]: {p: npz[c[p]["npz_key"]] for p in ("data", "size", "present") if p in c}
-                            for c in st["caches"]},
-                 "guards": {g: npz[st["guards"][g]["npz_key"]] for g in ("err", "errval", "grow")}}
-        dynamic = {d["name"]: npz[d["default_npz_key"]] for d in man["inputs"]}
+        state = {"vars": {v["name"]: buf(v["npz_key"], v["dtype"]) for v in st["vars"]},
+                 "caches": {c["name"]: {p: buf(c[p]["npz_key"], c[p]["dtype"]) for p in ("data", "size", "present")
+                                        if p in c} for c in st["caches"]},
+                 "guards": {g: buf(st["guards"][g]["npz_key"], st["guards"][g]["dtype"]) for g in ("err", "errval", "grow")}}
+        dynamic = {d["name"]: buf(d["default_npz_key"], d["dtype"]) for d in man["inputs"]}
         if job.get("inputs"):
             given = np.load(job["inputs"])
             dynamic.update({k: given[k] for k in given.files})
         for _ in range(job["steps"]):
             state, outputs = exp.call(state, dynamic)
-        res = {"out." + k: np.asarray(v) for k, v in outputs.items()}
-        res.update({f"state.vars.{k}": np.asarray(v) for k, v in state["vars"].items()})
-        res.update({f"state.caches.{k}.{p}": np.asarray(v) for k, c in state["caches"].items() for p, v in c.items()})
+        def host(v):  # .npy cannot hold bf16/f8: the results widen them to float32 (exact)
+            v = np.asarray(v)
+            return v.astype(np.float32) if v.dtype.name in ("bfloat16", "float8_e5m2") else v
+        res = {"out." + k: host(v) for k, v in outputs.items()}
+        res.update({f"state.vars.{k}": host(v) for k, v in state["vars"].items()})
+        res.update({f"state.caches.{k}.{p}": host(v) for k, c in state["caches"].items() for p, v in c.items()})
         res.update({f"state.guards.{k}": np.asarray(v) for k, v in state["guards"].items()})
         np.savez(job["result"], **res)
     bad = [m for m, v in sys.modules.items() if m.startswith("oi2jax") and v is not None]
@@ -408,3 +413,53 @@ def test_a_symbolic_size_in_a_list_setting_is_refused_at_its_node(tmp_path, caps
     assert rc == 1 and err.startswith(f"{g}:4:5: error: cannot lower this node with a symbolic size: it needs a "
                                       f"concrete value there ("), err
     assert "export without --symbolic or use --size" in err and not out.exists()
+
+
+BF16_F8 = """\
+dynamic { a: bf16[N] @init(0.25); }
+volatile { y: f32[N]; }
+persistent {
+    acc: bf16[N] @init(1.5);
+    t: i32 @init(0);
+    K(i): f8[N] @table @fixed(i=3);
+}
+block entry {
+    assign s: bf16[N];
+    cache.read acc >> s;
+    op add(s, a) >> s;
+    cache.write s >> acc;
+    op cast(s, to=f32) >> y;
+    assign e: f8[N];
+    op cast(s, to=f8) >> e;
+    cache.write e >> K[t];
+    cache.increment t;
+    return;
+}
+"""
+
+
+def test_bf16_and_f8_buffers_of_the_npz_load_with_the_documented_loader(tmp_path):
+    """Export probe: NumPy's .npy has no bfloat16/float8: the loader docs/ecosystem.md printed
+    handed JAX a bf16 input or state as raw `|V2` records (`exp.call` raised TypeError: every
+    artifact of a bf16 graph, or of `--table-dtype bf16`) and np.load refused an f8 buffer's
+    `<f1` header. The .npz holds them as their bits; the loader views each as its manifest dtype."""
+    g = tmp_path / "bf.oi"
+    g.write_text(BF16_F8)
+    art = tmp_path / "bf" / "step.jaxexport"
+    assert main(["export", str(g), "--no-model", "--size", "N=4", "-o", str(art)]) == 0
+    man = json.loads((tmp_path / "bf" / "step.jaxexport.json").read_text())
+    assert man["inputs"][0]["dtype"] == "bfloat16"
+    assert {v["name"]: v["dtype"] for v in man["state"]["vars"]}["acc"] == "bfloat16"
+    assert man["state"]["caches"][0]["data"]["dtype"] == "float8_e5m2"
+    job = {"artifact": str(art), "steps": 3, "inputs": None, "result": str(tmp_path / "res.npz")}
+    proc = subprocess.run([sys.executable, "-c", LOADER, json.dumps([job])], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(job["result"])
+    # acc = 1.5 + k * 0.25 in bf16 (exact); K holds each step's sum encoded as f8 (E5M2, 2 mantissa
+    # bits, SPEC §5.4: ties away from zero): 1.75 -> 1.75, 2.0 -> 2.0, 2.25 -> 2.5
+    np.testing.assert_array_equal(got["out.y"], np.full(4, 2.25, np.float32))
+    np.testing.assert_array_equal(got["state.vars.acc"], np.full(4, 2.25, np.float32))
+    np.testing.assert_array_equal(got["state.caches.K.data"], np.repeat([[1.75], [2.0], [2.5]], 4, axis=1).astype(np.float32))
+    want = api.compile(str(g), model=False, sizes={"N": 4}).run({}, steps=3)
+    np.testing.assert_array_equal(got["out.y"], want["y"])
