@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -58,7 +59,7 @@ import numpy as np
 from . import ir, pipeline
 from .diagnostics import Diagnostic, OiError, suggest
 from .graph_json import to_json
-from .lowering import loops
+from .lowering import locations, loops
 from .lowering.caches import TABLE
 from .lowering.context import ErrorSites
 from .lowering.state import Shaped
@@ -212,6 +213,9 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
         except OiError:
             raise
         except Exception as exc:
+            refused = _unserializable(exc, jax.jit(step), (state_spec, dyn_spec), graph)
+            if refused is not None:
+                raise refused from None
             if not symbolic:
                 raise
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -299,6 +303,53 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                        "each as its dtype here, npz[key].view(jax.numpy.dtype(dtype))",
     }
     return exported, manifest, npz
+
+
+_LOC_DEF = re.compile(r'^(#loc\d+) = loc\("((?:[^"\\]|\\.)*)"(?:\((#loc\d+)|\()?', re.M)
+
+
+def _unserializable(exc: Exception, jitted, args, graph: ir.Graph) -> OiError | None:
+    """jax.export's refusal of a step it cannot serialize -- a kernel that calls back into Python
+    (`jax.pure_callback`, `io_callback`, `jax.debug.print`) or a custom call without jax.export's
+    compatibility guarantee -- as an OiError at each node that holds one; None for other errors."""
+    text = str(exc)
+    if isinstance(exc, NotImplementedError) and "host_callbacks" in text:
+        what = ("calls back into Python (jax.pure_callback, io_callback, jax.debug.print/callback), which "
+                "jax.export cannot serialize")
+        wanted = lambda target: "callback" in target  # noqa: E731
+    elif isinstance(exc, ValueError) and "custom calls whose targets have no compatibility guarantees" in text:
+        targets = set(re.findall(r"'([^']+)'", text.split("guarantees", 1)[1]))
+        what = ("uses a custom call without jax.export's compatibility guarantee ("
+                + ", ".join(sorted(targets) or ["see jax.export's error"]) + ")")
+        wanted = lambda target: not targets or target in targets  # noqa: E731
+    else:
+        return None
+    head = f"cannot export: this node's kernel {what}; run the graph with `oi2jax run` instead"
+    diags = []
+    try:
+        mlir = jitted.lower(*args).as_text(debug_info=True)
+        defs = {m.group(1): (m.group(2), m.group(3)) for m in _LOC_DEF.finditer(mlir)}
+        spans = locations.node_spans(graph)
+        found = {}
+        for m in re.finditer(r"custom_call @([\w.$-]+)\(.*loc\((#loc\d+)\)\s*$", mlir, re.M):
+            if not wanted(m.group(1)):
+                continue
+            loc, span = m.group(2), None
+            for _ in range(64):  # follow the name-location chain to a node's scope
+                name, parent = defs.get(loc, ("", None))
+                span = locations.span_of(name, spans)
+                if span is not None or parent is None:
+                    break
+                loc = parent
+            if span is not None:
+                found[(span.line, span.col)] = span
+        diags = [Diagnostic(head, span) for _, span in sorted(found.items())]
+    except Exception:  # locating the nodes is a courtesy: the refusal itself is the error
+        diags = []
+    if not diags:
+        return OiError(f"cannot export: the step {what} ({text.splitlines()[0]}); "
+                       "run the graph with `oi2jax run` instead")
+    return OiError(diags, source=graph.source or None)
 
 
 def _plain_output(value):

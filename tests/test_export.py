@@ -463,3 +463,35 @@ def test_bf16_and_f8_buffers_of_the_npz_load_with_the_documented_loader(tmp_path
     np.testing.assert_array_equal(got["state.caches.K.data"], np.repeat([[1.75], [2.0], [2.5]], 4, axis=1).astype(np.float32))
     want = api.compile(str(g), model=False, sizes={"N": 4}).run({}, steps=3)
     np.testing.assert_array_equal(got["out.y"], want["y"])
+
+
+def test_a_kernel_calling_back_into_python_is_refused_at_its_node(tmp_path, capsys):
+    """Export probe: a user op whose kernel uses jax.pure_callback made `oi2jax export` say
+    `error: internal error (NotImplementedError: serialization of host_callbacks is not yet
+    implemented)`, as if oi2jax had crashed. It is a user error now, at the node that holds it."""
+    ops = tmp_path / "cb_ops.py"
+    ops.write_text(textwrap.dedent('''
+        import jax, numpy as np
+        from oi2jax.ops import op
+
+        @op(inputs={"x": "float"}, elementwise=True)
+        def host_sin(x):
+            """sin, computed on the host."""
+            return jax.pure_callback(lambda a: np.sin(a).astype(a.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    '''))
+    g = tmp_path / "cb.oi"
+    g.write_text("dynamic { x: f32[N]; }\nvolatile { y: f32[N]; z: f32[N]; }\nblock entry {\n"
+                 "    op relu(x) >> z;\n    op host_sin(z) >> y;\n    return;\n}\n")
+    out = tmp_path / "out" / "cb.jaxexport"
+    rc = main(["export", str(g), "--no-model", "--size", "N=4", "--ops", str(ops), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.startswith(f"{g}:5:5: error: cannot export: this node's kernel calls back into Python "
+                          "(jax.pure_callback, io_callback, jax.debug.print/callback), which jax.export cannot "
+                          "serialize; run the graph with `oi2jax run` instead\n"), err
+    assert "    op host_sin(z) >> y;" in err and "internal error" not in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    # the same graph runs: the op itself is fine
+    prog = api.compile(str(g), model=False, sizes={"N": 4}, ops=[str(ops)])
+    x = np.array([-1.0, 0.5, 1.0, 2.0], np.float32)
+    np.testing.assert_allclose(prog.run({"x": x})["y"], np.sin(np.maximum(x, 0)), rtol=1e-6)
