@@ -36,7 +36,8 @@ Runtime guards do not raise inside the artifact: after a step, `state["guards"][
 means the step failed (the failing write was skipped, never clamped; later nodes of the step
 still ran) with message `manifest["errors"][err - 1]` (`{value}` = `state["guards"]["errval"]`);
 `any(state["guards"]["grow"] > 0)` means a growable cache ran out of capacity (the step was
-undone; the artifact cannot grow -- re-export with a larger size). A runtime-shaped output
+undone; the artifact cannot grow: growable dims are exported at the initial capacity, 4 rows
+(an `@auto_dim` dim: base + 4) -- a table dim that needs more takes `@fixed(i=N)`). A runtime-shaped output
 (an `@auto_dim` tensor's current shape) comes as `{"value": array at capacity, "logical_shape":
 int64[rank]}` (manifest: its `logical_shape` entry).
 
