@@ -146,11 +146,20 @@ def _symbolic_bound(bound, symbolic: tuple[str, ...]):
 EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
+def _names(value) -> list[str]:
+    """A name list as the CLI takes it: `"cpu,cuda"`, `["cpu", "cuda"]` or `["cpu,cuda"]` (a
+    string is one comma-separated list, never iterated character by character)."""
+    items = [value] if isinstance(value, str) else list(value)
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
 def export_platforms(platforms=None) -> tuple[str, ...]:
     """The lowering platforms to export for (`runtime.placement.lowering_platform`: `gpu`,
     JAX's name of any GPU device or backend, becomes `cuda` or `rocm`); default: the platform
     of JAX's default backend. Unknown names are an OiError."""
-    if platforms is None:
+    if platforms is not None:
+        platforms = _names(platforms)
+    if not platforms:
         return (lowering_platform(jax.default_backend()),)
     out = []
     for platform in platforms:
@@ -169,7 +178,7 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
     `table_dtype`: as `oi2jax.compile`'s."""
     unroll = loops.check_unroll(unroll)
 
-    symbolic = tuple(symbolic or ())
+    symbolic = tuple(dict.fromkeys(_names(symbolic or ())))
     platforms = export_platforms(platforms)
     bound = pipeline.bound(source_or_path, model, sizes, ops,  # the checker already refuses deadlocks
                            zero_missing_inputs=zero_missing_inputs, widen_floats=widen_floats,

@@ -495,3 +495,20 @@ def test_a_kernel_calling_back_into_python_is_refused_at_its_node(tmp_path, caps
     prog = api.compile(str(g), model=False, sizes={"N": 4}, ops=[str(ops)])
     x = np.array([-1.0, 0.5, 1.0, 2.0], np.float32)
     np.testing.assert_allclose(prog.run({"x": x})["y"], np.sin(np.maximum(x, 0)), rtol=1e-6)
+
+
+def test_python_platforms_and_symbolic_take_a_comma_separated_string(tmp_path):
+    """Export probe: `write_export(..., platforms="cpu")` iterated the string and refused platform
+    'c'; `symbolic="Bx"` was read as B and x ("--symbolic x: not a size variable"), `"B,T"` as
+    B, "," and T. A string is one comma-separated list, as on the command line."""
+    art = tmp_path / "m.jaxexport"
+    write_export(str(EXAMPLES / "mlp_regression.oi"), str(art), platforms="cpu,cuda", symbolic="B")
+    man = json.loads((tmp_path / "m.jaxexport.json").read_text())
+    assert man["platforms"] == ["cpu", "cuda"] and man["symbolic"] == ["B"] and man["sizes"]["B"] == "symbolic"
+    write_export(str(EXAMPLES / "mlp_regression.oi"), str(art), platforms="cpu")
+    assert json.loads((tmp_path / "m.jaxexport.json").read_text())["platforms"] == ["cpu"]
+    with pytest.raises(OiError, match=r"--symbolic Bx: not a size variable of the graph/model \(did you mean B\?\)"):
+        write_export(str(EXAMPLES / "mlp_regression.oi"), str(tmp_path / "never"), symbolic="Bx")
+    with pytest.raises(OiError, match=r"cannot export with symbolic B, D: constant w1 has a dim in D"):
+        write_export(str(EXAMPLES / "mlp_regression.oi"), str(tmp_path / "never"), symbolic="B,D")
+    assert not (tmp_path / "never").exists()
