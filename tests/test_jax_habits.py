@@ -126,3 +126,27 @@ def test_version_and_help_on_every_flag(capsys):
             if not action.help:
                 missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
     assert not missing, missing
+
+
+def test_a_graph_json_graph_names_each_node_by_its_pointer_in_the_emitted_text(tmp_path, capsys):
+    """Export probe: compiled from graph JSON, every node's location read `"g.json":0:0` (JSON has
+    no lines), which told nothing; it names the node's JSON pointer now, as the graph's errors do."""
+    graph = EXAMPLES / "residual_mlp_stack.oi"
+    assert main(["compile", str(graph), "--emit", "graph-json", "-o", str(tmp_path / "g.json")]) == 0
+    gj = tmp_path / "g.json"
+    model = ["--model", str(EXAMPLES / "residual_mlp_stack.oinf")]
+    capsys.readouterr()
+    assert main(["compile", str(gj), *model, "--emit", "stablehlo"]) == 0
+    text = capsys.readouterr().out
+    assert f'"{gj}":0:0' not in text
+    # node 0 (the first matmul of entry) and node 2, the loop body's second node
+    assert f'loc("jit(step)/entry/0:' in text and f'("{gj}#/blocks/entry/nodes/0":0:0))' in text
+    assert f'("{gj}#/blocks/entry/nodes/1/kind/Loop/body/1":0:0))' in text
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    with mlir.make_ir_context():
+        ir.Module.parse(text)  # still valid MLIR
+    assert main(["compile", str(gj), *model, "--emit", "hlo"]) == 0
+    hlo = capsys.readouterr().out
+    assert f'source_file="{gj}#/blocks/entry/nodes/0" source_line=0' in hlo
+    assert f'source_file="{gj}" ' not in hlo

@@ -10,7 +10,8 @@ and its span replaces the Python location:
     #loc97 = loc("jit(step)/entry/0:matmul/dot_general"("graph.oi":21:5))       (StableHLO)
     metadata={op_name="jit(step)/entry/0:matmul/dot_general" source_file="graph.oi" source_line=21}
 
-Operations outside any node (state plumbing) keep JAX's location.
+Operations outside any node (state plumbing) keep JAX's location. A graph read from graph JSON
+has no lines: its nodes name their JSON pointer, `("g.json#/blocks/entry/nodes/1":0:0)`.
 """
 from __future__ import annotations
 
@@ -44,7 +45,10 @@ def span_of(scope_name: str, spans: dict[int, ir.Span]) -> ir.Span | None:
 
 
 def _path(span: ir.Span) -> str:
-    return str(span.path).replace("\\", "\\\\").replace('"', '\\"')
+    """The span's file, escaped for the emitted text; a node of a graph-JSON graph (no lines: line
+    0) names its JSON pointer there, `g.json#/blocks/entry/nodes/1`, as its errors do."""
+    path = f"{span.path}#{span.pointer}" if span.line == 0 and span.pointer else str(span.path)
+    return path.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def stablehlo(text: str, graph: ir.Graph) -> str:
