@@ -228,6 +228,16 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
                 raise refused from None
             if not symbolic:
                 raise
+            # a kernel calling back into Python fails to lower with symbolic shapes at all: say that,
+            # found in the step lowered at the bound sizes, rather than blame the symbolic size
+            def concrete(state, dynamic):
+                new, outputs = builder(consts, spec.from_tree(state), dynamic)
+                return spec.to_tree(new), {k: _plain_output(v) for k, v in outputs.items()}
+            bound_dyn = {n: jax.ShapeDtypeStruct(defaults[n].shape, defaults[n].dtype) for n in builder.dynamic}
+            refused = _unserializable(NotImplementedError("host_callbacks"), jax.jit(concrete),
+                                      (state_spec, bound_dyn), graph, located_only=True)
+            if refused is not None:
+                raise refused from None
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise OiError(f"cannot export with symbolic {', '.join(symbolic)}: the lowering needs a concrete "
                           f"value there ({type(exc).__name__}: {first}); export without --symbolic or use "
@@ -318,10 +328,11 @@ def build_export(source_or_path, model=None, sizes=None, symbolic=(), platforms=
 _LOC_DEF = re.compile(r'^(#loc\d+) = loc\("((?:[^"\\]|\\.)*)"(?:\((#loc\d+)|\()?', re.M)
 
 
-def _unserializable(exc: Exception, jitted, args, graph: ir.Graph) -> OiError | None:
+def _unserializable(exc: Exception, jitted, args, graph: ir.Graph, located_only: bool = False) -> OiError | None:
     """jax.export's refusal of a step it cannot serialize -- a kernel that calls back into Python
     (`jax.pure_callback`, `io_callback`, `jax.debug.print`) or a custom call without jax.export's
-    compatibility guarantee -- as an OiError at each node that holds one; None for other errors."""
+    compatibility guarantee -- as an OiError at each node that holds one; None for other errors
+    (and, with `located_only`, when no node holds one)."""
     text = str(exc)
     if isinstance(exc, NotImplementedError) and "host_callbacks" in text:
         what = ("calls back into Python (jax.pure_callback, io_callback, jax.debug.print/callback), which "
@@ -357,6 +368,8 @@ def _unserializable(exc: Exception, jitted, args, graph: ir.Graph) -> OiError | 
     except Exception:  # locating the nodes is a courtesy: the refusal itself is the error
         diags = []
     if not diags:
+        if located_only:
+            return None
         return OiError(f"cannot export: the step {what} ({text.splitlines()[0]}); "
                        "run the graph with `oi2jax run` instead")
     return OiError(diags, source=graph.source or None)

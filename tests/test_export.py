@@ -491,6 +491,11 @@ def test_a_kernel_calling_back_into_python_is_refused_at_its_node(tmp_path, caps
                           "serialize; run the graph with `oi2jax run` instead\n"), err
     assert "    op host_sin(z) >> y;" in err and "internal error" not in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+    # with N symbolic the callback does not even lower ("std::bad_cast"), which was blamed on N
+    rc = main(["export", str(g), "--no-model", "--size", "N=4", "--ops", str(ops), "-o", str(out), "--symbolic", "N"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith(f"{g}:5:5: error: cannot export: this node's kernel calls back into Python"), err
+    assert "symbolic" not in err and not (tmp_path / "out").exists()
     # the same graph runs: the op itself is fine
     prog = api.compile(str(g), model=False, sizes={"N": 4}, ops=[str(ops)])
     x = np.array([-1.0, 0.5, 1.0, 2.0], np.float32)
