@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -64,7 +65,7 @@ from .lowering import locations, loops
 from .lowering.caches import TABLE
 from .lowering.context import ErrorSites
 from .lowering.state import Shaped
-from .npz import save_npz, write_atomic, write_text_atomic
+from .npz import refuse_inputs_as_outputs, save_npz, write_atomic, write_text_atomic
 from .protocol import CompileOptions
 from .runtime.placement import lowering_platform
 from .runtime.program import Program
@@ -383,7 +384,14 @@ def _plain_output(value):
 
 def write_export(source_or_path, output, model=None, sizes=None, symbolic=(), platforms=None, ops=None,
                  unroll="auto", zero_missing_inputs=False, widen_floats=False, table_dtype=None) -> list[str]:
-    """Write the artifact, its manifest and the initial-state npz; returns the paths written."""
+    """Write the artifact, its manifest and the initial-state npz; returns the paths written. An
+    output that names the graph or the model file (STEP, STEP.json or STEP.init.npz) is an
+    OiError before anything is done (writing it would destroy the input)."""
+    if not isinstance(model, pipeline.ModelChoice):
+        model = pipeline.choose_model(source_or_path, model)
+    for suffix in ("", ".json", ".init.npz"):
+        refuse_inputs_as_outputs({"output": os.fspath(output) + suffix},
+                                 {"graph": pipeline.graph_path(source_or_path), "model": model.path}, makes_dirs=True)
     with jax.enable_x64(True):
         exported, manifest, npz = build_export(source_or_path, model=model, sizes=sizes, symbolic=symbolic,
                                                platforms=platforms, ops=ops, unroll=unroll,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -517,3 +518,27 @@ def test_python_platforms_and_symbolic_take_a_comma_separated_string(tmp_path):
     with pytest.raises(OiError, match=r"cannot export with symbolic B, D: constant w1 has a dim in D"):
         write_export(str(EXAMPLES / "mlp_regression.oi"), str(tmp_path / "never"), symbolic="B,D")
     assert not (tmp_path / "never").exists()
+
+
+def test_write_export_never_overwrites_its_graph_or_model(tmp_path):
+    """Export probe: `oi2jax export -o` refused an output naming the graph or the model, but
+    `write_export` in Python wrote the artifact over `g.oi` itself (or the manifest over a graph
+    JSON `x.jaxexport.json`, or the artifact over the model). Each is an OiError now, before
+    anything is written."""
+    g, m = tmp_path / "g.oi", tmp_path / "g.oinf"
+    shutil.copy(EXAMPLES / "mlp_regression.oi", g)
+    shutil.copy(EXAMPLES / "mlp_regression.oinf", m)
+    before = {p: p.read_bytes() for p in (g, m)}
+    for output, what in ((g, "graph"), (m, "model"), (tmp_path / "g", None)):
+        if what is None:  # the model is found beside g.oi; "g" + ".json"/".init.npz" names neither
+            assert write_export(str(g), str(output)) == [str(output), f"{output}.json", f"{output}.init.npz"]
+            continue
+        with pytest.raises(OiError, match=f"output {output} is the {what}: writing it would destroy the input"):
+            write_export(str(g), str(output))
+    assert {p: p.read_bytes() for p in (g, m)} == before
+    gj = tmp_path / "x.jaxexport.json"  # a graph JSON whose name is the manifest of -o x.jaxexport
+    assert main(["compile", str(g), "--emit", "graph-json", "-o", str(gj)]) == 0
+    text = gj.read_text()
+    with pytest.raises(OiError, match=r"output .*x\.jaxexport\.json is the graph"):
+        write_export(str(gj), str(tmp_path / "x.jaxexport"), model=str(m))
+    assert gj.read_text() == text and not (tmp_path / "x.jaxexport").exists()
