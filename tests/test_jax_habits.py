@@ -140,7 +140,7 @@ def test_a_graph_json_graph_names_each_node_by_its_pointer_in_the_emitted_text(t
     text = capsys.readouterr().out
     assert f'"{gj}":0:0' not in text
     # node 0 (the first matmul of entry) and node 2, the loop body's second node
-    assert f'loc("jit(step)/entry/0:' in text and f'("{gj}#/blocks/entry/nodes/0":0:0))' in text
+    assert 'loc("jit(step)/entry/0:' in text and f'("{gj}#/blocks/entry/nodes/0":0:0))' in text
     assert f'("{gj}#/blocks/entry/nodes/1/kind/Loop/body/1":0:0))' in text
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
