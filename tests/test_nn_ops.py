@@ -663,3 +663,26 @@ def test_a_static_int_setting_may_name_a_size():
                          (src.replace("k=K", "k=7"), "op top_k: k must be 1..6 (the last axis' length), got 7")):
         with pytest.raises(oi2jax.OiError, match=re.escape(message)):
             oi2jax.compile(bad, sizes={"E": 6, "K": 3}, ops=["nn"])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_top_k_orders_subnormals_by_value_in_both_modes(dtype):
+    """A subnormal is above 0 and below the smallest normal, compiled (XLA:CPU reads it as zero in
+    a float compare: `x == 0` tied it with 0, top_k gave [0, 1, 2] below) as interpreted; -0.0 and
+    +0.0 still tie, NaN still first."""
+    tiny = {"f32": 1e-40, "bf16": 9.183549615799121e-41, "f64": 1e-310}[dtype]
+    npd = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f64": np.float64}[dtype]
+    src = (f"dynamic {{ x: {dtype}[7]; }}\nvolatile {{ i: i32[7]; j: i32[3]; }}\n"
+           "block entry { op top_k(x, k=7) >> i; op top_k(x, k=3) >> j; return; }\n")
+    x = np.array([3e38, 2.0, 0.0, -0.0, tiny, -tiny, 2 * tiny], np.float64)
+    if dtype == "bf16":
+        x[0] = 1e38
+    x = x.astype(npd)
+    y = x.copy()
+    y[1] = np.nan
+    for mode in ("compiled", "interpret"):
+        prog = oi2jax.compile(src, ops=["nn"], mode=mode)
+        out = prog.run({"x": x}, steps=1)
+        assert out["i"].tolist() == [0, 1, 6, 4, 2, 3, 5], mode
+        assert out["j"].tolist() == [0, 1, 6], mode
+        assert prog.run({"x": y}, steps=1)["i"].tolist() == [1, 0, 6, 4, 2, 3, 5], mode

@@ -68,11 +68,29 @@ def top_k(x, *, k):
     are `take_along(x, top_k(x, k=K))`."""
     k = static_int(k, "top_k", "k")
     if jnp.issubdtype(x.dtype, jnp.floating):
-        if x.dtype.itemsize < 4:
-            x = x.astype(jnp.float32)  # exact; XLA's TopK on 16-bit floats is not everywhere
-        # lax.top_k orders floats totally (-NaN last, -0.0 below +0.0): one NaN, one zero first
-        x = jnp.where(jnp.isnan(x), jnp.asarray(np.nan, x.dtype), jnp.where(x == 0, jnp.zeros((), x.dtype), x))
+        x = _float_order_key(x)
     return lax.top_k(x, k)[1].astype(jnp.int32)
+
+
+_SIGNED = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
+
+
+def _float_order_key(x):
+    """An integer per float, in the order top_k ranks them: every NaN the largest (one value),
+    -0.0 and +0.0 one value (0), every other value in its exact float order, subnormals included:
+    the magnitude's bits, negated for a negative sign. Integer operations only: XLA:CPU reads a
+    subnormal as zero in a float compare or select, and LLVM may rewrite a test of x's bits
+    beside a float compare into one, so `x == 0` (or `isnan(x)` next to a bit test) tied every
+    subnormal with 0 there, where the interpreter and XLA:GPU order them. 16-bit floats give an
+    int32 key (XLA's TopK on 16-bit types is not everywhere)."""
+    width = x.dtype.itemsize
+    signed = _SIGNED[width]
+    bits = lax.bitcast_convert_type(x, signed)
+    mag_mask = (1 << (8 * width - 1)) - 1
+    mag = bits & signed(mag_mask)
+    inf = np.array(np.inf, x.dtype).view(np.dtype(f"i{width}")).item()  # the largest non-NaN magnitude
+    key = jnp.where(mag > signed(inf), signed(mag_mask), jnp.where(bits < 0, -mag, mag))
+    return key.astype(jnp.int32) if width < 4 else key
 
 
 # ====================================================================== take_along
