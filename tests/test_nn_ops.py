@@ -686,3 +686,18 @@ def test_top_k_orders_subnormals_by_value_in_both_modes(dtype):
         assert out["i"].tolist() == [0, 1, 6, 4, 2, 3, 5], mode
         assert out["j"].tolist() == [0, 1, 6], mode
         assert prog.run({"x": y}, steps=1)["i"].tolist() == [1, 0, 6, 4, 2, 3, 5], mode
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_argmax_of_subnormals_is_the_largest_in_both_modes(dtype):
+    """argmax([0, tiny, 2 tiny, -tiny]) is 2 compiled (XLA:CPU's float compare read the subnormals
+    as 0: it gave 0) as interpreted, and top_k(x, k=1)'s first entry."""
+    tiny = {"f32": 1e-40, "bf16": 9.183549615799121e-41, "f64": 1e-310}[dtype]
+    npd = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f64": np.float64}[dtype]
+    src = (f"dynamic {{ x: {dtype}[2, 4]; }}\nvolatile {{ a: i32[2]; t: i32[2, 1]; c: i32[4]; }}\n"
+           "block entry { op argmax(x) >> a; op top_k(x, k=1) >> t; op argmax(x, axis=0) >> c; return; }\n")
+    x = np.array([[0.0, tiny, 2 * tiny, -tiny], [-0.0, -tiny, 0.0, -2 * tiny]]).astype(npd)
+    for mode in ("compiled", "interpret"):
+        out = oi2jax.compile(src, ops=["nn"], mode=mode).run({"x": x}, steps=1)
+        assert out["a"].tolist() == [2, 0] and out["t"][:, 0].tolist() == [2, 0], mode
+        assert out["c"].tolist() == [0, 0, 0, 0], mode

@@ -7,7 +7,7 @@ from jax import lax
 
 from ... import dtypes as D
 from ..define import Attr, op
-from ._common import dtype_name, norm_axis, rep_values, sample_values
+from ._common import dtype_name, float_order_key, norm_axis, rep_values, sample_values
 
 
 def _argmax_shape(shapes, attrs):
@@ -41,4 +41,7 @@ def argmax(x, *, axis=-1):
     jnp.argmax and np.argmax); -0.0 and +0.0 tie."""
     # lax.argmax with an explicit int32 index: jnp.argmax's index dtype follows the x64 flag when
     # lowered, which breaks the pure step under a user's jit without x64 (tests/test_user_jit.py)
-    return lax.argmax(x, norm_axis("argmax", axis, x.ndim), jnp.int32)
+    # floats by an integer key of their bits (top_k's order): XLA:CPU's float compare reads a
+    # subnormal as 0, so argmax([0, 1e-40]) was 0 compiled and 1 interpreted
+    key = float_order_key(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return lax.argmax(key, norm_axis("argmax", axis, x.ndim), jnp.int32)

@@ -14,7 +14,7 @@ from ... import dtypes as D
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
-from ._common import dtype_name, rep_values, sample_values, static_int
+from ._common import dtype_name, float_order_key, rep_values, sample_values, static_int
 
 
 # ====================================================================== top_k
@@ -68,29 +68,8 @@ def top_k(x, *, k):
     are `take_along(x, top_k(x, k=K))`."""
     k = static_int(k, "top_k", "k")
     if jnp.issubdtype(x.dtype, jnp.floating):
-        x = _float_order_key(x)
+        x = float_order_key(x)
     return lax.top_k(x, k)[1].astype(jnp.int32)
-
-
-_SIGNED = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
-
-
-def _float_order_key(x):
-    """An integer per float, in the order top_k ranks them: every NaN the largest (one value),
-    -0.0 and +0.0 one value (0), every other value in its exact float order, subnormals included:
-    the magnitude's bits, negated for a negative sign. Integer operations only: XLA:CPU reads a
-    subnormal as zero in a float compare or select, and LLVM may rewrite a test of x's bits
-    beside a float compare into one, so `x == 0` (or `isnan(x)` next to a bit test) tied every
-    subnormal with 0 there, where the interpreter and XLA:GPU order them. 16-bit floats give an
-    int32 key (XLA's TopK on 16-bit types is not everywhere)."""
-    width = x.dtype.itemsize
-    signed = _SIGNED[width]
-    bits = lax.bitcast_convert_type(x, signed)
-    mag_mask = (1 << (8 * width - 1)) - 1
-    mag = bits & signed(mag_mask)
-    inf = np.array(np.inf, x.dtype).view(np.dtype(f"i{width}")).item()  # the largest non-NaN magnitude
-    key = jnp.where(mag > signed(inf), signed(mag_mask), jnp.where(bits < 0, -mag, mag))
-    return key.astype(jnp.int32) if width < 4 else key
 
 
 # ====================================================================== take_along
