@@ -701,3 +701,15 @@ def test_argmax_of_subnormals_is_the_largest_in_both_modes(dtype):
         out = oi2jax.compile(src, ops=["nn"], mode=mode).run({"x": x}, steps=1)
         assert out["a"].tolist() == [2, 0] and out["t"][:, 0].tolist() == [2, 0], mode
         assert out["c"].tolist() == [0, 0, 0, 0], mode
+
+
+def test_take_along_ids_of_the_wrong_shape_is_a_located_check_error():
+    """The expected shape reads as a shape ([3, K]), not a Python list (['K'] before)."""
+    src = ("dynamic { x: f32[3, 5]; ids: i32[2, 2]; }\nvolatile { t: f32[2, 2]; }\n"
+           "block entry { op take_along(x, ids) >> t; return; }\n")
+    for bad, message in ((src, "3:32: error: op take_along: ids must have x's shape but for the last axis "
+                               "([3, K]), got [2, 2]"),
+                         (src.replace("f32[3, 5]", "f32[5]"),
+                          "op take_along: ids must have x's shape but for the last axis ([K]), got [2, 2]")):
+        with pytest.raises(oi2jax.OiError, match=re.escape(message)):
+            oi2jax.compile(bad, ops=["nn"])

@@ -85,7 +85,8 @@ def _take_along_shape(shapes, attrs):
         raise OpTypeError(f"op take_along: x must have rank >= 1 and a non-empty last axis, got shape {list(x)}",
                           input=0)
     if len(ids) != len(x) or ids[:-1] != x[:-1]:
-        raise OpTypeError(f"op take_along: ids must have x's shape but for the last axis ({list(x[:-1]) + ['K']}), "
+        want = ", ".join([str(n) for n in x[:-1]] + ["K"])
+        raise OpTypeError(f"op take_along: ids must have x's shape but for the last axis ([{want}]), "
                           f"got {list(ids)}", input=1)
     return ids
 
