@@ -713,3 +713,16 @@ def test_take_along_ids_of_the_wrong_shape_is_a_located_check_error():
                           "op take_along: ids must have x's shape but for the last axis ([K]), got [2, 2]")):
         with pytest.raises(oi2jax.OiError, match=re.escape(message)):
             oi2jax.compile(bad, ops=["nn"])
+
+
+def test_a_loop_index_in_a_setting_is_named_as_one():
+    """`top_k(x, k=l)` inside `loop (l in ...)`: l is a loop index, neither a size ("unknown size
+    l" before) nor a variable ("unknown attribute variable l" for a run-time setting before)."""
+    src = ("dynamic { x: f32[E]; }\nvolatile { i: i32[K]; p: f32[E]; }\n"
+           "block entry { loop ls (l in 0..K) { op top_k(x, k=l) >> i; } return; }\n")
+    for bad, message in ((src, "3:49: error: op top_k setting k must be a literal or a size name (it fixes the "
+                               "output's shape), not the loop index l"),
+                         (src.replace("top_k(x, k=l) >> i", "softmax(x, valid=l) >> p"),
+                          "3:51: error: op softmax setting valid: loop index l is not a variable")):
+        with pytest.raises(oi2jax.OiError, match=re.escape(message)):
+            oi2jax.compile(bad, sizes={"E": 6, "K": 3}, ops=["nn"])

@@ -126,7 +126,15 @@ class OpRules:
             if attr.value.kind != "var" or aspec is None:
                 continue
             var = attr.value.value
-            if aspec.kind == "string":
+            if var in loops and not self.known(var):  # `top_k(x, k=l)` in a loop: not a size, not a variable
+                if aspec.static:
+                    self.error(f"op {node.op} setting {attr.name} must be a literal or a size name (it fixes the "
+                               f"output's shape), not the loop index {var}", attr.span)
+                else:
+                    self.loop_index_error(var, attr.span, f"op {node.op} setting {attr.name}: ",
+                                          use=f"c ({attr.name}=c)")
+                ok = False
+            elif aspec.kind == "string":
                 if self.model is not None:
                     meta = (self.model.metadata or {}).get(var)
                     if meta is None or getattr(meta, "type", None) != "string":
