@@ -83,7 +83,8 @@ def family_hole(members: dict[tuple[int, ...], str]) -> tuple[int, ...] | None:
 
 def size_names(graph: ir.Graph) -> set[str]:
     """Every name the graph may use as a size: identifiers in declared dims, `@fixed` sizes, loop
-    bounds, op int-list attributes and cache indices (a superset: some of those are variables)."""
+    bounds, op int-list attributes, op settings naming no variable (`k=K`) and cache indices (a
+    superset: some of those are variables)."""
     names: set[str] = set()
     for decl in graph.vars:
         for d in decl.dims:
@@ -95,6 +96,9 @@ def size_names(graph: ir.Graph) -> set[str]:
                 names.update(v for v in (node.start, node.end) if isinstance(v, str))
             elif isinstance(node, ir.Op):
                 names.update(int_list_names(node))
+                # a shape-fixing int setting naming a size (`top_k(x, k=K)`); a variable's name is not one
+                names.update(a.value.value for a in node.attrs if a.value.kind == "var"
+                             and graph.var(a.value.value) is None and a.value.value not in graph.temporaries)
             for ref in _refs(node):  # prefix-table indices (`W[L]`) and cache indices (`K[T]`, `K[0..T]`)
                 for pos in ref.indices or ():
                     parts = (pos.start, pos.end) if isinstance(pos, ir.Slice) else \

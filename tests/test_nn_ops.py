@@ -726,3 +726,25 @@ def test_a_loop_index_in_a_setting_is_named_as_one():
                           "3:51: error: op softmax setting valid: loop index l is not a variable")):
         with pytest.raises(oi2jax.OiError, match=re.escape(message)):
             oi2jax.compile(bad, sizes={"E": 6, "K": 3}, ops=["nn"])
+
+
+def test_a_size_named_only_by_a_setting_may_be_given_or_is_unknown(tmp_path, capsys):
+    """`top_k(x, k=K)` with K in no declaration: `--size K=2` / sizes={"K": 2} is taken (it was
+    refused: "unknown size K: the graph and model sizes are (none)"), and without it the check
+    leaves K a name while running says K is an unknown size (it said "k must be a literal integer
+    ... not a variable", from the check as well)."""
+    src = "dynamic { x: f32[8]; }\nvolatile { top: i32[2]; }\nblock entry { op top_k(x, k=K) >> top; return; }\n"
+    x = np.array([0, 5, 1, 7, 2, 7, 3, 4], np.float32)
+    for mode in ("compiled", "interpret"):
+        assert oi2jax.compile(src, sizes={"K": 2}, ops=["nn"], mode=mode).run({"x": x})["top"].tolist() == [3, 5]
+    assert oi2jax.check(oi2jax.parse(src), ops=["nn"]) == []
+    for mode in ("compiled", "interpret"):
+        with pytest.raises(oi2jax.OiError, match=re.escape("3:27: error: op top_k setting k: unknown size K")):
+            oi2jax.compile(src, ops=["nn"], mode=mode)
+    (tmp_path / "g.oi").write_text(src)
+    np.save(tmp_path / "x.npy", x)
+    code, out, err = run_cli(capsys, "run", tmp_path / "g.oi", "--ops", "nn", "--size", "K=2",
+                             "--input", f"x={tmp_path / 'x.npy'}", "--show", "top")
+    assert code == 0 and "[3 5]" in out, err
+    code, out, err = run_cli(capsys, "check", tmp_path / "g.oi", "--ops", "nn", "--size", "J=2")
+    assert code == 1 and "error: unknown size J: the graph and model sizes are K" in err

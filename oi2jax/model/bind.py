@@ -615,8 +615,15 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
     for block in graph.blocks:
         for node in block.walk():
             if isinstance(node, ir.Op):
+                sig = checked.op_sigs.get(node.index) if checked is not None else None
+                spec = getattr(sig, "op", None)
                 for attr in node.attrs:
-                    for size in int_list_names(attr):
+                    names = list(int_list_names(attr))
+                    a = spec.attrs.get(spec.aliases.get(attr.name, attr.name)) if spec is not None else None
+                    if a is not None and a.static and a.kind == "int" and attr.value.kind == "var" \
+                            and graph.var(attr.value.value) is None and attr.value.value not in graph.temporaries:
+                        names.append(attr.value.value)  # `top_k(x, k=K)`: a size name
+                    for size in names:
                         if size not in all_sizes:
                             problems.append(Diagnostic(messages.op_unknown_size(node.op, attr.name, size, all_sizes),
                                                        attr.span))

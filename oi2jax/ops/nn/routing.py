@@ -14,6 +14,7 @@ from ... import dtypes as D
 from .. import jax_numerics as N
 from ..define import Attr, op
 from ..errors import OpTypeError
+from ..registry import DYNAMIC
 from ._common import dtype_name, float_order_key, rep_values, sample_values, static_int
 
 
@@ -25,6 +26,8 @@ def _top_k_shape(shapes, attrs):
     if len(x) < 1:
         raise OpTypeError("op top_k: x must have rank >= 1 (the entries are chosen along its last axis), "
                           "got a scalar", input=0)
+    if attrs["k"] is DYNAMIC:  # a size name not resolved yet (checked without the sizes): bind resolves it
+        return None
     k = static_int(attrs["k"], "top_k", "k")
     if not 1 <= k <= x[-1]:
         raise OpTypeError(f"op top_k: k must be 1..{x[-1]} (the last axis' length), got {k}", attr="k")
