@@ -97,8 +97,9 @@ def size_names(graph: ir.Graph) -> set[str]:
             elif isinstance(node, ir.Op):
                 names.update(int_list_names(node))
                 # a shape-fixing int setting naming a size (`top_k(x, k=K)`); a variable's name is not one
+                # (a superset: every setting naming no variable; `setting_size_name` needs the op's declaration)
                 names.update(a.value.value for a in node.attrs if a.value.kind == "var"
-                             and graph.var(a.value.value) is None and a.value.value not in graph.temporaries)
+                             and not is_variable(graph, a.value.value))
             for ref in _refs(node):  # prefix-table indices (`W[L]`) and cache indices (`K[T]`, `K[0..T]`)
                 for pos in ref.indices or ():
                     parts = (pos.start, pos.end) if isinstance(pos, ir.Slice) else \
@@ -127,6 +128,20 @@ def int_list_names(where: "ir.Op | ir.Attr"):
     for attr in (where.attrs if isinstance(where, ir.Op) else (where,)):
         if attr.value.kind == "int_list":
             yield from (v.lstrip("-") for v in attr.value.value if isinstance(v, str))
+
+
+def is_variable(graph: ir.Graph, name: str) -> bool:
+    """Whether `name` is a variable of the graph (declared, or a block's `assign` temporary)."""
+    return graph.var(name) is not None or name in graph.temporaries
+
+
+def setting_size_name(graph: ir.Graph, aspec, attr: "ir.Attr") -> str | None:
+    """THE rule for a size named by a shape-fixing int setting (`top_k(x, k=K)`): the name, when
+    the setting (`aspec`, its op's declaration) is a static int given as a name that is no variable
+    of the graph; else None (a literal, a variable, another kind of setting)."""
+    if aspec is None or not (aspec.static and aspec.kind == "int") or attr.value.kind != "var":
+        return None
+    return None if is_variable(graph, attr.value.value) else attr.value.value
 
 
 def unknown_sizes(graph: ir.Graph, model, sizes: dict | None) -> list[str]:

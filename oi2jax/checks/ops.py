@@ -15,6 +15,7 @@ from ..grammar.fmt import format_ref
 from ..host_numerics import init_scalar
 from ..ops.loading import bundled_set_of
 from ..ir import MemKind
+from ..naming import setting_size_name
 from . import shape_text
 from .decls import init_error
 
@@ -145,7 +146,7 @@ class OpRules:
                         except ops.OpTypeError as exc:
                             self.error(exc.message, attr.span)
                             ok = False
-            elif aspec.static and aspec.kind == "int" and not self.known(var):
+            elif setting_size_name(self.g, aspec, attr) is not None:
                 continue  # a size name (`top_k(x, k=K)`): ops.infer resolves it, or says it is unknown
             elif aspec.static:
                 self.error(f"op {node.op} setting {attr.name} must be a literal (it fixes the output's shape), "

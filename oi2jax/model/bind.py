@@ -19,7 +19,8 @@ from ..check import resize
 from ..diagnostics import Diagnostic, OiError, check_sizes, suggest
 from ..messages import CHECKED, model_dtype_mismatch
 from ..host_numerics import bf16_encode, f8_encode, fill_value
-from ..naming import PLACEHOLDER, family_members, int_list_names, member_name, pattern_regex, resolve_alias
+from ..naming import PLACEHOLDER, family_members, int_list_names, member_name, pattern_regex, resolve_alias, \
+    setting_size_name
 from ..values import convert_input, ints_exact
 from .ggml import AFFINE, HALF_KINDS, KeptBlocks
 from .quant import affine_parts, dequantize as quant_dequantize
@@ -620,8 +621,7 @@ def bind(graph, model: Model | None = None, sizes: dict | None = None, *, zero_m
                 for attr in node.attrs:
                     names = list(int_list_names(attr))
                     a = spec.attrs.get(spec.aliases.get(attr.name, attr.name)) if spec is not None else None
-                    if a is not None and a.static and a.kind == "int" and attr.value.kind == "var" \
-                            and graph.var(attr.value.value) is None and attr.value.value not in graph.temporaries:
+                    if setting_size_name(graph, a, attr) is not None:
                         names.append(attr.value.value)  # `top_k(x, k=K)`: a size name
                     for size in names:
                         if size not in all_sizes:
