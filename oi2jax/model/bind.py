@@ -90,8 +90,9 @@ class BoundGraph:
     def op_attrs(self, node: ir.Op) -> dict:
         """THE values of an op node's attributes, for `ops.apply` (the lowering and the interpreter
         both start from these): a literal's value; an int list with its size names resolved (by
-        the checker), and so a static int naming a size (`top_k(x, k=K)`); a variable naming a model metadata string: that string; any other variable:
-        an `AttrVar`, read when the op runs (its `static` value when it is a constant scalar)."""
+        the checker), and so a static int naming a size (`top_k(x, k=K)`); a variable naming a
+        model metadata string: that string; any other variable: an `AttrVar`, read when the op runs
+        (its `static` value when it is a constant scalar)."""
         values = {}
         int_lists = self.op_sig(node).int_lists
         for attr in node.attrs:

@@ -178,13 +178,19 @@ def resolve_int_list(op: str, name: str, values, sizes) -> tuple[int, ...] | Non
     return tuple(out)
 
 
+def _size_named(a, lit) -> bool:
+    """A static int setting given as a name: a size (`top_k(x, k=K)`; the checker refused a
+    variable there: naming.setting_size_name)."""
+    return a.static and a.kind == "int" and _lit_kind(lit) == "var"
+
+
 def _static_attrs(spec: OpDef, attrs: dict, int_lists: dict, first: str) -> dict:
     """What a shape rule sees: literal values, resolved int lists, DYNAMIC for variables, defaults."""
     out = {}
     for name, a in spec.attrs.items():
         if name in attrs:
             lit = attrs[name]
-            if a.kind == "int_list" or (a.static and a.kind == "int" and _lit_kind(lit) == "var"):
+            if a.kind == "int_list" or _size_named(a, lit):
                 out[name] = int_lists.get(name, DYNAMIC)
             elif _lit_kind(lit) == "var" and a.kind not in ("dtype", "string"):
                 out[name] = DYNAMIC
@@ -254,7 +260,7 @@ def infer(op: str, in_dtypes: list[str], in_shapes: list, attrs: dict, out_name:
     int_lists = {}
     for name, lit in attrs.items():
         a = spec.attrs[name]
-        if a.static and a.kind == "int" and _lit_kind(lit) == "var":  # a size name (the checker: not a variable)
+        if _size_named(a, lit):
             resolved = resolve_int_list(op, name, (_lit_value(lit),), sizes)
             if resolved is not None:
                 int_lists[name] = resolved[0]

@@ -117,9 +117,8 @@ def take_along(x, ids, *, ctx):
     """Entries of x picked along its last axis by integer ids (NumPy's take_along_axis).
 
     x [..., N] and ids [..., K] (the same leading axes) give [..., K] of x's dtype,
-    out[..., j] = x[..., ids[..., j]] (NumPy's
-    `take_along_axis`, torch's `gather` on the last dim). An id outside 0..N-1 is a runtime error
-    of the node naming the first such id, never clamped silently."""
+    out[..., j] = x[..., ids[..., j]] (torch's `gather` on the last dim). An id outside 0..N-1 is
+    a runtime error of the node naming the first such id, never clamped silently."""
     n = x.shape[-1]
     ids = jnp.asarray(ids)
     bad = (ids < 0) | (ids >= n)
